@@ -1,0 +1,172 @@
+"""The suite's graph type: CSC over in-edges, with node features, labels and splits.
+
+The CSC position of an edge is its edge id. Within each destination's segment the sources are
+sorted by id, so "the in-edges of v in order" is canonical and a hash-keyed sampler picks the
+same neighbours wherever it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A homogeneous graph stored as CSC over in-edges.
+
+    Attributes:
+        indptr: int64 ``[N + 1]``; the in-edges of node ``v`` are ``indptr[v]:indptr[v+1]``.
+        indices: int64 ``[E]``; source node of each in-edge, sorted within each segment.
+        x: node features ``[N, F]`` (floating point).
+        y: int64 labels ``[N]`` (``-1`` = unlabelled).
+        train_mask, val_mask, test_mask: bool ``[N]``.
+        num_classes: number of label classes.
+        name: a short name used in reports and cache keys.
+    """
+
+    indptr: Tensor
+    indices: Tensor
+    x: Tensor
+    y: Tensor
+    train_mask: Tensor
+    val_mask: Tensor
+    test_mask: Tensor
+    num_classes: int
+    name: str = "graph"
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        n = self.indptr.numel() - 1
+        _check(self.indptr.dtype == torch.int64 and self.indices.dtype == torch.int64,
+               "Graph.indptr and Graph.indices must be int64")
+        _check(n >= 0 and int(self.indptr[0]) == 0, "Graph.indptr must start at 0")
+        _check(int(self.indptr[-1]) == self.indices.numel(),
+               f"Graph.indptr[-1]={int(self.indptr[-1])} but there are {self.indices.numel()} edges")
+        _check(self.x.dim() == 2 and self.x.shape[0] == n,
+               f"Graph.x must be [N={n}, F], got {tuple(self.x.shape)}")
+        _check(self.x.is_floating_point(), "Graph.x must be floating point")
+        _check(self.y.shape == (n,) and self.y.dtype == torch.int64, "Graph.y must be int64 [N]")
+        for name in ("train_mask", "val_mask", "test_mask"):
+            m = getattr(self, name)
+            _check(m.shape == (n,) and m.dtype == torch.bool, f"Graph.{name} must be bool [N]")
+        _check(self.num_classes >= 1, "Graph.num_classes must be >= 1")
+        if self.indices.numel():
+            _check(int(self.indices.min()) >= 0 and int(self.indices.max()) < n,
+                   "Graph.indices holds ids outside [0, N)")
+
+    # ----------------------------------------------------------------------------- sizes
+    @property
+    def num_nodes(self) -> int:
+        return self.indptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.indices.numel()
+
+    @property
+    def num_features(self) -> int:
+        return self.x.shape[1]
+
+    def in_degree(self) -> Tensor:
+        """int64 ``[N]``: number of in-edges of every node."""
+        return self.indptr[1:] - self.indptr[:-1]
+
+    def dst_of_edges(self) -> Tensor:
+        """int64 ``[E]``: destination node of every edge (expands ``indptr``)."""
+        return torch.repeat_interleave(torch.arange(self.num_nodes), self.in_degree())
+
+    def edge_index(self) -> Tensor:
+        """int64 ``[2, E]`` with rows (source, destination), in CSC order."""
+        return torch.stack([self.indices, self.dst_of_edges()])
+
+    def split_ids(self, split: str) -> Tensor:
+        """Node ids of ``split`` in ``{"train", "val", "test"}``."""
+        masks = {"train": self.train_mask, "val": self.val_mask, "test": self.test_mask}
+        if split not in masks:
+            raise ValueError(f"unknown split {split!r}; valid: {sorted(masks)}")
+        return masks[split].nonzero().flatten()
+
+    # ----------------------------------------------------------------------- construction
+    @classmethod
+    def from_edge_index(
+        cls,
+        edge_index: Tensor,
+        num_nodes: int,
+        *,
+        undirected: bool = False,
+        remove_self_loops: bool = True,
+        **fields,
+    ) -> Graph:
+        """Build a CSC graph from a ``[2, E]`` (source, destination) edge list.
+
+        Duplicate edges are merged. With ``undirected=True`` both directions are stored.
+        ``fields`` are the remaining dataclass fields (``x``, ``y``, masks, ``num_classes``...).
+        """
+        indptr, indices = csc_from_edges(edge_index[0], edge_index[1], num_nodes,
+                                         undirected=undirected, remove_self_loops=remove_self_loops)
+        return cls(indptr=indptr, indices=indices, **fields)
+
+    def with_structure(self, indptr: Tensor, indices: Tensor) -> Graph:
+        """The same node data over another edge set."""
+        return Graph(indptr=indptr, indices=indices, x=self.x, y=self.y,
+                     train_mask=self.train_mask, val_mask=self.val_mask, test_mask=self.test_mask,
+                     num_classes=self.num_classes, name=self.name, meta=dict(self.meta))
+
+    def to_undirected(self) -> Graph:
+        """Add the reverse of every edge (duplicates merged)."""
+        src, dst = self.edge_index()
+        indptr, indices = csc_from_edges(src, dst, self.num_nodes, undirected=True,
+                                         remove_self_loops=False)
+        return self.with_structure(indptr, indices)
+
+    def induced_subgraph(self, nodes: Tensor) -> Graph:
+        """The subgraph on ``nodes`` (relabelled to ``0..len(nodes)-1`` in the given order)."""
+        nodes = nodes.to(torch.int64)
+        new_id = torch.full((self.num_nodes,), -1, dtype=torch.int64)
+        new_id[nodes] = torch.arange(nodes.numel())
+        src, dst = self.edge_index()
+        keep = (new_id[src] >= 0) & (new_id[dst] >= 0)
+        indptr, indices = csc_from_edges(new_id[src[keep]], new_id[dst[keep]], nodes.numel(),
+                                         remove_self_loops=False)
+        return Graph(indptr=indptr, indices=indices, x=self.x[nodes], y=self.y[nodes],
+                     train_mask=self.train_mask[nodes], val_mask=self.val_mask[nodes],
+                     test_mask=self.test_mask[nodes], num_classes=self.num_classes,
+                     name=self.name, meta=dict(self.meta))
+
+    def to(self, dtype: torch.dtype) -> Graph:
+        """The same graph with features cast to ``dtype``."""
+        return Graph(indptr=self.indptr, indices=self.indices, x=self.x.to(dtype), y=self.y,
+                     train_mask=self.train_mask, val_mask=self.val_mask, test_mask=self.test_mask,
+                     num_classes=self.num_classes, name=self.name, meta=dict(self.meta))
+
+
+def csc_from_edges(
+    src: Tensor,
+    dst: Tensor,
+    num_nodes: int,
+    *,
+    undirected: bool = False,
+    remove_self_loops: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """CSC ``(indptr, indices)`` from edge endpoints; sorted by (dst, src), duplicates merged."""
+    src = src.to(torch.int64)
+    dst = dst.to(torch.int64)
+    if undirected:
+        src, dst = torch.cat([src, dst]), torch.cat([dst, src])
+    if remove_self_loops:
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+    key = torch.unique(dst * num_nodes + src)  # sorted, deduplicated
+    dst, src = key // num_nodes, key % num_nodes
+    counts = torch.bincount(dst, minlength=num_nodes)
+    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=indptr[1:])
+    return indptr, src
