@@ -1,0 +1,206 @@
+"""Per-epoch measurements every run reports (DESIGN §7), and the run summary.
+
+Callbacks keep their epoch figures in ``.epochs`` (a list of dicts) so that
+:class:`RunSummary` can read them in the same hook, whatever Lightning's logging order is.
+Cross-rank reductions go through the strategy's metered ``comm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import lightning as L
+import torch
+
+from ..comm import NetworkModel
+from ..graph.sampler import splitmix64_int
+
+
+def _peak_rss_mb() -> float:
+    """Peak resident set size of this process in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+class StepSeed(L.Callback):
+    """Seeds torch's RNG (dropout) from ``(seed, epoch, step, rank)`` before every step, so a run
+    resumed from a checkpoint continues exactly as the uninterrupted run."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        key = splitmix64_int(self.seed ^ splitmix64_int(
+            (trainer.current_epoch << 40) ^ (batch_idx << 8) ^ trainer.global_rank))
+        torch.manual_seed(key & ((1 << 63) - 1))
+
+
+class CommStats(L.Callback):
+    """Bytes by category and link class per epoch, summed over ranks, plus modelled time.
+
+    The meter reduction itself is bookkeeping and is not counted.
+    """
+
+    def __init__(self, network: str):
+        self.network = NetworkModel.from_name(network)
+        self.epochs: list[dict] = []
+        self._start: dict | None = None
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._start = trainer.strategy.meter.snapshot()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        comm = trainer.strategy.comm
+        per_rank = comm.gather_meter(trainer.strategy.meter.delta(self._start))
+        total = {cat: sum(s["bytes"][cat] for s in per_rank) for cat in per_rank[0]["bytes"]}
+        inter = sum(s["link_bytes"]["inter_server"] for s in per_rank)
+        modeled = max(self.network.modeled_time(s) for s in per_rank)
+        record = {"bytes": total, "inter_server_bytes": inter, "modeled_time_s": modeled}
+        self.epochs.append(record)
+        metrics = {f"comm/{cat}_bytes": float(n) for cat, n in total.items()}
+        metrics.update({"comm/inter_server_bytes": float(inter),
+                        "comm/modeled_time_s": modeled})
+        pl_module.log_dict(metrics)
+
+
+class EpochStats(L.Callback):
+    """Train loss, time breakdown (sample, load, compute) and peak memory per epoch.
+
+    ``compute`` is forward + backward + optimiser step (with DDP, the overlapped gradient
+    all-reduce is inside it). Times are rank 0's; memory is the max over ranks.
+    """
+
+    def __init__(self):
+        self.epochs: list[dict] = []
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._epoch_start = time.perf_counter()
+        self._times = {"sample_s": 0.0, "load_s": 0.0, "compute_s": 0.0}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._times["sample_s"] += batch.stats.get("sample_s", 0.0)
+        self._times["load_s"] += batch.stats.get("load_s", 0.0)
+        self._batch_start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._times["compute_s"] += time.perf_counter() - self._batch_start
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        epoch_s = time.perf_counter() - self._epoch_start
+        comm = trainer.strategy.comm
+        loss = comm.all_reduce(pl_module.epoch_loss.clone(), category="control")
+        rss = comm.all_reduce(torch.tensor([_peak_rss_mb()], dtype=torch.float64), "max",
+                              category="control")
+        record = {"train_loss": float(loss[0] / loss[1].clamp(min=1)), "epoch_s": epoch_s,
+                  **self._times, "peak_rss_mb": float(rss[0])}
+        self.epochs.append(record)
+        pl_module.log_dict({"train/loss": record["train_loss"], "time/epoch_s": epoch_s,
+                            **{f"time/{k}": v for k, v in self._times.items()},
+                            "mem/peak_rss_mb": record["peak_rss_mb"]})
+
+
+class RunSummary(L.Callback):
+    """Prints one line per epoch and, at the end, a table; rank 0 writes ``summary.json``.
+
+    ``test_acc`` is the test accuracy at the epoch of best validation accuracy.
+    """
+
+    def __init__(self, cfg, output_dir: str, epoch_stats: EpochStats, comm_stats: CommStats,
+                 config_hash: str):
+        self.cfg = cfg
+        self.output_dir = output_dir
+        self.epoch_stats, self.comm_stats = epoch_stats, comm_stats
+        self.config_hash = config_hash
+        self.evals: list[dict] = []
+        self._fit_start = 0.0
+        self.summary: dict | None = None
+
+    def on_fit_start(self, trainer, pl_module):
+        self._fit_start = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        m = trainer.callback_metrics
+        self.evals.append({"epoch": trainer.current_epoch, "val_acc": float(m["val/acc"]),
+                           "test_acc": float(m["test/acc"])})
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        if trainer.global_rank != 0:
+            return
+        e = self.epoch_stats.epochs[-1]
+        c = self.comm_stats.epochs[-1]
+        last = self.evals[-1] if self.evals and self.evals[-1]["epoch"] == trainer.current_epoch \
+            else None
+        accs = f" val {last['val_acc']:.4f} test {last['test_acc']:.4f}" if last else ""
+        print(f"[epoch {trainer.current_epoch + 1}/{trainer.max_epochs}] loss "
+              f"{e['train_loss']:.4f}{accs} time {e['epoch_s']:.2f}s comm "
+              f"{sum(c['bytes'].values()) / 1e6:.2f} MB", file=sys.stderr, flush=True)
+
+    def on_fit_end(self, trainer, pl_module):
+        epochs, comms = self.epoch_stats.epochs, self.comm_stats.epochs
+        best = max(self.evals, key=lambda r: r["val_acc"]) if self.evals else None
+        n = max(len(comms), 1)
+        per_epoch = {cat: sum(c["bytes"][cat] for c in comms) / n
+                     for cat in (comms[0]["bytes"] if comms else {})}
+        self.summary = {
+            "strategy": self.cfg.strategy.name,
+            "model": self.cfg.model.name,
+            "dataset": self.cfg.dataset.name,
+            "world_size": trainer.world_size,
+            "epochs": len(epochs),
+            "val_acc": self.evals[-1]["val_acc"] if self.evals else None,
+            "test_acc": best["test_acc"] if best else None,
+            "best_val_acc": best["val_acc"] if best else None,
+            "best_epoch": best["epoch"] if best else None,
+            "final_test_acc": self.evals[-1]["test_acc"] if self.evals else None,
+            "train_loss": epochs[-1]["train_loss"] if epochs else None,
+            "epoch_time_s": statistics.median(e["epoch_s"] for e in epochs) if epochs else None,
+            "train_time_s": time.perf_counter() - self._fit_start,
+            "time_breakdown_s": {k: statistics.median(e[k] for e in epochs)
+                                 for k in ("sample_s", "load_s", "compute_s")} if epochs else {},
+            "comm_bytes_per_epoch": per_epoch,
+            "inter_server_bytes_per_epoch": sum(c["inter_server_bytes"] for c in comms) / n,
+            "modeled_comm_time_s": sum(c["modeled_time_s"] for c in comms) / n,
+            "network": self.cfg.network,
+            "peak_rss_mb": max((e["peak_rss_mb"] for e in epochs), default=_peak_rss_mb()),
+            "config_hash": self.config_hash,
+            "output_dir": self.output_dir,
+        }
+        if trainer.global_rank == 0:
+            write_json_atomic(os.path.join(self.output_dir, "summary.json"), self.summary)
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def format_table(summary: dict) -> str:
+    """The short human table printed at the end of a run."""
+    rows = [
+        ("strategy / model / dataset",
+         f"{summary['strategy']} / {summary['model']} / {summary['dataset']}"),
+        ("world size", summary["world_size"]),
+        ("epochs", summary["epochs"]),
+        ("best val acc", _fmt(summary["best_val_acc"])),
+        ("test acc (at best val)", _fmt(summary["test_acc"])),
+        ("epoch time, median (s)", _fmt(summary["epoch_time_s"])),
+        ("train time (s)", _fmt(summary["train_time_s"])),
+        ("comm MB / epoch (measured)", _fmt(sum(summary["comm_bytes_per_epoch"].values()) / 1e6)),
+        (f"comm time / epoch, modelled {summary['network']} (s)",
+         _fmt(summary["modeled_comm_time_s"])),
+        ("peak RSS per process (MB)", _fmt(summary["peak_rss_mb"])),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))

@@ -1,0 +1,122 @@
+"""The model zoo: GCN / SAGE / GAT as stacks of block layers, plus user PyG models."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..graph.block import Block, blocks_to_subgraph
+from ..graph.sampler import BlockBuilder, sample_neighbors
+from .layers import BlockGAT, BlockGCN, BlockSAGE
+
+MODEL_KINDS = ("gcn", "sage", "gat")
+
+LayerHook = Callable[[int, Tensor], Tensor]
+
+
+class BlockGNN(nn.Module):
+    """``num_layers`` block layers with ReLU and dropout between them (none after the last).
+
+    ``forward(blocks, x, layer_hook)`` runs layer ``l`` on ``blocks[l]`` (input layer first).
+    ``layer_hook(l, h)`` is called before every layer; systems use it to move rows between
+    processes (e.g. GSplit's shuffle) without the model knowing anything about distribution.
+    """
+
+    def __init__(self, kind: str, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
+                 dropout: float = 0.5, heads: int = 4):
+        super().__init__()
+        if kind not in MODEL_KINDS:
+            raise ValueError(f"unknown model {kind!r}; valid: {list(MODEL_KINDS)} or 'custom'")
+        if num_layers < 1:
+            raise ValueError("num_layers must be >= 1")
+        self.kind, self.num_layers, self.dropout = kind, num_layers, dropout
+        dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        self.layers = nn.ModuleList(
+            self._layer(kind, dims[i], dims[i + 1], heads, last=i == num_layers - 1)
+            for i in range(num_layers)
+        )
+
+    @staticmethod
+    def _layer(kind: str, in_dim: int, out_dim: int, heads: int, last: bool) -> nn.Module:
+        if kind == "gcn":
+            return BlockGCN(in_dim, out_dim)
+        if kind == "sage":
+            return BlockSAGE(in_dim, out_dim)
+        return BlockGAT(in_dim, out_dim, heads=1 if last else heads, concat=not last)
+
+    def forward(self, blocks: list[Block], x: Tensor, layer_hook: LayerHook | None = None) -> Tensor:
+        """``x``: ``[blocks[0].num_src, in]`` -> logits ``[blocks[-1].num_dst, out]``."""
+        if len(blocks) != self.num_layers:
+            raise ValueError(f"model has {self.num_layers} layers but got {len(blocks)} blocks")
+        h = x
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            if layer_hook is not None:
+                h = layer_hook(i, h)
+            h = self.apply_layer(i, block, h)
+        return h
+
+    def apply_layer(self, i: int, block: Block, h: Tensor) -> Tensor:
+        """Layer ``i`` plus the activation and dropout that follow it."""
+        h = self.layers[i](block, h)
+        if i < self.num_layers - 1:
+            h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
+        return h
+
+
+class SubgraphModel(nn.Module):
+    """Adapter for a user PyG model ``model(x, edge_index)``: runs it on the sampled subgraph.
+
+    The subgraph is the union of the blocks' edges over the input nodes (PyG ``NeighborLoader``
+    semantics); the seeds are the first rows, so the first ``blocks[-1].num_dst`` rows are kept.
+    Only systems that hand the model a whole (sub)graph on one process can run it.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, blocks: list[Block], x: Tensor, layer_hook: LayerHook | None = None) -> Tensor:
+        if layer_hook is not None:
+            raise ValueError("a custom (x, edge_index) model cannot run under a strategy that "
+                             "moves rows between layers; use model=gcn|sage|gat")
+        return self.model(x, blocks_to_subgraph(blocks))[: blocks[-1].num_dst]
+
+
+def build_model(cfg, in_dim: int, out_dim: int) -> nn.Module:
+    """Model from its config: ``name`` in gcn|sage|gat, or ``custom`` with ``target`` (a dotted
+    path to a class called as ``cls(in_channels=, hidden_channels=, out_channels=, num_layers=,
+    **kwargs)``, e.g. ``torch_geometric.nn.models.GraphSAGE``)."""
+    if cfg.name == "custom":
+        module_name, _, cls_name = str(cfg.target).rpartition(".")
+        cls = getattr(importlib.import_module(module_name), cls_name)
+        net = cls(in_channels=in_dim, hidden_channels=cfg.hidden, out_channels=out_dim,
+                  num_layers=cfg.num_layers, **dict(cfg.get("kwargs") or {}))
+        return SubgraphModel(net)
+    return BlockGNN(cfg.name, in_dim, cfg.hidden, out_dim, num_layers=cfg.num_layers,
+                    dropout=cfg.dropout, heads=cfg.get("heads", 4))
+
+
+@torch.no_grad()
+def layerwise_inference(net: BlockGNN, indptr: Tensor, indices: Tensor, x: Tensor,
+                        chunk_size: int = 65536) -> Tensor:
+    """Full-neighbourhood logits of every node, one layer at a time over node chunks.
+
+    Memory is ``O(N * hidden)`` instead of the ``O(fanout^L)`` blow-up of per-node sampling.
+    Returns ``[N, out]``.
+    """
+    num_nodes = indptr.numel() - 1
+    builder = BlockBuilder(num_nodes, indptr[1:] - indptr[:-1])
+    h = x
+    for i in range(net.num_layers):
+        outs = []
+        for start in range(0, num_nodes, chunk_size):
+            dst = torch.arange(start, min(start + chunk_size, num_nodes))
+            src, dst_pos = sample_neighbors(indptr, indices, dst, -1, 0)
+            block = builder(dst, src, dst_pos)
+            outs.append(net.apply_layer(i, block, h[block.src_ids]))
+        h = torch.cat(outs)
+    return h

@@ -1,0 +1,109 @@
+"""``train(cfg)``: validate, load the data once, start the ranks, train, and summarise.
+
+``train.py`` is a thin Hydra entry point around this; tests and scripts call it directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from omegaconf import DictConfig, OmegaConf
+
+from .callbacks import CommStats, EpochStats, RunSummary, StepSeed, format_table
+from .config import resolved, validate
+from .graph.csc import Graph
+from .graph.datasets import load_dataset
+from .launch import externally_launched, launch_local
+from .models.gnn import build_model
+from .models.module import GNNModule
+from .systems import STRATEGIES
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """Hash of the settings that define a run's result (not where it writes)."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("paths", "ckpt_path", "launcher"):
+        data.pop(key, None)
+    data.get("trainer", {}).pop("enable_progress_bar", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_graph(cfg: DictConfig) -> Graph:
+    """The dataset of ``cfg.dataset`` in the run's dtype."""
+    options = {k: v for k, v in OmegaConf.to_container(cfg.dataset).items()
+               if k not in ("name", "root")}
+    graph = load_dataset(cfg.dataset.name, root=cfg.dataset.get("root"), **options)
+    return graph.to(getattr(torch, cfg.dtype))
+
+
+def train(cfg: DictConfig) -> tuple[dict, dict]:
+    """Run one training job; return ``(metrics, objects)``.
+
+    ``metrics`` is the content of ``summary.json`` (empty on nodes other than node 0 of a
+    multi-node launch); ``objects`` holds ``graph`` and ``output_dir``.
+    """
+    validate(cfg)
+    cfg = resolved(cfg)
+    output_dir = Path(cfg.paths.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    graph = load_graph(cfg)
+    world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)
+    if world == 1 or externally_launched():
+        metrics = run_rank(cfg, graph)
+    else:
+        launch_local(run_rank, (cfg, graph), int(cfg.trainer.devices), int(cfg.trainer.num_nodes),
+                     cfg.launcher.timeout_s)
+        summary = output_dir / "summary.json"
+        metrics = json.loads(summary.read_text()) if summary.exists() else {}
+    if metrics:
+        print(f"\n{format_table(metrics)}\n\nsummary: {output_dir / 'summary.json'}")
+    return metrics, {"graph": graph, "output_dir": output_dir}
+
+
+def _logger(cfg: DictConfig, output_dir: str):
+    if cfg.logger.name == "csv":
+        return CSVLogger(save_dir=output_dir, name="", version="")
+    if cfg.logger.name == "wandb":
+        return WandbLogger(project=cfg.logger.project, save_dir=output_dir,
+                           mode=cfg.logger.mode, tags=list(cfg.logger.tags),
+                           config=OmegaConf.to_container(cfg))
+    return False
+
+
+def run_rank(cfg: DictConfig, graph: Graph) -> dict:
+    """One rank's whole job: build the system, fit, and (on rank 0) write ``summary.json``."""
+    local_world = int(cfg.trainer.devices)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    output_dir = str(cfg.paths.output_dir)
+
+    strategy, datamodule, extra_callbacks = STRATEGIES[cfg.strategy.name].build(cfg, graph)
+    net = build_model(cfg.model, graph.num_features, graph.num_classes)
+    module = GNNModule(net, optimizer=cfg.model.optimizer, lr=cfg.model.lr,
+                       weight_decay=cfg.model.weight_decay)
+    epoch_stats, comm_stats = EpochStats(), CommStats(cfg.network)
+    summary = RunSummary(cfg, output_dir, epoch_stats, comm_stats, config_hash(cfg))
+    checkpoint = ModelCheckpoint(dirpath=os.path.join(output_dir, "checkpoints"), save_last=True,
+                                 monitor="val/acc", mode="max", filename="best")
+    tr = cfg.trainer
+    trainer = L.Trainer(
+        accelerator=tr.accelerator, devices=tr.devices, num_nodes=tr.num_nodes, strategy=strategy,
+        max_epochs=tr.max_epochs, precision="64-true" if cfg.dtype == "float64" else "32-true",
+        logger=_logger(cfg, output_dir),
+        callbacks=[StepSeed(cfg.seed), epoch_stats, comm_stats, *extra_callbacks, checkpoint,
+                   summary],
+        check_val_every_n_epoch=tr.check_val_every_n_epoch,
+        log_every_n_steps=tr.log_every_n_steps, enable_progress_bar=tr.enable_progress_bar,
+        limit_train_batches=tr.limit_train_batches, deterministic=tr.deterministic,
+        use_distributed_sampler=False, num_sanity_val_steps=0, enable_model_summary=False,
+        default_root_dir=output_dir,
+    )
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    return summary.summary or {}

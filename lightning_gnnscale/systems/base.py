@@ -1,0 +1,229 @@
+"""Shared Strategy and DataModule machinery for every system.
+
+- :class:`MeteredSingleDeviceStrategy` and :class:`MeteredDDPStrategy` own the run's
+  :class:`CommMeter` and a :class:`Comm`; the DDP one registers the metered gradient hook on CPU
+  too (Lightning only does so on CUDA) and routes Lightning's own barrier / broadcast / reduce
+  through ``comm`` so that every byte between processes is counted.
+- :class:`SampledDataModule` turns a graph into per-rank mini-batches: a shared seeded
+  permutation of the training nodes per epoch, cut into global steps, each split across ranks,
+  sampled with the hash-keyed sampler. Evaluation is full-graph layer-wise inference.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import time
+from datetime import timedelta
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ..comm import Comm, CommMeter, GradientHookState, Topology, register_metered_ddp_hook
+from ..graph.batch import Batch
+from ..graph.csc import Graph
+from ..graph.sampler import NeighborSampler, splitmix64_int
+from ..models.gnn import BlockGNN, SubgraphModel, layerwise_inference
+
+
+class MeteredSingleDeviceStrategy(SingleDeviceStrategy):
+    """One process; its ``comm`` is local (every collective a no-op that counts nothing)."""
+
+    def __init__(self, device: str = "cpu", **kwargs):
+        super().__init__(device=torch.device(device), **kwargs)
+        self.meter = CommMeter()
+        self.comm = Comm.local(self.meter)
+        self.topology = Topology.single()
+
+
+class MeteredDDPStrategy(DDPStrategy):
+    """DDP whose gradient all-reduce and bookkeeping collectives go through the metered ``comm``.
+
+    Gradients are summed, not averaged: the loss is already divided by the global seed count.
+
+    Args:
+        servers: simulated servers (``topology.servers``); ``None`` = Lightning's ``num_nodes``.
+        timeout_s: a collective that waits longer than this fails instead of hanging.
+    """
+
+    def __init__(self, servers: int | None = None, timeout_s: float = 1800.0,
+                 process_group_backend: str | None = None, **kwargs):
+        kwargs.setdefault("find_unused_parameters", False)
+        super().__init__(process_group_backend=process_group_backend,
+                         timeout=timedelta(seconds=timeout_s), **kwargs)
+        self.servers = servers
+        self.timeout_s = timeout_s
+        self.meter = CommMeter()
+        self.comm = Comm.local(self.meter)
+        self.topology = Topology.single()
+        self.grad_hook_state: GradientHookState | None = None
+
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        self.topology = Topology.from_launch(self.world_size, self.num_nodes, self.servers)
+        self.comm = Comm.create(self.meter, self.topology, timeout_s=self.timeout_s)
+
+    def configure_ddp(self) -> None:
+        super().configure_ddp()
+        state = GradientHookState(self.comm.with_group(self.model.process_group), scale=1.0)
+        self.grad_hook_state = register_metered_ddp_hook(self.model, state)
+
+    # Lightning's own cross-rank bookkeeping, metered as `control`.
+    def barrier(self, name: str | None = None) -> None:
+        self.comm.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not self.comm.is_distributed:
+            return obj
+        payload = pickle.dumps(obj) if self.global_rank == src else b""
+        size = self.comm.broadcast(torch.tensor([len(payload)]), src, category="control")
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else (
+            torch.empty(int(size), dtype=torch.uint8))
+        data = self.comm.broadcast(data, src, category="control")
+        return pickle.load(io.BytesIO(data.numpy().tobytes()))
+
+    def reduce(self, tensor, group: Any = None, reduce_op: Any = "mean") -> torch.Tensor:
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        out = self.comm.all_reduce(tensor.detach().clone().to(torch.float64), category="control")
+        if reduce_op in ("mean", "avg") or str(reduce_op).lower().endswith("avg"):
+            out = out / self.world_size
+        return out.to(tensor.dtype)
+
+
+# ------------------------------------------------------------------------------- data
+
+
+def epoch_permutation(ids: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
+    """The same shuffled order of ``ids`` on every rank for ``(seed, epoch)``."""
+    gen = torch.Generator().manual_seed(splitmix64_int((seed << 20) ^ epoch) & ((1 << 63) - 1))
+    return ids[torch.randperm(ids.numel(), generator=gen)]
+
+
+class _EpochSteps(Sampler):
+    """Yields ``(epoch, step)`` for the trainer's current epoch (read in the main process)."""
+
+    def __init__(self, dm: SampledDataModule):
+        self.dm = dm
+
+    def __len__(self) -> int:
+        return self.dm.steps_per_epoch
+
+    def __iter__(self):
+        epoch = self.dm.trainer.current_epoch if self.dm.trainer else 0
+        return iter([(epoch, step) for step in range(self.dm.steps_per_epoch)])
+
+
+class _StepDataset(Dataset):
+    def __init__(self, dm: SampledDataModule):
+        self.dm = dm
+
+    def __getitem__(self, key: tuple[int, int]) -> Batch:
+        return self.dm.make_batch(*key)
+
+    def __len__(self) -> int:
+        return self.dm.steps_per_epoch
+
+
+def _no_collate(batch):
+    return batch
+
+
+class SampledDataModule(L.LightningDataModule):
+    """Per-rank sampled mini-batches over a graph that every rank holds whole.
+
+    Args:
+        graph: the dataset (features already in the run's dtype).
+        fanouts: by hop from the seeds; ``-1`` = all neighbours.
+        batch_size: global seeds per step (split across ranks); ``-1`` = all training nodes.
+        seed: base of the epoch permutation and of the sampling keys.
+        salt_by_rank: rank-salted sampling keys (independent micro-batches, as data-parallel
+            systems sample); ``False`` makes ranks sample exactly what one process would.
+        num_workers: DataLoader processes that sample ahead.
+        eval_chunk_size: destination nodes per chunk in layer-wise inference.
+    """
+
+    def __init__(self, graph: Graph, fanouts: list[int], batch_size: int, seed: int = 0,
+                 salt_by_rank: bool = False, num_workers: int = 0, eval_chunk_size: int = 65536):
+        super().__init__()
+        self.graph = graph
+        self.fanouts = list(fanouts)
+        self.seed = seed
+        self.salt_by_rank = salt_by_rank
+        self.num_workers = num_workers
+        self.eval_chunk_size = eval_chunk_size
+        self.train_ids = graph.split_ids("train")
+        if self.train_ids.numel() == 0:
+            raise ValueError(f"dataset {graph.name!r} has no training nodes")
+        self.batch_size = self.train_ids.numel() if batch_size == -1 else batch_size
+        self.sampler = NeighborSampler(graph.indptr, graph.indices, self.fanouts, seed)
+        self.rank, self.world_size = 0, 1
+
+    def setup(self, stage: str) -> None:
+        if self.trainer is not None:
+            self.rank, self.world_size = self.trainer.global_rank, self.trainer.world_size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return -(-self.train_ids.numel() // self.batch_size)
+
+    def step_seeds(self, epoch: int, step: int) -> torch.Tensor:
+        """All ranks' seeds of one global step."""
+        order = epoch_permutation(self.train_ids, self.seed, epoch)
+        return order[step * self.batch_size : (step + 1) * self.batch_size]
+
+    def make_batch(self, epoch: int, step: int) -> Batch:
+        """This rank's share of step ``step``: sample, then gather input rows and labels."""
+        global_seeds = self.step_seeds(epoch, step)
+        seeds = torch.tensor_split(global_seeds, self.world_size)[self.rank]
+        start = time.perf_counter()
+        salt = self.rank if self.salt_by_rank else 0
+        blocks = self.sampler.sample(seeds, epoch=epoch, step=step, salt=salt)
+        sampled = time.perf_counter()
+        x = self.graph.x.index_select(0, blocks[0].src_ids)
+        y = self.graph.y.index_select(0, seeds)
+        stats = {"sample_s": sampled - start, "load_s": time.perf_counter() - sampled,
+                 "input_nodes": blocks[0].num_src, "edges": sum(b.num_edges for b in blocks)}
+        return Batch(blocks, x, y, global_seeds.numel(), epoch, step, stats)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(_StepDataset(self), sampler=_EpochSteps(self), batch_size=None,
+                          collate_fn=_no_collate, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
+
+    def _eval_loader(self) -> DataLoader:
+        return DataLoader([0], batch_size=None)  # one evaluation pass per rank
+
+    val_dataloader = _eval_loader
+    test_dataloader = _eval_loader
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch.to(device) if isinstance(batch, Batch) else batch
+
+    # ------------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def full_logits(self, net: torch.nn.Module) -> torch.Tensor:
+        """Full-neighbourhood logits of every node ``[N, C]``."""
+        g = self.graph
+        device = next(net.parameters()).device
+        if isinstance(net, SubgraphModel):
+            return net.model(g.x.to(device), g.edge_index().to(device))
+        assert isinstance(net, BlockGNN)
+        return layerwise_inference(net, g.indptr, g.indices, g.x.to(device), self.eval_chunk_size)
+
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """``[len(splits), 2]`` float64 (correct, total) over this rank's share of each split.
+
+        Every rank holds the whole graph, so each counts every ``world_size``-th node; the
+        caller sums the counts over ranks.
+        """
+        pred = self.full_logits(net).argmax(1).cpu()
+        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
+        for i, split in enumerate(splits):
+            ids = self.graph.split_ids(split)[self.rank :: self.world_size]
+            counts[i, 0] = (pred[ids] == self.graph.y[ids]).sum()
+            counts[i, 1] = ids.numel()
+        return counts

@@ -1,0 +1,19 @@
+"""Train one GNN system: ``python train.py strategy=<name> model=<gcn|sage|gat> dataset=<name>``.
+
+See README.md and docs/configuration.md. Multirun: ``python train.py -m strategy=single,ddp``.
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from lightning_gnnscale.run import train
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    metrics, _ = train(cfg)
+    return metrics.get("best_val_acc")  # the value Hydra sweepers optimise
+
+
+if __name__ == "__main__":
+    main()
