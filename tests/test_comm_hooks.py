@@ -1,0 +1,139 @@
+"""DDP comm hook on gloo/CPU, the collective audit, and the test launcher's failure modes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from lightning_gnnscale.comm import (
+    INTER_SERVER,
+    CollectiveRecorder,
+    Comm,
+    CommMeter,
+    Topology,
+    exchange_rows,
+    register_metered_ddp_hook,
+)
+from tests.helpers.dist import run_distributed
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)
+    ).double()
+
+
+def _batch(rank: int) -> torch.Tensor:
+    return torch.randn(
+        5, 6, generator=torch.Generator().manual_seed(10 + rank), dtype=torch.float64
+    )
+
+
+def _loss(model: torch.nn.Module, rank: int) -> torch.Tensor:
+    return model(_batch(rank)).pow(2).mean()
+
+
+def _ddp_case(rank: int, world_size: int) -> dict:
+    comm = Comm.create(CommMeter(), Topology(world_size, 1), timeout_s=30)
+    with CollectiveRecorder() as construction:
+        # A bucket cap of ~100 bytes gives several buckets (from the second step on).
+        ddp = DistributedDataParallel(_model(), bucket_cap_mb=1e-4)
+    state = register_metered_ddp_hook(ddp, comm)
+    grads = {}
+    with CollectiveRecorder() as recorder:
+        before = comm.meter.snapshot()
+        _loss(ddp, rank).backward()
+        grads["mean"] = [p.grad.clone() for p in ddp.parameters()]
+        ddp.zero_grad()
+        state.scale = 1.0  # a float scale means: multiply, SUM, no division
+        _loss(ddp, rank).backward()  # DDP has rebuilt its buckets after the first step
+        grads["sum"] = [p.grad.clone() for p in ddp.parameters()]
+        received = exchange_rows(torch.ones(2, 3), torch.tensor([0, 1]), [1, 1], [1, 1], comm)
+        assert received.shape == (2, 3)
+        steps = comm.meter.delta(before)
+        comm.reduce_meter()
+    with CollectiveRecorder() as negative_control:
+        dist.all_reduce(torch.ones(3))
+    return {
+        "grads": grads,
+        "steps": steps,
+        "calls": recorder.calls,
+        "problems": recorder.problems(steps),
+        "construction_calls": construction.calls,
+        "negative_problems": negative_control.problems(CommMeter().snapshot()),
+        "data_group": comm.group_name,
+        "hook_group": state.comm.group_name,
+    }
+
+
+@pytest.mark.dist
+def test_metered_ddp_hook_fires_on_gloo_and_audit_accounts_for_every_call():
+    world_size = 2
+    results = run_distributed(_ddp_case, world_size, timeout_s=60)
+    per_rank_grads = []
+    for rank in range(world_size):
+        model = _model()
+        _loss(model, rank).backward()
+        per_rank_grads.append([p.grad for p in model.parameters()])
+    num_params = sum(p.numel() for p in _model().parameters())
+    for result in results:
+        for got, *per_rank in zip(result["grads"]["mean"], *per_rank_grads):
+            torch.testing.assert_close(got, sum(per_rank) / world_size)
+        for got, *per_rank in zip(result["grads"]["sum"], *per_rank_grads):
+            torch.testing.assert_close(got, sum(per_rank))
+        # Ring model with P=2: each rank sends every bucket once per step: the parameter bytes.
+        assert result["steps"]["bytes"]["gradient"] == 2 * num_params * 8
+        assert (
+            result["steps"]["category_link_bytes"]["gradient"][INTER_SERVER] == 2 * num_params * 8
+        )
+        gradient_calls = [c for c in result["calls"] if c.category == "gradient"]
+        assert len(gradient_calls) > 2, "expected several DDP buckets in the second step"
+        assert {c.op for c in gradient_calls} == {"all_reduce"}
+        assert sum(c.numel for c in gradient_calls) == 2 * num_params
+        assert {c.group for c in gradient_calls} == {result["hook_group"]}
+        exchange_calls = [c for c in result["calls"] if c.category == "activation"]
+        assert [(c.op, c.group, c.nbytes) for c in exchange_calls] == [
+            ("all_to_all_single", result["data_group"], 24)
+        ]
+        assert result["data_group"] != result["hook_group"]
+        bookkeeping = [c.op for c in result["calls"] if c.bookkeeping]  # reduce_meter's gather
+        assert bookkeeping in (["all_gather_single"], ["all_gather_into_tensor"])
+        assert result["problems"] == []
+        assert len(result["negative_problems"]) == 1
+        assert "unmetered call" in result["negative_problems"][0]
+        # DDP's start-up parameter sync is visible to the audit, and not metered.
+        assert [c.op for c in result["construction_calls"] if c.op == "_broadcast_coalesced"]
+
+
+def _skip_collective(rank: int, world_size: int) -> None:
+    if rank == 0:
+        dist.all_reduce(torch.ones(1))
+    else:
+        time.sleep(120)
+
+
+def _fail_on_rank_one(rank: int, world_size: int) -> None:
+    if rank == 1:
+        raise ValueError("boom on rank 1")
+    dist.barrier()
+
+
+@pytest.mark.dist
+def test_mismatched_collective_times_out_instead_of_hanging():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within 8"):
+        run_distributed(_skip_collective, 2, timeout_s=8)
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.dist
+def test_rank_exception_is_reraised_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="(?s)rank 1.*ValueError: boom on rank 1"):
+        run_distributed(_fail_on_rank_one, 2, timeout_s=30)
+    assert time.monotonic() - start < 20
