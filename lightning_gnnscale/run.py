@@ -16,7 +16,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from .callbacks import CommStats, EpochStats, RunSummary, StepSeed, format_table
+from .callbacks import (
+    CollectiveAudit,
+    CommStats,
+    EpochStats,
+    RunSummary,
+    StepSeed,
+    format_table,
+)
 from .config import resolved, validate
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
@@ -89,7 +96,8 @@ def run_rank(cfg: DictConfig, graph: Graph) -> dict:
     module = GNNModule(net, optimizer=cfg.model.optimizer, lr=cfg.model.lr,
                        weight_decay=cfg.model.weight_decay)
     epoch_stats, comm_stats = EpochStats(), CommStats(cfg.network)
-    summary = RunSummary(cfg, output_dir, epoch_stats, comm_stats, config_hash(cfg))
+    audit = CollectiveAudit() if cfg.audit else None
+    summary = RunSummary(cfg, output_dir, epoch_stats, comm_stats, config_hash(cfg), audit)
     checkpoint = ModelCheckpoint(dirpath=os.path.join(output_dir, "checkpoints"), save_last=True,
                                  monitor="val/acc", mode="max", filename="best")
     tr = cfg.trainer
@@ -98,7 +106,7 @@ def run_rank(cfg: DictConfig, graph: Graph) -> dict:
         max_epochs=tr.max_epochs, precision="64-true" if cfg.dtype == "float64" else "32-true",
         logger=_logger(cfg, output_dir),
         callbacks=[StepSeed(cfg.seed), epoch_stats, comm_stats, *extra_callbacks, checkpoint,
-                   summary],
+                   summary, *([audit] if audit else [])],
         check_val_every_n_epoch=tr.check_val_every_n_epoch,
         log_every_n_steps=tr.log_every_n_steps, enable_progress_bar=tr.enable_progress_bar,
         limit_train_batches=tr.limit_train_batches, deterministic=tr.deterministic,

@@ -17,7 +17,7 @@ import time
 import lightning as L
 import torch
 
-from ..comm import NetworkModel
+from ..comm import CollectiveRecorder, NetworkModel
 from ..graph.sampler import splitmix64_int
 
 
@@ -103,6 +103,27 @@ class EpochStats(L.Callback):
                             "mem/peak_rss_mb": record["peak_rss_mb"]})
 
 
+class CollectiveAudit(L.Callback):
+    """Records every ``torch.distributed`` call of each training epoch (validation and the
+    epoch-end reductions included) and fails the run if one was not metered, or if the metered
+    bytes disagree with the meter (config ``audit: true``; every system's audit test uses it).
+
+    Place it last, so its window closes after the other callbacks' epoch-end reductions.
+    """
+
+    def __init__(self):
+        self.calls = 0
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._recorder = CollectiveRecorder().__enter__()
+        self._start = trainer.strategy.meter.snapshot()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self._recorder.__exit__(None, None, None)
+        self.calls += len(self._recorder.calls)
+        self._recorder.assert_accounted(trainer.strategy.meter.delta(self._start))
+
+
 class RunSummary(L.Callback):
     """Prints one line per epoch and, at the end, a table; rank 0 writes ``summary.json``.
 
@@ -110,11 +131,12 @@ class RunSummary(L.Callback):
     """
 
     def __init__(self, cfg, output_dir: str, epoch_stats: EpochStats, comm_stats: CommStats,
-                 config_hash: str):
+                 config_hash: str, audit: CollectiveAudit | None = None):
         self.cfg = cfg
         self.output_dir = output_dir
         self.epoch_stats, self.comm_stats = epoch_stats, comm_stats
         self.config_hash = config_hash
+        self.audit = audit
         self.evals: list[dict] = []
         self._fit_start = 0.0
         self.summary: dict | None = None
@@ -169,6 +191,7 @@ class RunSummary(L.Callback):
             "network": self.cfg.network,
             "peak_rss_mb": max((e["peak_rss_mb"] for e in epochs), default=_peak_rss_mb()),
             "config_hash": self.config_hash,
+            "audited_collectives": self.audit.calls if self.audit else None,
             "output_dir": self.output_dir,
         }
         if trainer.global_rank == 0:

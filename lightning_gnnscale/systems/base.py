@@ -20,6 +20,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..comm import Comm, CommMeter, GradientHookState, Topology, register_metered_ddp_hook
@@ -65,6 +66,19 @@ class MeteredDDPStrategy(DDPStrategy):
         super().setup_distributed()
         self.topology = Topology.from_launch(self.world_size, self.num_nodes, self.servers)
         self.comm = Comm.create(self.meter, self.topology, timeout_s=self.timeout_s)
+
+    def setup(self, trainer: L.Trainer) -> None:
+        super().setup(trainer)
+        # Lightning (2.6) broadcasts a SIGTERM flag on the world group before every training
+        # step, outside the strategy; send the same flag through the metered comm instead.
+        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = self._broadcast_sigterm_flag
+
+    def _broadcast_sigterm_flag(self) -> None:
+        flag = torch.tensor([int(getattr(self.lightning_module.trainer, "received_sigterm",
+                                         False))])
+        if int(self.comm.broadcast(flag, 0, category="control")) == 1:
+            self.comm.barrier()
+            raise SIGTERMException()
 
     def configure_ddp(self) -> None:
         super().configure_ddp()
