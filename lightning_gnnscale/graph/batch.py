@@ -36,5 +36,12 @@ class Batch:
         return self.y.numel()
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch([b.to(device) for b in self.blocks], self.x.to(device), self.y.to(device),
-                     self.global_seed_count, self.epoch, self.step, self.stats)
+        return Batch(
+            [b.to(device) for b in self.blocks],
+            self.x.to(device),
+            self.y.to(device),
+            self.global_seed_count,
+            self.epoch,
+            self.step,
+            self.stats,
+        )

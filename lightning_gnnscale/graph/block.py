@@ -48,8 +48,12 @@ class Block:
         return self.src_ids[: self.num_dst]
 
     def to(self, device: torch.device | str) -> Block:
-        return Block(self.src_ids.to(device), self.num_dst, self.edge_index.to(device),
-                     self.src_deg.to(device))
+        return Block(
+            self.src_ids.to(device),
+            self.num_dst,
+            self.edge_index.to(device),
+            self.src_deg.to(device),
+        )
 
 
 def blocks_to_subgraph(blocks: list[Block]) -> Tensor:

@@ -45,13 +45,19 @@ class Graph:
 
     def __post_init__(self) -> None:
         n = self.indptr.numel() - 1
-        _check(self.indptr.dtype == torch.int64 and self.indices.dtype == torch.int64,
-               "Graph.indptr and Graph.indices must be int64")
+        _check(
+            self.indptr.dtype == torch.int64 and self.indices.dtype == torch.int64,
+            "Graph.indptr and Graph.indices must be int64",
+        )
         _check(n >= 0 and int(self.indptr[0]) == 0, "Graph.indptr must start at 0")
-        _check(int(self.indptr[-1]) == self.indices.numel(),
-               f"Graph.indptr[-1]={int(self.indptr[-1])} but there are {self.indices.numel()} edges")
-        _check(self.x.dim() == 2 and self.x.shape[0] == n,
-               f"Graph.x must be [N={n}, F], got {tuple(self.x.shape)}")
+        _check(
+            int(self.indptr[-1]) == self.indices.numel(),
+            f"Graph.indptr[-1]={int(self.indptr[-1])} but there are {self.indices.numel()} edges",
+        )
+        _check(
+            self.x.dim() == 2 and self.x.shape[0] == n,
+            f"Graph.x must be [N={n}, F], got {tuple(self.x.shape)}",
+        )
         _check(self.x.is_floating_point(), "Graph.x must be floating point")
         _check(self.y.shape == (n,) and self.y.dtype == torch.int64, "Graph.y must be int64 [N]")
         for name in ("train_mask", "val_mask", "test_mask"):
@@ -59,8 +65,10 @@ class Graph:
             _check(m.shape == (n,) and m.dtype == torch.bool, f"Graph.{name} must be bool [N]")
         _check(self.num_classes >= 1, "Graph.num_classes must be >= 1")
         if self.indices.numel():
-            _check(int(self.indices.min()) >= 0 and int(self.indices.max()) < n,
-                   "Graph.indices holds ids outside [0, N)")
+            _check(
+                int(self.indices.min()) >= 0 and int(self.indices.max()) < n,
+                "Graph.indices holds ids outside [0, N)",
+            )
 
     # ----------------------------------------------------------------------------- sizes
     @property
@@ -110,21 +118,36 @@ class Graph:
         Duplicate edges are merged. With ``undirected=True`` both directions are stored.
         ``fields`` are the remaining dataclass fields (``x``, ``y``, masks, ``num_classes``...).
         """
-        indptr, indices = csc_from_edges(edge_index[0], edge_index[1], num_nodes,
-                                         undirected=undirected, remove_self_loops=remove_self_loops)
+        indptr, indices = csc_from_edges(
+            edge_index[0],
+            edge_index[1],
+            num_nodes,
+            undirected=undirected,
+            remove_self_loops=remove_self_loops,
+        )
         return cls(indptr=indptr, indices=indices, **fields)
 
     def with_structure(self, indptr: Tensor, indices: Tensor) -> Graph:
         """The same node data over another edge set."""
-        return Graph(indptr=indptr, indices=indices, x=self.x, y=self.y,
-                     train_mask=self.train_mask, val_mask=self.val_mask, test_mask=self.test_mask,
-                     num_classes=self.num_classes, name=self.name, meta=dict(self.meta))
+        return Graph(
+            indptr=indptr,
+            indices=indices,
+            x=self.x,
+            y=self.y,
+            train_mask=self.train_mask,
+            val_mask=self.val_mask,
+            test_mask=self.test_mask,
+            num_classes=self.num_classes,
+            name=self.name,
+            meta=dict(self.meta),
+        )
 
     def to_undirected(self) -> Graph:
         """Add the reverse of every edge (duplicates merged)."""
         src, dst = self.edge_index()
-        indptr, indices = csc_from_edges(src, dst, self.num_nodes, undirected=True,
-                                         remove_self_loops=False)
+        indptr, indices = csc_from_edges(
+            src, dst, self.num_nodes, undirected=True, remove_self_loops=False
+        )
         return self.with_structure(indptr, indices)
 
     def induced_subgraph(self, nodes: Tensor) -> Graph:
@@ -134,18 +157,36 @@ class Graph:
         new_id[nodes] = torch.arange(nodes.numel())
         src, dst = self.edge_index()
         keep = (new_id[src] >= 0) & (new_id[dst] >= 0)
-        indptr, indices = csc_from_edges(new_id[src[keep]], new_id[dst[keep]], nodes.numel(),
-                                         remove_self_loops=False)
-        return Graph(indptr=indptr, indices=indices, x=self.x[nodes], y=self.y[nodes],
-                     train_mask=self.train_mask[nodes], val_mask=self.val_mask[nodes],
-                     test_mask=self.test_mask[nodes], num_classes=self.num_classes,
-                     name=self.name, meta=dict(self.meta))
+        indptr, indices = csc_from_edges(
+            new_id[src[keep]], new_id[dst[keep]], nodes.numel(), remove_self_loops=False
+        )
+        return Graph(
+            indptr=indptr,
+            indices=indices,
+            x=self.x[nodes],
+            y=self.y[nodes],
+            train_mask=self.train_mask[nodes],
+            val_mask=self.val_mask[nodes],
+            test_mask=self.test_mask[nodes],
+            num_classes=self.num_classes,
+            name=self.name,
+            meta=dict(self.meta),
+        )
 
     def to(self, dtype: torch.dtype) -> Graph:
         """The same graph with features cast to ``dtype``."""
-        return Graph(indptr=self.indptr, indices=self.indices, x=self.x.to(dtype), y=self.y,
-                     train_mask=self.train_mask, val_mask=self.val_mask, test_mask=self.test_mask,
-                     num_classes=self.num_classes, name=self.name, meta=dict(self.meta))
+        return Graph(
+            indptr=self.indptr,
+            indices=self.indices,
+            x=self.x.to(dtype),
+            y=self.y,
+            train_mask=self.train_mask,
+            val_mask=self.val_mask,
+            test_mask=self.test_mask,
+            num_classes=self.num_classes,
+            name=self.name,
+            meta=dict(self.meta),
+        )
 
 
 def csc_from_edges(

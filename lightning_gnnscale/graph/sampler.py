@@ -158,8 +158,12 @@ class BlockBuilder:
         edge_index = torch.stack([slot.index_select(0, src), dst_pos])
         src_ids = torch.cat([dst, new_ids])
         slot.index_fill_(0, src_ids, -1)
-        return Block(src_ids=src_ids, num_dst=n_dst, edge_index=edge_index,
-                     src_deg=self.degree.index_select(0, src_ids))
+        return Block(
+            src_ids=src_ids,
+            num_dst=n_dst,
+            edge_index=edge_index,
+            src_deg=self.degree.index_select(0, src_ids),
+        )
 
 
 class NeighborSampler:
@@ -190,8 +194,9 @@ class NeighborSampler:
         frontier = seeds.to(torch.int64)
         blocks = []
         for hop, fanout in enumerate(self.fanouts):
-            src, dst_pos = sample_neighbors(self.indptr, self.indices, frontier, fanout,
-                                            key.hop_key(hop))
+            src, dst_pos = sample_neighbors(
+                self.indptr, self.indices, frontier, fanout, key.hop_key(hop)
+            )
             block = self.build_block(frontier, src, dst_pos)
             blocks.append(block)
             frontier = block.src_ids

@@ -1,0 +1,233 @@
+"""DistDGL-style relabelling and the partition book (spec distdgl_bytegnn_sancus §1.2).
+
+Nodes are renumbered so that each part owns one contiguous range of new ids ("gids"):
+``new2old = stable_argsort(parts)``. Then "which part owns gid g" and "g's local id" are a
+binary search in the ``[P + 1]`` offsets array and one subtraction. Edges are owned by their
+destination's part; in the relabelled CSC the in-edges of part k are one contiguous range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lightning_gnnscale.graph.csc import Graph, csc_from_edges
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class PartitionBook:
+    """Node -> part map over relabelled ids.
+
+    Attributes:
+        node_offsets: int64 ``[P + 1]``; part ``k`` owns gids ``[node_offsets[k], node_offsets[k+1])``.
+        new2old: int64 ``[N]``; original id of every gid.
+        old2new: int64 ``[N]``; gid of every original id (inverse of ``new2old``).
+    """
+
+    node_offsets: Tensor
+    new2old: Tensor
+    old2new: Tensor
+
+    def __post_init__(self) -> None:
+        offsets, n = self.node_offsets, self.new2old.numel()
+        for name in ("node_offsets", "new2old", "old2new"):
+            tensor = getattr(self, name)
+            _check(
+                tensor.dim() == 1 and tensor.dtype == torch.int64,
+                f"PartitionBook.{name} must be 1-D int64",
+            )
+        _check(offsets.numel() >= 2, "PartitionBook needs at least one part")
+        _check(
+            int(offsets[0]) == 0 and int(offsets[-1]) == n,
+            f"PartitionBook.node_offsets must run from 0 to N={n}",
+        )
+        _check(
+            bool((offsets[1:] >= offsets[:-1]).all()),
+            "PartitionBook.node_offsets must be non-decreasing",
+        )
+        _check(
+            self.old2new.numel() == n and torch.equal(self.old2new[self.new2old], torch.arange(n)),
+            "PartitionBook.old2new must be the inverse permutation of new2old",
+        )
+
+    @classmethod
+    def from_parts(cls, parts: Tensor, num_parts: int | None = None) -> PartitionBook:
+        """Book for ``parts`` (int64 ``[N]`` part per original id); ties keep original order."""
+        parts = parts.to(torch.int64)
+        if num_parts is None:
+            num_parts = int(parts.max()) + 1 if parts.numel() else 1
+        _check(
+            parts.numel() == 0 or (int(parts.min()) >= 0 and int(parts.max()) < num_parts),
+            f"parts must lie in [0, {num_parts})",
+        )
+        new2old = torch.argsort(parts, stable=True)
+        old2new = torch.empty_like(new2old)
+        old2new[new2old] = torch.arange(new2old.numel())
+        node_offsets = torch.zeros(num_parts + 1, dtype=torch.int64)
+        torch.cumsum(torch.bincount(parts, minlength=num_parts), 0, out=node_offsets[1:])
+        return cls(node_offsets=node_offsets, new2old=new2old, old2new=old2new)
+
+    @property
+    def num_parts(self) -> int:
+        return self.node_offsets.numel() - 1
+
+    @property
+    def num_nodes(self) -> int:
+        return self.new2old.numel()
+
+    def part_sizes(self) -> Tensor:
+        """int64 ``[P]``: number of nodes owned by each part."""
+        return self.node_offsets[1:] - self.node_offsets[:-1]
+
+    def nid2part(self, gids: Tensor) -> Tensor:
+        """Owning part of each gid (binary search over the offsets); same shape as ``gids``."""
+        if gids.numel():
+            _check(
+                int(gids.min()) >= 0 and int(gids.max()) < self.num_nodes,
+                f"gids must lie in [0, {self.num_nodes})",
+            )
+        return torch.searchsorted(self.node_offsets[1:], gids, right=True)
+
+    def nid2local(self, gids: Tensor) -> Tensor:
+        """Local id of each gid inside its owning part."""
+        return gids - self.node_offsets[self.nid2part(gids)]
+
+    def part_nodes(self, k: int) -> Tensor:
+        """int64 gids owned by part ``k`` (a contiguous range)."""
+        _check(0 <= k < self.num_parts, f"part {k} out of range [0, {self.num_parts})")
+        return torch.arange(int(self.node_offsets[k]), int(self.node_offsets[k + 1]))
+
+    def edge_offsets(self, relabelled: Graph) -> Tensor:
+        """int64 ``[P + 1]``: part ``k`` owns the edge ids ``[edge_offsets[k], edge_offsets[k+1])``
+        of ``relabelled`` (the graph from :func:`relabel_graph`)."""
+        _check(relabelled.num_nodes == self.num_nodes, "graph and book disagree on N")
+        return relabelled.indptr[self.node_offsets]
+
+
+def relabel_graph(graph: Graph, book: PartitionBook) -> Graph:
+    """``graph`` in gids: node data permuted by ``new2old``, CSC rebuilt in (dst, src) gid order."""
+    _check(graph.num_nodes == book.num_nodes, "graph and book disagree on N")
+    src, dst = graph.edge_index()
+    indptr, indices = csc_from_edges(
+        book.old2new[src], book.old2new[dst], graph.num_nodes, remove_self_loops=False
+    )
+    del src, dst
+    order = book.new2old
+    return Graph(
+        indptr=indptr,
+        indices=indices,
+        x=graph.x[order],
+        y=graph.y[order],
+        train_mask=graph.train_mask[order],
+        val_mask=graph.val_mask[order],
+        test_mask=graph.test_mask[order],
+        num_classes=graph.num_classes,
+        name=graph.name,
+        meta=dict(graph.meta),
+    )
+
+
+@dataclass(frozen=True)
+class LocalPartition:
+    """Part ``k``'s local graph: core nodes, their 1-hop halo, and every in-edge of the core.
+
+    Local ids: core nodes ``0..n_core-1`` (gid - ``node_offsets[k]``), then halo nodes
+    ``n_core..n_local-1`` in increasing gid order.
+
+    Attributes:
+        part_id: ``k``.
+        num_core: number of owned nodes ``n_core``.
+        local2global: int64 ``[n_local]``; core gids then sorted halo gids.
+        indptr: int64 ``[n_core + 1]``; CSC over core destinations.
+        indices: int64 ``[E_k]``; local source id of each edge. Within a segment the edges keep
+            the full graph's order (by source gid), so samplers see the same neighbour order.
+        edge_ids: int64 ``[E_k]``; the edge's id in the relabelled global graph (contiguous).
+        x, y, train_mask, val_mask, test_mask: core nodes only (halo data lives with its owner).
+    """
+
+    part_id: int
+    num_core: int
+    local2global: Tensor
+    indptr: Tensor
+    indices: Tensor
+    edge_ids: Tensor
+    x: Tensor
+    y: Tensor
+    train_mask: Tensor
+    val_mask: Tensor
+    test_mask: Tensor
+
+    def __post_init__(self) -> None:
+        n_core, n_local = self.num_core, self.local2global.numel()
+        _check(0 <= n_core <= n_local, "LocalPartition.num_core must be <= len(local2global)")
+        _check(self.indptr.shape == (n_core + 1,), "LocalPartition.indptr must be [num_core + 1]")
+        _check(
+            int(self.indptr[-1]) == self.indices.numel() == self.edge_ids.numel(),
+            "LocalPartition.indptr[-1], indices and edge_ids disagree on the edge count",
+        )
+        _check(
+            self.indices.numel() == 0
+            or (int(self.indices.min()) >= 0 and int(self.indices.max()) < n_local),
+            "LocalPartition.indices holds ids outside [0, n_local)",
+        )
+        for name in ("x", "y", "train_mask", "val_mask", "test_mask"):
+            _check(
+                getattr(self, name).shape[0] == n_core,
+                f"LocalPartition.{name} must have one row per core node",
+            )
+
+    @property
+    def num_local(self) -> int:
+        return self.local2global.numel()
+
+    @property
+    def num_halo(self) -> int:
+        return self.num_local - self.num_core
+
+    @property
+    def num_edges(self) -> int:
+        return self.indices.numel()
+
+    @property
+    def core_gids(self) -> Tensor:
+        return self.local2global[: self.num_core]
+
+    @property
+    def halo_gids(self) -> Tensor:
+        return self.local2global[self.num_core :]
+
+
+def build_local_partition(relabelled: Graph, book: PartitionBook, k: int) -> LocalPartition:
+    """Cut part ``k``'s local graph out of ``relabelled`` (the output of :func:`relabel_graph`).
+
+    Node data is copied, so the partition can be saved or sent without the full graph.
+    """
+    _check(relabelled.num_nodes == book.num_nodes, "graph and book disagree on N")
+    _check(0 <= k < book.num_parts, f"part {k} out of range [0, {book.num_parts})")
+    lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
+    edge_lo, edge_hi = int(relabelled.indptr[lo]), int(relabelled.indptr[hi])
+    src = relabelled.indices[edge_lo:edge_hi]
+    is_core = (src >= lo) & (src < hi)
+    halo = torch.unique(src[~is_core])  # sorted
+    local_src = torch.where(is_core, src - lo, hi - lo + torch.searchsorted(halo, src))
+    core = slice(lo, hi)
+    return LocalPartition(
+        part_id=k,
+        num_core=hi - lo,
+        local2global=torch.cat([torch.arange(lo, hi), halo]),
+        indptr=relabelled.indptr[lo : hi + 1] - edge_lo,
+        indices=local_src,
+        edge_ids=torch.arange(edge_lo, edge_hi),
+        x=relabelled.x[core].clone(),
+        y=relabelled.y[core].clone(),
+        train_mask=relabelled.train_mask[core].clone(),
+        val_mask=relabelled.val_mask[core].clone(),
+        test_mask=relabelled.test_mask[core].clone(),
+    )

@@ -1,0 +1,259 @@
+"""Dataset registry: ``load_dataset(name, root, **options) -> Graph``.
+
+Synthetic graphs (``sbm``, ``rmat``) are generated in memory. Real datasets are read from
+files under ``root`` and never downloaded: this suite runs where only package registries are
+reachable, so a missing dataset fails fast with the directory and files it expects. Every
+graph is returned undirected (both directions stored), with the dataset's public split.
+
+When ``root`` is read-only (e.g. a shared dataset folder), the one-off processing step that
+PyG and ogb run writes into a mirror under ``cache_dir`` instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import os
+import shutil
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lightning_gnnscale.graph.csc import Graph
+from lightning_gnnscale.graph.generators import rmat, sbm
+
+DEFAULT_ROOT = Path.home() / ".cache" / "lightning_gnnscale" / "datasets"
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "lightning_gnnscale" / "processed"
+
+_GENERATORS: dict[str, Callable[..., Graph]] = {"sbm": sbm, "rmat": rmat}
+# name -> PyG's Planetoid name (also the folder under root).
+_PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
+_PLANETOID_RAW = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+# name -> (ogb split name, binary raw format, name of the folder inside ogb's zip).
+_OGB = {
+    "ogbn-arxiv": ("time", False, "arxiv"),
+    "ogbn-products": ("sales_ranking", False, "products"),
+    "ogbn-papers100M": ("time", True, "papers100M-bin"),
+}
+_OGB_URL = "http://snap.stanford.edu/ogb/data/nodeproppred/{}.zip"
+_REAL_OPTIONS = ("cache_dir",)
+
+DATASETS: tuple[str, ...] = (*_GENERATORS, *_PLANETOID, *_OGB)
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A real dataset's files are not under ``root`` (and cannot be downloaded here)."""
+
+
+def load_dataset(name: str, root: str | os.PathLike | None = None, **options) -> Graph:
+    """Load dataset ``name`` (one of :data:`DATASETS`, case-insensitive, ``_`` = ``-``).
+
+    ``sbm`` / ``rmat`` pass ``options`` to their generator and ignore ``root``. Real datasets
+    read under ``root`` (default :data:`DEFAULT_ROOT`) and take one option, ``cache_dir``
+    (default :data:`DEFAULT_CACHE_DIR`): where processing output goes if ``root`` is read-only.
+    Planetoid: ``<root>/<Cora|CiteSeer|PubMed>/raw/``. OGB: ``<root>/<name with - as _>/``
+    in ogb's layout (``raw/``, ``split/``, ``processed/``).
+    """
+    canonical = _canonical_name(name)
+    if canonical in _GENERATORS:
+        generator = _GENERATORS[canonical]
+        _check_options(canonical, options, tuple(inspect.signature(generator).parameters))
+        return generator(**options)
+    _check_options(canonical, options, _REAL_OPTIONS)
+    root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
+    cache_dir = Path(options.get("cache_dir") or DEFAULT_CACHE_DIR).expanduser()
+    if canonical in _PLANETOID:
+        return _load_planetoid(canonical, root, cache_dir)
+    return _load_ogb(canonical, root, cache_dir)
+
+
+def _canonical_name(name: str) -> str:
+    by_key = {known.lower(): known for known in DATASETS}
+    key = name.lower().replace("_", "-")
+    if key not in by_key:
+        raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+    return by_key[key]
+
+
+def _check_options(name: str, options: dict, valid: tuple[str, ...]) -> None:
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(f"dataset {name!r} got unknown options {unknown}; valid: {list(valid)}")
+
+
+# ------------------------------------------------------------------------------ file layout
+def _is_writable(path: Path) -> bool:
+    """Whether ``path`` (or its nearest existing ancestor) may be written.
+
+    Mode bits are checked as well as ``os.access``, because root passes ``os.access`` on a
+    folder that is marked read-only to say "do not write here".
+    """
+    while not path.exists():
+        path = path.parent
+    return os.access(path, os.W_OK) and bool(path.stat().st_mode & stat.S_IWUSR)
+
+
+def _mirror_dir(cache_dir: Path, kind: str, root: Path) -> Path:
+    """A writable stand-in for the read-only ``root``: one folder per source root."""
+    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+    return cache_dir / f"{kind}-{digest}"
+
+
+def _missing(paths: list[Path]) -> list[Path]:
+    return [path for path in paths if not path.exists()]
+
+
+# ------------------------------------------------------------------------------- Planetoid
+def _load_planetoid(name: str, root: Path, cache_dir: Path) -> Graph:
+    """Cora / CiteSeer / PubMed through PyG's ``Planetoid`` with the public split."""
+    folder = _PLANETOID[name]
+    raw_dir = root / folder / "raw"
+    raw_files = [raw_dir / f"ind.{name}.{suffix}" for suffix in _PLANETOID_RAW]
+    missing = _missing(raw_files)
+    if missing:
+        raise DatasetNotFoundError(
+            f"{name}: raw Planetoid files missing in {raw_dir}/: {[p.name for p in missing]}. "
+            f"Datasets are not downloaded here: copy ind.{name}.{{{','.join(_PLANETOID_RAW)}}} "
+            f"(from https://github.com/kimiyoung/planetoid/tree/master/data) into that folder."
+        )
+    from torch_geometric.datasets import Planetoid  # slow import: only once files exist
+
+    pyg_root = root
+    if not (root / folder / "processed" / "data.pt").exists() and not _is_writable(root / folder):
+        pyg_root = _mirror_dir(cache_dir, "planetoid", root)
+        mirror_raw = pyg_root / folder / "raw"
+        mirror_raw.mkdir(parents=True, exist_ok=True)
+        for path in raw_files:
+            if not (mirror_raw / path.name).exists():
+                shutil.copyfile(path, mirror_raw / path.name)
+    dataset = Planetoid(str(pyg_root), folder, split="public")
+    data = dataset[0]
+    return Graph.from_edge_index(
+        data.edge_index,
+        data.num_nodes,
+        undirected=True,
+        x=data.x.float(),
+        y=data.y.long(),
+        train_mask=data.train_mask,
+        val_mask=data.val_mask,
+        test_mask=data.test_mask,
+        num_classes=dataset.num_classes,
+        name=name,
+        meta={"source": "planetoid", "root": str(root)},
+    )
+
+
+# ------------------------------------------------------------------------------------- OGB
+class _TorchFullLoad:
+    """Stands in for ``torch`` inside ogb's dataset module: ``load`` unpickles fully.
+
+    ogb 1.3.6 pickles numpy arrays with ``torch.save`` and reads them back with a bare
+    ``torch.load``, which defaults to ``weights_only=True`` since torch 2.6 and rejects them.
+    The files are ogb's own, written by the same code, so a full load is what ogb meant.
+    """
+
+    def __getattr__(self, attribute: str):
+        return getattr(torch, attribute)
+
+    @staticmethod
+    def load(*args, **kwargs):
+        return torch.load(*args, **{**kwargs, "weights_only": False})
+
+
+@contextlib.contextmanager
+def _ogb_compat() -> Iterator[None]:
+    """Run ogb's loader on torch >= 2.6 and never let it prompt on stdin.
+
+    Only ogb's own module is patched (its ``torch`` and ``input`` globals), for the duration
+    of the block. ogb prompts "update the dataset now?" when the ``RELEASE_v*.txt`` marker is
+    missing; the answer is "no", i.e. use the files that are there.
+    """
+    import ogb.nodeproppred.dataset as ogb_dataset
+
+    ogb_dataset.torch = _TorchFullLoad()
+    ogb_dataset.input = lambda *_: "n"
+    try:
+        yield
+    finally:
+        ogb_dataset.torch = torch
+        del ogb_dataset.input
+
+
+def _load_ogb(name: str, root: Path, cache_dir: Path) -> Graph:
+    """ogbn-* through ogb's ``NodePropPredDataset`` with ogb's split; NaN labels -> -1."""
+    split_name, binary, zip_folder = _OGB[name]
+    dir_name = name.replace("-", "_")
+    dataset_dir = root / dir_name
+    processed = dataset_dir / "processed" / "data_processed"
+    raw_main = dataset_dir / "raw" / ("data.npz" if binary else "edge.csv.gz")
+    split_dir = dataset_dir / "split" / split_name
+    split_files = [split_dir / f"{part}.csv.gz" for part in ("train", "valid", "test")]
+    has_split = (split_dir / "split_dict.pt").exists() or not _missing(split_files)
+    if not (processed.exists() or raw_main.exists()) or not has_split:
+        raise DatasetNotFoundError(
+            f"{name}: expected ogb's layout in {dataset_dir}/: {raw_main.relative_to(dataset_dir)} "
+            f"(or processed/data_processed) and split/{split_name}/{{train,valid,test}}.csv.gz. "
+            f"Datasets are not downloaded here: on a machine with internet, download "
+            f"{_OGB_URL.format(zip_folder)}, unzip it and rename the folder {zip_folder!r} to "
+            f"{dataset_dir} (or run ogb's NodePropPredDataset({name!r}, root=...) there and copy "
+            f"{dir_name}/ over)."
+        )
+    from ogb.nodeproppred import NodePropPredDataset  # slow import: only once files exist
+
+    ogb_root = root
+    if not processed.exists():
+        if not _is_writable(dataset_dir):
+            ogb_root = _mirror_dir(cache_dir, "ogb", root)
+            _link_ogb_sources(dataset_dir, ogb_root / dir_name)
+        (ogb_root / dir_name / "processed").mkdir(parents=True, exist_ok=True)
+    with _ogb_compat():
+        dataset = NodePropPredDataset(name, root=str(ogb_root))
+        split = dataset.get_idx_split()
+        ogb_graph, labels = dataset[0]
+
+    num_nodes = int(ogb_graph["num_nodes"])
+    y = _writable_tensor(labels).reshape(num_nodes)
+    if y.is_floating_point():
+        y = torch.nan_to_num(y, nan=-1.0)
+    masks = {}
+    for mask_name, split_key in (
+        ("train_mask", "train"),
+        ("val_mask", "valid"),
+        ("test_mask", "test"),
+    ):
+        mask = torch.zeros(num_nodes, dtype=torch.bool)
+        mask[_writable_tensor(split[split_key]).long()] = True
+        masks[mask_name] = mask
+    return Graph.from_edge_index(
+        _writable_tensor(ogb_graph["edge_index"]),
+        num_nodes,
+        undirected=True,
+        x=_writable_tensor(ogb_graph["node_feat"]).float(),
+        y=y.long(),
+        num_classes=dataset.num_classes,
+        name=name,
+        meta={"source": "ogb", "root": str(root)},
+        **masks,
+    )
+
+
+def _writable_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over ``array``, copied only when numpy marks it read-only (pandas output)."""
+    return torch.from_numpy(np.require(array, requirements=["C", "W"]))
+
+
+def _link_ogb_sources(source: Path, mirror: Path) -> None:
+    """Mirror ogb's read-only dataset folder: link ``raw``/``split``, copy release markers."""
+    mirror.mkdir(parents=True, exist_ok=True)
+    for entry in source.iterdir():
+        target = mirror / entry.name
+        if target.exists() or target.is_symlink() or entry.name == "processed":
+            continue
+        if entry.is_dir():
+            target.symlink_to(entry.resolve(), target_is_directory=True)
+        else:
+            shutil.copyfile(entry, target)

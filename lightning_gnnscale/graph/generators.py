@@ -1,0 +1,223 @@
+"""Seeded synthetic graphs: a stochastic block model and Graph500 R-MAT.
+
+Both are fully vectorised torch (loops run over R-MAT recursion levels only) and return an
+undirected :class:`Graph` by default, so they stand in for real datasets in tests and benches.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from lightning_gnnscale.graph.csc import Graph, csc_from_edges
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def random_split_masks(
+    num_nodes: int, train_frac: float, val_frac: float, gen: torch.Generator
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Seeded disjoint bool ``[N]`` train / val / test masks; test gets every remaining node."""
+    if train_frac < 0 or val_frac < 0 or train_frac + val_frac > 1:
+        raise ValueError(
+            f"need train_frac, val_frac >= 0 and train_frac + val_frac <= 1, "
+            f"got {train_frac} and {val_frac}"
+        )
+    order = torch.randperm(num_nodes, generator=gen)
+    num_train = round(train_frac * num_nodes)
+    num_val = round(val_frac * num_nodes)
+    masks = []
+    for lo, hi in ((0, num_train), (num_train, num_train + num_val), (num_train + num_val, None)):
+        mask = torch.zeros(num_nodes, dtype=torch.bool)
+        mask[order[lo:hi]] = True
+        masks.append(mask)
+    return masks[0], masks[1], masks[2]
+
+
+def sbm(
+    num_nodes: int = 10_000,
+    num_classes: int = 8,
+    avg_degree: float = 10.0,
+    homophily: float = 0.8,
+    num_features: int = 64,
+    feature_signal: float = 1.0,
+    train_frac: float = 0.3,
+    val_frac: float = 0.2,
+    seed: int = 0,
+) -> Graph:
+    """Stochastic block model whose blocks are the class labels.
+
+    Nodes get balanced random classes. ``num_nodes * avg_degree / 2`` undirected edges are
+    drawn: a uniform source, and with probability ``homophily`` a uniform destination in the
+    source's block, otherwise a uniform destination outside it. Stored undirected (self-loops
+    and duplicates dropped), so the mean degree is about ``avg_degree`` and the fraction of
+    edges inside a block about ``homophily``.
+
+    Features are ``centroid[y] + N(0, I)`` where each class centroid is a random direction of
+    norm ``feature_signal``. At the default 1.0 a single node's features barely separate the
+    classes (an MLP does poorly) while averaging over homophilous neighbours does (a GNN
+    learns it). Splits are seeded random fractions; test gets the remaining nodes.
+    """
+    if num_nodes < 2 or num_classes < 1 or num_classes > num_nodes:
+        raise ValueError(
+            f"sbm needs num_nodes >= 2 and 1 <= num_classes <= num_nodes, "
+            f"got num_nodes={num_nodes}, num_classes={num_classes}"
+        )
+    if not 0.0 <= homophily <= 1.0:
+        raise ValueError(f"sbm homophily must lie in [0, 1], got {homophily}")
+    if num_classes == 1 and homophily < 1.0:
+        raise ValueError("sbm with one class has no other block: use homophily=1.0")
+    if avg_degree < 0 or num_features < 1:
+        raise ValueError(
+            f"sbm needs avg_degree >= 0 and num_features >= 1, got {avg_degree} and {num_features}"
+        )
+    gen = _generator(seed)
+    y = torch.randperm(num_nodes, generator=gen) % num_classes
+
+    # Nodes sorted by block: block c occupies positions [block_start[c], block_start[c] + size[c]).
+    by_block = torch.argsort(y, stable=True)
+    block_size = torch.bincount(y, minlength=num_classes)
+    block_start = torch.cumsum(block_size, 0) - block_size
+
+    num_pairs = round(num_nodes * avg_degree / 2)
+    src = torch.randint(num_nodes, (num_pairs,), generator=gen)
+    src_block = y[src]
+    size, start = block_size[src_block], block_start[src_block]
+    uniform = torch.rand(num_pairs, generator=gen, dtype=torch.float64)
+    same = torch.rand(num_pairs, generator=gen) < homophily
+    # Inside the block: a uniform position in it. Outside: a uniform position among the
+    # other N - size positions, skipping over the block's own range.
+    inside = start + (uniform * size).long()
+    outside = (uniform * (num_nodes - size)).long()
+    outside = torch.where(outside >= start, outside + size, outside)
+    dst = by_block[torch.where(same, inside, outside)]
+
+    centroids = torch.randn(num_classes, num_features, generator=gen)
+    centroids *= feature_signal / centroids.norm(dim=1, keepdim=True)
+    x = centroids[y] + torch.randn(num_nodes, num_features, generator=gen)
+    train_mask, val_mask, test_mask = random_split_masks(num_nodes, train_frac, val_frac, gen)
+
+    indptr, indices = csc_from_edges(src, dst, num_nodes, undirected=True)
+    params = dict(
+        num_nodes=num_nodes,
+        num_classes=num_classes,
+        avg_degree=avg_degree,
+        homophily=homophily,
+        num_features=num_features,
+        feature_signal=feature_signal,
+        train_frac=train_frac,
+        val_frac=val_frac,
+        seed=seed,
+    )
+    return Graph(
+        indptr=indptr,
+        indices=indices,
+        x=x,
+        y=y,
+        train_mask=train_mask,
+        val_mask=val_mask,
+        test_mask=test_mask,
+        num_classes=num_classes,
+        name="sbm",
+        meta={"generator": "sbm", **params},
+    )
+
+
+def rmat(
+    num_nodes: int = 1 << 20,
+    num_edges: int = 1 << 24,
+    a: float = 0.57,
+    b: float = 0.19,
+    c: float = 0.19,
+    num_features: int = 16,
+    num_classes: int = 16,
+    undirected: bool = True,
+    train_frac: float = 0.3,
+    val_frac: float = 0.2,
+    seed: int = 0,
+) -> Graph:
+    """Graph500 R-MAT graph with random features, labels and splits.
+
+    ``num_edges`` is the number of *directed* edges drawn, before symmetrisation,
+    self-loop removal and merging of duplicates; the stored graph has up to ``2 * num_edges``
+    edges when ``undirected`` (fewer in practice: R-MAT repeats edges between hubs).
+
+    Each edge picks one quadrant per level of the ``ceil(log2 N)``-level recursion with
+    probabilities ``(a, b, c, 1 - a - b - c)``, which sets one bit of its source and
+    destination ids. When ``N`` is not a power of two, ids ``>= N`` are folded to
+    ``id mod N``; those ids have their top bit set, the least likely outcome at every level,
+    so folding moves only the sparse tail. As in Graph500, ids are then randomly permuted so
+    that the hubs are not all at small ids (id-range partitioners would see them otherwise).
+
+    Features are ``N(0, 1)`` float32 ``[N, num_features]``; labels are uniform in
+    ``[0, num_classes)``. Memory: about ``40 * num_edges`` bytes at the peak of the CSC build.
+    """
+    d = 1.0 - a - b - c
+    if min(a, b, c, d) < 0:
+        raise ValueError(f"rmat needs a, b, c >= 0 and a + b + c <= 1, got {a}, {b}, {c}")
+    if num_nodes < 1 or num_edges < 0 or num_features < 1 or num_classes < 1:
+        raise ValueError("rmat needs num_nodes, num_features, num_classes >= 1 and num_edges >= 0")
+    gen = _generator(seed)
+    levels = max(1, math.ceil(math.log2(num_nodes)))
+    # int32 ids halve the memory traffic of the loop; buffers are reused across levels.
+    id_dtype = torch.int32 if levels < 31 else torch.int64
+    src = torch.zeros(num_edges, dtype=id_dtype)
+    dst = torch.zeros(num_edges, dtype=id_dtype)
+    r = torch.empty(num_edges)
+    src_bit = torch.empty(num_edges, dtype=torch.bool)
+    dst_bit = torch.empty(num_edges, dtype=torch.bool)
+    bottom_right = torch.empty(num_edges, dtype=torch.bool)
+    # Quadrants by one uniform draw r: [0, a) top-left, [a, a+b) top-right (dst bit),
+    # [a+b, a+b+c) bottom-left (src bit), [a+b+c, 1) bottom-right (both bits).
+    for level in range(levels):
+        bit = 1 << (levels - 1 - level)
+        torch.rand(num_edges, generator=gen, out=r)
+        torch.ge(r, a + b, out=src_bit)
+        torch.ge(r, a, out=dst_bit).logical_xor_(src_bit)  # top-right
+        torch.ge(r, a + b + c, out=bottom_right)
+        dst_bit.logical_or_(bottom_right)
+        src.add_(src_bit, alpha=bit)
+        dst.add_(dst_bit, alpha=bit)
+    del r, src_bit, dst_bit, bottom_right
+    if num_nodes != 1 << levels:
+        src.remainder_(num_nodes)
+        dst.remainder_(num_nodes)
+    relabel = torch.randperm(num_nodes, generator=gen)
+    src = relabel[src]
+    dst = relabel[dst]
+    del relabel
+    indptr, indices = csc_from_edges(src, dst, num_nodes, undirected=undirected)
+    del src, dst
+
+    x = torch.randn(num_nodes, num_features, generator=gen)
+    y = torch.randint(num_classes, (num_nodes,), generator=gen)
+    train_mask, val_mask, test_mask = random_split_masks(num_nodes, train_frac, val_frac, gen)
+    params = dict(
+        num_nodes=num_nodes,
+        num_edges=num_edges,
+        a=a,
+        b=b,
+        c=c,
+        num_features=num_features,
+        num_classes=num_classes,
+        undirected=undirected,
+        train_frac=train_frac,
+        val_frac=val_frac,
+        seed=seed,
+    )
+    return Graph(
+        indptr=indptr,
+        indices=indices,
+        x=x,
+        y=y,
+        train_mask=train_mask,
+        val_mask=val_mask,
+        test_mask=test_mask,
+        num_classes=num_classes,
+        name="rmat",
+        meta={"generator": "rmat", **params},
+    )

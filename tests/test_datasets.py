@@ -1,0 +1,267 @@
+"""Synthetic generators and the dataset registry (Cora when present, OGB through a fixture)."""
+
+from __future__ import annotations
+
+import gzip
+import inspect
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from lightning_gnnscale.graph.datasets import DATASETS, DatasetNotFoundError, load_dataset
+from lightning_gnnscale.graph.generators import rmat, sbm
+
+PLANETOID_ROOT = Path(__file__).parents[2] / "shared/datasets/planetoid"
+
+
+def _graph_tensors(graph):
+    return (
+        graph.indptr,
+        graph.indices,
+        graph.x,
+        graph.y,
+        graph.train_mask,
+        graph.val_mask,
+        graph.test_mask,
+    )
+
+
+def _edge_set(graph) -> set[tuple[int, int]]:
+    src, dst = graph.edge_index()
+    return set(zip(src.tolist(), dst.tolist()))
+
+
+def _assert_split_partition(graph, train_frac, val_frac):
+    masks = torch.stack([graph.train_mask, graph.val_mask, graph.test_mask])
+    assert bool((masks.sum(0) == 1).all()), "every node is in exactly one split"
+    assert int(graph.train_mask.sum()) == round(train_frac * graph.num_nodes)
+    assert int(graph.val_mask.sum()) == round(val_frac * graph.num_nodes)
+
+
+# ------------------------------------------------------------------------------- generators
+def test_sbm_is_deterministic_by_seed_and_sized_as_asked():
+    first, again, other = (
+        sbm(num_nodes=2000, seed=3),
+        sbm(num_nodes=2000, seed=3),
+        sbm(num_nodes=2000, seed=4),
+    )
+    assert all(torch.equal(a, b) for a, b in zip(_graph_tensors(first), _graph_tensors(again)))
+    assert not torch.equal(first.indices, other.indices)
+    assert first.num_nodes == 2000 and first.num_features == 64 and first.num_classes == 8
+    assert torch.bincount(first.y).tolist() == [250] * 8
+    assert first.x.dtype == torch.float32
+    _assert_split_partition(first, 0.3, 0.2)
+    assert _edge_set(first) == {(d, s) for s, d in _edge_set(first)}, "stored undirected"
+    assert abs(first.num_edges / first.num_nodes - 10.0) < 0.5
+
+
+@pytest.mark.parametrize("homophily", [0.2, 0.8, 1.0])
+def test_sbm_edge_homophily_is_as_configured(homophily):
+    graph = sbm(num_nodes=4000, num_classes=4, homophily=homophily, seed=0)
+    src, dst = graph.edge_index()
+    measured = (graph.y[src] == graph.y[dst]).float().mean().item()
+    assert abs(measured - homophily) < 0.03
+
+
+def test_sbm_features_carry_the_class_signal():
+    graph = sbm(num_nodes=4000, num_features=32, feature_signal=4.0, seed=1)
+    centroids = torch.stack([graph.x[graph.y == c].mean(0) for c in range(graph.num_classes)])
+    nearest = torch.cdist(graph.x, centroids).argmin(1)
+    assert (nearest == graph.y).float().mean() > 0.9
+
+
+def test_rmat_is_deterministic_sized_and_skewed():
+    graph = rmat(num_nodes=3000, num_edges=30_000, num_features=8, num_classes=5, seed=7)
+    again = rmat(num_nodes=3000, num_edges=30_000, num_features=8, num_classes=5, seed=7)
+    assert all(torch.equal(a, b) for a, b in zip(_graph_tensors(graph), _graph_tensors(again)))
+    assert not torch.equal(graph.indices, rmat(num_nodes=3000, num_edges=30_000, seed=8).indices)
+    assert graph.num_nodes == 3000 and graph.num_features == 8 and graph.num_classes == 5
+    assert int(graph.y.max()) < 5
+    assert graph.num_edges <= 2 * 30_000
+    assert _edge_set(graph) == {(d, s) for s, d in _edge_set(graph)}
+    _assert_split_partition(graph, 0.3, 0.2)
+    degree = graph.in_degree().float()
+    assert degree.max() > 20 * degree.mean(), "R-MAT has hubs"
+    top_one_percent = degree.sort(descending=True).values[: graph.num_nodes // 100]
+    assert top_one_percent.sum() > 0.15 * degree.sum()
+
+
+def test_rmat_directed_keeps_at_most_the_drawn_edges():
+    graph = rmat(num_nodes=1 << 10, num_edges=5000, undirected=False, seed=0)
+    assert 0.8 * 5000 < graph.num_edges <= 5000
+    assert _edge_set(graph) != {(d, s) for s, d in _edge_set(graph)}
+
+
+def test_generators_reject_bad_parameters():
+    with pytest.raises(ValueError, match="homophily"):
+        sbm(homophily=1.5)
+    with pytest.raises(ValueError, match="train_frac"):
+        sbm(num_nodes=100, train_frac=0.9, val_frac=0.2)
+    with pytest.raises(ValueError, match="a, b, c"):
+        rmat(num_nodes=64, num_edges=10, a=0.6, b=0.3, c=0.3)
+
+
+# ---------------------------------------------------------------------------------- registry
+def test_unknown_dataset_lists_the_valid_names():
+    with pytest.raises(ValueError) as error:
+        load_dataset("imagenet")
+    for name in DATASETS:
+        assert name in str(error.value)
+
+
+def test_unknown_option_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="avg_degree"):
+        load_dataset("sbm", avg_degre=3.0)
+    with pytest.raises(ValueError, match="cache_dir"):
+        load_dataset("cora", root="/nonexistent", fanout=3)
+
+
+def test_generators_load_through_the_registry_and_ignore_root(tmp_path):
+    graph = load_dataset("SBM", root=tmp_path, num_nodes=300, num_classes=3, seed=2)
+    assert graph.num_nodes == 300 and graph.num_classes == 3
+    assert torch.equal(graph.indices, sbm(num_nodes=300, num_classes=3, seed=2).indices)
+    assert load_dataset("rmat", num_nodes=256, num_edges=1000).num_nodes == 256
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["cora", "citeseer", "pubmed"])
+def test_missing_planetoid_files_name_the_directory(tmp_path, name):
+    with pytest.raises(DatasetNotFoundError) as error:
+        load_dataset(name, root=tmp_path)
+    assert isinstance(error.value, FileNotFoundError)
+    folder = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}[name]
+    assert str(tmp_path / folder / "raw") in str(error.value)
+    assert f"ind.{name}.graph" in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["ogbn-arxiv", "ogbn-products", "ogbn-papers100M"])
+def test_missing_ogb_files_name_the_directory(tmp_path, name):
+    with pytest.raises(DatasetNotFoundError) as error:
+        load_dataset(name, root=tmp_path)
+    assert str(tmp_path / name.replace("-", "_")) in str(error.value)
+    assert "split/" in str(error.value)
+
+
+@pytest.mark.cora
+@pytest.mark.skipif(
+    not (PLANETOID_ROOT / "Cora" / "raw").is_dir(),
+    reason="needs the raw Cora files under ../shared/datasets/planetoid",
+)
+def test_cora_loads_from_the_read_only_shared_folder(tmp_path):
+    shared_before = sorted(p.name for p in (PLANETOID_ROOT / "Cora").iterdir())
+    graph = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path)
+    assert graph.num_nodes == 2708 and graph.num_edges == 10556 and graph.num_classes == 7
+    assert graph.num_features == 1433
+    assert [int(m.sum()) for m in (graph.train_mask, graph.val_mask, graph.test_mask)] == [
+        140,
+        500,
+        1000,
+    ]
+    assert _edge_set(graph) == {(d, s) for s, d in _edge_set(graph)}
+    assert sorted(p.name for p in (PLANETOID_ROOT / "Cora").iterdir()) == shared_before
+    assert any(tmp_path.rglob("data.pt")), "processing went to the cache mirror"
+
+
+# ----------------------------------------------------------------------------- OGB fixture
+def _write_csv_gz(path: Path, rows: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as file:
+        np.savetxt(
+            file,
+            rows.reshape(len(rows), -1),
+            delimiter=",",
+            fmt="%d" if rows.dtype.kind in "iu" else "%.6f",
+        )
+
+
+def _write_ogb_fixture(root: Path, name: str, num_nodes: int = 50, num_edges: int = 120):
+    """A tiny dataset in ogb's on-disk layout (csv for arxiv, npz for papers100M)."""
+    rng = np.random.default_rng(0)
+    edges = rng.integers(0, num_nodes, size=(num_edges, 2))
+    features = rng.standard_normal((num_nodes, 4)).astype(np.float32)
+    year = rng.integers(2000, 2020, size=(num_nodes, 1))
+    labels = rng.integers(0, 40, size=(num_nodes, 1))
+    folder = root / name.replace("-", "_")
+    raw = folder / "raw"
+    if name == "ogbn-papers100M":
+        labels = labels.astype(np.float32)
+        labels[::3] = np.nan
+        raw.mkdir(parents=True)
+        np.savez(
+            raw / "data.npz",
+            edge_index=edges.T,
+            num_nodes_list=np.array([num_nodes]),
+            num_edges_list=np.array([num_edges]),
+            node_feat=features,
+            node_year=year,
+        )
+        np.savez(raw / "node-label.npz", node_label=labels)
+    else:
+        _write_csv_gz(raw / "edge.csv.gz", edges)
+        _write_csv_gz(raw / "num-node-list.csv.gz", np.array([num_nodes]))
+        _write_csv_gz(raw / "num-edge-list.csv.gz", np.array([num_edges]))
+        _write_csv_gz(raw / "node-feat.csv.gz", features)
+        _write_csv_gz(raw / "node_year.csv.gz", year)
+        _write_csv_gz(raw / "node-label.csv.gz", labels)
+    order = rng.permutation(num_nodes)
+    for split, ids in zip(("train", "valid", "test"), np.split(order, [20, 30])):
+        _write_csv_gz(folder / "split" / "time" / f"{split}.csv.gz", np.sort(ids))
+    (folder / "RELEASE_v1.txt").write_text("fixture\n")
+    return edges, features, labels, order
+
+
+@pytest.mark.parametrize("name", ["ogbn-arxiv", "ogbn-papers100M"])
+def test_ogb_fixture_loads_through_ogb_and_reloads_its_processed_file(tmp_path, name):
+    edges, features, labels, order = _write_ogb_fixture(tmp_path, name)
+    first = load_dataset(name, root=tmp_path, cache_dir=tmp_path / "cache")
+    processed = tmp_path / name.replace("-", "_") / "processed" / "data_processed"
+    assert processed.exists()
+    second = load_dataset(name, root=tmp_path)  # torch.load of ogb's pickle (torch >= 2.6)
+    assert all(torch.equal(a, b) for a, b in zip(_graph_tensors(first), _graph_tensors(second)))
+
+    assert first.num_nodes == 50 and first.num_classes == (40 if name == "ogbn-arxiv" else 172)
+    assert torch.allclose(first.x, torch.from_numpy(features), atol=1e-5)
+    expected_y = torch.from_numpy(np.nan_to_num(labels.reshape(-1), nan=-1)).long()
+    assert torch.equal(first.y, expected_y)
+    loop_free = {(int(s), int(d)) for s, d in edges if s != d}
+    assert _edge_set(first) == loop_free | {(d, s) for s, d in loop_free}
+    assert first.train_mask.nonzero().flatten().tolist() == sorted(order[:20].tolist())
+    assert first.val_mask.nonzero().flatten().tolist() == sorted(order[20:30].tolist())
+    assert int(first.test_mask.sum()) == 20
+
+
+def test_ogb_read_only_root_processes_into_the_cache_mirror(tmp_path):
+    data_root = tmp_path / "data"
+    _write_ogb_fixture(data_root, "ogbn-arxiv")
+    dataset_dir = data_root / "ogbn_arxiv"
+    dataset_dir.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
+    try:
+        graph = load_dataset("ogbn-arxiv", root=data_root, cache_dir=tmp_path / "cache")
+        assert not (dataset_dir / "processed").exists()
+        assert any((tmp_path / "cache").rglob("data_processed"))
+        assert graph.num_nodes == 50
+    finally:
+        dataset_dir.chmod(stat.S_IRWXU)
+
+
+def test_dataset_configs_match_the_loaders():
+    conf_dir = Path(__file__).parents[1] / "conf" / "dataset"
+    configs = {
+        path.stem: OmegaConf.to_container(OmegaConf.load(path)) for path in conf_dir.glob("*.yaml")
+    }
+    assert sorted(cfg["name"] for cfg in configs.values()) == sorted(DATASETS)
+    for stem, cfg in configs.items():
+        assert stem == cfg["name"].replace("-", "_")
+        options = {k: v for k, v in cfg.items() if k not in ("name", "root")}
+        generator = {"sbm": sbm, "rmat": rmat}.get(cfg["name"])
+        if generator is None:
+            assert list(options) == ["cache_dir"]
+        else:
+            defaults = {k: p.default for k, p in inspect.signature(generator).parameters.items()}
+            assert options == defaults, (
+                f"conf/dataset/{stem}.yaml drifted from {generator.__name__}()"
+            )
