@@ -38,17 +38,25 @@ def validate(cfg: DictConfig) -> None:
     _require(0.0 <= float(model.get("dropout", 0.0)) < 1.0, "model.dropout must be in [0, 1)")
     _require(float(model.lr) > 0, "model.lr must be > 0")
     if model.name == "gat":
-        _require(int(model.hidden) % int(model.heads) == 0,
-                 f"model.hidden={model.hidden} must be divisible by model.heads={model.heads}")
-    _require(cfg.dataset.name in DATASETS,
-             f"dataset={cfg.dataset.name!r} is unknown; valid: {sorted(DATASETS)}")
+        _require(
+            int(model.hidden) % int(model.heads) == 0,
+            f"model.hidden={model.hidden} must be divisible by model.heads={model.heads}",
+        )
+    _require(
+        cfg.dataset.name in DATASETS,
+        f"dataset={cfg.dataset.name!r} is unknown; valid: {sorted(DATASETS)}",
+    )
 
     fanouts = list(cfg.data.fanouts)
-    _require(len(fanouts) == int(model.num_layers),
-             f"data.fanouts={fanouts} has {len(fanouts)} hops but model.num_layers="
-             f"{model.num_layers}; give one fanout per layer")
-    _require(all(int(f) > 0 or int(f) == -1 for f in fanouts),
-             f"data.fanouts={fanouts}: each fanout must be > 0 or -1 (full neighbourhood)")
+    _require(
+        len(fanouts) == int(model.num_layers),
+        f"data.fanouts={fanouts} has {len(fanouts)} hops but model.num_layers="
+        f"{model.num_layers}; give one fanout per layer",
+    )
+    _require(
+        all(int(f) > 0 or int(f) == -1 for f in fanouts),
+        f"data.fanouts={fanouts}: each fanout must be > 0 or -1 (full neighbourhood)",
+    )
     bs = int(cfg.data.batch_size)
     _require(bs > 0 or bs == -1, f"data.batch_size={bs} must be > 0 or -1 (all train nodes)")
     _require(int(cfg.data.num_workers) >= 0, "data.num_workers must be >= 0")
@@ -58,18 +66,26 @@ def validate(cfg: DictConfig) -> None:
     _require(int(tr.devices) >= 1, f"trainer.devices={tr.devices} must be >= 1")
     _require(int(tr.num_nodes) >= 1, f"trainer.num_nodes={tr.num_nodes} must be >= 1")
     _require(int(tr.max_epochs) >= 1, f"trainer.max_epochs={tr.max_epochs} must be >= 1")
-    _require(tr.accelerator in ACCELERATORS,
-             f"trainer.accelerator={tr.accelerator!r} is unknown; valid: {list(ACCELERATORS)}")
+    _require(
+        tr.accelerator in ACCELERATORS,
+        f"trainer.accelerator={tr.accelerator!r} is unknown; valid: {list(ACCELERATORS)}",
+    )
     _require(cfg.dtype in DTYPES, f"dtype={cfg.dtype!r} is unknown; valid: {list(DTYPES)}")
-    _require(cfg.logger.name in LOGGERS,
-             f"logger={cfg.logger.name!r} is unknown; valid: {list(LOGGERS)}")
-    NetworkModel.from_name(cfg.network)  # raises with the valid profiles
+    _require(
+        cfg.logger.name in LOGGERS, f"logger={cfg.logger.name!r} is unknown; valid: {list(LOGGERS)}"
+    )
+    try:
+        NetworkModel.from_name(cfg.network)
+    except ValueError as err:
+        raise ConfigError(f"network={cfg.network!r}: {err}") from None
 
     world = int(tr.devices) * int(tr.num_nodes)
     servers = cfg.topology.servers
     if servers is not None:
-        _require(int(servers) >= 1 and world % int(servers) == 0,
-                 f"topology.servers={servers} must divide the world size {world}")
+        _require(
+            int(servers) >= 1 and world % int(servers) == 0,
+            f"topology.servers={servers} must divide the world size {world}",
+        )
     if cfg.ckpt_path is not None:
         _require(os.path.isfile(str(cfg.ckpt_path)), f"ckpt_path={cfg.ckpt_path} does not exist")
     STRATEGIES[name].validate(cfg)

@@ -37,8 +37,13 @@ def _rank_main(local_rank: int, env: dict[str, str], fn: Callable, args: tuple) 
     fn(*args)
 
 
-def launch_local(fn: Callable[..., Any], args: tuple, devices: int, num_nodes: int,
-                 timeout_s: float | None = None) -> None:
+def launch_local(
+    fn: Callable[..., Any],
+    args: tuple,
+    devices: int,
+    num_nodes: int,
+    timeout_s: float | None = None,
+) -> None:
     """Run ``fn(*args)`` once per local rank (``devices`` processes, spawn start method).
 
     Raises the first failing rank's error; with ``timeout_s`` kills every rank and raises
@@ -50,8 +55,9 @@ def launch_local(fn: Callable[..., Any], args: tuple, devices: int, num_nodes: i
         "MASTER_PORT": os.environ.get("MASTER_PORT", str(free_port())),
         "WORLD_SIZE": str(devices * num_nodes),
     }
-    ctx = mp.start_processes(_rank_main, args=(env, fn, args), nprocs=devices, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(
+        _rank_main, args=(env, fn, args), nprocs=devices, join=False, start_method="spawn"
+    )
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     try:
         while not ctx.join(timeout=1.0):

@@ -44,8 +44,9 @@ def config_hash(cfg: DictConfig) -> str:
 
 def load_graph(cfg: DictConfig) -> Graph:
     """The dataset of ``cfg.dataset`` in the run's dtype."""
-    options = {k: v for k, v in OmegaConf.to_container(cfg.dataset).items()
-               if k not in ("name", "root")}
+    options = {
+        k: v for k, v in OmegaConf.to_container(cfg.dataset).items() if k not in ("name", "root")
+    }
     graph = load_dataset(cfg.dataset.name, root=cfg.dataset.get("root"), **options)
     return graph.to(getattr(torch, cfg.dtype))
 
@@ -65,8 +66,13 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     if world == 1 or externally_launched():
         metrics = run_rank(cfg, graph)
     else:
-        launch_local(run_rank, (cfg, graph), int(cfg.trainer.devices), int(cfg.trainer.num_nodes),
-                     cfg.launcher.timeout_s)
+        launch_local(
+            run_rank,
+            (cfg, graph),
+            int(cfg.trainer.devices),
+            int(cfg.trainer.num_nodes),
+            cfg.launcher.timeout_s,
+        )
         summary = output_dir / "summary.json"
         metrics = json.loads(summary.read_text()) if summary.exists() else {}
     if metrics:
@@ -78,9 +84,13 @@ def _logger(cfg: DictConfig, output_dir: str):
     if cfg.logger.name == "csv":
         return CSVLogger(save_dir=output_dir, name="", version="")
     if cfg.logger.name == "wandb":
-        return WandbLogger(project=cfg.logger.project, save_dir=output_dir,
-                           mode=cfg.logger.mode, tags=list(cfg.logger.tags),
-                           config=OmegaConf.to_container(cfg))
+        return WandbLogger(
+            project=cfg.logger.project,
+            save_dir=output_dir,
+            mode=cfg.logger.mode,
+            tags=list(cfg.logger.tags),
+            config=OmegaConf.to_container(cfg),
+        )
     return False
 
 
@@ -93,24 +103,49 @@ def run_rank(cfg: DictConfig, graph: Graph) -> dict:
 
     strategy, datamodule, extra_callbacks = STRATEGIES[cfg.strategy.name].build(cfg, graph)
     net = build_model(cfg.model, graph.num_features, graph.num_classes)
-    module = GNNModule(net, optimizer=cfg.model.optimizer, lr=cfg.model.lr,
-                       weight_decay=cfg.model.weight_decay)
+    # The run's dtype is applied here rather than through Lightning's "64-true" precision, whose
+    # input conversion cannot walk our frozen Batch/Block dataclasses (features are cast already).
+    module = GNNModule(
+        net.to(getattr(torch, cfg.dtype)),
+        optimizer=cfg.model.optimizer,
+        lr=cfg.model.lr,
+        weight_decay=cfg.model.weight_decay,
+    )
     epoch_stats, comm_stats = EpochStats(), CommStats(cfg.network)
     audit = CollectiveAudit() if cfg.audit else None
     summary = RunSummary(cfg, output_dir, epoch_stats, comm_stats, config_hash(cfg), audit)
-    checkpoint = ModelCheckpoint(dirpath=os.path.join(output_dir, "checkpoints"), save_last=True,
-                                 monitor="val/acc", mode="max", filename="best")
+    checkpoint = ModelCheckpoint(
+        dirpath=os.path.join(output_dir, "checkpoints"),
+        save_last=True,
+        monitor="val/acc",
+        mode="max",
+        filename="best",
+    )
     tr = cfg.trainer
     trainer = L.Trainer(
-        accelerator=tr.accelerator, devices=tr.devices, num_nodes=tr.num_nodes, strategy=strategy,
-        max_epochs=tr.max_epochs, precision="64-true" if cfg.dtype == "float64" else "32-true",
+        accelerator=tr.accelerator,
+        devices=tr.devices,
+        num_nodes=tr.num_nodes,
+        strategy=strategy,
+        max_epochs=tr.max_epochs,
         logger=_logger(cfg, output_dir),
-        callbacks=[StepSeed(cfg.seed), epoch_stats, comm_stats, *extra_callbacks, checkpoint,
-                   summary, *([audit] if audit else [])],
+        callbacks=[
+            StepSeed(cfg.seed),
+            epoch_stats,
+            comm_stats,
+            *extra_callbacks,
+            checkpoint,
+            summary,
+            *([audit] if audit else []),
+        ],
         check_val_every_n_epoch=tr.check_val_every_n_epoch,
-        log_every_n_steps=tr.log_every_n_steps, enable_progress_bar=tr.enable_progress_bar,
-        limit_train_batches=tr.limit_train_batches, deterministic=tr.deterministic,
-        use_distributed_sampler=False, num_sanity_val_steps=0, enable_model_summary=False,
+        log_every_n_steps=tr.log_every_n_steps,
+        enable_progress_bar=tr.enable_progress_bar,
+        limit_train_batches=tr.limit_train_batches,
+        deterministic=tr.deterministic,
+        use_distributed_sampler=False,
+        num_sanity_val_steps=0,
+        enable_model_summary=False,
         default_root_dir=output_dir,
     )
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)

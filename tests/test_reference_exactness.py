@@ -27,8 +27,9 @@ def make_graph():
 
 def make_net(kind, graph):
     torch.manual_seed(0)
-    return BlockGNN(kind, graph.num_features, 16, graph.num_classes, num_layers=2,
-                    dropout=0.0, heads=4).double()
+    return BlockGNN(
+        kind, graph.num_features, 16, graph.num_classes, num_layers=2, dropout=0.0, heads=4
+    ).double()
 
 
 def step_outputs(kind, rank, world_size, salt_by_rank=False):

@@ -34,8 +34,10 @@ class StepSeed(L.Callback):
         self.seed = seed
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        key = splitmix64_int(self.seed ^ splitmix64_int(
-            (trainer.current_epoch << 40) ^ (batch_idx << 8) ^ trainer.global_rank))
+        key = splitmix64_int(
+            self.seed
+            ^ splitmix64_int((trainer.current_epoch << 40) ^ (batch_idx << 8) ^ trainer.global_rank)
+        )
         torch.manual_seed(key & ((1 << 63) - 1))
 
 
@@ -62,8 +64,7 @@ class CommStats(L.Callback):
         record = {"bytes": total, "inter_server_bytes": inter, "modeled_time_s": modeled}
         self.epochs.append(record)
         metrics = {f"comm/{cat}_bytes": float(n) for cat, n in total.items()}
-        metrics.update({"comm/inter_server_bytes": float(inter),
-                        "comm/modeled_time_s": modeled})
+        metrics.update({"comm/inter_server_bytes": float(inter), "comm/modeled_time_s": modeled})
         pl_module.log_dict(metrics)
 
 
@@ -93,14 +94,24 @@ class EpochStats(L.Callback):
         epoch_s = time.perf_counter() - self._epoch_start
         comm = trainer.strategy.comm
         loss = comm.all_reduce(pl_module.epoch_loss.clone(), category="control")
-        rss = comm.all_reduce(torch.tensor([_peak_rss_mb()], dtype=torch.float64), "max",
-                              category="control")
-        record = {"train_loss": float(loss[0] / loss[1].clamp(min=1)), "epoch_s": epoch_s,
-                  **self._times, "peak_rss_mb": float(rss[0])}
+        rss = comm.all_reduce(
+            torch.tensor([_peak_rss_mb()], dtype=torch.float64), "max", category="control"
+        )
+        record = {
+            "train_loss": float(loss[0] / loss[1].clamp(min=1)),
+            "epoch_s": epoch_s,
+            **self._times,
+            "peak_rss_mb": float(rss[0]),
+        }
         self.epochs.append(record)
-        pl_module.log_dict({"train/loss": record["train_loss"], "time/epoch_s": epoch_s,
-                            **{f"time/{k}": v for k, v in self._times.items()},
-                            "mem/peak_rss_mb": record["peak_rss_mb"]})
+        pl_module.log_dict(
+            {
+                "train/loss": record["train_loss"],
+                "time/epoch_s": epoch_s,
+                **{f"time/{k}": v for k, v in self._times.items()},
+                "mem/peak_rss_mb": record["peak_rss_mb"],
+            }
+        )
 
 
 class CollectiveAudit(L.Callback):
@@ -130,8 +141,15 @@ class RunSummary(L.Callback):
     ``test_acc`` is the test accuracy at the epoch of best validation accuracy.
     """
 
-    def __init__(self, cfg, output_dir: str, epoch_stats: EpochStats, comm_stats: CommStats,
-                 config_hash: str, audit: CollectiveAudit | None = None):
+    def __init__(
+        self,
+        cfg,
+        output_dir: str,
+        epoch_stats: EpochStats,
+        comm_stats: CommStats,
+        config_hash: str,
+        audit: CollectiveAudit | None = None,
+    ):
         self.cfg = cfg
         self.output_dir = output_dir
         self.epoch_stats, self.comm_stats = epoch_stats, comm_stats
@@ -139,36 +157,54 @@ class RunSummary(L.Callback):
         self.audit = audit
         self.evals: list[dict] = []
         self._fit_start = 0.0
+        self.first_epoch = 0
         self.summary: dict | None = None
 
     def on_fit_start(self, trainer, pl_module):
         self._fit_start = time.perf_counter()
 
+    def on_train_start(self, trainer, pl_module):
+        self.first_epoch = trainer.current_epoch  # > 0 when resumed from a checkpoint
+
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking:
             return
         m = trainer.callback_metrics
-        self.evals.append({"epoch": trainer.current_epoch, "val_acc": float(m["val/acc"]),
-                           "test_acc": float(m["test/acc"])})
+        self.evals.append(
+            {
+                "epoch": trainer.current_epoch,
+                "val_acc": float(m["val/acc"]),
+                "test_acc": float(m["test/acc"]),
+            }
+        )
 
     def on_train_epoch_end(self, trainer, pl_module):
         if trainer.global_rank != 0:
             return
         e = self.epoch_stats.epochs[-1]
         c = self.comm_stats.epochs[-1]
-        last = self.evals[-1] if self.evals and self.evals[-1]["epoch"] == trainer.current_epoch \
+        last = (
+            self.evals[-1]
+            if self.evals and self.evals[-1]["epoch"] == trainer.current_epoch
             else None
+        )
         accs = f" val {last['val_acc']:.4f} test {last['test_acc']:.4f}" if last else ""
-        print(f"[epoch {trainer.current_epoch + 1}/{trainer.max_epochs}] loss "
-              f"{e['train_loss']:.4f}{accs} time {e['epoch_s']:.2f}s comm "
-              f"{sum(c['bytes'].values()) / 1e6:.2f} MB", file=sys.stderr, flush=True)
+        print(
+            f"[epoch {trainer.current_epoch + 1}/{trainer.max_epochs}] loss "
+            f"{e['train_loss']:.4f}{accs} time {e['epoch_s']:.2f}s comm "
+            f"{sum(c['bytes'].values()) / 1e6:.2f} MB",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def on_fit_end(self, trainer, pl_module):
         epochs, comms = self.epoch_stats.epochs, self.comm_stats.epochs
         best = max(self.evals, key=lambda r: r["val_acc"]) if self.evals else None
         n = max(len(comms), 1)
-        per_epoch = {cat: sum(c["bytes"][cat] for c in comms) / n
-                     for cat in (comms[0]["bytes"] if comms else {})}
+        per_epoch = {
+            cat: sum(c["bytes"][cat] for c in comms) / n
+            for cat in (comms[0]["bytes"] if comms else {})
+        }
         self.summary = {
             "strategy": self.cfg.strategy.name,
             "model": self.cfg.model.name,
@@ -183,8 +219,12 @@ class RunSummary(L.Callback):
             "train_loss": epochs[-1]["train_loss"] if epochs else None,
             "epoch_time_s": statistics.median(e["epoch_s"] for e in epochs) if epochs else None,
             "train_time_s": time.perf_counter() - self._fit_start,
-            "time_breakdown_s": {k: statistics.median(e[k] for e in epochs)
-                                 for k in ("sample_s", "load_s", "compute_s")} if epochs else {},
+            "time_breakdown_s": {
+                k: statistics.median(e[k] for e in epochs)
+                for k in ("sample_s", "load_s", "compute_s")
+            }
+            if epochs
+            else {},
             "comm_bytes_per_epoch": per_epoch,
             "inter_server_bytes_per_epoch": sum(c["inter_server_bytes"] for c in comms) / n,
             "modeled_comm_time_s": sum(c["modeled_time_s"] for c in comms) / n,
@@ -193,9 +233,30 @@ class RunSummary(L.Callback):
             "config_hash": self.config_hash,
             "audited_collectives": self.audit.calls if self.audit else None,
             "output_dir": self.output_dir,
+            "history": self._history(),
         }
         if trainer.global_rank == 0:
             write_json_atomic(os.path.join(self.output_dir, "summary.json"), self.summary)
+
+    def _history(self) -> list[dict]:
+        """One row per epoch: loss, accuracies (if evaluated), time, cumulative time, bytes."""
+        evals = {r["epoch"]: r for r in self.evals}
+        rows, elapsed = [], 0.0
+        for i, (e, c) in enumerate(zip(self.epoch_stats.epochs, self.comm_stats.epochs)):
+            elapsed += e["epoch_s"]
+            ev = evals.get(self.first_epoch + i, {})
+            rows.append(
+                {
+                    "epoch": self.first_epoch + i,
+                    "train_loss": e["train_loss"],
+                    "val_acc": ev.get("val_acc"),
+                    "test_acc": ev.get("test_acc"),
+                    "epoch_s": e["epoch_s"],
+                    "elapsed_s": elapsed,
+                    "comm_bytes": c["bytes"],
+                }
+            )
+        return rows
 
 
 def write_json_atomic(path: str, data: dict) -> None:
@@ -208,8 +269,10 @@ def write_json_atomic(path: str, data: dict) -> None:
 def format_table(summary: dict) -> str:
     """The short human table printed at the end of a run."""
     rows = [
-        ("strategy / model / dataset",
-         f"{summary['strategy']} / {summary['model']} / {summary['dataset']}"),
+        (
+            "strategy / model / dataset",
+            f"{summary['strategy']} / {summary['model']} / {summary['dataset']}",
+        ),
         ("world size", summary["world_size"]),
         ("epochs", summary["epochs"]),
         ("best val acc", _fmt(summary["best_val_acc"])),
@@ -217,8 +280,10 @@ def format_table(summary: dict) -> str:
         ("epoch time, median (s)", _fmt(summary["epoch_time_s"])),
         ("train time (s)", _fmt(summary["train_time_s"])),
         ("comm MB / epoch (measured)", _fmt(sum(summary["comm_bytes_per_epoch"].values()) / 1e6)),
-        (f"comm time / epoch, modelled {summary['network']} (s)",
-         _fmt(summary["modeled_comm_time_s"])),
+        (
+            f"comm time / epoch, modelled {summary['network']} (s)",
+            _fmt(summary["modeled_comm_time_s"]),
+        ),
         ("peak RSS per process (MB)", _fmt(summary["peak_rss_mb"])),
     ]
     width = max(len(k) for k, _ in rows)

@@ -26,8 +26,16 @@ class BlockGNN(nn.Module):
     processes (e.g. GSplit's shuffle) without the model knowing anything about distribution.
     """
 
-    def __init__(self, kind: str, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
-                 dropout: float = 0.5, heads: int = 4):
+    def __init__(
+        self,
+        kind: str,
+        in_dim: int,
+        hidden: int,
+        out_dim: int,
+        num_layers: int = 2,
+        dropout: float = 0.5,
+        heads: int = 4,
+    ):
         super().__init__()
         if kind not in MODEL_KINDS:
             raise ValueError(f"unknown model {kind!r}; valid: {list(MODEL_KINDS)} or 'custom'")
@@ -48,12 +56,14 @@ class BlockGNN(nn.Module):
             return BlockSAGE(in_dim, out_dim)
         return BlockGAT(in_dim, out_dim, heads=1 if last else heads, concat=not last)
 
-    def forward(self, blocks: list[Block], x: Tensor, layer_hook: LayerHook | None = None) -> Tensor:
+    def forward(
+        self, blocks: list[Block], x: Tensor, layer_hook: LayerHook | None = None
+    ) -> Tensor:
         """``x``: ``[blocks[0].num_src, in]`` -> logits ``[blocks[-1].num_dst, out]``."""
         if len(blocks) != self.num_layers:
             raise ValueError(f"model has {self.num_layers} layers but got {len(blocks)} blocks")
         h = x
-        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+        for i, (_layer, block) in enumerate(zip(self.layers, blocks)):
             if layer_hook is not None:
                 h = layer_hook(i, h)
             h = self.apply_layer(i, block, h)
@@ -79,10 +89,14 @@ class SubgraphModel(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, blocks: list[Block], x: Tensor, layer_hook: LayerHook | None = None) -> Tensor:
+    def forward(
+        self, blocks: list[Block], x: Tensor, layer_hook: LayerHook | None = None
+    ) -> Tensor:
         if layer_hook is not None:
-            raise ValueError("a custom (x, edge_index) model cannot run under a strategy that "
-                             "moves rows between layers; use model=gcn|sage|gat")
+            raise ValueError(
+                "a custom (x, edge_index) model cannot run under a strategy that "
+                "moves rows between layers; use model=gcn|sage|gat"
+            )
         return self.model(x, blocks_to_subgraph(blocks))[: blocks[-1].num_dst]
 
 
@@ -93,16 +107,29 @@ def build_model(cfg, in_dim: int, out_dim: int) -> nn.Module:
     if cfg.name == "custom":
         module_name, _, cls_name = str(cfg.target).rpartition(".")
         cls = getattr(importlib.import_module(module_name), cls_name)
-        net = cls(in_channels=in_dim, hidden_channels=cfg.hidden, out_channels=out_dim,
-                  num_layers=cfg.num_layers, **dict(cfg.get("kwargs") or {}))
+        net = cls(
+            in_channels=in_dim,
+            hidden_channels=cfg.hidden,
+            out_channels=out_dim,
+            num_layers=cfg.num_layers,
+            **dict(cfg.get("kwargs") or {}),
+        )
         return SubgraphModel(net)
-    return BlockGNN(cfg.name, in_dim, cfg.hidden, out_dim, num_layers=cfg.num_layers,
-                    dropout=cfg.dropout, heads=cfg.get("heads", 4))
+    return BlockGNN(
+        cfg.name,
+        in_dim,
+        cfg.hidden,
+        out_dim,
+        num_layers=cfg.num_layers,
+        dropout=cfg.dropout,
+        heads=cfg.get("heads", 4),
+    )
 
 
 @torch.no_grad()
-def layerwise_inference(net: BlockGNN, indptr: Tensor, indices: Tensor, x: Tensor,
-                        chunk_size: int = 65536) -> Tensor:
+def layerwise_inference(
+    net: BlockGNN, indptr: Tensor, indices: Tensor, x: Tensor, chunk_size: int = 65536
+) -> Tensor:
     """Full-neighbourhood logits of every node, one layer at a time over node chunks.
 
     Memory is ``O(N * hidden)`` instead of the ``O(fanout^L)`` blow-up of per-node sampling.

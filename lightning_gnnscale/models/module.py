@@ -29,8 +29,9 @@ class GNNModule(L.LightningModule):
         lr, weight_decay: optimiser settings.
     """
 
-    def __init__(self, net: nn.Module, optimizer: str = "adam", lr: float = 0.01,
-                 weight_decay: float = 5e-4):
+    def __init__(
+        self, net: nn.Module, optimizer: str = "adam", lr: float = 0.01, weight_decay: float = 5e-4
+    ):
         super().__init__()
         self.net = net
         self.optimizer_name, self.lr, self.weight_decay = optimizer, lr, weight_decay
@@ -56,10 +57,17 @@ class GNNModule(L.LightningModule):
         loss_sum = self.loss_sum(batch)
         loss = loss_sum / max(batch.global_seed_count, 1)
         batch.stats["forward_s"] = time.perf_counter() - start
-        self.epoch_loss += torch.tensor([float(loss_sum.detach()), float(batch.num_seeds)],
-                                         dtype=torch.float64)
-        self.log("train/step_loss", loss_sum.detach() / max(batch.num_seeds, 1), prog_bar=True,
-                 batch_size=max(batch.num_seeds, 1), on_step=True, on_epoch=False)
+        self.epoch_loss += torch.tensor(
+            [float(loss_sum.detach()), float(batch.num_seeds)], dtype=torch.float64
+        )
+        self.log(
+            "train/step_loss",
+            loss_sum.detach() / max(batch.num_seeds, 1),
+            prog_bar=True,
+            batch_size=max(batch.num_seeds, 1),
+            on_step=True,
+            on_epoch=False,
+        )
         return loss
 
     def on_train_epoch_start(self) -> None:
@@ -88,6 +96,9 @@ class GNNModule(L.LightningModule):
     def configure_optimizers(self):
         optimizers = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
         if self.optimizer_name not in optimizers:
-            raise ValueError(f"unknown optimizer {self.optimizer_name!r}; valid: {sorted(optimizers)}")
-        return optimizers[self.optimizer_name](self.net.parameters(), lr=self.lr,
-                                               weight_decay=self.weight_decay)
+            raise ValueError(
+                f"unknown optimizer {self.optimizer_name!r}; valid: {sorted(optimizers)}"
+            )
+        return optimizers[self.optimizer_name](
+            self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay
+        )

@@ -50,11 +50,19 @@ class MeteredDDPStrategy(DDPStrategy):
         timeout_s: a collective that waits longer than this fails instead of hanging.
     """
 
-    def __init__(self, servers: int | None = None, timeout_s: float = 1800.0,
-                 process_group_backend: str | None = None, **kwargs):
+    def __init__(
+        self,
+        servers: int | None = None,
+        timeout_s: float = 1800.0,
+        process_group_backend: str | None = None,
+        **kwargs,
+    ):
         kwargs.setdefault("find_unused_parameters", False)
-        super().__init__(process_group_backend=process_group_backend,
-                         timeout=timedelta(seconds=timeout_s), **kwargs)
+        super().__init__(
+            process_group_backend=process_group_backend,
+            timeout=timedelta(seconds=timeout_s),
+            **kwargs,
+        )
         self.servers = servers
         self.timeout_s = timeout_s
         self.meter = CommMeter()
@@ -74,8 +82,9 @@ class MeteredDDPStrategy(DDPStrategy):
         trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = self._broadcast_sigterm_flag
 
     def _broadcast_sigterm_flag(self) -> None:
-        flag = torch.tensor([int(getattr(self.lightning_module.trainer, "received_sigterm",
-                                         False))])
+        flag = torch.tensor(
+            [int(getattr(self.lightning_module.trainer, "received_sigterm", False))]
+        )
         if int(self.comm.broadcast(flag, 0, category="control")) == 1:
             self.comm.barrier()
             raise SIGTERMException()
@@ -94,8 +103,11 @@ class MeteredDDPStrategy(DDPStrategy):
             return obj
         payload = pickle.dumps(obj) if self.global_rank == src else b""
         size = self.comm.broadcast(torch.tensor([len(payload)]), src, category="control")
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else (
-            torch.empty(int(size), dtype=torch.uint8))
+        data = (
+            torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            if payload
+            else (torch.empty(int(size), dtype=torch.uint8))
+        )
         data = self.comm.broadcast(data, src, category="control")
         return pickle.load(io.BytesIO(data.numpy().tobytes()))
 
@@ -118,7 +130,11 @@ def epoch_permutation(ids: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
 
 
 class _EpochSteps(Sampler):
-    """Yields ``(epoch, step)`` for the trainer's current epoch (read in the main process)."""
+    """Yields ``(epoch, step)`` for the next epoch, counted by the datamodule.
+
+    The datamodule counts epochs itself (and checkpoints the count) because on resume
+    Lightning builds the first iterator before ``trainer.current_epoch`` is restored.
+    """
 
     def __init__(self, dm: SampledDataModule):
         self.dm = dm
@@ -127,7 +143,8 @@ class _EpochSteps(Sampler):
         return self.dm.steps_per_epoch
 
     def __iter__(self):
-        epoch = self.dm.trainer.current_epoch if self.dm.trainer else 0
+        epoch = self.dm.epochs_started
+        self.dm.epochs_started += 1
         return iter([(epoch, step) for step in range(self.dm.steps_per_epoch)])
 
 
@@ -160,8 +177,16 @@ class SampledDataModule(L.LightningDataModule):
         eval_chunk_size: destination nodes per chunk in layer-wise inference.
     """
 
-    def __init__(self, graph: Graph, fanouts: list[int], batch_size: int, seed: int = 0,
-                 salt_by_rank: bool = False, num_workers: int = 0, eval_chunk_size: int = 65536):
+    def __init__(
+        self,
+        graph: Graph,
+        fanouts: list[int],
+        batch_size: int,
+        seed: int = 0,
+        salt_by_rank: bool = False,
+        num_workers: int = 0,
+        eval_chunk_size: int = 65536,
+    ):
         super().__init__()
         self.graph = graph
         self.fanouts = list(fanouts)
@@ -175,6 +200,13 @@ class SampledDataModule(L.LightningDataModule):
         self.batch_size = self.train_ids.numel() if batch_size == -1 else batch_size
         self.sampler = NeighborSampler(graph.indptr, graph.indices, self.fanouts, seed)
         self.rank, self.world_size = 0, 1
+        self.epochs_started = 0
+
+    def state_dict(self) -> dict:
+        return {"epochs_started": self.epochs_started}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epochs_started = state["epochs_started"]
 
     def setup(self, stage: str) -> None:
         if self.trainer is not None:
@@ -199,14 +231,23 @@ class SampledDataModule(L.LightningDataModule):
         sampled = time.perf_counter()
         x = self.graph.x.index_select(0, blocks[0].src_ids)
         y = self.graph.y.index_select(0, seeds)
-        stats = {"sample_s": sampled - start, "load_s": time.perf_counter() - sampled,
-                 "input_nodes": blocks[0].num_src, "edges": sum(b.num_edges for b in blocks)}
+        stats = {
+            "sample_s": sampled - start,
+            "load_s": time.perf_counter() - sampled,
+            "input_nodes": blocks[0].num_src,
+            "edges": sum(b.num_edges for b in blocks),
+        }
         return Batch(blocks, x, y, global_seeds.numel(), epoch, step, stats)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(_StepDataset(self), sampler=_EpochSteps(self), batch_size=None,
-                          collate_fn=_no_collate, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+        return DataLoader(
+            _StepDataset(self),
+            sampler=_EpochSteps(self),
+            batch_size=None,
+            collate_fn=_no_collate,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def _eval_loader(self) -> DataLoader:
         return DataLoader([0], batch_size=None)  # one evaluation pass per rank

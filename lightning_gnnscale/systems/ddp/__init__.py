@@ -13,11 +13,18 @@ def validate(cfg) -> None:
 
 
 def build(cfg, graph):
-    strategy = MeteredDDPStrategy(servers=cfg.topology.servers,
-                                  timeout_s=cfg.launcher.collective_timeout_s,
-                                  process_group_backend=cfg.strategy.process_group_backend)
-    dm = SampledDataModule(graph, cfg.data.fanouts, cfg.data.batch_size, seed=cfg.seed,
-                           salt_by_rank=cfg.strategy.salt_by_rank,
-                           num_workers=cfg.data.num_workers,
-                           eval_chunk_size=cfg.data.eval_chunk_size)
+    strategy = MeteredDDPStrategy(
+        servers=cfg.topology.servers,
+        timeout_s=cfg.launcher.collective_timeout_s,
+        process_group_backend=cfg.strategy.process_group_backend,
+    )
+    dm = SampledDataModule(
+        graph,
+        cfg.data.fanouts,
+        cfg.data.batch_size,
+        seed=cfg.seed,
+        salt_by_rank=cfg.strategy.salt_by_rank,
+        num_workers=cfg.data.num_workers,
+        eval_chunk_size=cfg.data.eval_chunk_size,
+    )
     return strategy, dm, []

@@ -1,0 +1,219 @@
+"""End to end through ``run.train`` and ``train.py``: real Lightning Trainer, real processes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lightning_gnnscale.config import ConfigError, validate
+from lightning_gnnscale.run import train
+from tests.helpers.config import REPO, make_cfg
+
+SUMMARY_KEYS = {
+    "strategy",
+    "model",
+    "dataset",
+    "world_size",
+    "epochs",
+    "val_acc",
+    "test_acc",
+    "best_val_acc",
+    "epoch_time_s",
+    "train_time_s",
+    "comm_bytes_per_epoch",
+    "inter_server_bytes_per_epoch",
+    "modeled_comm_time_s",
+    "peak_rss_mb",
+    "config_hash",
+}
+
+
+def final_weights(output_dir):
+    ckpt = torch.load(os.path.join(output_dir, "checkpoints", "last.ckpt"), weights_only=False)
+    return ckpt["state_dict"]
+
+
+# --------------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("strategy.name=nope", "valid: ['ddp', 'single']"),
+        ("model.name=mlp", "valid: ['gcn', 'sage', 'gat', 'custom']"),
+        ("dataset.name=reddit", "valid:"),
+        ("data.fanouts=[5]", "one fanout per layer"),
+        ("data.fanouts=[5,0]", "must be > 0 or -1"),
+        ("data.batch_size=0", "data.batch_size=0"),
+        ("trainer.devices=0", "trainer.devices=0"),
+        ("network=5g", "valid:"),
+        ("dtype=float16", "valid: ['float32', 'float64']"),
+        ("logger.name=tensorboard", "valid: ['csv', 'wandb', 'none']"),
+        ("topology.servers=3", "must divide the world size 2"),
+        ("ckpt_path=/nonexistent.ckpt", "does not exist"),
+        ("model.heads=5", "divisible by model.heads"),
+    ],
+)
+def test_bad_values_are_rejected(tmp_path, override, message):
+    cfg = make_cfg(tmp_path, "model=gat" if "heads" in override else "model=gcn", override)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        validate(cfg)
+
+
+def test_single_rejects_several_devices(tmp_path):
+    with pytest.raises(ConfigError, match="strategy=single runs one process"):
+        validate(make_cfg(tmp_path, "strategy=single", "trainer.devices=2"))
+
+
+def test_cli_errors_before_spawning(tmp_path):
+    """Bad values fail in the main process, before any rank or output exists."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "data.fanouts=[5]", f"hydra.run.dir={out}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "one fanout per layer" in proc.stderr
+    assert not (out / "summary.json").exists()
+    proc = subprocess.run(
+        [sys.executable, "train.py", "strategy=nope", f"hydra.run.dir={out}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0 and "ddp" in proc.stderr and "single" in proc.stderr
+
+
+# ------------------------------------------------------------------------------- runs
+@pytest.mark.e2e
+def test_default_ddp_run_summary_and_gradient_bytes(tmp_path):
+    metrics, objects = train(make_cfg(tmp_path, "audit=true"))
+    assert set(metrics) >= SUMMARY_KEYS
+    on_disk = json.loads((objects["output_dir"] / "summary.json").read_text())
+    assert on_disk["config_hash"] == metrics["config_hash"]
+    assert metrics["strategy"] == "ddp" and metrics["world_size"] == 2
+    assert metrics["audited_collectives"] > 0  # the audit saw calls and found all metered
+    # Hand count: 2 ranks, ring all-reduce of every float32 parameter once per step: each rank
+    # sends 2 (P-1) / P * param_bytes = param_bytes, so both ranks together send 2 * param_bytes.
+    graph = objects["graph"]
+    hidden, classes, feats = 64, graph.num_classes, graph.num_features
+    param_bytes = 4 * (feats * hidden + hidden + hidden * classes + classes)  # GCN: W and b
+    steps = -(-int(graph.train_mask.sum()) // 64)
+    assert metrics["comm_bytes_per_epoch"]["gradient"] == steps * 2 * param_bytes
+
+
+@pytest.mark.e2e
+def test_ddp_training_equals_single_float64(tmp_path):
+    """Through the real Trainer: same weights after 2 epochs of Adam (unsalted keys)."""
+    common = ("dtype=float64", "model.dropout=0.0", "strategy.salt_by_rank=false")
+    single_cfg = make_cfg(tmp_path / "single", "strategy=single", *common[:2])
+    ddp_cfg = make_cfg(tmp_path / "ddp", "strategy=ddp", *common)
+    _, single = train(single_cfg)
+    _, ddp = train(ddp_cfg)
+    ref, got = final_weights(single["output_dir"]), final_weights(ddp["output_dir"])
+    assert ref.keys() == got.keys()
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=0, atol=1e-10)
+
+
+def test_resume_continues_to_the_same_result(tmp_path):
+    """4 epochs straight == 2 epochs, then resume from last.ckpt to 4 (dropout on).
+
+    float64: BLAS results depend on buffer alignment, so two identical float32 runs in different
+    processes already differ in the last bits; a broken resume (optimiser state, epoch, dropout
+    stream) is off by far more than the tolerance.
+    """
+    run = ("strategy=single", "dtype=float64")
+    _, straight = train(make_cfg(tmp_path / "a", *run, "trainer.max_epochs=4"))
+    _, first = train(make_cfg(tmp_path / "b", *run, "trainer.max_epochs=2"))
+    ckpt = first["output_dir"] / "checkpoints" / "last.ckpt"
+    metrics, resumed = train(
+        make_cfg(tmp_path / "b", *run, "trainer.max_epochs=4", f"ckpt_path={ckpt}")
+    )
+    assert metrics["epochs"] == 2 and metrics["history"][0]["epoch"] == 2
+    ref, got = final_weights(straight["output_dir"]), final_weights(resumed["output_dir"])
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=0, atol=1e-10)
+
+
+def test_custom_pyg_model_runs_under_single(tmp_path):
+    metrics, _ = train(make_cfg(tmp_path, "strategy=single", "model=custom"))
+    assert metrics["model"] == "custom" and metrics["best_val_acc"] > 0.3
+
+
+@pytest.mark.e2e
+def test_multirun_runs_each_job_once(tmp_path):
+    """`-m` over a multi-process strategy: four jobs, each with its own summary, none re-run."""
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "-m",
+            "strategy=single,ddp",
+            "model=gcn,sage",
+            "dataset.num_nodes=300",
+            "data.batch_size=64",
+            "trainer.max_epochs=1",
+            "trainer.enable_progress_bar=false",
+            "logger=none",
+            f"hydra.sweep.dir={sweep}",
+            "launcher.timeout_s=240",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/summary.json"))]
+    assert sorted((s["strategy"], s["model"]) for s in summaries) == [
+        ("ddp", "gcn"),
+        ("ddp", "sage"),
+        ("single", "gcn"),
+        ("single", "sage"),
+    ]
+    assert {s["world_size"] for s in summaries if s["strategy"] == "ddp"} == {2}
+    assert proc.stdout.count("summary:") == 4  # the parent ran four jobs, no child re-ran one
+
+
+@pytest.mark.e2e
+def test_two_node_launch_on_loopback(tmp_path):
+    """Two `train.py` processes as two nodes (NODE_RANK 0/1) of one run on 127.0.0.1."""
+    from tests.helpers.dist import free_port
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    args = [
+        sys.executable,
+        "train.py",
+        "trainer.num_nodes=2",
+        "trainer.devices=1",
+        "dataset.num_nodes=300",
+        "data.batch_size=64",
+        "trainer.max_epochs=1",
+        "trainer.enable_progress_bar=false",
+        "logger=none",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    nodes = [
+        subprocess.Popen(
+            args,
+            cwd=REPO,
+            env={**env, "NODE_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    outputs = [n.communicate(timeout=300) for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), outputs[1][1][-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    # one server per node: the gradient all-reduce crosses servers
+    assert summary["inter_server_bytes_per_epoch"] > 0
