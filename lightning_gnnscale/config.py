@@ -7,7 +7,7 @@ import os
 from omegaconf import DictConfig, OmegaConf
 
 from .comm.network import NetworkModel
-from .graph.datasets import DATASETS
+from .graph.datasets import check_dataset_options
 from .models.gnn import MODEL_KINDS
 
 LOGGERS = ("csv", "wandb", "none")
@@ -42,10 +42,11 @@ def validate(cfg: DictConfig) -> None:
             int(model.hidden) % int(model.heads) == 0,
             f"model.hidden={model.hidden} must be divisible by model.heads={model.heads}",
         )
-    _require(
-        cfg.dataset.name in DATASETS,
-        f"dataset={cfg.dataset.name!r} is unknown; valid: {sorted(DATASETS)}",
-    )
+    options = {k: v for k, v in cfg.dataset.items() if k not in ("name", "root")}
+    try:
+        check_dataset_options(cfg.dataset.name, options)
+    except ValueError as err:
+        raise ConfigError(f"dataset: {err}") from None
 
     fanouts = list(cfg.data.fanouts)
     _require(

@@ -259,9 +259,22 @@ def test_dataset_configs_match_the_loaders():
         options = {k: v for k, v in cfg.items() if k not in ("name", "root")}
         generator = {"sbm": sbm, "rmat": rmat}.get(cfg["name"])
         if generator is None:
-            assert list(options) == ["cache_dir"]
+            planetoid = cfg["name"] in ("cora", "citeseer", "pubmed")
+            expected = ["cache_dir", "download", *(["normalize_features"] if planetoid else [])]
+            assert list(options) == expected
+            assert options["download"] is False  # never start a download by default
         else:
             defaults = {k: p.default for k, p in inspect.signature(generator).parameters.items()}
             assert options == defaults, (
                 f"conf/dataset/{stem}.yaml drifted from {generator.__name__}()"
             )
+
+
+@pytest.mark.cora
+@pytest.mark.skipif(not (PLANETOID_ROOT / "Cora" / "raw").is_dir(), reason="no Cora files")
+def test_cora_features_are_row_normalised_by_default(tmp_path):
+    graph = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path)
+    sums = graph.x.sum(1)
+    assert torch.allclose(sums[sums > 0], torch.ones(int((sums > 0).sum())))
+    raw = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path, normalize_features=False)
+    assert torch.equal(raw.x > 0, graph.x > 0) and raw.x.max() == 1.0

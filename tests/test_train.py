@@ -43,6 +43,7 @@ def final_weights(output_dir):
         ("strategy.name=nope", "valid: ['ddp', 'single']"),
         ("model.name=mlp", "valid: ['gcn', 'sage', 'gat', 'custom']"),
         ("dataset.name=reddit", "valid:"),
+        ("+dataset.colour=red", "unknown options"),
         ("data.fanouts=[5]", "one fanout per layer"),
         ("data.fanouts=[5,0]", "must be > 0 or -1"),
         ("data.batch_size=0", "data.batch_size=0"),

@@ -40,7 +40,8 @@ _OGB = {
     "ogbn-papers100M": ("time", True, "papers100M-bin"),
 }
 _OGB_URL = "http://snap.stanford.edu/ogb/data/nodeproppred/{}.zip"
-_REAL_OPTIONS = ("cache_dir",)
+_PLANETOID_OPTIONS = ("cache_dir", "download", "normalize_features")
+_OGB_OPTIONS = ("cache_dir", "download")
 
 DATASETS: tuple[str, ...] = (*_GENERATORS, *_PLANETOID, *_OGB)
 
@@ -53,22 +54,38 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options) ->
     """Load dataset ``name`` (one of :data:`DATASETS`, case-insensitive, ``_`` = ``-``).
 
     ``sbm`` / ``rmat`` pass ``options`` to their generator and ignore ``root``. Real datasets
-    read under ``root`` (default :data:`DEFAULT_ROOT`) and take one option, ``cache_dir``
-    (default :data:`DEFAULT_CACHE_DIR`): where processing output goes if ``root`` is read-only.
-    Planetoid: ``<root>/<Cora|CiteSeer|PubMed>/raw/``. OGB: ``<root>/<name with - as _>/``
-    in ogb's layout (``raw/``, ``split/``, ``processed/``).
+    read under ``root`` (default :data:`DEFAULT_ROOT`) and take the options ``cache_dir``
+    (default :data:`DEFAULT_CACHE_DIR`: where processing output goes if ``root`` is read-only)
+    and ``download`` (default False: missing files fail at once instead of starting a download
+    that hangs without internet; True lets PyG / ogb download into ``root``). Planetoid also
+    takes ``normalize_features`` (default True: row-normalised bag-of-words, as in the GCN and
+    GAT papers). Planetoid: ``<root>/<Cora|CiteSeer|PubMed>/raw/``. OGB:
+    ``<root>/<name with - as _>/`` in ogb's layout (``raw/``, ``split/``, ``processed/``).
     """
-    canonical = _canonical_name(name)
+    canonical = check_dataset_options(name, options)
     if canonical in _GENERATORS:
-        generator = _GENERATORS[canonical]
-        _check_options(canonical, options, tuple(inspect.signature(generator).parameters))
-        return generator(**options)
-    _check_options(canonical, options, _REAL_OPTIONS)
+        return _GENERATORS[canonical](**options)
+    planetoid = canonical in _PLANETOID
     root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
     cache_dir = Path(options.get("cache_dir") or DEFAULT_CACHE_DIR).expanduser()
-    if canonical in _PLANETOID:
-        return _load_planetoid(canonical, root, cache_dir)
-    return _load_ogb(canonical, root, cache_dir)
+    download = bool(options.get("download", False))
+    if planetoid:
+        return _load_planetoid(
+            canonical, root, cache_dir, download, bool(options.get("normalize_features", True))
+        )
+    return _load_ogb(canonical, root, cache_dir, download)
+
+
+def check_dataset_options(name: str, options: dict) -> str:
+    """Raise ValueError for an unknown name or option (listing the valid ones); return the
+    canonical name. Cheap: used by config validation before any data is touched."""
+    canonical = _canonical_name(name)
+    if canonical in _GENERATORS:
+        valid = tuple(inspect.signature(_GENERATORS[canonical]).parameters)
+    else:
+        valid = _PLANETOID_OPTIONS if canonical in _PLANETOID else _OGB_OPTIONS
+    _check_options(canonical, options, valid)
+    return canonical
 
 
 def _canonical_name(name: str) -> str:
@@ -108,17 +125,20 @@ def _missing(paths: list[Path]) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------- Planetoid
-def _load_planetoid(name: str, root: Path, cache_dir: Path) -> Graph:
+def _load_planetoid(
+    name: str, root: Path, cache_dir: Path, download: bool, normalize_features: bool
+) -> Graph:
     """Cora / CiteSeer / PubMed through PyG's ``Planetoid`` with the public split."""
     folder = _PLANETOID[name]
     raw_dir = root / folder / "raw"
     raw_files = [raw_dir / f"ind.{name}.{suffix}" for suffix in _PLANETOID_RAW]
     missing = _missing(raw_files)
-    if missing:
+    if missing and not download:
         raise DatasetNotFoundError(
             f"{name}: raw Planetoid files missing in {raw_dir}/: {[p.name for p in missing]}. "
-            f"Datasets are not downloaded here: copy ind.{name}.{{{','.join(_PLANETOID_RAW)}}} "
-            f"(from https://github.com/kimiyoung/planetoid/tree/master/data) into that folder."
+            f"Copy ind.{name}.{{{','.join(_PLANETOID_RAW)}}} "
+            f"(from https://github.com/kimiyoung/planetoid/tree/master/data) into that folder, "
+            f"or set dataset.download=true on a machine with internet."
         )
     from torch_geometric.datasets import Planetoid  # slow import: only once files exist
 
@@ -132,11 +152,14 @@ def _load_planetoid(name: str, root: Path, cache_dir: Path) -> Graph:
                 shutil.copyfile(path, mirror_raw / path.name)
     dataset = Planetoid(str(pyg_root), folder, split="public")
     data = dataset[0]
+    x = data.x.float()
+    if normalize_features:
+        x = x / x.sum(1, keepdim=True).clamp(min=1e-12)
     return Graph.from_edge_index(
         data.edge_index,
         data.num_nodes,
         undirected=True,
-        x=data.x.float(),
+        x=x,
         y=data.y.long(),
         train_mask=data.train_mask,
         val_mask=data.val_mask,
@@ -183,7 +206,7 @@ def _ogb_compat() -> Iterator[None]:
         del ogb_dataset.input
 
 
-def _load_ogb(name: str, root: Path, cache_dir: Path) -> Graph:
+def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> Graph:
     """ogbn-* through ogb's ``NodePropPredDataset`` with ogb's split; NaN labels -> -1."""
     split_name, binary, zip_folder = _OGB[name]
     dir_name = name.replace("-", "_")
@@ -193,14 +216,14 @@ def _load_ogb(name: str, root: Path, cache_dir: Path) -> Graph:
     split_dir = dataset_dir / "split" / split_name
     split_files = [split_dir / f"{part}.csv.gz" for part in ("train", "valid", "test")]
     has_split = (split_dir / "split_dict.pt").exists() or not _missing(split_files)
-    if not (processed.exists() or raw_main.exists()) or not has_split:
+    if (not (processed.exists() or raw_main.exists()) or not has_split) and not download:
         raise DatasetNotFoundError(
             f"{name}: expected ogb's layout in {dataset_dir}/: {raw_main.relative_to(dataset_dir)} "
             f"(or processed/data_processed) and split/{split_name}/{{train,valid,test}}.csv.gz. "
-            f"Datasets are not downloaded here: on a machine with internet, download "
+            f"On a machine with internet, download "
             f"{_OGB_URL.format(zip_folder)}, unzip it and rename the folder {zip_folder!r} to "
             f"{dataset_dir} (or run ogb's NodePropPredDataset({name!r}, root=...) there and copy "
-            f"{dir_name}/ over)."
+            f"{dir_name}/ over), or set dataset.download=true on a machine with internet."
         )
     from ogb.nodeproppred import NodePropPredDataset  # slow import: only once files exist
 
