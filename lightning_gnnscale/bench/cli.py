@@ -1,0 +1,206 @@
+"""Command line of the benchmark harness; every argument is checked before any work starts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hydra.errors import HydraException
+
+from ..systems import STRATEGIES
+from .compare import compose_configs, run_compare
+from .sampler import run_sampler_bench
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    """``15,10,5`` -> ``[15, 10, 5]``, each >= 1."""
+    try:
+        return [_positive_int(part) for part in text.split(",")]
+    except ValueError as err:  # int() of a non-number
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from err
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_gnnscale.bench",
+        description="Benchmarks of lightning_gnnscale (see docs/benchmarks.md).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{compare,sampler}")
+
+    compare = commands.add_parser(
+        "compare",
+        help="train several strategies side by side and tabulate them",
+        description="Train each strategy on the same dataset, model, seed and partition cache; "
+        "write results.md, results.json, accuracy_vs_time.png and "
+        "bytes_by_category.png into --out.",
+    )
+    compare.add_argument(
+        "--strategies",
+        required=True,
+        help=f"comma-separated strategy names; valid: {','.join(STRATEGIES)}",
+    )
+    compare.add_argument("--model", default="gcn", help="model config group (default: gcn)")
+    compare.add_argument("--dataset", default="sbm", help="dataset config group (default: sbm)")
+    compare.add_argument(
+        "--epochs", type=_positive_int, default=10, help="training epochs per run (default: 10)"
+    )
+    compare.add_argument(
+        "--devices",
+        type=_positive_int,
+        default=2,
+        help="processes for multi-process strategies; single-process ones "
+        "(single) always use 1 (default: 2)",
+    )
+    compare.add_argument("--seed", type=int, default=0, help="seed of every run (default: 0)")
+    compare.add_argument(
+        "--baseline",
+        help="strategy the ratios are taken against (default: ddp if listed, "
+        "else the first strategy)",
+    )
+    compare.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results/compare"),
+        help="output directory (default: results/compare)",
+    )
+    compare.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(".cache/lightning_gnnscale"),
+        help="paths.cache_dir shared by every run, so partitioning systems "
+        "reuse one partition (default: .cache/lightning_gnnscale)",
+    )
+    compare.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Hydra override passed to every run, after the bench's own "
+        "(repeatable), e.g. --override dataset.num_nodes=50000",
+    )
+
+    sampler = commands.add_parser(
+        "sampler",
+        help="time the neighbour sampler against baselines",
+        description="Time the suite's NeighborSampler, a plain vectorised torch sampler and "
+        "(when pyg_lib or torch_sparse is importable) PyG's NeighborLoader on one "
+        "graph with the same seed batches; write sampler.md and sampler.json.",
+    )
+    sampler.add_argument(
+        "--graph",
+        choices=("rmat", "uniform"),
+        default="rmat",
+        help="rmat: Graph500 R-MAT stored undirected, as dataset=rmat; uniform: uniform random "
+        "directed edges, the graph of the DESIGN §8 yardstick (default: rmat)",
+    )
+    sampler.add_argument(
+        "--nodes",
+        type=_positive_int,
+        default=1 << 20,
+        help="nodes (default: 2^20 = 1,048,576)",
+    )
+    sampler.add_argument(
+        "--edges",
+        type=_positive_int,
+        default=1 << 24,
+        help="directed edges drawn, before symmetrisation (rmat) and merging of duplicates "
+        "(default: 2^24 = 16,777,216)",
+    )
+    sampler.add_argument(
+        "--fanouts",
+        type=_int_list,
+        default=[15, 10, 5],
+        help="neighbours per hop from the seeds (default: 15,10,5)",
+    )
+    sampler.add_argument(
+        "--batch-size", type=_positive_int, default=1024, help="seeds per batch (default: 1024)"
+    )
+    sampler.add_argument(
+        "--batches", type=_positive_int, default=50, help="timed batches per sampler (default: 50)"
+    )
+    sampler.add_argument(
+        "--warmup",
+        type=_positive_int,
+        default=2,
+        help="untimed warm-up batches per sampler (default: 2)",
+    )
+    sampler.add_argument(
+        "--threads", type=_positive_int, default=1, help="torch threads (default: 1)"
+    )
+    sampler.add_argument(
+        "--seed", type=int, default=0, help="seed of the graph and the batches (default: 0)"
+    )
+    sampler.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results/sampler"),
+        help="output directory (default: results/sampler)",
+    )
+    return parser
+
+
+def _strategies(parser: argparse.ArgumentParser, text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in STRATEGIES]
+    if unknown:
+        parser.error(
+            f"unknown strategy {', '.join(map(repr, unknown))}; valid: {', '.join(STRATEGIES)}"
+        )
+    if not names or len(set(names)) != len(names):
+        parser.error(f"--strategies needs distinct names, got {text!r}")
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: the process's arguments), run the subcommand, return 0."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "sampler":
+        if args.batch_size > args.nodes:
+            parser.error(f"--batch-size {args.batch_size} exceeds --nodes {args.nodes}")
+        run_sampler_bench(
+            graph=args.graph,
+            nodes=args.nodes,
+            edges=args.edges,
+            fanouts=args.fanouts,
+            batch_size=args.batch_size,
+            batches=args.batches,
+            warmup=args.warmup,
+            threads=args.threads,
+            seed=args.seed,
+            out=args.out,
+            argv=argv,
+        )
+        return 0
+
+    strategies = _strategies(parser, args.strategies)
+    baseline = args.baseline or ("ddp" if "ddp" in strategies else strategies[0])
+    if baseline not in strategies:
+        parser.error(f"--baseline {baseline!r} is not among --strategies {strategies}")
+    try:
+        configs = compose_configs(
+            strategies,
+            model=args.model,
+            dataset=args.dataset,
+            epochs=args.epochs,
+            devices=args.devices,
+            seed=args.seed,
+            overrides=args.override,
+            out=args.out.resolve(),
+            cache_dir=args.cache_dir.resolve(),
+        )
+    except (HydraException, ValueError) as err:  # ConfigError is a ValueError
+        parser.error(f"bad configuration: {err}")
+    run_compare(configs, baseline, args.out, argv)
+    return 0
