@@ -19,11 +19,13 @@ LayerHook = Callable[[int, Tensor], Tensor]
 
 
 class BlockGNN(nn.Module):
-    """``num_layers`` block layers with ReLU and dropout between them (none after the last).
+    """``num_layers`` block layers; dropout on every layer's input, ReLU between layers.
 
-    ``forward(blocks, x, layer_hook)`` runs layer ``l`` on ``blocks[l]`` (input layer first).
-    ``layer_hook(l, h)`` is called before every layer; systems use it to move rows between
-    processes (e.g. GSplit's shuffle) without the model knowing anything about distribution.
+    Dropout on the input features too, and (GAT) on attention coefficients, as in the GCN and
+    GAT papers. ``forward(blocks, x, layer_hook)`` runs layer ``l`` on ``blocks[l]`` (input layer
+    first). ``layer_hook(l, h)`` is called before every layer, after dropout (so the rows' owner
+    applies the mask); systems use it to move rows between processes (e.g. GSplit's shuffle)
+    without the model knowing anything about distribution.
     """
 
     def __init__(
@@ -44,17 +46,20 @@ class BlockGNN(nn.Module):
         self.kind, self.num_layers, self.dropout = kind, num_layers, dropout
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
         self.layers = nn.ModuleList(
-            self._layer(kind, dims[i], dims[i + 1], heads, last=i == num_layers - 1)
+            self._layer(kind, dims[i], dims[i + 1], heads, dropout, last=i == num_layers - 1)
             for i in range(num_layers)
         )
 
     @staticmethod
-    def _layer(kind: str, in_dim: int, out_dim: int, heads: int, last: bool) -> nn.Module:
+    def _layer(
+        kind: str, in_dim: int, out_dim: int, heads: int, dropout: float, last: bool
+    ) -> nn.Module:
         if kind == "gcn":
             return BlockGCN(in_dim, out_dim)
         if kind == "sage":
             return BlockSAGE(in_dim, out_dim)
-        return BlockGAT(in_dim, out_dim, heads=1 if last else heads, concat=not last)
+        return BlockGAT(in_dim, out_dim, heads=1 if last else heads, concat=not last,
+                        attention_dropout=dropout)
 
     def forward(
         self, blocks: list[Block], x: Tensor, layer_hook: LayerHook | None = None
@@ -63,18 +68,17 @@ class BlockGNN(nn.Module):
         if len(blocks) != self.num_layers:
             raise ValueError(f"model has {self.num_layers} layers but got {len(blocks)} blocks")
         h = x
-        for i, (_layer, block) in enumerate(zip(self.layers, blocks)):
+        for i, block in enumerate(blocks):
+            h = F.dropout(h, p=self.dropout, training=self.training)
             if layer_hook is not None:
                 h = layer_hook(i, h)
-            h = self.apply_layer(i, block, h)
+            h = self.layer_output(i, block, h)
         return h
 
-    def apply_layer(self, i: int, block: Block, h: Tensor) -> Tensor:
-        """Layer ``i`` plus the activation and dropout that follow it."""
+    def layer_output(self, i: int, block: Block, h: Tensor) -> Tensor:
+        """Layer ``i`` on its (already dropped-out) input rows, plus ReLU unless last."""
         h = self.layers[i](block, h)
-        if i < self.num_layers - 1:
-            h = F.dropout(F.relu(h), p=self.dropout, training=self.training)
-        return h
+        return F.relu(h) if i < self.num_layers - 1 else h
 
 
 class SubgraphModel(nn.Module):
@@ -144,6 +148,6 @@ def layerwise_inference(
             dst = torch.arange(start, min(start + chunk_size, num_nodes))
             src, dst_pos = sample_neighbors(indptr, indices, dst, -1, 0)
             block = builder(dst, src, dst_pos)
-            outs.append(net.apply_layer(i, block, h[block.src_ids]))
+            outs.append(net.layer_output(i, block, h[block.src_ids]))
         h = torch.cat(outs)
     return h

@@ -53,15 +53,19 @@ class BlockGAT(nn.Module):
     """GAT (PyG ``GATConv``): attention over sampled in-neighbours plus the self loop.
 
     Hidden layers concatenate ``heads`` heads of ``out_dim // heads`` channels; the output layer
-    uses ``concat=False`` (heads averaged).
+    uses ``concat=False`` (heads averaged). ``attention_dropout`` drops attention coefficients
+    in training, as in the GAT paper.
     """
 
-    def __init__(self, in_dim: int, out_dim: int, heads: int, concat: bool):
+    def __init__(
+        self, in_dim: int, out_dim: int, heads: int, concat: bool, attention_dropout: float = 0.0
+    ):
         super().__init__()
         if concat and out_dim % heads:
             raise ValueError(f"GAT hidden size {out_dim} must be divisible by heads={heads}")
         per_head = out_dim // heads if concat else out_dim
-        self.conv = GATConv(in_dim, per_head, heads=heads, concat=concat, add_self_loops=True)
+        self.conv = GATConv(in_dim, per_head, heads=heads, concat=concat, add_self_loops=True,
+                            dropout=attention_dropout)
 
     def forward(self, block: Block, x_src: Tensor) -> Tensor:
         n_dst = block.num_dst
