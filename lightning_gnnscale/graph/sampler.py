@@ -99,8 +99,9 @@ def sample_neighbors(
     total = int(keep.sum())
     eids = torch.empty(total, dtype=torch.int64)
 
-    full = keep == deg
-    if bool(full.any()):
+    whole = keep == deg
+    full = whole.nonzero().flatten()
+    if full.numel():
         f_start, f_deg, f_off = start[full], deg[full], out_off[full]
         seg_first = torch.repeat_interleave(f_off, f_deg)
         within = torch.arange(seg_first.numel()) - torch.repeat_interleave(
@@ -108,28 +109,34 @@ def sample_neighbors(
         )
         eids.index_copy_(0, seg_first + within, torch.repeat_interleave(f_start, f_deg) + within)
 
-    part = ~full
-    if bool(part.any()):
-        p_nodes, p_deg = dst[part], deg[part]
-        chosen = _floyd_subsets(p_nodes, p_deg, fanout, key)  # [m, k] sorted positions
-        slots = out_off[part].unsqueeze(1) + torch.arange(fanout)
-        eids.index_copy_(0, slots.flatten(), (start[part].unsqueeze(1) + chosen).flatten())
+    part = (~whole).nonzero().flatten()
+    if part.numel():
+        chosen = _floyd_subsets(dst[part], deg[part], fanout, key)  # [m, k] sorted positions
+        picked = (start[part].unsqueeze(1) + chosen).flatten()
+        if part.numel() == dst.numel():  # every row sampled: slots are contiguous
+            eids = picked
+        else:
+            slots = out_off[part].unsqueeze(1) + torch.arange(fanout)
+            eids.index_copy_(0, slots.flatten(), picked)
 
     dst_pos = torch.repeat_interleave(torch.arange(dst.numel()), keep)
     return indices.index_select(0, eids), dst_pos
 
 
 def _floyd_subsets(nodes: Tensor, deg: Tensor, k: int, key: int) -> Tensor:
-    """Uniform ``k``-subsets of ``[0, deg)`` per row (all ``deg > k``), sorted; ``[m, k]``."""
-    node_hash = splitmix64(nodes ^ key)
-    chosen = torch.empty((nodes.numel(), k), dtype=torch.int64)
-    for i in range(k):
-        j = deg - k + i  # Floyd: draw t in [0, j]; if already taken, take j instead
-        t = uniform_below(splitmix64(node_hash + i), j + 1)
-        if i:
-            taken = (chosen[:, :i] == t.unsqueeze(1)).any(1)
-            t = torch.where(taken, j, t)
-        chosen[:, i] = t
+    """Uniform ``k``-subsets of ``[0, deg)`` per row (all ``deg > k``), sorted; ``[m, k]``.
+
+    Floyd: draw ``i`` is ``t_i`` in ``[0, j_i]`` with ``j_i = deg - k + i``; if ``t_i`` was
+    already taken, take ``j_i`` instead. All draws are hashed at once; only the collision
+    resolution is sequential.
+    """
+    steps = torch.arange(k)
+    upper = deg.unsqueeze(1) - k + steps  # j_i, [m, k]
+    draws = uniform_below(splitmix64(splitmix64(nodes ^ key).unsqueeze(1) + steps), upper + 1)
+    chosen = draws.clone()
+    for i in range(1, k):
+        taken = (chosen[:, :i] == draws[:, i : i + 1]).any(1)
+        chosen[:, i] = torch.where(taken, upper[:, i], draws[:, i])
     return chosen.sort(dim=1).values
 
 
