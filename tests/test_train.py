@@ -218,3 +218,29 @@ def test_two_node_launch_on_loopback(tmp_path):
     assert summary["world_size"] == 2
     # one server per node: the gradient all-reduce crosses servers
     assert summary["inter_server_bytes_per_epoch"] > 0
+
+
+def test_wandb_logger_offline(tmp_path):
+    """`logger=wandb` works without a network: an offline run lands in the run's folder."""
+    metrics, objects = train(
+        make_cfg(
+            tmp_path,
+            "strategy=single",
+            "logger=wandb",
+            "logger.mode=offline",
+            "trainer.max_epochs=1",
+        )
+    )
+    runs = list((objects["output_dir"] / "wandb").glob("offline-run-*"))
+    assert metrics["epochs"] == 1 and len(runs) == 1
+    assert any(runs[0].glob("*.wandb"))  # the logged history, ready for `wandb sync`
+
+
+def test_dataloader_workers_sample_the_same_batches(tmp_path):
+    """Sampling in a DataLoader worker changes nothing: same weights as in-process sampling."""
+    run = ("strategy=single", "dtype=float64")
+    _, inline = train(make_cfg(tmp_path / "a", *run, "data.num_workers=0"))
+    _, workers = train(make_cfg(tmp_path / "b", *run, "data.num_workers=1"))
+    ref, got = final_weights(inline["output_dir"]), final_weights(workers["output_dir"])
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=0, atol=1e-10)

@@ -58,8 +58,9 @@ class BlockGNN(nn.Module):
             return BlockGCN(in_dim, out_dim)
         if kind == "sage":
             return BlockSAGE(in_dim, out_dim)
-        return BlockGAT(in_dim, out_dim, heads=1 if last else heads, concat=not last,
-                        attention_dropout=dropout)
+        return BlockGAT(
+            in_dim, out_dim, heads=1 if last else heads, concat=not last, attention_dropout=dropout
+        )
 
     def forward(
         self, blocks: list[Block], x: Tensor, layer_hook: LayerHook | None = None

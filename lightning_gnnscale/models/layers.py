@@ -64,8 +64,14 @@ class BlockGAT(nn.Module):
         if concat and out_dim % heads:
             raise ValueError(f"GAT hidden size {out_dim} must be divisible by heads={heads}")
         per_head = out_dim // heads if concat else out_dim
-        self.conv = GATConv(in_dim, per_head, heads=heads, concat=concat, add_self_loops=True,
-                            dropout=attention_dropout)
+        self.conv = GATConv(
+            in_dim,
+            per_head,
+            heads=heads,
+            concat=concat,
+            add_self_loops=True,
+            dropout=attention_dropout,
+        )
 
     def forward(self, block: Block, x_src: Tensor) -> Tensor:
         n_dst = block.num_dst

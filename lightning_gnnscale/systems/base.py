@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import pickle
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -130,10 +131,12 @@ def epoch_permutation(ids: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
 
 
 class _EpochSteps(Sampler):
-    """Yields ``(epoch, step)`` for the next epoch, counted by the datamodule.
+    """Yields ``(epoch, step)`` for the epoch about to run (iterated in the main process).
 
-    The datamodule counts epochs itself (and checkpoints the count) because on resume
-    Lightning builds the first iterator before ``trainer.current_epoch`` is restored.
+    The epoch is the fit loop's count of processed epochs: ``trainer.current_epoch`` still
+    names the checkpoint's epoch when Lightning builds the first iterator of a resumed run, and
+    a counter of ``iter`` calls breaks when Lightning probes the loader (it does so with
+    DataLoader workers). Covered by the resume and worker tests.
     """
 
     def __init__(self, dm: SampledDataModule):
@@ -143,20 +146,51 @@ class _EpochSteps(Sampler):
         return self.dm.steps_per_epoch
 
     def __iter__(self):
-        epoch = self.dm.epochs_started
-        self.dm.epochs_started += 1
+        trainer = self.dm.trainer
+        epoch = trainer.fit_loop.epoch_progress.current.processed if trainer else 0
         return iter([(epoch, step) for step in range(self.dm.steps_per_epoch)])
 
 
-class _StepDataset(Dataset):
-    def __init__(self, dm: SampledDataModule):
-        self.dm = dm
+@dataclass
+class StepBatcher(Dataset):
+    """Builds one rank's batch of a step; self-contained so DataLoader workers (spawned inside
+    spawned ranks) can pickle it without the Trainer. Indexed by ``(epoch, step)``."""
 
-    def __getitem__(self, key: tuple[int, int]) -> Batch:
-        return self.dm.make_batch(*key)
+    graph: Graph
+    sampler: NeighborSampler
+    train_ids: torch.Tensor
+    batch_size: int
+    seed: int
+    rank: int
+    world_size: int
+    salt_by_rank: bool
 
     def __len__(self) -> int:
-        return self.dm.steps_per_epoch
+        return -(-self.train_ids.numel() // self.batch_size)
+
+    def step_seeds(self, epoch: int, step: int) -> torch.Tensor:
+        """All ranks' seeds of one global step."""
+        order = epoch_permutation(self.train_ids, self.seed, epoch)
+        return order[step * self.batch_size : (step + 1) * self.batch_size]
+
+    def __getitem__(self, key: tuple[int, int]) -> Batch:
+        """This rank's share of step ``step``: sample, then gather input rows and labels."""
+        epoch, step = key
+        global_seeds = self.step_seeds(epoch, step)
+        seeds = torch.tensor_split(global_seeds, self.world_size)[self.rank]
+        start = time.perf_counter()
+        salt = self.rank if self.salt_by_rank else 0
+        blocks = self.sampler.sample(seeds, epoch=epoch, step=step, salt=salt)
+        sampled = time.perf_counter()
+        x = self.graph.x.index_select(0, blocks[0].src_ids)
+        y = self.graph.y.index_select(0, seeds)
+        stats = {
+            "sample_s": sampled - start,
+            "load_s": time.perf_counter() - sampled,
+            "input_nodes": blocks[0].num_src,
+            "edges": sum(b.num_edges for b in blocks),
+        }
+        return Batch(blocks, x, y, global_seeds.numel(), epoch, step, stats)
 
 
 def _no_collate(batch):
@@ -200,13 +234,6 @@ class SampledDataModule(L.LightningDataModule):
         self.batch_size = self.train_ids.numel() if batch_size == -1 else batch_size
         self.sampler = NeighborSampler(graph.indptr, graph.indices, self.fanouts, seed)
         self.rank, self.world_size = 0, 1
-        self.epochs_started = 0
-
-    def state_dict(self) -> dict:
-        return {"epochs_started": self.epochs_started}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epochs_started = state["epochs_started"]
 
     def setup(self, stage: str) -> None:
         if self.trainer is not None:
@@ -216,32 +243,26 @@ class SampledDataModule(L.LightningDataModule):
     def steps_per_epoch(self) -> int:
         return -(-self.train_ids.numel() // self.batch_size)
 
-    def step_seeds(self, epoch: int, step: int) -> torch.Tensor:
-        """All ranks' seeds of one global step."""
-        order = epoch_permutation(self.train_ids, self.seed, epoch)
-        return order[step * self.batch_size : (step + 1) * self.batch_size]
+    def batcher(self) -> StepBatcher:
+        """The batch maker for this rank (rank and world size as set up)."""
+        return StepBatcher(
+            self.graph,
+            self.sampler,
+            self.train_ids,
+            self.batch_size,
+            self.seed,
+            self.rank,
+            self.world_size,
+            self.salt_by_rank,
+        )
 
     def make_batch(self, epoch: int, step: int) -> Batch:
-        """This rank's share of step ``step``: sample, then gather input rows and labels."""
-        global_seeds = self.step_seeds(epoch, step)
-        seeds = torch.tensor_split(global_seeds, self.world_size)[self.rank]
-        start = time.perf_counter()
-        salt = self.rank if self.salt_by_rank else 0
-        blocks = self.sampler.sample(seeds, epoch=epoch, step=step, salt=salt)
-        sampled = time.perf_counter()
-        x = self.graph.x.index_select(0, blocks[0].src_ids)
-        y = self.graph.y.index_select(0, seeds)
-        stats = {
-            "sample_s": sampled - start,
-            "load_s": time.perf_counter() - sampled,
-            "input_nodes": blocks[0].num_src,
-            "edges": sum(b.num_edges for b in blocks),
-        }
-        return Batch(blocks, x, y, global_seeds.numel(), epoch, step, stats)
+        """This rank's share of step ``step``."""
+        return self.batcher()[epoch, step]
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(
-            _StepDataset(self),
+            self.batcher(),
             sampler=_EpochSteps(self),
             batch_size=None,
             collate_fn=_no_collate,
