@@ -119,19 +119,7 @@ def relabel_graph(graph: Graph, book: PartitionBook) -> Graph:
         book.old2new[src], book.old2new[dst], graph.num_nodes, remove_self_loops=False
     )
     del src, dst
-    order = book.new2old
-    return Graph(
-        indptr=indptr,
-        indices=indices,
-        x=graph.x[order],
-        y=graph.y[order],
-        train_mask=graph.train_mask[order],
-        val_mask=graph.val_mask[order],
-        test_mask=graph.test_mask[order],
-        num_classes=graph.num_classes,
-        name=graph.name,
-        meta=dict(graph.meta),
-    )
+    return graph.reindexed(book.new2old, indptr, indices)
 
 
 @dataclass(frozen=True)

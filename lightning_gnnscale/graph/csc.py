@@ -7,7 +7,7 @@ same neighbours wherever it runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -129,16 +129,19 @@ class Graph:
 
     def with_structure(self, indptr: Tensor, indices: Tensor) -> Graph:
         """The same node data over another edge set."""
-        return Graph(
+        return replace(self, indptr=indptr, indices=indices, meta=dict(self.meta))
+
+    def reindexed(self, nodes: Tensor, indptr: Tensor, indices: Tensor) -> Graph:
+        """Node ``i`` of the result carries the data of node ``nodes[i]``; edges are given."""
+        return replace(
+            self,
             indptr=indptr,
             indices=indices,
-            x=self.x,
-            y=self.y,
-            train_mask=self.train_mask,
-            val_mask=self.val_mask,
-            test_mask=self.test_mask,
-            num_classes=self.num_classes,
-            name=self.name,
+            x=self.x[nodes],
+            y=self.y[nodes],
+            train_mask=self.train_mask[nodes],
+            val_mask=self.val_mask[nodes],
+            test_mask=self.test_mask[nodes],
             meta=dict(self.meta),
         )
 
@@ -160,33 +163,11 @@ class Graph:
         indptr, indices = csc_from_edges(
             new_id[src[keep]], new_id[dst[keep]], nodes.numel(), remove_self_loops=False
         )
-        return Graph(
-            indptr=indptr,
-            indices=indices,
-            x=self.x[nodes],
-            y=self.y[nodes],
-            train_mask=self.train_mask[nodes],
-            val_mask=self.val_mask[nodes],
-            test_mask=self.test_mask[nodes],
-            num_classes=self.num_classes,
-            name=self.name,
-            meta=dict(self.meta),
-        )
+        return self.reindexed(nodes, indptr, indices)
 
     def to(self, dtype: torch.dtype) -> Graph:
         """The same graph with features cast to ``dtype``."""
-        return Graph(
-            indptr=self.indptr,
-            indices=self.indices,
-            x=self.x.to(dtype),
-            y=self.y,
-            train_mask=self.train_mask,
-            val_mask=self.val_mask,
-            test_mask=self.test_mask,
-            num_classes=self.num_classes,
-            name=self.name,
-            meta=dict(self.meta),
-        )
+        return replace(self, x=self.x.to(dtype), meta=dict(self.meta))
 
 
 def csc_from_edges(
