@@ -7,6 +7,7 @@ import multiprocessing
 
 import pytest
 import torch
+from torch import Tensor
 
 from lightning_gnnscale.graph.cache import (
     artifact_path,
@@ -17,7 +18,14 @@ from lightning_gnnscale.graph.cache import (
 )
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
-from lightning_gnnscale.graph.partition import PARTITION_METHODS, partition, partition_report
+from lightning_gnnscale.graph.partition import (
+    BALANCE_SCHEMES,
+    PARTITION_METHODS,
+    _pack_clusters,
+    balance_constraints,
+    partition,
+    partition_report,
+)
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +33,38 @@ def graph():
     return sbm(num_nodes=3000, num_classes=6, avg_degree=8.0, homophily=0.9, seed=0)
 
 
-def _path_graph(num_nodes: int) -> Graph:
-    src = torch.arange(num_nodes - 1)
+@pytest.fixture(scope="module")
+def sbm5k():
+    return sbm(num_nodes=5000, seed=0)
+
+
+def _graph(edge_index: Tensor, num_nodes: int, train_mask: Tensor | None = None) -> Graph:
+    """Undirected graph without features or labels; every node trains unless told otherwise."""
     return Graph.from_edge_index(
-        torch.stack([src, src + 1]),
+        edge_index,
         num_nodes,
         undirected=True,
         x=torch.zeros(num_nodes, 1),
         y=torch.zeros(num_nodes, dtype=torch.int64),
-        train_mask=torch.ones(num_nodes, dtype=torch.bool),
+        train_mask=torch.ones(num_nodes, dtype=torch.bool) if train_mask is None else train_mask,
         val_mask=torch.zeros(num_nodes, dtype=torch.bool),
         test_mask=torch.zeros(num_nodes, dtype=torch.bool),
         num_classes=1,
     )
+
+
+def _path_graph(num_nodes: int) -> Graph:
+    src = torch.arange(num_nodes - 1)
+    return _graph(torch.stack([src, src + 1]), num_nodes)
+
+
+def _grid_with_train_on_the_left(side: int = 60) -> Graph:
+    """side x side grid whose leftmost 20% of columns train (spec §1.3.1's fixture)."""
+    node = torch.arange(side * side).reshape(side, side)
+    src = torch.cat([node[:, :-1].flatten(), node[:-1, :].flatten()])
+    dst = torch.cat([node[:, 1:].flatten(), node[1:, :].flatten()])
+    train_mask = (node % side < side // 5).flatten()
+    return _graph(torch.stack([src, dst]), side * side, train_mask)
 
 
 # ----------------------------------------------------------------------------- partitioners
@@ -51,6 +78,7 @@ def test_every_node_gets_a_part_in_range(graph, method, num_parts):
         assert not parts.any()
     else:
         assert partition_report(graph, parts, num_parts)["node_balance"] < 1.1
+        assert int(torch.bincount(parts, minlength=num_parts).min()) > 0
 
 
 def test_contiguous_cuts_the_id_range_and_permute_shuffles_it(graph):
@@ -117,6 +145,95 @@ def test_partition_errors(graph):
         partition(graph, "metis", 2, node_weights=torch.ones(graph.num_nodes))
     with pytest.raises(ValueError, match="positive"):
         partition(graph, "metis", 2, edge_weights=torch.zeros(graph.num_edges, dtype=torch.int64))
+    with pytest.raises(ValueError) as error:  # even with nothing to split
+        partition(graph, "metis_balanced", 1, balance="val")
+    assert all(scheme in str(error.value) for scheme in BALANCE_SCHEMES)
+    with pytest.raises(ValueError, match="unknown options"):
+        partition(graph, "metis", 2, balance="train")
+    with pytest.raises(ValueError, match="overpartition"):
+        partition(graph, "metis_balanced", 2, overpartition=0)
+    with pytest.raises(ValueError, match="balance_edges"):
+        partition(graph, "metis_balanced", 2, balance_edges="yes")
+    with pytest.raises(ValueError, match="only supported by 'metis'"):
+        partition(graph, "metis_balanced", 2, edge_weights=torch.ones(graph.num_edges))
+
+
+# --------------------------------------------------------------------------- metis_balanced
+@pytest.mark.parametrize("num_parts", [2, 4])
+def test_metis_balanced_balances_train_and_nodes_at_a_metis_like_cut(sbm5k, num_parts):
+    report = partition_report(sbm5k, partition(sbm5k, "metis_balanced", num_parts), num_parts)
+    metis_cut = partition_report(sbm5k, partition(sbm5k, "metis", num_parts))["edge_cut_fraction"]
+    random_cut = partition_report(sbm5k, partition(sbm5k, "random", num_parts))["edge_cut_fraction"]
+    assert report["train_balance"] <= 1.05 and report["node_balance"] <= 1.10
+    assert report["edge_balance"] <= 1.05  # balance_edges is on by default
+    assert report["edge_cut_fraction"] < 0.6 * random_cut
+    # packing alone ignores edges (~2.3x METIS's cut at P=4); the refinement wins it back
+    assert report["edge_cut_fraction"] < 1.5 * metis_cut
+
+
+def test_metis_balanced_split_balances_every_split_within_5_percent(sbm5k):
+    report = partition_report(sbm5k, partition(sbm5k, "metis_balanced", 4, balance="split"), 4)
+    for key in ("train", "val", "test", "node", "edge"):  # spec §2.5 item 5
+        assert report[f"{key}_balance"] <= 1.05, (key, report[f"{key}_balance"])
+
+
+def test_metis_balanced_balances_train_where_pymetis_cannot():
+    """Pins the pymetis defect (spec §1.3.1): METIS keeps the compact train block together."""
+    import pymetis
+
+    grid = _grid_with_train_on_the_left()
+    assert partition_report(grid, partition(grid, "metis", 2))["train_balance"] == 2.0
+    # two interleaved constraint columns are silently read as one (ncon = 1 in the wrapper)
+    xadj, adjncy = grid.indptr.numpy(), grid.indices.numpy()
+    train = grid.train_mask.to(torch.int64)
+    interleaved = torch.stack([train, 1 - train], dim=1).flatten().numpy()
+    result = pymetis.part_graph(2, xadj=xadj, adjncy=adjncy, vweights=interleaved, recursive=False)
+    parts_of_train = torch.as_tensor(result.vertex_part)[grid.train_mask]
+    assert torch.unique(parts_of_train).numel() == 1
+    balanced = partition_report(grid, partition(grid, "metis_balanced", 2))
+    assert balanced["train_balance"] <= 1.1 and balanced["node_balance"] <= 1.1
+
+
+def test_metis_balanced_is_deterministic_for_a_seed(sbm5k):
+    parts = partition(sbm5k, "metis_balanced", 4, seed=2)
+    assert torch.equal(parts, partition(sbm5k, "metis_balanced", 4, seed=2))
+    assert not torch.equal(parts, partition(sbm5k, "metis_balanced", 4, seed=3))
+
+
+@pytest.mark.parametrize("num_nodes", [2, 5, 8, 41])
+@pytest.mark.parametrize("balance", BALANCE_SCHEMES)
+def test_metis_balanced_fills_every_part_of_tiny_graphs(num_nodes, balance):
+    graph = _path_graph(num_nodes)
+    num_parts = min(num_nodes, 4)
+    parts = partition(graph, "metis_balanced", num_parts, balance=balance)
+    nodes_per_part = torch.bincount(parts, minlength=num_parts)
+    assert parts.shape == (num_nodes,) and int(parts.max()) < num_parts
+    assert int(nodes_per_part.min()) > 0
+    assert int(nodes_per_part.max()) - num_nodes / num_parts <= 2  # spec: +-max(2, 5%)
+
+
+def test_balance_constraints_columns():
+    graph = _path_graph(4)  # all train, no val / test
+    degree = [1, 2, 2, 1]
+    assert balance_constraints(graph).T.tolist() == [[1] * 4, [1] * 4, degree]
+    assert balance_constraints(graph, "none", balance_edges=False).T.tolist() == [[1] * 4]
+    assert balance_constraints(graph, "split").T.tolist() == [[1] * 4, [1] * 4, degree]
+    split = sbm(num_nodes=50, seed=1)
+    columns = balance_constraints(split, "split", balance_edges=False).T.bool()
+    assert torch.equal(columns[0], split.train_mask) and torch.equal(columns[1], split.val_mask)
+    assert torch.equal(columns[2], split.test_mask)
+    assert columns.shape[0] == 4 and bool(columns[3].all())  # every node has a split: no column
+
+
+def test_pack_clusters_follows_the_greedy_rule():
+    # heaviest first into the least loaded part: 4 -> p0, 3 -> p1, 3 -> p1, 2 -> p0
+    no_edges = torch.zeros(4, 4, dtype=torch.int64)
+    weights = torch.tensor([[3], [4], [2], [3]])
+    assert _pack_clusters(weights, no_edges, 2).tolist() == [1, 0, 0, 1]
+    # equal weights tie: the most edges to a part wins, then the lowest part id
+    edges = torch.zeros(4, 4, dtype=torch.int64)
+    edges[1, 2] = edges[2, 1] = 5
+    assert _pack_clusters(torch.ones(4, 1, dtype=torch.int64), edges, 2).tolist() == [0, 1, 1, 0]
 
 
 def test_report_counts_match_brute_force():
@@ -134,8 +251,9 @@ def test_report_counts_match_brute_force():
         assert report["edges_per_part"][k] == sum(owner[d] == k for _, d in edges)
         halo = {s for s, d in edges if owner[d] == k and owner[s] != k}
         assert report["halo_nodes_per_part"][k] == len(halo)
-        train = graph.train_mask.nonzero().flatten().tolist()
-        assert report["train_nodes_per_part"][k] == sum(owner[v] == k for v in train)
+        for split in ("train", "val", "test"):
+            ids = graph.split_ids(split).tolist()
+            assert report[f"{split}_nodes_per_part"][k] == sum(owner[v] == k for v in ids)
     json.dumps(report)
 
 
@@ -204,6 +322,18 @@ def test_cached_partition_reuses_the_artifact_and_writes_a_report(graph, tmp_pat
     assert sorted(report["key"]["seed"] for report in reports) == [0, 1]
     assert all(report["report"]["num_parts"] == 4 for report in reports)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_cached_partition_keys_metis_balanced_options(graph, tmp_path):
+    parts = cached_partition(graph, "metis_balanced", 3, 0, tmp_path, balance="split")
+    assert torch.equal(parts, partition(graph, "metis_balanced", 3, balance="split"))
+    assert torch.equal(
+        parts, cached_partition(graph, "metis_balanced", 3, 0, tmp_path, balance="split")
+    )
+    cached_partition(graph, "metis_balanced", 3, 0, tmp_path, balance="train")
+    reports = [json.loads(path.read_text()) for path in tmp_path.glob("partition-*.json")]
+    assert sorted(report["key"]["options"]["balance"] for report in reports) == ["split", "train"]
+    assert all(report["report"]["val_balance"] < 1.1 for report in reports)
 
 
 def _race(cache_dir):
