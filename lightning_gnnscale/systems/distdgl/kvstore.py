@@ -1,0 +1,309 @@
+"""DistDGL's KV store and sparse node embeddings (spec distdgl_bytegnn_sancus §2.2.2).
+
+Node-row tensors (features, labels, learnable embeddings, optimiser state) are sharded like the
+partition book: rank ``r`` stores the rows of its core gids ``[node_offsets[r],
+node_offsets[r+1])``, nothing is replicated. ``pull`` reads any gid's rows, ``push`` sends rows
+to their owners, who apply a handler (overwrite, add, an optimiser update).
+
+Every method that communicates is *collective* (``collective`` mode of the spec): all ranks
+call it in the same order, also with no ids, and a push is applied before the call returns,
+so runs are deterministic.
+
+Counting conventions (what the sending rank's ``CommMeter`` records; a rank's own rows are
+never network traffic and count nothing):
+
+- ``pull``: the split exchange is ``control`` (8 B per peer); the requester sends each
+  *distinct* remote gid once, 8 B, as ``structure``; the owner sends each requested row once,
+  ``row bytes`` per distinct remote gid, under the pull's ``category`` (default ``feature``).
+  Local gids are read straight from the shard.
+- ``push``: ``control`` for the split exchange; 8 B per pushed remote row as ``structure`` and
+  its data under the push's ``category`` (default ``parameter``; sparse-embedding gradients use
+  ``gradient``). Rows for this rank's own gids travel as the collective's self chunk: not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor, nn
+
+from ...comm import Comm
+from ...graph.book import PartitionBook
+
+PushHandler = Callable[[Tensor, Tensor, Tensor], None]
+"""``fn(shard, local_ids, data)``: apply pushed rows ``data`` at ``local_ids`` of ``shard``."""
+
+
+def _overwrite(shard: Tensor, local_ids: Tensor, data: Tensor) -> None:
+    """``shard[ids] = data``; for a repeated id the last occurrence wins (deterministically)."""
+    unique_ids, inverse = torch.unique(local_ids, return_inverse=True)
+    positions = torch.arange(local_ids.numel())
+    last = positions.new_zeros(unique_ids.numel()).scatter_reduce_(0, inverse, positions, "amax")
+    shard[unique_ids] = data[last]
+
+
+def _add(shard: Tensor, local_ids: Tensor, data: Tensor) -> None:
+    shard.index_add_(0, local_ids, data)
+
+
+BUILTIN_HANDLERS: dict[str, PushHandler] = {"overwrite": _overwrite, "add": _add}
+
+
+def coalesce_rows(ids: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Sum the rows of repeated ids: ``(unique ids [u], summed rows [u, ...])``, ids sorted."""
+    unique_ids, inverse = torch.unique(ids, return_inverse=True)
+    summed = rows.new_zeros((unique_ids.numel(), *rows.shape[1:])).index_add_(0, inverse, rows)
+    return unique_ids, summed
+
+
+class KVStore:
+    """Sharded node-row tensors addressed by global (relabelled) node id.
+
+    Args:
+        comm: the data-exchange ``Comm``; its world size must equal the book's part count.
+        book: node ownership; rank ``r`` owns part ``r``.
+    """
+
+    def __init__(self, comm: Comm, book: PartitionBook) -> None:
+        if book.num_parts != comm.world_size:
+            raise ValueError(f"book has {book.num_parts} parts for {comm.world_size} ranks")
+        self.comm, self.book = comm, book
+        self.first_gid = int(book.node_offsets[comm.rank])
+        self.num_local = int(book.node_offsets[comm.rank + 1]) - self.first_gid
+        self._shards: dict[str, Tensor] = {}
+        self._handlers: dict[str, PushHandler] = dict(BUILTIN_HANDLERS)
+
+    def init_data(self, name: str, local_rows: Tensor) -> None:
+        """Register this rank's shard of ``name``: ``[n_r, *dims]`` rows of its core gids in gid
+        order (stored as given, no copy). Every rank must use the same ``dims`` and dtype.
+        Moves no data, so it is not collective."""
+        if local_rows.dim() == 0 or local_rows.shape[0] != self.num_local:
+            raise ValueError(
+                f"{name!r}: rank {self.comm.rank} owns {self.num_local} rows, "
+                f"got shape {tuple(local_rows.shape)}"
+            )
+        self._shards[name] = local_rows
+
+    def local_shard(self, name: str) -> Tensor:
+        """This rank's rows of ``name`` (the registered tensor itself, zero-copy)."""
+        try:
+            return self._shards[name]
+        except KeyError:
+            raise KeyError(f"no KV data {name!r}; known: {sorted(self._shards)}") from None
+
+    def register_push_handler(self, name: str, fn: PushHandler) -> None:
+        """Make ``fn(shard, local_ids, data)`` usable as ``push(..., handler=name)`` (replaces a
+        handler registered under the same name; built-ins cannot be replaced)."""
+        if name in BUILTIN_HANDLERS:
+            raise ValueError(f"{name!r} is a built-in push handler")
+        self._handlers[name] = fn
+
+    def _splits(self, owners: Tensor) -> list[int]:
+        """Rows per rank, given the owning rank of every row (rows grouped by owner)."""
+        return torch.bincount(owners, minlength=self.comm.world_size).tolist()
+
+    def pull(self, name: str, gids: Tensor, *, category: str = "feature") -> Tensor:
+        """Rows of ``name`` at ``gids``: ``[len(gids), *dims]`` in the order of ``gids``.
+
+        ``gids``: int64 ``[n]``, any order, duplicates allowed, possibly empty. Collective.
+        Remote gids are deduplicated before they are requested, so each distinct remote row
+        crosses the network once; local gids never touch the network (see module docstring).
+        """
+        shard = self.local_shard(name)
+        gids = gids.reshape(-1).to(torch.int64)
+        is_local = (gids >= self.first_gid) & (gids < self.first_gid + self.num_local)
+        local_pos = is_local.nonzero().squeeze(1)
+        remote_pos = (~is_local).nonzero().squeeze(1)
+        # Owners hold contiguous gid ranges, so sorted unique gids come grouped by owner in
+        # rank order: one `unique` both groups the requests and deduplicates each group.
+        requested, inverse = torch.unique(gids[remote_pos], return_inverse=True)
+        send_splits = self._splits(self.book.nid2part(requested))
+        recv_splits = self.comm.exchange_splits(send_splits)
+        asked = self.comm.all_to_all_single(
+            requested, send_splits, recv_splits, category="structure"
+        )
+        served = shard[asked - self.first_gid]
+        received = self.comm.all_to_all_single(served, recv_splits, send_splits, category=category)
+        out = shard.new_empty((gids.numel(), *shard.shape[1:]))
+        out[local_pos] = shard[gids[local_pos] - self.first_gid]
+        out[remote_pos] = received[inverse]
+        return out
+
+    def push(
+        self,
+        name: str,
+        gids: Tensor,
+        data: Tensor,
+        handler: str | PushHandler = "overwrite",
+        *,
+        category: str = "parameter",
+    ) -> None:
+        """Send rows ``data`` ``[len(gids), *dims]`` to the owners of ``gids``, who apply
+        ``handler(shard, local_ids, data)`` before the call returns. Collective.
+
+        Each owner applies one handler call to all rows it received, from every rank, ordered
+        by source rank and then by position in that rank's ``gids``: for ``overwrite`` the last
+        of those occurrences wins, ``add`` sums all of them, and optimiser handlers (see
+        ``SparseOptimizer``) sum the rows of an id before updating, so several ranks' gradients
+        for the same id combine as in synchronous SGD.
+        """
+        shard = self.local_shard(name)
+        apply = handler if callable(handler) else self._handler(handler)
+        gids = gids.reshape(-1).to(torch.int64)
+        if data.shape != (gids.numel(), *shard.shape[1:]) or data.dtype != shard.dtype:
+            raise ValueError(
+                f"push to {name!r} needs {shard.dtype} rows of shape "
+                f"({gids.numel()}, *{tuple(shard.shape[1:])}), got {data.dtype} "
+                f"{tuple(data.shape)}"
+            )
+        owners = self.book.nid2part(gids)
+        order = torch.argsort(owners, stable=True)
+        gids = gids[order]
+        send_splits = self._splits(owners)
+        recv_splits = self.comm.exchange_splits(send_splits)
+        ids = self.comm.all_to_all_single(gids, send_splits, recv_splits, category="structure")
+        rows = self.comm.all_to_all_single(data[order], send_splits, recv_splits, category=category)
+        apply(shard, ids - self.first_gid, rows)
+
+    def _handler(self, name: str) -> PushHandler:
+        try:
+            return self._handlers[name]
+        except KeyError:
+            raise ValueError(
+                f"unknown push handler {name!r}; known: {sorted(self._handlers)}"
+            ) from None
+
+    def barrier(self) -> None:
+        """Wait for every rank (counts nothing)."""
+        self.comm.barrier()
+
+
+class DistEmbedding(nn.Module):
+    """A learnable node-embedding table, sharded in the KV store like node features.
+
+    For featureless graphs: ``forward(gids)`` pulls the rows (``feature`` bytes: they are the
+    model's input rows) into a fresh leaf tensor that requires grad and remembers
+    ``(gids, leaf)``; a ``SparseOptimizer`` later pushes the leaf gradients to the owners. The
+    table is not an ``nn.Parameter``, so DDP and dense optimisers never see it.
+
+    Args:
+        kv: the store holding the table under ``name``.
+        name: KV name of the table.
+        num_embeddings_local: rows of this rank's shard (its part size; checked, so that
+            passing the global row count fails loudly).
+        dim: embedding width.
+        init: ``init(gids) -> [len(gids), dim]`` initial rows of the owned gids; keyed by gid,
+            so the initial table does not depend on the partitioning.
+    """
+
+    def __init__(
+        self,
+        kv: KVStore,
+        name: str,
+        num_embeddings_local: int,
+        dim: int,
+        init: Callable[[Tensor], Tensor],
+    ) -> None:
+        super().__init__()
+        if num_embeddings_local != kv.num_local:
+            raise ValueError(
+                f"{name!r}: rank {kv.comm.rank} owns {kv.num_local} rows, "
+                f"not {num_embeddings_local}"
+            )
+        rows = init(kv.book.part_nodes(kv.comm.rank))
+        if rows.shape != (num_embeddings_local, dim):
+            raise ValueError(
+                f"{name!r}: init returned {tuple(rows.shape)}, expected "
+                f"({num_embeddings_local}, {dim})"
+            )
+        kv.init_data(name, rows)
+        self.kv, self.name, self.dim = kv, name, dim
+        self.trace: list[tuple[Tensor, Tensor]] = []
+
+    def forward(self, gids: Tensor) -> Tensor:
+        """Rows ``[len(gids), dim]`` as a leaf that requires grad. Collective (a KV pull)."""
+        leaf = self.kv.pull(self.name, gids).requires_grad_(True)
+        self.trace.append((gids.reshape(-1).to(torch.int64), leaf))
+        return leaf
+
+    def gradients(self) -> tuple[Tensor, Tensor]:
+        """Gradients of the traced rows, duplicates summed: ``(unique gids, [u, dim] rows)``.
+        A leaf that got no gradient contributes zeros."""
+        table = self.kv.local_shard(self.name)
+        gids = torch.cat([table.new_empty(0, dtype=torch.int64)] + [g for g, _ in self.trace])
+        grads = [
+            leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for _, leaf in self.trace
+        ]
+        return coalesce_rows(gids, torch.cat([table.new_empty(0, self.dim), *grads]))
+
+
+class SparseOptimizer:
+    """Updates ``DistEmbedding`` tables on their owners from the traced leaf gradients.
+
+    ``step()`` (collective, one KV push per embedding, ``gradient`` bytes) sums each rank's
+    duplicate-id gradients, pushes them to the owners, which sum the gradients of an id over all
+    ranks and apply ``update`` to the touched rows only; then it clears the traces. This is
+    DGL's behaviour: ``step`` consumes the trace, so training loops need not call ``zero_grad``
+    — which drops the traces without updating (e.g. to discard a step).
+    """
+
+    def __init__(self, embeddings: Iterable[DistEmbedding], lr: float) -> None:
+        self.embeddings = list(embeddings)
+        self.lr = lr
+        for emb in self.embeddings:
+            emb.kv.register_push_handler(self._handler_name(emb), self._make_handler(emb))
+
+    def _handler_name(self, emb: DistEmbedding) -> str:
+        return f"{emb.name}@{type(self).__name__}"
+
+    def _make_handler(self, emb: DistEmbedding) -> PushHandler:
+        def apply(table: Tensor, local_ids: Tensor, grads: Tensor) -> None:
+            self.update(emb, table, *coalesce_rows(local_ids, grads))
+
+        return apply
+
+    def update(self, emb: DistEmbedding, table: Tensor, local_ids: Tensor, grads: Tensor) -> None:
+        """Apply the summed gradients ``grads`` ``[u, dim]`` to the distinct rows ``local_ids``."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for emb in self.embeddings:
+            gids, grads = emb.gradients()
+            emb.kv.push(emb.name, gids, grads, self._handler_name(emb), category="gradient")
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        """Forget the traced lookups (their gradients are not applied)."""
+        for emb in self.embeddings:
+            emb.trace.clear()
+
+
+class SparseSGD(SparseOptimizer):
+    """``w <- w - lr * g`` on the touched rows."""
+
+    def update(self, emb: DistEmbedding, table: Tensor, local_ids: Tensor, grads: Tensor) -> None:
+        table[local_ids] -= self.lr * grads
+
+
+class SparseAdagrad(SparseOptimizer):
+    """``s <- s + g^2; w <- w - lr * g / (sqrt(s) + eps)`` on the touched rows (``torch.optim.
+    Adagrad`` with zero initial accumulator, no decay). The sum of squares ``s`` is sharded in
+    the KV store next to the table, as ``f"{name}@adagrad_state"``."""
+
+    def __init__(self, embeddings: Iterable[DistEmbedding], lr: float, eps: float = 1e-10) -> None:
+        super().__init__(embeddings, lr)
+        self.eps = eps
+        for emb in self.embeddings:
+            table = emb.kv.local_shard(emb.name)
+            emb.kv.init_data(self.state_name(emb), torch.zeros_like(table))
+
+    @staticmethod
+    def state_name(emb: DistEmbedding) -> str:
+        return f"{emb.name}@adagrad_state"
+
+    def update(self, emb: DistEmbedding, table: Tensor, local_ids: Tensor, grads: Tensor) -> None:
+        state = emb.kv.local_shard(self.state_name(emb))
+        state[local_ids] += grads * grads
+        table[local_ids] -= self.lr * grads / (state[local_ids].sqrt() + self.eps)
