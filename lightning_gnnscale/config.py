@@ -89,6 +89,12 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.ckpt_path is not None:
         _require(os.path.isfile(str(cfg.ckpt_path)), f"ckpt_path={cfg.ckpt_path} does not exist")
+    if model.name == "custom" and not STRATEGIES[name].accepts_custom_models:
+        valid = sorted(n for n, system in STRATEGIES.items() if system.accepts_custom_models)
+        raise ConfigError(
+            f"strategy={name} cannot run model=custom (a model(x, edge_index) "
+            f"cannot take the layer hook); strategies that can: {valid}"
+        )
     STRATEGIES[name].validate(cfg)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -62,13 +63,14 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     graph = load_graph(cfg)
+    prepared = STRATEGIES[cfg.strategy.name].prepare(cfg, graph)
     world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)
     if world == 1 or externally_launched():
-        metrics = run_rank(cfg, graph)
+        metrics = run_rank(cfg, prepared)
     else:
         launch_local(
             run_rank,
-            (cfg, graph),
+            (cfg, prepared),
             int(cfg.trainer.devices),
             int(cfg.trainer.num_nodes),
             cfg.launcher.timeout_s,
@@ -94,15 +96,18 @@ def _logger(cfg: DictConfig, output_dir: str):
     return False
 
 
-def run_rank(cfg: DictConfig, graph: Graph) -> dict:
+def run_rank(cfg: DictConfig, prepared) -> dict:
     """One rank's whole job: build the system, fit, and (on rank 0) write ``summary.json``."""
+    # Epoch values are reduced through the metered comm before logging; Lightning's advice to
+    # add sync_dist (an unmetered all-reduce) does not apply.
+    warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed")
     local_world = int(cfg.trainer.devices)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     output_dir = str(cfg.paths.output_dir)
 
-    strategy, datamodule, extra_callbacks = STRATEGIES[cfg.strategy.name].build(cfg, graph)
-    net = build_model(cfg.model, graph.num_features, graph.num_classes)
+    strategy, datamodule, extra_callbacks = STRATEGIES[cfg.strategy.name].build(cfg, prepared)
+    net = build_model(cfg.model, datamodule.input_dim, datamodule.num_classes)
     # The run's dtype is applied here rather than through Lightning's "64-true" precision, whose
     # input conversion cannot walk our frozen Batch/Block dataclasses (features are cast already).
     module = GNNModule(

@@ -17,7 +17,7 @@ import time
 import lightning as L
 import torch
 
-from ..comm import CollectiveRecorder, NetworkModel
+from ..comm import CollectiveRecorder, NetworkModel, diff_snapshots, sum_snapshots
 from ..graph.sampler import splitmix64_int
 
 
@@ -42,7 +42,9 @@ class StepSeed(L.Callback):
 
 
 class CommStats(L.Callback):
-    """Bytes by category and link class per epoch, summed over ranks, plus modelled time.
+    """Training bytes by category and link class per epoch, summed over ranks, plus modelled
+    time; evaluation traffic (e.g. halo activations of distributed inference) is measured
+    separately (``eval_bytes``) so it never inflates the training figures.
 
     The meter reduction itself is bookkeeping and is not counted.
     """
@@ -50,21 +52,42 @@ class CommStats(L.Callback):
     def __init__(self, network: str):
         self.network = NetworkModel.from_name(network)
         self.epochs: list[dict] = []
-        self._start: dict | None = None
 
     def on_train_epoch_start(self, trainer, pl_module):
         self._start = trainer.strategy.meter.snapshot()
+        self._eval = trainer.strategy.meter.delta(self._start)  # zeros
+
+    def on_validation_epoch_start(self, trainer, pl_module):
+        self._eval_start = trainer.strategy.meter.snapshot()
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if hasattr(self, "_eval"):  # validation outside fit (trainer.validate) is not tracked
+            meter = trainer.strategy.meter
+            self._eval = sum_snapshots([self._eval, meter.delta(self._eval_start)])
 
     def on_train_epoch_end(self, trainer, pl_module):
-        comm = trainer.strategy.comm
-        per_rank = comm.gather_meter(trainer.strategy.meter.delta(self._start))
+        comm, meter = trainer.strategy.comm, trainer.strategy.meter
+        train_delta = diff_snapshots(meter.delta(self._start), self._eval)
+        per_rank = comm.gather_meter(train_delta)
         total = {cat: sum(s["bytes"][cat] for s in per_rank) for cat in per_rank[0]["bytes"]}
         inter = sum(s["link_bytes"]["inter_server"] for s in per_rank)
         modeled = max(self.network.modeled_time(s) for s in per_rank)
-        record = {"bytes": total, "inter_server_bytes": inter, "modeled_time_s": modeled}
+        eval_bytes = sum(comm.reduce_meter(self._eval)["bytes"].values())
+        record = {
+            "bytes": total,
+            "inter_server_bytes": inter,
+            "modeled_time_s": modeled,
+            "eval_bytes": eval_bytes,
+        }
         self.epochs.append(record)
         metrics = {f"comm/{cat}_bytes": float(n) for cat, n in total.items()}
-        metrics.update({"comm/inter_server_bytes": float(inter), "comm/modeled_time_s": modeled})
+        metrics.update(
+            {
+                "comm/inter_server_bytes": float(inter),
+                "comm/modeled_time_s": modeled,
+                "comm/eval_bytes": float(eval_bytes),
+            }
+        )
         pl_module.log_dict(metrics)
 
 
@@ -227,6 +250,7 @@ class RunSummary(L.Callback):
             else {},
             "comm_bytes_per_epoch": per_epoch,
             "inter_server_bytes_per_epoch": sum(c["inter_server_bytes"] for c in comms) / n,
+            "eval_comm_bytes_per_epoch": sum(c["eval_bytes"] for c in comms) / n,
             "modeled_comm_time_s": sum(c["modeled_time_s"] for c in comms) / n,
             "network": self.cfg.network,
             "peak_rss_mb": max((e["peak_rss_mb"] for e in epochs), default=_peak_rss_mb()),

@@ -78,19 +78,26 @@ def uniform_below(h: Tensor, n: Tensor) -> Tensor:
 
 
 def sample_neighbors(
-    indptr: Tensor, indices: Tensor, dst: Tensor, fanout: int, key: int
+    indptr: Tensor,
+    indices: Tensor,
+    dst: Tensor,
+    fanout: int,
+    key: int,
+    node_keys: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Sample in-edges of the ``dst`` nodes.
 
     Args:
         indptr, indices: CSC structure (int64).
-        dst: int64 ``[n]`` node ids (unique).
+        dst: int64 ``[n]`` node ids (unique) in this CSC.
         fanout: neighbours per node, ``-1`` for all.
         key: the hop key from :meth:`SampleKey.hop_key`.
+        node_keys: the ids the hash is keyed on (default ``dst``). A partition sampling its local
+            CSC passes the nodes' global ids, so it draws exactly what the whole graph would.
 
     Returns:
-        ``(src, dst_pos)``: int64 ``[E_s]`` source ids and the position in ``dst`` of each edge's
-        destination, sorted by ``(dst_pos, src)``.
+        ``(src, dst_pos)``: int64 ``[E_s]`` source ids (as stored in ``indices``) and the position
+        in ``dst`` of each edge's destination, sorted by ``(dst_pos, src)``.
     """
     start = indptr.index_select(0, dst)
     deg = indptr.index_select(0, dst + 1) - start
@@ -111,7 +118,8 @@ def sample_neighbors(
 
     part = (~whole).nonzero().flatten()
     if part.numel():
-        chosen = _floyd_subsets(dst[part], deg[part], fanout, key)  # [m, k] sorted positions
+        hashed = dst if node_keys is None else node_keys
+        chosen = _floyd_subsets(hashed[part], deg[part], fanout, key)  # [m, k] sorted positions
         picked = (start[part].unsqueeze(1) + chosen).flatten()
         if part.numel() == dst.numel():  # every row sampled: slots are contiguous
             eids = picked

@@ -5,24 +5,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ddp, single
+from . import ddp, distdgl, single
 
 
 @dataclass(frozen=True)
 class System:
     """What ``run.train`` needs from a system.
 
-    ``validate(cfg)`` raises ``ConfigError`` before any process starts; ``build(cfg, graph)``
-    runs on every rank and returns ``(strategy, datamodule, extra_callbacks)``;
-    ``accepts_custom_models`` says whether a user ``model(x, edge_index)`` can run under it.
+    ``validate(cfg)`` raises ``ConfigError`` before any process starts; ``prepare(cfg, graph)``
+    runs once in the launching process (e.g. partitioning, cached on disk) and its result is
+    what every rank's ``build(cfg, prepared)`` receives (through shared memory); ``build``
+    returns ``(strategy, datamodule, extra_callbacks)``; ``accepts_custom_models`` says whether
+    a user ``model(x, edge_index)`` can run under it.
     """
 
     validate: Callable
     build: Callable
     accepts_custom_models: bool
+    prepare: Callable = staticmethod(lambda cfg, graph: graph)
 
 
 STRATEGIES: dict[str, System] = {
     "single": System(single.validate, single.build, accepts_custom_models=True),
     "ddp": System(ddp.validate, ddp.build, accepts_custom_models=True),
+    "distdgl": System(
+        distdgl.validate, distdgl.build, accepts_custom_models=False, prepare=distdgl.prepare
+    ),
 }

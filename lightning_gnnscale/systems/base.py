@@ -130,7 +130,7 @@ def epoch_permutation(ids: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
     return ids[torch.randperm(ids.numel(), generator=gen)]
 
 
-class _EpochSteps(Sampler):
+class EpochSteps(Sampler):
     """Yields ``(epoch, step)`` for the epoch about to run (iterated in the main process).
 
     The epoch is the fit loop's count of processed epochs: ``trainer.current_epoch`` still
@@ -139,7 +139,7 @@ class _EpochSteps(Sampler):
     DataLoader workers). Covered by the resume and worker tests.
     """
 
-    def __init__(self, dm: SampledDataModule):
+    def __init__(self, dm: GNNDataModule):
         self.dm = dm
 
     def __len__(self) -> int:
@@ -197,7 +197,34 @@ def _no_collate(batch):
     return batch
 
 
-class SampledDataModule(L.LightningDataModule):
+class GNNDataModule(L.LightningDataModule):
+    """What every system's DataModule shares: one evaluation pass per rank through
+    ``eval_counts`` (called by ``GNNModule``), ``steps_per_epoch`` for :class:`EpochSteps`,
+    and moving :class:`Batch` es to the device. Subclasses set ``input_dim`` (width of
+    ``Batch.x``) and ``num_classes``."""
+
+    input_dim: int
+    num_classes: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        raise NotImplementedError
+
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """``[len(splits), 2]`` float64 (correct, total) of this rank; the caller sums ranks."""
+        raise NotImplementedError
+
+    def _eval_loader(self) -> DataLoader:
+        return DataLoader([0], batch_size=None)  # one evaluation pass per rank
+
+    val_dataloader = _eval_loader
+    test_dataloader = _eval_loader
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch.to(device) if isinstance(batch, Batch) else batch
+
+
+class SampledDataModule(GNNDataModule):
     """Per-rank sampled mini-batches over a graph that every rank holds whole.
 
     Args:
@@ -223,6 +250,7 @@ class SampledDataModule(L.LightningDataModule):
     ):
         super().__init__()
         self.graph = graph
+        self.input_dim, self.num_classes = graph.num_features, graph.num_classes
         self.fanouts = list(fanouts)
         self.seed = seed
         self.salt_by_rank = salt_by_rank
@@ -263,21 +291,12 @@ class SampledDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return DataLoader(
             self.batcher(),
-            sampler=_EpochSteps(self),
+            sampler=EpochSteps(self),
             batch_size=None,
             collate_fn=_no_collate,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )
-
-    def _eval_loader(self) -> DataLoader:
-        return DataLoader([0], batch_size=None)  # one evaluation pass per rank
-
-    val_dataloader = _eval_loader
-    test_dataloader = _eval_loader
-
-    def transfer_batch_to_device(self, batch, device, dataloader_idx):
-        return batch.to(device) if isinstance(batch, Batch) else batch
 
     # ------------------------------------------------------------------------ evaluation
     @torch.no_grad()

@@ -1,0 +1,147 @@
+"""DistDGL's distributed neighbour sampler and trainer split (spec §2.2.3, §2.2.4).
+
+Each hop, a trainer sends the frontier nodes it does not own to their owners (one id
+all-to-all, ``structure``); every owner samples its local CSC, keyed by the nodes' *global* ids
+so that it draws exactly what one process would on the whole (relabelled) graph; the sampled
+sources travel back (two all-to-alls: per-node counts and source ids, ``structure``) and are
+stitched into a block. Core nodes own all their in-edges, so owners never need each other.
+A rank's own frontier nodes go through the same collective as its self chunk, which moves no
+bytes over the network and is not counted (DistDGL's local shortcut).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ...comm import Comm
+from ...graph.block import Block
+from ...graph.book import LocalPartition, PartitionBook
+from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors, splitmix64_int
+
+
+class DistNeighborSampler:
+    """Samples the blocks of a mini-batch over a partitioned graph (collective: every rank
+    calls ``sample`` for every step, in the same order, even with no seeds).
+
+    Args:
+        comm: the data-exchange ``Comm``.
+        book: node ownership.
+        local: this rank's partition (core + halo, local CSC in global neighbour order).
+        degree: int64 ``[N]`` replicated full-graph in-degrees (GCN normalisation, block
+            ``src_deg``), as DistDGL replicates its degree array.
+        fanouts: by hop from the seeds; ``-1`` = all.
+        seed: base of the sampling keys.
+    """
+
+    def __init__(
+        self,
+        comm: Comm,
+        book: PartitionBook,
+        local: LocalPartition,
+        degree: Tensor,
+        fanouts: list[int],
+        seed: int,
+    ):
+        self.comm, self.book, self.local = comm, book, local
+        self.fanouts, self.seed = list(fanouts), seed
+        self.first_gid = int(book.node_offsets[comm.rank])
+        self.local_src_gid = local.local2global[local.indices]  # [E_k] source gids
+        self.build_block = BlockBuilder(degree.numel(), degree)
+
+    def _serve(self, gids: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
+        """Owner side: sample the requested core nodes; ``(counts per node, source gids)``."""
+        local_ids = gids - self.first_gid
+        src, dst_pos = sample_neighbors(
+            self.local.indptr, self.local_src_gid, local_ids, fanout, key, node_keys=gids
+        )
+        return torch.bincount(dst_pos, minlength=gids.numel()), src
+
+    def sample_hop(self, frontier: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
+        """Sample one hop for ``frontier``; ``(src gids, dst positions)`` sorted by dst position."""
+        owner = self.book.nid2part(frontier)
+        order = torch.argsort(owner, stable=True)
+        send_splits = torch.bincount(owner, minlength=self.comm.world_size).tolist()
+        recv_splits = self.comm.exchange_splits(send_splits)
+        requested = self.comm.all_to_all_single(
+            frontier[order], send_splits, recv_splits, category="structure"
+        )
+        counts, src = self._serve(requested, fanout, key)
+        # Sources for each requester are contiguous (requests arrive grouped by rank).
+        edges_per_peer = [int(c.sum()) for c in torch.split(counts, recv_splits)]
+        counts_back = self.comm.all_to_all_single(
+            counts, recv_splits, send_splits, category="structure"
+        )
+        edges_back = [int(c.sum()) for c in torch.split(counts_back, send_splits)]
+        src_back = self.comm.all_to_all_single(
+            src, edges_per_peer, edges_back, category="structure"
+        )
+        # Place each node's sources at its frontier position: no sort needed.
+        per_node = torch.empty_like(counts_back)
+        per_node[order] = counts_back
+        first = torch.cumsum(per_node, 0) - per_node
+        run_start = torch.repeat_interleave(first[order], counts_back)
+        within = torch.arange(src_back.numel()) - torch.repeat_interleave(
+            torch.cumsum(counts_back, 0) - counts_back, counts_back
+        )
+        src_out = torch.empty_like(src_back)
+        src_out[run_start + within] = src_back
+        dst_pos = torch.repeat_interleave(torch.arange(frontier.numel()), per_node)
+        return src_out, dst_pos
+
+    def sample(self, seeds: Tensor, epoch: int, step: int) -> list[Block]:
+        """The blocks of this rank's seeds, input layer first (``blocks[-1].dst_ids == seeds``)."""
+        key = SampleKey(self.seed, epoch, step)
+        frontier, blocks = seeds.to(torch.int64), []
+        for hop, fanout in enumerate(self.fanouts):
+            src, dst_pos = self.sample_hop(frontier, fanout, key.hop_key(hop))
+            block = self.build_block(frontier, src, dst_pos)
+            blocks.append(block)
+            frontier = block.src_ids
+        return blocks[::-1]
+
+
+def even_offsets(n: int, parts: int) -> Tensor:
+    """Offsets of ``parts`` contiguous chunks of ``n`` items whose sizes differ by at most 1."""
+    sizes = torch.full((parts,), n // parts, dtype=torch.int64)
+    sizes[: n % parts] += 1
+    return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)])
+
+
+class TrainerSplit:
+    """DistDGL's even split of the (relabelled, hence partition-sorted) training ids.
+
+    Rank ``r`` gets the ``r``-th of ``P`` contiguous chunks of the sorted training gids; chunk
+    ``r`` overlaps partition ``r`` the most. Every epoch each rank shuffles its chunk with its
+    own generator and cuts it into ``steps`` parts, where ``steps`` is the same on every rank,
+    so every training node is a seed exactly once per epoch and all ranks run in lockstep.
+
+    Args:
+        train_gids: sorted int64 training ids (global, relabelled); replicated metadata.
+        world_size, rank: the trainers.
+        batch_size: global seeds per step (``-1``: one step per epoch).
+        seed: base of the per-rank shuffles.
+    """
+
+    def __init__(self, train_gids: Tensor, world_size: int, rank: int, batch_size: int, seed: int):
+        offsets = even_offsets(train_gids.numel(), world_size)
+        self.sizes = offsets.diff()
+        self.mine = train_gids[offsets[rank] : offsets[rank + 1]]
+        self.rank, self.seed = rank, seed
+        smallest = int(self.sizes.min())
+        if batch_size == -1:
+            self.steps = 1
+        else:
+            local_batch = max(1, batch_size // world_size)
+            self.steps = max(1, -(-smallest // local_batch))
+
+    def seeds(self, epoch: int, step: int) -> Tensor:
+        """This rank's seeds of ``step`` in ``epoch``."""
+        key = splitmix64_int((self.seed << 24) ^ (epoch << 8) ^ self.rank) & ((1 << 63) - 1)
+        perm = torch.randperm(self.mine.numel(), generator=torch.Generator().manual_seed(key))
+        return torch.tensor_split(self.mine[perm], self.steps)[step]
+
+    def global_seed_count(self, step: int) -> int:
+        """Seeds of ``step`` summed over all ranks (``tensor_split`` sizes, no communication)."""
+        base, extra = self.sizes // self.steps, self.sizes % self.steps
+        return int((base + (step < extra).long()).sum())
