@@ -10,6 +10,7 @@ import torch
 
 from lightning_gnnscale.config import ConfigError, validate
 from lightning_gnnscale.run import train
+from lightning_gnnscale.systems import STRATEGIES
 from tests.helpers.config import REPO, make_cfg
 
 SUMMARY_KEYS = {
@@ -40,7 +41,7 @@ def final_weights(output_dir):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("strategy.name=nope", "valid: ['ddp', 'single']"),
+        ("strategy.name=nope", f"valid: {sorted(STRATEGIES)}"),
         ("model.name=mlp", "valid: ['gcn', 'sage', 'gat', 'custom']"),
         ("dataset.name=reddit", "valid:"),
         ("+dataset.colour=red", "unknown options"),
