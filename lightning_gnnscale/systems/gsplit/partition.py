@@ -1,0 +1,323 @@
+"""GSplit's offline probabilistic partitioning (spec §3.8) and its ablation partitioners (§3.9).
+
+Pre-sampling runs the training schedule and counts how often every vertex is a block
+destination (``k_v``), every edge is sampled (``k_e``) and every vertex is an input (``k0_v``).
+METIS then cuts the graph with ``k_v`` as vertex weights and ``k_e`` (summed over both
+directions of a pair) as edge weights. The cut edges' share of ``k_e`` is then the expected
+share of sampled edges that cross splits, and each split's ``k_v`` mass its expected compute.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ...graph.block import Block
+from ...graph.cache import cached, graph_fingerprint
+from ...graph.csc import Graph
+from ...graph.partition import partition
+from ...graph.sampler import NeighborSampler
+from ..base import epoch_permutation
+
+PARTITION_METHODS = ("gsplit", "node", "edge", "naive", "random")
+ZERO_EDGE_POLICIES = ("auto", "drop", "epsilon")
+_METIS_NITER = 10  # what graph.partition's "metis" uses, so all methods search equally hard
+
+
+def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"unknown {name} {value!r}; valid: {list(valid)}")
+
+
+@dataclass(frozen=True)
+class PresampleCounts:
+    """Pre-sampling statistics (spec §3.8 step 1).
+
+    Attributes:
+        k_v: int64 ``[N]``: times ``v`` is a destination of a block (once per layer 1..L per
+            mini-batch, so a vertex present at layers L..1 gets +L).
+        k_e: int64 ``[E]`` per CSC edge id: times the directed edge is sampled, over all hops.
+        k0_v: int64 ``[N]``: times ``v`` is an input (in ``blocks[0].src_ids``).
+        num_batches: number of pre-sampled mini-batches.
+    """
+
+    k_v: Tensor
+    k_e: Tensor
+    k0_v: Tensor
+    num_batches: int
+
+
+def presample(
+    graph: Graph,
+    fanouts: list[int],
+    batch_size: int,
+    epochs: int,
+    seed: int,
+    *,
+    drop_last: bool = False,
+) -> PresampleCounts:
+    """Count ``k_v``, ``k_e``, ``k0_v`` over ``epochs`` epochs of the training schedule.
+
+    Step ``t`` of epoch ``e`` samples ``epoch_permutation(train_ids, seed, e)[t*B:(t+1)*B]``
+    with ``NeighborSampler(..., fanouts, seed)``, exactly as training does, so the counts
+    describe the distribution the online sampler draws from. ``batch_size=-1`` puts all
+    training nodes in one step; ``drop_last`` skips a final partial batch.
+    """
+    train_ids = graph.split_ids("train")
+    if train_ids.numel() == 0:
+        raise ValueError(f"graph {graph.name!r} has no training nodes to pre-sample from")
+    if epochs < 1:
+        raise ValueError(f"presample needs epochs >= 1, got {epochs}")
+    batch = train_ids.numel() if batch_size == -1 else batch_size
+    if batch < 1:
+        raise ValueError(f"batch_size must be >= 1 or -1 (all), got {batch_size}")
+    steps = train_ids.numel() // batch if drop_last else -(-train_ids.numel() // batch)
+    if steps == 0:
+        raise ValueError(
+            f"batch_size {batch} exceeds the {train_ids.numel()} training nodes with drop_last"
+        )
+    num_nodes = graph.num_nodes
+    sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, seed)
+    # CSC order is sorted by (dst, src), so these keys are sorted and an edge's id is the
+    # position of its key (the graph holds no duplicate edges).
+    edge_keys = graph.dst_of_edges() * num_nodes + graph.indices
+    k_v = torch.zeros(num_nodes, dtype=torch.int64)
+    k_e = torch.zeros(graph.num_edges, dtype=torch.int64)
+    k0_v = torch.zeros(num_nodes, dtype=torch.int64)
+    for epoch in range(epochs):
+        order = epoch_permutation(train_ids, seed, epoch)
+        for step in range(steps):
+            blocks = sampler.sample(order[step * batch : (step + 1) * batch], epoch, step)
+            k0_v[blocks[0].src_ids] += 1  # ids, like the dst ids and edges below, are unique
+            for block in blocks:
+                k_v[block.dst_ids] += 1
+                src, dst = block.src_ids[block.edge_index]
+                k_e[torch.searchsorted(edge_keys, dst * num_nodes + src)] += 1
+    return PresampleCounts(k_v, k_e, k0_v, epochs * steps)
+
+
+def vertex_weight_scale(k_v: Tensor, num_edges: int) -> int:
+    """``s`` of spec step 3: the average degree ``max(1, E // N)``, raised when
+    ``sum(k_v) * s < 100 N`` so that the ``+1`` offsets stay within 1% of the weight."""
+    num_nodes = k_v.numel()
+    scale = max(1, num_edges // max(num_nodes, 1))
+    total = int(k_v.sum())
+    if total and total * scale < 100 * num_nodes:
+        scale = -(-100 * num_nodes // total)
+    return scale
+
+
+def integer_vertex_weights(k_v: Tensor, num_edges: int) -> Tensor:
+    """METIS vertex weights ``k_v * s + 1`` (int64 ``[N]``, all positive)."""
+    return k_v * vertex_weight_scale(k_v, num_edges) + 1
+
+
+def integer_edge_weights(pair_weights: Tensor, zero_edge_policy: str) -> tuple[Tensor, Tensor]:
+    """METIS edge weights from pair counts ``W_E`` (spec step 3).
+
+    ``drop`` removes pairs with ``W_E == 0`` and keeps ``W_E``; ``epsilon`` keeps every pair
+    at ``10 W_E + 1``; ``auto`` drops when fewer than half of the pairs were ever sampled,
+    else uses ``epsilon``. Returns ``(keep, weights)``: bool mask over ``pair_weights`` and the
+    int64 weights of the kept entries.
+    """
+    _check_choice("zero_edge_policy", zero_edge_policy, ZERO_EDGE_POLICIES)
+    sampled = pair_weights > 0
+    if zero_edge_policy == "auto":
+        sampled_share = int(sampled.sum()) / max(pair_weights.numel(), 1)
+        zero_edge_policy = "drop" if sampled_share < 0.5 else "epsilon"
+    if zero_edge_policy == "drop":
+        return sampled, pair_weights[sampled]
+    return torch.ones_like(sampled), pair_weights * 10 + 1
+
+
+def symmetric_pair_weights(graph: Graph, k_e: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Symmetric CSR over unordered pairs ``{u, v}``, ``u != v``, with ``W_E = k_uv + k_vu``.
+
+    Returns ``(xadj [N+1], adjncy [2M], pair_weights [2M])``: every pair appears once per
+    endpoint, neighbours sorted, no self-loops, no duplicates (what METIS needs, step 2).
+    """
+    num_nodes = graph.num_nodes
+    src, dst = graph.edge_index()
+    not_loop = src != dst
+    src, dst, counts = src[not_loop], dst[not_loop], k_e[not_loop]
+    keys = torch.cat([dst * num_nodes + src, src * num_nodes + dst])
+    entries, slot = torch.unique(keys, return_inverse=True)
+    weights = torch.zeros(entries.numel(), dtype=torch.int64).index_add_(0, slot, counts.repeat(2))
+    return _csr(entries // num_nodes, num_nodes), entries % num_nodes, weights
+
+
+def _csr(rows: Tensor, num_nodes: int) -> Tensor:
+    """``xadj`` [N+1] of entries sorted by row."""
+    xadj = torch.zeros(num_nodes + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(rows, minlength=num_nodes), 0, out=xadj[1:])
+    return xadj
+
+
+def gsplit_metis_input(
+    graph: Graph, counts: PresampleCounts, zero_edge_policy: str = "auto"
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(xadj, adjncy, vweights, eweights)`` of the weighted METIS graph (spec steps 2-3)."""
+    xadj, adjncy, pair_weights = symmetric_pair_weights(graph, counts.k_e)
+    keep, eweights = integer_edge_weights(pair_weights, zero_edge_policy)
+    rows = torch.repeat_interleave(torch.arange(graph.num_nodes), xadj[1:] - xadj[:-1])
+    xadj = _csr(rows[keep], graph.num_nodes)
+    vweights = integer_vertex_weights(counts.k_v, graph.num_edges)
+    return xadj, adjncy[keep], vweights, eweights
+
+
+def _metis_parts(
+    metis_input: tuple[Tensor, Tensor, Tensor, Tensor], num_parts: int, seed: int, ufactor: int
+) -> Tensor:
+    """pymetis k-way edge cut, called as ``graph.partition``'s ``metis`` does; int64 ``[N]``."""
+    import pymetis
+
+    xadj, adjncy, vweights, eweights = (
+        np.ascontiguousarray(t.numpy(), dtype=pymetis.zero_copy_dtype()) for t in metis_input
+    )
+    result = pymetis.part_graph(
+        num_parts,
+        pymetis.CSRAdjacency(adj_starts=xadj, adjacent=adjncy),
+        vweights=vweights,
+        eweights=eweights,
+        recursive=False,
+        options=pymetis.Options(seed=seed, ufactor=ufactor, niter=_METIS_NITER),
+    )
+    return torch.as_tensor(np.asarray(result.vertex_part), dtype=torch.int64)
+
+
+def edge_balance_weights(graph: Graph) -> Tensor:
+    """The ``edge`` baseline's folded vertex weight ``deg(v) + alpha * 1[train]`` with
+    ``alpha = E / |train|`` (spec §3.9), times ``|train|`` to keep it an exact integer."""
+    is_train = graph.train_mask.to(torch.int64)
+    num_train = int(is_train.sum())
+    if num_train == 0:
+        raise ValueError(f"the 'edge' partitioner needs training nodes; {graph.name!r} has none")
+    return graph.in_degree() * num_train + graph.num_edges * is_train
+
+
+def probabilistic_partition(
+    graph: Graph,
+    num_parts: int,
+    counts: PresampleCounts | None = None,
+    *,
+    method: str = "gsplit",
+    seed: int = 0,
+    ufactor: int = 30,
+    zero_edge_policy: str = "auto",
+) -> Tensor:
+    """Split function ``f``: int64 ``[N]`` part ids in ``[0, num_parts)``.
+
+    Methods (spec §3.9): ``gsplit`` (vertex ``k_v``, edge ``k_e`` over the pair), ``node``
+    (vertex ``k_v``, uniform edges), ``edge`` (degree plus train mass, uniform edges),
+    ``naive`` (unweighted METIS), ``random``. ``gsplit`` and ``node`` need ``counts``.
+    ``seed`` seeds METIS (or the random draw); ``ufactor`` is METIS's imbalance in 1/1000.
+    """
+    _check_choice("method", method, PARTITION_METHODS)
+    _check_choice("zero_edge_policy", zero_edge_policy, ZERO_EDGE_POLICIES)
+    if method in ("gsplit", "node"):
+        if counts is None:
+            raise ValueError(f"method {method!r} needs the pre-sampling counts")
+        if counts.k_v.shape != (graph.num_nodes,) or counts.k_e.shape != (graph.num_edges,):
+            raise ValueError("counts were not pre-sampled on this graph")
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be >= 1, got {num_parts}")
+    if num_parts == 1 or graph.num_nodes == 0:
+        return torch.zeros(graph.num_nodes, dtype=torch.int64)
+    if method == "random":
+        return partition(graph, "random", num_parts, seed=seed)
+    if method == "gsplit":
+        metis_input = gsplit_metis_input(graph, counts, zero_edge_policy)
+        return _metis_parts(metis_input, num_parts, seed, ufactor)
+    node_weights = None  # naive
+    if method == "node":
+        node_weights = integer_vertex_weights(counts.k_v, graph.num_edges)
+    elif method == "edge":
+        node_weights = edge_balance_weights(graph)
+    return partition(
+        graph, "metis", num_parts, seed=seed, node_weights=node_weights, ufactor=ufactor
+    )
+
+
+def expected_cross_fraction(graph: Graph, parts: Tensor, k_e: Tensor) -> float:
+    """``sum_{e cut} k_e / sum_e k_e``: the predicted share of sampled edges crossing splits."""
+    src, dst = graph.edge_index()
+    total = int(k_e.sum())
+    return int(k_e[parts[src] != parts[dst]].sum()) / total if total else 0.0
+
+
+def cached_probabilistic_partition(
+    graph: Graph,
+    num_parts: int,
+    *,
+    method: str,
+    fanouts: list[int],
+    batch_size: int,
+    presample_epochs: int,
+    seed: int,
+    cache_dir: str | os.PathLike,
+    metis_seed: int = 0,
+    ufactor: int = 30,
+    zero_edge_policy: str = "auto",
+    drop_last: bool = False,
+) -> dict:
+    """Pre-sample, partition and keep the artifact in ``cache_dir`` (spec step 5).
+
+    ``seed`` drives pre-sampling (schedule and sampler), ``metis_seed`` the partitioner.
+    Returns ``{"parts": int64 [N], "k_v": int64 [N], "k0_v": int64 [N], "num_batches": int,
+    "expected_cross_fraction": float, "method": str}``; ``k_e`` ([E], large) is not kept.
+    Every method pre-samples: ``k0_v`` ranks the feature cache and ``k_e`` gives the
+    prediction.
+    """
+    _check_choice("method", method, PARTITION_METHODS)
+    _check_choice("zero_edge_policy", zero_edge_policy, ZERO_EDGE_POLICIES)
+    key_parts = {
+        "kind": "gsplit_partition",
+        "graph": graph_fingerprint(graph),
+        "method": method,
+        "num_parts": num_parts,
+        "fanouts": list(fanouts),
+        "batch_size": batch_size,
+        "presample_epochs": presample_epochs,
+        "drop_last": drop_last,
+        "seed": seed,
+        "metis_seed": metis_seed,
+        "ufactor": ufactor,
+        "zero_edge_policy": zero_edge_policy,
+    }
+
+    def build() -> dict:
+        counts = presample(graph, fanouts, batch_size, presample_epochs, seed, drop_last=drop_last)
+        parts = probabilistic_partition(
+            graph,
+            num_parts,
+            counts,
+            method=method,
+            seed=metis_seed,
+            ufactor=ufactor,
+            zero_edge_policy=zero_edge_policy,
+        )
+        return {
+            "parts": parts,
+            "k_v": counts.k_v,
+            "k0_v": counts.k0_v,
+            "num_batches": counts.num_batches,
+            "expected_cross_fraction": expected_cross_fraction(graph, parts, counts.k_e),
+            "method": method,
+        }
+
+    return cached(key_parts, build, cache_dir, prefix="gsplit-partition")
+
+
+def cross_split_fraction(blocks: list[Block], parts: Tensor) -> tuple[int, int]:
+    """``(cross_edges, total_edges)`` of global-id ``blocks``: sampled edges whose source and
+    destination are owned by different splits under ``parts``, and all sampled edges."""
+    cross = total = 0
+    for block in blocks:
+        src, dst = block.src_ids[block.edge_index]
+        cross += int((parts[src] != parts[dst]).sum())
+        total += block.num_edges
+    return cross, total
