@@ -118,7 +118,9 @@ def run_rank(cfg: DictConfig, prepared) -> dict:
     )
     epoch_stats, comm_stats = EpochStats(), CommStats(cfg.network)
     audit = CollectiveAudit() if cfg.audit else None
-    summary = RunSummary(cfg, output_dir, epoch_stats, comm_stats, config_hash(cfg), audit)
+    summary = RunSummary(
+        cfg, output_dir, epoch_stats, comm_stats, config_hash(cfg), audit, extra_callbacks
+    )
     checkpoint = ModelCheckpoint(
         dirpath=os.path.join(output_dir, "checkpoints"),
         save_last=True,

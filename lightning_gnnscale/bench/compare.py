@@ -140,6 +140,7 @@ def results_markdown(summaries: dict[str, dict], baseline: str, command: str, en
             fmt(_total_bytes(s) / MB),
             fmt(s["inter_server_bytes_per_epoch"] / MB),
             fmt(s["modeled_comm_time_s"]),
+            fmt(s["input_rows_per_epoch"]),
             fmt(s["peak_rss_mb"]),
         ]
         for name, s in summaries.items()
@@ -160,6 +161,7 @@ def results_markdown(summaries: dict[str, dict], baseline: str, command: str, en
             _ratio(s["train_time_s"], base["train_time_s"]),
             _ratio(_total_bytes(s), _total_bytes(base)),
             _ratio(s["modeled_comm_time_s"], base["modeled_comm_time_s"]),
+            _ratio(s["input_rows_per_epoch"], base["input_rows_per_epoch"]),
             _ratio(s["peak_rss_mb"], base["peak_rss_mb"]),
             _delta(s["best_val_acc"], base["best_val_acc"]),
             _delta(s["test_acc"], base["test_acc"]),
@@ -193,6 +195,7 @@ def results_markdown(summaries: dict[str, dict], baseline: str, command: str, en
                 "comm MB/epoch (measured)",
                 "inter-server MB/epoch (measured)",
                 f"comm time/epoch, modelled {network} (s)",
+                "input rows loaded/epoch (all ranks)",
                 "peak RSS/process (MB, measured)",
             ],
             main_rows,
@@ -214,6 +217,7 @@ def results_markdown(summaries: dict[str, dict], baseline: str, command: str, en
                 "train time",
                 "comm bytes",
                 "modelled comm time",
+                "input rows",
                 "peak RSS",
                 "best val acc (diff)",
                 "test acc (diff)",

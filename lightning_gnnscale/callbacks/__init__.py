@@ -92,10 +92,12 @@ class CommStats(L.Callback):
 
 
 class EpochStats(L.Callback):
-    """Train loss, time breakdown (sample, load, compute) and peak memory per epoch.
+    """Train loss, input rows loaded, time breakdown (sample, load, compute) and peak memory
+    per epoch.
 
     ``compute`` is forward + backward + optimiser step (with DDP, the overlapped gradient
-    all-reduce is inside it). Times are rank 0's; memory is the max over ranks.
+    all-reduce is inside it). Times are rank 0's; input rows are summed over ranks (every
+    strategy's batches report ``input_nodes``); memory is the max over ranks.
     """
 
     def __init__(self):
@@ -104,8 +106,10 @@ class EpochStats(L.Callback):
     def on_train_epoch_start(self, trainer, pl_module):
         self._epoch_start = time.perf_counter()
         self._times = {"sample_s": 0.0, "load_s": 0.0, "compute_s": 0.0}
+        self._input_rows = 0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._input_rows += batch.stats.get("input_nodes", 0)
         self._times["sample_s"] += batch.stats.get("sample_s", 0.0)
         self._times["load_s"] += batch.stats.get("load_s", 0.0)
         self._batch_start = time.perf_counter()
@@ -116,12 +120,16 @@ class EpochStats(L.Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         epoch_s = time.perf_counter() - self._epoch_start
         comm = trainer.strategy.comm
-        loss = comm.all_reduce(pl_module.epoch_loss.clone(), category="control")
+        sums = torch.cat(
+            [pl_module.epoch_loss, torch.tensor([float(self._input_rows)], dtype=torch.float64)]
+        )
+        loss = comm.all_reduce(sums, category="control")
         rss = comm.all_reduce(
             torch.tensor([_peak_rss_mb()], dtype=torch.float64), "max", category="control"
         )
         record = {
             "train_loss": float(loss[0] / loss[1].clamp(min=1)),
+            "input_rows": int(loss[2]),
             "epoch_s": epoch_s,
             **self._times,
             "peak_rss_mb": float(rss[0]),
@@ -133,6 +141,7 @@ class EpochStats(L.Callback):
                 "time/epoch_s": epoch_s,
                 **{f"time/{k}": v for k, v in self._times.items()},
                 "mem/peak_rss_mb": record["peak_rss_mb"],
+                "data/input_rows": float(record["input_rows"]),
             }
         )
 
@@ -172,12 +181,14 @@ class RunSummary(L.Callback):
         comm_stats: CommStats,
         config_hash: str,
         audit: CollectiveAudit | None = None,
+        system_callbacks: list | None = None,
     ):
         self.cfg = cfg
         self.output_dir = output_dir
         self.epoch_stats, self.comm_stats = epoch_stats, comm_stats
         self.config_hash = config_hash
         self.audit = audit
+        self.system_callbacks = system_callbacks or []
         self.evals: list[dict] = []
         self._fit_start = 0.0
         self.first_epoch = 0
@@ -240,6 +251,9 @@ class RunSummary(L.Callback):
             "best_epoch": best["epoch"] if best else None,
             "final_test_acc": self.evals[-1]["test_acc"] if self.evals else None,
             "train_loss": epochs[-1]["train_loss"] if epochs else None,
+            "input_rows_per_epoch": statistics.mean(e["input_rows"] for e in epochs)
+            if epochs
+            else None,
             "epoch_time_s": statistics.median(e["epoch_s"] for e in epochs) if epochs else None,
             "train_time_s": time.perf_counter() - self._fit_start,
             "time_breakdown_s": {
@@ -258,6 +272,12 @@ class RunSummary(L.Callback):
             "audited_collectives": self.audit.calls if self.audit else None,
             "output_dir": self.output_dir,
             "history": self._history(),
+            "system": {
+                k: v
+                for cb in self.system_callbacks
+                if hasattr(cb, "summary_stats")
+                for k, v in cb.summary_stats().items()
+            },
         }
         if trainer.global_rank == 0:
             write_json_atomic(os.path.join(self.output_dir, "summary.json"), self.summary)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ddp, distdgl, single
+from . import ddp, distdgl, gsplit, single
 
 
 @dataclass(frozen=True)
@@ -30,5 +30,8 @@ STRATEGIES: dict[str, System] = {
     "ddp": System(ddp.validate, ddp.build, accepts_custom_models=True),
     "distdgl": System(
         distdgl.validate, distdgl.build, accepts_custom_models=False, prepare=distdgl.prepare
+    ),
+    "gsplit": System(
+        gsplit.validate, gsplit.build, accepts_custom_models=False, prepare=gsplit.prepare
     ),
 }

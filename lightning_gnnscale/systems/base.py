@@ -298,27 +298,39 @@ class SampledDataModule(GNNDataModule):
             persistent_workers=self.num_workers > 0,
         )
 
-    # ------------------------------------------------------------------------ evaluation
-    @torch.no_grad()
-    def full_logits(self, net: torch.nn.Module) -> torch.Tensor:
-        """Full-neighbourhood logits of every node ``[N, C]``."""
-        g = self.graph
-        device = next(net.parameters()).device
-        if isinstance(net, SubgraphModel):
-            return net.model(g.x.to(device), g.edge_index().to(device))
-        assert isinstance(net, BlockGNN)
-        return layerwise_inference(net, g.indptr, g.indices, g.x.to(device), self.eval_chunk_size)
-
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """``[len(splits), 2]`` float64 (correct, total) over this rank's share of each split.
+        return replicated_eval_counts(
+            self.graph, net, splits, self.rank, self.world_size, self.eval_chunk_size
+        )
 
-        Every rank holds the whole graph, so each counts every ``world_size``-th node; the
-        caller sums the counts over ranks.
-        """
-        pred = self.full_logits(net).argmax(1).cpu()
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
-            ids = self.graph.split_ids(split)[self.rank :: self.world_size]
-            counts[i, 0] = (pred[ids] == self.graph.y[ids]).sum()
-            counts[i, 1] = ids.numel()
-        return counts
+
+@torch.no_grad()
+def full_logits(graph: Graph, net: torch.nn.Module, chunk_size: int) -> torch.Tensor:
+    """Full-neighbourhood logits of every node ``[N, C]``."""
+    device = next(net.parameters()).device
+    if isinstance(net, SubgraphModel):
+        return net.model(graph.x.to(device), graph.edge_index().to(device))
+    assert isinstance(net, BlockGNN)
+    return layerwise_inference(net, graph.indptr, graph.indices, graph.x.to(device), chunk_size)
+
+
+def replicated_eval_counts(
+    graph: Graph,
+    net: torch.nn.Module,
+    splits: tuple[str, ...],
+    rank: int,
+    world_size: int,
+    chunk_size: int,
+) -> torch.Tensor:
+    """``[len(splits), 2]`` float64 (correct, total) over this rank's share of each split.
+
+    For systems whose ranks hold the whole graph: each rank runs full-graph layer-wise inference
+    and counts every ``world_size``-th node; the caller sums the counts over ranks.
+    """
+    pred = full_logits(graph, net, chunk_size).argmax(1).cpu()
+    counts = torch.zeros(len(splits), 2, dtype=torch.float64)
+    for i, split in enumerate(splits):
+        ids = graph.split_ids(split)[rank::world_size]
+        counts[i, 0] = (pred[ids] == graph.y[ids]).sum()
+        counts[i, 1] = ids.numel()
+    return counts

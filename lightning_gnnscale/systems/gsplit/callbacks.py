@@ -1,0 +1,101 @@
+"""GSplit's per-epoch statistics and the redundancy probe (paper Table 1)."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+
+from ...graph.sampler import NeighborSampler
+
+
+class GSplitStats(L.Callback):
+    """Per-step split statistics, reduced over ranks at epoch end (one all-gather, ``control``).
+
+    Logged (and kept in ``summary.json`` under ``system``): the mean per-step load imbalance
+    (max / mean over ranks of the edges a rank aggregates), the cross-split edge share (sampled
+    edges whose source another rank owns), rows shuffled per step by layer, input rows loaded per
+    step and the feature-cache hit rate.
+    """
+
+    def __init__(self):
+        self.last: dict = {}
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._rows: list[list[float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        s = batch.stats
+        self._rows.append(
+            [
+                sum(s["edges"]),
+                sum(s["cross_edges"]),
+                s["input_nodes"],
+                s["cache_hits"],
+                s["cache_misses"],
+                *s["rows_received"],
+            ]
+        )
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        local = torch.tensor(self._rows, dtype=torch.float64)  # [steps, k]
+        gathered = trainer.strategy.comm.all_gather_tensor(local.flatten(), category="control")
+        per_rank = gathered.view(trainer.world_size, *local.shape)  # [P, steps, k]
+        edges = per_rank[..., 0]
+        imbalance = (edges.max(0).values / edges.mean(0).clamp(min=1e-12)).mean()
+        totals = per_rank.sum((0, 1))
+        steps = max(local.shape[0], 1)
+        self.last = {
+            "load_imbalance": float(imbalance),
+            "cross_edge_share": float(totals[1] / totals[0].clamp(min=1)),
+            "input_rows_per_step": float(totals[2] / steps),
+            "cache_hit_rate": float(totals[3] / (totals[3] + totals[4]).clamp(min=1)),
+            "rows_shuffled_per_step_by_layer": [float(t / steps) for t in totals[5:]],
+        }
+        pl_module.log_dict(
+            {f"gsplit/{k}": v for k, v in self.last.items() if not isinstance(v, list)}
+        )
+
+    def summary_stats(self) -> dict:
+        return self.last
+
+
+class RedundancyProbe(L.Callback):
+    """Table 1 of the paper: on the first ``steps`` steps, how many more input rows and edges
+    ``P`` data-parallel micro-batches (the same step's targets split evenly, rank-salted
+    sampling) load and compute than one split-parallel mini-batch. Rank 0 only; nothing is
+    trained on the probe's samples and nothing is communicated."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.sums = torch.zeros(4, dtype=torch.float64)  # dp rows, dp edges, split rows, edges
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_rank != 0 or trainer.current_epoch or batch_idx >= self.steps:
+            return
+        dm = trainer.datamodule
+        graph = dm.data.graph
+        sampler = NeighborSampler(graph.indptr, graph.indices, dm.fanouts, dm.seed)
+        seeds = dm.step_seeds(batch.epoch, batch.step)
+        whole = sampler.sample(seeds, batch.epoch, batch.step)
+        micro = [
+            sampler.sample(part, batch.epoch, batch.step, salt=r)
+            for r, part in enumerate(torch.tensor_split(seeds, trainer.world_size))
+        ]
+        self.sums += torch.tensor(
+            [
+                sum(m[0].num_src for m in micro),
+                sum(b.num_edges for m in micro for b in m),
+                whole[0].num_src,
+                sum(b.num_edges for b in whole),
+            ],
+            dtype=torch.float64,
+        )
+
+    def summary_stats(self) -> dict:
+        if not self.sums[2]:
+            return {}
+        return {
+            "redundancy_steps": self.steps,
+            "dp_over_split_input_rows": float(self.sums[0] / self.sums[2]),
+            "dp_over_split_edges": float(self.sums[1] / self.sums[3]),
+        }

@@ -1,0 +1,122 @@
+"""GSplit's split-parallel sampling and the per-layer shuffle (spec §3.3, §3.4, §3.6.1).
+
+One global mini-batch per step is split by the partition map ``parts``: rank r samples only
+the frontier vertices it owns. After every hop the new block's sources (the "mixed frontier"
+M) are split by owner (one id all-to-all, ``structure``): each owner learns which of its
+vertices other ranks need, and those become its next frontier D. The same exchange, reversed,
+is the plan of the activation shuffle that runs before each layer (``activation`` forward,
+``activation_grad`` backward). No vertex is sampled, loaded or computed on two ranks, and the
+hash-keyed sampler draws exactly what one process draws for the whole mini-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ...comm import Comm, exchange_rows
+from ...graph.block import Block
+from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """How rows move before one layer.
+
+    Attributes:
+        send_index: int64 rows of the owner's local set ``D`` to send, grouped by requesting rank.
+        send_splits: rows sent to each rank (forward).
+        recv_splits: rows received from each rank (forward).
+        recv_order: int64 ``[|M|]``; received row ``j`` is mixed-frontier position
+            ``recv_order[j]`` (received rows come grouped by owner rank).
+    """
+
+    send_index: Tensor
+    send_splits: list[int]
+    recv_splits: list[int]
+    recv_order: Tensor
+
+    def to(self, device) -> LayerPlan:
+        return LayerPlan(
+            self.send_index.to(device),
+            self.send_splits,
+            self.recv_splits,
+            self.recv_order.to(device),
+        )
+
+
+def shuffle(h: Tensor, plan: LayerPlan, comm: Comm) -> Tensor:
+    """Rows of the owner's ``D`` (``h``, ``[|D|, d]``) -> rows of this rank's mixed frontier
+    ``[|M|, d]``; autograd sends the gradient rows back to their owners."""
+    received = exchange_rows(
+        h,
+        plan.send_index,
+        plan.send_splits,
+        plan.recv_splits,
+        comm,
+        category="activation",
+        grad_category="activation_grad",
+    )
+    inverse = torch.empty_like(plan.recv_order)
+    inverse[plan.recv_order] = torch.arange(plan.recv_order.numel(), device=inverse.device)
+    return received.index_select(0, inverse)
+
+
+class SplitSampler:
+    """Split-parallel sampler (collective: all ranks call ``sample`` for every step).
+
+    Args:
+        comm: the data-exchange ``Comm``.
+        parts: int64 ``[N]`` owner rank of every vertex (the split function ``f``).
+        indptr, indices: the graph's CSC (replicated topology).
+        fanouts: by hop from the targets.
+        seed: base of the sampling keys (the same keys as ``single``).
+    """
+
+    def __init__(
+        self,
+        comm: Comm,
+        parts: Tensor,
+        indptr: Tensor,
+        indices: Tensor,
+        fanouts: list[int],
+        seed: int,
+    ):
+        self.comm, self.parts = comm, parts
+        self.indptr, self.indices = indptr, indices
+        self.fanouts, self.seed = list(fanouts), seed
+        self.build_block = BlockBuilder(indptr.numel() - 1, indptr[1:] - indptr[:-1])
+
+    def split(self, mixed: Tensor) -> tuple[Tensor, LayerPlan]:
+        """Owner split of the mixed frontier ``mixed``: ``(D, plan)``, ``D`` this rank's sorted
+        vertices that some rank needs."""
+        owner = self.parts[mixed]
+        order = torch.argsort(owner, stable=True)
+        request_splits = torch.bincount(owner, minlength=self.comm.world_size).tolist()
+        serve_splits = self.comm.exchange_splits(request_splits)
+        wanted = self.comm.all_to_all_single(
+            mixed[order], request_splits, serve_splits, category="structure"
+        )
+        local, send_index = torch.unique(wanted, sorted=True, return_inverse=True)
+        return local, LayerPlan(send_index, serve_splits, request_splits, order)
+
+    def sample(
+        self, targets: Tensor, epoch: int, step: int
+    ) -> tuple[list[Block], list[LayerPlan], Tensor]:
+        """``(blocks, plans, inputs)``: blocks input layer first (``blocks[-1]`` has this rank's
+        sorted ``targets`` as destinations), ``plans[i]`` the shuffle before layer ``i``, and
+        ``inputs`` the sorted vertices whose features this rank loads."""
+        key = SampleKey(self.seed, epoch, step)
+        frontier = torch.sort(targets.to(torch.int64)).values
+        blocks, plans = [], []
+        for hop, fanout in enumerate(self.fanouts):
+            src, dst_pos = sample_neighbors(
+                self.indptr, self.indices, frontier, fanout, key.hop_key(hop)
+            )
+            block = self.build_block(frontier, src, dst_pos)
+            frontier, plan = self.split(block.src_ids)
+            blocks.append(block)
+            plans.append(plan)
+        return blocks[::-1], plans[::-1], frontier
