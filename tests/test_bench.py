@@ -86,3 +86,34 @@ def test_unknown_strategy_lists_the_valid_ones(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "'nope'" in err and "single" in err and "ddp" in err
     assert not any(tmp_path.iterdir())  # validated before anything ran
+
+
+def test_partitions_bench_writes_its_report(tmp_path):
+    from lightning_gnnscale.bench.cli import main
+
+    out = tmp_path / "partitions"
+    assert (
+        main(
+            [
+                "partitions",
+                "--nodes",
+                "400",
+                "--batch-size",
+                "32",
+                "--parts",
+                "2",
+                "--presample-epochs",
+                "2",
+                "--eval-epochs",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    report = json.loads((out / "partitions.json").read_text())
+    methods = {r["method"] for r in report["results"]}
+    assert methods == {"gsplit", "node", "edge", "naive", "random"}
+    assert all(0 <= r["cross_share"] <= 1 for r in report["results"])
+    assert "| 2 | gsplit |" in (out / "partitions.md").read_text()

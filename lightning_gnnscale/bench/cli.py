@@ -10,6 +10,7 @@ from hydra.errors import HydraException
 
 from ..systems import STRATEGIES
 from .compare import compose_configs, run_compare
+from .partitions import run_partition_bench
 from .sampler import run_sampler_bench
 
 
@@ -146,6 +147,29 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("results/sampler"),
         help="output directory (default: results/sampler)",
     )
+    partitions = commands.add_parser(
+        "partitions",
+        help="compare GSplit's split functions by measured cross-split edges",
+        description="Fit each GSplit partitioner on pre-sampled epochs of an SBM graph and "
+        "measure cross-split edges and load imbalance on fresh epochs; write partitions.md "
+        "and partitions.json.",
+    )
+    partitions.add_argument("--nodes", type=_positive_int, default=10000, help="SBM nodes")
+    partitions.add_argument("--train-frac", type=float, default=0.3, help="training share")
+    partitions.add_argument(
+        "--fanouts",
+        type=_int_list,
+        default=[10, 10],
+        help="neighbours per hop from the seeds (default: 10,10)",
+    )
+    partitions.add_argument("--batch-size", type=_positive_int, default=1024)
+    partitions.add_argument(
+        "--parts", type=_int_list, default=[2, 4], help="numbers of splits (default: 2,4)"
+    )
+    partitions.add_argument("--presample-epochs", type=_positive_int, default=10)
+    partitions.add_argument("--eval-epochs", type=_positive_int, default=5)
+    partitions.add_argument("--seed", type=int, default=0)
+    partitions.add_argument("--out", type=Path, default=Path("results/partitions"))
     return parser
 
 
@@ -166,6 +190,22 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "partitions":
+        if not 0 < args.train_frac <= 1:
+            parser.error(f"--train-frac {args.train_frac} must be in (0, 1]")
+        run_partition_bench(
+            nodes=args.nodes,
+            train_frac=args.train_frac,
+            fanouts=args.fanouts,
+            batch_size=args.batch_size,
+            num_parts=args.parts,
+            presample_epochs=args.presample_epochs,
+            eval_epochs=args.eval_epochs,
+            seed=args.seed,
+            out=args.out,
+            argv=argv,
+        )
+        return 0
     if args.command == "sampler":
         if args.batch_size > args.nodes:
             parser.error(f"--batch-size {args.batch_size} exceeds --nodes {args.nodes}")
