@@ -144,3 +144,23 @@ def test_gsplit_config_errors(tmp_path, override, message):
 
     with pytest.raises(ConfigError, match=message):
         validate(make_cfg(tmp_path, "strategy=gsplit", override))
+
+
+def test_shuffle_bytes_by_layer_match_the_meter(tmp_path):
+    """The per-layer forward bytes the stats report add up to the meter's activation bytes."""
+    from lightning_gnnscale.run import train
+    from tests.helpers.config import make_cfg
+
+    metrics, _ = train(
+        make_cfg(
+            tmp_path,
+            "strategy=gsplit",
+            "model=gcn",
+            "trainer.max_epochs=1",
+            "strategy.partition.presample_epochs=1",
+        )
+    )
+    per_layer = metrics["system"]["bytes_shuffled_per_step_by_layer"]
+    steps = metrics["history"][0]["comm_bytes"]
+    graph_steps = -(-90 // 64)  # 300 nodes x 30% train, batch 64
+    assert sum(per_layer) * graph_steps == pytest.approx(steps["activation"])

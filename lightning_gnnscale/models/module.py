@@ -9,8 +9,6 @@ so every byte is counted; the epoch's train loss is reduced by ``callbacks.Epoch
 
 from __future__ import annotations
 
-import time
-
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -53,10 +51,8 @@ class GNNModule(L.LightningModule):
         return F.cross_entropy(logits, batch.y, reduction="sum")
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        start = time.perf_counter()
         loss_sum = self.loss_sum(batch)
         loss = loss_sum / max(batch.global_seed_count, 1)
-        batch.stats["forward_s"] = time.perf_counter() - start
         self.epoch_loss += torch.tensor(
             [float(loss_sum.detach()), float(batch.num_seeds)], dtype=torch.float64
         )

@@ -13,8 +13,8 @@ class GSplitStats(L.Callback):
 
     Logged (and kept in ``summary.json`` under ``system``): the mean per-step load imbalance
     (max / mean over ranks of the edges a rank aggregates), the cross-split edge share (sampled
-    edges whose source another rank owns), rows shuffled per step by layer, input rows loaded per
-    step and the feature-cache hit rate.
+    edges whose source another rank owns), rows and bytes shuffled per step by layer (forward),
+    input rows loaded per step and the feature-cache hit rate.
     """
 
     def __init__(self):
@@ -33,6 +33,7 @@ class GSplitStats(L.Callback):
                 s["cache_hits"],
                 s["cache_misses"],
                 *s["rows_received"],
+                *trainer.strategy.bytes_received,
             ]
         )
 
@@ -44,12 +45,14 @@ class GSplitStats(L.Callback):
         imbalance = (edges.max(0).values / edges.mean(0).clamp(min=1e-12)).mean()
         totals = per_rank.sum((0, 1))
         steps = max(local.shape[0], 1)
+        layers = (local.shape[1] - 5) // 2
         self.last = {
             "load_imbalance": float(imbalance),
             "cross_edge_share": float(totals[1] / totals[0].clamp(min=1)),
             "input_rows_per_step": float(totals[2] / steps),
             "cache_hit_rate": float(totals[3] / (totals[3] + totals[4]).clamp(min=1)),
-            "rows_shuffled_per_step_by_layer": [float(t / steps) for t in totals[5:]],
+            "rows_shuffled_per_step_by_layer": [float(t / steps) for t in totals[5 : 5 + layers]],
+            "bytes_shuffled_per_step_by_layer": [float(t / steps) for t in totals[5 + layers :]],
         }
         pl_module.log_dict(
             {f"gsplit/{k}": v for k, v in self.last.items() if not isinstance(v, list)}

@@ -13,4 +13,14 @@ class GSplitStrategy(MeteredDDPStrategy):
     sum over each rank's targets divided by the global mini-batch size: exact."""
 
     def layer_hook(self, batch):
-        return lambda i, h: shuffle(h, batch.plans[i], self.comm)
+        """``hook(i, h)``: shuffle before layer ``i``. Records the bytes this rank receives from
+        other ranks per layer in ``self.bytes_received`` (on the strategy, because DDP's forward
+        hands the model a rebuilt copy of the batch)."""
+        self.bytes_received = [0] * len(batch.plans)
+
+        def hook(i: int, h):
+            row_bytes = h[0].numel() * h.element_size() if h.shape[0] else 0
+            self.bytes_received[i] = batch.stats["rows_received"][i] * row_bytes
+            return shuffle(h, batch.plans[i], self.comm)
+
+        return hook
