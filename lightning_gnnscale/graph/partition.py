@@ -284,8 +284,6 @@ def _metis(
     niter: int,
 ) -> Tensor:
     """pymetis k-way on the symmetrised, loop-free graph (CSC == CSR when symmetric)."""
-    import pymetis
-
     num_nodes = graph.num_nodes
     src, dst = graph.edge_index()
     if edge_weights is None:
@@ -295,6 +293,33 @@ def _metis(
         xadj, adjncy, eweights = _symmetric_weighted(src, dst, edge_weights, num_nodes)
     del src, dst
     vweights = None if node_weights is None else _check_node_weights(node_weights, num_nodes)
+
+    return metis_kway(
+        xadj,
+        adjncy,
+        num_parts,
+        vweights=vweights,
+        eweights=eweights,
+        seed=seed,
+        ufactor=ufactor,
+        niter=niter,
+    )
+
+
+def metis_kway(
+    xadj: Tensor,
+    adjncy: Tensor,
+    num_parts: int,
+    *,
+    vweights: Tensor | None = None,
+    eweights: Tensor | None = None,
+    seed: int = 0,
+    ufactor: int = 30,
+    niter: int = 10,
+) -> Tensor:
+    """pymetis k-way min edge cut (``recursive=False``: pymetis would bisect for <= 8 parts) on
+    a symmetric CSR without self-loops; optional integer vertex / edge weights. int64 ``[N]``."""
+    import pymetis  # deferred: only METIS partitioning needs it
 
     idx_dtype = pymetis.zero_copy_dtype()  # METIS's idx_t, so pymetis does not copy
     xadj, adjncy, vweights, eweights = (

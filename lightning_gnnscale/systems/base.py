@@ -197,6 +197,30 @@ def _no_collate(batch):
     return batch
 
 
+class _CollectiveSteps(Dataset):
+    """Steps of a DataModule whose ``make_batch(epoch, step)`` runs collectives."""
+
+    def __init__(self, dm: GNNDataModule):
+        self.dm = dm
+
+    def __len__(self) -> int:
+        return self.dm.steps_per_epoch
+
+    def __getitem__(self, key: tuple[int, int]) -> Batch:
+        return self.dm.make_batch(*key)
+
+
+def collective_train_loader(dm: GNNDataModule) -> DataLoader:
+    """Train loader for batches built with collectives: main process, strict step order."""
+    return DataLoader(
+        _CollectiveSteps(dm),
+        sampler=EpochSteps(dm),
+        batch_size=None,
+        collate_fn=_no_collate,
+        num_workers=0,
+    )
+
+
 class GNNDataModule(L.LightningDataModule):
     """What every system's DataModule shares: one evaluation pass per rank through
     ``eval_counts`` (called by ``GNNModule``), ``steps_per_epoch`` for :class:`EpochSteps`,

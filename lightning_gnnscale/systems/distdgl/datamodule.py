@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from ...graph.batch import Batch
 from ...graph.block import Block
@@ -23,7 +23,7 @@ from ...graph.book import LocalPartition, PartitionBook, build_local_partition
 from ...graph.csc import Graph
 from ...graph.sampler import splitmix64
 from ...models.gnn import BlockGNN
-from ..base import EpochSteps, GNNDataModule
+from ..base import GNNDataModule, collective_train_loader
 from .kvstore import DistEmbedding, KVStore
 from .sampler import DistNeighborSampler, TrainerSplit
 
@@ -51,17 +51,6 @@ def embedding_init(dim: int, seed: int):
         return ((unit * 2 - 1) / dim**0.5).float()
 
     return init
-
-
-class _Steps(Dataset):
-    def __init__(self, dm: DistDGLDataModule):
-        self.dm = dm
-
-    def __len__(self) -> int:
-        return self.dm.steps_per_epoch
-
-    def __getitem__(self, key: tuple[int, int]) -> Batch:
-        return self.dm.make_batch(*key)
 
 
 class DistDGLDataModule(GNNDataModule):
@@ -144,14 +133,7 @@ class DistDGLDataModule(GNNDataModule):
         return Batch(blocks, x, y, self.split.global_seed_count(step), epoch, step, stats)
 
     def train_dataloader(self) -> DataLoader:
-        # Sampling is collective: it must run in the main process, in step order.
-        return DataLoader(
-            _Steps(self),
-            sampler=EpochSteps(self),
-            batch_size=None,
-            collate_fn=lambda b: b,
-            num_workers=0,
-        )
+        return collective_train_loader(self)  # sampling runs collectives
 
     # ------------------------------------------------------------------------ evaluation
     def _local_block(self) -> Block:

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from ...graph.batch import Batch
 from ...graph.csc import Graph
-from ..base import EpochSteps, GNNDataModule, epoch_permutation, replicated_eval_counts
+from ..base import GNNDataModule, collective_train_loader, epoch_permutation, replicated_eval_counts
 from .sampler import LayerPlan, SplitSampler
 
 
@@ -85,17 +85,6 @@ class PartitionedFeatureCache:
     @property
     def row_bytes(self) -> int:
         return self.x.shape[1] * self.x.element_size()
-
-
-class _Steps(Dataset):
-    def __init__(self, dm: GSplitDataModule):
-        self.dm = dm
-
-    def __len__(self) -> int:
-        return self.dm.steps_per_epoch
-
-    def __getitem__(self, key: tuple[int, int]) -> SplitBatch:
-        return self.dm.make_batch(*key)
 
 
 class GSplitDataModule(GNNDataModule):
@@ -180,14 +169,7 @@ class GSplitDataModule(GNNDataModule):
         return SplitBatch(blocks, x, y, seeds.numel(), epoch, step, stats, plans)
 
     def train_dataloader(self) -> DataLoader:
-        # Split-parallel sampling is collective: main process, step order.
-        return DataLoader(
-            _Steps(self),
-            sampler=EpochSteps(self),
-            batch_size=None,
-            collate_fn=lambda b: b,
-            num_workers=0,
-        )
+        return collective_train_loader(self)  # sampling runs collectives
 
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         return replicated_eval_counts(

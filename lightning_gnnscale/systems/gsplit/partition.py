@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ...graph.block import Block
 from ...graph.cache import cached, graph_fingerprint
 from ...graph.csc import Graph
-from ...graph.partition import partition
+from ...graph.partition import metis_kway, partition
 from ...graph.sampler import NeighborSampler
 from ..base import epoch_permutation
 
@@ -172,21 +171,18 @@ def gsplit_metis_input(
 def _metis_parts(
     metis_input: tuple[Tensor, Tensor, Tensor, Tensor], num_parts: int, seed: int, ufactor: int
 ) -> Tensor:
-    """pymetis k-way edge cut, called as ``graph.partition``'s ``metis`` does; int64 ``[N]``."""
-    import pymetis
-
-    xadj, adjncy, vweights, eweights = (
-        np.ascontiguousarray(t.numpy(), dtype=pymetis.zero_copy_dtype()) for t in metis_input
-    )
-    result = pymetis.part_graph(
+    """pymetis k-way edge cut with vertex and edge weights; int64 ``[N]``."""
+    xadj, adjncy, vweights, eweights = metis_input
+    return metis_kway(
+        xadj,
+        adjncy,
         num_parts,
-        pymetis.CSRAdjacency(adj_starts=xadj, adjacent=adjncy),
         vweights=vweights,
         eweights=eweights,
-        recursive=False,
-        options=pymetis.Options(seed=seed, ufactor=ufactor, niter=_METIS_NITER),
+        seed=seed,
+        ufactor=ufactor,
+        niter=_METIS_NITER,
     )
-    return torch.as_tensor(np.asarray(result.vertex_part), dtype=torch.int64)
 
 
 def edge_balance_weights(graph: Graph) -> Tensor:
