@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .comm.network import NetworkModel
 from .graph.datasets import check_dataset_options
+from .launch import externally_launched
 from .models.gnn import MODEL_KINDS
 
 LOGGERS = ("csv", "wandb", "none")
@@ -86,6 +87,19 @@ def validate(cfg: DictConfig) -> None:
         _require(
             int(servers) >= 1 and world % int(servers) == 0,
             f"topology.servers={servers} must divide the world size {world}",
+        )
+    if "SLURM_NTASKS" in os.environ and not externally_launched() and world > 1:
+        raise ConfigError(
+            f"inside a SLURM job with one task, but {world} ranks are requested: "
+            f"launch with srun --ntasks-per-node={tr.devices} (one task per rank)"
+        )
+    if int(tr.num_nodes) > 1 and not externally_launched():
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK") if v not in os.environ]
+        _require(
+            not missing,
+            f"trainer.num_nodes={tr.num_nodes}: set {', '.join(missing)} on "
+            f"every node (the same MASTER_ADDR/MASTER_PORT everywhere), or launch with "
+            f"torchrun / srun",
         )
     if cfg.ckpt_path is not None:
         _require(os.path.isfile(str(cfg.ckpt_path)), f"ckpt_path={cfg.ckpt_path} does not exist")

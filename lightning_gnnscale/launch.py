@@ -4,7 +4,7 @@ Each rank runs the whole job function (like ``torchrun``), with ``LOCAL_RANK``, 
 ``MASTER_ADDR`` and ``MASTER_PORT`` set so that Lightning finds an externally launched world
 and never re-executes the command line. That keeps Hydra multirun sane: a ``-m`` sweep runs
 its jobs in one process and each job spawns its own ranks (DESIGN §6). Under ``torchrun`` or
-SLURM (``LOCAL_RANK`` already set) the job function runs directly.
+SLURM (``LOCAL_RANK`` set, or ``srun`` with one task per rank) the job function runs directly.
 
 Tensors passed to the ranks (the graph) travel through shared memory, not copies.
 """
@@ -21,8 +21,9 @@ import torch.multiprocessing as mp
 
 
 def externally_launched() -> bool:
-    """True under torchrun / SLURM / a manual multi-node launch (ranks already exist)."""
-    return "LOCAL_RANK" in os.environ
+    """True when the ranks already exist: torchrun or a manual launch (``LOCAL_RANK`` set), or
+    an ``srun`` with several tasks (each task is one rank; Lightning reads ``SLURM_PROCID``)."""
+    return "LOCAL_RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) > 1
 
 
 def free_port() -> int:

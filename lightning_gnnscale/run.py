@@ -62,6 +62,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     cfg = resolved(cfg)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    if externally_launched():  # every rank loads and prepares: share the cores from the start
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(cfg.trainer.devices)))
     graph = load_graph(cfg)
     prepared = STRATEGIES[cfg.strategy.name].prepare(cfg, graph)
     world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)

@@ -168,6 +168,7 @@ def test_distdgl_learnable_embeddings(tmp_path):
         (("data.num_workers=1",), "data.num_workers=0"),
         (("strategy.partition.method=spectral",), "valid:"),
         (("strategy.sparse_optimizer=adam",), "valid:"),
+        (("strategy.embedding_dim=8", f"ckpt_path={__file__}"), "cannot resume"),
     ],
 )
 def test_distdgl_config_errors(tmp_path, overrides, message):

@@ -114,6 +114,7 @@ def test_gsplit_trains_end_to_end_with_a_clean_audit(tmp_path):
             tmp_path,
             "strategy=gsplit",
             "model=sage",
+            "strategy.redundancy_probe_steps=2",
             "audit=true",
             "strategy.partition.presample_epochs=2",
         )

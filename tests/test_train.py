@@ -245,3 +245,17 @@ def test_dataloader_workers_sample_the_same_batches(tmp_path):
     ref, got = final_weights(inline["output_dir"]), final_weights(workers["output_dir"])
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=0, atol=1e-10)
+
+
+def test_multi_node_without_rendezvous_fails_before_launch(tmp_path, monkeypatch):
+    for var in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ConfigError, match="set MASTER_ADDR, MASTER_PORT, NODE_RANK"):
+        validate(make_cfg(tmp_path, "trainer.num_nodes=2", "trainer.devices=1"))
+
+
+def test_single_task_slurm_job_cannot_spawn_ranks(tmp_path, monkeypatch):
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "1")
+    with pytest.raises(ConfigError, match="srun --ntasks-per-node=2"):
+        validate(make_cfg(tmp_path))

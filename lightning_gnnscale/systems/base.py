@@ -24,8 +24,16 @@ from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..comm import Comm, CommMeter, GradientHookState, Topology, register_metered_ddp_hook
+from ..comm import (
+    REDUCE_OPS,
+    Comm,
+    CommMeter,
+    GradientHookState,
+    Topology,
+    register_metered_ddp_hook,
+)
 from ..graph.batch import Batch
+from ..graph.cache import tensor_digest
 from ..graph.csc import Graph
 from ..graph.sampler import NeighborSampler, splitmix64_int
 from ..models.gnn import BlockGNN, SubgraphModel, layerwise_inference
@@ -59,6 +67,9 @@ class MeteredDDPStrategy(DDPStrategy):
         **kwargs,
     ):
         kwargs.setdefault("find_unused_parameters", False)
+        # DDP's own start-up sync (a shape all-gather and a state broadcast) would bypass the
+        # meter; ``configure_ddp`` broadcasts the weights through ``comm`` instead.
+        kwargs.setdefault("init_sync", False)
         super().__init__(
             process_group_backend=process_group_backend,
             timeout=timedelta(seconds=timeout_s),
@@ -74,7 +85,12 @@ class MeteredDDPStrategy(DDPStrategy):
     def setup_distributed(self) -> None:
         super().setup_distributed()
         self.topology = Topology.from_launch(self.world_size, self.num_nodes, self.servers)
-        self.comm = Comm.create(self.meter, self.topology, timeout_s=self.timeout_s)
+        # On GPU the world group is NCCL, but ids, counts and flags stay on the CPU: give the
+        # exchange group both backends so every tensor finds its own.
+        backend = "cpu:gloo,cuda:nccl" if self.root_device.type == "cuda" else None
+        self.comm = Comm.create(
+            self.meter, self.topology, backend=backend, timeout_s=self.timeout_s
+        )
 
     def setup(self, trainer: L.Trainer) -> None:
         super().setup(trainer)
@@ -91,6 +107,8 @@ class MeteredDDPStrategy(DDPStrategy):
             raise SIGTERMException()
 
     def configure_ddp(self) -> None:
+        for tensor in [*self.model.parameters(), *self.model.buffers()]:
+            self.comm.broadcast(tensor.data, 0, category="parameter")  # rank 0's initial weights
         super().configure_ddp()
         state = GradientHookState(self.comm.with_group(self.model.process_group), scale=1.0)
         self.grad_hook_state = register_metered_ddp_hook(self.model, state)
@@ -115,10 +133,29 @@ class MeteredDDPStrategy(DDPStrategy):
     def reduce(self, tensor, group: Any = None, reduce_op: Any = "mean") -> torch.Tensor:
         if not isinstance(tensor, torch.Tensor):
             return tensor
-        out = self.comm.all_reduce(tensor.detach().clone().to(torch.float64), category="control")
-        if reduce_op in ("mean", "avg") or str(reduce_op).lower().endswith("avg"):
-            out = out / self.world_size
-        return out.to(tensor.dtype)
+        name = str(getattr(reduce_op, "name", reduce_op)).lower().split(".")[-1]
+        average = name in ("mean", "avg")
+        op = "sum" if average else name
+        if op not in REDUCE_OPS:
+            raise ValueError(
+                f"reduce_op={reduce_op!r} is not supported; valid: mean, {', '.join(REDUCE_OPS)}"
+            )
+        out = self.comm.all_reduce(
+            tensor.detach().clone().to(torch.float64), op, category="control"
+        )
+        return (out / self.world_size if average else out).to(tensor.dtype)
+
+
+def assert_same_on_all_ranks(comm: Comm, values: torch.Tensor, what: str) -> None:
+    """Fail loudly if ``values`` (e.g. a partition every rank computed or loaded) differs
+    between ranks: mismatched split functions would silently corrupt results or hang."""
+    digest = torch.tensor([int(tensor_digest(values)[:15], 16)], dtype=torch.int64)
+    digests = comm.all_gather_tensor(digest, category="control")
+    if bool((digests != digests[0]).any()):
+        raise RuntimeError(
+            f"{what} differs between ranks (digests {digests.tolist()}); "
+            "every rank must use the same dataset, config and code version"
+        )
 
 
 # ------------------------------------------------------------------------------- data
@@ -128,6 +165,23 @@ def epoch_permutation(ids: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
     """The same shuffled order of ``ids`` on every rank for ``(seed, epoch)``."""
     gen = torch.Generator().manual_seed(splitmix64_int((seed << 20) ^ epoch) & ((1 << 63) - 1))
     return ids[torch.randperm(ids.numel(), generator=gen)]
+
+
+class EpochOrder:
+    """``epoch_permutation(ids, seed, epoch)``, computed once per epoch rather than per step."""
+
+    def __init__(self, ids: torch.Tensor, seed: int):
+        self.ids, self.seed = ids, seed
+        self._epoch, self._order = None, ids
+
+    def __call__(self, epoch: int) -> torch.Tensor:
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, epoch_permutation(self.ids, self.seed, epoch)
+        return self._order
+
+    def step(self, epoch: int, step: int, batch_size: int) -> torch.Tensor:
+        """The ids of one step of ``batch_size``."""
+        return self(epoch)[step * batch_size : (step + 1) * batch_size]
 
 
 class EpochSteps(Sampler):
@@ -168,10 +222,12 @@ class StepBatcher(Dataset):
     def __len__(self) -> int:
         return -(-self.train_ids.numel() // self.batch_size)
 
+    def __post_init__(self) -> None:
+        self.order = EpochOrder(self.train_ids, self.seed)
+
     def step_seeds(self, epoch: int, step: int) -> torch.Tensor:
         """All ranks' seeds of one global step."""
-        order = epoch_permutation(self.train_ids, self.seed, epoch)
-        return order[step * self.batch_size : (step + 1) * self.batch_size]
+        return self.order.step(epoch, step, self.batch_size)
 
     def __getitem__(self, key: tuple[int, int]) -> Batch:
         """This rank's share of step ``step``: sample, then gather input rows and labels."""

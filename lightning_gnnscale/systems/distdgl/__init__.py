@@ -26,6 +26,11 @@ def validate(cfg) -> None:
         )
     if int(s.embedding_dim) < 0:
         raise ConfigError(f"strategy.embedding_dim={s.embedding_dim} must be >= 0 (0 = off)")
+    if int(s.embedding_dim) and cfg.ckpt_path is not None:
+        raise ConfigError(
+            "strategy=distdgl cannot resume with strategy.embedding_dim > 0 yet: "
+            "the embedding shards are not checkpointed, they would restart"
+        )
     if s.sparse_optimizer not in SPARSE_OPTIMIZERS:
         raise ConfigError(
             f"strategy.sparse_optimizer={s.sparse_optimizer!r} is unknown; "

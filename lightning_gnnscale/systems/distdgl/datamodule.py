@@ -23,7 +23,7 @@ from ...graph.book import LocalPartition, PartitionBook, build_local_partition
 from ...graph.csc import Graph
 from ...graph.sampler import splitmix64
 from ...models.gnn import BlockGNN
-from ..base import GNNDataModule, collective_train_loader
+from ..base import GNNDataModule, assert_same_on_all_ranks, collective_train_loader
 from .kvstore import DistEmbedding, KVStore
 from .sampler import DistNeighborSampler, TrainerSplit
 
@@ -86,6 +86,7 @@ class DistDGLDataModule(GNNDataModule):
         if world != self.data.book.num_parts:
             raise ValueError(f"partitioned into {self.data.book.num_parts} parts for {world} ranks")
         self.comm = trainer.strategy.comm
+        assert_same_on_all_ranks(self.comm, self.data.book.new2old, "the DistDGL partition")
         self.local: LocalPartition = build_local_partition(graph, self.data.book, rank)
         self.degree = graph.in_degree()  # replicated metadata
         self.kv = KVStore(self.comm, self.data.book)

@@ -128,6 +128,7 @@ class TrainerSplit:
         self.sizes = offsets.diff()
         self.mine = train_gids[offsets[rank] : offsets[rank + 1]]
         self.rank, self.seed = rank, seed
+        self._epoch, self._steps = None, ()
         smallest = int(self.sizes.min())
         if batch_size == -1:
             self.steps = 1
@@ -136,10 +137,12 @@ class TrainerSplit:
             self.steps = max(1, -(-smallest // local_batch))
 
     def seeds(self, epoch: int, step: int) -> Tensor:
-        """This rank's seeds of ``step`` in ``epoch``."""
-        key = splitmix64_int((self.seed << 24) ^ (epoch << 8) ^ self.rank) & ((1 << 63) - 1)
-        perm = torch.randperm(self.mine.numel(), generator=torch.Generator().manual_seed(key))
-        return torch.tensor_split(self.mine[perm], self.steps)[step]
+        """This rank's seeds of ``step`` in ``epoch`` (the shuffle is computed once an epoch)."""
+        if epoch != self._epoch:
+            key = splitmix64_int((self.seed << 24) ^ (epoch << 8) ^ self.rank) & ((1 << 63) - 1)
+            perm = torch.randperm(self.mine.numel(), generator=torch.Generator().manual_seed(key))
+            self._epoch, self._steps = epoch, torch.tensor_split(self.mine[perm], self.steps)
+        return self._steps[step]
 
     def global_seed_count(self, step: int) -> int:
         """Seeds of ``step`` summed over all ranks (``tensor_split`` sizes, no communication)."""

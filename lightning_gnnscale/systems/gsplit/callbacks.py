@@ -76,8 +76,10 @@ class RedundancyProbe(L.Callback):
         if trainer.global_rank != 0 or trainer.current_epoch or batch_idx >= self.steps:
             return
         dm = trainer.datamodule
-        graph = dm.data.graph
-        sampler = NeighborSampler(graph.indptr, graph.indices, dm.fanouts, dm.seed)
+        if not hasattr(self, "_sampler"):
+            graph = dm.data.graph
+            self._sampler = NeighborSampler(graph.indptr, graph.indices, dm.fanouts, dm.seed)
+        sampler = self._sampler
         seeds = dm.step_seeds(batch.epoch, batch.step)
         whole = sampler.sample(seeds, batch.epoch, batch.step)
         micro = [

@@ -17,7 +17,13 @@ from torch.utils.data import DataLoader
 
 from ...graph.batch import Batch
 from ...graph.csc import Graph
-from ..base import GNNDataModule, collective_train_loader, epoch_permutation, replicated_eval_counts
+from ..base import (
+    EpochOrder,
+    GNNDataModule,
+    assert_same_on_all_ranks,
+    collective_train_loader,
+    replicated_eval_counts,
+)
 from .sampler import LayerPlan, SplitSampler
 
 
@@ -115,6 +121,7 @@ class GSplitDataModule(GNNDataModule):
         self.batch_size = self.train_ids.numel() if batch_size == -1 else batch_size
         self.cache_fraction, self.cache_policy = cache_fraction, cache_policy
         self.eval_chunk_size = eval_chunk_size
+        self.order = EpochOrder(self.train_ids, seed)
         self.input_dim, self.num_classes = graph.num_features, graph.num_classes
 
     def setup(self, stage: str) -> None:
@@ -124,6 +131,7 @@ class GSplitDataModule(GNNDataModule):
         self.rank, self.world_size = trainer.global_rank, trainer.world_size
         self.comm = trainer.strategy.comm
         parts = self.data.parts
+        assert_same_on_all_ranks(self.comm, parts, "the GSplit split function")
         if int(parts.max()) >= self.world_size:
             raise ValueError(f"split function has parts >= world size {self.world_size}")
         self.sampler = SplitSampler(
@@ -140,8 +148,7 @@ class GSplitDataModule(GNNDataModule):
 
     def step_seeds(self, epoch: int, step: int) -> torch.Tensor:
         """The global mini-batch of a step: exactly ``single``'s."""
-        order = epoch_permutation(self.train_ids, self.seed, epoch)
-        return order[step * self.batch_size : (step + 1) * self.batch_size]
+        return self.order.step(epoch, step, self.batch_size)
 
     def make_batch(self, epoch: int, step: int) -> SplitBatch:
         seeds = self.step_seeds(epoch, step)
