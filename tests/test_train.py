@@ -259,3 +259,11 @@ def test_single_task_slurm_job_cannot_spawn_ranks(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_NTASKS", "1")
     with pytest.raises(ConfigError, match="srun --ntasks-per-node=2"):
         validate(make_cfg(tmp_path))
+
+
+def test_comm_wait_time_is_measured(tmp_path):
+    """`time/comm_s`: blocking collectives take time in a 2-process run, none in one process."""
+    ddp, _ = train(make_cfg(tmp_path / "ddp", "trainer.max_epochs=1"))
+    single, _ = train(make_cfg(tmp_path / "single", "strategy=single", "trainer.max_epochs=1"))
+    assert ddp["time_breakdown_s"]["comm_s"] > 0
+    assert single["time_breakdown_s"]["comm_s"] == 0

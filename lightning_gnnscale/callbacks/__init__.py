@@ -96,7 +96,9 @@ class EpochStats(L.Callback):
     per epoch.
 
     ``compute`` is forward + backward + optimiser step (with DDP, the overlapped gradient
-    all-reduce is inside it). Times are rank 0's; input rows are summed over ranks (every
+    all-reduce is inside it). ``comm`` is the wall time spent waiting in blocking collectives
+    during the epoch (sampling exchanges, shuffles, KV pulls; part of ``sample``, ``load`` and
+    ``compute``, not on top of them). Times are rank 0's; input rows are summed over ranks (every
     strategy's batches report ``input_nodes``); memory is the max over ranks.
     """
 
@@ -107,6 +109,7 @@ class EpochStats(L.Callback):
         self._epoch_start = time.perf_counter()
         self._times = {"sample_s": 0.0, "load_s": 0.0, "compute_s": 0.0}
         self._input_rows = 0
+        self._wait_start = trainer.strategy.meter.wait_s
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._input_rows += batch.stats.get("input_nodes", 0)
@@ -119,6 +122,7 @@ class EpochStats(L.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         epoch_s = time.perf_counter() - self._epoch_start
+        self._times["comm_s"] = trainer.strategy.meter.wait_s - self._wait_start
         comm = trainer.strategy.comm
         sums = torch.cat(
             [pl_module.epoch_loss, torch.tensor([float(self._input_rows)], dtype=torch.float64)]
@@ -258,7 +262,7 @@ class RunSummary(L.Callback):
             "train_time_s": time.perf_counter() - self._fit_start,
             "time_breakdown_s": {
                 k: statistics.median(e[k] for e in epochs)
-                for k in ("sample_s", "load_s", "compute_s")
+                for k in ("sample_s", "load_s", "compute_s", "comm_s")
             }
             if epochs
             else {},

@@ -18,7 +18,9 @@ the input), so single-process code runs the same path as distributed code.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -120,6 +122,16 @@ class Comm:
             raise ValueError("with_group needs a group over the same ranks")
         return Comm(self.meter, self.topology, self.rank, group, self.timeout)
 
+    @contextmanager
+    def _metered(self, category: str, counted_bytes: int) -> Iterator[None]:
+        """Mark a ``torch.distributed`` call as metered (for the audit) and add the wall time
+        this rank spends inside it to ``meter.wait_s`` (an asynchronous call only adds its
+        launch: the DDP gradient all-reduce overlaps backward)."""
+        start = time.perf_counter()
+        with metered_call(category, counted_bytes):
+            yield
+        self.meter.wait_s += time.perf_counter() - start
+
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
@@ -194,7 +206,7 @@ class Comm:
     ) -> None:
         """``all_to_all_single`` of ``tensor`` into ``output``, metered per peer."""
         counted = sum(n for n, link in zip(bytes_per_peer, self._peer_links) if link is not None)
-        with metered_call(category, counted):
+        with self._metered(category, counted):
             dist.all_to_all_single(output, tensor, recv, send, group=self.group)
         self.meter.record_per_peer(category, bytes_per_peer, self._peer_links)
 
@@ -210,7 +222,7 @@ class Comm:
         tensor = tensor.contiguous()
         output = tensor.new_empty((self.world_size * tensor.shape[0], *tensor.shape[1:]))
         nbytes = tensor.numel() * tensor.element_size()
-        with metered_call(category, nbytes * (self.world_size - 1)):
+        with self._metered(category, nbytes * (self.world_size - 1)):
             _all_gather_into(output, tensor, self.group)
         self._record_to_every_peer(category, nbytes)
         return output
@@ -226,7 +238,7 @@ class Comm:
             return tensor, [tensor.shape[0]]
         size = torch.tensor([tensor.shape[0]], dtype=torch.int64)
         sizes = torch.empty(self.world_size, dtype=torch.int64)
-        with metered_call("control", _INT64_BYTES * (self.world_size - 1)):
+        with self._metered("control", _INT64_BYTES * (self.world_size - 1)):
             _all_gather_into(sizes, size, self.group)
         self._record_to_every_peer("control", _INT64_BYTES)
         rows = sizes.tolist()
@@ -235,7 +247,7 @@ class Comm:
         padded[: tensor.shape[0]] = tensor
         gathered = tensor.new_empty((self.world_size * longest, *tensor.shape[1:]))
         nbytes = tensor.shape[0] * _row_bytes(padded)
-        with metered_call(category, nbytes * (self.world_size - 1)):
+        with self._metered(category, nbytes * (self.world_size - 1)):
             _all_gather_into(gathered, padded, self.group)
         self._record_to_every_peer(category, nbytes)
         chunks = [gathered[q * longest : q * longest + n] for q, n in enumerate(rows)]
@@ -256,7 +268,7 @@ class Comm:
             done.set_result(tensor)
             return done
         nbytes = ring_allreduce_bytes(tensor.numel() * tensor.element_size(), self.world_size)
-        with metered_call(category, nbytes):
+        with self._metered(category, nbytes):
             work = dist.all_reduce(tensor, op=REDUCE_OPS[op], group=self.group, async_op=async_op)
         if nbytes:
             self.meter.record(category, self._successor_link, nbytes, 2 * (self.world_size - 1))
@@ -270,7 +282,7 @@ class Comm:
         if not self.is_distributed:
             return tensor
         nbytes = tensor.numel() * tensor.element_size() if self.rank == src else 0
-        with metered_call(category, nbytes * (self.world_size - 1)):
+        with self._metered(category, nbytes * (self.world_size - 1)):
             dist.broadcast(tensor, src=src, group=self.group)
         self._record_to_every_peer(category, nbytes)
         return tensor
@@ -278,7 +290,7 @@ class Comm:
     def barrier(self) -> None:
         """Wait for every rank of the group; carries no payload and counts nothing."""
         if self.is_distributed:
-            with metered_call("control", 0):
+            with self._metered("control", 0):
                 dist.barrier(group=self.group)
 
     def gather_meter(self, snapshot: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -40,10 +40,12 @@ def check_category(category: str) -> int:
 
 
 class CommMeter:
-    """Per-rank counters of what this rank sends, as ``[category][link class]`` int matrices."""
+    """Per-rank counters of what this rank sends, as ``[category][link class]`` int matrices,
+    plus ``wait_s``: wall time spent inside blocking collectives (a measurement, not a count)."""
 
     def __init__(self) -> None:
         self.reset()
+        self.wait_s = 0.0
 
     def reset(self) -> None:
         """Zero every counter."""
