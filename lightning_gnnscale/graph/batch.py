@@ -20,7 +20,7 @@ class Batch:
         y: labels of this rank's seeds ``[n_seeds]``.
         global_seed_count: seeds of this step summed over all ranks (the loss denominator).
         epoch, step: the sampling keys of this step.
-        stats: timings and counts for callbacks (``sample_s``, ``load_s``, ``num_input_nodes``...).
+        stats: timings and counts for callbacks (``sample_s``, ``load_s``, ``input_nodes``...).
     """
 
     blocks: list[Block]

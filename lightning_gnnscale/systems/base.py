@@ -49,6 +49,15 @@ class MeteredSingleDeviceStrategy(SingleDeviceStrategy):
         self.topology = Topology.single()
 
 
+def ddp_strategy_kwargs(cfg) -> dict:
+    """The :class:`MeteredDDPStrategy` arguments every DDP-family system takes from its config."""
+    return {
+        "servers": cfg.topology.servers,
+        "timeout_s": cfg.launcher.collective_timeout_s,
+        "process_group_backend": cfg.strategy.process_group_backend,
+    }
+
+
 class MeteredDDPStrategy(DDPStrategy):
     """DDP whose gradient all-reduce and bookkeeping collectives go through the metered ``comm``.
 
@@ -244,7 +253,6 @@ class StepBatcher(Dataset):
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
             "input_nodes": blocks[0].num_src,
-            "edges": sum(b.num_edges for b in blocks),
         }
         return Batch(blocks, x, y, global_seeds.numel(), epoch, step, stats)
 

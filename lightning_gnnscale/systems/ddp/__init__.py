@@ -5,7 +5,7 @@ This is what a PyG user does today; every system in the suite is compared with i
 
 from __future__ import annotations
 
-from ..base import MeteredDDPStrategy, SampledDataModule
+from ..base import MeteredDDPStrategy, SampledDataModule, ddp_strategy_kwargs
 
 
 def validate(cfg) -> None:
@@ -14,9 +14,7 @@ def validate(cfg) -> None:
 
 def build(cfg, graph):
     strategy = MeteredDDPStrategy(
-        servers=cfg.topology.servers,
-        timeout_s=cfg.launcher.collective_timeout_s,
-        process_group_backend=cfg.strategy.process_group_backend,
+        **ddp_strategy_kwargs(cfg),
     )
     dm = SampledDataModule(
         graph,

@@ -13,6 +13,7 @@ from ...config import ConfigError
 from ...graph.book import PartitionBook, relabel_graph
 from ...graph.cache import cached_partition
 from ...graph.partition import PARTITION_METHODS, partition_report
+from ..base import ddp_strategy_kwargs
 from .datamodule import DistDGLDataModule, PartitionedGraph
 from .strategy import SPARSE_OPTIMIZERS, DistDGLStrategy
 
@@ -64,9 +65,7 @@ def build(cfg, data: PartitionedGraph):
     strategy = DistDGLStrategy(
         sparse_optimizer=s.sparse_optimizer,
         sparse_lr=s.sparse_lr,
-        servers=cfg.topology.servers,
-        timeout_s=cfg.launcher.collective_timeout_s,
-        process_group_backend=s.process_group_backend,
+        **ddp_strategy_kwargs(cfg),
     )
     dm = DistDGLDataModule(
         data,

@@ -127,9 +127,6 @@ class DistDGLDataModule(GNNDataModule):
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
             "input_nodes": blocks[0].num_src,
-            "remote_input_nodes": int(
-                (self.data.book.nid2part(blocks[0].src_ids) != self.comm.rank).sum()
-            ),
         }
         return Batch(blocks, x, y, self.split.global_seed_count(step), epoch, step, stats)
 

@@ -8,6 +8,7 @@ layer, owner-only feature loading through a partition-aligned cache. See docs/sy
 from __future__ import annotations
 
 from ...config import ConfigError
+from ..base import ddp_strategy_kwargs
 from .callbacks import GSplitStats, RedundancyProbe
 from .datamodule import GSplitDataModule, GSplitPrepared
 from .partition import PARTITION_METHODS, ZERO_EDGE_POLICIES, cached_probabilistic_partition
@@ -84,9 +85,7 @@ def prepare(cfg, graph) -> GSplitPrepared:
 def build(cfg, data: GSplitPrepared):
     s = cfg.strategy
     strategy = GSplitStrategy(
-        servers=cfg.topology.servers,
-        timeout_s=cfg.launcher.collective_timeout_s,
-        process_group_backend=s.process_group_backend,
+        **ddp_strategy_kwargs(cfg),
     )
     dm = GSplitDataModule(
         data,
