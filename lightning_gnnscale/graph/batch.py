@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -21,6 +21,8 @@ class Batch:
         global_seed_count: seeds of this step summed over all ranks (the loss denominator).
         epoch, step: the sampling keys of this step.
         stats: timings and counts for callbacks (``sample_s``, ``load_s``, ``input_nodes``...).
+        seed_weight: optional per-seed loss weights ``[n_seeds]`` (Grappa's ``estimator=node``);
+            ``None`` weighs every seed 1.
     """
 
     blocks: list[Block]
@@ -30,18 +32,18 @@ class Batch:
     epoch: int = 0
     step: int = 0
     stats: dict = field(default_factory=dict)
+    seed_weight: Tensor | None = field(default=None, kw_only=True)  # keeps subclasses positional
 
     @property
     def num_seeds(self) -> int:
         return self.y.numel()
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(
-            [b.to(device) for b in self.blocks],
-            self.x.to(device),
-            self.y.to(device),
-            self.global_seed_count,
-            self.epoch,
-            self.step,
-            self.stats,
+        """A copy on ``device`` (of the same class, so subclasses keep their extra fields)."""
+        return replace(
+            self,
+            blocks=[b.to(device) for b in self.blocks],
+            x=self.x.to(device),
+            y=self.y.to(device),
+            seed_weight=None if self.seed_weight is None else self.seed_weight.to(device),
         )

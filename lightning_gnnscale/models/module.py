@@ -46,9 +46,12 @@ class GNNModule(L.LightningModule):
         return self.net(batch.blocks, batch.x, layer_hook=self.layer_hook(batch))
 
     def loss_sum(self, batch: Batch) -> torch.Tensor:
-        """Sum of per-seed cross-entropies of this rank's seeds."""
+        """Sum of per-seed cross-entropies of this rank's seeds (weighted by
+        ``batch.seed_weight`` when the batch carries one)."""
         logits = self(batch)
-        return F.cross_entropy(logits, batch.y, reduction="sum")
+        if batch.seed_weight is None:
+            return F.cross_entropy(logits, batch.y, reduction="sum")
+        return (F.cross_entropy(logits, batch.y, reduction="none") * batch.seed_weight).sum()
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         loss_sum = self.loss_sum(batch)

@@ -10,7 +10,7 @@ anything). Evaluation is full-graph layer-wise inference (the topology is replic
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch.utils.data import DataLoader
@@ -44,17 +44,7 @@ class SplitBatch(Batch):
     plans: list[LayerPlan] = field(default_factory=list)
 
     def to(self, device) -> SplitBatch:
-        moved = super().to(device)
-        return SplitBatch(
-            moved.blocks,
-            moved.x,
-            moved.y,
-            moved.global_seed_count,
-            moved.epoch,
-            moved.step,
-            moved.stats,
-            [p.to(device) for p in self.plans],
-        )
+        return replace(super().to(device), plans=[p.to(device) for p in self.plans])
 
 
 class PartitionedFeatureCache:
@@ -173,7 +163,7 @@ class GSplitDataModule(GNNDataModule):
             ],
             "rows_received": [sum(p.recv_splits) - p.recv_splits[self.rank] for p in plans],
         }
-        return SplitBatch(blocks, x, y, seeds.numel(), epoch, step, stats, plans)
+        return SplitBatch(blocks, x, y, seeds.numel(), epoch, step, stats, plans=plans)
 
     def train_dataloader(self) -> DataLoader:
         return collective_train_loader(self)  # sampling runs collectives
