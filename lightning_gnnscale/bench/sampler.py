@@ -19,7 +19,6 @@ cost nothing; ``--graph uniform`` builds the uniform random graph of the DESIGN 
 
 from __future__ import annotations
 
-import resource
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,7 +29,7 @@ import torch_geometric
 import torch_geometric.typing
 from torch import Tensor
 
-from ..callbacks import write_json_atomic
+from ..callbacks import peak_rss_mb, write_json_atomic
 from ..graph.csc import csc_from_edges
 from ..graph.generators import rmat
 from ..graph.sampler import NeighborSampler
@@ -49,10 +48,6 @@ YARDSTICK = {
 
 # Sample one batch of seeds at a step; return (edges returned, input nodes of the batch).
 SampleFn = Callable[[int, Tensor], tuple[int, int]]
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 @contextmanager
@@ -223,7 +218,7 @@ def run_sampler_bench(
     env = environment()  # the date is the start of the invocation
     with _num_threads(threads):
         print(f"[bench sampler] building {graph}: {nodes:,} nodes, {edges:,} edges", flush=True)
-        rss_before_mb = _peak_rss_mb()
+        rss_before_mb = peak_rss_mb()
         start = time.perf_counter()
         indptr, indices, description = build_graph(graph, nodes, edges, seed)
         build_s = time.perf_counter() - start
@@ -238,7 +233,7 @@ def run_sampler_bench(
             "median_in_degree": int(degree.median()),
             "build_s": build_s,
             "peak_rss_mb_before_build": rss_before_mb,
-            "peak_rss_mb_after_build": _peak_rss_mb(),
+            "peak_rss_mb_after_build": peak_rss_mb(),
         }
         print(
             f"[bench sampler] graph built in {build_s:.1f} s: {indices.numel():,} stored edges, "
@@ -293,7 +288,7 @@ def run_sampler_bench(
             if name != "ours"
         },
         "yardstick": YARDSTICK,
-        "peak_rss_mb": _peak_rss_mb(),
+        "peak_rss_mb": peak_rss_mb(),
     }
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(str(out / "sampler.json"), report)

@@ -21,8 +21,20 @@ from ..comm import CollectiveRecorder, NetworkModel, diff_snapshots, sum_snapsho
 from ..graph.sampler import splitmix64_int
 
 
-def _peak_rss_mb() -> float:
-    """Peak resident set size of this process in MiB (Linux reports KiB)."""
+def peak_rss_mb() -> float:
+    """This process's peak resident set size in MiB.
+
+    Linux's ``VmHWM`` belongs to the process's own address space; ``ru_maxrss`` (the fallback
+    where ``/proc`` is missing) survives ``exec``, so a spawned rank would start at its
+    launcher's peak (e.g. the launcher that loaded the whole graph).
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -129,7 +141,7 @@ class EpochStats(L.Callback):
         )
         loss = comm.all_reduce(sums, category="control")
         rss = comm.all_reduce(
-            torch.tensor([_peak_rss_mb()], dtype=torch.float64), "max", category="control"
+            torch.tensor([peak_rss_mb()], dtype=torch.float64), "max", category="control"
         )
         record = {
             "train_loss": float(loss[0] / loss[1].clamp(min=1)),
@@ -271,7 +283,7 @@ class RunSummary(L.Callback):
             "eval_comm_bytes_per_epoch": sum(c["eval_bytes"] for c in comms) / n,
             "modeled_comm_time_s": sum(c["modeled_time_s"] for c in comms) / n,
             "network": self.cfg.network,
-            "peak_rss_mb": max((e["peak_rss_mb"] for e in epochs), default=_peak_rss_mb()),
+            "peak_rss_mb": max((e["peak_rss_mb"] for e in epochs), default=peak_rss_mb()),
             "config_hash": self.config_hash,
             "audited_collectives": self.audit.calls if self.audit else None,
             "output_dir": self.output_dir,
