@@ -108,8 +108,12 @@ def run_rank(cfg: DictConfig, prepared) -> dict:
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     output_dir = str(cfg.paths.output_dir)
 
-    strategy, datamodule, extra_callbacks = STRATEGIES[cfg.strategy.name].build(cfg, prepared)
-    net = build_model(cfg.model, datamodule.input_dim, datamodule.num_classes)
+    system = STRATEGIES[cfg.strategy.name]
+    strategy, datamodule, extra_callbacks = system.build(cfg, prepared)
+    if system.build_net is not None:
+        net = system.build_net(cfg, datamodule)
+    else:
+        net = build_model(cfg.model, datamodule.input_dim, datamodule.num_classes)
     # The run's dtype is applied here rather than through Lightning's "64-true" precision, whose
     # input conversion cannot walk our frozen Batch/Block dataclasses (features are cast already).
     module = GNNModule(

@@ -12,6 +12,7 @@ from ..systems import STRATEGIES
 from .compare import compose_configs, run_compare
 from .partitions import run_partition_bench
 from .sampler import run_sampler_bench
+from .sancus import compose_variants, run_sancus_bench
 
 
 def _positive_int(text: str) -> int:
@@ -88,6 +89,29 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="extra Hydra override passed to every run, after the bench's own "
         "(repeatable), e.g. --override dataset.num_nodes=50000",
+    )
+
+    sancus = commands.add_parser(
+        "sancus",
+        help="every SANCUS staleness policy against the exact broadcast baseline",
+        description="Train CAGNET (bound 0, with and without X caching) and every SANCUS "
+        "policy on the same data; write results.md and results.json into --out.",
+    )
+    sancus.add_argument("--dataset", default="sbm", help="dataset config group (default: sbm)")
+    sancus.add_argument(
+        "--epochs", type=_positive_int, default=100, help="epochs per run (default: 100)"
+    )
+    sancus.add_argument(
+        "--devices", type=_positive_int, default=2, help="ranks per run (default: 2)"
+    )
+    sancus.add_argument("--seed", type=int, default=0, help="seed of every run (default: 0)")
+    sancus.add_argument("--out", type=Path, default=Path("results/sancus"), help="output directory")
+    sancus.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Hydra override passed to every run (repeatable)",
     )
 
     sampler = commands.add_parser(
@@ -205,6 +229,20 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out,
             argv=argv,
         )
+        return 0
+    if args.command == "sancus":
+        try:
+            variants = compose_variants(
+                dataset=args.dataset,
+                epochs=args.epochs,
+                devices=args.devices,
+                seed=args.seed,
+                overrides=args.override,
+                out=args.out.resolve(),
+            )
+        except (HydraException, ValueError) as err:  # ConfigError is a ValueError
+            parser.error(f"bad configuration: {err}")
+        run_sancus_bench(variants, args.out.resolve(), argv)
         return 0
     if args.command == "sampler":
         if args.batch_size > args.nodes:

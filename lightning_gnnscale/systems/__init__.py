@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ddp, distdgl, gsplit, single
+from . import ddp, distdgl, gsplit, sancus, single
 
 
 @dataclass(frozen=True)
@@ -16,13 +16,15 @@ class System:
     runs once in the launching process (e.g. partitioning, cached on disk) and its result is
     what every rank's ``build(cfg, prepared)`` receives (through shared memory); ``build``
     returns ``(strategy, datamodule, extra_callbacks)``; ``accepts_custom_models`` says whether
-    a user ``model(x, edge_index)`` can run under it.
+    a user ``model(x, edge_index)`` can run under it; ``build_net(cfg, datamodule)``, if set,
+    builds the system's own net instead of ``models.build_model``.
     """
 
     validate: Callable
     build: Callable
     accepts_custom_models: bool
     prepare: Callable = staticmethod(lambda cfg, graph: graph)
+    build_net: Callable | None = None
 
 
 STRATEGIES: dict[str, System] = {
@@ -34,4 +36,14 @@ STRATEGIES: dict[str, System] = {
     "gsplit": System(
         gsplit.validate, gsplit.build, accepts_custom_models=False, prepare=gsplit.prepare
     ),
+    **{
+        name: System(
+            sancus.validate,
+            sancus.build,
+            accepts_custom_models=False,
+            prepare=sancus.prepare,
+            build_net=sancus.build_net,
+        )
+        for name in ("sancus", "cagnet")
+    },
 }

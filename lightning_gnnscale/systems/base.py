@@ -115,9 +115,13 @@ class MeteredDDPStrategy(DDPStrategy):
             self.comm.barrier()
             raise SIGTERMException()
 
-    def configure_ddp(self) -> None:
+    def broadcast_initial_weights(self) -> None:
+        """Rank 0's initial parameters and buffers to every rank (``parameter`` bytes)."""
         for tensor in [*self.model.parameters(), *self.model.buffers()]:
-            self.comm.broadcast(tensor.data, 0, category="parameter")  # rank 0's initial weights
+            self.comm.broadcast(tensor.data, 0, category="parameter")
+
+    def configure_ddp(self) -> None:
+        self.broadcast_initial_weights()
         super().configure_ddp()
         state = GradientHookState(self.comm.with_group(self.model.process_group), scale=1.0)
         self.grad_hook_state = register_metered_ddp_hook(self.model, state)

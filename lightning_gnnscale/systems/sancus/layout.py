@@ -1,0 +1,122 @@
+"""1-D row blocks of the GCN propagation matrix (spec §4.2.2).
+
+Nodes are relabelled so that rank ``i`` owns the contiguous rows ``R_i = [off_i, off_i+1)``.
+Rank ``i`` keeps ``Â_ij = Â[R_i, R_j]`` for every ``j`` (sparse CSR), where
+``Â = D̄^-1/2 (A + I) D̄^-1/2`` with full-graph in-degrees, exactly the suite's ``BlockGCN``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ...graph.csc import Graph
+
+
+def normalized_adjacency(graph: Graph) -> tuple[Tensor, Tensor, Tensor]:
+    """``Â`` as COO ``(rows, cols, values)``: row = destination, col = source, self loops added.
+
+    Values are ``1/sqrt((d_u+1)(d_v+1))`` per in-edge ``u -> v`` and ``1/(d_v+1)`` on the
+    diagonal (``d`` = in-degree), in the graph's feature dtype.
+    """
+    n = graph.num_nodes
+    deg = graph.in_degree().to(graph.x.dtype)
+    inv_sqrt = torch.rsqrt(deg + 1.0)
+    dst, src = graph.dst_of_edges(), graph.indices
+    loops = torch.arange(n)
+    rows = torch.cat([dst, loops])
+    cols = torch.cat([src, loops])
+    values = torch.cat([inv_sqrt[src] * inv_sqrt[dst], inv_sqrt**2])
+    return rows, cols, values
+
+
+def check_symmetric(graph: Graph) -> None:
+    """SANCUS's δ broadcast relies on ``Â = Âᵀ``: every edge must be stored in both directions."""
+    dst, src = graph.dst_of_edges(), graph.indices
+    n = graph.num_nodes
+    forward = torch.sort(dst * n + src).values  # multi-edges count: Â sums them
+    backward = torch.sort(src * n + dst).values
+    if not torch.equal(forward, backward):
+        raise ValueError(
+            f"SANCUS needs an undirected graph (Â symmetric); {graph.name!r} has edges stored in "
+            "one direction only, or with different multiplicities in the two directions"
+        )
+
+
+@dataclass
+class RowBlocks:
+    """One rank's row block of ``Â`` split by column blocks.
+
+    Attributes:
+        rank: ``i``.
+        offsets: int64 ``[P + 1]`` row-block boundaries (the same on every rank).
+        blocks: ``P`` sparse CSR tensors, ``blocks[j] = Â_ij`` of shape ``[n_i, n_j]``.
+        consumer: bool ``[P, P]``; ``consumer[k, j] = nnz(Â_kj) > 0`` for ``k != j``.
+        seed_rows: int64 local positions of this rank's training nodes.
+    """
+
+    rank: int
+    offsets: Tensor
+    blocks: list[Tensor]
+    consumer: Tensor
+    seed_rows: Tensor
+
+    @property
+    def sizes(self) -> list[int]:
+        return (self.offsets[1:] - self.offsets[:-1]).tolist()
+
+    @property
+    def world_size(self) -> int:
+        return self.offsets.numel() - 1
+
+    @property
+    def num_rows(self) -> int:
+        return self.sizes[self.rank]
+
+    def to(self, device) -> RowBlocks:
+        return RowBlocks(
+            self.rank,
+            self.offsets,
+            [b.to(device) for b in self.blocks],
+            self.consumer,
+            self.seed_rows.to(device),
+        )
+
+
+def consumer_matrix(graph: Graph, offsets: Tensor) -> Tensor:
+    """bool ``[P, P]``: ``[k, j]`` is true when some row of block ``k`` reads a row of block
+    ``j != k`` (an edge ``u -> v`` with ``u`` in ``R_j`` and ``v`` in ``R_k``)."""
+    p = offsets.numel() - 1
+    part_of = torch.bucketize(torch.arange(graph.num_nodes), offsets[1:], right=True)
+    pairs = part_of[graph.dst_of_edges()] * p + part_of[graph.indices]
+    consumer = torch.zeros(p * p, dtype=torch.bool)
+    consumer[pairs] = True
+    consumer = consumer.view(p, p)
+    consumer.fill_diagonal_(False)
+    return consumer
+
+
+def row_blocks(graph: Graph, offsets: Tensor, rank: int) -> RowBlocks:
+    """Rank ``rank``'s :class:`RowBlocks` of a graph already relabelled into row-block order."""
+    lo, hi = int(offsets[rank]), int(offsets[rank + 1])
+    rows, cols, values = normalized_adjacency(graph)
+    mine = (rows >= lo) & (rows < hi)
+    rows, cols, values = rows[mine] - lo, cols[mine], values[mine]
+    blocks = []
+    for j in range(offsets.numel() - 1):
+        c_lo, c_hi = int(offsets[j]), int(offsets[j + 1])
+        keep = (cols >= c_lo) & (cols < c_hi)
+        coo = torch.sparse_coo_tensor(
+            torch.stack([rows[keep], cols[keep] - c_lo]),
+            values[keep],
+            (hi - lo, c_hi - c_lo),
+            check_invariants=True,
+        ).coalesce()
+        with warnings.catch_warnings():  # "sparse CSR support is in beta"
+            warnings.simplefilter("ignore", UserWarning)
+            blocks.append(coo.to_sparse_csr())
+    seed_rows = graph.train_mask[lo:hi].nonzero().flatten()
+    return RowBlocks(rank, offsets.clone(), blocks, consumer_matrix(graph, offsets), seed_rows)

@@ -1,0 +1,232 @@
+"""SANCUS's skip-broadcast layer (spec §4.2.3-4.2.4): per-rank state, the autograd Function and
+the GCN built from it.
+
+Forward of layer input ``l`` on rank ``i``: ``T_i = Â_ii H_i + sum_{j != i} Â_ij H̃_j`` where
+``H̃_j`` is root ``j``'s block, fresh if ``j`` broadcast it this epoch (flag ACTIVE), else the
+receivers' cached copy (STALE roots are simply not called). Backward: the output gradient
+``G`` of every root is broadcast (``Â`` is symmetric, so rank ``j`` needs ``Â_ji G_i``), the
+input gradient is ``(sum_j Â_ij G_j) Wᵀ`` (straight-through across stale blocks) and the weight
+gradient is ``T_iᵀ G_i``, the exact gradient of the mixed-version forward. Weight gradients are
+summed over ranks by the strategy.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ...comm import Comm
+from ...models.layers import BlockGCN
+from .layout import RowBlocks
+from .policy import NEVER, StalenessPolicy, variation_flag
+
+
+class SkipBroadcast:
+    """One rank's SANCUS state: caches, versions and the flag log.
+
+    Attributes (after :meth:`attach`), per layer input ``l``:
+        cache[l][j]: root ``j``'s block as last received ``[n_j, F_l]`` (``None`` for ``j = i``).
+        last_bcast[l]: int64 ``[P]`` epoch of every root's last broadcast (``NEVER`` before).
+        own_last[l]: this rank's block as last broadcast (kept for ``variation`` only).
+        grad_cache / grad_last: the same for output gradients δ of layer ``l`` (SkipG only).
+        forward_flags / backward_flags: ``{(epoch, l): bool [P]}`` of every training epoch.
+        distances: ``{(epoch, l): float}`` this rank's variation distance at decision time.
+    """
+
+    def __init__(self, policy: StalenessPolicy, num_layers: int):
+        self.policy, self.num_layers = policy, num_layers
+        self.comm: Comm | None = None
+        self.layout: RowBlocks | None = None
+        self.epoch = -1
+
+    def attach(self, comm: Comm, layout: RowBlocks) -> None:
+        """Bind to the rank's ``comm`` and row blocks; start with empty caches."""
+        if comm.world_size != layout.world_size:
+            raise ValueError(
+                f"row blocks for {layout.world_size} ranks but world size {comm.world_size}"
+            )
+        self.comm, self.layout = comm, layout
+        p, n_layers = layout.world_size, self.num_layers
+        self.cache = [[None] * p for _ in range(n_layers)]
+        self.last_bcast = [torch.full((p,), NEVER, dtype=torch.int64) for _ in range(n_layers)]
+        self.own_last: list[Tensor | None] = [None] * n_layers
+        self.grad_cache = [[None] * p for _ in range(n_layers)]
+        self.grad_last = [torch.full((p,), NEVER, dtype=torch.int64) for _ in range(n_layers)]
+        self.forward_flags: dict[tuple[int, int], Tensor] = {}
+        self.backward_flags: dict[tuple[int, int], Tensor] = {}
+        self.distances: dict[tuple[int, int], float] = {}
+        self.epoch = -1
+
+    def start_epoch(self) -> None:
+        """One training step = one full-graph epoch (validation does not move the counter)."""
+        self.epoch += 1
+
+    # ---------------------------------------------------------------------------- flags
+    def _decide(self, layer: int, h: Tensor) -> Tensor:
+        layout = self.layout
+        flags = self.policy.local_flags(layer, self.epoch, self.last_bcast[layer], layout.consumer)
+        if flags is None:  # variation gap: each root decides, one byte per rank is gathered
+            active, distance = variation_flag(
+                h.detach(), self.own_last[layer], self.policy.variation_gap
+            )
+            self.distances[(self.epoch, layer)] = distance
+            own = torch.tensor([int(active)], dtype=torch.uint8)
+            flags = self.comm.all_gather_tensor(own, category="control").bool()
+        self.forward_flags[(self.epoch, layer)] = flags.clone()
+        return flags
+
+    def _eval_flags(self, layer: int) -> Tensor:
+        """Exact evaluation: every root broadcasts, except a root whose X every rank already
+        cached (X never changes); nothing is stored. ``last_bcast`` is the same on every rank,
+        so so are these flags."""
+        if layer == 0:
+            return self.last_bcast[0] == NEVER
+        return torch.ones(self.layout.world_size, dtype=torch.bool)
+
+    # ---------------------------------------------------------------------- aggregation
+    def aggregate(self, h: Tensor, layer: int, train: bool) -> Tensor:
+        """``T_i = sum_j Â_ij H̃_j`` ``[n_i, F_l]``; ``train`` applies the policy and updates the
+        caches, otherwise exact and stateless."""
+        layout, rank = self.layout, self.layout.rank
+        flags = self._decide(layer, h) if train else self._eval_flags(layer)
+        category = "feature" if layer == 0 else "activation"
+        out = layout.blocks[rank] @ h
+        for j, size in enumerate(layout.sizes):
+            if j == rank:
+                if flags[j]:
+                    self.comm.broadcast(h.detach().contiguous(), j, category=category)
+                continue
+            if flags[j]:
+                block = h.new_empty(size, h.shape[1])
+                self.comm.broadcast(block, j, category=category)
+                if train:
+                    self.cache[layer][j] = block
+            else:
+                block = self.cache[layer][j]
+            if layout.consumer[rank, j]:
+                out = out + layout.blocks[j] @ block
+        if train:
+            self.last_bcast[layer][flags] = self.epoch
+            if self.policy.root_decides(layer) and flags[rank]:
+                self.own_last[layer] = h.detach().clone()
+        return out
+
+    def aggregate_gradient(self, grad: Tensor, layer: int) -> Tensor:
+        """``sum_j Â_ij G_j`` ``[n_i, F_out]`` for the output gradients of layer ``layer``; roots
+        broadcast ``G_j`` every epoch (SkipG: under its epoch bound, else cached δ̃_j)."""
+        layout, rank = self.layout, self.layout.rank
+        flags = self.policy.gradient_flags(self.epoch, self.grad_last[layer])
+        self.backward_flags[(self.epoch, layer)] = flags.clone()
+        keep = self.policy.name == "skipg"
+        out = layout.blocks[rank] @ grad
+        for j, size in enumerate(layout.sizes):
+            if j == rank:
+                if flags[j]:
+                    self.comm.broadcast(grad.contiguous(), j, category="activation_grad")
+                continue
+            if flags[j]:
+                block = grad.new_empty(size, grad.shape[1])
+                self.comm.broadcast(block, j, category="activation_grad")
+                if keep:
+                    self.grad_cache[layer][j] = block
+            else:
+                block = self.grad_cache[layer][j]
+            if layout.consumer[rank, j]:
+                out = out + layout.blocks[j] @ block
+        self.grad_last[layer][flags] = self.epoch
+        return out
+
+    # -------------------------------------------------------------------------- memory
+    def cache_bytes(self) -> dict[str, int]:
+        """Bytes held now: received embedding blocks, ``own_last`` (variation), δ caches."""
+
+        def size(tensors) -> int:
+            return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+        return {
+            "embedding_cache": sum(size(row) for row in self.cache),
+            "own_last": size(self.own_last),
+            "gradient_cache": sum(size(row) for row in self.grad_cache),
+        }
+
+
+def cache_bytes_formula(
+    num_nodes: int,
+    own_rows: int,
+    widths: list[int],
+    element_size: int,
+    policy: StalenessPolicy,
+) -> int:
+    """Spec §4.3: ``sum_l element_size * (N - n_i) * F_l`` over layer inputs ``l = 0..L-1``,
+    plus ``element_size * n_i * F_l`` for every layer input whose root keeps its own last copy
+    (SCS-H; not X under ``input_policy=once``)."""
+    total = sum(element_size * (num_nodes - own_rows) * f for f in widths)
+    own = [f for layer, f in enumerate(widths) if policy.root_decides(layer)]
+    return total + sum(element_size * own_rows * f for f in own)
+
+
+class SkipBroadcastLinear(torch.autograd.Function):
+    """``Z_i = T_i Wᵀ`` with ``T_i`` from :meth:`SkipBroadcast.aggregate` (bias added outside)."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, runtime: SkipBroadcast, layer: int) -> Tensor:
+        aggregated = runtime.aggregate(h, layer, train=True)
+        ctx.save_for_backward(aggregated, weight)
+        ctx.runtime, ctx.layer = runtime, layer
+        return aggregated @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        aggregated, weight = ctx.saved_tensors
+        grad_h = None
+        if ctx.needs_input_grad[0]:  # X needs no gradient: layer 1 skips the δ broadcast
+            grad_h = ctx.runtime.aggregate_gradient(grad.contiguous(), ctx.layer) @ weight
+        return grad_h, grad.t() @ aggregated, None, None
+
+
+class SancusGCN(nn.Module):
+    """GCN trained full-graph over row blocks; parameters named and shaped as
+    ``BlockGNN("gcn", ...)`` (``layers.<l>.lin.weight``, ``layers.<l>.bias``), so a ``single``
+    model's ``state_dict`` loads unchanged.
+
+    ``forward(blocks, x)``: ``x`` = this rank's input rows ``[n_i, F_0]``; returns the logits
+    of this rank's training rows ``blocks[-1].seed_rows`` (the batch's seeds).
+    """
+
+    def __init__(
+        self, in_dim: int, hidden: int, out_dim: int, num_layers: int, runtime: SkipBroadcast
+    ):
+        super().__init__()
+        dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        self.num_layers = num_layers
+        self.layers = nn.ModuleList(BlockGCN(dims[i], dims[i + 1]) for i in range(num_layers))
+        self.runtime = runtime
+
+    @property
+    def widths(self) -> list[int]:
+        """Width ``F_l`` of every layer input."""
+        return [layer.lin.in_features for layer in self.layers]
+
+    def forward(self, blocks: list[RowBlocks], x: Tensor, layer_hook=None) -> Tensor:
+        if layer_hook is not None:
+            raise ValueError("SancusGCN moves rows itself; it takes no layer hook")
+        return self.propagate(x, train=True)[blocks[-1].seed_rows]
+
+    def propagate(self, x: Tensor, train: bool) -> Tensor:
+        """Logits of every own row ``[n_i, C]``; ``train=False`` is the exact stateless pass."""
+        h = x
+        for index, layer in enumerate(self.layers):
+            weight = layer.lin.weight
+            if train:
+                z = SkipBroadcastLinear.apply(h, weight, self.runtime, index)
+            else:
+                z = self.runtime.aggregate(h, index, train=False) @ weight.t()
+            z = z + layer.bias
+            h = F.relu(z) if index < self.num_layers - 1 else z
+        return h
+
+    @torch.no_grad()
+    def exact_logits(self, x: Tensor) -> Tensor:
+        """Exact distributed inference of the own rows (every rank must call it)."""
+        return self.propagate(x, train=False)

@@ -1,0 +1,364 @@
+"""SANCUS: bound 0 equals `single`; the distributed run equals the single-process staleness
+emulator for every policy; flags agree; replicas agree; bytes and cache memory match §4.3."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_gnnscale.comm import Comm, ring_allreduce_bytes
+from lightning_gnnscale.graph.book import PartitionBook, relabel_graph
+from lightning_gnnscale.graph.csc import csc_from_edges
+from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.partition import partition
+from lightning_gnnscale.graph.sampler import NeighborSampler
+from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.systems.sancus.emulator import emulate
+from lightning_gnnscale.systems.sancus.layout import check_symmetric, row_blocks
+from lightning_gnnscale.systems.sancus.policy import (
+    NEVER,
+    StalenessPolicy,
+    adaptive_flags,
+    epoch_fixed_flags,
+    variation_flag,
+)
+from lightning_gnnscale.systems.sancus.runtime import (
+    SancusGCN,
+    SkipBroadcast,
+    cache_bytes_formula,
+)
+from lightning_gnnscale.systems.sancus.strategy import sum_gradients
+from tests.helpers.dist import run_distributed
+
+HIDDEN, LAYERS, EPOCHS, LR = 6, 3, 6, 0.05
+UNEVEN = {2: [0, 55, 130], 3: [0, 30, 75, 130]}
+GAP = 0.3  # checked below to lie >= 1e-6 away from every distance the emulator sees
+POLICIES = [
+    StalenessPolicy("none"),
+    StalenessPolicy("none", input_policy="same_as_hidden"),
+    StalenessPolicy("epoch_fixed", epoch_bound=2),
+    StalenessPolicy("adaptive", epoch_bound=1),
+    StalenessPolicy("variation", variation_gap=GAP),
+    StalenessPolicy("skipg", epoch_bound=1),
+]
+
+
+def original_graph():
+    return sbm(num_nodes=130, num_classes=3, avg_degree=5.0, num_features=5, seed=3).to(
+        torch.float64
+    )
+
+
+def setup_graph(world_size, rows):
+    """A tiny float64 SBM in row-block order (uneven contiguous blocks, or METIS) and its book."""
+    graph = original_graph()
+    if rows == "metis":
+        book = PartitionBook.from_parts(partition(graph, "metis", world_size), world_size)
+    else:
+        n = graph.num_nodes
+        offsets = torch.tensor(UNEVEN[world_size])
+        parts = torch.bucketize(torch.arange(n), offsets[1:], right=True)
+        book = PartitionBook.from_parts(parts, world_size)
+    return relabel_graph(graph, book), book
+
+
+def make_params(graph):
+    torch.manual_seed(0)
+    net = BlockGNN("gcn", graph.num_features, HIDDEN, graph.num_classes, LAYERS, dropout=0.0)
+    return net.double()
+
+
+def _train_rank(rank, world_size, rows):
+    graph, book = setup_graph(world_size, rows)
+    comm = Comm.create()
+    layout = row_blocks(graph, book.node_offsets, rank)
+    lo, hi = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
+    x, y = graph.x[lo:hi], graph.y[lo:hi]
+    n_train = int(graph.train_mask.sum())
+    out = []
+    for policy in POLICIES:
+        runtime = SkipBroadcast(policy, LAYERS)
+        runtime.attach(comm, layout)
+        net = SancusGCN(graph.num_features, HIDDEN, graph.num_classes, LAYERS, runtime).double()
+        net.load_state_dict(make_params(graph).state_dict())
+        optimizer = torch.optim.Adam(net.parameters(), lr=LR)
+        before = comm.meter.snapshot()
+        losses, logits0, grads0 = [], None, None
+        for _ in range(EPOCHS):
+            runtime.start_epoch()
+            optimizer.zero_grad()
+            logits = net([layout], x)
+            loss_sum = F.cross_entropy(logits, y[layout.seed_rows], reduction="sum")
+            (loss_sum / n_train).backward()
+            sum_gradients(comm, list(net.parameters()))
+            losses.append(comm.all_reduce(loss_sum.detach().clone(), category="control"))
+            if logits0 is None:
+                logits0 = logits.detach()
+                grads0 = [p.grad.clone() for p in net.parameters()]
+            optimizer.step()
+        training_bytes = comm.meter.delta(before)
+        out.append(
+            {
+                "losses": torch.stack(losses),
+                "logits0": logits0,
+                "grads0": grads0,
+                "params": [p.detach().clone() for p in net.parameters()],
+                "forward_flags": runtime.forward_flags,
+                "backward_flags": runtime.backward_flags,
+                "bytes": {
+                    c: sum(links.values())
+                    for c, links in training_bytes["category_link_bytes"].items()
+                },
+                "cache_bytes": runtime.cache_bytes(),
+                "eval_logits": net.exact_logits(x),
+            }
+        )
+    return out
+
+
+def reference(graph, epochs):
+    """`single`'s full-graph GCN: per-epoch losses, epoch-0 logits and gradients, final params."""
+    net = make_params(graph)
+    train = graph.split_ids("train")
+    blocks = NeighborSampler(graph.indptr, graph.indices, [-1] * LAYERS, 0).sample(train, 0, 0)
+    optimizer = torch.optim.Adam(net.parameters(), lr=LR)
+    losses = []
+    for epoch in range(epochs):
+        optimizer.zero_grad()
+        logits = net(blocks, graph.x[blocks[0].src_ids])
+        loss = F.cross_entropy(logits, graph.y[train], reduction="sum")
+        (loss / train.numel()).backward()
+        if epoch == 0:
+            first = (train, logits.detach(), [p.grad.clone() for p in net.parameters()])
+        losses.append(loss.detach())
+        optimizer.step()
+    return torch.stack(losses), first, [p.detach() for p in net.parameters()]
+
+
+@pytest.fixture(scope="module", params=[(2, "metis"), (3, "contiguous")], ids=["p2-metis", "p3"])
+def runs(request):
+    world_size, rows = request.param
+    results = run_distributed(_train_rank, world_size, rows, timeout_s=120)
+    return world_size, rows, results
+
+
+@pytest.mark.dist
+def test_bound_zero_equals_single(runs):
+    """Against `single` on the ORIGINAL node order, the relabelling mapped back."""
+    world_size, rows, results = runs
+    graph, book = setup_graph(world_size, rows)
+    original = original_graph()
+    ref_losses, (train, ref_logits, ref_grads), ref_params = reference(original, EPOCHS)
+    own_train = graph.split_ids("train")  # gids of the ranks' training rows, in rank order
+    position = torch.searchsorted(train, book.new2old[own_train])
+    for k in (0, 1):  # policy none, with X cached once or re-broadcast every epoch
+        got = [r[k] for r in results]
+        torch.testing.assert_close(got[0]["losses"], ref_losses, atol=1e-10, rtol=0)
+        logits = torch.cat([g["logits0"] for g in got])
+        torch.testing.assert_close(logits, ref_logits[position], atol=1e-10, rtol=0)
+        for g, ref in zip(got[0]["grads0"], ref_grads, strict=True):
+            torch.testing.assert_close(g, ref, atol=1e-10, rtol=0)
+        for p, ref in zip(got[0]["params"], ref_params, strict=True):
+            torch.testing.assert_close(p, ref, atol=1e-10, rtol=0)
+    assert torch.equal(results[0][0]["losses"], results[0][1]["losses"])  # X caching is exact
+    for k in range(len(POLICIES)):  # epoch 0 is exact under every policy: all blocks are sent
+        torch.testing.assert_close(results[0][k]["losses"][0], ref_losses[0], atol=1e-10, rtol=0)
+        torch.testing.assert_close(
+            torch.cat([r[k]["logits0"] for r in results]), ref_logits[position], atol=1e-10, rtol=0
+        )
+    # The exact stateless evaluation, here after a stale (epoch_fixed) run, equals single's
+    # full-graph logits with the same weights.
+    net = make_params(original)
+    net.load_state_dict(dict(zip(net.state_dict(), results[0][2]["params"], strict=True)))
+    full = NeighborSampler(original.indptr, original.indices, [-1] * LAYERS, 0).sample(
+        torch.arange(original.num_nodes), 0, 0
+    )
+    ref_eval = net(full, original.x[full[0].src_ids]).detach()
+    got_eval = torch.cat([r[2]["eval_logits"] for r in results])
+    torch.testing.assert_close(got_eval, ref_eval[book.new2old], atol=1e-10, rtol=0)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("k", range(len(POLICIES)), ids=[p.name for p in POLICIES])
+def test_distributed_run_equals_the_emulator(runs, k):
+    world_size, rows, results = runs
+    graph, book = setup_graph(world_size, rows)
+    policy = POLICIES[k]
+    params = [(layer.lin.weight, layer.bias) for layer in make_params(graph).layers]
+    trace = emulate(graph, book.node_offsets, params, policy, EPOCHS, lr=LR)
+    for rank, r in enumerate(results):  # the same flag matrix on every rank (consensus)
+        assert r[k]["forward_flags"].keys() == trace.forward_flags.keys()
+        for key, flags in trace.forward_flags.items():
+            assert torch.equal(r[k]["forward_flags"][key], flags), (rank, key)
+        assert r[k]["backward_flags"].keys() == trace.backward_flags.keys()
+        for key, flags in trace.backward_flags.items():
+            assert torch.equal(r[k]["backward_flags"][key], flags), (rank, key)
+        torch.testing.assert_close(
+            r[k]["losses"], torch.tensor(trace.losses, dtype=torch.float64), atol=1e-10, rtol=0
+        )
+        ref_params = [t for weight, bias in trace.params for t in (bias, weight)]  # module order
+        for p, ref in zip(r[k]["params"], ref_params, strict=True):
+            torch.testing.assert_close(p, ref, atol=1e-10, rtol=0)  # and replicas agree
+    if policy.name == "variation":
+        distances = torch.cat([d for d in trace.distances.values()])
+        finite = distances[distances.isfinite()]
+        assert float((finite - GAP).abs().min()) >= 1e-6
+        # Every block used stale was within the gap when its root decided.
+        stale = ~torch.stack([f for (_, layer), f in trace.forward_flags.items() if layer > 0])
+        hidden_d = torch.stack([d for (_, layer), d in trace.distances.items() if layer > 0])
+        assert bool((hidden_d[stale] <= GAP).all())
+    hidden = [f for (_, layer), f in trace.forward_flags.items() if layer > 0]
+    skipped = any(not bool(f.all()) for f in [*hidden, *trace.backward_flags.values()])
+    assert skipped == (policy.name != "none")  # every staleness policy really skips here
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("k", range(len(POLICIES)), ids=[p.name for p in POLICIES])
+def test_meter_and_cache_match_the_formulas(runs, k):
+    """Bytes each rank sends = §4.3 for the recorded flags; cache bytes = Σ es (N - n_i) F_l."""
+    world_size, rows, results = runs
+    graph, book = setup_graph(world_size, rows)
+    policy = POLICIES[k]
+    widths = [graph.num_features] + [HIDDEN] * (LAYERS - 1)
+    outs = [HIDDEN] * (LAYERS - 1) + [graph.num_classes]
+    sizes = (book.node_offsets[1:] - book.node_offsets[:-1]).tolist()
+    n_params = sum(w * o + o for w, o in zip(widths, outs))
+    es, peers = 8, world_size - 1
+    for rank, r in enumerate(results):
+        res = r[k]
+        expected = {"feature": 0, "activation": 0, "activation_grad": 0, "control": 0}
+        for (_, layer), flags in res["forward_flags"].items():
+            sent = sizes[rank] * widths[layer] * es * peers * int(flags[rank])
+            expected["feature" if layer == 0 else "activation"] += sent
+            if policy.root_decides(layer):
+                expected["control"] += peers  # one uint8 flag to every peer
+        for (_, layer), flags in res["backward_flags"].items():
+            expected["activation_grad"] += sizes[rank] * outs[layer] * es * peers * int(flags[rank])
+        expected["gradient"] = EPOCHS * ring_allreduce_bytes(n_params * es, world_size)
+        expected["control"] += EPOCHS * ring_allreduce_bytes(es, world_size)  # the loss
+        for category, nbytes in expected.items():
+            assert res["bytes"][category] == nbytes, (rank, category)
+        formula = cache_bytes_formula(graph.num_nodes, sizes[rank], widths, es, policy)
+        cache = res["cache_bytes"]
+        assert cache["embedding_cache"] + cache["own_last"] == formula
+        assert (cache["gradient_cache"] > 0) == (policy.name == "skipg")
+
+
+# ------------------------------------------------------------------------ pure policies
+
+
+def test_epoch_fixed_schedule_and_age():
+    for bound, epochs in ((1, 9), (2, 10), (0, 4)):
+        last = torch.tensor([NEVER, NEVER])
+        sent, ages = [], []
+        for epoch in range(epochs):
+            flags = epoch_fixed_flags(epoch, last, bound)
+            last = torch.where(flags, torch.tensor(epoch), last)
+            sent.append(bool(flags[0]))
+            ages.append(int(epoch - last[0]))
+        assert [e for e, s in enumerate(sent) if s] == list(range(0, epochs, bound + 1))
+        assert sum(sent) == math.ceil(epochs / (bound + 1))
+        assert max(ages) <= bound
+
+
+def test_adaptive_never_broadcasts_a_block_nobody_consumes():
+    consumer = torch.tensor([[False, True, False], [True, False, False], [True, True, False]])
+    last = torch.full((3,), NEVER)
+    for epoch in range(5):
+        flags = adaptive_flags(epoch, last, 1, consumer)
+        assert not bool(flags[2])
+        last = torch.where(flags, torch.tensor(epoch), last)
+    assert int(last[2]) == NEVER and int(last[0]) == 4
+
+
+def test_variation_gap_monotone_and_infinite_gap():
+    gen = torch.Generator().manual_seed(0)
+    sequence = [torch.randn(6, 4, generator=gen)]
+    for _ in range(12):
+        sequence.append(sequence[-1] + 0.05 * torch.randn(6, 4, generator=gen))
+
+    def broadcasts(gap):
+        last, count = None, 0
+        for h in sequence:
+            active, distance = variation_flag(h, last, gap)
+            if active:
+                last, count = h.clone(), count + 1
+            else:
+                assert distance <= gap
+        return count
+
+    counts = [broadcasts(g) for g in (0.0, 0.01, 0.05, 0.1, 0.3)]
+    assert counts == sorted(counts, reverse=True) and counts[0] == len(sequence)
+    assert broadcasts(float("inf")) == 1
+
+
+def test_row_blocks_rebuild_the_normalised_adjacency_and_reject_directed_graphs():
+    graph, book = setup_graph(3, "contiguous")
+    offsets = book.node_offsets
+    dense = torch.cat(
+        [
+            torch.cat([b.to_dense() for b in row_blocks(graph, offsets, i).blocks], 1)
+            for i in range(3)
+        ]
+    )
+    torch.testing.assert_close(dense, dense.t())  # Â symmetric
+    deg = graph.in_degree().double() + 1
+    torch.testing.assert_close(dense.diagonal(), 1 / deg)
+    directed = graph.with_structure(torch.tensor([0, 0, 1] + [1] * 128), torch.tensor([2]))
+    with pytest.raises(ValueError, match="undirected"):
+        check_symmetric(directed)
+    v = int((graph.in_degree() > 0).nonzero()[0])  # store one of v's in-edges twice
+    start = int(graph.indptr[v])
+    indices = torch.cat([graph.indices[: start + 1], graph.indices[start:]])
+    indptr = graph.indptr + (torch.arange(graph.num_nodes + 1) > v).long()
+    with pytest.raises(ValueError, match="multiplicities"):
+        check_symmetric(graph.with_structure(indptr, indices))
+
+
+def two_components():
+    """90 nodes: rows 0-59 and 60-89 are separate components, so with row blocks
+    [0, 30, 60, 90] nobody reads block 2 and block 2 reads nobody."""
+    base = sbm(num_nodes=90, num_classes=3, avg_degree=4.0, num_features=5, seed=5)
+    src, dst = base.indices, base.dst_of_edges()
+    keep = (src < 60) == (dst < 60)
+    indptr, indices = csc_from_edges(src[keep], dst[keep], 90, undirected=True)
+    return base.with_structure(indptr, indices).to(torch.float64)
+
+
+def _adaptive_then_evaluate(rank, world_size):
+    graph, offsets = two_components(), torch.tensor([0, 30, 60, 90])
+    comm = Comm.create()
+    layout = row_blocks(graph, offsets, rank)
+    lo, hi = int(offsets[rank]), int(offsets[rank + 1])
+    runtime = SkipBroadcast(StalenessPolicy("adaptive", 1, input_policy="same_as_hidden"), LAYERS)
+    runtime.attach(comm, layout)
+    net = SancusGCN(graph.num_features, HIDDEN, graph.num_classes, LAYERS, runtime).double()
+    net.load_state_dict(make_params(graph).state_dict())
+    optimizer = torch.optim.Adam(net.parameters(), lr=LR)
+    for _ in range(2):
+        runtime.start_epoch()
+        optimizer.zero_grad()
+        logits = net([layout], graph.x[lo:hi])
+        F.cross_entropy(logits, graph.y[lo:hi][layout.seed_rows], reduction="sum").backward()
+        sum_gradients(comm, list(net.parameters()))
+        optimizer.step()
+    return runtime.last_bcast[0].clone(), net.exact_logits(graph.x[lo:hi]), net.state_dict()
+
+
+@pytest.mark.dist
+def test_exact_evaluation_after_a_block_nobody_consumes():
+    """Regression: a root whose X nobody cached (SCS-A skips blocks without consumers) must be
+    broadcast for evaluation by every rank alike, or the ranks' collectives diverge."""
+    results = run_distributed(_adaptive_then_evaluate, 3, timeout_s=120)
+    assert int(results[0][0][2]) == NEVER  # block 2's X was never broadcast in training
+    graph = two_components()
+    net = make_params(graph)
+    net.load_state_dict(results[0][2])
+    blocks = NeighborSampler(graph.indptr, graph.indices, [-1] * LAYERS, 0).sample(
+        torch.arange(90), 0, 0
+    )
+    expected = torch.empty(90, graph.num_classes, dtype=torch.float64)
+    expected[blocks[-1].dst_ids] = net(blocks, graph.x[blocks[0].src_ids]).detach()
+    logits = torch.cat([r[1] for r in results])
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-10)
