@@ -10,6 +10,7 @@ from hydra.errors import HydraException
 
 from ..systems import STRATEGIES
 from .compare import compose_configs, run_compare
+from .grappa import run_grappa_bench
 from .partitions import run_partition_bench
 from .sampler import run_sampler_bench
 from .sancus import compose_variants, run_sancus_bench
@@ -171,6 +172,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=Path("results/sampler"),
         help="output directory (default: results/sampler)",
     )
+    grappa = commands.add_parser(
+        "grappa",
+        help="Grappa's gradient bytes vs conventional neighbour traffic (Table 1 analogue)",
+        description="Count, on the same sampled batches, the neighbour traffic of partitioned "
+        "mini-batch training (remote input rows + sampling structure) and Grappa's gradient "
+        "all-reduce bytes per partition per epoch; write grappa_traffic.md and .json.",
+    )
+    grappa.add_argument("--dataset", default="sbm", choices=["sbm", "rmat"])
+    grappa.add_argument("--nodes", type=_positive_int, default=20000, help="graph nodes")
+    grappa.add_argument("--features", type=_positive_int, default=128, help="feature width")
+    grappa.add_argument("--parts", type=_int_list, default=[2, 4, 8], help="partition counts")
+    grappa.add_argument("--depths", type=_int_list, default=[2, 3, 4], help="model depths (2-4)")
+    grappa.add_argument("--batch-size", type=_positive_int, default=1000, help="global seeds")
+    grappa.add_argument("--hidden", type=_positive_int, default=128)
+    grappa.add_argument("--partitioning", default="random,metis", help="random and/or metis")
+    grappa.add_argument("--seed", type=int, default=0)
+    grappa.add_argument("--out", type=Path, default=Path("results/grappa"))
     partitions = commands.add_parser(
         "partitions",
         help="compare GSplit's split functions by measured cross-split edges",
@@ -214,6 +232,26 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "grappa":
+        methods = [m.strip() for m in args.partitioning.split(",") if m.strip()]
+        if not methods or set(methods) - {"random", "metis"}:
+            parser.error(f"--partitioning {args.partitioning!r}: valid: random, metis")
+        if set(args.depths) - {2, 3, 4}:
+            parser.error(f"--depths {args.depths}: valid: 2, 3, 4 (the paper's fanouts)")
+        run_grappa_bench(
+            args.dataset,
+            args.nodes,
+            args.features,
+            args.parts,
+            args.depths,
+            args.batch_size,
+            args.hidden,
+            methods,
+            args.seed,
+            args.out,
+            argv,
+        )
+        return 0
     if args.command == "partitions":
         if not 0 < args.train_frac <= 1:
             parser.error(f"--train-frac {args.train_frac} must be in (0, 1]")

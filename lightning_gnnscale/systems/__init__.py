@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import ddp, distdgl, gsplit, sancus, single
+from . import ddp, distdgl, grappa, gsplit, sancus, single
 
 
 @dataclass(frozen=True)
@@ -45,5 +45,11 @@ STRATEGIES: dict[str, System] = {
             build_net=sancus.build_net,
         )
         for name in ("sancus", "cagnet")
+    },
+    **{
+        name: System(
+            grappa.validate, grappa.build, accepts_custom_models=False, prepare=grappa.prepare
+        )
+        for name in grappa.PRESETS
     },
 }

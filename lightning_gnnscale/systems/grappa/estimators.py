@@ -1,0 +1,80 @@
+"""Coverage factors of Grappa's corrected gradient aggregation (spec §2.6).
+
+Per seed ``v``: ``D`` its global in-degree, ``ell`` its local (owned) in-neighbours, ``s`` its
+seed-hop sample count and ``alpha`` the smoothing self-term. Coverage ``kappa = (ell + alpha) /
+(D + alpha)``. Every function takes 1-D tensors over the batch's seeds and returns a Python float
+(the batch-level scalar ``c``) or, for ``node``, per-seed loss weights.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+ESTIMATORS = ("none", "uniform", "resampling", "resampling_literal", "node")
+
+
+def kappa(ell: Tensor, deg: Tensor, alpha: float = 1.0) -> Tensor:
+    """Coverage ``(ell + alpha) / (D + alpha)`` in float64; ``1`` where ``D + alpha == 0``."""
+    num, den = ell.double() + alpha, deg.double() + alpha
+    return torch.where(den > 0, num / den.clamp(min=1e-300), torch.ones_like(den))
+
+
+def c_uniform(k: Tensor) -> float:
+    """Eq. 10: the mean coverage of the batch (``1`` for an empty batch)."""
+    return float(k.mean()) if k.numel() else 1.0
+
+
+def expected_rejections(k: Tensor, s: Tensor, alpha: float = 1.0) -> Tensor:
+    """Per seed ``(1/kappa - 1)(s + alpha)``: global draws rejected to get ``s + alpha`` local
+    ones. No draws needed (``s + alpha = 0``) -> 0; no coverage (``kappa = 0``) -> inf."""
+    draws = s.double() + alpha
+    return torch.where(draws > 0, (1.0 / k - 1.0) * draws, torch.zeros_like(draws))
+
+
+def c_resampling(k: Tensor, s: Tensor, alpha: float = 1.0) -> float:
+    """Scale-free eq. 12: ``1 / (1 + mean((1/kappa - 1) (s + alpha)))`` (spec A2)."""
+    if not k.numel():
+        return 1.0
+    return float(1.0 / (1.0 + expected_rejections(k, s, alpha).mean()))
+
+
+def c_resampling_literal(k: Tensor, s: Tensor, alpha: float = 1.0) -> float:
+    """Eq. 12 as printed: ``min(1, 1 / sum((1/kappa - 1)(s + alpha)))``; ``R = 0`` gives 1."""
+    total = float(expected_rejections(k, s, alpha).sum()) if k.numel() else 0.0
+    return 1.0 if total <= 0 else min(1.0, 1.0 / total)
+
+
+def batch_factor(estimator: str, k: Tensor, s: Tensor, alpha: float = 1.0) -> float:
+    """The scalar ``c`` one rank applies to its batch gradient (``node`` weights seeds instead)."""
+    if estimator in ("none", "node"):
+        return 1.0
+    if estimator == "uniform":
+        return c_uniform(k)
+    if estimator == "resampling":
+        return c_resampling(k, s, alpha)
+    if estimator == "resampling_literal":
+        return c_resampling_literal(k, s, alpha)
+    raise ValueError(f"unknown estimator {estimator!r}; valid: {list(ESTIMATORS)}")
+
+
+def seed_sample_counts(ell: Tensor, fanout: int) -> Tensor:
+    """``s_v = min(f_seed, ell_v)``; ``fanout == -1`` (full neighbourhood) gives ``ell_v``."""
+    return ell.clone() if fanout < 0 else ell.clamp(max=fanout)
+
+
+def gcn_kappa(
+    indptr: Tensor, indices: Tensor, local: Tensor, deg: Tensor, alpha: float = 1.0
+) -> Tensor:
+    """Coverage under GCN neighbour weights ``p(u) ~ (D_u + 1)^-1/2`` (spec §2.6.2).
+
+    ``indptr``/``indices``: the seeds' global in-edges (CSC over the seeds); ``local`` bool per
+    edge (is the source local); ``deg`` global degree of every edge's source. The self term has
+    weight ``alpha`` on both sides. Returns float64 ``[n_seeds]``: local mass over total mass.
+    """
+    w = (deg.double() + 1.0).rsqrt()
+    seg = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr.diff())
+    total = torch.zeros(indptr.numel() - 1, dtype=torch.float64).index_add_(0, seg, w)
+    local_mass = torch.zeros_like(total).index_add_(0, seg, w * local.double())
+    den = total + alpha
+    return torch.where(den > 0, (local_mass + alpha) / den.clamp(min=1e-300), torch.ones_like(den))

@@ -1,0 +1,203 @@
+"""A partition at one super-epoch: owned chunks + a 1-hop halo, built from the chunk store.
+
+Local ids: owned nodes first (sorted by global id), then halo nodes (sorted). Owned nodes keep
+all their in-edges, in global segment order, so the hash-keyed sampler keyed on global ids
+draws exactly what it would on the whole graph wherever the partition holds the neighbourhood.
+Halo nodes get no in-edges (sampling stops at them). Features of halo nodes are read from the
+other chunks' files (storage), never from a peer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ...graph.block import Block
+from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors
+from .chunking import ChunkStore
+from .schedule import PartitionSpec
+
+
+@dataclass
+class LocalPartition:
+    """Attributes (``n`` local nodes, ``n_own`` owned):
+    global_ids: int64 ``[n]``; indptr/indices: local CSC (int64, indices local);
+    x, y, masks: per local node; deg: global in-degree ``[n]``; ell: owned in-neighbours of each
+    owned node ``[n_own]``; seeds: local ids of the training nodes of the seed chunks;
+    seed_owned: bool ``[n_own]`` (in a seed chunk); io_bytes: bytes read to build it.
+    """
+
+    spec: PartitionSpec
+    global_ids: Tensor
+    num_own: int
+    indptr: Tensor
+    indices: Tensor
+    x: Tensor
+    y: Tensor
+    train_mask: Tensor
+    val_mask: Tensor
+    test_mask: Tensor
+    deg: Tensor
+    ell: Tensor
+    seeds: Tensor
+    seed_owned: Tensor
+    io_bytes: int
+
+    @property
+    def num_nodes(self) -> int:
+        return self.global_ids.numel()
+
+    @property
+    def n_avail(self) -> Tensor:
+        """Local in-degree of every local node (0 for halo nodes)."""
+        return self.indptr.diff()
+
+    def local_of(self, gids: Tensor) -> Tensor:
+        """Local ids of global ids that are in the partition (``-1`` otherwise)."""
+        own, halo = self.global_ids[: self.num_own], self.global_ids[self.num_own :]
+        out = torch.full_like(gids, -1)
+        for base, ids in ((0, own), (self.num_own, halo)):
+            if ids.numel():
+                pos = torch.searchsorted(ids, gids).clamp(max=ids.numel() - 1)
+                hit = ids[pos] == gids
+                out[hit] = base + pos[hit]
+        return out
+
+
+def _nbytes(*tensors: Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def build_partition(
+    store: ChunkStore,
+    spec: PartitionSpec,
+    halo_hops: int = 1,
+    count_halo_as_local: bool = False,
+) -> LocalPartition:
+    """Read the owned chunks, then the halo rows, and assemble the local graph (spec §2.3)."""
+    chunks = {c: store.load(c) for c in spec.owned_chunks}
+    own = torch.cat([chunks[c]["nodes"] for c in spec.owned_chunks])
+    order = own.argsort()
+    own = own[order]
+    cat = {
+        k: torch.cat([chunks[c][k] for c in spec.owned_chunks])[order]
+        for k in ("x", "y", "train_mask", "val_mask", "test_mask", "deg")
+    }
+    seed_owned = torch.cat(
+        [
+            torch.full((chunks[c]["nodes"].numel(),), c in spec.seed_chunks)
+            for c in spec.owned_chunks
+        ]
+    )[order]
+    # in-edges of the owned nodes, in the new (sorted) node order
+    seg_ptr, seg_src = [], []
+    for c in spec.owned_chunks:
+        seg_ptr.append(chunks[c]["indptr"])
+        seg_src.append(chunks[c]["indices"])
+    starts = torch.cat([p[:-1] + off for p, off in zip(seg_ptr, _offsets(seg_src))])[order]
+    deg_local = cat["deg"]
+    all_src = torch.cat(seg_src)
+    offs = torch.arange(int(deg_local.sum())) - torch.repeat_interleave(
+        torch.cumsum(deg_local, 0) - deg_local, deg_local
+    )
+    src = all_src[torch.repeat_interleave(starts, deg_local) + offs]
+    owned_src = torch.isin(src, own)
+    io = _nbytes(own, *cat.values(), src)
+    if halo_hops == 0:
+        keep = owned_src
+        halo = own.new_empty(0)
+    elif halo_hops == 1:
+        keep = torch.ones_like(owned_src)
+        halo = torch.unique(src[~owned_src])
+    else:
+        raise ValueError(f"halo_hops={halo_hops} is not supported; valid: 0, 1")
+    kept_deg = torch.zeros(own.numel(), dtype=torch.int64).index_add_(
+        0, torch.repeat_interleave(torch.arange(own.numel()), deg_local), keep.long()
+    )
+    indptr = torch.zeros(own.numel() + halo.numel() + 1, dtype=torch.int64)
+    torch.cumsum(kept_deg, 0, out=indptr[1 : own.numel() + 1])
+    indptr[own.numel() + 1 :] = indptr[own.numel()]
+    global_ids = torch.cat([own, halo])
+    src = src[keep]
+    # halo rows from the other chunks' files
+    hx = cat["x"].new_zeros((halo.numel(), cat["x"].shape[1]))
+    hy = torch.full((halo.numel(),), -1, dtype=torch.int64)
+    hdeg = torch.zeros(halo.numel(), dtype=torch.int64)
+    if halo.numel():
+        for c in range(store.num_chunks):
+            if c in chunks:
+                continue
+            record = store.load(c)
+            pos = torch.searchsorted(record["nodes"], halo).clamp(max=record["nodes"].numel() - 1)
+            hit = (record["nodes"][pos] == halo).nonzero().flatten()
+            rows = pos[hit]
+            hx[hit], hy[hit], hdeg[hit] = record["x"][rows], record["y"][rows], record["deg"][rows]
+            del record
+        io += _nbytes(halo, hx, hy, hdeg)
+    part = LocalPartition(
+        spec=spec,
+        global_ids=global_ids,
+        num_own=own.numel(),
+        indptr=indptr,
+        indices=src,  # mapped to local ids below
+        x=torch.cat([cat["x"], hx]),
+        y=torch.cat([cat["y"], hy]),
+        train_mask=torch.cat([cat["train_mask"], torch.zeros(halo.numel(), dtype=torch.bool)]),
+        val_mask=torch.cat([cat["val_mask"], torch.zeros(halo.numel(), dtype=torch.bool)]),
+        test_mask=torch.cat([cat["test_mask"], torch.zeros(halo.numel(), dtype=torch.bool)]),
+        deg=torch.cat([deg_local, hdeg]),
+        ell=torch.zeros(0, dtype=torch.int64),
+        seeds=(cat["train_mask"] & seed_owned).nonzero().flatten(),
+        seed_owned=seed_owned,
+        io_bytes=io,
+    )
+    part.indices = part.local_of(src)
+    local_src_owned = part.indices < part.num_own
+    dst = torch.repeat_interleave(torch.arange(own.numel()), kept_deg)
+    counted = torch.ones_like(local_src_owned) if count_halo_as_local else local_src_owned
+    part.ell = torch.zeros(own.numel(), dtype=torch.int64).index_add_(0, dst, counted.long())
+    return part
+
+
+def _offsets(segments: list[Tensor]) -> list[int]:
+    out, total = [], 0
+    for s in segments:
+        out.append(total)
+        total += s.numel()
+    return out
+
+
+class PartitionSampler:
+    """Hash-keyed multi-hop sampling inside one partition (never leaves it).
+
+    Args:
+        part: the partition.
+        fanouts: by hop from the seeds (PyG order); ``-1`` = every local in-edge.
+        seed: base sampling seed.
+    Blocks hold local ids; ``src_deg`` is the *global* in-degree (GCN normalisation as in
+    full-graph evaluation). Keys hash global ids, so a partition holding a node's whole
+    neighbourhood samples what the whole graph would.
+    """
+
+    def __init__(self, part: LocalPartition, fanouts: list[int], seed: int):
+        self.part, self.fanouts, self.seed = part, list(fanouts), seed
+        self.build_block = BlockBuilder(part.num_nodes, part.deg)
+
+    def sample(self, seeds: Tensor, epoch: int, step: int, salt: int) -> list[Block]:
+        key = SampleKey(self.seed, epoch, step, salt)
+        frontier, blocks = seeds.to(torch.int64), []
+        for hop, fanout in enumerate(self.fanouts):
+            src, dst_pos = sample_neighbors(
+                self.part.indptr,
+                self.part.indices,
+                frontier,
+                fanout,
+                key.hop_key(hop),
+                node_keys=self.part.global_ids[frontier],
+            )
+            block = self.build_block(frontier, src, dst_pos)
+            blocks.append(block)
+            frontier = block.src_ids
+        return blocks[::-1]

@@ -1,0 +1,436 @@
+"""Grappa, single process: chunking, schedules, partitions, in-partition sampling, step
+equalisation, estimators (spec §5.1 E1-E8) and Monte-Carlo checks (§5.2 S1-S3, S5)."""
+
+import itertools
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lightning_gnnscale.graph.csc import Graph
+from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.sampler import NeighborSampler
+from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.systems.grappa.callbacks import SuperEpochController
+from lightning_gnnscale.systems.grappa.chunking import chunk_assignment, write_chunk_store
+from lightning_gnnscale.systems.grappa.datamodule import GrappaDataModule
+from lightning_gnnscale.systems.grappa.estimators import (
+    batch_factor,
+    c_resampling,
+    c_resampling_literal,
+    c_uniform,
+    gcn_kappa,
+    kappa,
+)
+from lightning_gnnscale.systems.grappa.partition import PartitionSampler, build_partition
+from lightning_gnnscale.systems.grappa.schedule import Schedule, super_epoch_len
+
+
+def small_graph(n=400, seed=1):
+    return sbm(num_nodes=n, num_classes=4, avg_degree=8.0, num_features=6, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return write_chunk_store(small_graph(), 4, "random", 0, str(tmp_path_factory.mktemp("chunks")))
+
+
+# ------------------------------------------------------------------------- P1-P3: chunks
+@pytest.mark.parametrize("method", ["random", "random_iid", "metis"])
+def test_chunking_is_a_seeded_cover(method):
+    g = small_graph()
+    chunk = chunk_assignment(g, 5, method, seed=3)
+    assert chunk.shape == (g.num_nodes,) and int(chunk.min()) >= 0 and int(chunk.max()) < 5
+    assert torch.equal(chunk, chunk_assignment(g, 5, method, seed=3))
+    if method == "random":
+        sizes = torch.bincount(chunk, minlength=5)
+        assert int(sizes.max() - sizes.min()) <= 1
+    if method != "metis":
+        assert not torch.equal(chunk, chunk_assignment(g, 5, method, seed=4))
+
+
+@pytest.mark.parametrize("c", [3, 4, 7, 8])
+def test_pinned_sweep_covers_every_ordered_pair_once_per_cycle(c):
+    sched = Schedule("pinned_sweep", c)
+    seen = []
+    for t in range(5, 5 + c - 1):  # any C-1 consecutive super-epochs
+        specs = sched.partitions(t)
+        partners = [s.owned_chunks[1] for s in specs]
+        assert all(v != p for p, v in enumerate(partners))
+        assert sorted(partners) == list(range(c))  # a bijection
+        assert all(s.seed_chunks == (p,) for p, s in enumerate(specs))
+        assert specs != sched.partitions(t + 1)
+        seen += [(p, v) for p, v in enumerate(partners)]
+    assert sorted(seen) == [(p, j) for p in range(c) for j in range(c) if j != p]
+    assert Schedule("fixed", c).partitions(0) == Schedule("fixed", c).partitions(9)
+
+
+@pytest.mark.parametrize("c", [4, 5, 8])
+def test_tournament_rounds_are_matchings_covering_every_pair_once(c):
+    sched = Schedule("tournament", c)
+    pairs = []
+    for t in range(sched.cycle):
+        specs = sched.partitions(t)
+        chunks = sorted(x for s in specs for x in s.owned_chunks)
+        assert chunks == list(range(c))  # perfect matching (one chunk alone when c is odd)
+        assert all(s.seed_chunks == s.owned_chunks for s in specs)
+        pairs += [s.owned_chunks for s in specs if len(s.owned_chunks) == 2]
+    assert sorted(pairs) == sorted(itertools.combinations(range(c), 2))
+
+
+def test_shuffled_sweep_order_is_a_permutation_of_each_cycle():
+    sched = Schedule("pinned_sweep", 6, "shuffled", seed=2)
+    rounds = [sched.round(t) for t in range(5, 10)]
+    assert sorted(rounds) == list(range(5))
+    assert rounds == [
+        Schedule("pinned_sweep", 6, "shuffled", seed=2).round(t) for t in range(5, 10)
+    ]
+
+
+# ------------------------------------------------------------------- P4, P5, P8: partitions
+@pytest.mark.parametrize("halo_hops", [0, 1])
+def test_partitions_seeds_locality_and_degrees(store, halo_hops):
+    g = small_graph()
+    deg = g.in_degree()
+    chunk = store.chunk_ids()
+    for t in range(3):
+        seeds = []
+        for spec in Schedule("pinned_sweep", 4).partitions(t):
+            part = build_partition(store, spec, halo_hops)
+            own = part.global_ids[: part.num_own]
+            assert torch.equal(own, torch.isin(torch.arange(g.num_nodes), own).nonzero().flatten())
+            assert set(chunk[own].tolist()) == set(spec.owned_chunks)
+            assert torch.equal(part.deg, deg[part.global_ids])  # P8: global degree
+            assert torch.equal(part.x, g.x[part.global_ids])
+            dst = torch.repeat_interleave(torch.arange(part.num_nodes), part.n_avail)
+            edges = set(zip(part.global_ids[part.indices].tolist(), part.global_ids[dst].tolist()))
+            src_g, dst_g = g.edge_index()
+            into_own = torch.isin(dst_g, own)
+            both = into_own & torch.isin(src_g, own)
+            expected = both if halo_hops == 0 else into_own
+            assert edges == set(zip(src_g[expected].tolist(), dst_g[expected].tolist()))  # P5
+            assert int(part.n_avail[part.num_own :].sum()) == 0  # halo nodes: no in-edges
+            owned_in = torch.zeros(g.num_nodes, dtype=torch.int64).index_add_(
+                0, dst_g[both], torch.ones(int(both.sum()), dtype=torch.int64)
+            )
+            assert torch.equal(part.ell, owned_in[own])  # P8: owned in-neighbours
+            seeds.append(part.global_ids[part.seeds])
+        all_seeds = torch.cat(seeds)
+        assert all_seeds.unique().numel() == all_seeds.numel()  # P4: disjoint
+        assert torch.equal(all_seeds.sort().values, g.split_ids("train"))  # P4: cover
+
+
+def test_count_halo_as_local_makes_coverage_full_with_one_hop_halo(store):
+    part = build_partition(store, Schedule("pinned_sweep", 4).partition(0, 0), 1, True)
+    assert torch.equal(part.ell, part.deg[: part.num_own])
+
+
+# ---------------------------------------------------------------------- P6, P7: sampling
+def test_sampling_stays_inside_the_partition_and_matches_the_whole_graph_at_the_seed_hop(store):
+    g = small_graph()
+    part = build_partition(store, Schedule("pinned_sweep", 4).partition(2, 1), 1)
+    fanouts = [3, 2]
+    seeds = part.seeds[:20]
+    blocks = PartitionSampler(part, fanouts, seed=7).sample(seeds, 1, 2, 5)
+    for hop, block in enumerate(blocks[::-1]):  # hop from the seeds
+        assert int(block.src_ids.max()) < part.num_nodes  # P6: local ids only
+        src, dst = block.edge_index
+        gs, gd = part.global_ids[block.src_ids[src]], part.global_ids[block.dst_ids[dst]]
+        counts = torch.bincount(dst, minlength=block.num_dst)
+        avail = part.n_avail[block.dst_ids]
+        assert torch.equal(counts, avail.clamp(max=fanouts[hop]))  # P7
+        edge_keys = set(zip(gs.tolist(), gd.tolist()))
+        src_g, dst_g = g.edge_index()
+        assert edge_keys <= set(zip(src_g.tolist(), dst_g.tolist()))
+    # the seed hop draws exactly what the whole graph's sampler draws for the same keys
+    whole = NeighborSampler(g.indptr, g.indices, fanouts, seed=7).sample(
+        part.global_ids[seeds], 1, 2, 5
+    )
+    assert sorted(part.global_ids[blocks[-1].src_ids].tolist()) == sorted(
+        whole[-1].src_ids.tolist()
+    )
+
+
+# ------------------------------------------------------------------------ P9: step counts
+def make_dm(store, world, rank, k=1, batch_size=40, **kw):
+    sched = Schedule(kw.pop("schedule", "pinned_sweep"), store.num_chunks)
+    dm = GrappaDataModule(store, sched, [3, 2], batch_size, seed=1, partitions_per_rank=k, **kw)
+    dm.trainer = SimpleNamespace(
+        global_rank=rank, world_size=world, strategy=SimpleNamespace(comm=None)
+    )
+    dm.setup("fit")
+    return dm
+
+
+@pytest.mark.parametrize(("world", "k"), [(4, 1), (2, 2), (1, 4)])
+def test_equalised_steps_visit_every_seed_once_per_epoch(store, world, k):
+    dms = [make_dm(store, world, r, k) for r in range(world)]
+    assert len({dm.steps_per_epoch for dm in dms}) == 1
+    for epoch in (0, 1):
+        seeds = []
+        for dm in dms:
+            for step in range(dm.steps_per_epoch):
+                batch = dm.make_batch(epoch, step)
+                part = dm.partition(dm.locate(step)[0])
+                seeds.append(part.global_ids[batch.blocks[-1].dst_ids])
+                assert batch.global_seed_count == batch.num_seeds
+                assert batch.stats["kappa"].shape == (batch.num_seeds,)
+        got = torch.cat(seeds)
+        assert torch.equal(got.sort().values, small_graph().split_ids("train"))
+
+
+def test_fullgraph_mode_has_one_step_per_phase_and_s_equals_ell(store):
+    dm = make_dm(store, 2, 0, k=2, mode="fullgraph")
+    assert dm.steps_per_epoch == 2  # M8: k optimiser steps per epoch
+    batch = dm.make_batch(0, 1)
+    part = dm.partition(1)
+    assert batch.num_seeds == part.seeds.numel()
+    assert torch.equal(batch.stats["s"], part.ell[batch.blocks[-1].dst_ids])
+    assert batch.blocks[0].num_src == int(  # every local in-edge was followed
+        torch.unique(torch.cat([b.src_ids for b in batch.blocks])).numel()
+    )
+
+
+def test_node_estimator_attaches_kappa_as_seed_weights(store):
+    batch = make_dm(store, 4, 1, estimator="node").make_batch(0, 0)
+    assert torch.allclose(batch.seed_weight.double(), batch.stats["kappa"])
+
+
+# --------------------------------------------------------------------- P10-P12: controller
+def run_controller(ctrl, dm, epochs, deltas=None):
+    trainer = SimpleNamespace(
+        datamodule=dm,
+        strategy=SimpleNamespace(last_delta=0.0, last_c=1.0, comm=_LocalComm()),
+        current_epoch=0,
+    )
+    ts = []
+    for e in range(epochs):
+        trainer.current_epoch = e
+        ts.append(dm.t)
+        for d in deltas[e] if deltas else [0.0]:
+            trainer.strategy.last_delta = d
+            ctrl.on_train_batch_end(trainer, None, None, None, 0)
+        ctrl.on_train_epoch_end(trainer, None)
+    return ts
+
+
+class _LocalComm:
+    def all_reduce(self, tensor, op="sum", *, category):
+        assert category == "control"
+        return tensor
+
+
+def test_super_epoch_length_and_boundaries(store):
+    assert super_epoch_len("auto", 10, 3) == 3 and super_epoch_len("auto", 2, 7) == 1
+    assert super_epoch_len(4, 10, 3) == 4
+    dm = make_dm(store, 4, 0)
+    assert run_controller(SuperEpochController(3), dm, 7) == [0, 0, 0, 1, 1, 1, 2]
+    dm = make_dm(store, 4, 0)
+    ts = run_controller(SuperEpochController(1), dm, 2)
+    assert ts == [0, 1]
+    spec0 = dm.schedule.partition(0, 0)
+    assert spec0 != dm.schedule.partition(0, 1)  # repartition changes assignments
+
+
+def test_early_trigger_fires_on_a_full_window_above_threshold_only(store):
+    high, low = [[0.95] * 4] * 3, [[0.5] * 4] * 3
+    ctrl = SuperEpochController(10, early_trigger=True, threshold=0.9, window_steps=4)
+    assert run_controller(ctrl, make_dm(store, 4, 0), 3, high) == [0, 1, 2]
+    assert ctrl.early_switches == 3  # after each of the 3 epochs
+    ctrl = SuperEpochController(10, early_trigger=True, threshold=0.9, window_steps=4)
+    assert run_controller(ctrl, make_dm(store, 4, 0), 3, low) == [0, 0, 0]
+    ctrl = SuperEpochController(10, early_trigger=True, threshold=0.9, window_steps=4, min_epochs=2)
+    assert run_controller(ctrl, make_dm(store, 4, 0), 3, high) == [0, 0, 1]
+    ctrl = SuperEpochController(10, early_trigger=True, threshold=0.9, window_steps=8)
+    assert run_controller(ctrl, make_dm(store, 4, 0), 2, [[0.95] * 4] * 2) == [0, 0]
+
+
+def test_state_round_trip_rebuilds_identical_partitions(store):
+    dm = make_dm(store, 2, 1, k=2)
+    ctrl = SuperEpochController(2, early_trigger=True, window_steps=3)
+    run_controller(ctrl, dm, 3, [[0.1, 0.2]] * 3)
+    before = [dm.make_batch(3, s) for s in range(dm.steps_per_epoch)]
+    fresh, fresh_ctrl = make_dm(store, 2, 1, k=2), SuperEpochController(2, True, window_steps=3)
+    with pytest.raises(ValueError, match="chunking"):
+        fresh.load_state_dict({**dm.state_dict(), "chunking": "grappa-chunks-other"})
+    fresh.load_state_dict(dm.state_dict())
+    fresh_ctrl.load_state_dict(ctrl.state_dict())
+    assert (fresh.t, fresh.e_in) == (dm.t, dm.e_in) == (1, 1)
+    assert fresh_ctrl.window == ctrl.window
+    for s, b in enumerate(before):
+        a = fresh.make_batch(3, s)
+        assert torch.equal(a.blocks[-1].dst_ids, b.blocks[-1].dst_ids)
+        assert torch.equal(a.blocks[0].src_ids, b.blocks[0].src_ids)
+
+
+# ---------------------------------------------------------------------------- E1-E8
+def test_e1_full_coverage_is_the_plain_average():
+    deg = torch.tensor([3, 7, 1, 12])
+    k = kappa(deg, deg, 1.0)
+    s = torch.tensor([3, 5, 1, 5])
+    assert torch.equal(k, torch.ones(4, dtype=torch.float64))
+    for est in ("uniform", "resampling", "resampling_literal", "none"):
+        assert batch_factor(est, k, s) == 1.0
+
+
+def test_e2_constant_coverage_is_a_pure_rescale():
+    k = torch.full((5,), 0.3, dtype=torch.float64)
+    assert c_uniform(k) == pytest.approx(0.3)
+    g = torch.randn(10)
+    assert torch.allclose(c_uniform(k) * g, 0.3 * g)
+
+
+def test_e3_range_and_monotonicity():
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        deg = torch.randint(0, 30, (6,), generator=gen)
+        ell = (torch.rand(6, generator=gen) * (deg + 1)).long().clamp(max=deg)
+        s = ell.clamp(max=5)
+        k = kappa(ell, deg, 1.0)
+        cu, cr = c_uniform(k), c_resampling(k, s)
+        assert 0 < cr <= 1 and 0 < cu <= 1
+        i = int(torch.randint(6, (1,), generator=gen))
+        if ell[i] < deg[i]:
+            ell2 = ell.clone()
+            ell2[i] += 1
+            k2 = kappa(ell2, deg, 1.0)
+            assert c_uniform(k2) >= cu and c_resampling(k2, s) >= cr - 1e-15
+
+
+def test_e4_shrinkage_ordering_resampling_le_harmonic_le_arithmetic():
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(500):
+        n = int(torch.randint(1, 20, (1,), generator=gen))
+        deg = torch.randint(0, 50, (n,), generator=gen)
+        ell = (torch.rand(n, generator=gen) * (deg + 1)).long().clamp(max=deg)
+        alpha = float(torch.rand(1, generator=gen)) * 2
+        s = ell.clamp(max=int(torch.randint(1, 10, (1,), generator=gen)))
+        s = torch.where(s.double() + alpha >= 1, s, torch.ones_like(s))
+        k = kappa(ell, deg, alpha)
+        hm = float(1 / (1 / k).mean())
+        assert c_resampling(k, s, alpha) <= hm + 1e-12 <= c_uniform(k) + 2e-12
+
+
+def test_e5_literal_eq12_by_hand():
+    ell, deg, s = torch.tensor([1, 2, 4]), torch.tensor([3, 2, 9]), torch.tensor([1, 2, 3])
+    k = kappa(ell, deg, 1.0)  # 2/4, 1, 5/10
+    r = (4 / 2 - 1) * (1 + 1) + 0 + (10 / 5 - 1) * (3 + 1)  # 2 + 0 + 4
+    assert c_resampling_literal(k, s) == pytest.approx(min(1.0, 1 / r))
+    assert c_resampling_literal(torch.ones(3, dtype=torch.float64), s) == 1.0
+    big = kappa(torch.tensor([0, 0]), torch.tensor([50, 50]), 1.0)
+    assert 0 < c_resampling_literal(big, torch.tensor([0, 0])) <= 1
+
+
+def test_e6_gcn_kappa_is_the_local_mass_and_uniform_reduces_to_ratio():
+    # one seed with 4 in-neighbours of degrees 0, 3, 8, 15; the first two are local
+    indptr, deg = torch.tensor([0, 4]), torch.tensor([0, 3, 8, 15])
+    local = torch.tensor([True, True, False, False])
+    w = (deg.double() + 1).rsqrt()
+    expect = (w[:2].sum() + 1) / (w.sum() + 1)
+    assert float(gcn_kappa(indptr, torch.arange(4), local, deg, 1.0)[0]) == pytest.approx(expect)
+    flat = torch.zeros(4, dtype=torch.int64)  # equal weights: ell / D with alpha = 0
+    assert float(gcn_kappa(indptr, torch.arange(4), local, flat, 0.0)[0]) == pytest.approx(0.5)
+
+
+def test_e7_p_over_q_is_constant_over_local_neighbours():
+    gen = torch.Generator().manual_seed(2)
+    p = torch.rand(12, generator=gen, dtype=torch.float64)
+    p /= p.sum()
+    local = torch.zeros(12, dtype=torch.bool)
+    local[[0, 3, 4, 9]] = True
+    q = torch.where(local, p / p[local].sum(), torch.zeros_like(p))
+    ratio = p[local] / q[local]
+    assert torch.allclose(ratio, torch.full_like(ratio, float(p[local].sum())))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_e8_degenerate_nodes_give_finite_factors(alpha):
+    ell, deg, s = torch.tensor([0, 0, 3]), torch.tensor([0, 5, 3]), torch.tensor([0, 0, 3])
+    k = kappa(ell, deg, alpha)
+    assert k[0] == 1.0 and bool(torch.isfinite(k).all())
+    for est in ("uniform", "resampling", "resampling_literal"):
+        c = batch_factor(est, k, s, alpha)
+        assert math.isfinite(c) and 0 <= c <= 1
+    assert batch_factor("resampling", k[:0], s[:0], alpha) == 1.0
+
+
+# ------------------------------------------------------------------ S1-S3, S5: Monte Carlo
+def _subset_draws(n_local, size, draws, replace, gen):
+    if replace:
+        return torch.randint(n_local, (draws, size), generator=gen)
+    return torch.rand(draws, n_local, generator=gen).argsort(1)[:, :size]
+
+
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("full", [False, True])
+def test_s1_s2_importance_sampling_identity(replace, full):
+    gen = torch.Generator().manual_seed(3)
+    d = 12
+    g = torch.randn(d, 8, generator=gen, dtype=torch.float64)
+    local = torch.arange(d) if full else torch.tensor([0, 2, 5, 7, 11])
+    k = float(kappa(torch.tensor([local.numel()]), torch.tensor([d]), 0.0)[0])
+    picks = local[_subset_draws(local.numel(), 3, 20000, replace, gen)]
+    est = k * g[picks].mean(1)  # [draws, 8]
+    target = g[local].sum(0) / d
+    se = est.std(0) / math.sqrt(est.shape[0])
+    assert bool(((est.mean(0) - target).abs() <= 4 * se + 1e-12).all())
+    if full:
+        assert torch.allclose(target, g.mean(0))
+
+
+def test_s3_uniform_factor_is_the_least_squares_scalar():
+    gen = torch.Generator().manual_seed(4)
+    mu = torch.randn(16, generator=gen, dtype=torch.float64)
+    k = torch.rand(64, generator=gen, dtype=torch.float64) * 0.9 + 0.05
+    draws = 4000
+    g = mu + torch.randn(draws, 64, 16, generator=gen, dtype=torch.float64)
+    plain = g.mean(1)  # E[g_S]
+    corr = (k[None, :, None] * g).mean(1)  # node-level corrected
+    e_g, e_corr = plain.mean(0), corr.mean(0)
+    c_star = float(e_g @ e_corr / (e_g @ e_g))
+    assert c_star == pytest.approx(c_uniform(k), rel=0.02)
+
+
+@pytest.mark.parametrize("c", [4, 8])
+def test_s5_expected_coverage_under_random_chunking(tmp_path, c):
+    gen = torch.Generator().manual_seed(5)
+    n, avg = 4000, 40
+    src = torch.randint(n, (n * avg // 2,), generator=gen)
+    dst = torch.randint(n, (n * avg // 2,), generator=gen)
+    g = Graph.from_edge_index(
+        torch.stack([src, dst]),
+        n,
+        undirected=True,
+        x=torch.zeros(n, 1),
+        y=torch.zeros(n, dtype=torch.int64),
+        train_mask=torch.ones(n, dtype=torch.bool),
+        val_mask=torch.zeros(n, dtype=torch.bool),
+        test_mask=torch.zeros(n, dtype=torch.bool),
+        num_classes=1,
+    )
+    st = write_chunk_store(g, c, "random", 0, str(tmp_path))
+    ks = []
+    for spec in Schedule("pinned_sweep", c).partitions(0):
+        part = build_partition(st, spec, halo_hops=0)
+        ks.append(kappa(part.ell[part.seeds], part.deg[part.seeds], 0.0))
+    assert float(torch.cat(ks).mean()) == pytest.approx(2 / c, abs=0.02)
+
+
+# ---------------------------------------------------------------------------- bench grappa
+def test_bench_grappa_table(tmp_path):
+    from lightning_gnnscale.bench.cli import main
+
+    out = tmp_path / "bench"
+    args = ["grappa", "--nodes", "600", "--features", "8", "--parts", "1,2", "--depths", "2"]
+    assert main([*args, "--batch-size", "100", "--partitioning", "random", "--out", str(out)]) == 0
+    rows = json.loads((out / "grappa_traffic.json").read_text())["rows"]
+    one, two = rows
+    assert one["conventional_feature_mb"] == one["grappa_gradient_mb"] == 0  # no peers
+    assert two["conventional_feature_mb"] > 0 and two["conventional_structure_mb"] > 0
+    n_params = sum(p.numel() for p in BlockGNN("sage", 8, 128, 8, 2).parameters())
+    assert two["grappa_gradient_mb"] == pytest.approx(
+        two["steps_per_partition"] * 4 * n_params / 1e6
+    )
+    assert "| random | 2 | 2 |" in (out / "grappa_traffic.md").read_text()
