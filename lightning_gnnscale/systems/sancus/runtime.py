@@ -85,55 +85,51 @@ class SkipBroadcast:
         return torch.ones(self.layout.world_size, dtype=torch.bool)
 
     # ---------------------------------------------------------------------- aggregation
-    def aggregate(self, h: Tensor, layer: int, train: bool) -> Tensor:
-        """``T_i = sum_j Â_ij H̃_j`` ``[n_i, F_l]``; ``train`` applies the policy and updates the
-        caches, otherwise exact and stateless."""
+    def _broadcast_and_multiply(
+        self, own: Tensor, flags: Tensor, cache: list | None, category: str
+    ) -> Tensor:
+        """``sum_j Â_ij B_j`` ``[n_i, F]`` where ``B_i = own`` and, for ``j != i``, ``B_j`` is
+        root ``j``'s block, broadcast now if ``flags[j]`` (stored into ``cache[j]`` when a cache
+        is given), else read from ``cache[j]``. Every rank makes the same broadcast calls."""
         layout, rank = self.layout, self.layout.rank
-        flags = self._decide(layer, h) if train else self._eval_flags(layer)
-        category = "feature" if layer == 0 else "activation"
-        out = layout.blocks[rank] @ h
+        out = layout.blocks[rank] @ own
         for j, size in enumerate(layout.sizes):
             if j == rank:
                 if flags[j]:
-                    self.comm.broadcast(h.detach().contiguous(), j, category=category)
+                    self.comm.broadcast(own.detach().contiguous(), j, category=category)
                 continue
             if flags[j]:
-                block = h.new_empty(size, h.shape[1])
+                block = own.new_empty(size, own.shape[1])
                 self.comm.broadcast(block, j, category=category)
-                if train:
-                    self.cache[layer][j] = block
+                if cache is not None:
+                    cache[j] = block
             else:
-                block = self.cache[layer][j]
+                block = cache[j]
             if layout.consumer[rank, j]:
                 out = out + layout.blocks[j] @ block
+        return out
+
+    def aggregate(self, h: Tensor, layer: int, train: bool) -> Tensor:
+        """``T_i = sum_j Â_ij H̃_j`` ``[n_i, F_l]``; ``train`` applies the policy and updates the
+        caches, otherwise exact and stateless (reading only the exact X cache)."""
+        flags = self._decide(layer, h) if train else self._eval_flags(layer)
+        category = "feature" if layer == 0 else "activation"
+        # Evaluation never stores: it reads a copy of the cache row so the originals stay.
+        cache = self.cache[layer] if train else list(self.cache[layer])
+        out = self._broadcast_and_multiply(h, flags, cache, category)
         if train:
             self.last_bcast[layer][flags] = self.epoch
-            if self.policy.root_decides(layer) and flags[rank]:
+            if self.policy.root_decides(layer) and flags[self.layout.rank]:
                 self.own_last[layer] = h.detach().clone()
         return out
 
     def aggregate_gradient(self, grad: Tensor, layer: int) -> Tensor:
         """``sum_j Â_ij G_j`` ``[n_i, F_out]`` for the output gradients of layer ``layer``; roots
         broadcast ``G_j`` every epoch (SkipG: under its epoch bound, else cached δ̃_j)."""
-        layout, rank = self.layout, self.layout.rank
         flags = self.policy.gradient_flags(self.epoch, self.grad_last[layer])
         self.backward_flags[(self.epoch, layer)] = flags.clone()
-        keep = self.policy.name == "skipg"
-        out = layout.blocks[rank] @ grad
-        for j, size in enumerate(layout.sizes):
-            if j == rank:
-                if flags[j]:
-                    self.comm.broadcast(grad.contiguous(), j, category="activation_grad")
-                continue
-            if flags[j]:
-                block = grad.new_empty(size, grad.shape[1])
-                self.comm.broadcast(block, j, category="activation_grad")
-                if keep:
-                    self.grad_cache[layer][j] = block
-            else:
-                block = self.grad_cache[layer][j]
-            if layout.consumer[rank, j]:
-                out = out + layout.blocks[j] @ block
+        cache = self.grad_cache[layer] if self.policy.name == "skipg" else None
+        out = self._broadcast_and_multiply(grad, flags, cache, "activation_grad")
         self.grad_last[layer][flags] = self.epoch
         return out
 
