@@ -181,6 +181,52 @@ def test_equalised_steps_visit_every_seed_once_per_epoch(store, world, k):
         assert torch.equal(got.sort().values, small_graph().split_ids("train"))
 
 
+@pytest.mark.parametrize("batch_size", [8, 12, 24, 40])
+def test_equalised_steps_split_evenly_and_never_leave_a_step_empty(store, batch_size):
+    """A partition that fills the phase's steps at ``local_batch`` slices as ddp would (last
+    step shorter); any other is spread over all steps with sizes differing by at most 1, so no
+    step of a rank is empty while the others train."""
+    spread = 0
+    for rank in range(4):
+        dm = make_dm(store, 4, rank, batch_size=batch_size)
+        n, n_steps, lb = dm.partition(0).seeds.numel(), dm.n_steps[0], dm.local_batch
+        sizes = [dm.make_batch(0, step).num_seeds for step in range(n_steps)]
+        assert sum(sizes) == n
+        if math.ceil(n / lb) == n_steps:
+            assert sizes == [min(lb, n - i * lb) for i in range(n_steps)]
+        else:
+            spread += 1
+            assert sizes == [t.numel() for t in torch.arange(n).tensor_split(n_steps)]
+            assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+    assert spread  # the store's chunks differ in size, so some rank spreads
+
+
+def test_seed_order_and_sampler_are_built_once_per_partition_and_epoch(store, monkeypatch):
+    import lightning_gnnscale.systems.base as base
+    import lightning_gnnscale.systems.grappa.datamodule as grappa_dm
+
+    calls = {"order": 0, "sampler": 0}
+    permute = base.epoch_permutation
+
+    def counting_permutation(*args):
+        calls["order"] += 1
+        return permute(*args)
+
+    class CountingSampler(grappa_dm.PartitionSampler):
+        def __init__(self, *args):
+            calls["sampler"] += 1
+            super().__init__(*args)
+
+    monkeypatch.setattr(base, "epoch_permutation", counting_permutation)
+    monkeypatch.setattr(grappa_dm, "PartitionSampler", CountingSampler)
+    dm = make_dm(store, 1, 0, k=4, batch_size=8, cache_partitions=True)
+    for epoch in (0, 1):
+        for step in range(dm.steps_per_epoch):
+            dm.make_batch(epoch, step)
+    assert dm.steps_per_epoch > 8
+    assert calls == {"order": 4 * 2, "sampler": 4}  # 4 partitions x 2 epochs; 4 partitions
+
+
 def test_fullgraph_mode_has_one_step_per_phase_and_s_equals_ell(store):
     dm = make_dm(store, 2, 0, k=2, mode="fullgraph")
     assert dm.steps_per_epoch == 2  # M8: k optimiser steps per epoch
@@ -198,8 +244,24 @@ def test_node_estimator_attaches_kappa_as_seed_weights(store):
     assert torch.allclose(batch.seed_weight.double(), batch.stats["kappa"])
 
 
+def test_isolated_evaluation_neither_counts_builds_nor_evicts_the_training_partition(store):
+    dm = make_dm(store, 2, 1, k=2, eval_mode="isolated")
+    for step in range(dm.steps_per_epoch):
+        dm.make_batch(0, step)
+    held = dm.partition(1)
+    builds, io = dm.builds, dm.io_bytes
+    counts = dm.eval_counts(BlockGNN("sage", 6, 16, 4, 2), ("val", "test"))
+    assert (dm.builds, dm.io_bytes) == (builds, io)
+    assert dm.partition(1) is held and dm.builds == builds
+    g, seeds = small_graph(), [dm.partition(i) for i in range(2)]
+    owned = torch.cat([p.global_ids[: p.num_own][p.seed_owned] for p in seeds])
+    assert counts[0, 1] == int(g.val_mask[owned].sum())
+    assert counts[1, 1] == int(g.test_mask[owned].sum())
+
+
 # --------------------------------------------------------------------- P10-P12: controller
-def run_controller(ctrl, dm, epochs, deltas=None):
+def run_controller(ctrl, dm, epochs, deltas=None, logged=None):
+    module = SimpleNamespace(log_dict=(logged if logged is not None else []).append)
     trainer = SimpleNamespace(
         datamodule=dm,
         strategy=SimpleNamespace(last_delta=0.0, last_c=1.0, comm=_LocalComm()),
@@ -212,7 +274,7 @@ def run_controller(ctrl, dm, epochs, deltas=None):
         for d in deltas[e] if deltas else [0.0]:
             trainer.strategy.last_delta = d
             ctrl.on_train_batch_end(trainer, None, None, None, 0)
-        ctrl.on_train_epoch_end(trainer, None)
+        ctrl.on_train_epoch_end(trainer, module)
     return ts
 
 
@@ -234,6 +296,24 @@ def test_super_epoch_length_and_boundaries(store):
     assert spec0 != dm.schedule.partition(0, 1)  # repartition changes assignments
 
 
+def test_controller_counts_an_epoch_end_once_and_logs_epoch_means(store):
+    """Lightning re-runs an epoch end on some resumes: a counted epoch is not counted again,
+    an uncounted one (state saved before its end) advances; c and delta are logged as means."""
+    dm, ctrl, logged = make_dm(store, 4, 0), SuperEpochController(2), []
+    run_controller(ctrl, dm, 2, [[0.2, 0.4], [0.6]], logged)
+    assert (dm.t, dm.e_in, ctrl.switches) == (1, 0, [1])
+    assert [d["grappa/delta"] for d in logged] == pytest.approx([0.3, 0.6])
+    assert [d["grappa/c"] for d in logged] == [1.0, 1.0]
+    trainer = SimpleNamespace(datamodule=dm, current_epoch=1)
+    ctrl.on_train_epoch_end(trainer, None)  # the re-run end of epoch 1: already counted
+    assert (dm.t, dm.e_in, ctrl.switches, len(logged)) == (1, 0, [1], 2)
+    fresh, resumed = make_dm(store, 4, 0), SuperEpochController(2)
+    fresh.load_state_dict({**fresh.state_dict(), "t": 0, "e_in": 1})  # saved inside epoch 1
+    resumed.load_state_dict({**ctrl.state_dict(), "switches": [], "last_epoch": 0})
+    resumed.on_train_epoch_end(SimpleNamespace(datamodule=fresh, current_epoch=1), None)
+    assert (fresh.t, fresh.e_in, resumed.switches) == (1, 0, [1])
+
+
 def test_early_trigger_fires_on_a_full_window_above_threshold_only(store):
     high, low = [[0.95] * 4] * 3, [[0.5] * 4] * 3
     ctrl = SuperEpochController(10, early_trigger=True, threshold=0.9, window_steps=4)
@@ -253,8 +333,15 @@ def test_state_round_trip_rebuilds_identical_partitions(store):
     run_controller(ctrl, dm, 3, [[0.1, 0.2]] * 3)
     before = [dm.make_batch(3, s) for s in range(dm.steps_per_epoch)]
     fresh, fresh_ctrl = make_dm(store, 2, 1, k=2), SuperEpochController(2, True, window_steps=3)
-    with pytest.raises(ValueError, match="chunking"):
-        fresh.load_state_dict({**dm.state_dict(), "chunking": "grappa-chunks-other"})
+    for key, other in (
+        ("chunking", "grappa-chunks-other"),
+        ("schedule", "tournament"),
+        ("sweep_order", "shuffled"),
+        ("sweep_seed", 7),
+        ("partitions_per_rank", 1),
+    ):
+        with pytest.raises(ValueError, match=key):
+            fresh.load_state_dict({**dm.state_dict(), key: other})
     fresh.load_state_dict(dm.state_dict())
     fresh_ctrl.load_state_dict(ctrl.state_dict())
     assert (fresh.t, fresh.e_in) == (dm.t, dm.e_in) == (1, 1)
@@ -334,15 +421,38 @@ def test_e6_gcn_kappa_is_the_local_mass_and_uniform_reduces_to_ratio():
     assert float(gcn_kappa(indptr, torch.arange(4), local, flat, 0.0)[0]) == pytest.approx(0.5)
 
 
-def test_e7_p_over_q_is_constant_over_local_neighbours():
+def test_e7_gcn_kappa_is_the_p_over_q_constant_of_the_local_restriction():
+    """E7: restricting GCN neighbour weights p to the local neighbours (q = p / local mass)
+    gives p/q equal on every local neighbour, and that constant is ``gcn_kappa`` (alpha = 0)."""
     gen = torch.Generator().manual_seed(2)
-    p = torch.rand(12, generator=gen, dtype=torch.float64)
-    p /= p.sum()
+    deg = torch.randint(0, 30, (12,), generator=gen)
     local = torch.zeros(12, dtype=torch.bool)
     local[[0, 3, 4, 9]] = True
+    p = (deg.double() + 1).rsqrt()
+    p /= p.sum()
     q = torch.where(local, p / p[local].sum(), torch.zeros_like(p))
     ratio = p[local] / q[local]
-    assert torch.allclose(ratio, torch.full_like(ratio, float(p[local].sum())))
+    k = gcn_kappa(torch.tensor([0, 12]), torch.arange(12), local, deg, 0.0)
+    assert torch.allclose(ratio, k.expand_as(ratio), rtol=0, atol=1e-12)
+
+
+def test_gcn_weighting_in_the_datamodule_matches_the_whole_graph_and_needs_the_halo(store):
+    """Finding: without the halo the GCN coverage would be 1 everywhere; with it, each seed's
+    kappa is the local share of its whole-graph GCN in-neighbour mass."""
+    with pytest.raises(ValueError, match="halo_hops=1"):
+        make_dm(store, 4, 1, halo_hops=0, neighbor_weighting="gcn")
+    g = small_graph()
+    dm = make_dm(store, 4, 1, neighbor_weighting="gcn")
+    batch = dm.make_batch(0, 0)
+    part = dm.partition(0)
+    gids = part.global_ids[batch.blocks[-1].dst_ids]
+    own = part.global_ids[: part.num_own]
+    deg = g.in_degree()
+    ptr = torch.cat([torch.zeros(1, dtype=torch.int64), deg[gids].cumsum(0)])
+    src = torch.cat([g.indices[g.indptr[v] : g.indptr[v + 1]] for v in gids.tolist()])
+    expect = gcn_kappa(ptr, src, torch.isin(src, own), deg[src], dm.alpha)
+    assert bool((expect < 1).any())
+    torch.testing.assert_close(batch.stats["kappa"], expect, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
@@ -354,6 +464,35 @@ def test_e8_degenerate_nodes_give_finite_factors(alpha):
         c = batch_factor(est, k, s, alpha)
         assert math.isfinite(c) and 0 <= c <= 1
     assert batch_factor("resampling", k[:0], s[:0], alpha) == 1.0
+
+
+@pytest.mark.parametrize("estimator", ["resampling", "uniform", "none"])
+@pytest.mark.parametrize("scaling_impl", ["comm_hook", "loss_scale"])
+def test_strategy_training_step_sets_the_hook_scale_to_the_batch_factor_over_w(
+    store, monkeypatch, estimator, scaling_impl
+):
+    """``GrappaStrategy.training_step`` on a real batch: ``comm_hook`` puts ``c / W`` into the
+    DDP hook state (loss untouched), ``loss_scale`` multiplies the loss by it (hook scale 1)."""
+    from lightning_gnnscale.comm import GradientHookState
+    from lightning_gnnscale.systems.base import MeteredDDPStrategy
+    from lightning_gnnscale.systems.grappa.strategy import GrappaStrategy
+
+    monkeypatch.setattr(
+        MeteredDDPStrategy,
+        "training_step",
+        lambda self, *a, **k: torch.ones((), dtype=torch.float64),
+    )
+    monkeypatch.setattr(GrappaStrategy, "world_size", property(lambda self: 4))
+    batch = make_dm(store, 4, 1).make_batch(0, 0)
+    strategy = GrappaStrategy(estimator, degree_smoothing=1.0, scaling_impl=scaling_impl)
+    strategy.grad_hook_state = GradientHookState(comm=None)
+    loss = strategy.training_step(batch, 0)
+    c = batch_factor(estimator, batch.stats["kappa"], batch.stats["s"], 1.0)
+    assert (c < 1) == (estimator != "none")
+    expect_hook, expect_loss = (c / 4, 1.0) if scaling_impl == "comm_hook" else (1.0, c / 4)
+    assert strategy.grad_hook_state.scale == pytest.approx(expect_hook, rel=1e-12)
+    assert float(loss) == pytest.approx(expect_loss, rel=1e-12)
+    assert strategy.last_c == pytest.approx(c, rel=1e-12)
 
 
 # ------------------------------------------------------------------ S1-S3, S5: Monte Carlo
@@ -420,17 +559,30 @@ def test_s5_expected_coverage_under_random_chunking(tmp_path, c):
 
 # ---------------------------------------------------------------------------- bench grappa
 def test_bench_grappa_table(tmp_path):
+    """Grappa's bytes: its equalised step count (the largest partition's) x the ring all-reduce
+    of every parameter; P = 4 too, where the ring factor 2(P-1)/P is 1.5, not 1."""
     from lightning_gnnscale.bench.cli import main
+    from lightning_gnnscale.bench.grappa import make_graph
+    from lightning_gnnscale.graph.partition import partition
 
     out = tmp_path / "bench"
-    args = ["grappa", "--nodes", "600", "--features", "8", "--parts", "1,2", "--depths", "2"]
+    args = ["grappa", "--nodes", "600", "--features", "8", "--parts", "1,2,4", "--depths", "2"]
     assert main([*args, "--batch-size", "100", "--partitioning", "random", "--out", str(out)]) == 0
     rows = json.loads((out / "grappa_traffic.json").read_text())["rows"]
-    one, two = rows
+    one, two, four = rows
     assert one["conventional_feature_mb"] == one["grappa_gradient_mb"] == 0  # no peers
-    assert two["conventional_feature_mb"] > 0 and two["conventional_structure_mb"] > 0
     n_params = sum(p.numel() for p in BlockGNN("sage", 8, 128, 8, 2).parameters())
-    assert two["grappa_gradient_mb"] == pytest.approx(
-        two["steps_per_partition"] * 4 * n_params / 1e6
-    )
+    graph = make_graph("sbm", 600, 8, 0)
+    train = graph.split_ids("train")
+    for row in (two, four):
+        p = row["parts"]
+        assert row["conventional_feature_mb"] > 0 and row["conventional_structure_mb"] > 0
+        owners = partition(graph, "random", p, seed=0)[train]
+        sizes = torch.bincount(owners, minlength=p)
+        assert row["grappa_steps"] == max(math.ceil(int(n) / math.ceil(100 / p)) for n in sizes)
+        assert row["grappa_steps"] > row["steps_per_partition"]  # uneven partitions
+        ring = 2 * (p - 1) / p
+        assert row["grappa_gradient_mb"] == pytest.approx(
+            row["grappa_steps"] * ring * 4 * n_params / 1e6
+        )
     assert "| random | 2 | 2 |" in (out / "grappa_traffic.md").read_text()

@@ -230,6 +230,35 @@ def test_resume_rebuilds_the_same_partitions(tmp_path):
         torch.testing.assert_close(b[name], value, rtol=0, atol=1e-12)
 
 
+@pytest.mark.e2e
+def test_resume_with_validation_every_second_epoch_counts_each_epoch_end_once(tmp_path):
+    """With ``check_val_every_n_epoch=2`` the checkpoint is written in epoch 1's validation,
+    before that epoch's end (so before the super-epoch advance), and Lightning re-runs epoch 1's
+    end on resume: the advance happens then, exactly once, no epoch is recorded twice, and the
+    run ends as the uninterrupted one (3 chunks, so the schedule really changes)."""
+    base = (
+        "trainer.devices=1",
+        "dtype=float64",
+        "strategy.partitions_per_rank=3",
+        "strategy.super_epoch_len=2",
+        "trainer.check_val_every_n_epoch=2",
+    )
+    _, full = train_one_rank(grappa_cfg(tmp_path / "full", *base, "trainer.max_epochs=4"))
+    _, first = train_one_rank(grappa_cfg(tmp_path / "a", *base, "trainer.max_epochs=2"))
+    ckpt = first["output_dir"] / "checkpoints" / "last.ckpt"
+    saved = torch.load(ckpt, weights_only=False)["GrappaDataModule"]
+    assert (saved["t"], saved["e_in"]) == (0, 1)  # epoch 0 counted, epoch 1 not yet
+    metrics, resumed = train_one_rank(
+        grappa_cfg(tmp_path / "b", *base, "trainer.max_epochs=4", f"ckpt_path={ckpt}")
+    )
+    assert [row["epoch"] for row in metrics["history"]] == [2, 3]
+    assert metrics["system"]["grappa_super_epoch_switches"] == 2  # after epochs 1 and 3
+    a, b = final_params(full["output_dir"]), final_params(resumed["output_dir"])
+    assert a["GrappaDataModule"] == b["GrappaDataModule"]
+    for name, value in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][name], value, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize(
     ("preset", "expected"),
     [
@@ -285,6 +314,10 @@ def test_50s_moves_feature_rows_and_fails_the_gradient_only_audit(tmp_path):
         (("data.num_workers=1",), "data.num_workers=0"),
         (("model=custom",), "custom"),
         (("strategy.super_epoch_len=0",), "super_epoch_len"),
+        (("strategy.neighbor_weighting=gcn", "strategy.halo_hops=0"), "halo_hops=1"),
+        (("strategy.early_trigger.window_steps=0",), "window_steps"),
+        (("strategy.early_trigger.threshold=1.0",), "threshold"),
+        (("strategy.early_trigger.threshold=-0.1",), "threshold"),
     ],
 )
 def test_grappa_config_errors(tmp_path, overrides, message):

@@ -78,6 +78,8 @@ class CommStats(L.Callback):
             self._eval = sum_snapshots([self._eval, meter.delta(self._eval_start)])
 
     def on_train_epoch_end(self, trainer, pl_module):
+        if not hasattr(self, "_start"):
+            return  # an epoch end Lightning re-runs on resume (see EpochStats)
         comm, meter = trainer.strategy.comm, trainer.strategy.meter
         train_delta = diff_snapshots(meter.delta(self._start), self._eval)
         per_rank = comm.gather_meter(train_delta)
@@ -92,6 +94,7 @@ class CommStats(L.Callback):
             "eval_bytes": eval_bytes,
         }
         self.epochs.append(record)
+        del self._start
         metrics = {f"comm/{cat}_bytes": float(n) for cat, n in total.items()}
         metrics.update(
             {
@@ -112,6 +115,10 @@ class EpochStats(L.Callback):
     during the epoch (sampling exchanges, shuffles, KV pulls; part of ``sample``, ``load`` and
     ``compute``, not on top of them). Times are rank 0's; input rows are summed over ranks (every
     strategy's batches report ``input_nodes``); memory is the max over ranks.
+
+    Resuming from a checkpoint saved inside an epoch's last validation (when validation is not
+    every epoch) makes Lightning run that epoch's ``on_train_epoch_end`` again without its
+    ``on_train_epoch_start``; such an epoch end records nothing.
     """
 
     def __init__(self):
@@ -133,7 +140,10 @@ class EpochStats(L.Callback):
         self._times["compute_s"] += time.perf_counter() - self._batch_start
 
     def on_train_epoch_end(self, trainer, pl_module):
+        if not hasattr(self, "_epoch_start"):
+            return  # re-run epoch end on resume: this epoch was measured by the first run
         epoch_s = time.perf_counter() - self._epoch_start
+        del self._epoch_start
         self._times["comm_s"] = trainer.strategy.meter.wait_s - self._wait_start
         comm = trainer.strategy.comm
         sums = torch.cat(
@@ -144,6 +154,7 @@ class EpochStats(L.Callback):
             torch.tensor([peak_rss_mb()], dtype=torch.float64), "max", category="control"
         )
         record = {
+            "epoch": trainer.current_epoch,
             "train_loss": float(loss[0] / loss[1].clamp(min=1)),
             "input_rows": int(loss[2]),
             "epoch_s": epoch_s,
@@ -178,6 +189,8 @@ class CollectiveAudit(L.Callback):
         self._start = trainer.strategy.meter.snapshot()
 
     def on_train_epoch_end(self, trainer, pl_module):
+        if not hasattr(self, "_recorder"):
+            return  # re-run epoch end on resume (see EpochStats): nothing was recorded
         self._recorder.__exit__(None, None, None)
         self.calls += len(self._recorder.calls)
         self._recorder.assert_accounted(trainer.strategy.meter.delta(self._start))
@@ -207,14 +220,10 @@ class RunSummary(L.Callback):
         self.system_callbacks = system_callbacks or []
         self.evals: list[dict] = []
         self._fit_start = 0.0
-        self.first_epoch = 0
         self.summary: dict | None = None
 
     def on_fit_start(self, trainer, pl_module):
         self._fit_start = time.perf_counter()
-
-    def on_train_start(self, trainer, pl_module):
-        self.first_epoch = trainer.current_epoch  # > 0 when resumed from a checkpoint
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking:
@@ -229,9 +238,10 @@ class RunSummary(L.Callback):
         )
 
     def on_train_epoch_end(self, trainer, pl_module):
-        if trainer.global_rank != 0:
+        epochs = self.epoch_stats.epochs
+        if trainer.global_rank != 0 or not epochs or epochs[-1]["epoch"] != trainer.current_epoch:
             return
-        e = self.epoch_stats.epochs[-1]
+        e = epochs[-1]
         c = self.comm_stats.epochs[-1]
         last = (
             self.evals[-1]
@@ -302,12 +312,12 @@ class RunSummary(L.Callback):
         """One row per epoch: loss, accuracies (if evaluated), time, cumulative time, bytes."""
         evals = {r["epoch"]: r for r in self.evals}
         rows, elapsed = [], 0.0
-        for i, (e, c) in enumerate(zip(self.epoch_stats.epochs, self.comm_stats.epochs)):
+        for e, c in zip(self.epoch_stats.epochs, self.comm_stats.epochs):
             elapsed += e["epoch_s"]
-            ev = evals.get(self.first_epoch + i, {})
+            ev = evals.get(e["epoch"], {})
             rows.append(
                 {
-                    "epoch": self.first_epoch + i,
+                    "epoch": e["epoch"],
                     "train_loss": e["train_loss"],
                     "val_acc": ev.get("val_acc"),
                     "test_acc": ev.get("test_acc"),

@@ -17,7 +17,7 @@ from ...graph.csc import Graph
 from ..base import ddp_strategy_kwargs
 from .callbacks import GradientOnlyAudit, SuperEpochController
 from .chunking import CHUNKINGS, ChunkStore, write_chunk_store
-from .datamodule import EVAL_MODES, MODES, GrappaDataModule
+from .datamodule import EVAL_MODES, GCN_NEEDS_HALO, MODES, GrappaDataModule
 from .estimators import ESTIMATORS
 from .schedule import SCHEDULES, SWEEP_ORDERS, Schedule, super_epoch_len
 from .strategy import SCALING_IMPLS, GrappaStrategy
@@ -64,6 +64,8 @@ def validate(cfg) -> None:
     _choice(s.eval_mode, EVAL_MODES, "eval_mode")
     _choice(s.neighbor_weighting, NEIGHBOR_WEIGHTINGS, "neighbor_weighting")
     _choice(int(s.halo_hops), (0, 1), "halo_hops")
+    if s.neighbor_weighting == "gcn" and int(s.halo_hops) == 0:
+        raise ConfigError(GCN_NEEDS_HALO)
     k = int(s.partitions_per_rank)
     if k < 1:
         raise ConfigError(f"strategy.partitions_per_rank={k} must be >= 1")
@@ -75,6 +77,13 @@ def validate(cfg) -> None:
             f"partitions_per_rank x world size = {k} x {_world(cfg)} = {parts}; leave "
             "num_chunks=null to derive it"
         )
+    trigger = s.early_trigger
+    if int(trigger.window_steps) < 1:
+        raise ConfigError(
+            f"strategy.early_trigger.window_steps={trigger.window_steps} must be >= 1"
+        )
+    if not 0.0 <= float(trigger.threshold) < 1.0:
+        raise ConfigError(f"strategy.early_trigger.threshold={trigger.threshold} must be in [0, 1)")
     if float(s.degree_smoothing) < 0:
         raise ConfigError("strategy.degree_smoothing must be >= 0")
     length = s.super_epoch_len

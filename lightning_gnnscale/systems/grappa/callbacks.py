@@ -16,7 +16,13 @@ class SuperEpochController(L.Callback):
     ``min_epochs``; the ranks' flags are combined by one int all-reduce (MAX, ``control``) at
     epoch end, outside training steps, and all ranks switch together.
 
-    Also collects coverage statistics for ``summary.json``.
+    Each epoch end is counted once: a checkpoint written inside an epoch's last validation
+    (validation not every epoch) holds the state before that epoch's end, and Lightning runs
+    that epoch end again on resume, which makes the advance then; an epoch end already counted
+    (``last_epoch``, saved with the state) is skipped.
+
+    Also logs this rank's epoch means of ``c`` and ``Δ`` (``grappa/c``, ``grappa/delta``) and
+    collects coverage statistics for ``summary.json``.
     """
 
     def __init__(
@@ -32,7 +38,9 @@ class SuperEpochController(L.Callback):
         self.window: list[float] = []
         self.switches: list[int] = []  # epochs after which t advanced
         self.early_switches = 0
+        self.last_epoch = -1  # the last epoch whose end was counted
         self._c_sum, self._steps = 0.0, 0
+        self._epoch_sums = [0.0, 0.0, 0]  # this epoch's sum of c, sum of delta, steps
         self._dm = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -40,6 +48,8 @@ class SuperEpochController(L.Callback):
         self.window = [*self.window, strategy.last_delta][-self.window_steps :]
         self._c_sum += strategy.last_c
         self._steps += 1
+        c, delta, steps = self._epoch_sums
+        self._epoch_sums = [c + strategy.last_c, delta + strategy.last_delta, steps + 1]
 
     def trigger_flag(self, epochs_in: int) -> int:
         """This rank's early-trigger vote (before the all-reduce)."""
@@ -49,6 +59,13 @@ class SuperEpochController(L.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         dm = self._dm = trainer.datamodule
+        if trainer.current_epoch <= self.last_epoch:
+            return
+        self.last_epoch = trainer.current_epoch
+        c, delta, steps = self._epoch_sums
+        if steps:
+            pl_module.log_dict({"grappa/c": c / steps, "grappa/delta": delta / steps})
+        self._epoch_sums = [0.0, 0.0, 0]
         dm.e_in += 1
         early = False
         if self.early_trigger:
@@ -65,12 +82,14 @@ class SuperEpochController(L.Callback):
             "window": list(self.window),
             "switches": list(self.switches),
             "early_switches": self.early_switches,
+            "last_epoch": self.last_epoch,
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.window = list(state["window"])
         self.switches = list(state["switches"])
         self.early_switches = int(state["early_switches"])
+        self.last_epoch = int(state["last_epoch"])
 
     def summary_stats(self) -> dict:
         return {

@@ -20,15 +20,20 @@ from torch.utils.data import DataLoader
 from ...graph.batch import Batch
 from ...graph.csc import Graph
 from ...models.gnn import BlockGNN, layerwise_inference
-from ..base import GNNDataModule, collective_train_loader, epoch_permutation, replicated_eval_counts
+from ..base import EpochOrder, GNNDataModule, collective_train_loader, replicated_eval_counts
 from .chunking import ChunkStore
 from .estimators import gcn_kappa, kappa, seed_sample_counts
 from .partition import LocalPartition, PartitionSampler, build_partition
 from .remote import RemoteSampler
-from .schedule import Schedule
+from .schedule import PartitionSpec, Schedule
 
 EVAL_MODES = ("global_fullgraph", "isolated", "none")
 MODES = ("minibatch", "fullgraph")
+GCN_NEEDS_HALO = (
+    "strategy.neighbor_weighting=gcn needs strategy.halo_hops=1: the GCN coverage is the local "
+    "share of each seed's in-neighbour mass, and without the halo the partition has neither the "
+    "seeds' remote in-edges nor their sources' degrees (kappa would be 1 everywhere)"
+)
 
 
 class GrappaDataModule(GNNDataModule):
@@ -70,6 +75,8 @@ class GrappaDataModule(GNNDataModule):
         eval_chunk_size: int = 65536,
     ):
         super().__init__()
+        if neighbor_weighting == "gcn" and halo_hops == 0:
+            raise ValueError(GCN_NEEDS_HALO)
         self.store, self.schedule = store, schedule
         self.fanouts, self.batch_size, self.seed = list(fanouts), batch_size, seed
         self.mode, self.k = mode, partitions_per_rank
@@ -82,10 +89,13 @@ class GrappaDataModule(GNNDataModule):
         self.num_classes = int(store.meta["num_classes"])
         self.rank, self.world_size = 0, 1
         self.t, self.e_in = 0, 0
-        self.io_bytes = 0  # repartition I/O: bytes read from the chunk store to build partitions
+        # repartition I/O: bytes read from the chunk store to build training partitions, and
+        # their count (isolated evaluation's own reads are not counted)
+        self.io_bytes = 0
         self.builds = 0
         self.largest_partition = {"nodes": 0, "edges": 0, "io_bytes": 0}
-        self._parts: dict[tuple, LocalPartition] = {}
+        # (partition id, chunks) -> the partition, its seed order and its sampler
+        self._parts: dict[tuple, tuple[LocalPartition, EpochOrder, PartitionSampler]] = {}
         self.remote = None  # Grappa-50S sampler (set up in ``setup``)
 
     # ------------------------------------------------------------------------ set-up, state
@@ -103,15 +113,27 @@ class GrappaDataModule(GNNDataModule):
             self.remote = RemoteSampler(self, self.remote_sample_frac)
         self.n_steps = [self._phase_steps(i) for i in range(self.k)]
 
+    def _layout(self) -> dict:
+        """What ``t`` means: the chunking (content key), schedule, sweep order and phases."""
+        return {
+            "chunking": Path(self.store.path).name,
+            "schedule": self.schedule.kind,
+            "sweep_order": self.schedule.sweep_order,
+            "sweep_seed": self.schedule.seed,
+            "partitions_per_rank": self.k,
+        }
+
     def state_dict(self) -> dict:
-        return {"t": self.t, "e_in": self.e_in, "chunking": Path(self.store.path).name}
+        return {"t": self.t, "e_in": self.e_in, **self._layout()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore the schedule position; the chunking (content key) must be the same."""
-        if state["chunking"] != Path(self.store.path).name:
+        """Restore the schedule position; the layout it indexes must be the same."""
+        differ = {k: (state.get(k), v) for k, v in self._layout().items() if state.get(k) != v}
+        if differ:
             raise ValueError(
-                f"the checkpoint was trained on chunking {state['chunking']}, this run has "
-                f"{Path(self.store.path).name}: same dataset, chunking, num_chunks and seed needed"
+                "the checkpoint's Grappa layout differs from this run's (checkpoint, run): "
+                f"{differ}; same dataset, chunking, num_chunks, seed, schedule, sweep_order and "
+                "partitions_per_rank needed"
             )
         self.t, self.e_in = int(state["t"]), int(state["e_in"])
 
@@ -137,20 +159,31 @@ class GrappaDataModule(GNNDataModule):
         ]
         return max(1, max(math.ceil(n / self.local_batch) for n in counts))
 
-    def per_step(self, n_seeds: int, n_steps: int) -> int:
-        """Seeds per step of a partition: ``local_batch`` when that fills exactly ``n_steps``
-        steps (the last one shorter, as ddp), else ``ceil(n_seeds / n_steps)``."""
+    def step_slice(self, n_seeds: int, n_steps: int, step: int) -> slice:
+        """Positions in the epoch's seed order of one step of a partition: ``local_batch``
+        seeds when that fills exactly ``n_steps`` steps (the last one shorter, as ddp), else
+        ``tensor_split(n_steps)``'s pieces (sizes differ by at most 1, none empty while
+        ``n_seeds >= n_steps``)."""
         if self.local_batch != -1 and -(-n_seeds // self.local_batch) == n_steps:
-            return self.local_batch
-        return -(-n_seeds // n_steps)
+            return slice(step * self.local_batch, (step + 1) * self.local_batch)
+        size, longer = divmod(n_seeds, n_steps)
+        start = step * size + min(step, longer)
+        return slice(start, start + size + int(step < longer))
 
     def partition_id(self, phase: int) -> int:
         return self.rank + phase * self.world_size
 
     def partition(self, phase: int) -> LocalPartition:
         """This rank's partition of ``phase`` at the current super-epoch (built on demand)."""
+        return self._partition_entry(phase)[0]
+
+    def _spec(self, phase: int) -> tuple[tuple, PartitionSpec]:
+        """The cache key ``(partition id, chunks)`` and spec of ``phase`` at super-epoch ``t``."""
         spec = self.schedule.partition(self.partition_id(phase), self.t)
-        key = (spec.seed_chunks, spec.owned_chunks)
+        return (self.partition_id(phase), spec.seed_chunks, spec.owned_chunks), spec
+
+    def _partition_entry(self, phase: int) -> tuple[LocalPartition, EpochOrder, PartitionSampler]:
+        key, spec = self._spec(phase)
         if key not in self._parts:
             if not self.cache_partitions:
                 self._parts.clear()  # drop the previous partition before reading the next
@@ -163,7 +196,12 @@ class GrappaDataModule(GNNDataModule):
                     "edges": part.indices.numel(),
                     "io_bytes": part.io_bytes,
                 }
-            self._parts[key] = part
+            fanouts = [-1] * len(self.fanouts) if self.mode == "fullgraph" else self.fanouts
+            self._parts[key] = (
+                part,
+                EpochOrder(part.seeds, self.seed ^ (self.partition_id(phase) << 32)),
+                PartitionSampler(part, fanouts, self.seed),
+            )
         return self._parts[key]
 
     @property
@@ -200,16 +238,13 @@ class GrappaDataModule(GNNDataModule):
         phase, local_step = self.locate(step)
         p = self.partition_id(phase)
         start = time.perf_counter()
-        part = self.partition(phase)
-        n_steps = self.n_steps[phase]
-        per_step = self.per_step(part.seeds.numel(), n_steps)
-        order = epoch_permutation(part.seeds, self.seed ^ (p << 32), epoch)
-        seeds = order[local_step * per_step : (local_step + 1) * per_step]
-        fanouts = [-1] * len(self.fanouts) if self.mode == "fullgraph" else self.fanouts
+        part, order, sampler = self._partition_entry(phase)
+        seeds = order(epoch)[self.step_slice(part.seeds.numel(), self.n_steps[phase], local_step)]
+        fanouts = sampler.fanouts
         if self.remote is not None:
             blocks, x = self.remote.sample(part, seeds, fanouts, epoch, step, salt=p)
         else:
-            blocks = PartitionSampler(part, fanouts, self.seed).sample(seeds, epoch, step, p)
+            blocks = sampler.sample(seeds, epoch, step, p)
             x = None
         sampled = time.perf_counter()
         if x is None:
@@ -222,9 +257,6 @@ class GrappaDataModule(GNNDataModule):
             "input_nodes": blocks[0].num_src,
             "kappa": k,
             "s": s,
-            "phase": phase,
-            "partition": p,
-            "t": self.t,
         }
         weight = k.to(x.dtype) if self.estimator == "node" else None
         return Batch(
@@ -237,6 +269,14 @@ class GrappaDataModule(GNNDataModule):
             stats,
             seed_weight=weight,
         )
+
+    def _eval_partition(self, phase: int) -> LocalPartition:
+        """The held partition of ``phase``, else one read for this evaluation only: not cached
+        (the training partition stays) and not counted in ``builds`` / ``io_bytes``."""
+        key, spec = self._spec(phase)
+        if key in self._parts:
+            return self._parts[key][0]
+        return build_partition(self.store, spec, self.halo_hops, self.count_halo_as_local)
 
     def train_dataloader(self) -> DataLoader:
         return collective_train_loader(self)  # main process; 50S batches run collectives
@@ -253,7 +293,7 @@ class GrappaDataModule(GNNDataModule):
             )
         assert isinstance(net, BlockGNN)
         for phase in range(self.k):  # isolated: each partition scores its seed chunks' nodes
-            part = self.partition(phase)
+            part = self._eval_partition(phase)
             device = next(net.parameters()).device
             logits = layerwise_inference(
                 net, part.indptr, part.indices, part.x.to(device), self.eval_chunk_size

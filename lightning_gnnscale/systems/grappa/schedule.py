@@ -109,8 +109,3 @@ def super_epoch_len(setting, max_epochs: int, cycle: int) -> int:
     if setting in (None, "auto"):
         return max(1, max_epochs // max(cycle, 1))
     return int(setting)
-
-
-def phase_of(p: int, world_size: int) -> tuple[int, int]:
-    """``(rank, phase)`` running partition ``p``."""
-    return p % world_size, p // world_size
