@@ -128,6 +128,14 @@ def final_params(output_dir):
     return ckpt
 
 
+def assert_same_final_params(expected_dir, actual_dir):
+    """The two runs' ``last.ckpt`` weights are equal to 1e-12 (float64 runs)."""
+    a = final_params(expected_dir)["state_dict"]
+    b = final_params(actual_dir)["state_dict"]
+    for name, value in a.items():
+        torch.testing.assert_close(b[name], value, rtol=0, atol=1e-12)
+
+
 @pytest.mark.e2e
 def test_grappa_end_to_end_gradient_only_and_loss_scale_equivalence(tmp_path):
     """M7 (+M4 through the Trainer): two ranks x two phases, audits on, every training byte is
@@ -154,10 +162,7 @@ def test_grappa_end_to_end_gradient_only_and_loss_scale_equivalence(tmp_path):
     assert 0 < system["grappa_mean_c_rank0"] < 1
     assert metrics["best_val_acc"] > 1.5 / 8  # above chance (8 classes)
     _, scaled = train(grappa_cfg(tmp_path / "loss", *exact, "strategy.scaling_impl=loss_scale"))
-    a = final_params(objects["output_dir"])["state_dict"]
-    b = final_params(scaled["output_dir"])["state_dict"]
-    for name, value in a.items():
-        torch.testing.assert_close(b[name], value, rtol=0, atol=1e-12)
+    assert_same_final_params(objects["output_dir"], scaled["output_dir"])
 
 
 @pytest.mark.e2e
@@ -181,10 +186,7 @@ def test_single_chunk_without_correction_equals_ddp(tmp_path):
             *common[1:],
         )
     )
-    a = final_params(o_ddp["output_dir"])["state_dict"]
-    b = final_params(o_g["output_dir"])["state_dict"]
-    for name, value in a.items():
-        torch.testing.assert_close(b[name], value, rtol=0, atol=1e-12)
+    assert_same_final_params(o_ddp["output_dir"], o_g["output_dir"])
     for x, y in zip(m_ddp["history"], m_g["history"]):
         assert x["train_loss"] == pytest.approx(y["train_loss"], rel=1e-12)
 
@@ -224,10 +226,7 @@ def test_resume_rebuilds_the_same_partitions(tmp_path):
     _, resumed = train_one_rank(
         grappa_cfg(tmp_path / "b", *base, "trainer.max_epochs=4", f"ckpt_path={ckpt}")
     )
-    a = final_params(full["output_dir"])["state_dict"]
-    b = final_params(resumed["output_dir"])["state_dict"]
-    for name, value in a.items():
-        torch.testing.assert_close(b[name], value, rtol=0, atol=1e-12)
+    assert_same_final_params(full["output_dir"], resumed["output_dir"])
 
 
 @pytest.mark.e2e

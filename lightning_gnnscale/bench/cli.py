@@ -227,6 +227,15 @@ def _strategies(parser: argparse.ArgumentParser, text: str) -> list[str]:
     return names
 
 
+def _composed(parser: argparse.ArgumentParser, compose, *args, **kwargs):
+    """``compose(*args, **kwargs)``; a bad override or value becomes a usage error before any
+    training starts."""
+    try:
+        return compose(*args, **kwargs)
+    except (HydraException, ValueError) as err:  # ConfigError is a ValueError
+        parser.error(f"bad configuration: {err}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the process's arguments), run the subcommand, return 0."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -269,17 +278,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.command == "sancus":
-        try:
-            variants = compose_variants(
-                dataset=args.dataset,
-                epochs=args.epochs,
-                devices=args.devices,
-                seed=args.seed,
-                overrides=args.override,
-                out=args.out.resolve(),
-            )
-        except (HydraException, ValueError) as err:  # ConfigError is a ValueError
-            parser.error(f"bad configuration: {err}")
+        variants = _composed(
+            parser,
+            compose_variants,
+            dataset=args.dataset,
+            epochs=args.epochs,
+            devices=args.devices,
+            seed=args.seed,
+            overrides=args.override,
+            out=args.out.resolve(),
+        )
         run_sancus_bench(variants, args.out.resolve(), argv)
         return 0
     if args.command == "sampler":
@@ -304,19 +312,18 @@ def main(argv: list[str] | None = None) -> int:
     baseline = args.baseline or ("ddp" if "ddp" in strategies else strategies[0])
     if baseline not in strategies:
         parser.error(f"--baseline {baseline!r} is not among --strategies {strategies}")
-    try:
-        configs = compose_configs(
-            strategies,
-            model=args.model,
-            dataset=args.dataset,
-            epochs=args.epochs,
-            devices=args.devices,
-            seed=args.seed,
-            overrides=args.override,
-            out=args.out.resolve(),
-            cache_dir=args.cache_dir.resolve(),
-        )
-    except (HydraException, ValueError) as err:  # ConfigError is a ValueError
-        parser.error(f"bad configuration: {err}")
+    configs = _composed(
+        parser,
+        compose_configs,
+        strategies,
+        model=args.model,
+        dataset=args.dataset,
+        epochs=args.epochs,
+        devices=args.devices,
+        seed=args.seed,
+        overrides=args.override,
+        out=args.out.resolve(),
+        cache_dir=args.cache_dir.resolve(),
+    )
     run_compare(configs, baseline, args.out, argv)
     return 0
