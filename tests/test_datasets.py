@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import inspect
+import shutil
 import stat
 from pathlib import Path
 
@@ -166,6 +167,30 @@ def test_cora_loads_from_the_read_only_shared_folder(tmp_path):
     assert any(tmp_path.rglob("data.pt")), "processing went to the cache mirror"
 
 
+@pytest.mark.cora
+@pytest.mark.skipif(not (PLANETOID_ROOT / "Cora" / "raw").is_dir(), reason="no Cora files")
+def test_a_writable_root_is_never_written(tmp_path):
+    """The user's dataset folder is only read, even when it is writable: processing output
+    goes to the cache (so a shared folder stays as it was, whoever runs first)."""
+    root = tmp_path / "user_data"
+    shutil.copytree(PLANETOID_ROOT / "Cora" / "raw", root / "Cora" / "raw")
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    graph = load_dataset("cora", root=root, cache_dir=tmp_path / "cache")
+    assert graph.num_nodes == 2708
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+    assert any((tmp_path / "cache").rglob("data.pt"))
+
+
+def test_ogb_writable_root_is_never_written(tmp_path):
+    data_root = tmp_path / "data"
+    _write_ogb_fixture(data_root, "ogbn-arxiv")
+    before = sorted(str(p.relative_to(data_root)) for p in data_root.rglob("*"))
+    graph = load_dataset("ogbn-arxiv", root=data_root, cache_dir=tmp_path / "cache")
+    assert graph.num_nodes == 50
+    assert sorted(str(p.relative_to(data_root)) for p in data_root.rglob("*")) == before
+    assert any((tmp_path / "cache").rglob("data_processed"))
+
+
 # ----------------------------------------------------------------------------- OGB fixture
 def _write_csv_gz(path: Path, rows: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -218,9 +243,11 @@ def _write_ogb_fixture(root: Path, name: str, num_nodes: int = 50, num_edges: in
 def test_ogb_fixture_loads_through_ogb_and_reloads_its_processed_file(tmp_path, name):
     edges, features, labels, order = _write_ogb_fixture(tmp_path, name)
     first = load_dataset(name, root=tmp_path, cache_dir=tmp_path / "cache")
-    processed = tmp_path / name.replace("-", "_") / "processed" / "data_processed"
-    assert processed.exists()
-    second = load_dataset(name, root=tmp_path)  # torch.load of ogb's pickle (torch >= 2.6)
+    (processed,) = (tmp_path / "cache").rglob("data_processed")
+    processed.with_name("sentinel").write_text("the second load reads this folder")
+    # torch.load of ogb's pickle (torch >= 2.6), from the cache mirror
+    second = load_dataset(name, root=tmp_path, cache_dir=tmp_path / "cache")
+    assert processed.with_name("sentinel").exists()
     assert all(torch.equal(a, b) for a, b in zip(_graph_tensors(first), _graph_tensors(second)))
 
     assert first.num_nodes == 50 and first.num_classes == (40 if name == "ogbn-arxiv" else 172)
@@ -251,7 +278,8 @@ def test_ogb_read_only_root_processes_into_the_cache_mirror(tmp_path):
 def test_dataset_configs_match_the_loaders():
     conf_dir = Path(__file__).parents[1] / "conf" / "dataset"
     configs = {
-        path.stem: OmegaConf.to_container(OmegaConf.load(path)) for path in conf_dir.glob("*.yaml")
+        path.stem: OmegaConf.to_container(OmegaConf.load(path))["dataset"]
+        for path in conf_dir.glob("*.yaml")
     }
     assert sorted(cfg["name"] for cfg in configs.values()) == sorted(DATASETS)
     for stem, cfg in configs.items():

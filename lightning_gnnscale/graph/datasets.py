@@ -5,8 +5,10 @@ files under ``root`` and never downloaded: this suite runs where only package re
 reachable, so a missing dataset fails fast with the directory and files it expects. Every
 graph is returned undirected (both directions stored), with the dataset's public split.
 
-When ``root`` is read-only (e.g. a shared dataset folder), the one-off processing step that
-PyG and ogb run writes into a mirror under ``cache_dir`` instead.
+A dataset root belongs to the user: the one-off processing step that PyG and ogb run writes
+into a mirror under ``cache_dir``, never into ``root`` (whether or not ``root`` is writable),
+unless ``download=True`` asked for files to be fetched into ``root``. Processing output that
+already sits in ``root`` is used as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import hashlib
 import inspect
 import os
 import shutil
-import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options) ->
 
     ``sbm`` / ``rmat`` pass ``options`` to their generator and ignore ``root``. Real datasets
     read under ``root`` (default :data:`DEFAULT_ROOT`) and take the options ``cache_dir``
-    (default :data:`DEFAULT_CACHE_DIR`: where processing output goes if ``root`` is read-only)
+    (default :data:`DEFAULT_CACHE_DIR`: where processing output goes; ``root`` is only read)
     and ``download`` (default False: missing files fail at once instead of starting a download
     that hangs without internet; True lets PyG / ogb download into ``root``). Planetoid also
     takes ``normalize_features`` (default True: row-normalised bag-of-words, as in the GCN and
@@ -103,19 +104,8 @@ def _check_options(name: str, options: dict, valid: tuple[str, ...]) -> None:
 
 
 # ------------------------------------------------------------------------------ file layout
-def _is_writable(path: Path) -> bool:
-    """Whether ``path`` (or its nearest existing ancestor) may be written.
-
-    Mode bits are checked as well as ``os.access``, because root passes ``os.access`` on a
-    folder that is marked read-only to say "do not write here".
-    """
-    while not path.exists():
-        path = path.parent
-    return os.access(path, os.W_OK) and bool(path.stat().st_mode & stat.S_IWUSR)
-
-
 def _mirror_dir(cache_dir: Path, kind: str, root: Path) -> Path:
-    """A writable stand-in for the read-only ``root``: one folder per source root."""
+    """Where processing output for the files under ``root`` goes: one folder per source root."""
     digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
     return cache_dir / f"{kind}-{digest}"
 
@@ -143,7 +133,7 @@ def _load_planetoid(
     from torch_geometric.datasets import Planetoid  # slow import: only once files exist
 
     pyg_root = root
-    if not (root / folder / "processed" / "data.pt").exists() and not _is_writable(root / folder):
+    if not (root / folder / "processed" / "data.pt").exists() and not download:
         pyg_root = _mirror_dir(cache_dir, "planetoid", root)
         mirror_raw = pyg_root / folder / "raw"
         mirror_raw.mkdir(parents=True, exist_ok=True)
@@ -229,7 +219,7 @@ def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> Graph:
 
     ogb_root = root
     if not processed.exists():
-        if not _is_writable(dataset_dir):
+        if not download:
             ogb_root = _mirror_dir(cache_dir, "ogb", root)
             _link_ogb_sources(dataset_dir, ogb_root / dir_name)
         (ogb_root / dir_name / "processed").mkdir(parents=True, exist_ok=True)
