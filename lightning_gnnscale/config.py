@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
+from .checkpoints import check_resume, read_checkpoint
 from .comm.network import NetworkModel
+from .errors import ConfigError
 from .graph.datasets import check_dataset_options
 from .launch import externally_launched
 from .models.gnn import MODEL_KINDS
@@ -14,15 +18,102 @@ from .models.gnn import MODEL_KINDS
 LOGGERS = ("csv", "wandb", "none")
 DTYPES = ("float32", "float64")
 ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
-
-
-class ConfigError(ValueError):
-    """A bad config value; the message names the key and the valid choices."""
+OPTIMIZERS = ("adam", "adamw", "sgd")
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+# Subtrees whose keys are checked elsewhere (dataset options) or are free-form (custom kwargs).
+_OPEN_KEYS = ("dataset", "model.kwargs")
 
 
 def _require(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+def _int(cfg: DictConfig, key: str, minimum: int | None = None, *, allow: tuple = ()) -> int:
+    """``cfg[key]`` as an int (a float, bool or string is an error), at least ``minimum``
+    unless it is one of ``allow``."""
+    value = OmegaConf.select(cfg, key)
+    if value in allow and not isinstance(value, bool):
+        return value
+    _require(
+        isinstance(value, int) and not isinstance(value, bool),
+        f"{key}={value!r} must be an integer",
+    )
+    if minimum is not None:
+        extra = f" (or one of {list(allow)})" if allow else ""
+        _require(value >= minimum, f"{key}={value} must be >= {minimum}{extra}")
+    return value
+
+
+def _number(cfg: DictConfig, key: str) -> float:
+    value = OmegaConf.select(cfg, key)
+    _require(
+        isinstance(value, (int, float)) and not isinstance(value, bool),
+        f"{key}={value!r} must be a number",
+    )
+    return float(value)
+
+
+def _positive_or_null(cfg: DictConfig, key: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value is not None:
+        _require(_number(cfg, key) > 0, f"{key}={value} must be > 0 (or null)")
+
+
+def _reference_keys(cfg: DictConfig) -> dict:
+    """Every key the composed config may hold: the union of the primary config and the files
+    of the chosen groups (a key added with ``+`` on the command line is in none of them)."""
+    reference = _load_conf(CONF_DIR / "config.yaml", None)
+    reference.pop("hydra", None)
+    choices = {
+        "trainer": "default",
+        "model": cfg.model.name,
+        "strategy": cfg.strategy.name,
+        "logger": cfg.logger.name,
+    }
+    for group, choice in choices.items():
+        path = CONF_DIR / group / f"{choice}.yaml"
+        if path.exists():
+            reference = _merge(reference, _load_conf(path, group))
+    for path in (CONF_DIR / "dataset").glob("*.yaml"):  # recipes set data / model / trainer
+        reference = _merge(reference, _load_conf(path, "dataset"))
+    return reference
+
+
+def _load_conf(path: Path, group: str | None) -> dict:
+    text = path.read_text()
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {}
+    merged: dict = {}
+    for entry in data.pop("defaults", []):
+        if isinstance(entry, str) and entry != "_self_" and group is not None:
+            merged = _merge(merged, _load_conf(path.parent / f"{entry}.yaml", group))
+    if group is not None and "@package _global_" not in text:
+        data = {group: data}
+    return _merge(merged, data)
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for key, value in b.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _check_known_keys(node, reference, prefix: str = "") -> None:
+    for key in node:
+        path = f"{prefix}{key}"
+        if path in _OPEN_KEYS:
+            continue
+        _require(
+            key in reference,
+            f"{path} is not a known setting; valid keys"
+            f"{' under ' + prefix[:-1] if prefix else ''}: {sorted(reference)}",
+        )
+        if isinstance(node[key], DictConfig) and isinstance(reference[key], dict):
+            _check_known_keys(node[key], reference[key], f"{path}.")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -34,11 +125,28 @@ def validate(cfg: DictConfig) -> None:
     model = cfg.model
     kinds = (*MODEL_KINDS, "custom")
     _require(model.name in kinds, f"model={model.name!r} is unknown; valid: {list(kinds)}")
-    _require(int(model.num_layers) >= 1, "model.num_layers must be >= 1")
-    _require(int(model.hidden) >= 1, "model.hidden must be >= 1")
-    _require(0.0 <= float(model.get("dropout", 0.0)) < 1.0, "model.dropout must be in [0, 1)")
-    _require(float(model.lr) > 0, "model.lr must be > 0")
+    _require(
+        cfg.logger.name in LOGGERS, f"logger={cfg.logger.name!r} is unknown; valid: {list(LOGGERS)}"
+    )
+    _check_known_keys(cfg, _reference_keys(cfg))
+    _int(cfg, "seed")
+    _int(cfg, "model.num_layers", 1)
+    _int(cfg, "model.hidden", 1)
+    _require(
+        0.0 <= (_number(cfg, "model.dropout") if "dropout" in model else 0.0) < 1.0,
+        "model.dropout must be in [0, 1)",
+    )
+    _require(_number(cfg, "model.lr") > 0, f"model.lr={model.lr} must be > 0")
+    _require(
+        _number(cfg, "model.weight_decay") >= 0,
+        f"model.weight_decay={model.weight_decay} must be >= 0",
+    )
+    _require(
+        model.optimizer in OPTIMIZERS,
+        f"model.optimizer={model.optimizer!r} is unknown; valid: {list(OPTIMIZERS)}",
+    )
     if model.name == "gat":
+        _int(cfg, "model.heads", 1)
         _require(
             int(model.hidden) % int(model.heads) == 0,
             f"model.hidden={model.hidden} must be divisible by model.heads={model.heads}",
@@ -56,25 +164,46 @@ def validate(cfg: DictConfig) -> None:
         f"{model.num_layers}; give one fanout per layer",
     )
     _require(
-        all(int(f) > 0 or int(f) == -1 for f in fanouts),
-        f"data.fanouts={fanouts}: each fanout must be > 0 or -1 (full neighbourhood)",
+        all(isinstance(f, int) and (f > 0 or f == -1) for f in fanouts),
+        f"data.fanouts={fanouts}: each fanout must be > 0 or -1 (integers; -1 = full neighbourhood)",
     )
-    bs = int(cfg.data.batch_size)
-    _require(bs > 0 or bs == -1, f"data.batch_size={bs} must be > 0 or -1 (all train nodes)")
-    _require(int(cfg.data.num_workers) >= 0, "data.num_workers must be >= 0")
-    _require(int(cfg.data.eval_chunk_size) > 0, "data.eval_chunk_size must be > 0")
+    bs = cfg.data.batch_size
+    _require(
+        isinstance(bs, int) and (bs > 0 or bs == -1),
+        f"data.batch_size={bs} must be > 0 or -1 (an integer; -1 = all train nodes)",
+    )
+    _int(cfg, "data.num_workers", 0)
+    _int(cfg, "data.eval_chunk_size", 1)
 
     tr = cfg.trainer
-    _require(int(tr.devices) >= 1, f"trainer.devices={tr.devices} must be >= 1")
-    _require(int(tr.num_nodes) >= 1, f"trainer.num_nodes={tr.num_nodes} must be >= 1")
-    _require(int(tr.max_epochs) >= 1, f"trainer.max_epochs={tr.max_epochs} must be >= 1")
+    _int(cfg, "trainer.devices", 1)
+    _int(cfg, "trainer.num_nodes", 1)
+    _int(cfg, "trainer.max_epochs", 1)
+    _int(cfg, "trainer.check_val_every_n_epoch", 1)
+    _int(cfg, "trainer.log_every_n_steps", 1)
+    limit = tr.limit_train_batches
+    if limit is not None:
+        _require(
+            (isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1)
+            or (isinstance(limit, float) and 0.0 < limit <= 1.0),
+            f"trainer.limit_train_batches={limit} must be null, an integer >= 1 (batches) or "
+            f"a fraction in (0, 1]",
+        )
     _require(
         tr.accelerator in ACCELERATORS,
         f"trainer.accelerator={tr.accelerator!r} is unknown; valid: {list(ACCELERATORS)}",
     )
+    if tr.accelerator in ("gpu", "cuda"):
+        _require(
+            torch.cuda.is_available(),
+            f"trainer.accelerator={tr.accelerator} but torch {torch.__version__} sees no CUDA "
+            f"GPU here; use trainer.accelerator=cpu (or install a CUDA build of torch)",
+        )
     _require(cfg.dtype in DTYPES, f"dtype={cfg.dtype!r} is unknown; valid: {list(DTYPES)}")
+    _positive_or_null(cfg, "launcher.timeout_s")
     _require(
-        cfg.logger.name in LOGGERS, f"logger={cfg.logger.name!r} is unknown; valid: {list(LOGGERS)}"
+        _number(cfg, "launcher.collective_timeout_s") > 0,
+        f"launcher.collective_timeout_s={cfg.launcher.collective_timeout_s} must be > 0",
     )
     try:
         NetworkModel.from_name(cfg.network)
@@ -102,7 +231,13 @@ def validate(cfg: DictConfig) -> None:
             f"torchrun / srun",
         )
     if cfg.ckpt_path is not None:
-        _require(os.path.isfile(str(cfg.ckpt_path)), f"ckpt_path={cfg.ckpt_path} does not exist")
+        _require(
+            cfg.weights_from is None,
+            "set ckpt_path (resume a run) or weights_from (start from its weights), not both",
+        )
+        check_resume(cfg)
+    if cfg.weights_from is not None:
+        read_checkpoint(cfg.weights_from)
     if model.name == "custom" and not STRATEGIES[name].accepts_custom_models:
         valid = sorted(n for n, system in STRATEGIES.items() if system.accepts_custom_models)
         raise ConfigError(

@@ -7,14 +7,23 @@ its jobs in one process and each job spawns its own ranks (DESIGN §6). Under ``
 SLURM (``LOCAL_RANK`` set, or ``srun`` with one task per rank) the job function runs directly.
 
 Tensors passed to the ranks (the graph) travel through shared memory, not copies.
+
+No rank outlives its launcher: the launcher kills its ranks on every way out (return, error,
+time-out, SIGINT, SIGTERM, SIGHUP), and on Linux each rank asks the kernel to kill it when the
+launcher dies (even by SIGKILL), so a hung or stopped rank is never orphaned.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
 import socket
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
@@ -32,10 +41,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(local_rank: int, env: dict[str, str], fn: Callable, args: tuple) -> None:
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when the launcher dies (a no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the launcher died before the request took effect
+        os._exit(1)
+
+
+def _rank_main(
+    local_rank: int, env: dict[str, str], parent_pid: int, fn: Callable, args: tuple
+) -> None:
+    _die_with_parent(parent_pid)
     os.environ.update(env)
     os.environ["LOCAL_RANK"] = str(local_rank)
     fn(*args)
+
+
+class LauncherSignal(RuntimeError):
+    """The launcher was asked to stop (SIGTERM / SIGHUP); its ranks have been killed."""
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into an exception so the cleanup below always runs."""
+
+    def handler(signum, _frame):
+        raise LauncherSignal(f"launcher received {signal.Signals(signum).name}")
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread: leave the handlers alone
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def launch_local(
@@ -56,15 +103,25 @@ def launch_local(
         "MASTER_PORT": os.environ.get("MASTER_PORT", str(free_port())),
         "WORLD_SIZE": str(devices * num_nodes),
     }
-    ctx = mp.start_processes(
-        _rank_main, args=(env, fn, args), nprocs=devices, join=False, start_method="spawn"
-    )
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=1.0):
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run did not finish within launcher.timeout_s={timeout_s}s")
-    finally:
-        for process in ctx.processes:
-            if process.is_alive():
-                process.kill()
+    with _signals_raise():
+        ctx = mp.start_processes(
+            _rank_main,
+            args=(env, os.getpid(), fn, args),
+            nprocs=devices,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=1.0):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"run did not finish within launcher.timeout_s={timeout_s}s")
+        finally:
+            for process in ctx.processes:
+                if process.is_alive():
+                    process.kill()
+            for process in ctx.processes:
+                process.join(timeout=10)
+            for error_file in ctx.error_files:  # torch leaves one per rank in /tmp
+                if error_file:
+                    Path(error_file).unlink(missing_ok=True)

@@ -5,10 +5,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import secrets
+import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -25,13 +30,20 @@ from .callbacks import (
     StepSeed,
     format_table,
 )
+from .checkpoints import CheckpointIdentity, load_weights, run_identity
 from .config import resolved, validate
+from .errors import ConfigError
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
 from .launch import externally_launched, launch_local
 from .models.gnn import build_model
 from .models.module import GNNModule
 from .systems import STRATEGIES
+
+_RUN_TOKEN = f"{secrets.token_hex(2)}{os.getpid() % 0x10000:04x}"
+# ``${run_token:}`` in hydra.run.dir / hydra.sweep.dir: two runs started in the same second
+# get different folders (the pid part differs between live processes on one machine).
+OmegaConf.register_new_resolver("run_token", lambda: _RUN_TOKEN, replace=True)
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -64,24 +76,63 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     output_dir.mkdir(parents=True, exist_ok=True)
     if externally_launched():  # every rank loads and prepares: share the cores from the start
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(cfg.trainer.devices)))
-    graph = load_graph(cfg)
-    prepared = STRATEGIES[cfg.strategy.name].prepare(cfg, graph)
     world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)
-    if world == 1 or externally_launched():
-        metrics = run_rank(cfg, prepared)
-    else:
-        launch_local(
-            run_rank,
-            (cfg, prepared),
-            int(cfg.trainer.devices),
-            int(cfg.trainer.num_nodes),
-            cfg.launcher.timeout_s,
-        )
-        summary = output_dir / "summary.json"
-        metrics = json.loads(summary.read_text()) if summary.exists() else {}
+    external = externally_launched()  # the ranks of one run share its folder
+    with contextlib.nullcontext() if external else claimed(output_dir):
+        graph = load_graph(cfg)
+        prepared = STRATEGIES[cfg.strategy.name].prepare(cfg, graph)
+        if world == 1 or external:
+            metrics = run_rank(cfg, prepared, None)
+        else:
+            run_id = uuid.uuid4().hex
+            launch_local(
+                run_rank,
+                (cfg, prepared, run_id),
+                int(cfg.trainer.devices),
+                int(cfg.trainer.num_nodes),
+                cfg.launcher.timeout_s,
+            )
+            metrics = read_summary(output_dir / "summary.json", run_id)
     if metrics:
         print(f"\n{format_table(metrics)}\n\nsummary: {output_dir / 'summary.json'}")
     return metrics, {"graph": graph, "output_dir": output_dir}
+
+
+@contextlib.contextmanager
+def claimed(output_dir: Path) -> Iterator[None]:
+    """Hold ``output_dir`` for one run: a second run started on the same folder while this one
+    is alive fails at once instead of overwriting its files."""
+    lock_path = output_dir / ".run.lock"
+    with open(lock_path, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise ConfigError(
+                f"output folder {output_dir} is in use by another run ({lock.read().strip()}); "
+                f"give this run its own folder (hydra.run.dir=... or paths.output_dir=...)"
+            ) from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def read_summary(path: Path, run_id: str) -> dict:
+    """The ranks' ``summary.json``, checked to be this run's (never another run's numbers)."""
+    if not path.exists():
+        return {}
+    metrics = json.loads(path.read_text())
+    if metrics.get("run_id") != run_id:
+        raise RuntimeError(
+            f"{path} was written by another run (run_id {metrics.get('run_id')}, expected "
+            f"{run_id}); two runs shared one output folder"
+        )
+    return metrics
 
 
 def _logger(cfg: DictConfig, output_dir: str):
@@ -98,7 +149,7 @@ def _logger(cfg: DictConfig, output_dir: str):
     return False
 
 
-def run_rank(cfg: DictConfig, prepared) -> dict:
+def run_rank(cfg: DictConfig, prepared, run_id: str | None) -> dict:
     """One rank's whole job: build the system, fit, and (on rank 0) write ``summary.json``."""
     # Epoch values are reduced through the metered comm before logging; Lightning's advice to
     # add sync_dist (an unmetered all-reduce) does not apply.
@@ -122,17 +173,30 @@ def run_rank(cfg: DictConfig, prepared) -> dict:
         lr=cfg.model.lr,
         weight_decay=cfg.model.weight_decay,
     )
+    if cfg.weights_from is not None:
+        load_weights(module, cfg.weights_from)
     epoch_stats, comm_stats = EpochStats(), CommStats(cfg.network)
     audit = CollectiveAudit() if cfg.audit else None
     summary = RunSummary(
-        cfg, output_dir, epoch_stats, comm_stats, config_hash(cfg), audit, extra_callbacks
+        cfg,
+        output_dir,
+        epoch_stats,
+        comm_stats,
+        config_hash(cfg),
+        audit,
+        extra_callbacks,
+        run_id=run_id or uuid.uuid4().hex,
     )
-    checkpoint = ModelCheckpoint(
-        dirpath=os.path.join(output_dir, "checkpoints"),
-        save_last=True,
-        monitor="val/acc",
-        mode="max",
-        filename="best",
+    checkpoint_dir = os.path.join(output_dir, "checkpoints")
+    best = ModelCheckpoint(dirpath=checkpoint_dir, monitor="val/acc", mode="max", filename="best")
+    # `last.ckpt` is the last completed epoch, written at every epoch end (validated or not);
+    # ModelCheckpoint's own save_last follows the monitored saves, i.e. the best epoch.
+    last = ModelCheckpoint(
+        dirpath=checkpoint_dir,
+        filename="last",
+        save_top_k=1,
+        save_on_train_epoch_end=True,
+        enable_version_counter=False,
     )
     tr = cfg.trainer
     trainer = L.Trainer(
@@ -147,7 +211,9 @@ def run_rank(cfg: DictConfig, prepared) -> dict:
             epoch_stats,
             comm_stats,
             *extra_callbacks,
-            checkpoint,
+            CheckpointIdentity(run_identity(cfg)),
+            best,
+            last,
             summary,
             *([audit] if audit else []),
         ],

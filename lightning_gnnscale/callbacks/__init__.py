@@ -65,6 +65,12 @@ class CommStats(L.Callback):
         self.network = NetworkModel.from_name(network)
         self.epochs: list[dict] = []
 
+    def state_dict(self) -> dict:
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.epochs = list(state_dict["epochs"])
+
     def on_train_epoch_start(self, trainer, pl_module):
         self._start = trainer.strategy.meter.snapshot()
         self._eval = trainer.strategy.meter.delta(self._start)  # zeros
@@ -123,6 +129,12 @@ class EpochStats(L.Callback):
 
     def __init__(self):
         self.epochs: list[dict] = []
+
+    def state_dict(self) -> dict:
+        return {"epochs": self.epochs}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.epochs = list(state_dict["epochs"])
 
     def on_train_epoch_start(self, trainer, pl_module):
         self._epoch_start = time.perf_counter()
@@ -199,7 +211,10 @@ class CollectiveAudit(L.Callback):
 class RunSummary(L.Callback):
     """Prints one line per epoch and, at the end, a table; rank 0 writes ``summary.json``.
 
-    ``test_acc`` is the test accuracy at the epoch of best validation accuracy.
+    ``test_acc`` is the test accuracy at the epoch of best validation accuracy. The epoch
+    records (here and in the stats callbacks it reads) travel in checkpoints, so a resumed
+    run's summary covers the whole run, as the uninterrupted run's does. ``run_id`` marks the
+    file as this run's.
     """
 
     def __init__(
@@ -211,6 +226,8 @@ class RunSummary(L.Callback):
         config_hash: str,
         audit: CollectiveAudit | None = None,
         system_callbacks: list | None = None,
+        *,
+        run_id: str,
     ):
         self.cfg = cfg
         self.output_dir = output_dir
@@ -218,9 +235,21 @@ class RunSummary(L.Callback):
         self.config_hash = config_hash
         self.audit = audit
         self.system_callbacks = system_callbacks or []
+        self.run_id = run_id
         self.evals: list[dict] = []
         self._fit_start = 0.0
+        self._earlier_train_s = 0.0  # training time of the runs this one resumes
         self.summary: dict | None = None
+
+    def state_dict(self) -> dict:
+        return {
+            "evals": self.evals,
+            "train_s": self._earlier_train_s + time.perf_counter() - self._fit_start,
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.evals = list(state_dict["evals"])
+        self._earlier_train_s = float(state_dict["train_s"])
 
     def on_fit_start(self, trainer, pl_module):
         self._fit_start = time.perf_counter()
@@ -281,7 +310,7 @@ class RunSummary(L.Callback):
             if epochs
             else None,
             "epoch_time_s": statistics.median(e["epoch_s"] for e in epochs) if epochs else None,
-            "train_time_s": time.perf_counter() - self._fit_start,
+            "train_time_s": self._earlier_train_s + time.perf_counter() - self._fit_start,
             "time_breakdown_s": {
                 k: statistics.median(e[k] for e in epochs)
                 for k in ("sample_s", "load_s", "compute_s", "comm_s")
@@ -295,6 +324,7 @@ class RunSummary(L.Callback):
             "network": self.cfg.network,
             "peak_rss_mb": max((e["peak_rss_mb"] for e in epochs), default=peak_rss_mb()),
             "config_hash": self.config_hash,
+            "run_id": self.run_id,
             "audited_collectives": self.audit.calls if self.audit else None,
             "output_dir": self.output_dir,
             "history": self._history(),

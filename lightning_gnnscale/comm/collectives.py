@@ -100,7 +100,7 @@ class Comm:
         meter: CommMeter | None = None,
         topology: Topology | None = None,
         backend: str | None = None,
-        timeout_s: float = 1800.0,
+        timeout_s: float = 300.0,
     ) -> Comm:
         """A ``Comm`` on a new dedicated group over all ranks, or ``Comm.local`` when
         ``torch.distributed`` is not initialised. Collective: call it on every rank in the same

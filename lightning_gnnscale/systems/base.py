@@ -71,7 +71,7 @@ class MeteredDDPStrategy(DDPStrategy):
     def __init__(
         self,
         servers: int | None = None,
-        timeout_s: float = 1800.0,
+        timeout_s: float = 300.0,
         process_group_backend: str | None = None,
         **kwargs,
     ):

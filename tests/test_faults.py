@@ -1,0 +1,268 @@
+"""Faults and bad inputs: runs never share a folder, checkpoints are what they claim, a stuck
+or orphaned rank never hangs the job (docs/testing.md, "faults and bad inputs")."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from lightning_gnnscale.config import ConfigError, validate
+from lightning_gnnscale.run import claimed, read_summary, train
+from tests.helpers.config import REPO, make_cfg
+
+TINY_CLI = (
+    "dataset.num_nodes=300",
+    "dataset.num_features=8",
+    "data.batch_size=64",
+    "trainer.enable_progress_bar=false",
+    "logger=none",
+    "launcher.timeout_s=240",
+)
+
+
+def _ckpt(output_dir: Path, name: str = "last") -> dict:
+    return torch.load(output_dir / "checkpoints" / f"{name}.ckpt", weights_only=False)
+
+
+# ---------------------------------------------------------------------- output folders
+@pytest.mark.e2e
+def test_runs_started_together_get_their_own_folders(tmp_path):
+    """Two `train.py` runs started in the same second: two folders, each with its own result."""
+    args = [sys.executable, str(REPO / "train.py"), "strategy=single", "trainer.max_epochs=1"]
+    procs = [
+        subprocess.Popen(
+            [*args, *TINY_CLI, f"seed={seed}"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in (0, 1)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    summaries = sorted((tmp_path / "outputs").glob("*/*/summary.json"))
+    assert len(summaries) == 2
+    seeds = [OmegaConf.load(s.parent / ".hydra" / "config.yaml").seed for s in summaries]
+    assert sorted(seeds) == [0, 1]
+    assert len({json.loads(s.read_text())["run_id"] for s in summaries}) == 2
+    printed = sorted(
+        line.split()[-1]
+        for out, _ in outputs
+        for line in out.splitlines()
+        if line.startswith("summary:")
+    )
+    assert printed == sorted(str(s) for s in summaries)  # each run reports its own file
+
+
+def test_an_output_folder_in_use_is_refused(tmp_path):
+    with claimed(tmp_path), pytest.raises(ConfigError, match="in use by another run"):
+        with claimed(tmp_path):
+            pass
+    with claimed(tmp_path):  # released: a later run may reuse the folder (resume)
+        pass
+
+
+def test_a_summary_from_another_run_is_never_reported(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"run_id": "someone-else", "test_acc": 0.9}))
+    with pytest.raises(RuntimeError, match="written by another run"):
+        read_summary(path, "mine")
+    path.write_text(json.dumps({"run_id": "mine", "test_acc": 0.5}))
+    assert read_summary(path, "mine")["test_acc"] == 0.5
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_last_checkpoint_is_the_last_epoch_and_resume_reports_the_whole_run(tmp_path):
+    """`last.ckpt` holds the last completed epoch even when validation is every 2nd epoch and
+    accuracy peaked earlier; resuming from it gives the uninterrupted run's summary."""
+    run = ("strategy=single", "dtype=float64", "trainer.check_val_every_n_epoch=2")
+    straight, _ = train(make_cfg(tmp_path / "a", *run, "trainer.max_epochs=5"))
+    _, first = train(make_cfg(tmp_path / "b", *run, "trainer.max_epochs=3"))
+    last = _ckpt(first["output_dir"])
+    assert last["epoch"] == 2 and last["lightning_gnnscale"]["epochs_done"] == 3
+    resumed, _ = train(
+        make_cfg(
+            tmp_path / "b",
+            *run,
+            "trainer.max_epochs=5",
+            f"ckpt_path={first['output_dir'] / 'checkpoints' / 'last.ckpt'}",
+        )
+    )
+    for key in ("epochs", "best_epoch", "best_val_acc", "test_acc", "val_acc", "train_loss"):
+        assert resumed[key] == pytest.approx(straight[key], abs=1e-9), key
+    strip = ("epoch_s", "elapsed_s")
+    rows = [
+        [{k: v for k, v in r.items() if k not in strip} for r in m["history"]]
+        for m in (straight, resumed)
+    ]
+    assert len(rows[0]) == 5
+    for a, b in zip(*rows):
+        assert a.keys() == b.keys() and a["epoch"] == b["epoch"]
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-9)
+        assert a["val_acc"] == b["val_acc"] and a["comm_bytes"] == b["comm_bytes"]
+
+
+def test_best_checkpoint_stays_apart_from_last(tmp_path):
+    """With a learning rate too small to move accuracy, the best epoch is the first; `last.ckpt`
+    still moves on to the final epoch."""
+    metrics, objects = train(
+        make_cfg(tmp_path, "strategy=single", "model.lr=1e-12", "trainer.max_epochs=3")
+    )
+    assert metrics["best_epoch"] == 0
+    assert _ckpt(objects["output_dir"], "best")["epoch"] == 0
+    assert _ckpt(objects["output_dir"], "last")["epoch"] == 2
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("single")
+    _, objects = train(make_cfg(tmp_path, "strategy=single", "trainer.max_epochs=2"))
+    return objects["output_dir"] / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "differs"),
+    [
+        (("strategy=single", "model=sage"), "model"),
+        (("strategy=single", "dataset.num_classes=4"), "dataset"),
+        (("strategy=single", "dtype=float64"), "dtype"),
+        (("strategy=ddp",), "strategy"),
+    ],
+)
+def test_a_checkpoint_from_another_run_is_refused(tmp_path, single_run, overrides, differs):
+    cfg = make_cfg(tmp_path, *overrides, "trainer.max_epochs=4", f"ckpt_path={single_run}")
+    with pytest.raises(ConfigError, match=f"different run.*{differs}: checkpoint"):
+        validate(cfg)
+
+
+def test_weights_from_starts_a_different_run_from_the_weights(tmp_path, single_run):
+    """`weights_from` is the explicit way to take weights across runs: epoch 0, same tensors."""
+    cfg = make_cfg(
+        tmp_path,
+        "strategy=ddp",
+        "trainer.max_epochs=1",
+        "model.lr=1e-12",
+        f"weights_from={single_run}",
+    )
+    metrics, objects = train(cfg)
+    assert metrics["epochs"] == 1
+    source = torch.load(single_run, weights_only=False)["state_dict"]
+    got = _ckpt(objects["output_dir"])["state_dict"]
+    for name in source:
+        torch.testing.assert_close(got[name], source[name], rtol=0, atol=1e-6)
+
+
+def test_resuming_a_finished_run_is_refused(tmp_path, single_run):
+    cfg = make_cfg(tmp_path, "strategy=single", "trainer.max_epochs=2", f"ckpt_path={single_run}")
+    with pytest.raises(ConfigError, match="already trained 2 epochs.*raise trainer.max_epochs"):
+        validate(cfg)
+
+
+def test_a_damaged_checkpoint_is_named(tmp_path, single_run):
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(single_run.read_bytes()[:1000])
+    for key in ("ckpt_path", "weights_from"):
+        cfg = make_cfg(tmp_path, "strategy=single", "trainer.max_epochs=4", f"{key}={broken}")
+        with pytest.raises(ConfigError, match=f"checkpoint {broken} cannot be read"):
+            validate(cfg)
+    foreign = tmp_path / "foreign.ckpt"
+    torch.save({"weights": torch.zeros(3)}, foreign)
+    cfg = make_cfg(tmp_path, "strategy=single", f"ckpt_path={foreign}")
+    with pytest.raises(ConfigError, match=f"checkpoint {foreign} is not a Lightning checkpoint"):
+        validate(cfg)
+
+
+# ----------------------------------------------------------------------------- stuck ranks
+def test_default_collective_timeout_fails_a_stuck_cpu_job_in_minutes(tmp_path):
+    assert make_cfg(tmp_path).launcher.collective_timeout_s <= 600
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _rank_pids(launcher: subprocess.Popen, timeout_s: float = 120) -> list[int]:
+    """The launcher's spawned ranks (children running multiprocessing's spawn entry point)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ranks = [
+            pid
+            for pid in _children(launcher.pid)
+            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        ]
+        if len(ranks) == 2 and launcher.poll() is None:
+            return ranks
+        time.sleep(0.5)
+    raise AssertionError("the ranks did not start")
+
+
+def _wait_for_training(run_dir: Path, timeout_s: float = 180) -> None:
+    """Until the first epoch's checkpoint exists: the ranks are past their start-up."""
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "checkpoints" / "last.ckpt").exists():
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.5)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _launch(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            *TINY_CLI,
+            "trainer.max_epochs=200",
+            f"hydra.run.dir={tmp_path / 'run'}",
+            *extra,
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+
+
+@pytest.mark.e2e
+def test_a_stopped_rank_fails_the_job_within_the_collective_timeout(tmp_path):
+    launcher = _launch(tmp_path, "launcher.collective_timeout_s=15")
+    ranks = _rank_pids(launcher)
+    _wait_for_training(tmp_path / "run")
+    os.kill(ranks[1], signal.SIGSTOP)
+    start = time.monotonic()
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode != 0
+    assert time.monotonic() - start < 120, "the job hung past its collective timeout"
+    assert not any(_alive(pid) for pid in ranks), "a rank outlived its launcher"
+    assert not list(tmp_path.glob("pytorch-errorfile-*")), "torch's error files were left behind"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_killing_the_launcher_takes_its_ranks_with_it(tmp_path, sig):
+    launcher = _launch(tmp_path)
+    ranks = _rank_pids(launcher)
+    _wait_for_training(tmp_path / "run")
+    os.kill(ranks[0], signal.SIGSTOP)  # a hung rank, as in a stuck collective
+    launcher.send_signal(sig)
+    launcher.communicate(timeout=60)
+    deadline = time.monotonic() + 20
+    while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(pid) for pid in ranks), "orphaned ranks"
