@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+from dataclasses import replace
 
 import pytest
 import torch
@@ -297,6 +298,48 @@ def test_graph_fingerprint_sees_structure_changes(graph):
         graph.with_structure(graph.indptr, graph.indices)
     )
     assert graph_fingerprint(graph) != graph_fingerprint(other)
+
+
+def test_graph_fingerprint_sees_every_byte_of_structure_labels_and_split(graph):
+    """A change that keeps every sum and most positions (two neighbours swapped inside one
+    segment, two labels swapped, one node moved between splits) still changes the key."""
+    base = graph_fingerprint(graph)
+    indices = graph.indices.clone()
+    start = int(graph.indptr[1234])
+    indices[start], indices[start + 1] = indices[start + 1].clone(), indices[start].clone()
+    assert graph_fingerprint(graph.with_structure(graph.indptr, indices)) != base
+    y = graph.y.clone()
+    (a,) = (y == 0).nonzero()[0]
+    (b,) = (y == 1).nonzero()[0]
+    y[a], y[b] = 1, 0
+    assert graph_fingerprint(replace(graph, y=y)) != base
+    val, test = graph.val_mask.clone(), graph.test_mask.clone()
+    (moved,) = val.nonzero()[-1]
+    val[moved], test[moved] = False, True
+    assert graph_fingerprint(replace(graph, val_mask=val, test_mask=test)) != base
+
+
+@pytest.mark.parametrize("damage", ["truncate", "overwrite_with_zeros", "garbage"])
+def test_a_damaged_cache_entry_is_named_and_rebuilt(tmp_path, damage):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return torch.arange(10)
+
+    key = {"dataset": "toy"}
+    cached(key, build, tmp_path)
+    path = artifact_path(key, tmp_path)
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-20])
+    elif damage == "overwrite_with_zeros":  # loadable by torch, but not what was cached
+        torch.save(torch.zeros(10, dtype=torch.int64), path)
+    else:
+        path.write_bytes(b"\x00" * 100)
+    with pytest.warns(UserWarning, match=f"cache entry {path} .*rebuilding"):
+        value = cached(key, build, tmp_path)
+    assert torch.equal(value, torch.arange(10)) and len(calls) == 2
+    assert torch.equal(cached(key, build, tmp_path), torch.arange(10)) and len(calls) == 2
 
 
 def test_cached_partition_reuses_the_artifact_and_writes_a_report(graph, tmp_path, monkeypatch):

@@ -4,14 +4,19 @@ An artifact is keyed by the sha256 of a canonical JSON of everything it depends 
 :data:`CODE_VERSION`, written once with ``torch.save`` to a temporary file and published
 with ``os.replace``. The rename is atomic, so readers never see half a file and two processes
 that build the same artifact at once both succeed (the last rename wins; contents are equal).
+
+Each file starts with the sha256 of the bytes that follow it. A file that fails that check,
+or cannot be read back (truncated, overwritten, not ours), is reported by name and rebuilt.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,8 +28,8 @@ from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.partition import partition, partition_report
 
 # Bump when a change to the code would change a cached artifact; old entries are then ignored.
-CODE_VERSION = "2"  # bump when a partitioner's output for the same inputs changes
-_FINGERPRINT_SAMPLES = 4096
+CODE_VERSION = "3"  # bump when a partitioner's output or the file format changes
+_DIGEST_BYTES = 64  # hex sha256 at the head of every artifact file
 
 
 def cache_key(key_parts: dict) -> str:
@@ -43,20 +48,23 @@ def tensor_digest(tensor: Tensor) -> str:
 
 
 def graph_fingerprint(graph: Graph) -> dict:
-    """A cheap identity for ``graph``: name, sizes, and a digest of evenly spaced samples and
-    whole-array sums of its structure, labels and train mask (what partitions and their
-    reports depend on). O(N + E) arithmetic; only ~16k values are hashed."""
-    digest = hashlib.sha256()
-    for tensor in (graph.indptr, graph.indices, graph.y, graph.train_mask.to(torch.int64)):
-        stride = max(1, tensor.numel() // _FINGERPRINT_SAMPLES)
-        digest.update(tensor[::stride].contiguous().numpy().tobytes())
-        digest.update(str(int(tensor.sum())).encode())
+    """The identity of ``graph``'s structure, labels and split (what partitions and their
+    reports depend on; features are not part of it): name, sizes and a digest of every byte
+    of those arrays, so any change to them gives a new key (blake2b, about 1 GB/s)."""
+    digest = hashlib.blake2b(digest_size=32)
+    for tensor in (graph.indptr, graph.indices, graph.y, *_masks(graph)):
+        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().data)
     return {
         "name": graph.name,
         "num_nodes": graph.num_nodes,
         "num_edges": graph.num_edges,
         "digest": digest.hexdigest(),
     }
+
+
+def _masks(graph: Graph) -> list[Tensor]:
+    return [m for m in (graph.train_mask, graph.val_mask, graph.test_mask) if m is not None]
 
 
 def cached(
@@ -74,10 +82,36 @@ def cached(
     """
     path = artifact_path(key_parts, cache_dir, prefix=prefix)
     if path.exists():
-        return torch.load(path, weights_only=True)
+        try:
+            return read_verified(path)
+        except CorruptArtifactError as err:
+            warnings.warn(f"{err}; rebuilding it", stacklevel=2)
     value = build_fn()
-    _atomic_write(path, lambda file: torch.save(value, file))
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    body = buffer.getvalue()
+    header = hashlib.sha256(body).hexdigest().encode()
+    _atomic_write(path, lambda file: (file.write(header), file.write(body)))
     return value
+
+
+class CorruptArtifactError(RuntimeError):
+    """A cached file that fails its content check or cannot be read; the message names it."""
+
+
+def read_verified(path: Path) -> Any:
+    """Load an artifact written by :func:`cached` after checking its content digest."""
+    data = path.read_bytes()
+    header, body = data[:_DIGEST_BYTES], data[_DIGEST_BYTES:]
+    if hashlib.sha256(body).hexdigest().encode() != header:
+        raise CorruptArtifactError(
+            f"cache entry {path} is damaged (its content does not match its digest: truncated "
+            f"or overwritten)"
+        )
+    try:
+        return torch.load(io.BytesIO(body), weights_only=True)
+    except Exception as err:  # unpickling raises many types
+        raise CorruptArtifactError(f"cache entry {path} cannot be read ({err})") from None
 
 
 def artifact_path(
