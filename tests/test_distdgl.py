@@ -1,19 +1,27 @@
-"""DistDGL: training and evaluation equal `single` (float64), byte counts, METIS vs random, e2e."""
+"""DistDGL: training and evaluation equal `single` (float64), byte counts, METIS vs random,
+sparse-embedding updates through Lightning (with and without prefetching loaders), e2e."""
 
+import os
+from collections import deque
 from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
 
+from lightning_gnnscale.checkpoints import CHECKPOINT_KEY, run_identity
 from lightning_gnnscale.comm import Comm
-from lightning_gnnscale.config import ConfigError, validate
+from lightning_gnnscale.config import ConfigError, resolved, validate
 from lightning_gnnscale.graph.book import PartitionBook, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
-from lightning_gnnscale.models.gnn import BlockGNN, layerwise_inference
-from lightning_gnnscale.run import train
+from lightning_gnnscale.models.gnn import BlockGNN, build_model, layerwise_inference
+from lightning_gnnscale.models.module import GNNModule
+from lightning_gnnscale.run import load_graph, train
+from lightning_gnnscale.systems import distdgl
 from lightning_gnnscale.systems.distdgl.datamodule import DistDGLDataModule, PartitionedGraph
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
@@ -161,6 +169,142 @@ def test_distdgl_learnable_embeddings(tmp_path):
     assert history[-1]["comm_bytes"]["feature"] > 0  # pulled embedding rows
 
 
+# ------------------------------------------------------- sparse embeddings through Lightning
+SPARSE_LR = 0.5
+
+
+class _AheadLoader:
+    """Iterates ``loader`` keeping ``ahead`` more batches built than it has handed out (as
+    DataLoader workers do). It has no length, so Lightning prefetches one more on its own."""
+
+    def __init__(self, loader, ahead: int):
+        self.loader, self.ahead = loader, ahead
+
+    def __iter__(self):
+        pending = deque()
+        for batch in self.loader:
+            pending.append(batch)
+            if len(pending) > self.ahead:
+                yield pending.popleft()
+        yield from pending
+
+
+class _InputRecordingModule(GNNModule):
+    """Remembers the input rows and ids the training step actually used."""
+
+    def training_step(self, batch, batch_idx):
+        self.step_inputs = (batch.blocks[0].src_ids, batch.x)
+        return super().training_step(batch, batch_idx)
+
+
+class _EmbeddingSteps(Callback):
+    """Per step: this rank's embedding shard before and after, the looked-up gids and the
+    gradient of their rows, and how many batches the loader had built by the step's start."""
+
+    def __init__(self, built: list):
+        self.built, self.records = built, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.before = trainer.datamodule.kv.local_shard("emb").clone()
+        self.built_at_start = len(self.built)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        gids, rows = pl_module.step_inputs
+        self.records.append(
+            {
+                "before": self.before,
+                "after": trainer.datamodule.kv.local_shard("emb").clone(),
+                "gids": gids.clone(),
+                "grad": rows.grad.clone(),
+                "built": self.built_at_start,
+            }
+        )
+
+
+def _embedding_fit_rank(rank, world_size, cfg, prepared, ahead):
+    """One rank of a real Trainer fit (the system's own build) in an existing gloo world."""
+    os.environ.update(
+        LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1"
+    )
+    L.seed_everything(cfg.seed, verbose=False)
+    strategy, dm, _ = distdgl.build(cfg, prepared)
+    built = []
+    make_batch = dm.make_batch
+    dm.make_batch = lambda epoch, step: built.append((epoch, step)) or make_batch(epoch, step)
+    if ahead:
+        loader = dm.train_dataloader
+        dm.train_dataloader = lambda: _AheadLoader(loader(), ahead)
+    net = build_model(cfg.model, dm.input_dim, dm.num_classes).to(torch.float64)
+    module = _InputRecordingModule(net, cfg.model.optimizer, cfg.model.lr, cfg.model.weight_decay)
+    recorder = _EmbeddingSteps(built)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world_size,
+        strategy=strategy,
+        max_epochs=int(cfg.trainer.max_epochs),
+        logger=False,
+        callbacks=[recorder],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        use_distributed_sampler=False,
+    )
+    trainer.fit(module, datamodule=dm)
+    return recorder.records
+
+
+@pytest.mark.dist
+def test_sparse_embedding_steps_are_exact_and_unaffected_by_prefetching(tmp_path):
+    """Through Lightning, SparseSGD embeddings (float64, 2 ranks): every step moves exactly the
+    rows the step looked up, by -lr x their gradient summed over ranks and lookups, and leaves
+    every other row bit-identical; a loader that builds batches ahead gives the same run."""
+    cfg = resolved(
+        make_cfg(
+            tmp_path,
+            "strategy=distdgl",
+            "model=sage",
+            "model.hidden=16",
+            "model.dropout=0.0",
+            "data.batch_size=32",
+            "dtype=float64",
+            "strategy.embedding_dim=8",
+            "strategy.sparse_optimizer=sgd",
+            f"strategy.sparse_lr={SPARSE_LR}",
+        )
+    )
+    prepared = distdgl.prepare(cfg, load_graph(cfg))
+    runs = {
+        ahead: run_distributed(_embedding_fit_rank, 2, cfg, prepared, ahead, timeout_s=240)
+        for ahead in (0, 2)
+    }
+    plain, prefetched = runs[0], runs[2]
+    steps = len(plain[0])
+    assert steps >= 3 and all(len(r) == steps for run in runs.values() for r in run)
+    # the premise: the plain loader builds one batch per step, the other one runs ahead
+    assert [rec["built"] for rec in plain[0]] == list(range(1, steps + 1))
+    assert prefetched[0][0]["built"] >= 3  # >= 2 batches built beyond step 0 before it ran
+    for records in runs.values():
+        for t in range(steps):
+            before = torch.cat([r[t]["before"] for r in records])  # shards in gid order
+            after = torch.cat([r[t]["after"] for r in records])
+            gids = torch.cat([r[t]["gids"] for r in records])
+            grad = torch.cat([r[t]["grad"] for r in records])
+            expected = before.index_add(0, gids, grad, alpha=-SPARSE_LR)
+            torch.testing.assert_close(after, expected, rtol=0, atol=1e-13)
+            untouched = torch.ones(before.shape[0], dtype=torch.bool)
+            untouched[gids] = False
+            assert torch.equal(after[untouched], before[untouched])
+            assert not torch.equal(after[~untouched], before[~untouched])
+            if t + 1 < steps:  # the next step starts from this step's result
+                assert torch.equal(torch.cat([r[t + 1]["before"] for r in records]), after)
+    for rank in range(2):
+        for got, want in zip(prefetched[rank], plain[rank]):
+            for key in ("gids", "grad", "after"):
+                assert torch.equal(got[key], want[key]), key
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -168,9 +312,19 @@ def test_distdgl_learnable_embeddings(tmp_path):
         (("data.num_workers=1",), "data.num_workers=0"),
         (("strategy.partition.method=spectral",), "valid:"),
         (("strategy.sparse_optimizer=adam",), "valid:"),
-        (("strategy.embedding_dim=8", f"ckpt_path={__file__}"), "cannot resume"),
     ],
 )
 def test_distdgl_config_errors(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(make_cfg(tmp_path, "strategy=distdgl", *overrides))
+
+
+def test_distdgl_refuses_to_resume_with_embeddings(tmp_path):
+    """A checkpoint of this very run (identity matches, epochs left) is still refused: the
+    embedding shards are not in it."""
+    overrides = ("strategy=distdgl", "strategy.embedding_dim=8")
+    path = tmp_path / "last.ckpt"
+    identity = run_identity(make_cfg(tmp_path, *overrides))
+    torch.save({"state_dict": {}, CHECKPOINT_KEY: {"identity": identity, "epochs_done": 1}}, path)
+    with pytest.raises(ConfigError, match="cannot resume"):
+        validate(make_cfg(tmp_path, *overrides, f"ckpt_path={path}"))

@@ -8,6 +8,8 @@ from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, 
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
+from lightning_gnnscale.systems.base import collective_train_loader
+from lightning_gnnscale.systems.distdgl.datamodule import DistDGLDataModule
 from lightning_gnnscale.systems.distdgl.sampler import DistNeighborSampler, TrainerSplit
 from tests.helpers.dist import run_distributed
 
@@ -64,11 +66,58 @@ def test_distributed_blocks_equal_single_process_blocks(world_size, empty_part):
         assert meter["bytes"]["structure"] > 0 and meter["bytes"]["feature"] == 0
 
 
+class _SplitLoaderSource:
+    """What ``collective_train_loader`` reads from a ``DistDGLDataModule`` (no Trainer: epoch
+    0), with the data module's own ``steps_per_epoch``; a batch is the rank's seeds."""
+
+    trainer = None
+    steps_per_epoch = DistDGLDataModule.steps_per_epoch
+
+    def __init__(self, split: TrainerSplit):
+        self.split = split
+
+    def make_batch(self, epoch: int, step: int) -> torch.Tensor:
+        return self.split.seeds(epoch, step)
+
+
+def _expected_steps(num_train: int, world: int, batch: int) -> int:
+    """Spec §2.2.4, computed here from scratch: rank chunks are an even split of the training
+    ids (the first ``num_train % world`` get one more), the local batch is ``batch // world``
+    (at least 1), and every rank runs ``ceil(smallest chunk / local batch)`` steps."""
+    if batch == -1:
+        return 1
+    smallest = num_train // world  # the last chunk never gets the extra id
+    local_batch = max(1, batch // world)
+    return max(1, (smallest + local_batch - 1) // local_batch)
+
+
+@pytest.mark.parametrize(
+    ("num_train", "world", "batch"),
+    # (301, 3, 60): chunks 101/100/100, local batch 20 -> 5 steps (the largest chunk or the
+    # global count would give 6); (334, 3, 64): local batch 21 -> 6; (10, 4, 8): chunks
+    # 3/3/2/2, local batch 2 -> 1; (50, 2, -1): one step.
+    [(301, 3, 60), (334, 3, 64), (10, 4, 8), (50, 2, -1)],
+)
+def test_trainer_split_steps_per_epoch_follow_the_even_split_rule(num_train, world, batch):
+    """Every rank's real train loader yields the number of steps the even-split rule gives,
+    computed independently of ``TrainerSplit``, and its steps cover its chunk evenly."""
+    train = torch.arange(0, 3 * num_train, 3)
+    expected = _expected_steps(num_train, world, batch)
+    for rank in range(world):
+        split = TrainerSplit(train, world, rank, batch, seed=4)
+        batches = list(collective_train_loader(_SplitLoaderSource(split)))
+        assert len(batches) == expected, rank
+        chunk = num_train // world + (rank < num_train % world)
+        sizes = [b.numel() for b in batches]
+        assert sum(sizes) == chunk and max(sizes) - min(sizes) <= 1  # whole chunk, even steps
+
+
 def test_trainer_split_covers_every_seed_once_in_lockstep():
     train = torch.arange(0, 1000, 3)  # 334 sorted training gids
     world, batch = 3, 60
     splits = [TrainerSplit(train, world, r, batch, seed=4) for r in range(world)]
     assert len({s.steps for s in splits}) == 1  # every rank runs the same number of steps
+    assert splits[0].steps == _expected_steps(train.numel(), world, batch)
     sizes = [s.mine.numel() for s in splits]
     assert max(sizes) - min(sizes) <= 1 and torch.equal(torch.cat([s.mine for s in splits]), train)
     for epoch in range(2):

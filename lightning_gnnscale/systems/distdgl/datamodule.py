@@ -7,12 +7,18 @@ input rows x F x itemsize, plus remote seed labels). Evaluation is full-graph la
 inference: every rank computes each layer for its core nodes and pulls its halo's rows of the
 previous layer from their owners (``activation`` bytes, the input layer as ``feature``).
 Every step and every evaluation is collective, so loaders run in the main process.
+
+With learnable embeddings (``embedding_dim > 0``) a batch leaves its input rows out: the
+strategy looks them up at the start of the training step that uses them
+(:meth:`DistDGLDataModule.lookup_inputs`), so the sparse optimiser step that follows pushes the
+gradients of exactly that step's lookups, and the rows are read after every earlier update,
+whatever number of batches the loader builds ahead.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch.utils.data import DataLoader
@@ -42,13 +48,14 @@ class PartitionedGraph:
     report: dict
 
 
-def embedding_init(dim: int, seed: int):
-    """Initial embedding rows keyed by gid (independent of partitioning): uniform(-1, 1)/sqrt(d)."""
+def embedding_init(dim: int, seed: int, dtype: torch.dtype = torch.float32):
+    """Initial embedding rows keyed by gid (independent of partitioning): uniform(-1, 1)/sqrt(d),
+    in ``dtype`` (the run's, so that the rows match the model)."""
 
     def init(gids: torch.Tensor) -> torch.Tensor:
         bits = splitmix64((gids.unsqueeze(1) * dim + torch.arange(dim)) ^ seed)
         unit = ((bits >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
-        return ((unit * 2 - 1) / dim**0.5).float()
+        return ((unit * 2 - 1) / dim**0.5).to(dtype)
 
     return init
 
@@ -60,7 +67,8 @@ class DistDGLDataModule(GNNDataModule):
     batch_size: global seeds per step (each trainer takes ``batch_size / world``).
     seed: base of the trainer shuffles and sampling keys.
     embedding_dim: ``> 0`` trains a ``DistEmbedding`` of this width as the input instead of
-        the node features (for featureless graphs); ``0`` uses the features.
+        the node features (for featureless graphs), in the features' dtype; ``0`` uses the
+        features. Batches then carry no input rows until :meth:`lookup_inputs`.
     """
 
     def __init__(
@@ -98,7 +106,7 @@ class DistDGLDataModule(GNNDataModule):
                 "emb",
                 self.local.num_core,
                 self.embedding_dim,
-                embedding_init(self.embedding_dim, self.seed),
+                embedding_init(self.embedding_dim, self.seed, self.local.x.dtype),
             )
         self.sampler = DistNeighborSampler(
             self.comm, self.data.book, self.local, self.degree, self.fanouts, self.seed
@@ -109,19 +117,20 @@ class DistDGLDataModule(GNNDataModule):
     def steps_per_epoch(self) -> int:
         return self.split.steps
 
-    def input_rows(self, gids: torch.Tensor, category: str = "feature") -> torch.Tensor:
-        """Input rows of ``gids``: learnable embeddings, or features from the KV store."""
-        if self.embedding is not None:
-            return self.embedding(gids)
-        return self.kv.pull("feat", gids, category=category)
-
     def make_batch(self, epoch: int, step: int) -> Batch:
-        """This rank's step: sample through the owners, then pull input rows and labels."""
+        """This rank's step: sample through the owners, then pull input rows and labels.
+
+        With embeddings, ``x`` is an empty ``[num_src, 0]`` placeholder (a model fed it fails
+        on the width): the rows are looked up by :meth:`lookup_inputs` in the training step.
+        """
         seeds = self.split.seeds(epoch, step)
         start = time.perf_counter()
         blocks = self.sampler.sample(seeds, epoch, step)
         sampled = time.perf_counter()
-        x = self.input_rows(blocks[0].src_ids)
+        if self.embedding is None:
+            x = self.kv.pull("feat", blocks[0].src_ids, category="feature")
+        else:
+            x = self.local.x.new_empty((blocks[0].num_src, 0))
         y = self.kv.pull("label", seeds)
         stats = {
             "sample_s": sampled - start,
@@ -129,6 +138,21 @@ class DistDGLDataModule(GNNDataModule):
             "input_nodes": blocks[0].num_src,
         }
         return Batch(blocks, x, y, self.split.global_seed_count(step), epoch, step, stats)
+
+    def lookup_inputs(self, batch: Batch, device: torch.device | str) -> Batch:
+        """``batch`` with its input rows: the current embedding rows of ``blocks[0].src_ids``
+        (a ``DistEmbedding`` lookup, collective, ``feature`` bytes), on ``device``.
+
+        Call it in the training step that uses the rows, once per step on every rank: the
+        lookup joins the embedding's trace, which the next sparse optimiser step consumes.
+        Without embeddings the batch is returned as it is.
+        """
+        if self.embedding is None:
+            return batch
+        start = time.perf_counter()
+        rows = self.embedding(batch.blocks[0].src_ids.cpu())
+        batch.stats["load_s"] = batch.stats.get("load_s", 0.0) + time.perf_counter() - start
+        return replace(batch, x=rows.to(device))
 
     def train_dataloader(self) -> DataLoader:
         return collective_train_loader(self)  # sampling runs collectives

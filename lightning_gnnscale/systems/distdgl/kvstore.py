@@ -187,6 +187,11 @@ class DistEmbedding(nn.Module):
     ``(gids, leaf)``; a ``SparseOptimizer`` later pushes the leaf gradients to the owners. The
     table is not an ``nn.Parameter``, so DDP and dense optimisers never see it.
 
+    The trace belongs to the next ``SparseOptimizer.step``, whatever step the rows were for, so
+    look rows up in the training step that uses them, never while building batches ahead: a
+    prefetched batch's lookup would be pushed (gradient-less) by the step before its own, and
+    its rows would miss that step's update (``DistDGLStrategy`` looks up in the step).
+
     Args:
         kv: the store holding the table under ``name``.
         name: KV name of the table.
