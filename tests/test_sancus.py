@@ -213,6 +213,146 @@ def test_distributed_run_equals_the_emulator(runs, k):
     assert skipped == (policy.name != "none")  # every staleness policy really skips here
 
 
+# --------------------------------------------------------- independent flag oracle
+
+
+def oracle_consumers(graph, offsets) -> list[list[bool]]:
+    """``consumer[k][j]``: some row of block ``k`` has a neighbour in block ``j`` (``k != j``),
+    read edge by edge from the graph, without the implementation's row blocks."""
+    bounds = [int(o) for o in offsets]
+    p = len(bounds) - 1
+
+    def owner(node: int) -> int:
+        return next(r for r in range(p) if bounds[r] <= node < bounds[r + 1])
+
+    consumer = [[False] * p for _ in range(p)]
+    indptr, indices = graph.indptr.tolist(), graph.indices.tolist()
+    for dst in range(graph.num_nodes):
+        for src in indices[indptr[dst] : indptr[dst + 1]]:
+            k, j = owner(dst), owner(src)
+            if k != j:
+                consumer[k][j] = True
+    return consumer
+
+
+def oracle_flags(name, bound, input_once, consumer, epochs, layers):
+    """The forward and backward flag matrices of a policy, simulated in plain Python from the
+    paper's definitions (spec §4.2.5), with every receiver keeping its own version table.
+
+    Forward, layer input ``l``: X under ``input_once`` goes out at epoch 0 only (it never
+    changes); ``none`` and ``skipg`` send every block every epoch; ``epoch_fixed`` (Def. 1)
+    sends root ``j`` when the copy the other ranks hold of it is more than ``bound`` epochs old
+    (or missing); ``adaptive`` (Def. 2, Alg. 5) sends ``j`` when at least one receiver that
+    reads ``j`` holds a copy more than ``bound`` epochs old (or none). Backward, layers
+    ``1..L-1`` (layer 0 needs no δ): SkipG sends root ``j``'s δ when the receivers' copy of it
+    is more than ``bound`` epochs old (or missing); every other policy sends every δ."""
+    p = len(consumer)
+    held = [[[None] * p for _ in range(p)] for _ in range(layers)]  # [l][receiver][root]
+    held_grad = [[[None] * p for _ in range(p)] for _ in range(layers)]
+
+    def too_old(copy, epoch):
+        return copy is None or epoch - copy > bound
+
+    forward, backward = {}, {}
+    for epoch in range(epochs):
+        for layer in range(layers):
+            seen = held[layer]
+            if layer == 0 and input_once:
+                flags = [epoch == 0] * p
+            elif name in ("none", "skipg"):
+                flags = [True] * p
+            elif name == "epoch_fixed":
+                flags = [
+                    any(too_old(seen[k][j], epoch) for k in range(p) if k != j) for j in range(p)
+                ]
+            elif name == "adaptive":
+                flags = [
+                    any(consumer[k][j] and too_old(seen[k][j], epoch) for k in range(p))
+                    for j in range(p)
+                ]
+            else:
+                raise ValueError(name)
+            for j in range(p):
+                if flags[j]:
+                    for k in range(p):
+                        if k != j:
+                            seen[k][j] = epoch
+            forward[(epoch, layer)] = flags
+        for layer in reversed(range(1, layers)):
+            seen = held_grad[layer]
+            if name == "skipg":
+                flags = [
+                    any(too_old(seen[k][j], epoch) for k in range(p) if k != j) for j in range(p)
+                ]
+            else:
+                flags = [True] * p
+            for j in range(p):
+                if flags[j]:
+                    for k in range(p):
+                        if k != j:
+                            seen[k][j] = epoch
+            backward[(epoch, layer)] = flags
+    return forward, backward
+
+
+def assert_flags_match_oracle(got_forward, got_backward, policy, consumer, epochs):
+    forward, backward = oracle_flags(
+        policy.name,
+        policy.epoch_bound,
+        policy.input_policy == "once",
+        consumer,
+        epochs,
+        LAYERS,
+    )
+    for got, want in ((got_forward, forward), (got_backward, backward)):
+        assert set(got) == set(want)
+        for key, flags in want.items():
+            assert got[key].tolist() == flags, key
+
+
+ORACLE_POLICIES = [k for k, policy in enumerate(POLICIES) if policy.name != "variation"]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("k", ORACLE_POLICIES, ids=[POLICIES[k].name for k in ORACLE_POLICIES])
+def test_flag_matrices_match_an_independent_oracle(runs, k):
+    """The distributed ranks' and the emulator's flags equal the plain-Python oracle (the
+    emulator shares the implementation's flag functions, so it cannot catch a wrong rule)."""
+    world_size, rows, results = runs
+    graph, book = setup_graph(world_size, rows)
+    policy = POLICIES[k]
+    consumer = oracle_consumers(graph, book.node_offsets)
+    for r in results:
+        assert_flags_match_oracle(
+            r[k]["forward_flags"], r[k]["backward_flags"], policy, consumer, EPOCHS
+        )
+    params = [(layer.lin.weight, layer.bias) for layer in make_params(graph).layers]
+    trace = emulate(graph, book.node_offsets, params, policy, EPOCHS, lr=LR)
+    assert_flags_match_oracle(trace.forward_flags, trace.backward_flags, policy, consumer, EPOCHS)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        StalenessPolicy("epoch_fixed", epoch_bound=1, input_policy="same_as_hidden"),
+        StalenessPolicy("epoch_fixed", epoch_bound=3),
+        StalenessPolicy("adaptive", epoch_bound=1, input_policy="same_as_hidden"),
+        StalenessPolicy("adaptive", epoch_bound=2),
+        StalenessPolicy("skipg", epoch_bound=1),
+        StalenessPolicy("skipg", epoch_bound=2, input_policy="same_as_hidden"),
+    ],
+    ids=lambda p: f"{p.name}{p.epoch_bound}-{p.input_policy}",
+)
+def test_emulator_flags_match_the_oracle_with_a_block_nobody_reads(policy):
+    """Longer runs and other bounds, on a graph where block 2 reads and is read by nobody."""
+    graph, offsets, epochs = two_components(), torch.tensor([0, 30, 60, 90]), 9
+    consumer = oracle_consumers(graph, offsets)
+    assert not any(consumer[k][2] or consumer[2][k] for k in range(3))
+    params = [(layer.lin.weight, layer.bias) for layer in make_params(graph).layers]
+    trace = emulate(graph, offsets, params, policy, epochs, lr=LR)
+    assert_flags_match_oracle(trace.forward_flags, trace.backward_flags, policy, consumer, epochs)
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("k", range(len(POLICIES)), ids=[p.name for p in POLICIES])
 def test_meter_and_cache_match_the_formulas(runs, k):
