@@ -1,4 +1,7 @@
-"""GSplit: split-parallel training equals `single` on the same mini-batch; splits are disjoint."""
+"""GSplit: split-parallel training equals `single` on the same mini-batch; splits are disjoint;
+bytes and statistics equal brute-force recomputations from the global sample."""
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +11,7 @@ from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.systems.base import epoch_permutation
 from lightning_gnnscale.systems.gsplit.sampler import SplitSampler, shuffle
 from tests.helpers.dist import run_distributed
 
@@ -42,17 +46,40 @@ def _split_rank(rank, world_size):
     sampler = SplitSampler(comm, parts, graph.indptr, graph.indices, FANOUTS, seed=5)
     targets = seeds[parts[seeds] == rank]
     blocks, plans, inputs = sampler.sample(targets, EPOCH, STEP)
-    out = {"layers": [b.dst_ids for b in blocks], "inputs": inputs}
+    out = {"layers": [b.dst_ids for b in blocks], "inputs": inputs, "bytes": {}}
+    out["bytes"]["sampling"] = comm.meter.snapshot()["bytes"]
     for kind in KINDS:
         net = make_net(kind, graph)
-        logits = net(blocks, graph.x[inputs], layer_hook=lambda i, h: shuffle(h, plans[i], comm))
+        before = comm.meter.snapshot()
+        logits = net(
+            blocks, graph.x[inputs], layer_hook=lambda i, h: shuffle(h, plans[i], comm, layer=i)
+        )
         loss = F.cross_entropy(logits, graph.y[blocks[-1].dst_ids], reduction="sum")
         (loss / seeds.numel()).backward()
+        out["bytes"][kind] = comm.meter.delta(before)["bytes"]
         grad = torch.cat([p.grad.flatten() for p in net.parameters()])
         comm.all_reduce(grad, category="gradient")
         total = comm.all_reduce(loss.detach().clone(), category="control")
         out[kind] = (blocks[-1].dst_ids, logits.detach(), total / seeds.numel(), grad)
     return out
+
+
+def remote_rows_by_layer(blocks, parts) -> list[int]:
+    """Brute force over global blocks (input layer first): for each layer, the number of
+    distinct (consumer rank, vertex) pairs where the consumer computes some destination of
+    that layer (it owns it) and needs the vertex's row as an input, but another rank owns it.
+    Plain Python over edges; knows nothing of the shuffle plans."""
+    owner = parts.tolist()
+    counts = []
+    for block in blocks:
+        src_ids, dst_ids = block.src_ids.tolist(), block.dst_ids.tolist()
+        needed = set()
+        for s, d in zip(block.edge_index[0].tolist(), block.edge_index[1].tolist()):
+            needed.add((owner[dst_ids[d]], src_ids[s]))  # the rank computing d reads s
+        for d in dst_ids:  # a destination's own row (SAGE / GAT self term) is always local
+            needed.add((owner[d], d))
+        counts.append(sum(1 for rank, v in needed if owner[v] != rank))
+    return counts
 
 
 @pytest.mark.dist
@@ -89,6 +116,24 @@ def test_split_parallel_equals_single(world_size):
             torch.testing.assert_close(got_loss, loss.detach(), rtol=0, atol=1e-12)
             torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-12)
 
+    # Bytes (summed over ranks, self chunk excluded) equal the per-layer remote-row formula:
+    # layer 0 moves input features (`feature`, no backward: inputs need no gradient), layer 1
+    # hidden rows (`activation` forward, `activation_grad` backward); sampling sends the same
+    # remote vertices' ids (int64) to their owners (`structure`).
+    remote = remote_rows_by_layer(ref_blocks, parts)
+    item = graph.x.element_size()
+    expected = {
+        "feature": remote[0] * graph.num_features * item,
+        "activation": remote[1] * 12 * item,  # hidden width (GAT: 3 heads x 4, flattened)
+        "activation_grad": remote[1] * 12 * item,
+    }
+    for kind in KINDS:
+        got = {c: sum(r["bytes"][kind][c] for r in results) for c in expected}
+        assert got == expected, kind
+    assert sum(r["bytes"]["sampling"]["structure"] for r in results) == sum(remote) * 8
+    if world_size > 1:
+        assert remote[0] > 0 and remote[1] > 0  # the comparison is not 0 == 0
+
 
 def test_partitioned_cache_ranks_own_rows_by_frequency_and_counts():
     from lightning_gnnscale.systems.gsplit.datamodule import PartitionedFeatureCache
@@ -104,29 +149,114 @@ def test_partitioned_cache_ranks_own_rows_by_frequency_and_counts():
     assert by_id.cached.nonzero().flatten().tolist() == [1, 3]
 
 
+def recomputed_epoch(graph, parts, input_frequency, cfg, epoch, world_size):
+    """What GSplit's statistics and the meter should report for one training epoch, derived by
+    brute force from the global mini-batches (``single``'s sampler and order) and the split
+    function: per-step edges per rank, cross-split edges, inputs, cache hits, remote rows."""
+    train_ids = graph.split_ids("train")
+    batch = int(cfg.data.batch_size)
+    order = epoch_permutation(train_ids, int(cfg.seed), epoch)
+    sampler = NeighborSampler(graph.indptr, graph.indices, list(cfg.data.fanouts), int(cfg.seed))
+    owner, freq = parts.tolist(), input_frequency.tolist()
+    cached = set()
+    for rank in range(world_size):  # each rank's cache: its most frequent own inputs
+        own = sorted((v for v in range(len(owner)) if owner[v] == rank), key=lambda v: -freq[v])
+        cached.update(own[: round(float(cfg.strategy.cache.fraction) * len(own))])
+    steps = []
+    for step in range(-(-train_ids.numel() // batch)):
+        blocks = sampler.sample(order[step * batch : (step + 1) * batch], epoch, step)
+        edges, cross = [0] * world_size, 0
+        for block in blocks:
+            for s, d in block.src_ids[block.edge_index].t().tolist():
+                edges[owner[d]] += 1
+                cross += owner[s] != owner[d]
+        inputs = blocks[0].src_ids.tolist()
+        steps.append(
+            {
+                "edges": edges,
+                "cross": cross,
+                "inputs": len(inputs),
+                "hits": sum(v in cached for v in inputs),
+                "remote": remote_rows_by_layer(blocks, parts),
+            }
+        )
+    return steps
+
+
+def gsplit_artifact(cache_dir):
+    """The one partition artifact a fresh run wrote (read from disk, not rebuilt)."""
+    from lightning_gnnscale.graph.cache import read_verified
+
+    (path,) = Path(cache_dir).glob("gsplit-partition-*.pt")
+    return read_verified(path)
+
+
 @pytest.mark.e2e
 def test_gsplit_trains_end_to_end_with_a_clean_audit(tmp_path):
+    """Through the Trainer: the meter's bytes and every logged statistic equal values
+    recomputed by brute force from the global mini-batches and the split function."""
     from lightning_gnnscale.run import train
     from tests.helpers.config import make_cfg
 
-    metrics, _ = train(
-        make_cfg(
-            tmp_path,
-            "strategy=gsplit",
-            "model=sage",
-            "strategy.redundancy_probe_steps=2",
-            "audit=true",
-            "strategy.partition.presample_epochs=2",
-        )
+    probe_steps = 2
+    cfg = make_cfg(
+        tmp_path,
+        "strategy=gsplit",
+        "model=sage",
+        f"strategy.redundancy_probe_steps={probe_steps}",
+        "audit=true",
+        "strategy.partition.presample_epochs=2",
     )
+    metrics, objects = train(cfg)
     assert metrics["strategy"] == "gsplit" and metrics["audited_collectives"] > 0
     per_epoch = metrics["comm_bytes_per_epoch"]
-    assert per_epoch["feature"] == 0  # every input row is loaded by its owner only
     assert per_epoch["activation"] > 0 and per_epoch["activation_grad"] > 0
     assert per_epoch["structure"] > 0 and per_epoch["gradient"] > 0
-    system = metrics["system"]
-    assert 0 <= system["cross_edge_share"] <= 1 and system["load_imbalance"] >= 1
-    assert system["dp_over_split_input_rows"] >= 1  # DP micro-batches load at least as much
+
+    graph, world = objects["graph"], int(cfg.trainer.devices)
+    artifact = gsplit_artifact(cfg.paths.cache_dir)
+    parts = artifact["parts"]
+    item, widths = graph.x.element_size(), [graph.num_features, int(cfg.model.hidden)]
+    for row in metrics["history"]:
+        steps = recomputed_epoch(graph, parts, artifact["k0_v"], cfg, row["epoch"], world)
+        remote = [sum(s["remote"][layer] for s in steps) for layer in range(2)]
+        assert remote[0] > 0 and remote[1] > 0
+        # layer 0 moves input rows (`feature`), layer 1 hidden rows; inputs have no gradient
+        assert row["comm_bytes"]["feature"] == remote[0] * widths[0] * item
+        assert row["comm_bytes"]["activation"] == remote[1] * widths[1] * item
+        assert row["comm_bytes"]["activation_grad"] == remote[1] * widths[1] * item
+
+    system = metrics["system"]  # GSplitStats keeps the last epoch
+    n = len(steps)
+    imbalance = sum(max(s["edges"]) / (sum(s["edges"]) / world) for s in steps) / n
+    assert system["load_imbalance"] == pytest.approx(imbalance, rel=1e-12)
+    total_edges = sum(sum(s["edges"]) for s in steps)
+    assert system["cross_edge_share"] == pytest.approx(
+        sum(s["cross"] for s in steps) / total_edges, rel=1e-12
+    )
+    assert system["input_rows_per_step"] == pytest.approx(sum(s["inputs"] for s in steps) / n)
+    assert system["cache_hit_rate"] == pytest.approx(
+        sum(s["hits"] for s in steps) / sum(s["inputs"] for s in steps), rel=1e-12
+    )
+    for layer in range(2):
+        rows = sum(s["remote"][layer] for s in steps) / n
+        assert system["rows_shuffled_per_step_by_layer"][layer] == pytest.approx(rows)
+        assert system["bytes_shuffled_per_step_by_layer"][layer] == pytest.approx(
+            rows * widths[layer] * item
+        )
+
+    # Redundancy probe: rank-salted data-parallel micro-batches of the first steps of epoch 0.
+    train_ids = graph.split_ids("train")
+    sampler = NeighborSampler(graph.indptr, graph.indices, list(cfg.data.fanouts), cfg.seed)
+    order, batch = epoch_permutation(train_ids, cfg.seed, 0), int(cfg.data.batch_size)
+    dp_rows = split_rows = 0
+    for step in range(probe_steps):
+        seeds = order[step * batch : (step + 1) * batch]
+        split_rows += sampler.sample(seeds, 0, step)[0].num_src
+        for rank, part in enumerate(torch.tensor_split(seeds, world)):
+            dp_rows += sampler.sample(part, 0, step, salt=rank)[0].num_src
+    assert system["dp_over_split_input_rows"] == pytest.approx(dp_rows / split_rows, rel=1e-12)
+    assert dp_rows > split_rows  # the probe's ratio is not trivially 1
 
 
 @pytest.mark.parametrize(
@@ -148,7 +278,8 @@ def test_gsplit_config_errors(tmp_path, override, message):
 
 
 def test_shuffle_bytes_by_layer_match_the_meter(tmp_path):
-    """The per-layer forward bytes the stats report add up to the meter's activation bytes."""
+    """The per-layer forward bytes the stats report equal the meter's: layer 0 under
+    ``feature`` (input rows), the later layers under ``activation``."""
     from lightning_gnnscale.run import train
     from tests.helpers.config import make_cfg
 
@@ -164,4 +295,6 @@ def test_shuffle_bytes_by_layer_match_the_meter(tmp_path):
     per_layer = metrics["system"]["bytes_shuffled_per_step_by_layer"]
     steps = metrics["history"][0]["comm_bytes"]
     graph_steps = -(-90 // 64)  # 300 nodes x 30% train, batch 64
-    assert sum(per_layer) * graph_steps == pytest.approx(steps["activation"])
+    assert per_layer[0] * graph_steps == pytest.approx(steps["feature"])
+    assert sum(per_layer[1:]) * graph_steps == pytest.approx(steps["activation"])
+    assert steps["feature"] > 0 and steps["activation"] > 0

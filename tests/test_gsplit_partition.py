@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -313,3 +315,166 @@ def test_gsplit_with_no_sampled_edges_still_partitions(small_sbm):
     assert adjncy.numel() == 0 and int(xadj[-1]) == 0
     parts = probabilistic_partition(graph, 2, unsampled)
     assert torch.bincount(parts, minlength=2).min() > 0
+
+
+KEY_BASE = dict(
+    method="gsplit",
+    fanouts=[3, 2],
+    batch_size=4,
+    presample_epochs=2,
+    seed=3,
+    metis_seed=0,
+    ufactor=30,
+    zero_edge_policy="auto",
+    drop_last=False,
+)
+
+
+def _moved_edge(graph: Graph) -> Graph:
+    """``graph`` with one in-edge's source moved to another node (sizes unchanged)."""
+    src, dst = graph.edge_index()
+    existing = set(zip(src.tolist(), dst.tolist()))
+    s, d = int(src[0]), int(dst[0])
+    new = next(u for u in range(graph.num_nodes) if u not in (s, d) and (u, d) not in existing)
+    src = src.clone()
+    src[0] = new
+    return Graph.from_edge_index(
+        torch.stack([src, dst]),
+        graph.num_nodes,
+        **{f: getattr(graph, f) for f in ("x", "y", "train_mask", "val_mask", "test_mask")},
+        num_classes=graph.num_classes,
+    )
+
+
+def _flipped_train(graph: Graph) -> Graph:
+    """``graph`` with one more training node."""
+    mask = graph.train_mask.clone()
+    mask[int((~mask).nonzero()[0])] = True
+    return dataclasses.replace(graph, train_mask=mask)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "graph structure",
+        "train mask",
+        "num_parts",
+        "method",
+        "fanouts",
+        "number of hops",
+        "batch_size",
+        "presample_epochs",
+        "seed",
+        "metis_seed",
+        "ufactor",
+        "zero_edge_policy",
+        "drop_last",
+    ],
+)
+def test_cache_key_covers_every_input(tmp_path, monkeypatch, change):
+    """Changing any one input of the artifact writes (and builds) a new one; the unchanged
+    inputs hit the cache."""
+    builds = []
+    real_presample = gsplit_partition.presample
+
+    def counting_presample(*args, **kwargs):
+        builds.append(args)
+        return real_presample(*args, **kwargs)
+
+    monkeypatch.setattr(gsplit_partition, "presample", counting_presample)
+    graph = tiny_graph()
+    base = cached_probabilistic_partition(graph, 2, cache_dir=tmp_path, **KEY_BASE)
+    cached_probabilistic_partition(graph, 2, cache_dir=tmp_path, **KEY_BASE)
+    assert len(builds) == 1 and len(list(tmp_path.glob("gsplit-partition-*.pt"))) == 1
+
+    options, num_parts = dict(KEY_BASE), 2
+    changes = {
+        "method": ("method", "node"),
+        "fanouts": ("fanouts", [3, 3]),
+        "number of hops": ("fanouts", [3, 2, 2]),
+        "batch_size": ("batch_size", 3),
+        "presample_epochs": ("presample_epochs", 3),
+        "seed": ("seed", 4),
+        "metis_seed": ("metis_seed", 1),
+        "ufactor": ("ufactor", 31),
+        "zero_edge_policy": ("zero_edge_policy", "drop"),
+        "drop_last": ("drop_last", True),
+    }
+    if change == "graph structure":
+        graph = _moved_edge(graph)
+    elif change == "train mask":
+        graph = _flipped_train(graph)
+    elif change == "num_parts":
+        num_parts = 3
+    else:
+        name, value = changes[change]
+        assert options[name] != value
+        options[name] = value
+    changed = cached_probabilistic_partition(graph, num_parts, cache_dir=tmp_path, **options)
+    assert len(builds) == 2, f"changing {change} reused the cached artifact"
+    assert len(list(tmp_path.glob("gsplit-partition-*.pt"))) == 2
+    if change == "train mask":  # the rebuilt artifact counts the new training node's batch
+        assert changed["num_batches"] != base["num_batches"] or not torch.equal(
+            changed["k_v"], base["k_v"]
+        )
+
+
+def _invisible_to_sampling(graph: Graph) -> tuple[Graph, Graph]:
+    """Two edits that keep every size and every array sum and change no entry whose position is
+    a multiple of ``len // 4096`` (so hashing only strided samples and sums cannot see them): a
+    source ``a`` -> ``a + 1`` in one in-edge list and ``a + 1`` -> ``a`` in another (both lists
+    stay sorted and duplicate-free); a training flag moved from one node to another."""
+    indptr, indices = graph.indptr, graph.indices
+    edge_stride = max(1, indices.numel() // 4096)
+    node_stride = max(1, graph.num_nodes // 4096)
+    assert edge_stride > 1 and node_stride > 1, "graph too small for the edits to be off-grid"
+    position = torch.arange(indices.numel())
+    seg = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr[1:] - indptr[:-1])
+    first, end = indptr[seg], indptr[seg + 1]
+    prev = torch.where(position > first, indices[(position - 1).clamp(min=0)], -2)
+    nxt = torch.where(position + 1 < end, indices[(position + 1) % indices.numel()], 1 << 40)
+    off_grid = position % edge_stride != 0
+    up = off_grid & (nxt > indices + 1)  # indices[p] + 1 fits at p, keeping the list sorted
+    down = off_grid & (prev < indices - 1)  # indices[q] - 1 fits at q
+    edited = None
+    for p in up.nonzero().flatten().tolist():
+        a = int(indices[p])
+        for q in (down & (indices == a + 1) & (seg != seg[p])).nonzero().flatten().tolist():
+            edited = indices.clone()
+            edited[p], edited[q] = a + 1, a
+            break
+        if edited is not None:
+            break
+    structure = dataclasses.replace(graph, indices=edited)
+    mask = graph.train_mask.clone()
+    off_nodes = torch.arange(graph.num_nodes) % node_stride != 0
+    on, off = (off_nodes & mask).nonzero().flatten(), (off_nodes & ~mask).nonzero().flatten()
+    mask[on[0]], mask[off[0]] = False, True
+    return structure, dataclasses.replace(graph, train_mask=mask)
+
+
+def test_cache_key_sees_edits_a_sampled_fingerprint_would_miss(tmp_path, monkeypatch):
+    """On a graph large enough that hashing only every k-th entry plus sums would miss them,
+    two sum-preserving edits (one of the structure, one of the train mask) each still build a
+    new artifact. This needs a graph fingerprint over the whole structure and train mask."""
+    builds = []
+    real_presample = gsplit_partition.presample
+
+    def counting_presample(*args, **kwargs):
+        builds.append(args)
+        return real_presample(*args, **kwargs)
+
+    monkeypatch.setattr(gsplit_partition, "presample", counting_presample)
+    graph = sbm(num_nodes=10000, num_classes=4, avg_degree=4.0, train_frac=0.05, seed=2)
+    options = dict(KEY_BASE, fanouts=[2, 2], batch_size=256, presample_epochs=1)
+    cached_probabilistic_partition(graph, 2, cache_dir=tmp_path, **options)
+    structure, train = _invisible_to_sampling(graph)
+    assert structure.num_edges == graph.num_edges
+    assert int(structure.indices.sum()) == int(graph.indices.sum())
+    assert not torch.equal(structure.indices, graph.indices)
+    assert int(train.train_mask.sum()) == int(graph.train_mask.sum())
+    assert not torch.equal(train.train_mask, graph.train_mask)
+    cached_probabilistic_partition(structure, 2, cache_dir=tmp_path, **options)
+    assert len(builds) == 2, "an edit of the graph structure reused the cached artifact"
+    cached_probabilistic_partition(train, 2, cache_dir=tmp_path, **options)
+    assert len(builds) == 3, "an edit of the train mask reused the cached artifact"

@@ -1,8 +1,9 @@
 """``strategy=gsplit``: GSplit (split-parallel mini-batch training) on Lightning.
 
 Offline probabilistic partitioning (pre-sampled vertex and edge weights, weighted METIS),
-split-parallel sampling with one id all-to-all per hop, an activation shuffle before every
-layer, owner-only feature loading through a partition-aligned cache. See docs/systems/gsplit.md.
+split-parallel sampling with one id all-to-all per hop, a row shuffle before every layer (input
+rows before layer 0, metered as ``feature``; hidden rows later, ``activation``), owner-only
+feature loading through a partition-aligned cache. See docs/systems/gsplit.md.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ from ..base import epoch_permutation
 PARTITION_METHODS = ("gsplit", "node", "edge", "naive", "random")
 ZERO_EDGE_POLICIES = ("auto", "drop", "epsilon")
 _METIS_NITER = 10  # what graph.partition's "metis" uses, so all methods search equally hard
+# Bump when pre-sampling, the METIS weights or the artifact's content change for the same
+# inputs (the shared graph.cache.CODE_VERSION covers the partitioners themselves).
+ARTIFACT_VERSION = 1
 
 
 def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
@@ -270,8 +273,11 @@ def cached_probabilistic_partition(
     """
     _check_choice("method", method, PARTITION_METHODS)
     _check_choice("zero_edge_policy", zero_edge_policy, ZERO_EDGE_POLICIES)
+    # Everything the artifact depends on: the graph's structure and train mask (through the
+    # fingerprint), the pre-sampling schedule and sampler, and the partitioner's settings.
     key_parts = {
         "kind": "gsplit_partition",
+        "version": ARTIFACT_VERSION,
         "graph": graph_fingerprint(graph),
         "method": method,
         "num_parts": num_parts,

@@ -4,9 +4,11 @@ One global mini-batch per step is split by the partition map ``parts``: rank r s
 the frontier vertices it owns. After every hop the new block's sources (the "mixed frontier"
 M) are split by owner (one id all-to-all, ``structure``): each owner learns which of its
 vertices other ranks need, and those become its next frontier D. The same exchange, reversed,
-is the plan of the activation shuffle that runs before each layer (``activation`` forward,
-``activation_grad`` backward). No vertex is sampled, loaded or computed on two ranks, and the
-hash-keyed sampler draws exactly what one process draws for the whole mini-batch.
+is the plan of the shuffle that runs before each layer. The first shuffle moves raw input
+rows of boundary vertices (``feature``; the inputs need no gradient, so it has no backward);
+the later ones move hidden rows (``activation`` forward, ``activation_grad`` backward). No
+vertex is sampled, loaded or computed on two ranks, and the hash-keyed sampler draws exactly
+what one process draws for the whole mini-batch.
 """
 
 from __future__ import annotations
@@ -47,16 +49,24 @@ class LayerPlan:
         )
 
 
-def shuffle(h: Tensor, plan: LayerPlan, comm: Comm) -> Tensor:
+def shuffle_category(layer: int) -> str:
+    """Meter category of the forward shuffle before ``layer``: the rows entering layer 0 are
+    input features (``feature``), later ones hidden rows (``activation``)."""
+    return "feature" if layer == 0 else "activation"
+
+
+def shuffle(h: Tensor, plan: LayerPlan, comm: Comm, layer: int) -> Tensor:
     """Rows of the owner's ``D`` (``h``, ``[|D|, d]``) -> rows of this rank's mixed frontier
-    ``[|M|, d]``; autograd sends the gradient rows back to their owners."""
+    ``[|M|, d]`` before layer ``layer``; autograd sends the gradient rows back to their owners
+    (``activation_grad``). Before layer 0 ``h`` holds input features, which need no gradient
+    on any rank, so that shuffle has no backward exchange."""
     received = exchange_rows(
         h,
         plan.send_index,
         plan.send_splits,
         plan.recv_splits,
         comm,
-        category="activation",
+        category=shuffle_category(layer),
         grad_category="activation_grad",
     )
     inverse = torch.empty_like(plan.recv_order)
