@@ -1,9 +1,12 @@
 """Grappa, single process: chunking, schedules, partitions, in-partition sampling, step
 equalisation, estimators (spec §5.1 E1-E8) and Monte-Carlo checks (§5.2 S1-S3, S5)."""
 
+import dataclasses
 import itertools
 import json
 import math
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,9 +15,16 @@ import torch
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.sampler import NeighborSampler
-from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.models.gnn import BlockGNN, layerwise_inference
+from lightning_gnnscale.systems.grappa import chunking
 from lightning_gnnscale.systems.grappa.callbacks import SuperEpochController
-from lightning_gnnscale.systems.grappa.chunking import chunk_assignment, write_chunk_store
+from lightning_gnnscale.systems.grappa.chunking import (
+    ChunkStore,
+    ChunkStoreError,
+    chunk_assignment,
+    chunk_store_path,
+    write_chunk_store,
+)
 from lightning_gnnscale.systems.grappa.datamodule import GrappaDataModule
 from lightning_gnnscale.systems.grappa.estimators import (
     batch_factor,
@@ -87,6 +97,116 @@ def test_shuffled_sweep_order_is_a_permutation_of_each_cycle():
     assert rounds == [
         Schedule("pinned_sweep", 6, "shuffled", seed=2).round(t) for t in range(5, 10)
     ]
+
+
+# -------------------------------------------------------------- chunk store: key, digests
+def _rewired(g):
+    """``g`` with one edge ``u -> v`` moved to ``w -> v`` (same node and edge counts)."""
+    src, dst = g.edge_index()
+    v = int(dst[0])
+    w = next(u for u in range(g.num_nodes) if u != v and not bool((src[dst == v] == u).any()))
+    src = src.clone()
+    src[0] = w
+    fields = {f.name: getattr(g, f.name) for f in dataclasses.fields(g)}
+    fields.pop("indptr"), fields.pop("indices")
+    return Graph.from_edge_index(torch.stack([src, dst]), g.num_nodes, **fields)
+
+
+def _changed(g, name, index=7):
+    value = getattr(g, name).clone()
+    if value.dtype == torch.bool:
+        value[index] = ~value[index]
+    elif name == "y":
+        value[index] = (value[index] + 1) % g.num_classes
+    else:
+        value[index] += 1.0
+    return dataclasses.replace(g, **{name: value})
+
+
+def test_chunk_store_key_covers_everything_the_chunks_hold(tmp_path):
+    """Changing any one input of the chunk files (features, labels, each mask, structure,
+    dtype) or of the chunking (count, method, seed) gives another store; the issue's case,
+    ``feature_signal=0`` on the same sbm, writes a store holding the new features."""
+    g = small_graph()
+    assert g.num_edges == _rewired(g).num_edges and g.num_nodes == _rewired(g).num_nodes
+    variants = {
+        "base": (g, 4, "random", 0),
+        "rewired": (_rewired(g), 4, "random", 0),
+        "dtype": (g.to(torch.float64), 4, "random", 0),
+        "num_chunks": (g, 5, "random", 0),
+        "method": (g, 4, "random_iid", 0),
+        "seed": (g, 4, "random", 1),
+        **{name: (_changed(g, name), 4, "random", 0) for name in ("x", "y")},
+        **{m: (_changed(g, m), 4, "random", 0) for m in ("train_mask", "val_mask", "test_mask")},
+    }
+    paths = {name: chunk_store_path(*args, tmp_path) for name, args in variants.items()}
+    assert len(set(paths.values())) == len(paths)
+    assert chunk_store_path(small_graph(), 4, "random", 0, tmp_path) == paths["base"]
+    flat = sbm(
+        num_nodes=400, num_classes=4, avg_degree=8.0, num_features=6, seed=1, feature_signal=0.0
+    )
+    assert torch.equal(flat.indices, g.indices) and torch.equal(flat.y, g.y)
+    old, new = (write_chunk_store(h, 4, "random", 0, str(tmp_path)) for h in (g, flat))
+    assert old.path != new.path
+    for c in range(4):
+        record = new.load(c)
+        assert torch.equal(record["x"], flat.x[record["nodes"]])
+
+
+def _fresh_rank(monkeypatch, store):
+    """The store as a rank process sees it: nothing checked yet in this process."""
+    monkeypatch.setattr(chunking, "_VERIFIED", set())
+    return ChunkStore(store.path, store.meta)
+
+
+def test_corrupt_chunk_files_are_rebuilt_by_the_launcher_and_named_by_a_rank(
+    tmp_path, monkeypatch, capsys
+):
+    """A truncated chunk and a loadable chunk file of the wrong chunk: a rank fails naming
+    the file and the fix; the launching process (``write_chunk_store``) rewrites both, and the
+    rank then reads the original records."""
+    g = small_graph()
+    store = write_chunk_store(g, 4, "random", 0, str(tmp_path))
+    folder = Path(store.path)
+    original = {c: (folder / f"chunk_{c}.pt").read_bytes() for c in range(4)}
+    truncated, wrong = folder / "chunk_1.pt", folder / "chunk_2.pt"
+    truncated.write_bytes(original[1][: len(original[1]) // 2])
+    shutil.copyfile(folder / "chunk_0.pt", wrong)
+    assert torch.load(wrong, weights_only=True)["nodes"].numel()  # loadable, but chunk 0's
+    rank = _fresh_rank(monkeypatch, store)
+    for path, c in ((truncated, 1), (wrong, 2)):
+        with pytest.raises(ChunkStoreError, match="digest") as err:
+            rank.load(c)
+        assert str(path) in str(err.value) and str(folder) in str(err.value)
+        assert "rerun" in str(err.value) and "delete" in str(err.value)
+    with pytest.raises(ChunkStoreError, match=str(wrong)):
+        build_partition(rank, Schedule("pinned_sweep", 4).partition(2, 0))
+    capsys.readouterr()
+    rebuilt = write_chunk_store(g, 4, "random", 0, str(tmp_path))
+    said = capsys.readouterr().out
+    assert str(truncated) in said and str(wrong) in said and "chunk_0.pt" not in said
+    assert rebuilt.path == store.path and rebuilt.meta == store.meta
+    assert {c: (folder / f"chunk_{c}.pt").read_bytes() for c in range(4)} == original
+    rank = _fresh_rank(monkeypatch, rebuilt)
+    chunk = chunk_assignment(g, 4, "random", 0)
+    for c in range(4):
+        assert torch.equal(rank.load(c)["nodes"], (chunk == c).nonzero().flatten())
+    (folder / "meta.json").write_text("{not json")  # unreadable metadata: rebuilt too
+    assert write_chunk_store(g, 4, "random", 0, str(tmp_path)).meta == store.meta
+
+
+def test_a_chunk_file_that_torch_cannot_load_is_named(tmp_path, monkeypatch):
+    """A file that matches its recorded digest but is no torch file (a store written by hand or
+    corrupted before its digest was taken): the load error names the file."""
+    store = write_chunk_store(small_graph(), 2, "random", 0, str(tmp_path))
+    path = Path(store.path) / "chunk_1.pt"
+    path.write_bytes(b"not a torch file")
+    meta = {**store.meta, "digests": [*store.meta["digests"][:1], chunking.file_digest(path)]}
+    rank = _fresh_rank(monkeypatch, ChunkStore(store.path, meta))
+    rank.load(0)
+    with pytest.raises(ChunkStoreError, match="cannot be loaded") as err:
+        rank.load(1)
+    assert str(path) in str(err.value)
 
 
 # ------------------------------------------------------------------- P4, P5, P8: partitions
@@ -259,8 +379,71 @@ def test_isolated_evaluation_neither_counts_builds_nor_evicts_the_training_parti
     assert counts[1, 1] == int(g.test_mask[owned].sum())
 
 
+def dense_gcn_logits(net, x, src, dst, deg):
+    """Reference GCN forward on a small local graph, dense: ``A[v, v] = 1/(D_v+1)``, ``A[v, u]
+    = 1/sqrt((D_u+1)(D_v+1))`` per local edge ``u -> v``, ``D`` the degrees it is given."""
+    norm = (deg.double() + 1).rsqrt()
+    a = torch.diag(norm**2)
+    a.index_put_((dst, src), norm[dst] * norm[src], accumulate=True)
+    h = x.double()
+    for i, layer in enumerate(net.layers):
+        h = a @ (h @ layer.lin.weight.T) + layer.bias
+        h = torch.relu(h) if i < len(net.layers) - 1 else h
+    return h
+
+
+def gcn_net(in_dim=6):
+    torch.manual_seed(3)
+    return BlockGNN("gcn", in_dim, 16, 4, num_layers=2, dropout=0.0).double().eval()
+
+
+def test_isolated_evaluation_of_a_whole_graph_partition_equals_global_evaluation(tmp_path):
+    """One chunk: the partition is the whole graph, so isolated evaluation (local graph) must
+    give the global evaluation's logits and counts."""
+    g = small_graph().to(torch.float64)
+    one = write_chunk_store(g, 1, "random", 0, str(tmp_path))
+    net = gcn_net()
+    iso = make_dm(one, 1, 0, eval_mode="isolated")
+    glob = make_dm(one, 1, 0, eval_mode="global_fullgraph", graph=g)
+    part = iso.partition(0)
+    assert part.num_own == g.num_nodes and torch.equal(part.global_ids, torch.arange(g.num_nodes))
+    torch.testing.assert_close(
+        iso.isolated_logits(net, part),
+        layerwise_inference(net, g.indptr, g.indices, g.x),
+        rtol=0,
+        atol=1e-12,
+    )
+    splits = ("train", "val", "test")
+    assert torch.equal(iso.eval_counts(net, splits), glob.eval_counts(net, splits))
+
+
+@pytest.mark.parametrize("halo_hops", [0, 1])
+def test_isolated_evaluation_normalises_gcn_by_global_degrees(tmp_path, halo_hops):
+    """A strict subset (2 of 4 chunks): isolated evaluation equals a dense GCN over the local
+    edges (built from the whole graph) normalised by the *global* degrees, as training is;
+    halo nodes (no local in-edges) and, without a halo, the owned nodes lose in-edges."""
+    g = small_graph().to(torch.float64)
+    st = write_chunk_store(g, 4, "random", 0, str(tmp_path))
+    dm = make_dm(st, 4, 1, eval_mode="isolated", halo_hops=halo_hops)
+    part = dm.partition(0)
+    assert bool((part.n_avail < part.deg).any())  # local in-degrees are not the global ones
+    own = part.global_ids[: part.num_own]
+    src_g, dst_g = g.edge_index()
+    keep = torch.isin(dst_g, own) & (torch.isin(src_g, own) if halo_hops == 0 else True)
+    nodes = torch.cat([own, src_g[keep]]).unique()
+    assert torch.equal(part.global_ids.sort().values, nodes)
+    local = torch.full((g.num_nodes,), -1, dtype=torch.int64)
+    local[part.global_ids] = torch.arange(part.num_nodes)
+    net = gcn_net()
+    deg = g.in_degree()[part.global_ids]
+    expect = dense_gcn_logits(
+        net, g.x[part.global_ids], local[src_g[keep]], local[dst_g[keep]], deg
+    )
+    torch.testing.assert_close(dm.isolated_logits(net, part), expect, rtol=0, atol=1e-12)
+
+
 # --------------------------------------------------------------------- P10-P12: controller
-def run_controller(ctrl, dm, epochs, deltas=None, logged=None):
+def run_controller(ctrl, dm, epochs, deltas=None, logged=None, start=0):
     module = SimpleNamespace(log_dict=(logged if logged is not None else []).append)
     trainer = SimpleNamespace(
         datamodule=dm,
@@ -269,7 +452,7 @@ def run_controller(ctrl, dm, epochs, deltas=None, logged=None):
     )
     ts = []
     for e in range(epochs):
-        trainer.current_epoch = e
+        trainer.current_epoch = start + e
         ts.append(dm.t)
         for d in deltas[e] if deltas else [0.0]:
             trainer.strategy.last_delta = d
@@ -312,6 +495,28 @@ def test_controller_counts_an_epoch_end_once_and_logs_epoch_means(store):
     resumed.load_state_dict({**ctrl.state_dict(), "switches": [], "last_epoch": 0})
     resumed.on_train_epoch_end(SimpleNamespace(datamodule=fresh, current_epoch=1), None)
     assert (fresh.t, fresh.e_in, resumed.switches) == (1, 0, [1])
+
+
+def test_resume_keeps_the_checkpoints_super_epoch_length(store):
+    """``super_epoch_len: auto`` follows ``max_epochs``: a run resumed with a new
+    ``max_epochs`` keeps the checkpoint's length (and switches where the original would); an
+    explicit length that differs is refused, naming the key; old states (no length) load."""
+    dm, ctrl = make_dm(store, 4, 0), SuperEpochController(super_epoch_len("auto", 3, 3))
+    run_controller(ctrl, dm, 1)
+    assert (ctrl.length, dm.t, dm.e_in) == (1, 1, 0)
+    longer = super_epoch_len("auto", 9, 3)
+    resumed = SuperEpochController(longer, auto_length=True)
+    assert longer == 3
+    resumed.load_state_dict(ctrl.state_dict())
+    assert resumed.length == 1
+    assert run_controller(resumed, dm, 3, start=1) == [1, 2, 3]
+    assert dm.t == 4
+    with pytest.raises(ValueError, match="strategy.super_epoch_len=3"):
+        SuperEpochController(3).load_state_dict(ctrl.state_dict())
+    old = {k: v for k, v in ctrl.state_dict().items() if k != "length"}
+    kept = SuperEpochController(3)
+    kept.load_state_dict(old)
+    assert kept.length == 3
 
 
 def test_early_trigger_fires_on_a_full_window_above_threshold_only(store):
@@ -362,11 +567,36 @@ def test_e1_full_coverage_is_the_plain_average():
         assert batch_factor(est, k, s) == 1.0
 
 
-def test_e2_constant_coverage_is_a_pure_rescale():
-    k = torch.full((5,), 0.3, dtype=torch.float64)
-    assert c_uniform(k) == pytest.approx(0.3)
-    g = torch.randn(10)
-    assert torch.allclose(c_uniform(k) * g, 0.3 * g)
+def test_e2_constant_coverage_is_a_pure_rescale(monkeypatch):
+    """E2: every seed of every rank at coverage 0.3 (different ``ell`` and ``D``, alpha = 1):
+    ``c_uniform = 0.3``, and the aggregate the strategy forms (the SUM all-reduce of each
+    rank's loss-scaled gradient) is 0.3 x plain ddp's mean gradient (cosine 1)."""
+    from lightning_gnnscale.systems.base import MeteredDDPStrategy
+    from lightning_gnnscale.systems.grappa.strategy import GrappaStrategy
+
+    world = 2
+    monkeypatch.setattr(GrappaStrategy, "world_size", property(lambda self: world))
+    monkeypatch.setattr(MeteredDDPStrategy, "training_step", lambda self, batch, i: batch.loss)
+    ranks = [([2, 5, 8], [9, 19, 29]), ([11, 2], [39, 9])]  # (ell + 1) / (D + 1) = 0.3
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3).double()
+    aggregate = plain = 0
+    for ell, deg in ranks:
+        ell, deg = torch.tensor(ell), torch.tensor(deg)
+        k = kappa(ell, deg, 1.0)
+        assert c_uniform(k) == pytest.approx(0.3, rel=1e-12)
+        x, y = torch.randn(ell.numel(), 4, dtype=torch.float64), torch.randint(3, (ell.numel(),))
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        strategy = GrappaStrategy("uniform", degree_smoothing=1.0, scaling_impl="loss_scale")
+        batch = SimpleNamespace(stats={"kappa": k, "s": ell.clamp(max=3)}, loss=loss)
+        scaled = strategy.training_step(batch, 0)
+        grads = torch.autograd.grad(scaled, list(net.parameters()), retain_graph=True)
+        aggregate = aggregate + torch.cat([g.flatten() for g in grads])  # the SUM all-reduce
+        grads = torch.autograd.grad(loss, list(net.parameters()))
+        plain = plain + torch.cat([g.flatten() for g in grads]) / world  # ddp's mean
+    torch.testing.assert_close(aggregate, 0.3 * plain, rtol=1e-12, atol=0)
+    cosine = torch.nn.functional.cosine_similarity(aggregate, plain, dim=0)
+    assert float(cosine) == pytest.approx(1.0, abs=1e-12)
 
 
 def test_e3_range_and_monotonicity():

@@ -22,6 +22,23 @@ from tests.helpers.dist import run_distributed
 from tests.test_grappa import make_dm, small_graph
 
 ESTIMATOR = "resampling"
+F_SEED, ALPHA = 3, 1.0  # make_dm's seed-hop fanout; the default smoothing
+
+
+def resampling_factor(graph, owned, seeds):
+    """Spec §2.6.3 ``resampling`` from its definition, independently of the package: per seed
+    ``v``, ``D`` = its in-degree in ``graph``, ``ell`` = its in-neighbours in ``owned`` (global
+    ids), ``s = min(f_seed, ell)``, ``kappa = (ell + alpha) / (D + alpha)``; the expected global
+    draws rejected to get ``s + alpha`` local ones are ``(1/kappa - 1)(s + alpha)``, and
+    ``c = 1 / (1 + their mean over the batch)``."""
+    owned = set(owned.tolist())
+    rejections = []
+    for v in seeds.tolist():
+        neighbours = graph.indices[graph.indptr[v] : graph.indptr[v + 1]].tolist()
+        ell = sum(u in owned for u in neighbours)
+        k = (ell + ALPHA) / (len(neighbours) + ALPHA)
+        rejections.append((1 / k - 1) * (min(F_SEED, ell) + ALPHA))
+    return 1 / (1 + sum(rejections) / len(rejections))
 
 
 def make_net(kind):
@@ -53,7 +70,9 @@ def _scaled_steps(rank, world_size, store, kind):
                 comm.all_gather_tensor(batch.x[:2].contiguous(), category="feature")
         problems = gradient_only_problems(recorder.calls, comm.meter.delta(before))
         grad = torch.cat([p.grad.flatten() for p in ddp.parameters()])
-        out[step] = (batch, c, grad, problems, [call.numel for call in recorder.calls])
+        part = dm.partition(dm.locate(step)[0])
+        gids = (part.global_ids[batch.blocks[-1].dst_ids], part.global_ids[: part.num_own])
+        out[step] = (batch, c, grad, problems, [call.numel for call in recorder.calls], gids)
     return out
 
 
@@ -66,16 +85,20 @@ def test_aggregate_is_mean_of_coverage_scaled_rank_gradients_and_gradient_only(t
     store = write_chunk_store(g.to(torch.float64), 4, "random", 0, str(tmp_path))
     by_kind = run_distributed(_scaled_step_rank, 2, store, ("gcn", "gat"), timeout_s=120)
     for kind in ("gcn", "gat"):
-        _check_scaled_steps(kind, [r[kind] for r in by_kind])
+        _check_scaled_steps(kind, [r[kind] for r in by_kind], g)
 
 
-def _check_scaled_steps(kind, results):
+def _check_scaled_steps(kind, results, graph):
+    """The reference factor is computed from the graph (``resampling_factor``), not by the
+    package, so a wrong ``batch_factor`` / ``coverage_scale`` / coverage fails here."""
     n_params = sum(p.numel() for p in make_net(kind).parameters())
     expected = 0
     cs = []
     for r in results:
-        batch, c, _, problems, numels = r[0]
+        batch, _, _, problems, numels, (seeds, owned) = r[0]
         assert problems == [] and sum(numels) == n_params
+        assert seeds.numel() == batch.num_seeds and bool(torch.isin(seeds, owned).all())
+        c = resampling_factor(graph, owned, seeds)
         net = make_net(kind)
         loss = F.cross_entropy(net(batch.blocks, batch.x), batch.y, reduction="mean")
         loss.backward()
@@ -230,11 +253,43 @@ def test_resume_rebuilds_the_same_partitions(tmp_path):
 
 
 @pytest.mark.e2e
-def test_resume_with_validation_every_second_epoch_counts_each_epoch_end_once(tmp_path):
-    """With ``check_val_every_n_epoch=2`` the checkpoint is written in epoch 1's validation,
+def test_resume_with_more_epochs_keeps_the_auto_super_epoch_length(tmp_path):
+    """``super_epoch_len: auto`` is ``max_epochs // (C - 1)``: 2 epochs (length 1) resumed to
+    4 (auto would now say 2) keep length 1 and end as 4 uninterrupted epochs of length 1
+    (3 chunks, so each switch changes the partitions)."""
+    base = ("trainer.devices=1", "dtype=float64", "strategy.partitions_per_rank=3")
+    _, full = train_one_rank(
+        grappa_cfg(tmp_path / "full", *base, "trainer.max_epochs=4", "strategy.super_epoch_len=1")
+    )
+    _, first = train_one_rank(grappa_cfg(tmp_path / "a", *base, "trainer.max_epochs=2"))
+    ckpt = first["output_dir"] / "checkpoints" / "last.ckpt"
+    metrics, resumed = train_one_rank(
+        grappa_cfg(tmp_path / "b", *base, "trainer.max_epochs=4", f"ckpt_path={ckpt}")
+    )
+    assert metrics["system"]["grappa_super_epoch_switches"] == 4
+    a, b = final_params(full["output_dir"]), final_params(resumed["output_dir"])
+    assert a["GrappaDataModule"] == b["GrappaDataModule"]
+    for name, value in a["state_dict"].items():
+        torch.testing.assert_close(b["state_dict"][name], value, rtol=0, atol=1e-12)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("checkpoint", "saved_counters", "history"),
+    [
+        ("last", (1, 0), [0, 1, 2, 3]),  # written at epoch 1's end: the whole run is reported
+        ("best", (0, 1), [0, 2, 3]),  # written inside epoch 1's validation, before its end
+    ],
+)
+def test_resume_with_validation_every_second_epoch_counts_each_epoch_end_once(
+    tmp_path, checkpoint, saved_counters, history
+):
+    """With ``check_val_every_n_epoch=2``, ``best.ckpt`` is written in epoch 1's validation,
     before that epoch's end (so before the super-epoch advance), and Lightning re-runs epoch 1's
-    end on resume: the advance happens then, exactly once, no epoch is recorded twice, and the
-    run ends as the uninterrupted one (3 chunks, so the schedule really changes)."""
+    end on resume; ``last.ckpt`` is written after it. Either way the advance happens exactly
+    once, no epoch is recorded twice, and the run ends as the uninterrupted one (3 chunks, so
+    the schedule really changes). From ``best.ckpt`` the re-run epoch end records nothing, so
+    epoch 1's row is missing from the history (docs/configuration.md: resume from last)."""
     base = (
         "trainer.devices=1",
         "dtype=float64",
@@ -244,13 +299,13 @@ def test_resume_with_validation_every_second_epoch_counts_each_epoch_end_once(tm
     )
     _, full = train_one_rank(grappa_cfg(tmp_path / "full", *base, "trainer.max_epochs=4"))
     _, first = train_one_rank(grappa_cfg(tmp_path / "a", *base, "trainer.max_epochs=2"))
-    ckpt = first["output_dir"] / "checkpoints" / "last.ckpt"
+    ckpt = first["output_dir"] / "checkpoints" / f"{checkpoint}.ckpt"
     saved = torch.load(ckpt, weights_only=False)["GrappaDataModule"]
-    assert (saved["t"], saved["e_in"]) == (0, 1)  # epoch 0 counted, epoch 1 not yet
+    assert (saved["t"], saved["e_in"]) == saved_counters
     metrics, resumed = train_one_rank(
         grappa_cfg(tmp_path / "b", *base, "trainer.max_epochs=4", f"ckpt_path={ckpt}")
     )
-    assert [row["epoch"] for row in metrics["history"]] == [2, 3]
+    assert [row["epoch"] for row in metrics["history"]] == history
     assert metrics["system"]["grappa_super_epoch_switches"] == 2  # after epochs 1 and 3
     a, b = final_params(full["output_dir"]), final_params(resumed["output_dir"])
     assert a["GrappaDataModule"] == b["GrappaDataModule"]

@@ -133,15 +133,22 @@ def build_model(cfg, in_dim: int, out_dim: int) -> nn.Module:
 
 @torch.no_grad()
 def layerwise_inference(
-    net: BlockGNN, indptr: Tensor, indices: Tensor, x: Tensor, chunk_size: int = 65536
+    net: BlockGNN,
+    indptr: Tensor,
+    indices: Tensor,
+    x: Tensor,
+    chunk_size: int = 65536,
+    degree: Tensor | None = None,
 ) -> Tensor:
     """Full-neighbourhood logits of every node, one layer at a time over node chunks.
 
     Memory is ``O(N * hidden)`` instead of the ``O(fanout^L)`` blow-up of per-node sampling.
+    ``degree``: the in-degree GCN normalises by (``Block.src_deg``), default the in-degree in
+    ``indptr``; a subgraph that lacks some in-edges (a partition) passes the whole graph's.
     Returns ``[N, out]``.
     """
     num_nodes = indptr.numel() - 1
-    builder = BlockBuilder(num_nodes, indptr[1:] - indptr[:-1])
+    builder = BlockBuilder(num_nodes, indptr[1:] - indptr[:-1] if degree is None else degree)
     h = x
     for i in range(net.num_layers):
         outs = []

@@ -156,6 +156,7 @@ def build(cfg, data: GrappaPrepared):
         threshold=float(trigger.threshold),
         window_steps=int(trigger.window_steps),
         min_epochs=int(trigger.min_epochs),
+        auto_length=s.super_epoch_len in (None, "auto"),
     )
     callbacks = [controller, *([GradientOnlyAudit()] if s.audit_collectives else [])]
     return strategy, dm, callbacks

@@ -21,6 +21,11 @@ class SuperEpochController(L.Callback):
     that epoch end again on resume, which makes the advance then; an epoch end already counted
     (``last_epoch``, saved with the state) is skipped.
 
+    The super-epoch length is saved with the state. ``auto_length`` (``super_epoch_len: auto``,
+    derived from ``max_epochs``): a resumed run keeps the checkpoint's length, so a new
+    ``max_epochs`` does not change the schedule half-way. An explicit length that differs from
+    the checkpoint's is refused.
+
     Also logs this rank's epoch means of ``c`` and ``Δ`` (``grappa/c``, ``grappa/delta``) and
     collects coverage statistics for ``summary.json``.
     """
@@ -32,8 +37,9 @@ class SuperEpochController(L.Callback):
         threshold: float = 0.9,
         window_steps: int = 20,
         min_epochs: int = 1,
+        auto_length: bool = False,
     ):
-        self.length, self.early_trigger = length, early_trigger
+        self.length, self.early_trigger, self.auto_length = length, early_trigger, auto_length
         self.threshold, self.window_steps, self.min_epochs = threshold, window_steps, min_epochs
         self.window: list[float] = []
         self.switches: list[int] = []  # epochs after which t advanced
@@ -79,6 +85,7 @@ class SuperEpochController(L.Callback):
 
     def state_dict(self) -> dict:
         return {
+            "length": self.length,
             "window": list(self.window),
             "switches": list(self.switches),
             "early_switches": self.early_switches,
@@ -86,6 +93,20 @@ class SuperEpochController(L.Callback):
         }
 
     def load_state_dict(self, state: dict) -> None:
+        saved = state.get("length")  # absent in checkpoints written before it was saved
+        if saved is not None and int(saved) != self.length:
+            if not self.auto_length:
+                raise ValueError(
+                    f"strategy.super_epoch_len={self.length} differs from the checkpoint's "
+                    f"super-epoch length {saved}: resuming would change the schedule half-way; "
+                    f"set strategy.super_epoch_len={saved} (or auto) to continue it"
+                )
+            print(
+                f"[grappa] resuming with the checkpoint's super-epoch length {saved} "
+                f"(super_epoch_len=auto would give {self.length} for this max_epochs)",
+                flush=True,
+            )
+            self.length = int(saved)
         self.window = list(state["window"])
         self.switches = list(state["switches"])
         self.early_switches = int(state["early_switches"])

@@ -5,22 +5,66 @@ its nodes (sorted global ids), their in-edges (CSC over the chunk's nodes, sourc
 in global segment order), features, labels, split masks and global in-degrees. A rank then
 reads only the chunks its partition owns, plus the halo rows it needs from the others, so its
 memory follows the partition's size, not the graph's.
+
+The store's folder name is a hash of everything the chunk files hold (structure, features,
+labels, the three split masks, dtype, each hashed in full) and of how they were cut (method, seed, count), so a
+changed input writes a new store. ``meta.json`` records the sha256 of every chunk file: the
+launching process checks every file before reusing a store and rewrites the ones that do not
+match; a rank checks each file once before its first read and, if it does not match, fails
+naming the file (it has no graph to rebuild from).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ...graph.cache import _atomic_write, cache_key, graph_fingerprint
+from ...files import atomic_write
+from ...graph.cache import cache_key, graph_fingerprint
 from ...graph.csc import Graph
 from ...graph.partition import partition
 
 CHUNKINGS = ("random", "random_iid", "metis")
+# Bump when the store's layout or the meaning of a field changes: old stores are then ignored.
+STORE_FORMAT = 2
+_READ_BLOCK = 1 << 24
+# versions (``_version``) of the chunk files this process has checked against their digest
+_VERIFIED: set[tuple] = set()
+
+
+class ChunkStoreError(RuntimeError):
+    """A chunk file that is missing, unreadable or not the one the store's digest names."""
+
+
+def array_digest(tensor: Tensor) -> str:
+    """blake2b of a tensor's dtype, shape and bytes, read in place (no copy of the data)."""
+    digest = hashlib.blake2b(f"{tensor.dtype}{tuple(tensor.shape)}".encode(), digest_size=32)
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.numel():
+        digest.update(flat.view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _version(path: Path) -> tuple:
+    """What identifies one version of a file: path, inode, size and change times."""
+    stat = os.stat(path)
+    return str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, streamed in 16 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while block := file.read(_READ_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def chunk_assignment(graph: Graph, num_chunks: int, method: str, seed: int) -> Tensor:
@@ -71,8 +115,9 @@ def chunk_payload(graph: Graph, nodes: Tensor) -> dict:
 class ChunkStore:
     """A written chunk store: its folder and the small replicated metadata.
 
-    ``meta`` holds ``num_chunks``, ``num_nodes``, ``num_edges``, ``num_features``,
-    ``num_classes``, ``name``, ``train_counts`` (per chunk), ``sizes`` (nodes per chunk).
+    ``meta`` holds ``format``, ``num_chunks``, ``num_nodes``, ``num_edges``, ``num_features``,
+    ``num_classes``, ``name``, ``method``, and per chunk ``train_counts``, ``sizes`` (nodes)
+    and ``digests`` (sha256 of the chunk file).
     """
 
     path: str
@@ -82,9 +127,43 @@ class ChunkStore:
     def num_chunks(self) -> int:
         return int(self.meta["num_chunks"])
 
+    def chunk_path(self, chunk: int) -> Path:
+        return Path(self.path) / f"chunk_{chunk}.pt"
+
+    def verify(self, chunk: int) -> None:
+        """Check chunk ``chunk``'s file against its digest, once per process per file version.
+
+        Raises :class:`ChunkStoreError` naming the file when it is missing or differs."""
+        path = self.chunk_path(chunk)
+        try:
+            version = _version(path)
+        except OSError as err:
+            raise ChunkStoreError(self._fix(path, f"cannot be read ({err})")) from err
+        if version in _VERIFIED:
+            return
+        found, expected = file_digest(path), self.meta["digests"][chunk]
+        if found != expected:
+            raise ChunkStoreError(
+                self._fix(path, f"does not match its digest (sha256 {found}, expected {expected})")
+            )
+        _VERIFIED.add(version)
+
+    def _fix(self, path: Path, problem: str) -> str:
+        return (
+            f"Grappa chunk file {path} {problem}. A rank cannot rebuild it (it has no graph): "
+            "rerun the job, whose launching process checks the store and rewrites corrupt "
+            f"chunk files, or delete {self.path} to rebuild the whole store"
+        )
+
     def load(self, chunk: int, mmap: bool = True) -> dict:
-        """Chunk ``chunk``'s record; memory-mapped, so only the rows a caller reads are paged in."""
-        return torch.load(Path(self.path) / f"chunk_{chunk}.pt", mmap=mmap, weights_only=True)
+        """Chunk ``chunk``'s record (file checked against its digest first); memory-mapped, so
+        only the rows a caller reads are paged in."""
+        self.verify(chunk)
+        path = self.chunk_path(chunk)
+        try:
+            return torch.load(path, mmap=mmap, weights_only=True)
+        except Exception as err:  # a file changed after its check, or torch cannot read it
+            raise ChunkStoreError(self._fix(path, f"cannot be loaded ({err})")) from err
 
     def chunk_ids(self) -> Tensor:
         """int64 ``[N]`` chunk of every node (reads every chunk's node list: O(N) int64)."""
@@ -94,34 +173,97 @@ class ChunkStore:
         return out
 
 
+def chunk_store_key(graph: Graph, num_chunks: int, method: str, seed: int) -> dict:
+    """Everything a chunk store's files depend on: structure, labels and the three masks
+    (``graph_fingerprint``, every byte), the features (``array_digest``, every byte; the
+    fingerprint leaves them out), the dtype, and the chunking's method, seed and count. Halo
+    settings are not in it: the files hold no halo (partitions build theirs when read)."""
+    return {
+        "kind": "grappa_chunks",
+        "format": STORE_FORMAT,
+        "graph": graph_fingerprint(graph),
+        "features": array_digest(graph.x),
+        "num_chunks": num_chunks,
+        "method": method,
+        "seed": seed,
+        "dtype": str(graph.x.dtype),
+    }
+
+
+def chunk_store_path(graph: Graph, num_chunks: int, method: str, seed: int, cache_dir) -> Path:
+    """The folder of the store for these inputs."""
+    key = cache_key(chunk_store_key(graph, num_chunks, method, seed))
+    return Path(cache_dir) / f"grappa-chunks-{key[:24]}"
+
+
+def _read_meta(folder: Path) -> dict | None:
+    """The store's metadata, or ``None`` (with a message) if it is missing or unreadable."""
+    path = folder / "meta.json"
+    if not path.exists():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        print(f"[grappa] unreadable chunk store metadata {path} ({err}); rebuilding", flush=True)
+        return None
+    complete = (
+        isinstance(meta, dict)
+        and meta.get("format") == STORE_FORMAT
+        and len(meta.get("digests") or ()) == meta.get("num_chunks")
+    )
+    if not complete:
+        print(f"[grappa] chunk store metadata {path} has no chunk digests; rebuilding", flush=True)
+        return None
+    return meta
+
+
+def _bad_chunks(folder: Path, meta: dict) -> list[int]:
+    """Chunks whose file is missing or does not match its digest (each reported by path)."""
+    bad = []
+    for c, expected in enumerate(meta["digests"]):
+        path = folder / f"chunk_{c}.pt"
+        found = file_digest(path) if path.exists() else None
+        if found != expected:
+            problem = "is missing" if found is None else f"has sha256 {found}, not {expected}"
+            print(f"[grappa] chunk file {path} {problem}; rebuilding it", flush=True)
+            bad.append(c)
+        else:
+            _VERIFIED.add(_version(path))  # a rank in this process need not read it again
+    return bad
+
+
 def write_chunk_store(
     graph: Graph, num_chunks: int, method: str, seed: int, cache_dir: str
 ) -> ChunkStore:
-    """Chunk ``graph`` and write the store under ``cache_dir`` (content-keyed, reused)."""
-    key = cache_key(
-        {
-            "kind": "grappa_chunks",
-            "graph": graph_fingerprint(graph),
-            "num_chunks": num_chunks,
-            "method": method,
-            "seed": seed,
-            "dtype": str(graph.x.dtype),
-        }
-    )
-    folder = Path(cache_dir) / f"grappa-chunks-{key[:24]}"
-    meta_path = folder / "meta.json"
-    if meta_path.exists():
-        return ChunkStore(str(folder), json.loads(meta_path.read_text()))
+    """Chunk ``graph`` and write the store under ``cache_dir`` (content-keyed, reused).
+
+    An existing store is reused after every chunk file has been checked against its digest;
+    a missing or corrupt file is rewritten (the chunking is a pure function of the key)."""
+    folder = chunk_store_path(graph, num_chunks, method, seed, cache_dir)
+    meta = _read_meta(folder)
+    todo = list(range(num_chunks)) if meta is None else _bad_chunks(folder, meta)
+    if not todo:
+        return ChunkStore(str(folder), meta)
     chunk = chunk_assignment(graph, num_chunks, method, seed)
     folder.mkdir(parents=True, exist_ok=True)
-    train_counts, sizes = [], []
+    train_counts, sizes, digests = [], [], []
     for c in range(num_chunks):
         nodes = (chunk == c).nonzero().flatten()
-        payload = chunk_payload(graph, nodes)
-        train_counts.append(int(payload["train_mask"].sum()))
+        train_counts.append(int(graph.train_mask[nodes].sum()))
         sizes.append(nodes.numel())
-        _atomic_write(folder / f"chunk_{c}.pt", lambda f, p=payload: torch.save(p, f))
+        if c not in todo:
+            digests.append(meta["digests"][c])
+            continue
+        buffer = io.BytesIO()
+        torch.save(chunk_payload(graph, nodes), buffer)
+        data = buffer.getbuffer()
+        digests.append(hashlib.sha256(data).hexdigest())
+        path = folder / f"chunk_{c}.pt"
+        atomic_write(path, lambda f, d=data: f.write(d))
+        _VERIFIED.add(_version(path))
+        del data, buffer
     meta = {
+        "format": STORE_FORMAT,
         "num_chunks": num_chunks,
         "num_nodes": graph.num_nodes,
         "num_edges": graph.num_edges,
@@ -131,6 +273,7 @@ def write_chunk_store(
         "train_counts": train_counts,
         "sizes": sizes,
         "method": method,
+        "digests": digests,
     }
-    _atomic_write(meta_path, lambda f: f.write(json.dumps(meta).encode()))
+    atomic_write(folder / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
     return ChunkStore(str(folder), meta)

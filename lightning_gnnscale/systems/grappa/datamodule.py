@@ -282,6 +282,20 @@ class GrappaDataModule(GNNDataModule):
         return collective_train_loader(self)  # main process; 50S batches run collectives
 
     # ---------------------------------------------------------------------------- evaluation
+    def isolated_logits(self, net: BlockGNN, part: LocalPartition) -> torch.Tensor:
+        """Logits of every local node of ``part`` from its local graph alone (every local
+        in-edge, no remote rows), normalised as in training: GCN divides by the *global*
+        in-degrees ``part.deg`` (a halo node has no local in-edges but keeps its degree)."""
+        device = next(net.parameters()).device
+        return layerwise_inference(
+            net,
+            part.indptr,
+            part.indices,
+            part.x.to(device),
+            self.eval_chunk_size,
+            degree=part.deg,
+        )
+
     @torch.no_grad()
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         counts = torch.zeros(len(splits), 2, dtype=torch.float64)
@@ -294,11 +308,7 @@ class GrappaDataModule(GNNDataModule):
         assert isinstance(net, BlockGNN)
         for phase in range(self.k):  # isolated: each partition scores its seed chunks' nodes
             part = self._eval_partition(phase)
-            device = next(net.parameters()).device
-            logits = layerwise_inference(
-                net, part.indptr, part.indices, part.x.to(device), self.eval_chunk_size
-            )
-            pred = logits[: part.num_own].argmax(1).cpu()
+            pred = self.isolated_logits(net, part)[: part.num_own].argmax(1).cpu()
             for i, split in enumerate(splits):
                 mask = getattr(part, f"{split}_mask")[: part.num_own] & part.seed_owned
                 counts[i, 0] += (pred[mask] == part.y[: part.num_own][mask]).sum()
