@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 
 import torch
+from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoints import check_resume, read_checkpoint
@@ -15,13 +17,13 @@ from .graph.datasets import check_dataset_options
 from .launch import externally_launched
 from .models.gnn import MODEL_KINDS
 
-LOGGERS = ("csv", "wandb", "none")
 DTYPES = ("float32", "float64")
 ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-# Subtrees whose keys are checked elsewhere (dataset options) or are free-form (custom kwargs).
-_OPEN_KEYS = ("dataset", "model.kwargs")
+# Subtrees whose keys are checked elsewhere: dataset options by the dataset registry, loggers
+# and callbacks against their class's signature; custom model kwargs are the user's.
+_OPEN_KEYS = ("dataset", "model.kwargs", "logger", "callbacks")
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -69,7 +71,6 @@ def _reference_keys(cfg: DictConfig) -> dict:
         "trainer": "default",
         "model": cfg.model.name,
         "strategy": cfg.strategy.name,
-        "logger": cfg.logger.name,
     }
     for group, choice in choices.items():
         path = CONF_DIR / group / f"{choice}.yaml"
@@ -116,6 +117,28 @@ def _check_known_keys(node, reference, prefix: str = "") -> None:
             _check_known_keys(node[key], reference[key], f"{path}.")
 
 
+def check_target(node: DictConfig, key: str) -> None:
+    """``node`` builds an object with ``hydra.utils.instantiate``: its ``_target_`` imports and
+    its other keys are arguments that class accepts."""
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    _require(
+        isinstance(target, str),
+        f"{key} needs a _target_ naming the class to build (e.g. "
+        f"lightning.pytorch.callbacks.EarlyStopping), got {node!r}",
+    )
+    try:
+        cls = get_class(target)
+    except Exception as err:  # hydra wraps import errors in several types
+        raise ConfigError(f"{key}._target_={target!r} cannot be imported: {err}") from None
+    params = inspect.signature(cls).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(k for k in node if not str(k).startswith("_") and k not in params)
+        _require(
+            not unknown,
+            f"{key}: {target} takes no argument {unknown}; valid: {sorted(params)}",
+        )
+
+
 def validate(cfg: DictConfig) -> None:
     """Check every key a run depends on; raise :class:`ConfigError` on the first problem."""
     from .systems import STRATEGIES  # late: systems import this module's ConfigError
@@ -125,10 +148,11 @@ def validate(cfg: DictConfig) -> None:
     model = cfg.model
     kinds = (*MODEL_KINDS, "custom")
     _require(model.name in kinds, f"model={model.name!r} is unknown; valid: {list(kinds)}")
-    _require(
-        cfg.logger.name in LOGGERS, f"logger={cfg.logger.name!r} is unknown; valid: {list(LOGGERS)}"
-    )
     _check_known_keys(cfg, _reference_keys(cfg))
+    if cfg.logger is not None:
+        check_target(cfg.logger, "logger")
+    for callback, node in (cfg.callbacks or {}).items():
+        check_target(node, f"callbacks.{callback}")
     _int(cfg, "seed")
     _int(cfg, "model.num_layers", 1)
     _int(cfg, "model.hidden", 1)

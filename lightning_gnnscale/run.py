@@ -18,8 +18,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
 from .callbacks import (
@@ -49,7 +49,7 @@ OmegaConf.register_new_resolver("run_token", lambda: _RUN_TOKEN, replace=True)
 def config_hash(cfg: DictConfig) -> str:
     """Hash of the settings that define a run's result (not where it writes)."""
     data = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("paths", "ckpt_path", "launcher"):
+    for key in ("paths", "ckpt_path", "launcher", "logger"):
         data.pop(key, None)
     data.get("trainer", {}).pop("enable_progress_bar", None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -92,7 +92,8 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
                 int(cfg.trainer.num_nodes),
                 cfg.launcher.timeout_s,
             )
-            metrics = read_summary(output_dir / "summary.json", run_id)
+            node_zero = os.environ.get("NODE_RANK", "0") == "0"  # global rank 0 writes it
+            metrics = read_summary(output_dir / "summary.json", run_id) if node_zero else {}
     if metrics:
         print(f"\n{format_table(metrics)}\n\nsummary: {output_dir / 'summary.json'}")
     return metrics, {"graph": graph, "output_dir": output_dir}
@@ -101,8 +102,9 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
 @contextlib.contextmanager
 def claimed(output_dir: Path) -> Iterator[None]:
     """Hold ``output_dir`` for one run: a second run started on the same folder while this one
-    is alive fails at once instead of overwriting its files."""
-    lock_path = output_dir / ".run.lock"
+    is alive fails at once instead of overwriting its files. The nodes of one multi-node run
+    may share the folder (a shared file system): each node holds its own lock."""
+    lock_path = output_dir / f".run.lock.node{os.environ.get('NODE_RANK', '0')}"
     with open(lock_path, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -135,18 +137,14 @@ def read_summary(path: Path, run_id: str) -> dict:
     return metrics
 
 
-def _logger(cfg: DictConfig, output_dir: str):
-    if cfg.logger.name == "csv":
-        return CSVLogger(save_dir=output_dir, name="", version="")
-    if cfg.logger.name == "wandb":
-        return WandbLogger(
-            project=cfg.logger.project,
-            save_dir=output_dir,
-            mode=cfg.logger.mode,
-            tags=list(cfg.logger.tags),
-            config=OmegaConf.to_container(cfg),
-        )
-    return False
+def build_logger(cfg: DictConfig):
+    """The configured Lightning logger (``logger._target_``), given the run's config as its
+    hyperparameters; ``False`` for ``logger=none``."""
+    if cfg.logger is None:
+        return False
+    logger = instantiate(cfg.logger)
+    logger.log_hyperparams(OmegaConf.to_container(cfg))
+    return logger
 
 
 def run_rank(cfg: DictConfig, prepared, run_id: str | None) -> dict:
@@ -205,7 +203,7 @@ def run_rank(cfg: DictConfig, prepared, run_id: str | None) -> dict:
         num_nodes=tr.num_nodes,
         strategy=strategy,
         max_epochs=tr.max_epochs,
-        logger=_logger(cfg, output_dir),
+        logger=build_logger(cfg),
         callbacks=[
             StepSeed(cfg.seed),
             epoch_stats,
@@ -214,6 +212,7 @@ def run_rank(cfg: DictConfig, prepared, run_id: str | None) -> dict:
             CheckpointIdentity(run_identity(cfg)),
             best,
             last,
+            *(instantiate(node) for node in (cfg.callbacks or {}).values()),
             summary,
             *([audit] if audit else []),
         ],

@@ -51,7 +51,10 @@ def final_weights(output_dir):
         ("trainer.devices=0", "trainer.devices=0"),
         ("network=5g", "valid:"),
         ("dtype=float16", "valid: ['float32', 'float64']"),
-        ("logger.name=tensorboard", "valid: ['csv', 'wandb', 'none']"),
+        ("+logger._target_=lightning.pytorch.loggers.NoSuchLogger", "cannot be imported"),
+        ("+logger.colour=red", "logger needs a _target_"),
+        ("+callbacks.stop._target_=lightning.pytorch.callbacks.EarlyStoping", "cannot be imported"),
+        ("+callbacks.stop.monitor=val/acc", "callbacks.stop needs a _target_"),
         ("topology.servers=3", "must divide the world size 2"),
         ("ckpt_path=/nonexistent.ckpt", "does not exist"),
         ("model.heads=5", "divisible by model.heads"),
@@ -162,6 +165,31 @@ def test_resume_continues_to_the_same_result(tmp_path):
     ref, got = final_weights(straight["output_dir"]), final_weights(resumed["output_dir"])
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=0, atol=1e-10)
+
+
+def test_logger_kwargs_are_checked_against_the_class(tmp_path):
+    with pytest.raises(ConfigError, match=r"CSVLogger takes no argument \['colour'\]"):
+        validate(make_cfg(tmp_path, "logger=csv", "+logger.colour=red"))
+
+
+def test_callbacks_from_the_command_line(tmp_path):
+    """`callbacks=early_stopping` (and any `+callbacks.<name>._target_=...`) joins the run: with
+    a learning rate too small to move validation accuracy, training stops after patience + 1."""
+    metrics, objects = train(
+        make_cfg(
+            tmp_path,
+            "strategy=single",
+            "model.lr=1e-12",
+            "trainer.max_epochs=10",
+            "callbacks=early_stopping",
+            "callbacks.early_stopping.patience=2",
+            "logger=csv",
+            "+callbacks.lr._target_=lightning.pytorch.callbacks.LearningRateMonitor",
+        )
+    )
+    assert metrics["epochs"] == 3
+    logged = (objects["output_dir"] / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert any(column.startswith("lr-") for column in logged)  # the monitor ran
 
 
 def test_custom_pyg_model_runs_under_single(tmp_path):

@@ -15,9 +15,9 @@ from hydra import compose, initialize_config_dir
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
-from ..callbacks import write_json_atomic
 from ..comm import CATEGORIES
 from ..config import validate
+from ..files import write_json_atomic
 from ..run import train
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..callbacks import write_json_atomic
 from ..comm import ring_allreduce_bytes
+from ..files import write_json_atomic
 from ..graph.generators import rmat, sbm
 from ..graph.partition import partition
 from ..graph.sampler import NeighborSampler

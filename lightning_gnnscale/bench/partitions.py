@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..callbacks import write_json_atomic
+from ..files import write_json_atomic
 from ..graph.generators import sbm
 from ..graph.sampler import NeighborSampler
 from ..systems.base import epoch_permutation

@@ -29,7 +29,8 @@ import torch_geometric
 import torch_geometric.typing
 from torch import Tensor
 
-from ..callbacks import peak_rss_mb, write_json_atomic
+from ..callbacks import peak_rss_mb
+from ..files import write_json_atomic
 from ..graph.csc import csc_from_edges
 from ..graph.generators import rmat
 from ..graph.sampler import NeighborSampler

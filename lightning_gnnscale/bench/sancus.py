@@ -14,8 +14,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from ..callbacks import write_json_atomic
 from ..config import validate
+from ..files import write_json_atomic
 from ..run import train
 from .compare import CONF_DIR, MB
 from .report import command_line, environment, environment_lines, fmt, markdown_table

@@ -15,7 +15,6 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_gnnscale.files import atomic_write
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.partition import partition, partition_report
 
@@ -91,7 +91,7 @@ def cached(
     torch.save(value, buffer)
     body = buffer.getvalue()
     header = hashlib.sha256(body).hexdigest().encode()
-    _atomic_write(path, lambda file: (file.write(header), file.write(body)))
+    atomic_write(path, lambda file: (file.write(header), file.write(body)))
     return value
 
 
@@ -119,21 +119,6 @@ def artifact_path(
 ) -> Path:
     """Where :func:`cached` keeps the artifact for ``key_parts``."""
     return Path(cache_dir) / f"{prefix}-{cache_key(key_parts)}.pt"
-
-
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """Write through a temporary file in the same folder, then rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 def cached_partition(
@@ -175,7 +160,7 @@ def cached_partition(
         )
         report = {"key": key_parts, "report": partition_report(graph, parts, num_parts)}
         report_path = artifact_path(key_parts, cache_dir, prefix="partition").with_suffix(".json")
-        _atomic_write(report_path, lambda file: file.write(json.dumps(report, indent=2).encode()))
+        atomic_write(report_path, lambda file: file.write(json.dumps(report, indent=2).encode()))
         return parts
 
     return cached(key_parts, build, cache_dir, prefix="partition")

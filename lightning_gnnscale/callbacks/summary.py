@@ -1,0 +1,194 @@
+"""The run summary: one line per epoch, a table at the end, ``summary.json`` on rank 0."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import lightning as L
+
+from ..files import write_json_atomic
+from .audit import CollectiveAudit
+from .comm_stats import CommStats
+from .epoch_stats import EpochStats, peak_rss_mb
+
+
+class RunSummary(L.Callback):
+    """Prints one line per epoch and, at the end, a table; rank 0 writes ``summary.json``.
+
+    ``test_acc`` is the test accuracy at the epoch of best validation accuracy. The epoch
+    records (here and in the stats callbacks it reads) travel in checkpoints, so a resumed
+    run's summary covers the whole run, as the uninterrupted run's does. ``run_id`` marks the
+    file as this run's.
+    """
+
+    def __init__(
+        self,
+        cfg,
+        output_dir: str,
+        epoch_stats: EpochStats,
+        comm_stats: CommStats,
+        config_hash: str,
+        audit: CollectiveAudit | None = None,
+        system_callbacks: list | None = None,
+        *,
+        run_id: str,
+    ):
+        self.cfg = cfg
+        self.output_dir = output_dir
+        self.epoch_stats, self.comm_stats = epoch_stats, comm_stats
+        self.config_hash = config_hash
+        self.audit = audit
+        self.system_callbacks = system_callbacks or []
+        self.run_id = run_id
+        self.evals: list[dict] = []
+        self._fit_start = 0.0
+        self._earlier_train_s = 0.0  # training time of the runs this one resumes
+        self.summary: dict | None = None
+
+    def state_dict(self) -> dict:
+        return {
+            "evals": self.evals,
+            "train_s": self._earlier_train_s + time.perf_counter() - self._fit_start,
+        }
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.evals = list(state_dict["evals"])
+        self._earlier_train_s = float(state_dict["train_s"])
+
+    def on_fit_start(self, trainer, pl_module):
+        self._fit_start = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if trainer.sanity_checking:
+            return
+        m = trainer.callback_metrics
+        self.evals.append(
+            {
+                "epoch": trainer.current_epoch,
+                "val_acc": float(m["val/acc"]),
+                "test_acc": float(m["test/acc"]),
+            }
+        )
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        epochs = self.epoch_stats.epochs
+        if trainer.global_rank != 0 or not epochs or epochs[-1]["epoch"] != trainer.current_epoch:
+            return
+        e = epochs[-1]
+        c = self.comm_stats.epochs[-1]
+        last = (
+            self.evals[-1]
+            if self.evals and self.evals[-1]["epoch"] == trainer.current_epoch
+            else None
+        )
+        accs = f" val {last['val_acc']:.4f} test {last['test_acc']:.4f}" if last else ""
+        print(
+            f"[epoch {trainer.current_epoch + 1}/{trainer.max_epochs}] loss "
+            f"{e['train_loss']:.4f}{accs} time {e['epoch_s']:.2f}s comm "
+            f"{sum(c['bytes'].values()) / 1e6:.2f} MB",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def on_fit_end(self, trainer, pl_module):
+        epochs, comms = self.epoch_stats.epochs, self.comm_stats.epochs
+        best = max(self.evals, key=lambda r: r["val_acc"]) if self.evals else None
+        n = max(len(comms), 1)
+        per_epoch = {
+            cat: sum(c["bytes"][cat] for c in comms) / n
+            for cat in (comms[0]["bytes"] if comms else {})
+        }
+        self.summary = {
+            "strategy": self.cfg.strategy.name,
+            "model": self.cfg.model.name,
+            "dataset": self.cfg.dataset.name,
+            "world_size": trainer.world_size,
+            "epochs": len(epochs),
+            "val_acc": self.evals[-1]["val_acc"] if self.evals else None,
+            "test_acc": best["test_acc"] if best else None,
+            "best_val_acc": best["val_acc"] if best else None,
+            "best_epoch": best["epoch"] if best else None,
+            "final_test_acc": self.evals[-1]["test_acc"] if self.evals else None,
+            "train_loss": epochs[-1]["train_loss"] if epochs else None,
+            "input_rows_per_epoch": statistics.mean(e["input_rows"] for e in epochs)
+            if epochs
+            else None,
+            "epoch_time_s": statistics.median(e["epoch_s"] for e in epochs) if epochs else None,
+            "train_time_s": self._earlier_train_s + time.perf_counter() - self._fit_start,
+            "time_breakdown_s": {
+                k: statistics.median(e[k] for e in epochs)
+                for k in ("sample_s", "load_s", "compute_s", "comm_s")
+            }
+            if epochs
+            else {},
+            "comm_bytes_per_epoch": per_epoch,
+            "inter_server_bytes_per_epoch": sum(c["inter_server_bytes"] for c in comms) / n,
+            "eval_comm_bytes_per_epoch": sum(c["eval_bytes"] for c in comms) / n,
+            "modeled_comm_time_s": sum(c["modeled_time_s"] for c in comms) / n,
+            "network": self.cfg.network,
+            "peak_rss_mb": max((e["peak_rss_mb"] for e in epochs), default=peak_rss_mb()),
+            "config_hash": self.config_hash,
+            "run_id": self.run_id,
+            "audited_collectives": self.audit.calls if self.audit else None,
+            "output_dir": self.output_dir,
+            "history": self._history(),
+            "system": {
+                k: v
+                for cb in self.system_callbacks
+                if hasattr(cb, "summary_stats")
+                for k, v in cb.summary_stats().items()
+            },
+        }
+        if trainer.global_rank == 0:
+            write_json_atomic(os.path.join(self.output_dir, "summary.json"), self.summary)
+
+    def _history(self) -> list[dict]:
+        """One row per epoch: loss, accuracies (if evaluated), time, cumulative time, bytes."""
+        evals = {r["epoch"]: r for r in self.evals}
+        rows, elapsed = [], 0.0
+        for e, c in zip(self.epoch_stats.epochs, self.comm_stats.epochs):
+            elapsed += e["epoch_s"]
+            ev = evals.get(e["epoch"], {})
+            rows.append(
+                {
+                    "epoch": e["epoch"],
+                    "train_loss": e["train_loss"],
+                    "val_acc": ev.get("val_acc"),
+                    "test_acc": ev.get("test_acc"),
+                    "epoch_s": e["epoch_s"],
+                    "elapsed_s": elapsed,
+                    "comm_bytes": c["bytes"],
+                }
+            )
+        return rows
+
+
+def format_table(summary: dict) -> str:
+    """The short human table printed at the end of a run."""
+    rows = [
+        (
+            "strategy / model / dataset",
+            f"{summary['strategy']} / {summary['model']} / {summary['dataset']}",
+        ),
+        ("world size", summary["world_size"]),
+        ("epochs", summary["epochs"]),
+        ("best val acc", _fmt(summary["best_val_acc"])),
+        ("test acc (at best val)", _fmt(summary["test_acc"])),
+        ("epoch time, median (s)", _fmt(summary["epoch_time_s"])),
+        ("train time (s)", _fmt(summary["train_time_s"])),
+        ("comm MB / epoch (measured)", _fmt(sum(summary["comm_bytes_per_epoch"].values()) / 1e6)),
+        (
+            f"comm time / epoch, modelled {summary['network']} (s)",
+            _fmt(summary["modeled_comm_time_s"]),
+        ),
+        ("peak RSS per process (MB)", _fmt(summary["peak_rss_mb"])),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
