@@ -1,6 +1,7 @@
 """Communication layer: the only code in the suite that calls ``torch.distributed``.
 
-Metered collectives (``Comm``), the differentiable row exchange (``exchange_rows``), the DDP
+Metered collectives (``Comm``), the differentiable row exchange (``exchange_rows``), owner
+routing of requests and their answers (``OwnerRoute``), the DDP
 comm hook, the byte meter, the server topology, the network cost model and the audit.
 """
 
@@ -19,6 +20,7 @@ from lightning_gnnscale.comm.meter import (
     sum_snapshots,
 )
 from lightning_gnnscale.comm.network import PROFILES, NetworkModel
+from lightning_gnnscale.comm.routing import OwnerRoute
 from lightning_gnnscale.comm.topology import INTER_SERVER, INTRA_SERVER, LINK_CLASSES, Topology
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "CommMeter",
     "GradientHookState",
     "NetworkModel",
+    "OwnerRoute",
     "Topology",
     "diff_snapshots",
     "exchange_rows",

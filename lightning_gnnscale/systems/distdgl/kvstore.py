@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
-from ...comm import Comm
+from ...comm import Comm, OwnerRoute
 from ...graph.book import PartitionBook
 
 PushHandler = Callable[[Tensor, Tensor, Tensor], None]
@@ -99,10 +99,6 @@ class KVStore:
             raise ValueError(f"{name!r} is a built-in push handler")
         self._handlers[name] = fn
 
-    def _splits(self, owners: Tensor) -> list[int]:
-        """Rows per rank, given the owning rank of every row (rows grouped by owner)."""
-        return torch.bincount(owners, minlength=self.comm.world_size).tolist()
-
     def pull(self, name: str, gids: Tensor, *, category: str = "feature") -> Tensor:
         """Rows of ``name`` at ``gids``: ``[len(gids), *dims]`` in the order of ``gids``.
 
@@ -115,16 +111,12 @@ class KVStore:
         is_local = (gids >= self.first_gid) & (gids < self.first_gid + self.num_local)
         local_pos = is_local.nonzero().squeeze(1)
         remote_pos = (~is_local).nonzero().squeeze(1)
-        # Owners hold contiguous gid ranges, so sorted unique gids come grouped by owner in
-        # rank order: one `unique` both groups the requests and deduplicates each group.
+        # Each distinct remote gid is requested once; the route answers in `requested` order.
         requested, inverse = torch.unique(gids[remote_pos], return_inverse=True)
-        send_splits = self._splits(self.book.nid2part(requested))
-        recv_splits = self.comm.exchange_splits(send_splits)
-        asked = self.comm.all_to_all_single(
-            requested, send_splits, recv_splits, category="structure"
+        route = OwnerRoute.build(
+            self.comm, requested, self.book.nid2part(requested), category="structure"
         )
-        served = shard[asked - self.first_gid]
-        received = self.comm.all_to_all_single(served, recv_splits, send_splits, category=category)
+        received = route.reply(self.comm, shard[route.served - self.first_gid], category=category)
         out = shard.new_empty((gids.numel(), *shard.shape[1:]))
         out[local_pos] = shard[gids[local_pos] - self.first_gid]
         out[remote_pos] = received[inverse]
@@ -157,14 +149,9 @@ class KVStore:
                 f"({gids.numel()}, *{tuple(shard.shape[1:])}), got {data.dtype} "
                 f"{tuple(data.shape)}"
             )
-        owners = self.book.nid2part(gids)
-        order = torch.argsort(owners, stable=True)
-        gids = gids[order]
-        send_splits = self._splits(owners)
-        recv_splits = self.comm.exchange_splits(send_splits)
-        ids = self.comm.all_to_all_single(gids, send_splits, recv_splits, category="structure")
-        rows = self.comm.all_to_all_single(data[order], send_splits, recv_splits, category=category)
-        apply(shard, ids - self.first_gid, rows)
+        route = OwnerRoute.build(self.comm, gids, self.book.nid2part(gids), category="structure")
+        rows = route.push(self.comm, data, category=category)
+        apply(shard, route.served - self.first_gid, rows)
 
     def _handler(self, name: str) -> PushHandler:
         try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...comm import Comm
+from ...comm import Comm, OwnerRoute
 from ...graph.block import Block
 from ...graph.book import LocalPartition, PartitionBook
 from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors, splitmix64_int
@@ -59,33 +59,13 @@ class DistNeighborSampler:
 
     def sample_hop(self, frontier: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
         """Sample one hop for ``frontier``; ``(src gids, dst positions)`` sorted by dst position."""
-        owner = self.book.nid2part(frontier)
-        order = torch.argsort(owner, stable=True)
-        send_splits = torch.bincount(owner, minlength=self.comm.world_size).tolist()
-        recv_splits = self.comm.exchange_splits(send_splits)
-        requested = self.comm.all_to_all_single(
-            frontier[order], send_splits, recv_splits, category="structure"
+        route = OwnerRoute.build(
+            self.comm, frontier, self.book.nid2part(frontier), category="structure"
         )
-        counts, src = self._serve(requested, fanout, key)
-        # Sources for each requester are contiguous (requests arrive grouped by rank).
-        edges_per_peer = [int(c.sum()) for c in torch.split(counts, recv_splits)]
-        counts_back = self.comm.all_to_all_single(
-            counts, recv_splits, send_splits, category="structure"
-        )
-        edges_back = [int(c.sum()) for c in torch.split(counts_back, send_splits)]
-        src_back = self.comm.all_to_all_single(
-            src, edges_per_peer, edges_back, category="structure"
-        )
-        # Place each node's sources at its frontier position: no sort needed.
-        per_node = torch.empty_like(counts_back)
-        per_node[order] = counts_back
-        first = torch.cumsum(per_node, 0) - per_node
-        run_start = torch.repeat_interleave(first[order], counts_back)
-        within = torch.arange(src_back.numel()) - torch.repeat_interleave(
-            torch.cumsum(counts_back, 0) - counts_back, counts_back
-        )
-        src_out = torch.empty_like(src_back)
-        src_out[run_start + within] = src_back
+        counts, src = self._serve(route.served, fanout, key)
+        # The served sources come request after request, so the route can bring them back in
+        # frontier order: no sort needed.
+        per_node, src_out = route.reply_varlen(self.comm, counts, src, category="structure")
         dst_pos = torch.repeat_interleave(torch.arange(frontier.numel()), per_node)
         return src_out, dst_pos
 

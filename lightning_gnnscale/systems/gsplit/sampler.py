@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ...comm import Comm, exchange_rows
+from ...comm import Comm, OwnerRoute, exchange_rows
 from ...graph.block import Block
 from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors
 
@@ -102,15 +102,9 @@ class SplitSampler:
     def split(self, mixed: Tensor) -> tuple[Tensor, LayerPlan]:
         """Owner split of the mixed frontier ``mixed``: ``(D, plan)``, ``D`` this rank's sorted
         vertices that some rank needs."""
-        owner = self.parts[mixed]
-        order = torch.argsort(owner, stable=True)
-        request_splits = torch.bincount(owner, minlength=self.comm.world_size).tolist()
-        serve_splits = self.comm.exchange_splits(request_splits)
-        wanted = self.comm.all_to_all_single(
-            mixed[order], request_splits, serve_splits, category="structure"
-        )
-        local, send_index = torch.unique(wanted, sorted=True, return_inverse=True)
-        return local, LayerPlan(send_index, serve_splits, request_splits, order)
+        route = OwnerRoute.build(self.comm, mixed, self.parts[mixed], category="structure")
+        local, send_index = torch.unique(route.served, sorted=True, return_inverse=True)
+        return local, LayerPlan(send_index, route.recv_splits, route.send_splits, route.order)
 
     def sample(
         self, targets: Tensor, epoch: int, step: int
