@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ...comm import OwnerRoute
 from ...graph.block import Block
 from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors, splitmix64, uniform_below
 from .partition import LocalPartition
@@ -40,15 +41,9 @@ class RemoteSampler:
         draw = uniform_below(splitmix64(gids ^ key), torch.tensor(_COIN_RESOLUTION))
         return draw < int(self.frac * _COIN_RESOLUTION)
 
-    def _to_owners(self, ids: Tensor) -> tuple[Tensor, list[int], list[int], Tensor]:
-        """Send ``ids`` to their owner ranks; return (received ids, send splits, recv splits,
-        the order that groups ``ids`` by owner)."""
-        owner = self.chunk[ids]
-        order = owner.argsort(stable=True)
-        send = torch.bincount(owner, minlength=self.dm.world_size).tolist()
-        recv = self.dm.comm.exchange_splits(send)
-        got = self.dm.comm.all_to_all_single(ids[order], send, recv, category="structure")
-        return got, send, recv, order
+    def _route(self, ids: Tensor) -> OwnerRoute:
+        """Send ``ids`` to their owner ranks (``structure``)."""
+        return OwnerRoute.build(self.dm.comm, ids, self.chunk[ids], category="structure")
 
     def _expand(self, part: LocalPartition, gids: Tensor, fanout: int, key: int):
         """Local in-edges of owned ``gids``: (global sources, position in ``gids``)."""
@@ -75,13 +70,11 @@ class RemoteSampler:
             src_own, pos = self._expand(part, frontier[own_idx], fanout, key.hop_key(hop))
             # remote expansions: ids to owners, sampled in-edges back (structure)
             rem_idx = remote.nonzero().flatten()
-            asked, send, recv, order = self._to_owners(frontier[rem_idx])
-            src_srv, pos_srv = self._serve(asked, fanout, shared.hop_key(hop))
-            counts = torch.bincount(pos_srv, minlength=asked.numel())
-            back = comm.all_to_all_single(counts, recv, send, category="structure")
-            per_rank = [int(c.sum()) for c in counts.split(recv)]
-            src_rem = comm.all_to_all_single(src_srv, per_rank, category="structure")
-            pos_rem = torch.repeat_interleave(rem_idx[order], back)
+            route = self._route(frontier[rem_idx])
+            src_srv, pos_srv = self._serve(route.served, fanout, shared.hop_key(hop))
+            counts = torch.bincount(pos_srv, minlength=route.served.numel())
+            back, src_rem = route.reply_varlen(comm, counts, src_srv, category="structure")
+            pos_rem = torch.repeat_interleave(rem_idx, back)
             src = torch.cat([src_own, src_rem])
             dst_pos = torch.cat([own_idx[pos], pos_rem])
             sort = torch.argsort(dst_pos * (int(self.chunk.numel()) + 1) + src)
@@ -94,11 +87,11 @@ class RemoteSampler:
         """Rows of ``gids``: local ones from the partition, the rest pulled from owners."""
         local = part.local_of(gids)
         missing = (local < 0).nonzero().flatten()
-        asked, send, recv, order = self._to_owners(gids[missing])
-        rows = part.x[part.local_of(asked)]
-        got = self.dm.comm.all_to_all_single(rows, recv, send, category="feature")
+        route = self._route(gids[missing])
+        rows = part.x[part.local_of(route.served)]
+        got = route.reply(self.dm.comm, rows, category="feature")
         x = part.x.new_empty((gids.numel(), part.x.shape[1]))
         have = (local >= 0).nonzero().flatten()
         x[have] = part.x[local[have]]
-        x[missing[order]] = got
+        x[missing] = got
         return x
