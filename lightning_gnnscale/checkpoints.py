@@ -12,29 +12,92 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
+from typing_extensions import override
 
 from .errors import ConfigError
+from .files import atomic_write
 
 CHECKPOINT_KEY = "lightning_gnnscale"
-# Settings that do not change what is trained (where files live, how the job is launched).
-_NOT_IDENTITY = {
-    "dataset": ("root", "cache_dir", "download"),
-    "strategy": ("process_group_backend",),
-}
+# Settings a resumed run may change: where files live, how the job is launched and watched,
+# how long it trains. Everything else decides what is trained and must match.
+_MAY_CHANGE = (
+    "paths",
+    "ckpt_path",
+    "weights_from",
+    "launcher",
+    "logger",
+    "callbacks",
+    "audit",
+    "dataset.root",
+    "dataset.cache_dir",
+    "dataset.download",
+    "data.num_workers",
+    "data.eval_chunk_size",
+    "trainer.max_epochs",
+    "trainer.enable_progress_bar",
+    "trainer.log_every_n_steps",
+    "trainer.check_val_every_n_epoch",
+    "strategy.process_group_backend",
+    "strategy.audit_collectives",
+    "strategy.cache_partitions",
+    "strategy.redundancy_probe_steps",
+)
+
+
+def _flatten(node, prefix: str = "") -> dict:
+    if not isinstance(node, dict):
+        return {prefix[:-1]: node}
+    out = {}
+    for key, value in node.items():
+        out.update(_flatten(value, f"{prefix}{key}."))
+    return out
 
 
 def run_identity(cfg: DictConfig) -> dict:
-    """The settings a resumed run must share with the run that wrote the checkpoint."""
-    identity = {}
-    for section in ("strategy", "model", "dataset"):
-        values = OmegaConf.to_container(cfg[section], resolve=True)
-        for key in _NOT_IDENTITY.get(section, ()):
-            values.pop(key, None)
-        identity[section] = values
-    identity["dtype"] = cfg.dtype
-    identity["world_size"] = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)
-    return identity
+    """The settings (dotted key -> value) a resumed run must share with the run that wrote the
+    checkpoint: every setting but those in :data:`_MAY_CHANGE`."""
+    flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    return {
+        key: value
+        for key, value in flat.items()
+        if not any(key == skip or key.startswith(f"{skip}.") for skip in _MAY_CHANGE)
+    }
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """``best.ckpt`` (the monitored best) that survives a resume into a new folder.
+
+    Lightning forgets the best score when the checkpoint folder changes (every run gets its own
+    folder), so a resumed run's ``best.ckpt`` would cover only the resumed epochs. This one
+    keeps the score and copies the earlier best file into the new folder (global rank 0).
+    """
+
+    _carry_from: str | None = None
+
+    @override
+    def load_state_dict(self, state_dict: dict) -> None:
+        old_dir = state_dict.get("dirpath")
+        if old_dir and self.dirpath and Path(old_dir) != Path(self.dirpath):
+            old_best = state_dict.get("best_model_path") or ""
+            self._carry_from = old_best if Path(old_best).is_file() else None
+            moved = str(Path(self.dirpath) / Path(old_best).name) if old_best else ""
+            state_dict = {
+                **state_dict,
+                "dirpath": self.dirpath,
+                "best_model_path": moved,
+                "kth_best_model_path": moved,
+                "best_k_models": {moved: state_dict["best_model_score"]} if moved else {},
+            }
+        super().load_state_dict(state_dict)
+
+    @override
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if self._carry_from and trainer.is_global_zero:
+            source = self._carry_from
+            atomic_write(self.best_model_path, lambda f: f.write(Path(source).read_bytes()))
+        self._carry_from = None
 
 
 class CheckpointIdentity(L.Callback):
@@ -81,9 +144,9 @@ def check_resume(cfg: DictConfig) -> None:
     ours = run_identity(cfg)
     theirs = block["identity"]
     differences = [
-        f"{key}: checkpoint {theirs.get(key)!r}, this run {ours[key]!r}"
-        for key in ours
-        if theirs.get(key) != ours[key]
+        f"{key}: checkpoint {theirs.get(key)!r}, this run {ours.get(key)!r}"
+        for key in sorted(set(ours) | set(theirs))
+        if theirs.get(key) != ours.get(key)
     ]
     if differences:
         raise ConfigError(

@@ -104,6 +104,7 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def _check_known_keys(node, reference, prefix: str = "") -> None:
+    """Every key of ``node`` exists in ``reference`` and has its default's type."""
     for key in node:
         path = f"{prefix}{key}"
         if path in _OPEN_KEYS:
@@ -115,6 +116,25 @@ def _check_known_keys(node, reference, prefix: str = "") -> None:
         )
         if isinstance(node[key], DictConfig) and isinstance(reference[key], dict):
             _check_known_keys(node[key], reference[key], f"{path}.")
+        else:
+            check_type_like_default(path, node[key], reference[key])
+
+
+def check_type_like_default(key: str, value, default) -> None:
+    """A setting whose default is a bool / int / float takes a value of that kind (an int
+    where a float is expected is fine); ``None`` and string defaults are checked elsewhere."""
+    if isinstance(default, bool):
+        _require(isinstance(value, bool), f"{key}={value!r} must be true or false")
+    elif isinstance(default, int):
+        _require(
+            isinstance(value, int) and not isinstance(value, bool),
+            f"{key}={value!r} must be an integer",
+        )
+    elif isinstance(default, float):
+        _require(
+            isinstance(value, (int, float)) and not isinstance(value, bool),
+            f"{key}={value!r} must be a number",
+        )
 
 
 def check_target(node: DictConfig, key: str) -> None:
@@ -237,6 +257,7 @@ def validate(cfg: DictConfig) -> None:
     world = int(tr.devices) * int(tr.num_nodes)
     servers = cfg.topology.servers
     if servers is not None:
+        _int(cfg, "topology.servers", 1)
         _require(
             int(servers) >= 1 and world % int(servers) == 0,
             f"topology.servers={servers} must divide the world size {world}",

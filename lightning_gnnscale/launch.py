@@ -103,25 +103,35 @@ def launch_local(
         "MASTER_PORT": os.environ.get("MASTER_PORT", str(free_port())),
         "WORLD_SIZE": str(devices * num_nodes),
     }
+    ctx = None
     with _signals_raise():
-        ctx = mp.start_processes(
-            _rank_main,
-            args=(env, os.getpid(), fn, args),
-            nprocs=devices,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
+            ctx = mp.start_processes(
+                _rank_main,
+                args=(env, os.getpid(), fn, args),
+                nprocs=devices,
+                join=False,
+                start_method="spawn",
+            )
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while not ctx.join(timeout=1.0):
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"run did not finish within launcher.timeout_s={timeout_s}s")
         finally:
-            for process in ctx.processes:
-                if process.is_alive():
-                    process.kill()
-            for process in ctx.processes:
-                process.join(timeout=10)
-            for error_file in ctx.error_files:  # torch leaves one per rank in /tmp
-                if error_file:
-                    Path(error_file).unlink(missing_ok=True)
+            for sig in (signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut cleanup
+                with contextlib.suppress(ValueError):
+                    signal.signal(sig, signal.SIG_IGN)
+            if ctx is not None:
+                _reap(ctx)
+
+
+def _reap(ctx) -> None:
+    """Kill and join every rank still alive; remove the error files torch leaves in /tmp."""
+    for process in ctx.processes:
+        if process.is_alive():
+            process.kill()
+    for process in ctx.processes:
+        process.join(timeout=10)
+    for error_file in ctx.error_files:
+        if error_file:
+            Path(error_file).unlink(missing_ok=True)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -30,7 +31,7 @@ from .callbacks import (
     StepSeed,
     format_table,
 )
-from .checkpoints import CheckpointIdentity, load_weights, run_identity
+from .checkpoints import BestCheckpoint, CheckpointIdentity, load_weights, run_identity
 from .config import resolved, validate
 from .errors import ConfigError
 from .graph.csc import Graph
@@ -40,9 +41,23 @@ from .models.gnn import build_model
 from .models.module import GNNModule
 from .systems import STRATEGIES
 
-_RUN_TOKEN = f"{secrets.token_hex(2)}{os.getpid() % 0x10000:04x}"
-# ``${run_token:}`` in hydra.run.dir / hydra.sweep.dir: two runs started in the same second
-# get different folders (the pid part differs between live processes on one machine).
+
+def _run_token() -> str:
+    """``${run_token:}`` in hydra.run.dir / hydra.sweep.dir: two runs started in the same second
+    get different folders (the pid part differs between live processes on one machine). The
+    processes of one externally launched run (torchrun, srun, a manual multi-node launch) share
+    a token derived from what their launcher gave all of them, so they share one folder."""
+    shared = [
+        os.environ.get(var, "")
+        for var in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "MASTER_ADDR")
+    ]
+    if "MASTER_PORT" in os.environ or os.environ.get("SLURM_JOB_ID"):
+        shared.append(os.environ.get("MASTER_PORT", ""))
+        return hashlib.sha256("|".join(shared).encode()).hexdigest()[:8]
+    return f"{secrets.token_hex(2)}{os.getpid() % 0x10000:04x}"
+
+
+_RUN_TOKEN = _run_token()  # once per process: Hydra resolves the folder more than once
 OmegaConf.register_new_resolver("run_token", lambda: _RUN_TOKEN, replace=True)
 
 
@@ -108,7 +123,15 @@ def claimed(output_dir: Path) -> Iterator[None]:
     with open(lock_path, "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as err:
+            if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # e.g. NFS without a lock daemon
+                warnings.warn(
+                    f"cannot lock {lock_path} ({err}); not guarding the folder", stacklevel=3
+                )
+                yield
+                return
+            if not isinstance(err, BlockingIOError):
+                raise
             lock.seek(0)
             raise ConfigError(
                 f"output folder {output_dir} is in use by another run ({lock.read().strip()}); "
@@ -186,7 +209,7 @@ def run_rank(cfg: DictConfig, prepared, run_id: str | None) -> dict:
         run_id=run_id or uuid.uuid4().hex,
     )
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
-    best = ModelCheckpoint(dirpath=checkpoint_dir, monitor="val/acc", mode="max", filename="best")
+    best = BestCheckpoint(dirpath=checkpoint_dir, monitor="val/acc", mode="max", filename="best")
     # `last.ckpt` is the last completed epoch, written at every epoch end (validated or not);
     # ModelCheckpoint's own save_last follows the monitored saves, i.e. the best epoch.
     last = ModelCheckpoint(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import inspect
+import os
 import shutil
 import stat
 from pathlib import Path
@@ -179,6 +180,22 @@ def test_a_writable_root_is_never_written(tmp_path):
     assert graph.num_nodes == 2708
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
     assert any((tmp_path / "cache").rglob("data.pt"))
+
+
+@pytest.mark.cora
+@pytest.mark.skipif(not (PLANETOID_ROOT / "Cora" / "raw").is_dir(), reason="no Cora files")
+def test_a_replaced_raw_file_is_processed_again(tmp_path):
+    """Processed output in the cache belongs to the raw files it came from: replace one (new
+    size or time) and the next load processes afresh instead of reusing stale output."""
+    root = tmp_path / "user_data"
+    shutil.copytree(PLANETOID_ROOT / "Cora" / "raw", root / "Cora" / "raw")
+    load_dataset("cora", root=root, cache_dir=tmp_path / "cache")
+    load_dataset("cora", root=root, cache_dir=tmp_path / "cache")
+    assert len(list((tmp_path / "cache").glob("planetoid-*"))) == 1
+    labels = root / "Cora" / "raw" / "ind.cora.ally"
+    os.utime(labels, ns=(labels.stat().st_atime_ns, labels.stat().st_mtime_ns + 10**9))
+    load_dataset("cora", root=root, cache_dir=tmp_path / "cache")
+    assert len(list((tmp_path / "cache").glob("planetoid-*"))) == 2
 
 
 def test_ogb_writable_root_is_never_written(tmp_path):

@@ -1,6 +1,7 @@
 """Faults and bad inputs: runs never share a folder, checkpoints are what they claim, a stuck
 or orphaned rank never hangs the job (docs/testing.md, "faults and bad inputs")."""
 
+import inspect
 import json
 import os
 import signal
@@ -63,9 +64,12 @@ def test_runs_started_together_get_their_own_folders(tmp_path):
 
 
 def test_an_output_folder_in_use_is_refused(tmp_path):
-    with claimed(tmp_path), pytest.raises(ConfigError, match="in use by another run"):
-        with claimed(tmp_path):
-            pass
+    with (
+        claimed(tmp_path),
+        pytest.raises(ConfigError, match="in use by another run"),
+        claimed(tmp_path),
+    ):
+        pass
     with claimed(tmp_path):  # released: a later run may reuse the folder (resume)
         pass
 
@@ -131,16 +135,32 @@ def single_run(tmp_path_factory):
 @pytest.mark.parametrize(
     ("overrides", "differs"),
     [
-        (("strategy=single", "model=sage"), "model"),
-        (("strategy=single", "dataset.num_classes=4"), "dataset"),
+        (("strategy=single", "model=sage"), "model.name"),
+        (("strategy=single", "dataset.num_classes=4"), "dataset.num_classes"),
         (("strategy=single", "dtype=float64"), "dtype"),
-        (("strategy=ddp",), "strategy"),
+        (("strategy=ddp",), "strategy.name"),
+        (("strategy=single", "data.fanouts=[5,5]"), "data.fanouts"),
+        (("strategy=single", "seed=3"), "seed"),
     ],
 )
 def test_a_checkpoint_from_another_run_is_refused(tmp_path, single_run, overrides, differs):
     cfg = make_cfg(tmp_path, *overrides, "trainer.max_epochs=4", f"ckpt_path={single_run}")
     with pytest.raises(ConfigError, match=f"different run.*{differs}: checkpoint"):
         validate(cfg)
+
+
+def test_best_checkpoint_survives_a_resume_into_a_new_folder(tmp_path):
+    """Every run has its own folder; the resumed run's `best.ckpt` is still the whole run's best
+    (Lightning alone forgets the score when the folder changes)."""
+    run = ("strategy=single", "model.lr=1e-12")
+    _, first = train(make_cfg(tmp_path / "a", *run, "trainer.max_epochs=2"))
+    last = first["output_dir"] / "checkpoints" / "last.ckpt"
+    metrics, resumed = train(
+        make_cfg(tmp_path / "b", *run, "trainer.max_epochs=4", f"ckpt_path={last}")
+    )
+    assert metrics["best_epoch"] == 0 and metrics["epochs"] == 4
+    assert _ckpt(resumed["output_dir"], "best")["epoch"] == 0
+    assert _ckpt(resumed["output_dir"], "last")["epoch"] == 3
 
 
 def test_weights_from_starts_a_different_run_from_the_weights(tmp_path, single_run):
@@ -182,7 +202,13 @@ def test_a_damaged_checkpoint_is_named(tmp_path, single_run):
 
 # ----------------------------------------------------------------------------- stuck ranks
 def test_default_collective_timeout_fails_a_stuck_cpu_job_in_minutes(tmp_path):
-    assert make_cfg(tmp_path).launcher.collective_timeout_s <= 600
+    from lightning_gnnscale.comm import Comm
+    from lightning_gnnscale.systems.base import MeteredDDPStrategy
+
+    default = make_cfg(tmp_path, tiny=False).launcher.collective_timeout_s
+    assert default <= 600
+    for factory in (Comm.create, MeteredDDPStrategy):
+        assert inspect.signature(factory).parameters["timeout_s"].default == default
 
 
 def _children(pid: int) -> list[int]:

@@ -68,16 +68,41 @@ def final_weights(output_dir):
         ("trainer.max_epochs=1.5", "trainer.max_epochs=1.5 must be an integer"),
         ("model.hidden=1.5", "model.hidden=1.5 must be an integer"),
         ("seed=abc", "seed='abc' must be an integer"),
-        ("model.optimizer=foo", "model.optimizer='foo' is unknown; valid: ['adam', 'adamw', 'sgd']"),
+        (
+            "model.optimizer=foo",
+            "model.optimizer='foo' is unknown; valid: ['adam', 'adamw', 'sgd']",
+        ),
         ("model.weight_decay=-0.1", "model.weight_decay=-0.1 must be >= 0"),
         ("trainer.check_val_every_n_epoch=0", "trainer.check_val_every_n_epoch=0 must be >= 1"),
         ("data.batch_size=2.5", "data.batch_size=2.5"),
+        ("topology.servers=2.0", "topology.servers=2.0 must be an integer"),
+        ("dataset.num_nodes=300.5", "num_nodes=300.5 must be an integer"),
+        ("trainer.enable_progress_bar=maybe", "trainer.enable_progress_bar='maybe' must be true"),
+        ("audit=3", "audit=3 must be true or false"),
     ],
 )
 def test_bad_values_are_rejected(tmp_path, override, message):
     cfg = make_cfg(tmp_path, "model=gat" if "heads" in override else "model=gcn", override)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         validate(cfg)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "override", "message"),
+    [
+        ("sancus", "strategy.epoch_bound=1.5", "strategy.epoch_bound=1.5 must be an integer"),
+        (
+            "grappa",
+            "strategy.partitions_per_rank=1.5",
+            "partitions_per_rank=1.5 must be an integer",
+        ),
+        ("gsplit", "strategy.partition.presample_epochs=2.5", "presample_epochs=2.5 must be"),
+        ("distdgl", "strategy.embedding_dim=4.5", "strategy.embedding_dim=4.5 must be an integer"),
+    ],
+)
+def test_system_settings_keep_their_types(tmp_path, strategy, override, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(make_cfg(tmp_path, f"strategy={strategy}", override))
 
 
 def test_gpu_without_a_gpu_is_rejected(tmp_path, monkeypatch):

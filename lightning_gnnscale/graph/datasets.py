@@ -82,7 +82,17 @@ def check_dataset_options(name: str, options: dict) -> str:
     canonical name. Cheap: used by config validation before any data is touched."""
     canonical = _canonical_name(name)
     if canonical in _GENERATORS:
-        valid = tuple(inspect.signature(_GENERATORS[canonical]).parameters)
+        parameters = inspect.signature(_GENERATORS[canonical]).parameters
+        valid = tuple(parameters)
+        for option, value in options.items():
+            default = parameters[option].default if option in parameters else None
+            if isinstance(default, int) and not isinstance(default, bool):
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise ValueError(f"{canonical} option {option}={value!r} must be an integer")
+            elif isinstance(default, float) and (
+                not isinstance(value, (int, float)) or isinstance(value, bool)
+            ):
+                raise ValueError(f"{canonical} option {option}={value!r} must be a number")
     else:
         valid = _PLANETOID_OPTIONS if canonical in _PLANETOID else _OGB_OPTIONS
     _check_options(canonical, options, valid)
@@ -104,10 +114,15 @@ def _check_options(name: str, options: dict, valid: tuple[str, ...]) -> None:
 
 
 # ------------------------------------------------------------------------------ file layout
-def _mirror_dir(cache_dir: Path, kind: str, root: Path) -> Path:
-    """Where processing output for the files under ``root`` goes: one folder per source root."""
-    digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
-    return cache_dir / f"{kind}-{digest}"
+def _mirror_dir(cache_dir: Path, kind: str, root: Path, sources: list[Path]) -> Path:
+    """Where processing output for the files under ``root`` goes: one folder per source root
+    and state of its source files (path, size, modification time), so replacing or repairing a
+    raw file gives a fresh folder instead of stale processed output."""
+    digest = hashlib.sha256(str(root.resolve()).encode())
+    for path in sorted(sources):
+        info = path.stat()
+        digest.update(f"{path.relative_to(root)}:{info.st_size}:{info.st_mtime_ns}".encode())
+    return cache_dir / f"{kind}-{digest.hexdigest()[:16]}"
 
 
 def _missing(paths: list[Path]) -> list[Path]:
@@ -134,7 +149,7 @@ def _load_planetoid(
 
     pyg_root = root
     if not (root / folder / "processed" / "data.pt").exists() and not download:
-        pyg_root = _mirror_dir(cache_dir, "planetoid", root)
+        pyg_root = _mirror_dir(cache_dir, "planetoid", root, raw_files)
         mirror_raw = pyg_root / folder / "raw"
         mirror_raw.mkdir(parents=True, exist_ok=True)
         for path in raw_files:
@@ -220,7 +235,13 @@ def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> Graph:
     ogb_root = root
     if not processed.exists():
         if not download:
-            ogb_root = _mirror_dir(cache_dir, "ogb", root)
+            sources = [
+                path
+                for folder in ("raw", "split")
+                for path in (dataset_dir / folder).rglob("*")
+                if path.is_file()
+            ]
+            ogb_root = _mirror_dir(cache_dir, "ogb", root, sources)
             _link_ogb_sources(dataset_dir, ogb_root / dir_name)
         (ogb_root / dir_name / "processed").mkdir(parents=True, exist_ok=True)
     with _ogb_compat():
