@@ -270,9 +270,9 @@ def test_gsplit_cuts_fewer_sampled_edges_than_random(sbm3k, num_parts):
     assert balance["gsplit"] < 1.1
 
 
-def test_cache_returns_the_same_parts_without_recomputing(tmp_path, monkeypatch):
-    graph = tiny_graph()
-    calls = []
+def count_presample_calls(monkeypatch) -> list:
+    """Patch the pre-sampler to record each call (its arguments) in the returned list."""
+    calls: list = []
     real_presample = gsplit_partition.presample
 
     def counting_presample(*args, **kwargs):
@@ -280,6 +280,12 @@ def test_cache_returns_the_same_parts_without_recomputing(tmp_path, monkeypatch)
         return real_presample(*args, **kwargs)
 
     monkeypatch.setattr(gsplit_partition, "presample", counting_presample)
+    return calls
+
+
+def test_cache_returns_the_same_parts_without_recomputing(tmp_path, monkeypatch):
+    graph = tiny_graph()
+    calls = count_presample_calls(monkeypatch)
     options = dict(fanouts=[3, 2], batch_size=4, presample_epochs=2, seed=3, cache_dir=tmp_path)
     first = cached_probabilistic_partition(graph, 2, method="gsplit", **options)
     second = cached_probabilistic_partition(graph, 2, method="gsplit", **options)
@@ -297,7 +303,7 @@ def test_cache_returns_the_same_parts_without_recomputing(tmp_path, monkeypatch)
     assert first["num_batches"] == second["num_batches"] == 4
     assert first["expected_cross_fraction"] == second["expected_cross_fraction"]
     assert second["method"] == "gsplit"
-    counts = real_presample(graph, [3, 2], 4, 2, 3)
+    counts = gsplit_partition.presample(graph, [3, 2], 4, 2, 3)
     assert torch.equal(first["parts"], probabilistic_partition(graph, 2, counts))
 
     cached_probabilistic_partition(graph, 2, method="random", **options)
@@ -374,14 +380,7 @@ def _flipped_train(graph: Graph) -> Graph:
 def test_cache_key_covers_every_input(tmp_path, monkeypatch, change):
     """Changing any one input of the artifact writes (and builds) a new one; the unchanged
     inputs hit the cache."""
-    builds = []
-    real_presample = gsplit_partition.presample
-
-    def counting_presample(*args, **kwargs):
-        builds.append(args)
-        return real_presample(*args, **kwargs)
-
-    monkeypatch.setattr(gsplit_partition, "presample", counting_presample)
+    builds = count_presample_calls(monkeypatch)
     graph = tiny_graph()
     base = cached_probabilistic_partition(graph, 2, cache_dir=tmp_path, **KEY_BASE)
     cached_probabilistic_partition(graph, 2, cache_dir=tmp_path, **KEY_BASE)
@@ -457,14 +456,7 @@ def test_cache_key_sees_edits_a_sampled_fingerprint_would_miss(tmp_path, monkeyp
     """On a graph large enough that hashing only every k-th entry plus sums would miss them,
     two sum-preserving edits (one of the structure, one of the train mask) each still build a
     new artifact. This needs a graph fingerprint over the whole structure and train mask."""
-    builds = []
-    real_presample = gsplit_partition.presample
-
-    def counting_presample(*args, **kwargs):
-        builds.append(args)
-        return real_presample(*args, **kwargs)
-
-    monkeypatch.setattr(gsplit_partition, "presample", counting_presample)
+    builds = count_presample_calls(monkeypatch)
     graph = sbm(num_nodes=10000, num_classes=4, avg_degree=4.0, train_frac=0.05, seed=2)
     options = dict(KEY_BASE, fanouts=[2, 2], batch_size=256, presample_epochs=1)
     cached_probabilistic_partition(graph, 2, cache_dir=tmp_path, **options)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import lightning as L
-
 from ..comm import NetworkModel, diff_snapshots, sum_snapshots
+from .records import EpochRecords
 
 
-class CommStats(L.Callback):
+class CommStats(EpochRecords):
     """Training bytes by category and link class per epoch, summed over ranks, plus modelled
     time; evaluation traffic (e.g. halo activations of distributed inference) is measured
     separately (``eval_bytes``) so it never inflates the training figures.
@@ -17,13 +16,7 @@ class CommStats(L.Callback):
 
     def __init__(self, network: str):
         self.network = NetworkModel.from_name(network)
-        self.epochs: list[dict] = []
-
-    def state_dict(self) -> dict:
-        return {"epochs": self.epochs}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.epochs = list(state_dict["epochs"])
+        super().__init__()
 
     def on_train_epoch_start(self, trainer, pl_module):
         self._start = trainer.strategy.meter.snapshot()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import resource
 import time
 
-import lightning as L
 import torch
+
+from .records import EpochRecords
 
 
 def peak_rss_mb() -> float:
@@ -26,7 +27,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-class EpochStats(L.Callback):
+class EpochStats(EpochRecords):
     """Train loss, input rows loaded, time breakdown (sample, load, compute) and peak memory
     per epoch.
 
@@ -42,13 +43,7 @@ class EpochStats(L.Callback):
     """
 
     def __init__(self):
-        self.epochs: list[dict] = []
-
-    def state_dict(self) -> dict:
-        return {"epochs": self.epochs}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        self.epochs = list(state_dict["epochs"])
+        super().__init__()
 
     def on_train_epoch_start(self, trainer, pl_module):
         self._epoch_start = time.perf_counter()
