@@ -209,9 +209,16 @@ def run_rank(cfg: DictConfig, prepared, run_id: str | None) -> dict:
         run_id=run_id or uuid.uuid4().hex,
     )
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
-    best = BestCheckpoint(dirpath=checkpoint_dir, monitor="val/acc", mode="max", filename="best")
-    # `last.ckpt` is the last completed epoch, written at every epoch end (validated or not);
-    # ModelCheckpoint's own save_last follows the monitored saves, i.e. the best epoch.
+    # Both are written at the epoch end (after its validation and its records), so resuming
+    # from either continues a completed epoch. `last.ckpt` is the last completed epoch, written
+    # every epoch (ModelCheckpoint's own save_last would follow the best one).
+    best = BestCheckpoint(
+        dirpath=checkpoint_dir,
+        monitor="val/acc",
+        mode="max",
+        filename="best",
+        save_on_train_epoch_end=True,
+    )
     last = ModelCheckpoint(
         dirpath=checkpoint_dir,
         filename="last",

@@ -277,19 +277,17 @@ def test_resume_with_more_epochs_keeps_the_auto_super_epoch_length(tmp_path):
 @pytest.mark.parametrize(
     ("checkpoint", "saved_counters", "history"),
     [
-        ("last", (1, 0), [0, 1, 2, 3]),  # written at epoch 1's end: the whole run is reported
-        ("best", (0, 1), [0, 2, 3]),  # written inside epoch 1's validation, before its end
+        ("last", (1, 0), [0, 1, 2, 3]),  # both are written at epoch 1's end, after its
+        ("best", (1, 0), [0, 1, 2, 3]),  # validation: the whole run is reported
     ],
 )
 def test_resume_with_validation_every_second_epoch_counts_each_epoch_end_once(
     tmp_path, checkpoint, saved_counters, history
 ):
-    """With ``check_val_every_n_epoch=2``, ``best.ckpt`` is written in epoch 1's validation,
-    before that epoch's end (so before the super-epoch advance), and Lightning re-runs epoch 1's
-    end on resume; ``last.ckpt`` is written after it. Either way the advance happens exactly
-    once, no epoch is recorded twice, and the run ends as the uninterrupted one (3 chunks, so
-    the schedule really changes). From ``best.ckpt`` the re-run epoch end records nothing, so
-    epoch 1's row is missing from the history (docs/configuration.md: resume from last)."""
+    """With ``check_val_every_n_epoch=2`` both checkpoints are written at epoch 1's end, after
+    its validation and the super-epoch advance: resuming from either, the advance happens
+    exactly once, every epoch is recorded once, and the run ends as the uninterrupted one (3
+    chunks, so the schedule really changes)."""
     base = (
         "trainer.devices=1",
         "dtype=float64",

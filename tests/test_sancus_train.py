@@ -99,6 +99,27 @@ def test_sancus_config_errors(tmp_path, override, message):
         validate(make_cfg(tmp_path, "strategy=sancus", override))
 
 
+@pytest.mark.parametrize(("strategy", "refused"), [("sancus", True), ("cagnet", False)])
+def test_resume_is_refused_while_staleness_state_is_not_checkpointed(tmp_path, strategy, refused):
+    """Each rank's last broadcasts and cached blocks are not in the checkpoint: a stateful
+    policy would diverge after a resume, so it is refused; bound 0 (CAGNET) holds no state."""
+    import torch
+
+    from lightning_gnnscale.checkpoints import CHECKPOINT_KEY, run_identity
+    from lightning_gnnscale.config import ConfigError, validate
+    from tests.helpers.config import make_cfg
+
+    ckpt = tmp_path / "run.ckpt"
+    cfg = make_cfg(tmp_path, f"strategy={strategy}", "trainer.max_epochs=4", f"ckpt_path={ckpt}")
+    block = {"identity": run_identity(cfg), "epochs_done": 2}
+    torch.save({"state_dict": {}, CHECKPOINT_KEY: block}, ckpt)
+    if refused:
+        with pytest.raises(ConfigError, match="cannot resume from ckpt_path"):
+            validate(cfg)
+    else:
+        validate(cfg)
+
+
 def test_cagnet_rejects_a_staleness_policy(tmp_path):
     from lightning_gnnscale.config import ConfigError, validate
     from tests.helpers.config import make_cfg

@@ -245,12 +245,14 @@ def write_chunk_store(
     if not todo:
         return ChunkStore(str(folder), meta)
     chunk = chunk_assignment(graph, num_chunks, method, seed)
+    sizes = torch.bincount(chunk, minlength=num_chunks).tolist()
+    train_counts = torch.bincount(chunk[graph.train_mask], minlength=num_chunks).tolist()
+    if meta is not None and (meta["sizes"], meta["train_counts"]) != (sizes, train_counts):
+        todo = list(range(num_chunks))  # the chunking itself changed: no old file is kept
     folder.mkdir(parents=True, exist_ok=True)
-    train_counts, sizes, digests = [], [], []
+    digests = []
     for c in range(num_chunks):
         nodes = (chunk == c).nonzero().flatten()
-        train_counts.append(int(graph.train_mask[nodes].sum()))
-        sizes.append(nodes.numel())
         if c not in todo:
             digests.append(meta["digests"][c])
             continue

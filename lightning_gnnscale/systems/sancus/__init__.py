@@ -52,6 +52,13 @@ def validate(cfg) -> None:
             s.rows in ROW_ORDERS,
             f"strategy.rows={s.rows!r} is unknown; valid: {list(ROW_ORDERS)}",
         ),
+        (
+            cfg.ckpt_path is None or s.policy == "none",
+            f"strategy={name} with policy {s.policy!r} cannot resume from ckpt_path: each "
+            f"rank's staleness state (last broadcasts, cached blocks) is not in the "
+            f"checkpoint, so the resumed run would diverge from the uninterrupted one; use "
+            f"weights_from= to start a new run from its weights, or policy none",
+        ),
         (int(s.epoch_bound) >= 0, "strategy.epoch_bound must be >= 0"),
         (float(s.variation_gap) >= 0, "strategy.variation_gap must be >= 0"),
         (
