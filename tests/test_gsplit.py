@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.order import epoch_permutation
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.systems.base import epoch_permutation
 from lightning_gnnscale.systems.gsplit.sampler import SplitSampler, shuffle
 from tests.helpers.dist import run_distributed
 

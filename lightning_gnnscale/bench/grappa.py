@@ -17,10 +17,10 @@ import torch
 from ..comm import ring_allreduce_bytes
 from ..files import write_json_atomic
 from ..graph.generators import rmat, sbm
+from ..graph.order import epoch_permutation
 from ..graph.partition import partition
 from ..graph.sampler import NeighborSampler
 from ..models.gnn import BlockGNN
-from ..systems.base import epoch_permutation
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 
 # The paper's fanouts (DGL order {25,10}, {15,10,5}, {20,15,10,5}) in PyG order (seed hop first).

@@ -15,8 +15,8 @@ import torch
 
 from ..files import write_json_atomic
 from ..graph.generators import sbm
+from ..graph.order import epoch_permutation
 from ..graph.sampler import NeighborSampler
-from ..systems.base import epoch_permutation
 from ..systems.gsplit.partition import (
     PARTITION_METHODS,
     cross_split_fraction,

@@ -35,7 +35,8 @@ from ..comm import (
 from ..graph.batch import Batch
 from ..graph.cache import tensor_digest
 from ..graph.csc import Graph
-from ..graph.sampler import NeighborSampler, splitmix64_int
+from ..graph.order import EpochOrder
+from ..graph.sampler import NeighborSampler
 from ..models.gnn import BlockGNN, SubgraphModel, layerwise_inference
 
 
@@ -172,29 +173,6 @@ def assert_same_on_all_ranks(comm: Comm, values: torch.Tensor, what: str) -> Non
 
 
 # ------------------------------------------------------------------------------- data
-
-
-def epoch_permutation(ids: torch.Tensor, seed: int, epoch: int) -> torch.Tensor:
-    """The same shuffled order of ``ids`` on every rank for ``(seed, epoch)``."""
-    gen = torch.Generator().manual_seed(splitmix64_int((seed << 20) ^ epoch) & ((1 << 63) - 1))
-    return ids[torch.randperm(ids.numel(), generator=gen)]
-
-
-class EpochOrder:
-    """``epoch_permutation(ids, seed, epoch)``, computed once per epoch rather than per step."""
-
-    def __init__(self, ids: torch.Tensor, seed: int):
-        self.ids, self.seed = ids, seed
-        self._epoch, self._order = None, ids
-
-    def __call__(self, epoch: int) -> torch.Tensor:
-        if epoch != self._epoch:
-            self._epoch, self._order = epoch, epoch_permutation(self.ids, self.seed, epoch)
-        return self._order
-
-    def step(self, epoch: int, step: int, batch_size: int) -> torch.Tensor:
-        """The ids of one step of ``batch_size``."""
-        return self(epoch)[step * batch_size : (step + 1) * batch_size]
 
 
 class EpochSteps(Sampler):

@@ -19,8 +19,9 @@ from torch.utils.data import DataLoader
 
 from ...graph.batch import Batch
 from ...graph.csc import Graph
+from ...graph.order import EpochOrder
 from ...models.gnn import BlockGNN, layerwise_inference
-from ..base import EpochOrder, GNNDataModule, collective_train_loader, replicated_eval_counts
+from ..base import GNNDataModule, collective_train_loader, replicated_eval_counts
 from .chunking import ChunkStore
 from .estimators import gcn_kappa, kappa, seed_sample_counts
 from .partition import LocalPartition, PartitionSampler, build_partition

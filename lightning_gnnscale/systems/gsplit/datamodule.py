@@ -17,8 +17,8 @@ from torch.utils.data import DataLoader
 
 from ...graph.batch import Batch
 from ...graph.csc import Graph
+from ...graph.order import EpochOrder
 from ..base import (
-    EpochOrder,
     GNNDataModule,
     assert_same_on_all_ranks,
     collective_train_loader,

@@ -18,9 +18,9 @@ from torch import Tensor
 from ...graph.block import Block
 from ...graph.cache import cached, graph_fingerprint
 from ...graph.csc import Graph
+from ...graph.order import epoch_permutation
 from ...graph.partition import metis_kway, partition
 from ...graph.sampler import NeighborSampler
-from ..base import epoch_permutation
 
 PARTITION_METHODS = ("gsplit", "node", "edge", "naive", "random")
 ZERO_EDGE_POLICIES = ("auto", "drop", "epsilon")
