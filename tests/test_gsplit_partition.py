@@ -9,8 +9,8 @@ import torch
 
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.order import epoch_permutation
 from lightning_gnnscale.graph.sampler import NeighborSampler
-from lightning_gnnscale.systems.base import epoch_permutation
 from lightning_gnnscale.systems.gsplit import partition as gsplit_partition
 from lightning_gnnscale.systems.gsplit.partition import (
     PARTITION_METHODS,
