@@ -322,11 +322,11 @@ def test_equalised_steps_split_evenly_and_never_leave_a_step_empty(store, batch_
 
 
 def test_seed_order_and_sampler_are_built_once_per_partition_and_epoch(store, monkeypatch):
-    import lightning_gnnscale.systems.base as base
+    import lightning_gnnscale.graph.order as order_module
     import lightning_gnnscale.systems.grappa.datamodule as grappa_dm
 
     calls = {"order": 0, "sampler": 0}
-    permute = base.epoch_permutation
+    permute = order_module.epoch_permutation
 
     def counting_permutation(*args):
         calls["order"] += 1
@@ -337,7 +337,7 @@ def test_seed_order_and_sampler_are_built_once_per_partition_and_epoch(store, mo
             calls["sampler"] += 1
             super().__init__(*args)
 
-    monkeypatch.setattr(base, "epoch_permutation", counting_permutation)
+    monkeypatch.setattr(order_module, "epoch_permutation", counting_permutation)
     monkeypatch.setattr(grappa_dm, "PartitionSampler", CountingSampler)
     dm = make_dm(store, 1, 0, k=4, batch_size=8, cache_partitions=True)
     for epoch in (0, 1):
