@@ -31,28 +31,18 @@ def _require(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def _int(cfg: DictConfig, key: str, minimum: int | None = None, *, allow: tuple = ()) -> int:
-    """``cfg[key]`` as an int (a float, bool or string is an error), at least ``minimum``
-    unless it is one of ``allow``."""
+def _int(cfg: DictConfig, key: str, minimum: int | None = None) -> int:
+    """``cfg[key]`` as an int (a float, bool or string is an error), at least ``minimum``."""
     value = OmegaConf.select(cfg, key)
-    if value in allow and not isinstance(value, bool):
-        return value
-    _require(
-        isinstance(value, int) and not isinstance(value, bool),
-        f"{key}={value!r} must be an integer",
-    )
+    check_type_like_default(key, value, 0)
     if minimum is not None:
-        extra = f" (or one of {list(allow)})" if allow else ""
-        _require(value >= minimum, f"{key}={value} must be >= {minimum}{extra}")
+        _require(value >= minimum, f"{key}={value} must be >= {minimum}")
     return value
 
 
 def _number(cfg: DictConfig, key: str) -> float:
     value = OmegaConf.select(cfg, key)
-    _require(
-        isinstance(value, (int, float)) and not isinstance(value, bool),
-        f"{key}={value!r} must be a number",
-    )
+    check_type_like_default(key, value, 0.0)
     return float(value)
 
 

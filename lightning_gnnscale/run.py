@@ -89,10 +89,10 @@ def train(cfg: DictConfig) -> tuple[dict, dict]:
     cfg = resolved(cfg)
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    if externally_launched():  # every rank loads and prepares: share the cores from the start
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(cfg.trainer.devices)))
     world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)
-    external = externally_launched()  # the ranks of one run share its folder
+    external = externally_launched()  # this process is one rank; the ranks share the folder
+    if external:  # every rank loads and prepares: share the cores from the start
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(cfg.trainer.devices)))
     with contextlib.nullcontext() if external else claimed(output_dir):
         graph = load_graph(cfg)
         prepared = STRATEGIES[cfg.strategy.name].prepare(cfg, graph)

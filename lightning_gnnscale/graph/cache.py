@@ -40,10 +40,18 @@ def cache_key(key_parts: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _add_tensor(digest, tensor: Tensor) -> None:
+    """Feed a tensor's dtype, shape and every byte to ``digest``, read in place (no copy)."""
+    digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
+    flat = tensor.detach().contiguous().reshape(-1)
+    if flat.numel():
+        digest.update(flat.view(torch.uint8).numpy())
+
+
 def tensor_digest(tensor: Tensor) -> str:
-    """sha256 of a tensor's dtype, shape and bytes (for small key inputs such as weights)."""
-    digest = hashlib.sha256(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-    digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    """blake2b of a tensor's dtype, shape and bytes (key inputs such as weights or features)."""
+    digest = hashlib.blake2b(digest_size=32)
+    _add_tensor(digest, tensor)
     return digest.hexdigest()
 
 
@@ -53,8 +61,7 @@ def graph_fingerprint(graph: Graph) -> dict:
     of those arrays, so any change to them gives a new key (blake2b, about 1 GB/s)."""
     digest = hashlib.blake2b(digest_size=32)
     for tensor in (graph.indptr, graph.indices, graph.y, *_masks(graph)):
-        digest.update(f"{tensor.dtype}{tuple(tensor.shape)}".encode())
-        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().data)
+        _add_tensor(digest, tensor)
     return {
         "name": graph.name,
         "num_nodes": graph.num_nodes,

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ...files import atomic_write
-from ...graph.cache import cache_key, graph_fingerprint
+from ...graph.cache import cache_key, graph_fingerprint, tensor_digest
 from ...graph.csc import Graph
 from ...graph.partition import partition
 
@@ -41,15 +41,6 @@ _VERIFIED: set[tuple] = set()
 
 class ChunkStoreError(RuntimeError):
     """A chunk file that is missing, unreadable or not the one the store's digest names."""
-
-
-def array_digest(tensor: Tensor) -> str:
-    """blake2b of a tensor's dtype, shape and bytes, read in place (no copy of the data)."""
-    digest = hashlib.blake2b(f"{tensor.dtype}{tuple(tensor.shape)}".encode(), digest_size=32)
-    flat = tensor.detach().contiguous().reshape(-1)
-    if flat.numel():
-        digest.update(flat.view(torch.uint8).numpy())
-    return digest.hexdigest()
 
 
 def _version(path: Path) -> tuple:
@@ -175,14 +166,14 @@ class ChunkStore:
 
 def chunk_store_key(graph: Graph, num_chunks: int, method: str, seed: int) -> dict:
     """Everything a chunk store's files depend on: structure, labels and the three masks
-    (``graph_fingerprint``, every byte), the features (``array_digest``, every byte; the
+    (``graph_fingerprint``, every byte), the features (``tensor_digest``, every byte; the
     fingerprint leaves them out), the dtype, and the chunking's method, seed and count. Halo
     settings are not in it: the files hold no halo (partitions build theirs when read)."""
     return {
         "kind": "grappa_chunks",
         "format": STORE_FORMAT,
         "graph": graph_fingerprint(graph),
-        "features": array_digest(graph.x),
+        "features": tensor_digest(graph.x),
         "num_chunks": num_chunks,
         "method": method,
         "seed": seed,
