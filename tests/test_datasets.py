@@ -261,10 +261,12 @@ def test_ogb_fixture_loads_through_ogb_and_reloads_its_processed_file(tmp_path, 
     edges, features, labels, order = _write_ogb_fixture(tmp_path, name)
     first = load_dataset(name, root=tmp_path, cache_dir=tmp_path / "cache")
     (processed,) = (tmp_path / "cache").rglob("data_processed")
-    processed.with_name("sentinel").write_text("the second load reads this folder")
-    # torch.load of ogb's pickle (torch >= 2.6), from the cache mirror
+    written = processed.stat().st_mtime_ns
+    # torch.load of ogb's pickle (torch >= 2.6), reused from the same cache mirror
     second = load_dataset(name, root=tmp_path, cache_dir=tmp_path / "cache")
-    assert processed.with_name("sentinel").exists()
+    assert list((tmp_path / "cache").rglob("data_processed")) == [processed]
+    assert processed.stat().st_mtime_ns == written
+    assert not (tmp_path / name.replace("-", "_") / "processed").exists()
     assert all(torch.equal(a, b) for a, b in zip(_graph_tensors(first), _graph_tensors(second)))
 
     assert first.num_nodes == 50 and first.num_classes == (40 if name == "ogbn-arxiv" else 172)

@@ -58,7 +58,8 @@ def tensor_digest(tensor: Tensor) -> str:
 def graph_fingerprint(graph: Graph) -> dict:
     """The identity of ``graph``'s structure, labels and split (what partitions and their
     reports depend on; features are not part of it): name, sizes and a digest of every byte
-    of those arrays, so any change to them gives a new key (blake2b, about 1 GB/s)."""
+    of those arrays, so any change to them gives a new key (blake2b: 0.76 GiB/s measured here
+    on a 1 GiB int64 tensor with :func:`tensor_digest`)."""
     digest = hashlib.blake2b(digest_size=32)
     for tensor in (graph.indptr, graph.indices, graph.y, *_masks(graph)):
         _add_tensor(digest, tensor)
