@@ -8,6 +8,7 @@ alone (any identity with the same parameter shapes) and trains from epoch 0.
 
 from __future__ import annotations
 
+from dataclasses import is_dataclass
 from pathlib import Path
 
 import lightning as L
@@ -18,6 +19,7 @@ from typing_extensions import override
 
 from .errors import ConfigError
 from .files import atomic_write
+from .schema import RunConfig, as_dict
 
 CHECKPOINT_KEY = "lightning_gnnscale"
 # Settings a resumed run may change: where files live, how the job is launched and watched,
@@ -39,7 +41,7 @@ _MAY_CHANGE = (
     "trainer.enable_progress_bar",
     "trainer.log_every_n_steps",
     "trainer.check_val_every_n_epoch",
-    "strategy.process_group_backend",
+    "trainer.process_group_backend",
     "strategy.audit_collectives",
     "strategy.cache_partitions",
     "strategy.redundancy_probe_steps",
@@ -55,10 +57,11 @@ def _flatten(node, prefix: str = "") -> dict:
     return out
 
 
-def run_identity(cfg: DictConfig) -> dict:
+def run_identity(cfg: RunConfig | DictConfig) -> dict:
     """The settings (dotted key -> value) a resumed run must share with the run that wrote the
     checkpoint: every setting but those in :data:`_MAY_CHANGE`."""
-    flat = _flatten(OmegaConf.to_container(cfg, resolve=True))
+    data = as_dict(cfg) if is_dataclass(cfg) else OmegaConf.to_container(cfg, resolve=True)
+    flat = _flatten(data)
     return {
         key: value
         for key, value in flat.items()
@@ -131,7 +134,7 @@ def read_checkpoint(path: str | Path) -> dict:
     return checkpoint
 
 
-def check_resume(cfg: DictConfig) -> None:
+def check_resume(cfg: RunConfig) -> None:
     """Refuse ``ckpt_path`` from another run (strategy, model, dataset, dtype, world size) or
     from a run that already reached ``trainer.max_epochs``."""
     path = cfg.ckpt_path

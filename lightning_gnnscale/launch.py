@@ -3,7 +3,7 @@
 Each rank runs the whole job function (like ``torchrun``), with ``LOCAL_RANK``, ``NODE_RANK``,
 ``MASTER_ADDR`` and ``MASTER_PORT`` set so that Lightning finds an externally launched world
 and never re-executes the command line. That keeps Hydra multirun sane: a ``-m`` sweep runs
-its jobs in one process and each job spawns its own ranks (DESIGN §6). Under ``torchrun`` or
+its jobs in one process and each job spawns its own ranks (docs/architecture.md, "Launching"). Under ``torchrun`` or
 SLURM (``LOCAL_RANK`` set, or ``srun`` with one task per rank) the job function runs directly.
 
 Tensors passed to the ranks (the graph) travel through shared memory, not copies.

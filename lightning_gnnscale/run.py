@@ -1,6 +1,10 @@
-"""``train(cfg)``: validate, load the data once, start the ranks, train, and summarise.
+"""``train(cfg)``: compose a run from its config, prepare the data once, start the ranks, train,
+and summarise.
 
-``train.py`` is a thin Hydra entry point around this; tests and scripts call it directly.
+Every object is built through the public API (``build_datamodule``, ``build_strategy``,
+``GNNModule``, the callbacks, ``L.Trainer``); what this adds on top (its own launcher with
+shared-memory data, the run folder lock, the summary) is public too, so a plain Lightning
+script can do the same. ``train.py`` is a thin Hydra entry point around this.
 """
 
 from __future__ import annotations
@@ -32,14 +36,15 @@ from .callbacks import (
     format_table,
 )
 from .checkpoints import BestCheckpoint, CheckpointIdentity, load_weights, run_identity
-from .config import resolved, validate
+from .config import validate
 from .errors import ConfigError
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
 from .launch import externally_launched, launch_local
-from .models.gnn import build_model
 from .models.module import GNNModule
-from .systems import STRATEGIES
+from .schema import RunConfig, as_dict
+from .systems.base import GNNDataModule, MeteredSingleDeviceStrategy, SystemStrategy
+from .systems.registry import SYSTEMS
 
 
 def _run_token() -> str:
@@ -61,57 +66,79 @@ _RUN_TOKEN = _run_token()  # once per process: Hydra resolves the folder more th
 OmegaConf.register_new_resolver("run_token", lambda: _RUN_TOKEN, replace=True)
 
 
-def config_hash(cfg: DictConfig) -> str:
+def config_hash(run: RunConfig) -> str:
     """Hash of the settings that define a run's result (not where it writes)."""
-    data = OmegaConf.to_container(cfg, resolve=True)
+    data = as_dict(run)
     for key in ("paths", "ckpt_path", "launcher", "logger"):
         data.pop(key, None)
-    data.get("trainer", {}).pop("enable_progress_bar", None)
+    data["trainer"].pop("enable_progress_bar", None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load_graph(cfg: DictConfig) -> Graph:
-    """The dataset of ``cfg.dataset`` in the run's dtype."""
-    options = {
-        k: v for k, v in OmegaConf.to_container(cfg.dataset).items() if k not in ("name", "root")
-    }
-    graph = load_dataset(cfg.dataset.name, root=cfg.dataset.get("root"), **options)
-    return graph.to(getattr(torch, cfg.dtype))
+def load_graph(run: RunConfig) -> Graph:
+    """The dataset of ``run.dataset`` in the run's dtype."""
+    options = {k: v for k, v in run.dataset.items() if k not in ("name", "root")}
+    graph = load_dataset(run.dataset["name"], root=run.dataset.get("root"), **options)
+    return graph.to(getattr(torch, run.dtype))
 
 
-def train(cfg: DictConfig) -> tuple[dict, dict]:
+def build_datamodule(run: RunConfig, graph: Graph | None = None) -> GNNDataModule:
+    """The system's DataModule for ``run`` (on ``graph``, else the run's dataset)."""
+    spec = SYSTEMS[run.strategy.name]
+    return spec.datamodule(
+        graph if graph is not None else load_graph(run),
+        run.strategy,
+        run.data,
+        seed=run.seed,
+        cache_dir=run.paths.cache_dir,
+    )
+
+
+def build_strategy(run: RunConfig) -> SystemStrategy:
+    """The system's Strategy for ``run``, given the same system config as its DataModule."""
+    spec = SYSTEMS[run.strategy.name]
+    if issubclass(spec.strategy, MeteredSingleDeviceStrategy):
+        device = "cpu" if run.trainer.accelerator == "cpu" else "cuda"
+        return spec.strategy(run.strategy, device=device)
+    return spec.strategy(
+        run.strategy,
+        servers=run.topology.servers,
+        timeout_s=run.launcher.collective_timeout_s,
+        process_group_backend=run.trainer.process_group_backend,
+    )
+
+
+def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     """Run one training job; return ``(metrics, objects)``.
 
     ``metrics`` is the content of ``summary.json`` (empty on nodes other than node 0 of a
     multi-node launch); ``objects`` holds ``graph`` and ``output_dir``.
     """
-    validate(cfg)
-    cfg = resolved(cfg)
-    output_dir = Path(cfg.paths.output_dir)
+    run = validate(cfg)
+    output_dir = Path(run.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    world = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)
     external = externally_launched()  # this process is one rank; the ranks share the folder
     if external:  # every rank loads and prepares: share the cores from the start
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(cfg.trainer.devices)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // run.trainer.devices))
     with contextlib.nullcontext() if external else claimed(output_dir):
-        graph = load_graph(cfg)
-        prepared = STRATEGIES[cfg.strategy.name].prepare(cfg, graph)
-        if world == 1 or external:
-            metrics = run_rank(cfg, prepared, None)
+        datamodule = build_datamodule(run)
+        datamodule.prepare(run.world_size)  # once, here; the ranks receive the result
+        if run.world_size == 1 or external:
+            metrics = run_rank(run, datamodule, None)
         else:
             run_id = uuid.uuid4().hex
             launch_local(
                 run_rank,
-                (cfg, prepared, run_id),
-                int(cfg.trainer.devices),
-                int(cfg.trainer.num_nodes),
-                cfg.launcher.timeout_s,
+                (run, datamodule, run_id),
+                run.trainer.devices,
+                run.trainer.num_nodes,
+                run.launcher.timeout_s,
             )
             node_zero = os.environ.get("NODE_RANK", "0") == "0"  # global rank 0 writes it
             metrics = read_summary(output_dir / "summary.json", run_id) if node_zero else {}
     if metrics:
         print(f"\n{format_table(metrics)}\n\nsummary: {output_dir / 'summary.json'}")
-    return metrics, {"graph": graph, "output_dir": output_dir}
+    return metrics, {"graph": datamodule.graph, "output_dir": output_dir}
 
 
 @contextlib.contextmanager
@@ -160,52 +187,47 @@ def read_summary(path: Path, run_id: str) -> dict:
     return metrics
 
 
-def build_logger(cfg: DictConfig):
+def build_logger(run: RunConfig):
     """The configured Lightning logger (``logger._target_``), given the run's config as its
     hyperparameters; ``False`` for ``logger=none``."""
-    if cfg.logger is None:
+    if run.logger is None:
         return False
-    logger = instantiate(cfg.logger)
-    logger.log_hyperparams(OmegaConf.to_container(cfg))
+    logger = instantiate(run.logger)
+    logger.log_hyperparams(as_dict(run))
     return logger
 
 
-def run_rank(cfg: DictConfig, prepared, run_id: str | None) -> dict:
-    """One rank's whole job: build the system, fit, and (on rank 0) write ``summary.json``."""
+def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> dict:
+    """One rank's whole job: build the module and the Trainer, fit, and (on rank 0) write
+    ``summary.json``."""
     # Epoch values are reduced through the metered comm before logging; Lightning's advice to
     # add sync_dist (an unmetered all-reduce) does not apply.
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed")
-    local_world = int(cfg.trainer.devices)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    L.seed_everything(cfg.seed, workers=True, verbose=False)
-    output_dir = str(cfg.paths.output_dir)
-
-    system = STRATEGIES[cfg.strategy.name]
-    strategy, datamodule, extra_callbacks = system.build(cfg, prepared)
-    if system.build_net is not None:
-        net = system.build_net(cfg, datamodule)
-    else:
-        net = build_model(cfg.model, datamodule.input_dim, datamodule.num_classes)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // run.trainer.devices))
+    L.seed_everything(run.seed, workers=True, verbose=False)
+    output_dir = str(run.paths.output_dir)
+    net = datamodule.build_model(run.model)
     # The run's dtype is applied here rather than through Lightning's "64-true" precision, whose
     # input conversion cannot walk our frozen Batch/Block dataclasses (features are cast already).
     module = GNNModule(
-        net.to(getattr(torch, cfg.dtype)),
-        optimizer=cfg.model.optimizer,
-        lr=cfg.model.lr,
-        weight_decay=cfg.model.weight_decay,
+        net.to(getattr(torch, run.dtype)),
+        optimizer=run.model.optimizer,
+        lr=run.model.lr,
+        weight_decay=run.model.weight_decay,
     )
-    if cfg.weights_from is not None:
-        load_weights(module, cfg.weights_from)
-    epoch_stats, comm_stats = EpochStats(), CommStats(cfg.network)
-    audit = CollectiveAudit() if cfg.audit else None
+    if run.weights_from is not None:
+        load_weights(module, run.weights_from)
+    epoch_stats, comm_stats = EpochStats(), CommStats(run.network)
+    audit = CollectiveAudit() if run.audit else None
+    system_callbacks = datamodule.callbacks()
     summary = RunSummary(
-        cfg,
+        run,
         output_dir,
         epoch_stats,
         comm_stats,
-        config_hash(cfg),
+        config_hash(run),
         audit,
-        extra_callbacks,
+        system_callbacks,
         run_id=run_id or uuid.uuid4().hex,
     )
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
@@ -226,23 +248,23 @@ def run_rank(cfg: DictConfig, prepared, run_id: str | None) -> dict:
         save_on_train_epoch_end=True,
         enable_version_counter=False,
     )
-    tr = cfg.trainer
+    tr = run.trainer
     trainer = L.Trainer(
         accelerator=tr.accelerator,
         devices=tr.devices,
         num_nodes=tr.num_nodes,
-        strategy=strategy,
+        strategy=build_strategy(run),
         max_epochs=tr.max_epochs,
-        logger=build_logger(cfg),
+        logger=build_logger(run),
         callbacks=[
-            StepSeed(cfg.seed),
+            StepSeed(run.seed),
             epoch_stats,
             comm_stats,
-            *extra_callbacks,
-            CheckpointIdentity(run_identity(cfg)),
+            *system_callbacks,
+            CheckpointIdentity(run_identity(run)),
             best,
             last,
-            *(instantiate(node) for node in (cfg.callbacks or {}).values()),
+            *(instantiate(node) for node in (run.callbacks or {}).values()),
             summary,
             *([audit] if audit else []),
         ],
@@ -256,5 +278,5 @@ def run_rank(cfg: DictConfig, prepared, run_id: str | None) -> dict:
         enable_model_summary=False,
         default_root_dir=output_dir,
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path)
     return summary.summary or {}

@@ -1,28 +1,35 @@
 """DistDGL: training and evaluation equal `single` (float64), byte counts, METIS vs random,
-sparse-embedding updates through Lightning (with and without prefetching loaders), e2e."""
+sparse-embedding updates through Lightning (with and without prefetching loaders), resume with
+embeddings, config errors, e2e."""
 
 import os
 from collections import deque
-from types import SimpleNamespace
 
 import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra.errors import ConfigCompositionException
 from lightning.pytorch.callbacks import Callback
 
-from lightning_gnnscale.checkpoints import CHECKPOINT_KEY, run_identity
 from lightning_gnnscale.comm import Comm
-from lightning_gnnscale.config import ConfigError, resolved, validate
+from lightning_gnnscale.config import validate
+from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.book import PartitionBook, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
-from lightning_gnnscale.models.gnn import BlockGNN, build_model, layerwise_inference
+from lightning_gnnscale.models.gnn import BlockGNN, layerwise_inference
 from lightning_gnnscale.models.module import GNNModule
-from lightning_gnnscale.run import load_graph, train
-from lightning_gnnscale.systems import distdgl
-from lightning_gnnscale.systems.distdgl.datamodule import DistDGLDataModule, PartitionedGraph
+from lightning_gnnscale.run import build_datamodule, build_strategy, train
+from lightning_gnnscale.schema import DataConfig
+from lightning_gnnscale.systems.contract import RankContext
+from lightning_gnnscale.systems.distdgl import (
+    DistDGLConfig,
+    DistDGLDataModule,
+    PartitionConfig,
+    PartitionedGraph,
+)
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
 
@@ -38,12 +45,13 @@ def partitioned(world_size, method="random", num_nodes=300):
 
 
 def datamodule(data, rank, world_size, comm, batch_size=64):
-    """The real DistDGLDataModule, set up with a stand-in for the Trainer."""
-    dm = DistDGLDataModule(data, FANOUTS, batch_size, seed=3)
-    dm.trainer = SimpleNamespace(
-        global_rank=rank, world_size=world_size, strategy=SimpleNamespace(comm=comm)
+    """The real DistDGLDataModule, set up for this rank on the given partition (no Trainer)."""
+    assert (comm.rank, comm.world_size) == (rank, world_size)
+    config = DistDGLConfig(partition=PartitionConfig(method="random"))
+    dm = DistDGLDataModule(
+        data.graph, config, DataConfig(batch_size=batch_size, fanouts=FANOUTS), seed=3
     )
-    dm.setup("fit")
+    dm.setup_rank(RankContext(comm, torch.device("cpu")), data)
     return dm
 
 
@@ -201,11 +209,11 @@ class _EmbeddingSteps(Callback):
     """Per step: this rank's embedding shard before and after, the looked-up gids and the
     gradient of their rows, and how many batches the loader had built by the step's start."""
 
-    def __init__(self, built: list):
-        self.built, self.records = built, []
+    def __init__(self, built: list, dm: DistDGLDataModule):
+        self.built, self.dm, self.records = built, dm, []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.before = trainer.datamodule.kv.local_shard("emb").clone()
+        self.before = self.dm.kv.local_shard("emb").clone()
         self.built_at_start = len(self.built)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -213,7 +221,7 @@ class _EmbeddingSteps(Callback):
         self.records.append(
             {
                 "before": self.before,
-                "after": trainer.datamodule.kv.local_shard("emb").clone(),
+                "after": self.dm.kv.local_shard("emb").clone(),
                 "gids": gids.clone(),
                 "grad": rows.grad.clone(),
                 "built": self.built_at_start,
@@ -221,27 +229,28 @@ class _EmbeddingSteps(Callback):
         )
 
 
-def _embedding_fit_rank(rank, world_size, cfg, prepared, ahead):
-    """One rank of a real Trainer fit (the system's own build) in an existing gloo world."""
+def _embedding_fit_rank(rank, world_size, run, dm, ahead):
+    """One rank of a real Trainer fit (the system's own build; ``dm`` prepared by the caller)
+    in an existing gloo world."""
     os.environ.update(
         LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1"
     )
-    L.seed_everything(cfg.seed, verbose=False)
-    strategy, dm, _ = distdgl.build(cfg, prepared)
+    L.seed_everything(run.seed, verbose=False)
+    strategy = build_strategy(run)
     built = []
     make_batch = dm.make_batch
     dm.make_batch = lambda epoch, step: built.append((epoch, step)) or make_batch(epoch, step)
     if ahead:
         loader = dm.train_dataloader
         dm.train_dataloader = lambda: _AheadLoader(loader(), ahead)
-    net = build_model(cfg.model, dm.input_dim, dm.num_classes).to(torch.float64)
-    module = _InputRecordingModule(net, cfg.model.optimizer, cfg.model.lr, cfg.model.weight_decay)
-    recorder = _EmbeddingSteps(built)
+    net = dm.build_model(run.model).to(torch.float64)
+    module = _InputRecordingModule(net, run.model.optimizer, run.model.lr, run.model.weight_decay)
+    recorder = _EmbeddingSteps(built, dm)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world_size,
         strategy=strategy,
-        max_epochs=int(cfg.trainer.max_epochs),
+        max_epochs=run.trainer.max_epochs,
         logger=False,
         callbacks=[recorder],
         enable_checkpointing=False,
@@ -260,7 +269,7 @@ def test_sparse_embedding_steps_are_exact_and_unaffected_by_prefetching(tmp_path
     """Through Lightning, SparseSGD embeddings (float64, 2 ranks): every step moves exactly the
     rows the step looked up, by -lr x their gradient summed over ranks and lookups, and leaves
     every other row bit-identical; a loader that builds batches ahead gives the same run."""
-    cfg = resolved(
+    run = validate(
         make_cfg(
             tmp_path,
             "strategy=distdgl",
@@ -274,9 +283,10 @@ def test_sparse_embedding_steps_are_exact_and_unaffected_by_prefetching(tmp_path
             f"strategy.sparse_lr={SPARSE_LR}",
         )
     )
-    prepared = distdgl.prepare(cfg, load_graph(cfg))
+    dm = build_datamodule(run)
+    dm.prepare(2)
     runs = {
-        ahead: run_distributed(_embedding_fit_rank, 2, cfg, prepared, ahead, timeout_s=240)
+        ahead: run_distributed(_embedding_fit_rank, 2, run, dm, ahead, timeout_s=240)
         for ahead in (0, 2)
     }
     plain, prefetched = runs[0], runs[2]
@@ -319,12 +329,68 @@ def test_distdgl_config_errors(tmp_path, overrides, message):
         validate(make_cfg(tmp_path, "strategy=distdgl", *overrides))
 
 
-def test_distdgl_refuses_to_resume_with_embeddings(tmp_path):
-    """A checkpoint of this very run (identity matches, epochs left) is still refused: the
-    embedding shards are not in it."""
-    overrides = ("strategy=distdgl", "strategy.embedding_dim=8")
-    path = tmp_path / "last.ckpt"
-    identity = run_identity(make_cfg(tmp_path, *overrides))
-    torch.save({"state_dict": {}, CHECKPOINT_KEY: {"identity": identity, "epochs_done": 1}}, path)
-    with pytest.raises(ConfigError, match="cannot resume"):
-        validate(make_cfg(tmp_path, *overrides, f"ckpt_path={path}"))
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("strategy.embedding_dim=-1", "strategy.embedding_dim=-1 must be >= 0"),
+        ("strategy.sparse_lr=0", "strategy.sparse_lr=0.0 must be > 0"),
+        ("strategy.partition.overpartition=0", "strategy.partition.overpartition=0 must be"),
+        ("strategy.partition.balance=nodes", "strategy.partition.balance='nodes' is unknown"),
+    ],
+)
+def test_distdgl_bad_values_name_their_key(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(make_cfg(tmp_path, "strategy=distdgl", override))
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("strategy.embeding_dim=1", "embeding_dim"),  # unknown key
+        ("strategy.partition.overpartiton=16", "overpartiton"),  # unknown nested key
+        ("strategy.embedding_dim=4.5", "embedding_dim"),  # wrong type
+        ("strategy.partition.balance_edges=maybe", "balance_edges"),  # wrong type
+    ],
+)
+def test_distdgl_unknown_keys_and_wrong_types_fail_at_compose_time(tmp_path, override, key):
+    with pytest.raises(ConfigCompositionException) as err:
+        make_cfg(tmp_path, "strategy=distdgl", override)
+    assert key in str(err.value) + str(err.value.__cause__)
+
+
+def _last_checkpoint(output_dir):
+    return torch.load(output_dir / "checkpoints" / "last.ckpt", weights_only=False)
+
+
+@pytest.mark.e2e
+def test_resume_with_embeddings_equals_an_uninterrupted_run(tmp_path):
+    """float64, 2 ranks, SparseAdagrad embeddings: 2 epochs + resume from `last.ckpt` to 4 end
+    with the uninterrupted run's parameters, embedding rows, Adagrad sums and metrics (the
+    checkpoints' gathers of the shards are metered: audits on)."""
+    run = (
+        "strategy=distdgl",
+        "audit=true",
+        "model=sage",
+        "dtype=float64",
+        "strategy.embedding_dim=8",
+        "strategy.sparse_lr=0.5",
+    )
+    straight, a = train(make_cfg(tmp_path / "a", *run, "trainer.max_epochs=4"))
+    _, first = train(make_cfg(tmp_path / "b", *run, "trainer.max_epochs=2"))
+    ckpt = first["output_dir"] / "checkpoints" / "last.ckpt"
+    start = _last_checkpoint(first["output_dir"])["DistDGLDataModule"]
+    resumed, b = train(make_cfg(tmp_path / "b", *run, "trainer.max_epochs=4", f"ckpt_path={ckpt}"))
+    want, got = _last_checkpoint(a["output_dir"]), _last_checkpoint(b["output_dir"])
+    assert got["epoch"] == want["epoch"] == 3
+    for name, value in want["state_dict"].items():
+        torch.testing.assert_close(got["state_dict"][name], value, rtol=0, atol=1e-12)
+    tables = want["DistDGLDataModule"]
+    assert sorted(tables) == ["emb", "emb@adagrad_state"]
+    assert not torch.equal(start["emb"], tables["emb"])  # the embeddings moved after the resume
+    for name, value in tables.items():
+        assert value.shape == (a["graph"].num_nodes, 8)
+        torch.testing.assert_close(got["DistDGLDataModule"][name], value, rtol=0, atol=1e-12)
+    for key in ("epochs", "best_epoch", "best_val_acc", "test_acc", "val_acc", "train_loss"):
+        assert resumed[key] == pytest.approx(straight[key], abs=1e-9), key
+    for x, y in zip(straight["history"], resumed["history"]):
+        assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-12)

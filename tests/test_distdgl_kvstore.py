@@ -1,5 +1,5 @@
 """KVStore pull/push and DistEmbedding + sparse optimisers against dense single-tensor oracles
-(spec distdgl_bytegnn_sancus §2.5 items 6-8)."""
+(docs/systems/distdgl.md#kv-store)."""
 
 from __future__ import annotations
 

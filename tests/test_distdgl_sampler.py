@@ -81,7 +81,7 @@ class _SplitLoaderSource:
 
 
 def _expected_steps(num_train: int, world: int, batch: int) -> int:
-    """Spec §2.2.4, computed here from scratch: rank chunks are an even split of the training
+    """The trainer split (docs/systems/distdgl.md), computed here from scratch: rank chunks are an even split of the training
     ids (the first ``num_train % world`` get one more), the local batch is ``batch // world``
     (at least 1), and every rank runs ``ceil(smallest chunk / local batch)`` steps."""
     if batch == -1:

@@ -1,5 +1,6 @@
 """Grappa, single process: chunking, schedules, partitions, in-partition sampling, step
-equalisation, estimators (spec §5.1 E1-E8) and Monte-Carlo checks (§5.2 S1-S3, S5)."""
+equalisation, the super-epoch clock, estimators (E1-E8) and Monte-Carlo checks (S1-S3, S5);
+the labels are those of docs/systems/grappa.md, "Tests"."""
 
 import dataclasses
 import itertools
@@ -16,8 +17,10 @@ from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN, layerwise_inference
-from lightning_gnnscale.systems.grappa import chunking
-from lightning_gnnscale.systems.grappa.callbacks import SuperEpochController
+from lightning_gnnscale.schema import DataConfig
+from lightning_gnnscale.systems.contract import RankContext
+from lightning_gnnscale.systems.grappa import EarlyTriggerConfig, GrappaConfig, chunking
+from lightning_gnnscale.systems.grappa.callbacks import GrappaStats
 from lightning_gnnscale.systems.grappa.chunking import (
     ChunkStore,
     ChunkStoreError,
@@ -36,6 +39,7 @@ from lightning_gnnscale.systems.grappa.estimators import (
 )
 from lightning_gnnscale.systems.grappa.partition import PartitionSampler, build_partition
 from lightning_gnnscale.systems.grappa.schedule import Schedule, super_epoch_len
+from lightning_gnnscale.systems.grappa.superepochs import SuperEpochClock
 
 
 def small_graph(n=400, seed=1):
@@ -219,24 +223,26 @@ def test_partitions_seeds_locality_and_degrees(store, halo_hops):
         seeds = []
         for spec in Schedule("pinned_sweep", 4).partitions(t):
             part = build_partition(store, spec, halo_hops)
-            own = part.global_ids[: part.num_own]
+            own = part.local2global[: part.num_core]
             assert torch.equal(own, torch.isin(torch.arange(g.num_nodes), own).nonzero().flatten())
             assert set(chunk[own].tolist()) == set(spec.owned_chunks)
-            assert torch.equal(part.deg, deg[part.global_ids])  # P8: global degree
-            assert torch.equal(part.x, g.x[part.global_ids])
+            assert torch.equal(part.deg, deg[part.local2global])  # P8: global degree
+            assert torch.equal(part.x, g.x[part.local2global])
             dst = torch.repeat_interleave(torch.arange(part.num_nodes), part.n_avail)
-            edges = set(zip(part.global_ids[part.indices].tolist(), part.global_ids[dst].tolist()))
+            edges = set(
+                zip(part.local2global[part.indices].tolist(), part.local2global[dst].tolist())
+            )
             src_g, dst_g = g.edge_index()
             into_own = torch.isin(dst_g, own)
             both = into_own & torch.isin(src_g, own)
             expected = both if halo_hops == 0 else into_own
             assert edges == set(zip(src_g[expected].tolist(), dst_g[expected].tolist()))  # P5
-            assert int(part.n_avail[part.num_own :].sum()) == 0  # halo nodes: no in-edges
+            assert int(part.n_avail[part.num_core :].sum()) == 0  # halo nodes: no in-edges
             owned_in = torch.zeros(g.num_nodes, dtype=torch.int64).index_add_(
                 0, dst_g[both], torch.ones(int(both.sum()), dtype=torch.int64)
             )
             assert torch.equal(part.ell, owned_in[own])  # P8: owned in-neighbours
-            seeds.append(part.global_ids[part.seeds])
+            seeds.append(part.local2global[part.seeds])
         all_seeds = torch.cat(seeds)
         assert all_seeds.unique().numel() == all_seeds.numel()  # P4: disjoint
         assert torch.equal(all_seeds.sort().values, g.split_ids("train"))  # P4: cover
@@ -244,7 +250,7 @@ def test_partitions_seeds_locality_and_degrees(store, halo_hops):
 
 def test_count_halo_as_local_makes_coverage_full_with_one_hop_halo(store):
     part = build_partition(store, Schedule("pinned_sweep", 4).partition(0, 0), 1, True)
-    assert torch.equal(part.ell, part.deg[: part.num_own])
+    assert torch.equal(part.ell, part.deg[: part.num_core])
 
 
 # ---------------------------------------------------------------------- P6, P7: sampling
@@ -257,7 +263,7 @@ def test_sampling_stays_inside_the_partition_and_matches_the_whole_graph_at_the_
     for hop, block in enumerate(blocks[::-1]):  # hop from the seeds
         assert int(block.src_ids.max()) < part.num_nodes  # P6: local ids only
         src, dst = block.edge_index
-        gs, gd = part.global_ids[block.src_ids[src]], part.global_ids[block.dst_ids[dst]]
+        gs, gd = part.local2global[block.src_ids[src]], part.local2global[block.dst_ids[dst]]
         counts = torch.bincount(dst, minlength=block.num_dst)
         avail = part.n_avail[block.dst_ids]
         assert torch.equal(counts, avail.clamp(max=fanouts[hop]))  # P7
@@ -266,21 +272,38 @@ def test_sampling_stays_inside_the_partition_and_matches_the_whole_graph_at_the_
         assert edge_keys <= set(zip(src_g.tolist(), dst_g.tolist()))
     # the seed hop draws exactly what the whole graph's sampler draws for the same keys
     whole = NeighborSampler(g.indptr, g.indices, fanouts, seed=7).sample(
-        part.global_ids[seeds], 1, 2, 5
+        part.local2global[seeds], 1, 2, 5
     )
-    assert sorted(part.global_ids[blocks[-1].src_ids].tolist()) == sorted(
+    assert sorted(part.local2global[blocks[-1].src_ids].tolist()) == sorted(
         whole[-1].src_ids.tolist()
     )
 
 
 # ------------------------------------------------------------------------ P9: step counts
-def make_dm(store, world, rank, k=1, batch_size=40, **kw):
-    sched = Schedule(kw.pop("schedule", "pinned_sweep"), store.num_chunks)
-    dm = GrappaDataModule(store, sched, [3, 2], batch_size, seed=1, partitions_per_rank=k, **kw)
-    dm.trainer = SimpleNamespace(
-        global_rank=rank, world_size=world, strategy=SimpleNamespace(comm=None)
+class RankComm:
+    """Rank ``rank`` of ``world_size`` in one process: the early trigger's vote all-reduce
+    (``control``) returns this rank's own vote."""
+
+    def __init__(self, rank, world_size):
+        self.rank, self.world_size = rank, world_size
+
+    def all_reduce(self, tensor, op="sum", *, category):
+        assert category == "control"
+        return tensor
+
+
+def make_dm(store, world, rank, k=1, batch_size=40, graph=None, comm=None, max_epochs=4, **kw):
+    """Rank ``rank`` of ``world``'s DataModule over ``store`` (seed 1, fanouts [3, 2], a
+    Trainer of ``max_epochs``), set up; ``kw`` are ``GrappaConfig`` settings."""
+    dm = GrappaDataModule(
+        graph if graph is not None else small_graph(),
+        GrappaConfig(partitions_per_rank=k, **kw),
+        DataConfig(batch_size=batch_size, fanouts=[3, 2]),
+        seed=1,
     )
-    dm.setup("fit")
+    dm.trainer = SimpleNamespace(max_epochs=max_epochs)
+    comm = comm if comm is not None else RankComm(rank, world)
+    dm.setup_rank(RankContext(comm, torch.device("cpu")), store)
     return dm
 
 
@@ -294,9 +317,9 @@ def test_equalised_steps_visit_every_seed_once_per_epoch(store, world, k):
             for step in range(dm.steps_per_epoch):
                 batch = dm.make_batch(epoch, step)
                 part = dm.partition(dm.locate(step)[0])
-                seeds.append(part.global_ids[batch.blocks[-1].dst_ids])
+                seeds.append(part.local2global[batch.blocks[-1].dst_ids])
                 assert batch.global_seed_count == batch.num_seeds
-                assert batch.stats["kappa"].shape == (batch.num_seeds,)
+                assert batch.kappa.shape == (batch.num_seeds,)
         got = torch.cat(seeds)
         assert torch.equal(got.sort().values, small_graph().split_ids("train"))
 
@@ -353,7 +376,7 @@ def test_fullgraph_mode_has_one_step_per_phase_and_s_equals_ell(store):
     batch = dm.make_batch(0, 1)
     part = dm.partition(1)
     assert batch.num_seeds == part.seeds.numel()
-    assert torch.equal(batch.stats["s"], part.ell[batch.blocks[-1].dst_ids])
+    assert torch.equal(batch.seed_samples, part.ell[batch.blocks[-1].dst_ids])
     assert batch.blocks[0].num_src == int(  # every local in-edge was followed
         torch.unique(torch.cat([b.src_ids for b in batch.blocks])).numel()
     )
@@ -361,7 +384,7 @@ def test_fullgraph_mode_has_one_step_per_phase_and_s_equals_ell(store):
 
 def test_node_estimator_attaches_kappa_as_seed_weights(store):
     batch = make_dm(store, 4, 1, estimator="node").make_batch(0, 0)
-    assert torch.allclose(batch.seed_weight.double(), batch.stats["kappa"])
+    assert torch.allclose(batch.seed_weight.double(), batch.kappa)
 
 
 def test_isolated_evaluation_neither_counts_builds_nor_evicts_the_training_partition(store):
@@ -374,7 +397,7 @@ def test_isolated_evaluation_neither_counts_builds_nor_evicts_the_training_parti
     assert (dm.builds, dm.io_bytes) == (builds, io)
     assert dm.partition(1) is held and dm.builds == builds
     g, seeds = small_graph(), [dm.partition(i) for i in range(2)]
-    owned = torch.cat([p.global_ids[: p.num_own][p.seed_owned] for p in seeds])
+    owned = torch.cat([p.local2global[: p.num_core][p.seed_owned] for p in seeds])
     assert counts[0, 1] == int(g.val_mask[owned].sum())
     assert counts[1, 1] == int(g.test_mask[owned].sum())
 
@@ -406,7 +429,9 @@ def test_isolated_evaluation_of_a_whole_graph_partition_equals_global_evaluation
     iso = make_dm(one, 1, 0, eval_mode="isolated")
     glob = make_dm(one, 1, 0, eval_mode="global_fullgraph", graph=g)
     part = iso.partition(0)
-    assert part.num_own == g.num_nodes and torch.equal(part.global_ids, torch.arange(g.num_nodes))
+    assert part.num_core == g.num_nodes and torch.equal(
+        part.local2global, torch.arange(g.num_nodes)
+    )
     torch.testing.assert_close(
         iso.isolated_logits(net, part),
         layerwise_inference(net, g.indptr, g.indices, g.x),
@@ -427,73 +452,77 @@ def test_isolated_evaluation_normalises_gcn_by_global_degrees(tmp_path, halo_hop
     dm = make_dm(st, 4, 1, eval_mode="isolated", halo_hops=halo_hops)
     part = dm.partition(0)
     assert bool((part.n_avail < part.deg).any())  # local in-degrees are not the global ones
-    own = part.global_ids[: part.num_own]
+    own = part.local2global[: part.num_core]
     src_g, dst_g = g.edge_index()
     keep = torch.isin(dst_g, own) & (torch.isin(src_g, own) if halo_hops == 0 else True)
     nodes = torch.cat([own, src_g[keep]]).unique()
-    assert torch.equal(part.global_ids.sort().values, nodes)
+    assert torch.equal(part.local2global.sort().values, nodes)
     local = torch.full((g.num_nodes,), -1, dtype=torch.int64)
-    local[part.global_ids] = torch.arange(part.num_nodes)
+    local[part.local2global] = torch.arange(part.num_nodes)
     net = gcn_net()
-    deg = g.in_degree()[part.global_ids]
+    deg = g.in_degree()[part.local2global]
     expect = dense_gcn_logits(
-        net, g.x[part.global_ids], local[src_g[keep]], local[dst_g[keep]], deg
+        net, g.x[part.local2global], local[src_g[keep]], local[dst_g[keep]], deg
     )
     torch.testing.assert_close(dm.isolated_logits(net, part), expect, rtol=0, atol=1e-12)
 
 
-# --------------------------------------------------------------------- P10-P12: controller
-def run_controller(ctrl, dm, epochs, deltas=None, logged=None, start=0):
+# ------------------------------------------------------------ P10-P12: super-epoch clock
+def run_controller(dm, epochs, deltas=None, logged=None, start=0, stats=None):
+    """Drive ``dm``'s super-epoch clock through ``epochs`` epochs (from epoch ``start``) as
+    ``GrappaDataModule.training_batch`` does: each step's deficit recorded (``deltas[e]`` for
+    epoch ``e``, default one step of 0), then the epoch's end counted. ``GrappaStats`` (or
+    ``stats``) sees the same steps (coverage 1) and logs into ``logged``. Returns ``t`` at the
+    start of each epoch."""
+    stats = stats if stats is not None else GrappaStats(dm)
     module = SimpleNamespace(log_dict=(logged if logged is not None else []).append)
-    trainer = SimpleNamespace(
-        datamodule=dm,
-        strategy=SimpleNamespace(last_delta=0.0, last_c=1.0, comm=_LocalComm()),
-        current_epoch=0,
-    )
     ts = []
     for e in range(epochs):
-        trainer.current_epoch = start + e
         ts.append(dm.t)
         for d in deltas[e] if deltas else [0.0]:
-            trainer.strategy.last_delta = d
-            ctrl.on_train_batch_end(trainer, None, None, None, 0)
-        ctrl.on_train_epoch_end(trainer, module)
+            dm.clock.record(d)
+            batch = SimpleNamespace(coverage=1.0, deficit=d)
+            stats.on_train_batch_end(None, module, None, batch, 0)
+        dm.clock.end_epoch(start + e, dm.comm)
+        stats.on_train_epoch_end(None, module)
     return ts
-
-
-class _LocalComm:
-    def all_reduce(self, tensor, op="sum", *, category):
-        assert category == "control"
-        return tensor
 
 
 def test_super_epoch_length_and_boundaries(store):
     assert super_epoch_len("auto", 10, 3) == 3 and super_epoch_len("auto", 2, 7) == 1
     assert super_epoch_len(4, 10, 3) == 4
-    dm = make_dm(store, 4, 0)
-    assert run_controller(SuperEpochController(3), dm, 7) == [0, 0, 0, 1, 1, 1, 2]
-    dm = make_dm(store, 4, 0)
-    ts = run_controller(SuperEpochController(1), dm, 2)
+    dm = make_dm(store, 4, 0, super_epoch_len=3)
+    assert run_controller(dm, 7) == [0, 0, 0, 1, 1, 1, 2]
+    dm = make_dm(store, 4, 0, super_epoch_len=1)
+    ts = run_controller(dm, 2)
     assert ts == [0, 1]
     spec0 = dm.schedule.partition(0, 0)
     assert spec0 != dm.schedule.partition(0, 1)  # repartition changes assignments
 
 
+def test_auto_super_epoch_length_needs_the_trainers_max_epochs():
+    with pytest.raises(ValueError, match="max_epochs"):
+        super_epoch_len("auto", None, 3)
+    assert super_epoch_len(2, None, 3) == 2
+
+
 def test_controller_counts_an_epoch_end_once_and_logs_epoch_means(store):
     """Lightning re-runs an epoch end on some resumes: a counted epoch is not counted again,
     an uncounted one (state saved before its end) advances; c and delta are logged as means."""
-    dm, ctrl, logged = make_dm(store, 4, 0), SuperEpochController(2), []
-    run_controller(ctrl, dm, 2, [[0.2, 0.4], [0.6]], logged)
+    dm, logged = make_dm(store, 4, 0, super_epoch_len=2), []
+    ctrl, stats = dm.clock, GrappaStats(dm)
+    run_controller(dm, 2, [[0.2, 0.4], [0.6]], logged, stats=stats)
     assert (dm.t, dm.e_in, ctrl.switches) == (1, 0, [1])
     assert [d["grappa/delta"] for d in logged] == pytest.approx([0.3, 0.6])
     assert [d["grappa/c"] for d in logged] == [1.0, 1.0]
-    trainer = SimpleNamespace(datamodule=dm, current_epoch=1)
-    ctrl.on_train_epoch_end(trainer, None)  # the re-run end of epoch 1: already counted
+    ctrl.end_epoch(1, dm.comm)  # the re-run end of epoch 1: already counted
+    stats.on_train_epoch_end(None, SimpleNamespace(log_dict=logged.append))
     assert (dm.t, dm.e_in, ctrl.switches, len(logged)) == (1, 0, [1], 2)
-    fresh, resumed = make_dm(store, 4, 0), SuperEpochController(2)
-    fresh.load_state_dict({**fresh.state_dict(), "t": 0, "e_in": 1})  # saved inside epoch 1
-    resumed.load_state_dict({**ctrl.state_dict(), "switches": [], "last_epoch": 0})
-    resumed.on_train_epoch_end(SimpleNamespace(datamodule=fresh, current_epoch=1), None)
+    fresh = make_dm(store, 4, 0, super_epoch_len=2)
+    saved = {**dm.state_dict(), "t": 0, "e_in": 1, "switches": [], "last_epoch": 0}
+    fresh.load_state_dict(saved)  # saved inside epoch 1
+    resumed = fresh.clock
+    resumed.end_epoch(1, fresh.comm)
     assert (fresh.t, fresh.e_in, resumed.switches) == (1, 0, [1])
 
 
@@ -501,43 +530,50 @@ def test_resume_keeps_the_checkpoints_super_epoch_length(store):
     """``super_epoch_len: auto`` follows ``max_epochs``: a run resumed with a new
     ``max_epochs`` keeps the checkpoint's length (and switches where the original would); an
     explicit length that differs is refused, naming the key; old states (no length) load."""
-    dm, ctrl = make_dm(store, 4, 0), SuperEpochController(super_epoch_len("auto", 3, 3))
-    run_controller(ctrl, dm, 1)
+    dm = make_dm(store, 4, 0, max_epochs=3)  # auto: 3 epochs // a cycle of 3
+    ctrl = dm.clock
+    run_controller(dm, 1)
     assert (ctrl.length, dm.t, dm.e_in) == (1, 1, 0)
     longer = super_epoch_len("auto", 9, 3)
-    resumed = SuperEpochController(longer, auto_length=True)
+    resumed_dm = make_dm(store, 4, 0, max_epochs=9)
+    resumed = resumed_dm.clock
     assert longer == 3
-    resumed.load_state_dict(ctrl.state_dict())
+    resumed_dm.load_state_dict(dm.state_dict())
     assert resumed.length == 1
-    assert run_controller(resumed, dm, 3, start=1) == [1, 2, 3]
-    assert dm.t == 4
+    assert run_controller(resumed_dm, 3, start=1) == [1, 2, 3]
+    assert resumed_dm.t == 4
     with pytest.raises(ValueError, match="strategy.super_epoch_len=3"):
-        SuperEpochController(3).load_state_dict(ctrl.state_dict())
+        SuperEpochClock(3).load_state_dict(ctrl.state_dict())
     old = {k: v for k, v in ctrl.state_dict().items() if k != "length"}
-    kept = SuperEpochController(3)
+    kept = SuperEpochClock(3)
     kept.load_state_dict(old)
     assert kept.length == 3
 
 
+def trigger_dm(store, window_steps=4, min_epochs=1):
+    trigger = EarlyTriggerConfig(True, 0.9, window_steps, min_epochs)
+    return make_dm(store, 4, 0, super_epoch_len=10, early_trigger=trigger)
+
+
 def test_early_trigger_fires_on_a_full_window_above_threshold_only(store):
     high, low = [[0.95] * 4] * 3, [[0.5] * 4] * 3
-    ctrl = SuperEpochController(10, early_trigger=True, threshold=0.9, window_steps=4)
-    assert run_controller(ctrl, make_dm(store, 4, 0), 3, high) == [0, 1, 2]
+    dm = trigger_dm(store)
+    ctrl = dm.clock
+    assert run_controller(dm, 3, high) == [0, 1, 2]
     assert ctrl.early_switches == 3  # after each of the 3 epochs
-    ctrl = SuperEpochController(10, early_trigger=True, threshold=0.9, window_steps=4)
-    assert run_controller(ctrl, make_dm(store, 4, 0), 3, low) == [0, 0, 0]
-    ctrl = SuperEpochController(10, early_trigger=True, threshold=0.9, window_steps=4, min_epochs=2)
-    assert run_controller(ctrl, make_dm(store, 4, 0), 3, high) == [0, 0, 1]
-    ctrl = SuperEpochController(10, early_trigger=True, threshold=0.9, window_steps=8)
-    assert run_controller(ctrl, make_dm(store, 4, 0), 2, [[0.95] * 4] * 2) == [0, 0]
+    assert run_controller(trigger_dm(store), 3, low) == [0, 0, 0]
+    assert run_controller(trigger_dm(store, min_epochs=2), 3, high) == [0, 0, 1]
+    assert run_controller(trigger_dm(store, window_steps=8), 2, [[0.95] * 4] * 2) == [0, 0]
 
 
 def test_state_round_trip_rebuilds_identical_partitions(store):
-    dm = make_dm(store, 2, 1, k=2)
-    ctrl = SuperEpochController(2, early_trigger=True, window_steps=3)
-    run_controller(ctrl, dm, 3, [[0.1, 0.2]] * 3)
+    trigger = EarlyTriggerConfig(enabled=True, window_steps=3)
+    dm = make_dm(store, 2, 1, k=2, super_epoch_len=2, early_trigger=trigger)
+    ctrl = dm.clock
+    run_controller(dm, 3, [[0.1, 0.2]] * 3)
     before = [dm.make_batch(3, s) for s in range(dm.steps_per_epoch)]
-    fresh, fresh_ctrl = make_dm(store, 2, 1, k=2), SuperEpochController(2, True, window_steps=3)
+    fresh = make_dm(store, 2, 1, k=2, super_epoch_len=2, early_trigger=trigger)
+    fresh_ctrl = fresh.clock
     for key, other in (
         ("chunking", "grappa-chunks-other"),
         ("schedule", "tournament"),
@@ -548,13 +584,39 @@ def test_state_round_trip_rebuilds_identical_partitions(store):
         with pytest.raises(ValueError, match=key):
             fresh.load_state_dict({**dm.state_dict(), key: other})
     fresh.load_state_dict(dm.state_dict())
-    fresh_ctrl.load_state_dict(ctrl.state_dict())
     assert (fresh.t, fresh.e_in) == (dm.t, dm.e_in) == (1, 1)
     assert fresh_ctrl.window == ctrl.window
     for s, b in enumerate(before):
         a = fresh.make_batch(3, s)
         assert torch.equal(a.blocks[-1].dst_ids, b.blocks[-1].dst_ids)
         assert torch.equal(a.blocks[0].src_ids, b.blocks[0].src_ids)
+
+
+def test_training_batches_count_each_epoch_end_and_keep_the_trained_partitions(store):
+    """The train loader's ``training_batch`` records every step's deficit and counts the
+    epoch's end when its last batch is built; the partitions in use (evaluation's) stay those
+    the epoch trained until the next batch. An epoch whose last batch is never built
+    (``limit_train_batches``) is counted when the next epoch's first batch is."""
+    trigger = EarlyTriggerConfig(enabled=True, threshold=0.0, window_steps=100, min_epochs=5)
+    dm = make_dm(store, 4, 0, super_epoch_len=2, early_trigger=trigger)
+    n = dm.steps_per_epoch
+    assert n > 1
+    deficits = []
+    for step in range(n):
+        batch = dm.training_batch(0, step)
+        deficits.append(batch.deficit)
+        assert (dm.clock.last_epoch, dm.e_in) == ((0, 1) if step == n - 1 else (-1, 0))
+    assert dm.clock.window == deficits and 0 < max(deficits) < 1
+    for step in range(n):
+        dm.training_batch(1, step)
+    assert (dm.t, dm.e_in, dm.clock.switches) == (1, 0, [1])
+    assert dm.partition(0).spec == dm.schedule.partition(0, 0)  # epoch 1's, for evaluation
+    for step in range(n - 1):  # epoch 2 stops before its last batch
+        dm.training_batch(2, step)
+    assert (dm.clock.last_epoch, dm.e_in) == (1, 0)
+    dm.training_batch(3, 0)
+    assert (dm.clock.last_epoch, dm.t, dm.e_in) == (2, 1, 1)
+    assert dm.partition(0).spec == dm.schedule.partition(0, 1)
 
 
 # ---------------------------------------------------------------------------- E1-E8
@@ -587,8 +649,9 @@ def test_e2_constant_coverage_is_a_pure_rescale(monkeypatch):
         assert c_uniform(k) == pytest.approx(0.3, rel=1e-12)
         x, y = torch.randn(ell.numel(), 4, dtype=torch.float64), torch.randint(3, (ell.numel(),))
         loss = torch.nn.functional.cross_entropy(net(x), y)
-        strategy = GrappaStrategy("uniform", degree_smoothing=1.0, scaling_impl="loss_scale")
-        batch = SimpleNamespace(stats={"kappa": k, "s": ell.clamp(max=3)}, loss=loss)
+        strategy = GrappaStrategy(GrappaConfig(estimator="uniform", scaling_impl="loss_scale"))
+        c = batch_factor("uniform", k, ell.clamp(max=3), 1.0)  # what the DataModule attaches
+        batch = SimpleNamespace(coverage=c, loss=loss)
         scaled = strategy.training_step(batch, 0)
         grads = torch.autograd.grad(scaled, list(net.parameters()), retain_graph=True)
         aggregate = aggregate + torch.cat([g.flatten() for g in grads])  # the SUM all-reduce
@@ -675,14 +738,14 @@ def test_gcn_weighting_in_the_datamodule_matches_the_whole_graph_and_needs_the_h
     dm = make_dm(store, 4, 1, neighbor_weighting="gcn")
     batch = dm.make_batch(0, 0)
     part = dm.partition(0)
-    gids = part.global_ids[batch.blocks[-1].dst_ids]
-    own = part.global_ids[: part.num_own]
+    gids = part.local2global[batch.blocks[-1].dst_ids]
+    own = part.local2global[: part.num_core]
     deg = g.in_degree()
     ptr = torch.cat([torch.zeros(1, dtype=torch.int64), deg[gids].cumsum(0)])
     src = torch.cat([g.indices[g.indptr[v] : g.indptr[v + 1]] for v in gids.tolist()])
-    expect = gcn_kappa(ptr, src, torch.isin(src, own), deg[src], dm.alpha)
+    expect = gcn_kappa(ptr, src, torch.isin(src, own), deg[src], dm.config.degree_smoothing)
     assert bool((expect < 1).any())
-    torch.testing.assert_close(batch.stats["kappa"], expect, rtol=0, atol=1e-12)
+    torch.testing.assert_close(batch.kappa, expect, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
@@ -713,16 +776,54 @@ def test_strategy_training_step_sets_the_hook_scale_to_the_batch_factor_over_w(
         lambda self, *a, **k: torch.ones((), dtype=torch.float64),
     )
     monkeypatch.setattr(GrappaStrategy, "world_size", property(lambda self: 4))
-    batch = make_dm(store, 4, 1).make_batch(0, 0)
-    strategy = GrappaStrategy(estimator, degree_smoothing=1.0, scaling_impl=scaling_impl)
+    batch = make_dm(store, 4, 1, estimator=estimator).make_batch(0, 0)
+    strategy = GrappaStrategy(GrappaConfig(estimator=estimator, scaling_impl=scaling_impl))
     strategy.grad_hook_state = GradientHookState(comm=None)
     loss = strategy.training_step(batch, 0)
-    c = batch_factor(estimator, batch.stats["kappa"], batch.stats["s"], 1.0)
+    c = batch_factor(estimator, batch.kappa, batch.seed_samples, 1.0)
     assert (c < 1) == (estimator != "none")
     expect_hook, expect_loss = (c / 4, 1.0) if scaling_impl == "comm_hook" else (1.0, c / 4)
     assert strategy.grad_hook_state.scale == pytest.approx(expect_hook, rel=1e-12)
     assert float(loss) == pytest.approx(expect_loss, rel=1e-12)
-    assert strategy.last_c == pytest.approx(c, rel=1e-12)
+    assert batch.coverage == pytest.approx(c, rel=1e-12)
+
+
+def _call(op, category=None, framework=None, numel=1):
+    from lightning_gnnscale.comm import CollectiveCall
+
+    return CollectiveCall(op, numel, "torch.int64", 8 * numel, "0", category, 0, False, framework)
+
+
+def test_gradient_only_audit_allows_control_and_framework_calls_between_steps_only(monkeypatch):
+    """Between steps: ``control`` calls (the early trigger's vote) and Lightning's per-step
+    SIGTERM broadcast (a known framework call, counted in the summary) pass; inside a step
+    only gradient all-reduces do, and an unmarked call fails anywhere."""
+    from lightning_gnnscale.callbacks import CollectiveAudit
+    from lightning_gnnscale.comm import CommMeter
+    from lightning_gnnscale.systems.grappa import callbacks as grappa_callbacks
+
+    meter = CommMeter()
+    context = SimpleNamespace(meter=meter)
+    monkeypatch.setattr(grappa_callbacks, "rank_context", lambda trainer: context)
+    run_audit = CollectiveAudit()  # the run-wide audit's recorder is the one read
+    run_audit._recorder = SimpleNamespace(calls=[])
+    trainer = SimpleNamespace(callbacks=[run_audit])
+    calls = run_audit._recorder.calls
+    sigterm = _call("broadcast", framework="lightning.pytorch.loops.training_epoch_loop")
+    audit = grappa_callbacks.GradientOnlyAudit()
+    audit.on_train_epoch_start(trainer, None)
+    for step in range(3):
+        calls += [sigterm, _call("all_reduce", "control")]
+        audit.on_train_batch_start(trainer, None, None, step)
+        calls.append(_call("all_reduce", "gradient", numel=5))
+        audit.on_train_batch_end(trainer, None, None, None, step)
+    stats = audit.summary_stats()
+    assert stats["grappa_audited_framework_calls"] == 3 and stats["grappa_audited_steps"] == 3
+    assert stats["grappa_allreduced_numel_per_step"] == [5]
+    calls.append(sigterm)  # inside a step
+    with pytest.raises(AssertionError, match="broadcast .* in a training step"):
+        audit.on_train_batch_end(trainer, None, None, None, 3)
+    assert grappa_callbacks.gradient_only_problems([_call("broadcast")], {"bytes": {}}, True)
 
 
 # ------------------------------------------------------------------ S1-S3, S5: Monte Carlo

@@ -7,16 +7,20 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from hydra.errors import ConfigCompositionException
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_gnnscale.comm import CollectiveRecorder, Comm, GradientHookState
 from lightning_gnnscale.comm.hooks import register_metered_ddp_hook
-from lightning_gnnscale.config import ConfigError, validate
+from lightning_gnnscale.config import validate
+from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.run import train
+from lightning_gnnscale.schema import run_config
+from lightning_gnnscale.systems.grappa import GRAPPA_PRESETS, GrappaConfig
 from lightning_gnnscale.systems.grappa.callbacks import gradient_only_problems
 from lightning_gnnscale.systems.grappa.chunking import write_chunk_store
-from lightning_gnnscale.systems.grappa.strategy import coverage_scale
+from lightning_gnnscale.systems.registry import SYSTEMS
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
 from tests.test_grappa import make_dm, small_graph
@@ -26,7 +30,7 @@ F_SEED, ALPHA = 3, 1.0  # make_dm's seed-hop fanout; the default smoothing
 
 
 def resampling_factor(graph, owned, seeds):
-    """Spec §2.6.3 ``resampling`` from its definition, independently of the package: per seed
+    """The ``resampling`` estimator from its definition, independently of the package: per seed
     ``v``, ``D`` = its in-degree in ``graph``, ``ell`` = its in-neighbours in ``owned`` (global
     ids), ``s = min(f_seed, ell)``, ``kappa = (ell + alpha) / (D + alpha)``; the expected global
     draws rejected to get ``s + alpha`` local ones are ``(1/kappa - 1)(s + alpha)``, and
@@ -52,15 +56,15 @@ def _scaled_step_rank(rank, world_size, store, kinds):
 
 def _scaled_steps(rank, world_size, store, kind):
     comm = Comm.create()
-    dm = make_dm(store, world_size, rank, k=2)
-    dm.comm = comm
+    dm = make_dm(store, world_size, rank, k=2, comm=comm, estimator=ESTIMATOR)
     ddp = DistributedDataParallel(make_net(kind))
     state = register_metered_ddp_hook(ddp, GradientHookState(comm.with_group(ddp.process_group)))
     out = {}
     for step, inject in ((0, False), (1, True)):
         batch = dm.make_batch(0, step)
         batch.x, batch.blocks = batch.x.double(), batch.blocks
-        state.scale, c = coverage_scale(ESTIMATOR, batch.stats, 1.0, world_size)
+        c = batch.coverage
+        state.scale = c / world_size  # what GrappaStrategy.training_step sets
         ddp.zero_grad()
         before = comm.meter.snapshot()
         with CollectiveRecorder() as recorder:
@@ -71,7 +75,7 @@ def _scaled_steps(rank, world_size, store, kind):
         problems = gradient_only_problems(recorder.calls, comm.meter.delta(before))
         grad = torch.cat([p.grad.flatten() for p in ddp.parameters()])
         part = dm.partition(dm.locate(step)[0])
-        gids = (part.global_ids[batch.blocks[-1].dst_ids], part.global_ids[: part.num_own])
+        gids = (part.local2global[batch.blocks[-1].dst_ids], part.local2global[: part.num_core])
         out[step] = (batch, c, grad, problems, [call.numel for call in recorder.calls], gids)
     return out
 
@@ -90,7 +94,7 @@ def test_aggregate_is_mean_of_coverage_scaled_rank_gradients_and_gradient_only(t
 
 def _check_scaled_steps(kind, results, graph):
     """The reference factor is computed from the graph (``resampling_factor``), not by the
-    package, so a wrong ``batch_factor`` / ``coverage_scale`` / coverage fails here."""
+    package, so a wrong ``batch_factor`` / ``GrappaBatch.coverage`` / coverage fails here."""
     n_params = sum(p.numel() for p in make_net(kind).parameters())
     expected = 0
     cs = []
@@ -375,3 +379,27 @@ def test_50s_moves_feature_rows_and_fails_the_gradient_only_audit(tmp_path):
 def test_grappa_config_errors(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         validate(make_cfg(tmp_path, "strategy=grappa", *overrides))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "strategy.estimater=none",
+        "strategy.early_trigger.windw_steps=3",
+        "strategy.partitions_per_rank=two",
+        "strategy.early_trigger.enabled=maybe",
+        "strategy.degree_smoothing=high",
+    ],
+)
+def test_unknown_keys_and_wrong_types_fail_at_compose(tmp_path, override):
+    with pytest.raises(ConfigCompositionException, match=override.split("=")[0]):
+        make_cfg(tmp_path, "strategy=grappa", override)
+
+
+@pytest.mark.parametrize("name", sorted(GRAPPA_PRESETS))
+def test_each_preset_is_its_yaml(tmp_path, name):
+    """``GrappaConfig.preset(name)`` (the registry's default for the name, what a plain
+    Lightning user gets) equals what ``conf/strategy/<name>.yaml`` composes."""
+    composed = run_config(make_cfg(tmp_path, f"strategy={name}")).strategy
+    assert composed == GrappaConfig.preset(name) == SYSTEMS[name].default_config()
+    assert type(composed) is GrappaConfig and composed.name == name

@@ -257,6 +257,8 @@ def test_gsplit_trains_end_to_end_with_a_clean_audit(tmp_path):
             dp_rows += sampler.sample(part, 0, step, salt=rank)[0].num_src
     assert system["dp_over_split_input_rows"] == pytest.approx(dp_rows / split_rows, rel=1e-12)
     assert dp_rows > split_rows  # the probe's ratio is not trivially 1
+    # the partitioner's prediction is reported next to the measured share
+    assert system["predicted_cross_edge_share"] == artifact["expected_cross_fraction"]
 
 
 @pytest.mark.parametrize(
@@ -270,7 +272,8 @@ def test_gsplit_trains_end_to_end_with_a_clean_audit(tmp_path):
     ],
 )
 def test_gsplit_config_errors(tmp_path, override, message):
-    from lightning_gnnscale.config import ConfigError, validate
+    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.errors import ConfigError
     from tests.helpers.config import make_cfg
 
     with pytest.raises(ConfigError, match=message):
@@ -298,3 +301,148 @@ def test_shuffle_bytes_by_layer_match_the_meter(tmp_path):
     assert per_layer[0] * graph_steps == pytest.approx(steps["feature"])
     assert sum(per_layer[1:]) * graph_steps == pytest.approx(steps["activation"])
     assert steps["feature"] > 0 and steps["activation"] > 0
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("strategy.cache_fraction=0.5", "cache_fraction"),  # unknown key
+        ("strategy.partition.presample_epoch=3", "presample_epoch"),  # unknown nested key
+        ("strategy.redundancy_probe_steps=many", "redundancy_probe_steps"),  # wrong type
+        ("strategy.partition.presample_epochs=2.5", "presample_epochs"),
+        ("strategy.cache.fraction=high", "fraction"),
+    ],
+)
+def test_gsplit_settings_fail_at_compose_time(tmp_path, override, key):
+    from hydra.errors import ConfigCompositionException
+
+    from tests.helpers.config import make_cfg
+
+    with pytest.raises(ConfigCompositionException, match=key):
+        make_cfg(tmp_path, "strategy=gsplit", override)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("strategy.partition.presample_epochs=0", "strategy.partition.presample_epochs=0 must"),
+        ("strategy.partition.ufactor=0", "strategy.partition.ufactor=0 must"),
+        (
+            "strategy.partition.zero_edge_policy=never",
+            "strategy.partition.zero_edge_policy='never'",
+        ),
+        ("strategy.partition.method=spectral", "strategy.partition.method='spectral'"),
+        ("strategy.cache.policy=lru", "strategy.cache.policy='lru'"),
+        ("strategy.cache.fraction=-0.1", "strategy.cache.fraction=-0.1 must"),
+        ("strategy.redundancy_probe_steps=-1", "strategy.redundancy_probe_steps=-1 must"),
+        ("data.num_workers=2", "data.num_workers=2; set data.num_workers=0"),
+    ],
+)
+def test_gsplit_bad_values_name_their_key(tmp_path, override, message):
+    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.errors import ConfigError
+    from tests.helpers.config import make_cfg
+
+    cfg = make_cfg(tmp_path, "strategy=gsplit", override)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        validate(cfg)
+
+
+def test_layer_traffic_is_shared_by_rebuilt_batches():
+    """The hook writes the traffic into the batch DDP's forward sees, which may be a field-by-
+    field rebuild of the batch the callbacks receive: both must hold the one traffic object."""
+    from lightning_utilities import apply_to_collection
+
+    from lightning_gnnscale.systems.gsplit import LayerTraffic, SplitBatch
+
+    batch = SplitBatch([], torch.zeros(3, 2), torch.zeros(3), 3, plans=[], traffic=LayerTraffic(2))
+    rebuilt = apply_to_collection(batch, torch.Tensor, lambda t: t.clone())
+    assert rebuilt is not batch and rebuilt.x is not batch.x  # really rebuilt
+    rebuilt.traffic.record(1, rows=5, row_bytes=8)
+    assert (batch.traffic.rows, batch.traffic.bytes) == ([0, 5], [0, 40])
+    moved = batch.to("cpu")
+    moved.traffic.record(0, rows=2, row_bytes=4)
+    assert batch.traffic.rows == [2, 5]
+
+
+def test_redundancy_probe_sums_travel_in_checkpoints():
+    """A run resumed after the probed steps (it probes epoch 0 only) still reports them."""
+    from lightning_gnnscale.systems.gsplit import RedundancyProbe
+
+    def unused(*args):
+        raise AssertionError("a resumed probe samples nothing")
+
+    probe = RedundancyProbe(2, unused, unused)
+    probe.sums += torch.tensor([30.0, 44.0, 20.0, 40.0], dtype=torch.float64)
+    probe.probed = 2
+    resumed = RedundancyProbe(2, unused, unused)
+    resumed.load_state_dict(probe.state_dict())
+    assert resumed.summary_stats() == probe.summary_stats()
+    assert resumed.summary_stats()["dp_over_split_input_rows"] == 1.5
+
+
+def _plain_lightning_rank(rank, world_size, graph, strategy, cache_dir):
+    """One rank of the documented plain-Lightning script: no train(), no report callbacks,
+    the strategy created by name, nothing prepared before the ranks start."""
+    import os
+
+    import lightning as L
+
+    from lightning_gnnscale import GNNModule
+    from lightning_gnnscale.schema import DataConfig, ModelConfig
+    from lightning_gnnscale.systems.gsplit import (
+        GSplitConfig,
+        GSplitDataModule,
+        GSplitPartitionConfig,
+    )
+    from lightning_gnnscale.systems.single import SingleDataModule
+
+    os.environ.update(
+        LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1"
+    )
+    data = DataConfig(batch_size=40, fanouts=FANOUTS)
+    if strategy == "gsplit":
+        config = GSplitConfig(partition=GSplitPartitionConfig(presample_epochs=1))
+        dm = GSplitDataModule(graph, config, data, seed=5, cache_dir=cache_dir)
+    else:
+        dm = SingleDataModule(graph, data=data, seed=5, cache_dir=cache_dir)
+    torch.manual_seed(0)
+    net = dm.build_model(ModelConfig(name="gat", hidden=12, heads=3, dropout=0.0))
+    module = GNNModule(net.double())
+    initial = {k: v.detach().clone() for k, v in module.net.state_dict().items()}
+    trainer = L.Trainer(
+        strategy=strategy,
+        devices=world_size,
+        accelerator="cpu",
+        use_distributed_sampler=False,
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, datamodule=dm)
+    state = {k: v.detach().clone() for k, v in module.net.state_dict().items()}
+    return initial, state, float(trainer.callback_metrics["val/acc"])
+
+
+@pytest.mark.dist
+def test_plain_lightning_script_equals_single(tmp_path):
+    """``L.Trainer(strategy="gsplit")`` with a ``GSplitDataModule`` and no report callbacks:
+    each rank prepares (one builds the partition, the other loads it from the cache) and the
+    2-rank run trains the same weights as ``single`` (float64, GAT, no dropout)."""
+    graph, _, _ = setup_graph(2)
+    split = run_distributed(
+        _plain_lightning_rank, 2, graph, "gsplit", tmp_path / "cache", timeout_s=240
+    )
+    ((initial, ref, ref_acc),) = run_distributed(
+        _plain_lightning_rank, 1, graph, "single", tmp_path / "cache", timeout_s=240
+    )
+    assert len(list((tmp_path / "cache").glob("gsplit-partition-*.pt"))) == 1
+    assert any(not torch.equal(ref[name], initial[name]) for name in ref)  # it trained
+    for _, state, acc in split:
+        assert state.keys() == ref.keys()
+        for name in ref:
+            torch.testing.assert_close(state[name], ref[name], rtol=0, atol=1e-9)
+        assert acc == pytest.approx(ref_acc, abs=1e-12)

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.systems.base import SampledDataModule
+from lightning_gnnscale.schema import DataConfig
+from lightning_gnnscale.systems.ddp import DataParallelDataModule, DDPConfig
 from tests.helpers.dist import run_distributed
 
 FANOUTS = [4, 3]
@@ -35,7 +36,12 @@ def make_net(kind, graph):
 def step_outputs(kind, rank, world_size, salt_by_rank=False):
     """(seed ids, logits, loss contribution, flat gradient) of this rank for one step."""
     graph = make_graph()
-    dm = SampledDataModule(graph, FANOUTS, batch_size=96, seed=7, salt_by_rank=salt_by_rank)
+    dm = DataParallelDataModule(
+        graph,
+        DDPConfig(salt_by_rank=salt_by_rank),
+        DataConfig(batch_size=96, fanouts=FANOUTS),
+        seed=7,
+    )
     dm.rank, dm.world_size = rank, world_size
     net = make_net(kind, graph)
     batch = dm.make_batch(EPOCH, STEP)

@@ -1,5 +1,6 @@
 """SANCUS: bound 0 equals `single`; the distributed run equals the single-process staleness
-emulator for every policy; flags agree; replicas agree; bytes and cache memory match §4.3."""
+emulator for every policy; flags agree; replicas agree; bytes and cache memory match the
+formulas of docs/systems/sancus.md (communication per epoch, cache memory)."""
 
 import math
 
@@ -14,6 +15,7 @@ from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.systems.contract import ModuleRuntime, RankContext
 from lightning_gnnscale.systems.sancus.emulator import emulate
 from lightning_gnnscale.systems.sancus.layout import check_symmetric, row_blocks
 from lightning_gnnscale.systems.sancus.policy import (
@@ -23,11 +25,7 @@ from lightning_gnnscale.systems.sancus.policy import (
     epoch_fixed_flags,
     variation_flag,
 )
-from lightning_gnnscale.systems.sancus.runtime import (
-    SancusGCN,
-    SkipBroadcast,
-    cache_bytes_formula,
-)
+from lightning_gnnscale.systems.sancus.runtime import SancusGCN, cache_bytes_formula
 from lightning_gnnscale.systems.sancus.strategy import sum_gradients
 from tests.helpers.dist import run_distributed
 
@@ -69,6 +67,14 @@ def make_params(graph):
     return net.double()
 
 
+def sancus_net(graph, policy, comm):
+    """A float64 ``SancusGCN`` with ``make_params``' weights, broadcasting through ``comm``."""
+    net = SancusGCN(graph.num_features, HIDDEN, graph.num_classes, LAYERS, policy).double()
+    net.load_state_dict(make_params(graph).state_dict())
+    net.configure_runtime(ModuleRuntime(RankContext(comm, torch.device("cpu"))))
+    return net
+
+
 def _train_rank(rank, world_size, rows):
     graph, book = setup_graph(world_size, rows)
     comm = Comm.create()
@@ -78,15 +84,12 @@ def _train_rank(rank, world_size, rows):
     n_train = int(graph.train_mask.sum())
     out = []
     for policy in POLICIES:
-        runtime = SkipBroadcast(policy, LAYERS)
-        runtime.attach(comm, layout)
-        net = SancusGCN(graph.num_features, HIDDEN, graph.num_classes, LAYERS, runtime).double()
-        net.load_state_dict(make_params(graph).state_dict())
+        net = sancus_net(graph, policy, comm)
+        runtime = net.runtime
         optimizer = torch.optim.Adam(net.parameters(), lr=LR)
         before = comm.meter.snapshot()
         losses, logits0, grads0 = [], None, None
         for _ in range(EPOCHS):
-            runtime.start_epoch()
             optimizer.zero_grad()
             logits = net([layout], x)
             loss_sum = F.cross_entropy(logits, y[layout.seed_rows], reduction="sum")
@@ -111,7 +114,7 @@ def _train_rank(rank, world_size, rows):
                     for c, links in training_bytes["category_link_bytes"].items()
                 },
                 "cache_bytes": runtime.cache_bytes(),
-                "eval_logits": net.exact_logits(x),
+                "eval_logits": net.exact_logits(x, layout),
             }
         )
     return out
@@ -237,7 +240,7 @@ def oracle_consumers(graph, offsets) -> list[list[bool]]:
 
 def oracle_flags(name, bound, input_once, consumer, epochs, layers):
     """The forward and backward flag matrices of a policy, simulated in plain Python from the
-    paper's definitions (spec §4.2.5), with every receiver keeping its own version table.
+    paper's definitions (docs/systems/sancus.md#policies), with every receiver keeping its own version table.
 
     Forward, layer input ``l``: X under ``input_once`` goes out at epoch 0 only (it never
     changes); ``none`` and ``skipg`` send every block every epoch; ``epoch_fixed`` (Def. 1)
@@ -356,7 +359,8 @@ def test_emulator_flags_match_the_oracle_with_a_block_nobody_reads(policy):
 @pytest.mark.dist
 @pytest.mark.parametrize("k", range(len(POLICIES)), ids=[p.name for p in POLICIES])
 def test_meter_and_cache_match_the_formulas(runs, k):
-    """Bytes each rank sends = §4.3 for the recorded flags; cache bytes = Σ es (N - n_i) F_l."""
+    """Bytes each rank sends = docs/systems/sancus.md's per-epoch formulas for the recorded
+    flags; cache bytes = Σ es (N - n_i) F_l."""
     world_size, rows, results = runs
     graph, book = setup_graph(world_size, rows)
     policy = POLICIES[k]
@@ -471,19 +475,19 @@ def _adaptive_then_evaluate(rank, world_size):
     comm = Comm.create()
     layout = row_blocks(graph, offsets, rank)
     lo, hi = int(offsets[rank]), int(offsets[rank + 1])
-    runtime = SkipBroadcast(StalenessPolicy("adaptive", 1, input_policy="same_as_hidden"), LAYERS)
-    runtime.attach(comm, layout)
-    net = SancusGCN(graph.num_features, HIDDEN, graph.num_classes, LAYERS, runtime).double()
-    net.load_state_dict(make_params(graph).state_dict())
+    net = sancus_net(graph, StalenessPolicy("adaptive", 1, input_policy="same_as_hidden"), comm)
     optimizer = torch.optim.Adam(net.parameters(), lr=LR)
     for _ in range(2):
-        runtime.start_epoch()
         optimizer.zero_grad()
         logits = net([layout], graph.x[lo:hi])
         F.cross_entropy(logits, graph.y[lo:hi][layout.seed_rows], reduction="sum").backward()
         sum_gradients(comm, list(net.parameters()))
         optimizer.step()
-    return runtime.last_bcast[0].clone(), net.exact_logits(graph.x[lo:hi]), net.state_dict()
+    return (
+        net.runtime.last_bcast[0].clone(),
+        net.exact_logits(graph.x[lo:hi], layout),
+        net.state_dict(),
+    )
 
 
 @pytest.mark.dist
@@ -502,3 +506,66 @@ def test_exact_evaluation_after_a_block_nobody_consumes():
     expected[blocks[-1].dst_ids] = net(blocks, graph.x[blocks[0].src_ids]).detach()
     logits = torch.cat([r[1] for r in results])
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-10)
+
+
+# ------------------------------------------------------------- a plain Lightning script
+
+
+def _plain_lightning_rank(rank, world_size, cache_dir):
+    """One rank of a plain Lightning script: no ``train()``, no preparation before the ranks
+    (each rank's ``setup`` prepares, the row partition cached in ``cache_dir``), the strategy
+    created by name, no report callbacks."""
+    import os
+
+    import lightning as L
+
+    from lightning_gnnscale.models.module import GNNModule
+    from lightning_gnnscale.schema import ModelConfig
+    from lightning_gnnscale.systems.sancus import SancusConfig, SancusDataModule
+
+    os.environ.update(
+        LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1"
+    )
+    graph = original_graph()
+    config = SancusConfig(name="cagnet", policy="none", rows="random")
+    dm = SancusDataModule(graph, config, cache_dir=cache_dir)
+    net = dm.build_model(ModelConfig(hidden=HIDDEN, num_layers=LAYERS, dropout=0.0)).double()
+    net.load_state_dict(make_params(graph).state_dict())
+    trainer = L.Trainer(
+        strategy="cagnet",
+        devices=world_size,
+        accelerator="cpu",
+        use_distributed_sampler=False,
+        max_epochs=EPOCHS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=cache_dir,
+    )
+    trainer.fit(GNNModule(net, "adam", lr=LR, weight_decay=0.0), datamodule=dm)
+    params = [p.detach().clone() for p in net.parameters()]
+    return params, float(trainer.callback_metrics["val/acc"])
+
+
+@pytest.mark.dist
+def test_a_plain_lightning_script_trains_cagnet_exactly(tmp_path):
+    """``L.Trainer(strategy="cagnet")`` on a ``SancusDataModule`` prepared in the ranks: the
+    weights after training equal `single`'s full-graph run, and so does validation."""
+    results = run_distributed(_plain_lightning_rank, 2, str(tmp_path), timeout_s=240)
+    assert list(tmp_path.glob("partition-*.pt"))  # the row order was cached on disk
+    graph = original_graph()
+    _, _, ref_params = reference(graph, EPOCHS)
+    for params, _ in results:
+        for p, ref in zip(params, ref_params, strict=True):
+            torch.testing.assert_close(p, ref, atol=1e-10, rtol=0)
+    net = make_params(graph)
+    net.load_state_dict(dict(zip(net.state_dict(), ref_params, strict=True)))
+    full = NeighborSampler(graph.indptr, graph.indices, [-1] * LAYERS, 0).sample(
+        torch.arange(graph.num_nodes), 0, 0
+    )
+    pred = net(full, graph.x[full[0].src_ids]).argmax(1)  # dst_ids = every node, in order
+    val = graph.split_ids("val")
+    expected = float((pred[val] == graph.y[val]).double().mean())
+    # logged as float32; accuracies differ by >= 1 / len(val)
+    assert [acc for _, acc in results] == pytest.approx([expected, expected], abs=1e-6)

@@ -58,13 +58,13 @@ def test_default_policy_matches_the_code_and_skips_in_a_short_run(tmp_path):
 
     from lightning_gnnscale.graph.generators import sbm
     from lightning_gnnscale.models.gnn import BlockGNN
-    from lightning_gnnscale.systems.sancus import policy_from_cfg
+    from lightning_gnnscale.schema import run_config
     from lightning_gnnscale.systems.sancus.emulator import emulate
     from lightning_gnnscale.systems.sancus.policy import StalenessPolicy
     from tests.helpers.config import make_cfg
 
     cfg = make_cfg(tmp_path, "strategy=sancus", tiny=False)
-    policy = policy_from_cfg(cfg)
+    policy = run_config(cfg).strategy.staleness
     assert policy == StalenessPolicy()
     d, m, ranks = cfg.dataset, cfg.model, int(cfg.trainer.devices)
     graph = sbm(num_nodes=400, num_classes=d.num_classes, num_features=d.num_features, seed=0)
@@ -92,7 +92,8 @@ def test_default_policy_matches_the_code_and_skips_in_a_short_run(tmp_path):
     ],
 )
 def test_sancus_config_errors(tmp_path, override, message):
-    from lightning_gnnscale.config import ConfigError, validate
+    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.errors import ConfigError
     from tests.helpers.config import make_cfg
 
     with pytest.raises(ConfigError, match=message):
@@ -106,7 +107,8 @@ def test_resume_is_refused_while_staleness_state_is_not_checkpointed(tmp_path, s
     import torch
 
     from lightning_gnnscale.checkpoints import CHECKPOINT_KEY, run_identity
-    from lightning_gnnscale.config import ConfigError, validate
+    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.errors import ConfigError
     from tests.helpers.config import make_cfg
 
     ckpt = tmp_path / "run.ckpt"
@@ -120,8 +122,31 @@ def test_resume_is_refused_while_staleness_state_is_not_checkpointed(tmp_path, s
         validate(cfg)
 
 
+@pytest.mark.parametrize("strategy", ["sancus", "cagnet"])
+def test_sancus_settings_are_checked_at_compose_and_validate(tmp_path, strategy):
+    """An unknown key and a value of the wrong type under ``strategy.`` fail while Hydra
+    composes; a bad value fails in ``validate``; every message names the key."""
+    import re
+
+    from hydra.errors import ConfigCompositionException
+
+    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.errors import ConfigError
+    from tests.helpers.config import make_cfg
+
+    with pytest.raises(ConfigCompositionException, match=re.escape("strategy.epoch_bund")):
+        make_cfg(tmp_path, f"strategy={strategy}", "strategy.epoch_bund=1")
+    with pytest.raises(ConfigCompositionException, match=re.escape("strategy.epoch_bound")):
+        make_cfg(tmp_path, f"strategy={strategy}", "strategy.epoch_bound=abc")
+    with pytest.raises(ConfigCompositionException, match=re.escape("strategy.variation_gap")):
+        make_cfg(tmp_path, f"strategy={strategy}", "strategy.variation_gap=wide")
+    with pytest.raises(ConfigError, match=re.escape("strategy.variation_gap=-0.5 must be >= 0")):
+        validate(make_cfg(tmp_path, f"strategy={strategy}", "strategy.variation_gap=-0.5"))
+
+
 def test_cagnet_rejects_a_staleness_policy(tmp_path):
-    from lightning_gnnscale.config import ConfigError, validate
+    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.errors import ConfigError
     from tests.helpers.config import make_cfg
 
     with pytest.raises(ConfigError, match="policy none"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hydra.errors import HydraException
 
-from ..systems import STRATEGIES
+from ..systems.registry import SYSTEMS as STRATEGIES
 from .compare import compose_configs, run_compare
 from .grappa import run_grappa_bench
 from .partitions import run_partition_bench
@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("rmat", "uniform"),
         default="rmat",
         help="rmat: Graph500 R-MAT stored undirected, as dataset=rmat; uniform: uniform random "
-        "directed edges, the graph of the DESIGN §8 yardstick (default: rmat)",
+        "directed edges, the graph of the sampler yardstick in docs/benchmarks.md (default: rmat)",
     )
     sampler.add_argument(
         "--nodes",

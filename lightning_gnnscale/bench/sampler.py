@@ -6,15 +6,15 @@ Three samplers see the same graph and the same seed batches, in one thread:
   replacement, returns deduplicated blocks);
 - ``plain_torch``: a minimal vectorised torch sampler, with replacement (``torch.randint`` per
   node and fanout slot, then ``torch.unique`` to deduplicate and relabel) - the "plain
-  vectorised torch sampler" of DESIGN §8;
+  vectorised torch sampler" of the sampler yardstick (docs/benchmarks.md);
 - ``pyg``: PyG's ``NeighborLoader``, only when ``pyg_lib`` or ``torch_sparse`` is importable
   (PyG has no sampling backend of its own); otherwise the report says it was not run and cites
-  the earlier yardstick of DESIGN §8 as such.
+  the earlier yardstick measurement (docs/benchmarks.md) as such.
 
 ``seeds/s`` = seeds of the timed batches / wall time of the timed batches (warm-up batches
 excluded). ``edges/s`` counts the edges each sampler returns, over all hops. Seeds are drawn
 uniformly from all nodes, so on R-MAT (about 38% isolated nodes at the default size) many seeds
-cost nothing; ``--graph uniform`` builds the uniform random graph of the DESIGN §8 yardstick.
+cost nothing; ``--graph uniform`` builds the uniform random graph of the sampler yardstick (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from .report import command_line, environment, environment_lines, fmt, markdown_
 
 PROGRESS_EVERY = 10  # batches between progress lines
 
-# DESIGN §8, measured earlier on this kind of machine (1 thread; uniform random graph, 1M nodes,
+# The sampler yardstick (docs/benchmarks.md), measured earlier on this kind of machine (1 thread;
+# uniform random graph, 1M nodes,
 # 16M edges, fanouts [15, 10, 5], batch 1024, no features). Cited, never re-measured here.
 YARDSTICK = {
     "source": "DESIGN.md §8, an earlier measurement on this kind of machine, not this run",
@@ -75,7 +76,7 @@ def build_graph(kind: str, nodes: int, edges: int, seed: int) -> tuple[Tensor, T
     """CSC ``(indptr, indices)`` of the benchmark graph and a one-line description of it.
 
     ``rmat``: Graph500 R-MAT as ``dataset=rmat`` builds it, ``edges`` directed edges drawn, then
-    stored undirected. ``uniform``: ``edges`` uniform random directed edges (DESIGN §8's graph).
+    stored undirected. ``uniform``: ``edges`` uniform random directed edges (the yardstick's graph, docs/benchmarks.md).
     """
     if kind == "rmat":
         graph = rmat(num_nodes=nodes, num_edges=edges, num_features=1, seed=seed)

@@ -4,7 +4,7 @@ One ``train(cfg)`` per variant on the same dataset, seed and row blocks; the rep
 broadcast bytes into the input features X (``feature``: saved by caching X, exact), the hidden
 embeddings (``activation``: saved by skipping stale blocks) and the backward δ
 (``activation_grad``), and gives the accuracy change against bound 0 and the cache memory
-(measured and by the §4.3 formula).
+(measured and by the formula of docs/systems/sancus.md#cache-memory).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
 
 from ..config import validate
 from ..files import write_json_atomic
 from ..run import train
+from ..schema import RunConfig
 from .compare import CONF_DIR, MB
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 
@@ -45,8 +45,9 @@ BROADCAST = ("feature", "activation", "activation_grad")
 
 def compose_variants(
     *, dataset: str, epochs: int, devices: int, seed: int, overrides: list[str], out: Path
-) -> dict[str, DictConfig]:
-    """One validated config per variant (user overrides last); raises before any training."""
+) -> dict[str, RunConfig]:
+    """One validated run config per variant (user overrides last); raises before any
+    training."""
     configs = {}
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for i, (name, variant) in enumerate(VARIANTS.items()):
@@ -66,8 +67,7 @@ def compose_variants(
             cfg.paths.root = str(Path.cwd())
             cfg.paths.cache_dir = str(out / "cache")
             cfg.paths.output_dir = str(out / "runs" / f"{i:02d}")
-            validate(cfg)
-            configs[name] = cfg
+            configs[name] = validate(cfg)
     return configs
 
 
@@ -150,13 +150,13 @@ def sancus_markdown(summaries: dict[str, dict], command: str, env: dict) -> str:
     )
 
 
-def run_sancus_bench(configs: dict[str, DictConfig], out: Path, argv: list[str]) -> dict:
+def run_sancus_bench(configs: dict[str, RunConfig], out: Path, argv: list[str]) -> dict:
     """Train every variant, then write ``results.md`` and ``results.json`` into ``out``."""
     env = environment()
     summaries = {}
-    for i, (name, cfg) in enumerate(configs.items(), 1):
+    for i, (name, run) in enumerate(configs.items(), 1):
         print(f"[bench sancus {i}/{len(configs)}] {name}", flush=True)
-        metrics, _ = train(cfg)
+        metrics, _ = train(run)
         if not metrics:
             raise RuntimeError(f"variant {name!r} wrote no summary.json")
         summaries[name] = metrics

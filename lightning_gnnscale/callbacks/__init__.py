@@ -1,4 +1,4 @@
-"""Per-epoch measurements every run reports (DESIGN §7), and the run summary.
+"""Per-epoch measurements every run reports (docs/configuration.md, outputs), and the run summary.
 
 Callbacks keep their epoch figures in ``.epochs`` (a list of dicts) so that
 :class:`RunSummary` can read them in the same hook, whatever Lightning's logging order is.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..comm import NetworkModel, diff_snapshots, sum_snapshots
+from ..systems.contract import rank_context
 from .records import EpochRecords
 
 
@@ -19,21 +20,21 @@ class CommStats(EpochRecords):
         super().__init__()
 
     def on_train_epoch_start(self, trainer, pl_module):
-        self._start = trainer.strategy.meter.snapshot()
-        self._eval = trainer.strategy.meter.delta(self._start)  # zeros
+        self._start = rank_context(trainer).meter.snapshot()
+        self._eval = rank_context(trainer).meter.delta(self._start)  # zeros
 
     def on_validation_epoch_start(self, trainer, pl_module):
-        self._eval_start = trainer.strategy.meter.snapshot()
+        self._eval_start = rank_context(trainer).meter.snapshot()
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if hasattr(self, "_eval"):  # validation outside fit (trainer.validate) is not tracked
-            meter = trainer.strategy.meter
+            meter = rank_context(trainer).meter
             self._eval = sum_snapshots([self._eval, meter.delta(self._eval_start)])
 
     def on_train_epoch_end(self, trainer, pl_module):
         if not hasattr(self, "_start"):
             return  # an epoch end Lightning re-runs on resume (see EpochStats)
-        comm, meter = trainer.strategy.comm, trainer.strategy.meter
+        comm, meter = rank_context(trainer).comm, rank_context(trainer).meter
         train_delta = diff_snapshots(meter.delta(self._start), self._eval)
         per_rank = comm.gather_meter(train_delta)
         total = {cat: sum(s["bytes"][cat] for s in per_rank) for cat in per_rank[0]["bytes"]}

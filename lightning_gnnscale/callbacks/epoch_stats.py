@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from ..systems.contract import rank_context
 from .records import EpochRecords
 
 
@@ -49,7 +50,7 @@ class EpochStats(EpochRecords):
         self._epoch_start = time.perf_counter()
         self._times = {"sample_s": 0.0, "load_s": 0.0, "compute_s": 0.0}
         self._input_rows = 0
-        self._wait_start = trainer.strategy.meter.wait_s
+        self._wait_start = rank_context(trainer).meter.wait_s
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._input_rows += batch.stats.get("input_nodes", 0)
@@ -65,8 +66,8 @@ class EpochStats(EpochRecords):
             return  # re-run epoch end on resume: this epoch was measured by the first run
         epoch_s = time.perf_counter() - self._epoch_start
         del self._epoch_start
-        self._times["comm_s"] = trainer.strategy.meter.wait_s - self._wait_start
-        comm = trainer.strategy.comm
+        self._times["comm_s"] = rank_context(trainer).meter.wait_s - self._wait_start
+        comm = rank_context(trainer).comm
         sums = torch.cat(
             [pl_module.epoch_loss, torch.tensor([float(self._input_rows)], dtype=torch.float64)]
         )

@@ -104,7 +104,7 @@ class RunSummary(L.Callback):
         self.summary = {
             "strategy": self.cfg.strategy.name,
             "model": self.cfg.model.name,
-            "dataset": self.cfg.dataset.name,
+            "dataset": self.cfg.dataset["name"],
             "world_size": trainer.world_size,
             "epochs": len(epochs),
             "val_acc": self.evals[-1]["val_acc"] if self.evals else None,
@@ -133,6 +133,13 @@ class RunSummary(L.Callback):
             "config_hash": self.config_hash,
             "run_id": self.run_id,
             "audited_collectives": self.audit.calls if self.audit else None,
+            "unmetered_framework_calls": {
+                "calls": self.audit.framework_calls,
+                "bytes": self.audit.framework_bytes,
+                "what": "Lightning's per-step SIGTERM flag broadcast (not in comm bytes)",
+            }
+            if self.audit
+            else None,
             "output_dir": self.output_dir,
             "history": self._history(),
             "system": {

@@ -22,6 +22,9 @@ from lightning_gnnscale.comm.collectives import Comm
 
 
 class _ExchangeRows(torch.autograd.Function):
+    """Rows ``x[send_index]`` to their peers (all-to-all); backward returns the gradient rows
+    the same way and adds them into ``grad_x`` ``[x.shape]`` at ``send_index``."""
+
     @staticmethod
     def forward(ctx, x, send_index, send_splits, recv_splits, comm, category, grad_category):
         ctx.save_for_backward(send_index)

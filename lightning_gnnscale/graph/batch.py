@@ -1,4 +1,4 @@
-"""The mini-batch a DataModule hands to a strategy (DESIGN §3)."""
+"""The mini-batch a DataModule hands to a strategy (docs/architecture.md, "Contract types")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DistDGL-style relabelling and the partition book (spec distdgl_bytegnn_sancus §1.2).
+"""DistDGL-style relabelling and the partition book (docs/systems/distdgl.md#partitioning).
 
 Nodes are renumbered so that each part owns one contiguous range of new ids ("gids"):
 ``new2old = stable_argsort(parts)``. Then "which part owns gid g" and "g's local id" are a

@@ -14,7 +14,7 @@ from lightning_gnnscale.graph.csc import Graph, csc_from_edges
 
 PARTITION_METHODS = ("random", "contiguous", "metis", "metis_balanced")
 BALANCE_SCHEMES = ("train", "split", "none")
-_METHOD_OPTIONS = {
+METHOD_OPTIONS = {
     "random": (),
     "contiguous": ("permute",),
     "metis": ("ufactor", "niter"),
@@ -44,7 +44,7 @@ def partition(
             (or ``[N, 1]``) to balance instead of node counts; ``edge_weights``: positive
             integers ``[E]`` per stored edge, summed over both directions of a pair.
         ``metis_balanced``: low edge cut that also balances several per-node columns, which
-            pymetis cannot (it honours one, spec §1.3.1): METIS clusters
+            pymetis cannot (it honours one; docs/systems/distdgl.md): METIS clusters
             (``overpartition * num_parts`` of them, default 8 per part) are bin-packed
             greedily, then moved / swapped to cut fewer edges (:func:`_metis_balanced`).
             ``balance`` picks the columns (:func:`balance_constraints`: ``"train"`` (default),
@@ -53,11 +53,11 @@ def partition(
     """
     if method not in PARTITION_METHODS:
         raise ValueError(f"unknown partition method {method!r}; valid: {list(PARTITION_METHODS)}")
-    unknown = sorted(set(options) - set(_METHOD_OPTIONS[method]))
+    unknown = sorted(set(options) - set(METHOD_OPTIONS[method]))
     if unknown:
         raise ValueError(
             f"partition method {method!r} got unknown options {unknown}; "
-            f"valid: {list(_METHOD_OPTIONS[method])}"
+            f"valid: {list(METHOD_OPTIONS[method])}"
         )
     if num_parts < 1:
         raise ValueError(f"num_parts must be >= 1, got {num_parts}")
@@ -131,7 +131,7 @@ def _metis_balanced(
     ufactor: int,
     niter: int,
 ) -> Tensor:
-    """Balance ``constraints`` ``[N, ncon]`` across parts at a low edge cut (spec §1.3.2, plus
+    """Balance ``constraints`` ``[N, ncon]`` across parts at a low edge cut (DistDGL's multi-constraint partitioning, plus
     a refinement step of ours).
 
     1. METIS cuts the graph into ``C = overpartition * num_parts`` clusters (single nodes
@@ -338,7 +338,7 @@ def metis_kway(
 
 
 def _check_node_weights(node_weights: Tensor, num_nodes: int) -> Tensor:
-    """One non-negative integer weight per node, not all zero (pymetis limits, see DESIGN §8)."""
+    """One non-negative integer weight per node, not all zero (pymetis limits: docs/testing.md)."""
     if node_weights.dim() == 2 and node_weights.shape[1] != 1:
         raise ValueError(
             f"metis takes one node-weight column, got {node_weights.shape[1]}: pymetis silently "

@@ -1,4 +1,4 @@
-"""Hash-keyed neighbour sampling that returns blocks (DESIGN §4).
+"""Hash-keyed neighbour sampling that returns blocks (docs/architecture.md, "One training step").
 
 The neighbours kept for node ``v`` at ``(seed, epoch, step, hop, salt)`` depend only on those
 keys, on ``v``'s id and on ``v``'s CSC segment. They never depend on which other nodes are in

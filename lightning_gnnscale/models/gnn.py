@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +13,9 @@ from torch import Tensor, nn
 from ..graph.block import Block, blocks_to_subgraph
 from ..graph.sampler import BlockBuilder, sample_neighbors
 from .layers import BlockGAT, BlockGCN, BlockSAGE
+
+if TYPE_CHECKING:
+    from ..schema import ModelConfig
 
 MODEL_KINDS = ("gcn", "sage", "gat")
 
@@ -105,8 +109,8 @@ class SubgraphModel(nn.Module):
         return self.model(x, blocks_to_subgraph(blocks))[: blocks[-1].num_dst]
 
 
-def build_model(cfg, in_dim: int, out_dim: int) -> nn.Module:
-    """Model from its config: ``name`` in gcn|sage|gat, or ``custom`` with ``target`` (a dotted
+def build_model(cfg: ModelConfig, in_dim: int, out_dim: int) -> nn.Module:
+    """Model from its config (:class:`~lightning_gnnscale.schema.ModelConfig`): ``name`` in gcn|sage|gat, or ``custom`` with ``target`` (a dotted
     path to a class called as ``cls(in_channels=, hidden_channels=, out_channels=, num_layers=,
     **kwargs)``, e.g. ``torch_geometric.nn.models.GraphSAGE``)."""
     if cfg.name == "custom":
@@ -117,7 +121,7 @@ def build_model(cfg, in_dim: int, out_dim: int) -> nn.Module:
             hidden_channels=cfg.hidden,
             out_channels=out_dim,
             num_layers=cfg.num_layers,
-            **dict(cfg.get("kwargs") or {}),
+            **dict(cfg.kwargs or {}),
         )
         return SubgraphModel(net)
     return BlockGNN(
@@ -127,7 +131,7 @@ def build_model(cfg, in_dim: int, out_dim: int) -> nn.Module:
         out_dim,
         num_layers=cfg.num_layers,
         dropout=cfg.dropout,
-        heads=cfg.get("heads", 4),
+        heads=cfg.heads,
     )
 
 

@@ -1,7 +1,7 @@
 """``GNNModule``: the one LightningModule every strategy trains.
 
 Loss is the sum of per-seed cross-entropies divided by the step's *global* seed count, so the
-per-rank gradients add up to the single-process gradient (DESIGN §4); strategies therefore sum
+per-rank gradients add up to the single-process gradient (docs/architecture.md, "One training step"); strategies therefore sum
 gradients across ranks instead of averaging them. Reductions across ranks go through the
 strategy's metered ``comm`` (category ``control``), never through Lightning's ``sync_dist``,
 so every byte is counted; the epoch's train loss is reduced by ``callbacks.EpochStats``.
@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..graph.batch import Batch
+from ..systems.contract import Evaluation, ModuleRuntime, RuntimeAware
 from .gnn import LayerHook
 
 
@@ -34,13 +35,21 @@ class GNNModule(L.LightningModule):
         self.net = net
         self.optimizer_name, self.lr, self.weight_decay = optimizer, lr, weight_decay
         self.epoch_loss = torch.zeros(2, dtype=torch.float64)  # this rank's (loss sum, seeds)
+        self.runtime: ModuleRuntime | None = None
         self.save_hyperparameters(ignore=["net"])
+
+    def configure_runtime(self, runtime: ModuleRuntime) -> None:
+        """Called once by the strategy before training: keep the runtime, pass it on to a net
+        that takes one (SANCUS's layers communicate themselves)."""
+        self.runtime = runtime
+        if isinstance(self.net, RuntimeAware):
+            self.net.configure_runtime(runtime)
 
     # -------------------------------------------------------------------------- training
     def layer_hook(self, batch: Batch) -> LayerHook | None:
         """The strategy's between-layer hook for this batch (``None`` for plain systems)."""
-        make_hook = getattr(self.trainer.strategy, "layer_hook", None) if self._trainer else None
-        return make_hook(batch) if make_hook else None
+        make_hook = self.runtime.layer_hook if self.runtime is not None else None
+        return make_hook(batch) if make_hook is not None else None
 
     def forward(self, batch: Batch) -> torch.Tensor:
         return self.net(batch.blocks, batch.x, layer_hook=self.layer_hook(batch))
@@ -73,22 +82,13 @@ class GNNModule(L.LightningModule):
         self.epoch_loss.zero_()
 
     # ------------------------------------------------------------------------ evaluation
-    @property
-    def comm(self):
-        return self.trainer.strategy.comm
-
-    def _evaluate(self, splits: tuple[str, ...]) -> dict[str, float]:
-        counts = self.trainer.datamodule.eval_counts(self.net, splits)
-        counts = self.comm.all_reduce(counts, category="control")
-        return {s: float(c[0] / c[1].clamp(min=1)) for s, c in zip(splits, counts)}
-
-    def validation_step(self, batch, batch_idx: int) -> None:
-        acc = self._evaluate(("val", "test"))
+    def validation_step(self, batch: Evaluation, batch_idx: int) -> None:
+        acc = batch.accuracy(self.net, ("val", "test"))
         self.log("val/acc", acc["val"], prog_bar=True, batch_size=1)
         self.log("test/acc", acc["test"], batch_size=1)
 
-    def test_step(self, batch, batch_idx: int) -> None:
-        acc = self._evaluate(("test",))
+    def test_step(self, batch: Evaluation, batch_idx: int) -> None:
+        acc = batch.accuracy(self.net, ("test",))
         self.log("test/acc", acc["test"], batch_size=1)
 
     # ------------------------------------------------------------------------- optimiser

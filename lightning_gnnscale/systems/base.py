@@ -1,28 +1,32 @@
-"""Shared Strategy and DataModule machinery for every system.
+"""Shared Strategy and DataModule machinery for every system (docs/architecture.md, "The
+system contract").
 
-- :class:`MeteredSingleDeviceStrategy` and :class:`MeteredDDPStrategy` own the run's
-  :class:`CommMeter` and a :class:`Comm`; the DDP one registers the metered gradient hook on CPU
-  too (Lightning only does so on CUDA) and routes Lightning's own barrier / broadcast / reduce
-  through ``comm`` so that every byte between processes is counted.
-- :class:`SampledDataModule` turns a graph into per-rank mini-batches: a shared seeded
-  permutation of the training nodes per epoch, cut into global steps, each split across ranks,
-  sampled with the hash-keyed sampler. Evaluation is full-graph layer-wise inference.
+- :class:`SystemStrategy` (mixed into :class:`MeteredSingleDeviceStrategy` and
+  :class:`MeteredDDPStrategy`) owns the run's :class:`CommMeter` and metered ``comm``, binds the
+  system's config and hands the LightningModule its :class:`ModuleRuntime`. The DDP one registers
+  the metered gradient hook on CPU too (Lightning only does so on CUDA) and routes Lightning's
+  own barrier / broadcast / reduce through ``comm`` so that they are counted.
+- :class:`GNNDataModule` is the base of every system's DataModule (preprocess once, set up per
+  rank, batches, evaluation); :class:`SampledDataModule` is the replicated-graph one of
+  ``single`` and ``ddp``.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, Dataset, Sampler
+from typing_extensions import override
 
 from ..comm import (
     REDUCE_OPS,
@@ -32,45 +36,131 @@ from ..comm import (
     Topology,
     register_metered_ddp_hook,
 )
+from ..errors import ConfigError
 from ..graph.batch import Batch
 from ..graph.cache import tensor_digest
 from ..graph.csc import Graph
+from ..graph.datasets import load_dataset
 from ..graph.order import EpochOrder
 from ..graph.sampler import NeighborSampler
-from ..models.gnn import BlockGNN, SubgraphModel, layerwise_inference
+from ..models.gnn import BlockGNN, SubgraphModel, build_model, layerwise_inference
+from ..schema import DataConfig, ModelConfig, SystemConfig
+from .contract import (
+    Evaluation,
+    ModuleRuntime,
+    RankContext,
+    RuntimeAware,
+    bind_datamodule,
+)
+
+DEFAULT_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
 
 
-class MeteredSingleDeviceStrategy(SingleDeviceStrategy):
-    """One process; its ``comm`` is local (every collective a no-op that counts nothing)."""
+class SystemStrategy:
+    """Mixin of every suite strategy: owns the run's :class:`CommMeter` and metered ``comm``,
+    binds the system's config, and hands the module its :class:`ModuleRuntime` once.
 
-    def __init__(self, device: str = "cpu", **kwargs):
-        super().__init__(device=torch.device(device), **kwargs)
+    Args:
+        config: the system's settings (an instance of ``config_type``); ``None`` (a strategy
+            created by name, ``L.Trainer(strategy="gsplit")``) adopts the DataModule's.
+        system_name: the registered name this strategy was created as; the bound config must
+            carry it (a ``grappa_uw`` strategy does not run a ``grappa`` config).
+    """
+
+    config_type: ClassVar[type[SystemConfig]] = SystemConfig
+    requires_layer_hook: ClassVar[bool] = False  # the module must take ModuleRuntime.layer_hook
+
+    def __init__(
+        self, config: SystemConfig | None = None, system_name: str | None = None, **kwargs
+    ):
+        if config is not None and not isinstance(config, self.config_type):
+            raise TypeError(
+                f"{type(self).__name__} takes a {self.config_type.__name__}, "
+                f"got {type(config).__name__}"
+            )
+        super().__init__(**kwargs)
+        self.system_config = config
+        self.system_name = system_name or (config.name if config is not None else None)
         self.meter = CommMeter()
         self.comm = Comm.local(self.meter)
-        self.topology = Topology.single()
+
+    @property
+    def context(self) -> RankContext:
+        """This rank's comm and device (complete once the process group exists)."""
+        return RankContext(self.comm, self.root_device)
+
+    def bind(self, config: SystemConfig) -> RankContext:
+        """Accept the DataModule's system config (see :func:`~.contract.bind_datamodule`)."""
+        if not isinstance(config, self.config_type):
+            raise TypeError(
+                f"{type(self).__name__} runs {self.config_type.__name__} systems, but the "
+                f"DataModule was built with a {type(config).__name__}: use the DataModule of "
+                f"the strategy's system"
+            )
+        if self.system_name is not None and config.name != self.system_name:
+            raise ConfigError(
+                f"the strategy is {self.system_name!r} but the DataModule's config is "
+                f"{config.name!r}; build both from the same config"
+            )
+        if self.system_config is None:
+            self.system_config = config
+        elif self.system_config != config:
+            raise ConfigError(
+                f"the strategy and the DataModule were given different configs:\n"
+                f"  strategy:   {self.system_config}\n  DataModule: {config}\n"
+                "pass the same object to both (or create the strategy by name)"
+            )
+        return self.context
+
+    def module_runtime(self) -> ModuleRuntime:
+        """What the LightningModule receives in :meth:`hand_module_runtime`."""
+        return ModuleRuntime(self.context)
+
+    def hand_module_runtime(self) -> None:
+        """Give the LightningModule its :class:`ModuleRuntime` (once, before training)."""
+        module = self.lightning_module
+        if isinstance(module, RuntimeAware):
+            module.configure_runtime(self.module_runtime())
+        elif self.requires_layer_hook:
+            raise TypeError(
+                f"{type(self).__name__} moves rows between layers through a layer hook, so its "
+                f"LightningModule must implement configure_runtime(runtime) and call "
+                f"runtime.layer_hook(batch) (as GNNModule does); {type(module).__name__} does not"
+            )
 
 
-def ddp_strategy_kwargs(cfg) -> dict:
-    """The :class:`MeteredDDPStrategy` arguments every DDP-family system takes from its config."""
-    return {
-        "servers": cfg.topology.servers,
-        "timeout_s": cfg.launcher.collective_timeout_s,
-        "process_group_backend": cfg.strategy.process_group_backend,
-    }
+class MeteredSingleDeviceStrategy(SystemStrategy, SingleDeviceStrategy):
+    """One process; its ``comm`` is local (every collective a no-op that counts nothing).
+
+    Args:
+        config: the system's settings; ``None`` adopts the DataModule's.
+        device: ``cpu`` or a CUDA device.
+    """
+
+    def __init__(self, config: SystemConfig | None = None, device: str = "cpu", **kwargs):
+        super().__init__(config, device=torch.device(device), **kwargs)
+
+    @override
+    def setup(self, trainer: L.Trainer) -> None:
+        self.hand_module_runtime()
+        super().setup(trainer)
 
 
-class MeteredDDPStrategy(DDPStrategy):
+class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
     """DDP whose gradient all-reduce and bookkeeping collectives go through the metered ``comm``.
 
     Gradients are summed, not averaged: the loss is already divided by the global seed count.
 
     Args:
+        config: the system's settings; ``None`` adopts the DataModule's.
         servers: simulated servers (``topology.servers``); ``None`` = Lightning's ``num_nodes``.
         timeout_s: a collective that waits longer than this fails instead of hanging.
+        process_group_backend: ``None`` = gloo on CPU, nccl on GPU.
     """
 
     def __init__(
         self,
+        config: SystemConfig | None = None,
         servers: int | None = None,
         timeout_s: float = 300.0,
         process_group_backend: str | None = None,
@@ -81,46 +171,35 @@ class MeteredDDPStrategy(DDPStrategy):
         # meter; ``configure_ddp`` broadcasts the weights through ``comm`` instead.
         kwargs.setdefault("init_sync", False)
         super().__init__(
+            config,
             process_group_backend=process_group_backend,
             timeout=timedelta(seconds=timeout_s),
             **kwargs,
         )
         self.servers = servers
         self.timeout_s = timeout_s
-        self.meter = CommMeter()
-        self.comm = Comm.local(self.meter)
-        self.topology = Topology.single()
         self.grad_hook_state: GradientHookState | None = None
 
+    @override
     def setup_distributed(self) -> None:
         super().setup_distributed()
-        self.topology = Topology.from_launch(self.world_size, self.num_nodes, self.servers)
+        topology = Topology.from_launch(self.world_size, self.num_nodes, self.servers)
         # On GPU the world group is NCCL, but ids, counts and flags stay on the CPU: give the
         # exchange group both backends so every tensor finds its own.
         backend = "cpu:gloo,cuda:nccl" if self.root_device.type == "cuda" else None
-        self.comm = Comm.create(
-            self.meter, self.topology, backend=backend, timeout_s=self.timeout_s
-        )
+        self.comm = Comm.create(self.meter, topology, backend=backend, timeout_s=self.timeout_s)
 
+    @override
     def setup(self, trainer: L.Trainer) -> None:
+        self.hand_module_runtime()
         super().setup(trainer)
-        # Lightning (2.6) broadcasts a SIGTERM flag on the world group before every training
-        # step, outside the strategy; send the same flag through the metered comm instead.
-        trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = self._broadcast_sigterm_flag
-
-    def _broadcast_sigterm_flag(self) -> None:
-        flag = torch.tensor(
-            [int(getattr(self.lightning_module.trainer, "received_sigterm", False))]
-        )
-        if int(self.comm.broadcast(flag, 0, category="control")) == 1:
-            self.comm.barrier()
-            raise SIGTERMException()
 
     def broadcast_initial_weights(self) -> None:
         """Rank 0's initial parameters and buffers to every rank (``parameter`` bytes)."""
         for tensor in [*self.model.parameters(), *self.model.buffers()]:
             self.comm.broadcast(tensor.data, 0, category="parameter")
 
+    @override
     def configure_ddp(self) -> None:
         self.broadcast_initial_weights()
         super().configure_ddp()
@@ -128,9 +207,11 @@ class MeteredDDPStrategy(DDPStrategy):
         self.grad_hook_state = register_metered_ddp_hook(self.model, state)
 
     # Lightning's own cross-rank bookkeeping, metered as `control`.
+    @override
     def barrier(self, name: str | None = None) -> None:
         self.comm.barrier()
 
+    @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if not self.comm.is_distributed:
             return obj
@@ -144,6 +225,7 @@ class MeteredDDPStrategy(DDPStrategy):
         data = self.comm.broadcast(data, src, category="control")
         return pickle.load(io.BytesIO(data.numpy().tobytes()))
 
+    @override
     def reduce(self, tensor, group: Any = None, reduce_op: Any = "mean") -> torch.Tensor:
         if not isinstance(tensor, torch.Tensor):
             return tensor
@@ -268,28 +350,137 @@ def collective_train_loader(dm: GNNDataModule) -> DataLoader:
 
 
 class GNNDataModule(L.LightningDataModule):
-    """What every system's DataModule shares: one evaluation pass per rank through
-    ``eval_counts`` (called by ``GNNModule``), ``steps_per_epoch`` for :class:`EpochSteps`,
-    and moving :class:`Batch` es to the device. Subclasses set ``input_dim`` (width of
-    ``Batch.x``) and ``num_classes``."""
+    """Base of every system's DataModule: one graph, the system's config, the shared data
+    settings, and the two-stage set-up Lightning defines.
 
-    input_dim: int
-    num_classes: int
+    - :meth:`prepare` does the one-off preprocessing of a world size (partitioning,
+      pre-sampling, chunk stores), cached on disk by content hash; ``prepare_data`` calls it
+      once per node and ``setup`` again on every rank, where it loads the cached result. A
+      launcher that prepared before starting the ranks hands them the result with the module.
+    - ``setup`` binds the system config to the Trainer's strategy
+      (:func:`~.contract.bind_datamodule`), then :meth:`setup_rank` builds this rank's share.
+    - The validation and test loaders yield one :class:`~.contract.Evaluation` whose counts
+      come from :meth:`eval_counts`.
 
+    Args:
+        dataset: a :class:`Graph`, or a dataset name for :func:`load_dataset`.
+        config: the system's settings.
+        data: batch size, fanouts, loader workers, evaluation chunk size.
+        seed: base of the epoch permutations and sampling keys.
+        cache_dir: where preprocessing results are cached (default ``./.cache/lightning_gnnscale``).
+        dtype: features' dtype when loading by name (a given graph is used as it is).
+        dataset_options: options for :func:`load_dataset` (``root``, ``num_nodes``...).
+    """
+
+    def __init__(
+        self,
+        dataset: Graph | str,
+        config: SystemConfig,
+        data: DataConfig | None = None,
+        *,
+        seed: int = 0,
+        cache_dir: str | os.PathLike | None = None,
+        dtype: torch.dtype = torch.float32,
+        dataset_options: dict | None = None,
+    ):
+        super().__init__()
+        if not isinstance(config, SystemConfig):
+            raise TypeError(f"config must be a system config, got {type(config).__name__}")
+        self.config = config
+        self.data = data if data is not None else DataConfig()
+        self.seed = seed
+        self.cache_dir = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)
+        self._graph = dataset if isinstance(dataset, Graph) else None
+        self._dataset_name = None if isinstance(dataset, Graph) else str(dataset)
+        self._dtype, self._dataset_options = dtype, dict(dataset_options or {})
+        self._prepared: dict[int, Any] = {}
+        self.context: RankContext | None = None
+
+    # ------------------------------------------------------------------------ data, set-up
+    @property
+    def graph(self) -> Graph:
+        """The whole dataset (loaded on first use when the module was given a name)."""
+        if self._graph is None:
+            graph = load_dataset(self._dataset_name, **self._dataset_options)
+            self._graph = graph.to(self._dtype)
+        return self._graph
+
+    @property
+    def input_dim(self) -> int:
+        """Width of ``Batch.x``."""
+        return self.graph.num_features
+
+    @property
+    def num_classes(self) -> int:
+        return self.graph.num_classes
+
+    def prepare(self, world_size: int) -> Any:
+        """The one-off preprocessing for ``world_size`` ranks (memoised; override
+        :meth:`preprocess`)."""
+        if world_size not in self._prepared:
+            self._prepared[world_size] = self.preprocess(world_size)
+        return self._prepared[world_size]
+
+    def preprocess(self, world_size: int) -> Any:
+        """Compute or load (disk cache) what every rank needs; default: nothing."""
+        return None
+
+    @override
+    def prepare_data(self) -> None:
+        self.prepare(self.trainer.world_size if self.trainer is not None else 1)
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.context is not None:
+            return  # set up once (fit, then validate or test)
+        context = bind_datamodule(self.trainer, self.config)
+        self.setup_rank(context, self.prepare(context.world_size))
+        self.context = context
+
+    def setup_rank(self, context: RankContext, prepared: Any) -> None:
+        """Build this rank's share (collectives allowed: every rank calls it)."""
+
+    # -------------------------------------------------------------------------- training
     @property
     def steps_per_epoch(self) -> int:
         raise NotImplementedError
 
+    def make_batch(self, epoch: int, step: int) -> Batch:
+        """This rank's batch of one step."""
+        raise NotImplementedError
+
+    def train_dataloader(self) -> DataLoader:
+        return collective_train_loader(self)
+
+    def build_model(self, model: ModelConfig) -> torch.nn.Module:
+        """The net ``model`` describes, sized for this data (systems with their own
+        distributed layers override it)."""
+        return build_model(model, self.input_dim, self.num_classes)
+
+    def callbacks(self) -> list[L.Callback]:
+        """The system's report callbacks (statistics for ``summary.json``); optional."""
+        return []
+
+    # ------------------------------------------------------------------------ evaluation
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """``[len(splits), 2]`` float64 (correct, total) of this rank; the caller sums ranks."""
         raise NotImplementedError
 
     def _eval_loader(self) -> DataLoader:
-        return DataLoader([0], batch_size=None)  # one evaluation pass per rank
+        if self.context is None:
+            raise RuntimeError("the DataModule is not set up (call trainer.fit / validate)")
+        evaluation = Evaluation(self.eval_counts, self.context.comm)
+        return DataLoader([evaluation], batch_size=None, collate_fn=_no_collate)
 
-    val_dataloader = _eval_loader
-    test_dataloader = _eval_loader
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader()
 
+    @override
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    @override
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         return batch.to(device) if isinstance(batch, Batch) else batch
 
@@ -297,45 +488,38 @@ class GNNDataModule(L.LightningDataModule):
 class SampledDataModule(GNNDataModule):
     """Per-rank sampled mini-batches over a graph that every rank holds whole.
 
-    Args:
-        graph: the dataset (features already in the run's dtype).
-        fanouts: by hop from the seeds; ``-1`` = all neighbours.
-        batch_size: global seeds per step (split across ranks); ``-1`` = all training nodes.
-        seed: base of the epoch permutation and of the sampling keys.
-        salt_by_rank: rank-salted sampling keys (independent micro-batches, as data-parallel
-            systems sample); ``False`` makes ranks sample exactly what one process would.
-        num_workers: DataLoader processes that sample ahead.
-        eval_chunk_size: destination nodes per chunk in layer-wise inference.
+    Every rank draws the same seeded permutation of the training nodes per epoch; a step's
+    ``data.batch_size`` seeds are split across ranks and sampled with the hash-keyed sampler
+    (rank-salted keys when ``salt_by_rank``: independent micro-batches, as data-parallel systems
+    sample; otherwise ranks sample exactly what one process would). Evaluation: full-graph
+    layer-wise inference, each rank scoring every ``world_size``-th node.
+
+    Args: as :class:`GNNDataModule`; ``salt_by_rank`` overrides the config's (default: the
+    config's ``salt_by_rank`` if it has one, else ``False``).
     """
 
-    def __init__(
-        self,
-        graph: Graph,
-        fanouts: list[int],
-        batch_size: int,
-        seed: int = 0,
-        salt_by_rank: bool = False,
-        num_workers: int = 0,
-        eval_chunk_size: int = 65536,
-    ):
-        super().__init__()
-        self.graph = graph
-        self.input_dim, self.num_classes = graph.num_features, graph.num_classes
-        self.fanouts = list(fanouts)
-        self.seed = seed
-        self.salt_by_rank = salt_by_rank
-        self.num_workers = num_workers
-        self.eval_chunk_size = eval_chunk_size
-        self.train_ids = graph.split_ids("train")
-        if self.train_ids.numel() == 0:
-            raise ValueError(f"dataset {graph.name!r} has no training nodes")
-        self.batch_size = self.train_ids.numel() if batch_size == -1 else batch_size
-        self.sampler = NeighborSampler(graph.indptr, graph.indices, self.fanouts, seed)
+    def __init__(self, dataset, config, data=None, *, salt_by_rank: bool | None = None, **kwargs):
+        super().__init__(dataset, config, data, **kwargs)
+        self.salt_by_rank = (
+            salt_by_rank if salt_by_rank is not None else getattr(config, "salt_by_rank", False)
+        )
         self.rank, self.world_size = 0, 1
 
-    def setup(self, stage: str) -> None:
-        if self.trainer is not None:
-            self.rank, self.world_size = self.trainer.global_rank, self.trainer.world_size
+    @override
+    def setup_rank(self, context: RankContext, prepared: Any) -> None:
+        self.rank, self.world_size = context.rank, context.world_size
+
+    @property
+    def train_ids(self) -> torch.Tensor:
+        ids = self.graph.split_ids("train")
+        if ids.numel() == 0:
+            raise ValueError(f"dataset {self.graph.name!r} has no training nodes")
+        return ids
+
+    @property
+    def batch_size(self) -> int:
+        size = self.data.batch_size
+        return self.graph.split_ids("train").numel() if size == -1 else size
 
     @property
     def steps_per_epoch(self) -> int:
@@ -343,9 +527,11 @@ class SampledDataModule(GNNDataModule):
 
     def batcher(self) -> StepBatcher:
         """The batch maker for this rank (rank and world size as set up)."""
+        graph = self.graph
+        sampler = NeighborSampler(graph.indptr, graph.indices, list(self.data.fanouts), self.seed)
         return StepBatcher(
-            self.graph,
-            self.sampler,
+            graph,
+            sampler,
             self.train_ids,
             self.batch_size,
             self.seed,
@@ -358,19 +544,21 @@ class SampledDataModule(GNNDataModule):
         """This rank's share of step ``step``."""
         return self.batcher()[epoch, step]
 
+    @override
     def train_dataloader(self) -> DataLoader:
+        workers = self.data.num_workers
         return DataLoader(
             self.batcher(),
             sampler=EpochSteps(self),
             batch_size=None,
             collate_fn=_no_collate,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            num_workers=workers,
+            persistent_workers=workers > 0,
         )
 
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         return replicated_eval_counts(
-            self.graph, net, splits, self.rank, self.world_size, self.eval_chunk_size
+            self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size
         )
 
 

@@ -5,6 +5,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+import lightning_gnnscale  # noqa: F401  (registers the config schemas Hydra composes with)
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = (
     "dataset.num_nodes=300",

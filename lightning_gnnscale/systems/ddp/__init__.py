@@ -1,28 +1,44 @@
 """``strategy=ddp``: every rank holds the whole graph and samples its share of each step.
 
-This is what a PyG user does today; every system in the suite is compared with it.
+This is what a PyG user does today; every system in the suite is compared with it. Lightning's
+registry already has a ``ddp`` (its own, unmetered), so this one registers as ``metered_ddp``.
 """
 
 from __future__ import annotations
 
-from ..base import MeteredDDPStrategy, SampledDataModule, ddp_strategy_kwargs
+from dataclasses import dataclass
+
+from ...schema import SystemConfig
+from ..base import MeteredDDPStrategy, SampledDataModule
 
 
-def validate(cfg) -> None:
-    """Nothing beyond the common checks: ddp runs on any world size, one rank included."""
+@dataclass(frozen=True)
+class DDPConfig(SystemConfig):
+    """``strategy=ddp``.
+
+    Args:
+        salt_by_rank: ranks sample independent micro-batches (rank-salted keys), as real
+            data-parallel training does; ``False``: exactly what one process would sample.
+    """
+
+    name: str = "ddp"
+    salt_by_rank: bool = True
+
+    NAMES = ("ddp",)
+    accepts_custom_models = True
 
 
-def build(cfg, graph):
-    strategy = MeteredDDPStrategy(
-        **ddp_strategy_kwargs(cfg),
-    )
-    dm = SampledDataModule(
-        graph,
-        cfg.data.fanouts,
-        cfg.data.batch_size,
-        seed=cfg.seed,
-        salt_by_rank=cfg.strategy.salt_by_rank,
-        num_workers=cfg.data.num_workers,
-        eval_chunk_size=cfg.data.eval_chunk_size,
-    )
-    return strategy, dm, []
+class DataParallelStrategy(MeteredDDPStrategy):
+    """Plain data parallel: DDP's gradient all-reduce, metered; nothing else moves."""
+
+    config_type = DDPConfig
+
+
+class DataParallelDataModule(SampledDataModule):
+    """Each rank samples its share of every step's seeds from the whole graph it holds.
+
+    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``DDPConfig()``.
+    """
+
+    def __init__(self, dataset, config: DDPConfig | None = None, data=None, **kwargs):
+        super().__init__(dataset, config or DDPConfig(), data, **kwargs)

@@ -8,39 +8,50 @@ inference: every rank computes each layer for its core nodes and pulls its halo'
 previous layer from their owners (``activation`` bytes, the input layer as ``feature``).
 Every step and every evaluation is collective, so loaders run in the main process.
 
-With learnable embeddings (``embedding_dim > 0``) a batch leaves its input rows out: the
-strategy looks them up at the start of the training step that uses them
-(:meth:`DistDGLDataModule.lookup_inputs`), so the sparse optimiser step that follows pushes the
-gradients of exactly that step's lookups, and the rows are read after every earlier update,
-whatever number of batches the loader builds ahead.
+With learnable embeddings (``embedding_dim > 0``) a batch carries no input rows but a
+reference to the DataModule's :class:`LearnableInputs`; the strategy looks the rows up at the
+start of the training step that uses them (docs/systems/distdgl.md#node-embeddings).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch import Tensor
+from typing_extensions import override
 
 from ...graph.batch import Batch
 from ...graph.block import Block
-from ...graph.book import LocalPartition, PartitionBook, build_local_partition
+from ...graph.book import LocalPartition, PartitionBook, build_local_partition, relabel_graph
+from ...graph.cache import cached_partition
 from ...graph.csc import Graph
+from ...graph.partition import partition_report
 from ...graph.sampler import splitmix64
 from ...models.gnn import BlockGNN
-from ..base import GNNDataModule, assert_same_on_all_ranks, collective_train_loader
-from .kvstore import DistEmbedding, KVStore
+from ..base import GNNDataModule, assert_same_on_all_ranks
+from ..contract import RankContext
+from .config import DistDGLConfig
+from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
 from .sampler import DistNeighborSampler, TrainerSplit
+
+EMBEDDING = "emb"  # KV name of the learnable input table
 
 
 @dataclass(frozen=True)
 class PartitionedGraph:
-    """What ``prepare`` hands every rank: the graph in partition-relabelled ids and its book.
+    """What ``preprocess`` hands every rank: the graph in partition-relabelled ids and its book.
 
-    The whole relabelled graph reaches the ranks through shared memory (no copies), but a rank
-    reads only its own partition (``build_local_partition``) plus replicated metadata (degrees,
-    the sorted training ids), as DistDGL's machines do.
+    The whole relabelled graph reaches the ranks with the DataModule (shared memory under the
+    suite's launcher), but a rank reads only its own partition (``build_local_partition``) plus
+    replicated metadata (degrees, the sorted training ids), as DistDGL's machines do.
+
+    Attributes:
+        graph: the relabelled graph (part ``k`` owns gids ``[node_offsets[k], node_offsets[k+1])``).
+        book: node ownership over those gids.
+        report: the partition's edge cut and balance (``partition_report``).
     """
 
     graph: Graph
@@ -60,74 +71,154 @@ def embedding_init(dim: int, seed: int, dtype: torch.dtype = torch.float32):
     return init
 
 
-class DistDGLDataModule(GNNDataModule):
-    """Args:
-    data: the prepared (partitioned, relabelled) graph.
-    fanouts: by hop from the seeds.
-    batch_size: global seeds per step (each trainer takes ``batch_size / world``).
-    seed: base of the trainer shuffles and sampling keys.
-    embedding_dim: ``> 0`` trains a ``DistEmbedding`` of this width as the input instead of
-        the node features (for featureless graphs), in the features' dtype; ``0`` uses the
-        features. Batches then carry no input rows until :meth:`lookup_inputs`.
+class LearnableInputs:
+    """The learnable input rows of a DataModule: a sharded ``DistEmbedding`` ``[N, d]`` and
+    the sparse optimiser that updates it (with its per-row state, e.g. Adagrad sums ``[N, d]``).
+
+    Batches reference it (a plain object, so DDP's copy of a batch keeps its identity); the
+    strategy calls :meth:`lookup` in the training step and :meth:`step` after the dense
+    optimiser step. ``state_dict`` / ``load_state_dict`` carry the table and the optimiser
+    state through checkpoints, rows in original node-id order.
+
+    Args:
+        embedding: the table (its KV store holds the shards).
+        optimizer: the sparse optimiser of ``embedding``.
     """
 
-    def __init__(
-        self,
-        data: PartitionedGraph,
-        fanouts: list[int],
-        batch_size: int,
-        seed: int,
-        embedding_dim: int = 0,
-    ):
-        super().__init__()
-        self.data, self.fanouts, self.batch_size, self.seed = data, list(fanouts), batch_size, seed
-        self.embedding_dim = embedding_dim
-        self.input_dim = embedding_dim or data.graph.num_features
-        self.num_classes = data.graph.num_classes
-        self.embedding: DistEmbedding | None = None
+    def __init__(self, embedding: DistEmbedding, optimizer: SparseOptimizer):
+        self.embedding, self.optimizer = embedding, optimizer
 
-    def setup(self, stage: str) -> None:
-        if getattr(self, "local", None) is not None:
-            return
-        trainer, graph = self.trainer, self.data.graph
-        rank, world = trainer.global_rank, trainer.world_size
-        if world != self.data.book.num_parts:
-            raise ValueError(f"partitioned into {self.data.book.num_parts} parts for {world} ranks")
-        self.comm = trainer.strategy.comm
-        assert_same_on_all_ranks(self.comm, self.data.book.new2old, "the DistDGL partition")
-        self.local: LocalPartition = build_local_partition(graph, self.data.book, rank)
-        self.degree = graph.in_degree()  # replicated metadata
-        self.kv = KVStore(self.comm, self.data.book)
-        self.kv.init_data("feat", self.local.x)
-        self.kv.init_data("label", self.local.y)
-        if self.embedding_dim:
-            self.embedding = DistEmbedding(
-                self.kv,
-                "emb",
-                self.local.num_core,
-                self.embedding_dim,
-                embedding_init(self.embedding_dim, self.seed, self.local.x.dtype),
-            )
-        self.sampler = DistNeighborSampler(
-            self.comm, self.data.book, self.local, self.degree, self.fanouts, self.seed
-        )
-        self.split = TrainerSplit(graph.split_ids("train"), world, rank, self.batch_size, self.seed)
+    def lookup(self, batch: DistDGLBatch, device: torch.device | str) -> DistDGLBatch:
+        """``batch`` with its input rows ``[num_src, d]``: the current rows of
+        ``blocks[0].src_ids`` (a ``DistEmbedding`` lookup, collective, ``feature`` bytes), on
+        ``device``. Once per step on every rank: the lookup joins the embedding's trace, which
+        the next :meth:`step` consumes."""
+        start = time.perf_counter()
+        rows = self.embedding(batch.blocks[0].src_ids.cpu())
+        batch.stats["load_s"] = batch.stats.get("load_s", 0.0) + time.perf_counter() - start
+        return replace(batch, x=rows.to(device))
+
+    def step(self) -> None:
+        """Push the gradients of the lookups since the last step to their owners, which apply
+        the sparse optimiser to the touched rows (collective, ``gradient`` bytes)."""
+        self.optimizer.step()
+
+    def _names(self) -> tuple[str, ...]:
+        return (self.embedding.name, *self.optimizer.state_names(self.embedding))
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """``{KV name: [N, d] rows in original node-id order}`` of the table and the optimiser
+        state, on every rank (collective: every shard is gathered, ``parameter`` bytes)."""
+        kv = self.embedding.kv
+        state = {}
+        for name in self._names():
+            rows = kv.gather(name)
+            state[name] = torch.empty_like(rows)
+            state[name][kv.book.new2old] = rows
+        return state
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Take this rank's rows of every table in ``state`` (by the partition book)."""
+        kv = self.embedding.kv
+        mine = kv.book.new2old[kv.first_gid : kv.first_gid + kv.num_local]
+        for name in self._names():
+            kv.local_shard(name).copy_(state[name][mine])
+
+
+@dataclass
+class DistDGLBatch(Batch):
+    """A DistDGL step's batch.
+
+    Attributes:
+        inputs: the DataModule's learnable input rows when the step must look its inputs up
+            (``x`` is then an empty ``[num_src, 0]`` placeholder, so a model fed it fails on
+            the width); ``None``: ``x`` holds the pulled features ``[num_src, F]``.
+    """
+
+    inputs: LearnableInputs | None = None
+
+
+class DistDGLDataModule(GNNDataModule):
+    """Partitioned graph, KV store, distributed sampler and DistDGL's even trainer split.
+
+    ``preprocess`` partitions and relabels the graph (:class:`PartitionedGraph`); every rank
+    keeps its partition and serves its rows and samples to the others. Batches are
+    :class:`DistDGLBatch` (seeds ``[n]`` per rank, each rank ``batch_size / world`` of them).
+
+    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``DistDGLConfig()``.
+    With ``config.embedding_dim > 0`` a ``DistEmbedding`` of that width, in the features'
+    dtype, is the input instead of the features (:class:`LearnableInputs`).
+    """
+
+    def __init__(self, dataset, config: DistDGLConfig | None = None, data=None, **kwargs):
+        super().__init__(dataset, config or DistDGLConfig(), data, **kwargs)
+        self.inputs: LearnableInputs | None = None
 
     @property
+    @override
+    def input_dim(self) -> int:
+        return self.config.embedding_dim or self.graph.num_features
+
+    @override
+    def preprocess(self, world_size: int) -> PartitionedGraph:
+        """Partition once (cached on disk by content hash), relabel, report the balance."""
+        graph, partition = self.graph, self.config.partition
+        parts = cached_partition(
+            graph, partition.method, world_size, self.seed, self.cache_dir, **partition.options()
+        )
+        report = partition_report(graph, parts, world_size)
+        print(
+            f"[distdgl] {partition.method} partition into {world_size}: edge cut "
+            f"{report['edge_cut_fraction']:.1%}, train balance {report['train_balance']:.3f}, "
+            f"node balance {report['node_balance']:.3f}",
+            flush=True,
+        )
+        book = PartitionBook.from_parts(parts, world_size)
+        return PartitionedGraph(relabel_graph(graph, book), book, report)
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: PartitionedGraph) -> None:
+        graph, book = prepared.graph, prepared.book
+        comm, rank, world = context.comm, context.rank, context.world_size
+        if world != book.num_parts:
+            raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
+        assert_same_on_all_ranks(comm, book.new2old, "the DistDGL partition")
+        self.local: LocalPartition = build_local_partition(graph, book, rank)
+        self.degree = graph.in_degree()  # replicated metadata
+        self.kv = KVStore(comm, book)
+        self.kv.init_data("feat", self.local.x)
+        self.kv.init_data("label", self.local.y)
+        config = self.config
+        if config.embedding_dim:
+            embedding = DistEmbedding(
+                self.kv,
+                EMBEDDING,
+                self.local.num_core,
+                config.embedding_dim,
+                embedding_init(config.embedding_dim, self.seed, self.local.x.dtype),
+            )
+            optimizer = SPARSE_OPTIMIZERS[config.sparse_optimizer]([embedding], config.sparse_lr)
+            self.inputs = LearnableInputs(embedding, optimizer)
+        fanouts = list(self.data.fanouts)
+        self.sampler = DistNeighborSampler(comm, book, self.local, self.degree, fanouts, self.seed)
+        self.split = TrainerSplit(
+            graph.split_ids("train"), world, rank, self.data.batch_size, self.seed
+        )
+
+    @property
+    @override
     def steps_per_epoch(self) -> int:
         return self.split.steps
 
-    def make_batch(self, epoch: int, step: int) -> Batch:
-        """This rank's step: sample through the owners, then pull input rows and labels.
-
-        With embeddings, ``x`` is an empty ``[num_src, 0]`` placeholder (a model fed it fails
-        on the width): the rows are looked up by :meth:`lookup_inputs` in the training step.
-        """
+    @override
+    def make_batch(self, epoch: int, step: int) -> DistDGLBatch:
+        """This rank's step: sample through the owners, then pull input rows and labels (with
+        embeddings the rows are looked up in the training step, see :class:`DistDGLBatch`)."""
         seeds = self.split.seeds(epoch, step)
         start = time.perf_counter()
         blocks = self.sampler.sample(seeds, epoch, step)
         sampled = time.perf_counter()
-        if self.embedding is None:
+        if self.inputs is None:
             x = self.kv.pull("feat", blocks[0].src_ids, category="feature")
         else:
             x = self.local.x.new_empty((blocks[0].num_src, 0))
@@ -137,25 +228,21 @@ class DistDGLDataModule(GNNDataModule):
             "load_s": time.perf_counter() - sampled,
             "input_nodes": blocks[0].num_src,
         }
-        return Batch(blocks, x, y, self.split.global_seed_count(step), epoch, step, stats)
+        count = self.split.global_seed_count(step)
+        return DistDGLBatch(blocks, x, y, count, epoch, step, stats, inputs=self.inputs)
 
-    def lookup_inputs(self, batch: Batch, device: torch.device | str) -> Batch:
-        """``batch`` with its input rows: the current embedding rows of ``blocks[0].src_ids``
-        (a ``DistEmbedding`` lookup, collective, ``feature`` bytes), on ``device``.
+    # ------------------------------------------------------------------------ checkpoints
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """The learnable input table and its optimiser state (collective: every rank calls it
+        when Lightning saves a checkpoint); empty without embeddings."""
+        return {} if self.inputs is None else self.inputs.state_dict()
 
-        Call it in the training step that uses the rows, once per step on every rank: the
-        lookup joins the embedding's trace, which the next sparse optimiser step consumes.
-        Without embeddings the batch is returned as it is.
-        """
-        if self.embedding is None:
-            return batch
-        start = time.perf_counter()
-        rows = self.embedding(batch.blocks[0].src_ids.cpu())
-        batch.stats["load_s"] = batch.stats.get("load_s", 0.0) + time.perf_counter() - start
-        return replace(batch, x=rows.to(device))
-
-    def train_dataloader(self) -> DataLoader:
-        return collective_train_loader(self)  # sampling runs collectives
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Each rank takes its rows (Lightning calls it after ``setup``, on every rank)."""
+        if self.inputs is not None:
+            self.inputs.load_state_dict(state_dict)
 
     # ------------------------------------------------------------------------ evaluation
     def _local_block(self) -> Block:
@@ -169,6 +256,7 @@ class DistDGLDataModule(GNNDataModule):
             src_deg=self.degree[local.local2global],
         )
 
+    @override
     @torch.no_grad()
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """Layer-wise full-graph inference over the partitions; counts on this rank's core."""
@@ -176,9 +264,8 @@ class DistDGLDataModule(GNNDataModule):
         local, block = self.local, self._local_block()
         halo = local.local2global[local.num_core :]
         device = next(net.parameters()).device
-        core_rows = (self.kv.local_shard("emb") if self.embedding is not None else local.x).to(
-            device
-        )
+        core_rows = self.kv.local_shard(EMBEDDING) if self.inputs is not None else local.x
+        core_rows = core_rows.to(device)
         for i in range(net.num_layers):
             self.kv.init_data("hidden", core_rows)
             halo_rows = self.kv.pull("hidden", halo, category="feature" if i == 0 else "activation")

@@ -1,11 +1,11 @@
-"""DistDGL's KV store and sparse node embeddings (spec distdgl_bytegnn_sancus §2.2.2).
+"""DistDGL's KV store and sparse node embeddings (docs/systems/distdgl.md#kv-store).
 
 Node-row tensors (features, labels, learnable embeddings, optimiser state) are sharded like the
 partition book: rank ``r`` stores the rows of its core gids ``[node_offsets[r],
 node_offsets[r+1])``, nothing is replicated. ``pull`` reads any gid's rows, ``push`` sends rows
 to their owners, who apply a handler (overwrite, add, an optimiser update).
 
-Every method that communicates is *collective* (``collective`` mode of the spec): all ranks
+Every method that communicates is *collective* (DistDGL's synchronous mode): all ranks
 call it in the same order, also with no ids, and a push is applied before the call returns,
 so runs are deterministic.
 
@@ -19,6 +19,8 @@ never network traffic and count nothing):
 - ``push``: ``control`` for the split exchange; 8 B per pushed remote row as ``structure`` and
   its data under the push's ``category`` (default ``parameter``; sparse-embedding gradients use
   ``gradient``). Rows for this rank's own gids travel as the collective's self chunk: not counted.
+- ``gather`` (checkpoints): every rank sends its whole shard to every other rank under the
+  gather's ``category`` (default ``parameter``), plus 8 B of ``control`` per peer for the sizes.
 """
 
 from __future__ import annotations
@@ -161,6 +163,12 @@ class KVStore:
                 f"unknown push handler {name!r}; known: {sorted(self._handlers)}"
             ) from None
 
+    def gather(self, name: str, *, category: str = "parameter") -> Tensor:
+        """Every rank's shard of ``name`` in gid order, ``[N, *dims]``, on every rank
+        (collective; for checkpoints, not for training steps)."""
+        rows, _ = self.comm.all_gather_varlen(self.local_shard(name), category=category)
+        return rows
+
     def barrier(self) -> None:
         """Wait for every rank (counts nothing)."""
         self.comm.barrier()
@@ -259,6 +267,10 @@ class SparseOptimizer:
         """Apply the summed gradients ``grads`` ``[u, dim]`` to the distinct rows ``local_ids``."""
         raise NotImplementedError
 
+    def state_names(self, emb: DistEmbedding) -> tuple[str, ...]:
+        """KV names of the optimiser's per-row state of ``emb`` (sharded like the table)."""
+        return ()
+
     @torch.no_grad()
     def step(self) -> None:
         for emb in self.embeddings:
@@ -295,7 +307,13 @@ class SparseAdagrad(SparseOptimizer):
     def state_name(emb: DistEmbedding) -> str:
         return f"{emb.name}@adagrad_state"
 
+    def state_names(self, emb: DistEmbedding) -> tuple[str, ...]:
+        return (self.state_name(emb),)
+
     def update(self, emb: DistEmbedding, table: Tensor, local_ids: Tensor, grads: Tensor) -> None:
         state = emb.kv.local_shard(self.state_name(emb))
         state[local_ids] += grads * grads
         table[local_ids] -= self.lr * grads / (state[local_ids].sqrt() + self.eps)
+
+
+SPARSE_OPTIMIZERS: dict[str, type[SparseOptimizer]] = {"sgd": SparseSGD, "adagrad": SparseAdagrad}

@@ -1,4 +1,4 @@
-"""DistDGL's distributed neighbour sampler and trainer split (spec §2.2.3, §2.2.4).
+"""DistDGL's distributed neighbour sampler and trainer split (docs/systems/distdgl.md).
 
 Each hop, a trainer sends the frontier nodes it does not own to their owners (one id
 all-to-all, ``structure``); every owner samples its local CSC, keyed by the nodes' *global* ids

@@ -1,17 +1,18 @@
-"""One-time chunking and the on-disk chunk store (spec §2.2).
+"""One-time chunking and the on-disk chunk store (docs/systems/grappa.md, "Chunk store").
 
-``prepare`` (launching process) cuts the graph into ``C`` chunks and writes one file per chunk:
-its nodes (sorted global ids), their in-edges (CSC over the chunk's nodes, sources as global ids,
-in global segment order), features, labels, split masks and global in-degrees. A rank then
+The DataModule's ``preprocess`` cuts the graph into ``C`` chunks and writes one file per chunk:
+its nodes (sorted global ids), their in-edges (CSC over the chunk's nodes, sources as global
+ids, in global segment order), features, labels, split masks and global in-degrees. A rank then
 reads only the chunks its partition owns, plus the halo rows it needs from the others, so its
 memory follows the partition's size, not the graph's.
 
 The store's folder name is a hash of everything the chunk files hold (structure, features,
-labels, the three split masks, dtype, each hashed in full) and of how they were cut (method, seed, count), so a
-changed input writes a new store. ``meta.json`` records the sha256 of every chunk file: the
-launching process checks every file before reusing a store and rewrites the ones that do not
-match; a rank checks each file once before its first read and, if it does not match, fails
-naming the file (it has no graph to rebuild from).
+labels, the three split masks, dtype, each hashed in full) and of how they were cut (method,
+seed, count), so a changed input writes a new store. ``meta.json`` records the sha256 of every
+chunk file: ``write_chunk_store`` checks every file before reusing a store and rewrites the
+ones that do not match; a rank that received the store from its launcher checks each file
+once before its first read and, if it does not match, fails naming the file (it has no graph
+to rebuild from).
 """
 
 from __future__ import annotations

@@ -3,116 +3,129 @@
 An epoch is ``partitions_per_rank`` phases; in phase ``i`` rank ``r`` trains partition
 ``r + i * W`` of the current super-epoch ``t``. Within a phase every rank runs the same number of
 steps (computed from the replicated per-chunk training counts, no communication). Each batch is
-sampled inside the partition only, with its seeds' coverage statistics (``kappa``, ``s``)
-attached for the strategy's coverage factor. ``t`` and ``e_in`` are advanced by
-:class:`~.callbacks.SuperEpochController` and saved in checkpoints.
+sampled inside the partition only and carries its coverage factor ``c`` and deficit
+(:class:`GrappaBatch`). The DataModule owns the :class:`~.superepochs.SuperEpochClock` that
+decides ``t``, advances it while it builds training batches and saves it in checkpoints.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import lightning as L
 import torch
-from torch.utils.data import DataLoader
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+from typing_extensions import override
 
+from ...comm import Comm
 from ...graph.batch import Batch
-from ...graph.csc import Graph
 from ...graph.order import EpochOrder
 from ...models.gnn import BlockGNN, layerwise_inference
-from ..base import GNNDataModule, collective_train_loader, replicated_eval_counts
-from .chunking import ChunkStore
-from .estimators import gcn_kappa, kappa, seed_sample_counts
-from .partition import LocalPartition, PartitionSampler, build_partition
+from ..base import EpochSteps, GNNDataModule, replicated_eval_counts
+from ..contract import RankContext
+from .callbacks import GradientOnlyAudit, GrappaStats
+from .chunking import ChunkStore, write_chunk_store
+from .config import GrappaConfig
+from .estimators import batch_factor, c_uniform, gcn_kappa, kappa, seed_sample_counts
+from .partition import IsolatedPartition, PartitionSampler, build_partition
 from .remote import RemoteSampler
-from .schedule import PartitionSpec, Schedule
+from .schedule import PartitionSpec, Schedule, super_epoch_len
+from .superepochs import SuperEpochClock
 
-EVAL_MODES = ("global_fullgraph", "isolated", "none")
-MODES = ("minibatch", "fullgraph")
-GCN_NEEDS_HALO = (
-    "strategy.neighbor_weighting=gcn needs strategy.halo_hops=1: the GCN coverage is the local "
-    "share of each seed's in-neighbour mass, and without the halo the partition has neither the "
-    "seeds' remote in-edges nor their sources' degrees (kappa would be 1 everywhere)"
-)
+
+@dataclass
+class GrappaBatch(Batch):
+    """A Grappa training batch: a :class:`Batch` plus its seeds' coverage.
+
+    ``global_seed_count`` is this rank's own seed count, so the loss is the rank's seed mean
+    ``g_w``; the strategy scales it by ``coverage / W`` before the SUM all-reduce.
+
+    Attributes:
+        coverage: ``c``, the estimator's factor for this batch (1 for ``none`` and ``node``).
+        deficit: ``1 - c_uniform``, the seeds' mean coverage deficit (the early trigger's
+            input).
+        kappa: float64 ``[n_seeds]``, each seed's coverage.
+        seed_samples: int64 ``[n_seeds]``, each seed's seed-hop sample count ``s``.
+    """
+
+    coverage: float = field(kw_only=True)
+    deficit: float = field(kw_only=True)
+    kappa: Tensor = field(kw_only=True)
+    seed_samples: Tensor = field(kw_only=True)
 
 
 class GrappaDataModule(GNNDataModule):
-    """Args:
-    store: the chunk store written by ``prepare``.
-    schedule: the chunk schedule.
-    fanouts: by hop from the seeds (``fanouts[0]`` is the seed hop, ``f_seed``).
-    batch_size: global seeds per step; each partition takes ``ceil(batch_size / W)`` before
-        step equalisation (``-1``: all of a partition's seeds in one step).
-    seed: base of the seed shuffles and sampling keys.
-    mode: ``minibatch`` or ``fullgraph`` (one step per phase on the whole local neighbourhood).
-    partitions_per_rank: phases per epoch ``k`` (``P = k W``).
-    halo_hops, count_halo_as_local, degree_smoothing, neighbor_weighting: coverage settings.
-    estimator: ``node`` attaches per-seed loss weights ``kappa``.
-    eval_mode: ``global_fullgraph`` (needs ``graph``), ``isolated`` or ``none``.
-    graph: the whole graph, only for ``global_fullgraph`` evaluation.
-    remote_sample_frac: Grappa-50S: share of halo nodes expanded through their owner.
-    cache_partitions: keep every built partition (small graphs) instead of only the current one.
+    """Grappa's data: the chunk store, this rank's partitions, their batches and the schedule.
+
+    ``preprocess`` writes the chunk store (content-keyed under ``cache_dir``); ``setup_rank``
+    derives the schedule and the step counts. The train loader yields
+    :meth:`training_batch`, which advances the :class:`~.superepochs.SuperEpochClock`:
+    each epoch end is counted when the epoch's last batch is built (the early trigger's vote
+    is a ``control`` all-reduce there, between training steps), or, if that batch was never
+    built (``limit_train_batches``), when the next epoch's first batch is.
+
+    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``GrappaConfig()``.
+    ``data.fanouts`` are by hop from the seeds (``fanouts[0]`` is the seed hop ``f_seed``);
+    each partition takes ``ceil(data.batch_size / W)`` seeds per step before step
+    equalisation (``-1``: all of a partition's seeds in one step).
     """
 
-    def __init__(
-        self,
-        store: ChunkStore,
-        schedule: Schedule,
-        fanouts: list[int],
-        batch_size: int,
-        seed: int = 0,
-        mode: str = "minibatch",
-        partitions_per_rank: int = 1,
-        halo_hops: int = 1,
-        count_halo_as_local: bool = False,
-        degree_smoothing: float = 1.0,
-        neighbor_weighting: str = "uniform",
-        estimator: str = "resampling",
-        eval_mode: str = "global_fullgraph",
-        graph: Graph | None = None,
-        remote_sample_frac: float = 0.0,
-        cache_partitions: bool = False,
-        eval_chunk_size: int = 65536,
-    ):
-        super().__init__()
-        if neighbor_weighting == "gcn" and halo_hops == 0:
-            raise ValueError(GCN_NEEDS_HALO)
-        self.store, self.schedule = store, schedule
-        self.fanouts, self.batch_size, self.seed = list(fanouts), batch_size, seed
-        self.mode, self.k = mode, partitions_per_rank
-        self.halo_hops, self.count_halo_as_local = halo_hops, count_halo_as_local
-        self.alpha, self.neighbor_weighting = degree_smoothing, neighbor_weighting
-        self.estimator, self.eval_mode, self.graph = estimator, eval_mode, graph
-        self.remote_sample_frac, self.cache_partitions = remote_sample_frac, cache_partitions
-        self.eval_chunk_size = eval_chunk_size
-        self.input_dim = int(store.meta["num_features"])
-        self.num_classes = int(store.meta["num_classes"])
+    def __init__(self, dataset, config: GrappaConfig | None = None, data=None, **kwargs):
+        super().__init__(dataset, config or GrappaConfig(), data, **kwargs)
         self.rank, self.world_size = 0, 1
-        self.t, self.e_in = 0, 0
+        self.comm: Comm | None = None
+        self.store: ChunkStore | None = None
+        self.schedule: Schedule | None = None
+        self.clock: SuperEpochClock | None = None
+        self.n_steps: list[int] = []
         # repartition I/O: bytes read from the chunk store to build training partitions, and
         # their count (isolated evaluation's own reads are not counted)
         self.io_bytes = 0
         self.builds = 0
         self.largest_partition = {"nodes": 0, "edges": 0, "io_bytes": 0}
         # (partition id, chunks) -> the partition, its seed order and its sampler
-        self._parts: dict[tuple, tuple[LocalPartition, EpochOrder, PartitionSampler]] = {}
-        self.remote = None  # Grappa-50S sampler (set up in ``setup``)
+        self._parts: dict[tuple, tuple[IsolatedPartition, EpochOrder, PartitionSampler]] = {}
+        self._batch_t: int | None = None  # super-epoch of the last batch built
+        self.remote: RemoteSampler | None = None  # Grappa-50S only
 
     # ------------------------------------------------------------------------ set-up, state
-    def setup(self, stage: str) -> None:
-        trainer = self.trainer
-        if trainer is not None:
-            self.rank, self.world_size = trainer.global_rank, trainer.world_size
-            self.comm = trainer.strategy.comm
-        if self.schedule.num_partitions != self.k * self.world_size:
-            raise ValueError(
-                f"{self.schedule.num_partitions} partitions for {self.world_size} ranks x "
-                f"{self.k} phases"
-            )
-        if self.remote_sample_frac > 0 and self.remote is None:
-            self.remote = RemoteSampler(self, self.remote_sample_frac)
-        self.n_steps = [self._phase_steps(i) for i in range(self.k)]
+    @override
+    def preprocess(self, world_size: int) -> ChunkStore:
+        """Chunk the graph once and write the chunk store (or check and reuse it)."""
+        cfg = self.config
+        cfg.check_world(world_size)
+        c = cfg.chunk_count(world_size)
+        store = write_chunk_store(self.graph, c, cfg.chunking, self.seed, str(self.cache_dir))
+        if cfg.schedule == "pinned_sweep" and c == 2:
+            print("[grappa] 2 chunks: repartitioning cannot change the pairs (a no-op)", flush=True)
+        return store
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: ChunkStore) -> None:
+        cfg = self.config
+        self.rank, self.world_size, self.comm = context.rank, context.world_size, context.comm
+        self.store = prepared
+        self.schedule = Schedule(cfg.schedule, prepared.num_chunks, cfg.sweep_order, self.seed)
+        max_epochs = self.trainer.max_epochs if self.trainer is not None else None
+        length = super_epoch_len(cfg.super_epoch_len, max_epochs, self.schedule.cycle)
+        self.clock = SuperEpochClock(length, cfg.early_trigger, cfg.auto_length)
+        if cfg.remote_sample_frac > 0:
+            self.remote = RemoteSampler(self, cfg.remote_sample_frac)
+        self.n_steps = [self._phase_steps(i) for i in range(cfg.partitions_per_rank)]
+
+    @property
+    def t(self) -> int:
+        """The super-epoch the next training batch is built in."""
+        return self.clock.t
+
+    @property
+    def e_in(self) -> int:
+        """Epochs already counted in super-epoch ``t``."""
+        return self.clock.e_in
 
     def _layout(self) -> dict:
         """What ``t`` means: the chunking (content key), schedule, sweep order and phases."""
@@ -121,36 +134,51 @@ class GrappaDataModule(GNNDataModule):
             "schedule": self.schedule.kind,
             "sweep_order": self.schedule.sweep_order,
             "sweep_seed": self.schedule.seed,
-            "partitions_per_rank": self.k,
+            "partitions_per_rank": self.config.partitions_per_rank,
         }
 
+    @override
     def state_dict(self) -> dict:
-        return {"t": self.t, "e_in": self.e_in, **self._layout()}
+        """The super-epoch clock and the layout its ``t`` indexes."""
+        return {**self.clock.state_dict(), **self._layout()}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore the schedule position; the layout it indexes must be the same."""
-        differ = {k: (state.get(k), v) for k, v in self._layout().items() if state.get(k) != v}
+    @override
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the clock; the layout it indexes must be the same."""
+        differ = {
+            k: (state_dict.get(k), v) for k, v in self._layout().items() if state_dict.get(k) != v
+        }
         if differ:
             raise ValueError(
                 "the checkpoint's Grappa layout differs from this run's (checkpoint, run): "
                 f"{differ}; same dataset, chunking, num_chunks, seed, schedule, sweep_order and "
                 "partitions_per_rank needed"
             )
-        self.t, self.e_in = int(state["t"]), int(state["e_in"])
+        self.clock.load_state_dict(state_dict)
+
+    @override
+    def callbacks(self) -> list[L.Callback]:
+        """:class:`~.callbacks.GrappaStats`, and the gradient-only audit when
+        ``audit_collectives``."""
+        return [
+            GrappaStats(self),
+            *([GradientOnlyAudit()] if self.config.audit_collectives else []),
+        ]
 
     # --------------------------------------------------------------------------- partitions
     @property
     def local_batch(self) -> int:
         """Seeds per partition step before equalisation: ``ceil(batch_size / W)``."""
-        return -1 if self.batch_size == -1 else -(-self.batch_size // self.world_size)
+        size = self.data.batch_size
+        return -1 if size == -1 else -(-size // self.world_size)
 
-    def _seed_count(self, spec) -> int:
-        return sum(int(self.store.meta["train_counts"][c]) for c in spec.seed_chunks)
+    def _seed_count(self, spec: PartitionSpec) -> int:
+        return sum(self.store.meta["train_counts"][c] for c in spec.seed_chunks)
 
     def _phase_steps(self, phase: int) -> int:
         """Steps of a phase: max over its partitions (and over a schedule cycle, so the epoch
         length never changes) of ``ceil(seeds / local_batch)``; 1 in full-graph mode."""
-        if self.mode == "fullgraph" or self.local_batch == -1:
+        if self.config.mode == "fullgraph" or self.local_batch == -1:
             return 1
         parts = range(phase * self.world_size, (phase + 1) * self.world_size)
         counts = [
@@ -174,21 +202,31 @@ class GrappaDataModule(GNNDataModule):
     def partition_id(self, phase: int) -> int:
         return self.rank + phase * self.world_size
 
-    def partition(self, phase: int) -> LocalPartition:
-        """This rank's partition of ``phase`` at the current super-epoch (built on demand)."""
-        return self._partition_entry(phase)[0]
+    @property
+    def trained_t(self) -> int:
+        """The super-epoch of the partitions in use: that of the last batch built (so an
+        epoch's evaluation scores the partitions it trained, after the clock moved on), else
+        ``t``."""
+        return self._batch_t if self._batch_t is not None else self.t
 
-    def _spec(self, phase: int) -> tuple[tuple, PartitionSpec]:
+    def partition(self, phase: int) -> IsolatedPartition:
+        """This rank's partition of ``phase`` at :attr:`trained_t` (built on demand)."""
+        return self._partition_entry(phase, self.trained_t)[0]
+
+    def _spec(self, phase: int, t: int) -> tuple[tuple, PartitionSpec]:
         """The cache key ``(partition id, chunks)`` and spec of ``phase`` at super-epoch ``t``."""
-        spec = self.schedule.partition(self.partition_id(phase), self.t)
+        spec = self.schedule.partition(self.partition_id(phase), t)
         return (self.partition_id(phase), spec.seed_chunks, spec.owned_chunks), spec
 
-    def _partition_entry(self, phase: int) -> tuple[LocalPartition, EpochOrder, PartitionSampler]:
-        key, spec = self._spec(phase)
+    def _partition_entry(
+        self, phase: int, t: int
+    ) -> tuple[IsolatedPartition, EpochOrder, PartitionSampler]:
+        key, spec = self._spec(phase, t)
         if key not in self._parts:
-            if not self.cache_partitions:
+            cfg = self.config
+            if not cfg.cache_partitions:
                 self._parts.clear()  # drop the previous partition before reading the next
-            part = build_partition(self.store, spec, self.halo_hops, self.count_halo_as_local)
+            part = build_partition(self.store, spec, cfg.halo_hops, cfg.count_halo_as_local)
             self.io_bytes += part.io_bytes
             self.builds += 1
             if part.num_nodes > self.largest_partition["nodes"]:
@@ -197,7 +235,9 @@ class GrappaDataModule(GNNDataModule):
                     "edges": part.indices.numel(),
                     "io_bytes": part.io_bytes,
                 }
-            fanouts = [-1] * len(self.fanouts) if self.mode == "fullgraph" else self.fanouts
+            fanouts = list(self.data.fanouts)
+            if cfg.mode == "fullgraph":
+                fanouts = [-1] * len(fanouts)
             self._parts[key] = (
                 part,
                 EpochOrder(part.seeds, self.seed ^ (self.partition_id(phase) << 32)),
@@ -206,6 +246,7 @@ class GrappaDataModule(GNNDataModule):
         return self._parts[key]
 
     @property
+    @override
     def steps_per_epoch(self) -> int:
         return sum(self.n_steps)
 
@@ -218,11 +259,12 @@ class GrappaDataModule(GNNDataModule):
         raise IndexError(f"step {step} beyond the epoch")
 
     # ------------------------------------------------------------------------------ batches
-    def seed_kappa(self, part: LocalPartition, seeds) -> torch.Tensor:
-        """Coverage of local seed ids (owned nodes)."""
+    def seed_kappa(self, part: IsolatedPartition, seeds: Tensor) -> Tensor:
+        """Coverage float64 ``[len(seeds)]`` of local seed ids (owned nodes)."""
+        cfg = self.config
         ell, deg = part.ell[seeds], part.deg[seeds]
-        if self.neighbor_weighting == "uniform":
-            return kappa(ell, deg, self.alpha)
+        if cfg.neighbor_weighting == "uniform":
+            return kappa(ell, deg, cfg.degree_smoothing)
         # gcn weights: local mass of each seed's neighbourhood (halo_hops=1 holds all of it)
         start, end = part.indptr[seeds], part.indptr[seeds + 1]
         n = end - start
@@ -230,23 +272,27 @@ class GrappaDataModule(GNNDataModule):
         torch.cumsum(n, 0, out=ptr[1:])
         offs = torch.arange(int(ptr[-1])) - torch.repeat_interleave(ptr[:-1], n)
         src = part.indices[torch.repeat_interleave(start, n) + offs]
-        local = src < part.num_own
-        if self.count_halo_as_local:
+        local = src < part.num_core
+        if cfg.count_halo_as_local:
             local = torch.ones_like(local)
-        return gcn_kappa(ptr, src, local, part.deg[src], self.alpha)
+        return gcn_kappa(ptr, src, local, part.deg[src], cfg.degree_smoothing)
 
-    def make_batch(self, epoch: int, step: int) -> Batch:
+    @override
+    def make_batch(self, epoch: int, step: int) -> GrappaBatch:
+        """This rank's batch of ``(epoch, step)`` at super-epoch ``t`` (the clock is left
+        alone: see :meth:`training_batch`)."""
+        cfg = self.config
         phase, local_step = self.locate(step)
         p = self.partition_id(phase)
         start = time.perf_counter()
-        part, order, sampler = self._partition_entry(phase)
+        part, order, sampler = self._partition_entry(phase, self.t)
+        self._batch_t = self.t
         seeds = order(epoch)[self.step_slice(part.seeds.numel(), self.n_steps[phase], local_step)]
         fanouts = sampler.fanouts
         if self.remote is not None:
             blocks, x = self.remote.sample(part, seeds, fanouts, epoch, step, salt=p)
         else:
-            blocks = sampler.sample(seeds, epoch, step, p)
-            x = None
+            blocks, x = sampler.sample(seeds, epoch, step, p), None
         sampled = time.perf_counter()
         if x is None:
             x = part.x.index_select(0, blocks[0].src_ids)
@@ -256,36 +302,61 @@ class GrappaDataModule(GNNDataModule):
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
             "input_nodes": blocks[0].num_src,
-            "kappa": k,
-            "s": s,
         }
-        weight = k.to(x.dtype) if self.estimator == "node" else None
-        return Batch(
+        return GrappaBatch(
             blocks,
             x,
             part.y.index_select(0, seeds),
-            seeds.numel(),  # rank mean: the strategy's factor c / W makes the A14 aggregate
+            seeds.numel(),  # rank mean: the strategy's factor c / W makes the aggregate
             epoch,
             step,
             stats,
-            seed_weight=weight,
+            seed_weight=k.to(x.dtype) if cfg.estimator == "node" else None,
+            coverage=batch_factor(cfg.estimator, k, s, cfg.degree_smoothing),
+            deficit=1.0 - c_uniform(k),
+            kappa=k,
+            seed_samples=s,
         )
 
-    def _eval_partition(self, phase: int) -> LocalPartition:
-        """The held partition of ``phase``, else one read for this evaluation only: not cached
-        (the training partition stays) and not counted in ``builds`` / ``io_bytes``."""
-        key, spec = self._spec(phase)
-        if key in self._parts:
-            return self._parts[key][0]
-        return build_partition(self.store, spec, self.halo_hops, self.count_halo_as_local)
+    def training_batch(self, epoch: int, step: int) -> GrappaBatch:
+        """:meth:`make_batch` in the fit loop: counts the previous epoch's end if its last
+        batch was never built, records the batch's deficit, and counts this epoch's end at its
+        last step (every rank builds the same steps, so the trigger's votes meet)."""
+        clock = self.clock
+        if clock.last_epoch < epoch - 1:
+            clock.end_epoch(epoch - 1, self.comm)
+        batch = self.make_batch(epoch, step)
+        clock.record(batch.deficit)
+        if step == self.steps_per_epoch - 1:
+            clock.end_epoch(epoch, self.comm)
+        return batch
 
+    @override
     def train_dataloader(self) -> DataLoader:
-        return collective_train_loader(self)  # main process; 50S batches run collectives
+        """Main process, strict step order (50S batches and the trigger's vote run
+        collectives)."""
+        return DataLoader(
+            _TrainingSteps(self),
+            sampler=EpochSteps(self),
+            batch_size=None,
+            collate_fn=_as_is,
+            num_workers=0,
+        )
 
     # ---------------------------------------------------------------------------- evaluation
-    def isolated_logits(self, net: BlockGNN, part: LocalPartition) -> torch.Tensor:
-        """Logits of every local node of ``part`` from its local graph alone (every local
-        in-edge, no remote rows), normalised as in training: GCN divides by the *global*
+    def _eval_partition(self, phase: int) -> IsolatedPartition:
+        """The held partition of ``phase`` (at :attr:`trained_t`), else one read for this
+        evaluation only: not cached (the training partition stays) and not counted in
+        ``builds`` / ``io_bytes``."""
+        key, spec = self._spec(phase, self.trained_t)
+        if key in self._parts:
+            return self._parts[key][0]
+        cfg = self.config
+        return build_partition(self.store, spec, cfg.halo_hops, cfg.count_halo_as_local)
+
+    def isolated_logits(self, net: BlockGNN, part: IsolatedPartition) -> Tensor:
+        """Logits ``[n, C]`` of every local node of ``part`` from its local graph alone (every
+        local in-edge, no remote rows), normalised as in training: GCN divides by the *global*
         in-degrees ``part.deg`` (a halo node has no local in-edges but keeps its degree)."""
         device = next(net.parameters()).device
         return layerwise_inference(
@@ -293,25 +364,45 @@ class GrappaDataModule(GNNDataModule):
             part.indptr,
             part.indices,
             part.x.to(device),
-            self.eval_chunk_size,
+            self.data.eval_chunk_size,
             degree=part.deg,
         )
 
+    @override
     @torch.no_grad()
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> Tensor:
         counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        if self.eval_mode == "none":
+        mode = self.config.eval_mode
+        if mode == "none":
             return counts
-        if self.eval_mode == "global_fullgraph":
+        if mode == "global_fullgraph":
             return replicated_eval_counts(
-                self.graph, net, splits, self.rank, self.world_size, self.eval_chunk_size
+                self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size
             )
         assert isinstance(net, BlockGNN)
-        for phase in range(self.k):  # isolated: each partition scores its seed chunks' nodes
+        for phase in range(self.config.partitions_per_rank):  # each scores its seed chunks
             part = self._eval_partition(phase)
-            pred = self.isolated_logits(net, part)[: part.num_own].argmax(1).cpu()
+            core = part.num_core
+            pred = self.isolated_logits(net, part)[:core].argmax(1).cpu()
             for i, split in enumerate(splits):
-                mask = getattr(part, f"{split}_mask")[: part.num_own] & part.seed_owned
-                counts[i, 0] += (pred[mask] == part.y[: part.num_own][mask]).sum()
+                mask = getattr(part, f"{split}_mask")[:core] & part.seed_owned
+                counts[i, 0] += (pred[mask] == part.y[:core][mask]).sum()
                 counts[i, 1] += mask.sum()
         return counts
+
+
+def _as_is(batch):
+    return batch
+
+
+class _TrainingSteps(Dataset):
+    """The train loader's items: ``training_batch(epoch, step)``."""
+
+    def __init__(self, dm: GrappaDataModule):
+        self.dm = dm
+
+    def __len__(self) -> int:
+        return self.dm.steps_per_epoch
+
+    def __getitem__(self, key: tuple[int, int]) -> GrappaBatch:
+        return self.dm.training_batch(*key)

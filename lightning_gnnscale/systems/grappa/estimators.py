@@ -1,4 +1,5 @@
-"""Coverage factors of Grappa's corrected gradient aggregation (spec §2.6).
+"""Coverage factors of Grappa's corrected gradient aggregation (docs/systems/grappa.md,
+"Estimators").
 
 Per seed ``v``: ``D`` its global in-degree, ``ell`` its local (owned) in-neighbours, ``s`` its
 seed-hop sample count and ``alpha`` the smoothing self-term. Coverage ``kappa = (ell + alpha) /
@@ -33,7 +34,9 @@ def expected_rejections(k: Tensor, s: Tensor, alpha: float = 1.0) -> Tensor:
 
 
 def c_resampling(k: Tensor, s: Tensor, alpha: float = 1.0) -> float:
-    """Scale-free eq. 12: ``1 / (1 + mean((1/kappa - 1) (s + alpha)))`` (spec A2)."""
+    """Scale-free eq. 12: ``1 / (1 + mean((1/kappa - 1) (s + alpha)))``: eq. 12 with the
+    expected rejections averaged over the batch instead of summed, so ``c`` does not shrink
+    with the batch size (docs/systems/grappa.md, "Estimators")."""
     if not k.numel():
         return 1.0
     return float(1.0 / (1.0 + expected_rejections(k, s, alpha).mean()))
@@ -66,7 +69,7 @@ def seed_sample_counts(ell: Tensor, fanout: int) -> Tensor:
 def gcn_kappa(
     indptr: Tensor, indices: Tensor, local: Tensor, deg: Tensor, alpha: float = 1.0
 ) -> Tensor:
-    """Coverage under GCN neighbour weights ``p(u) ~ (D_u + 1)^-1/2`` (spec §2.6.2).
+    """Coverage under GCN neighbour weights ``p(u) ~ (D_u + 1)^-1/2``.
 
     ``indptr``/``indices``: the seeds' global in-edges (CSC over the seeds); ``local`` bool per
     edge (is the source local); ``deg`` global degree of every edge's source. The self term has

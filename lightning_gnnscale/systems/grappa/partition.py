@@ -21,17 +21,32 @@ from .schedule import PartitionSpec
 
 
 @dataclass
-class LocalPartition:
-    """Attributes (``n`` local nodes, ``n_own`` owned):
-    global_ids: int64 ``[n]``; indptr/indices: local CSC (int64, indices local);
-    x, y, masks: per local node; deg: global in-degree ``[n]``; ell: owned in-neighbours of each
-    owned node ``[n_own]``; seeds: local ids of the training nodes of the seed chunks;
-    seed_owned: bool ``[n_own]`` (in a seed chunk); io_bytes: bytes read to build it.
+class IsolatedPartition:
+    """One partition's local graph at one super-epoch: its owned (core) nodes and their halo.
+
+    The vocabulary is that of DistDGL's :class:`~lightning_gnnscale.graph.book.LocalPartition`
+    (``num_core`` owned nodes first, ``local2global`` ids); unlike it, a Grappa partition also
+    holds its halo nodes' features and labels (read from the chunk store), so it trains alone.
+
+    Attributes (``n`` local nodes, ``n_core`` of them owned):
+        spec: the chunks it seeds and owns.
+        local2global: int64 ``[n]``; sorted owned gids, then sorted halo gids.
+        num_core: ``n_core``.
+        indptr, indices: int64 local CSC ``[n + 1]`` / ``[E]`` (sources as local ids); halo
+            nodes have no in-edges.
+        x ``[n, F]``, y ``[n]``, train_mask / val_mask / test_mask bool ``[n]``: per local node
+            (halo labels ``-1``, halo masks false).
+        deg: int64 ``[n]``, global in-degree.
+        ell: int64 ``[n_core]``, owned (or, with ``count_halo_as_local``, local)
+            in-neighbours of each owned node.
+        seeds: int64, local ids of the training nodes of the seed chunks.
+        seed_owned: bool ``[n_core]``, the node is in a seed chunk.
+        io_bytes: bytes read from the store to build it.
     """
 
     spec: PartitionSpec
-    global_ids: Tensor
-    num_own: int
+    local2global: Tensor
+    num_core: int
     indptr: Tensor
     indices: Tensor
     x: Tensor
@@ -47,7 +62,7 @@ class LocalPartition:
 
     @property
     def num_nodes(self) -> int:
-        return self.global_ids.numel()
+        return self.local2global.numel()
 
     @property
     def n_avail(self) -> Tensor:
@@ -56,9 +71,9 @@ class LocalPartition:
 
     def local_of(self, gids: Tensor) -> Tensor:
         """Local ids of global ids that are in the partition (``-1`` otherwise)."""
-        own, halo = self.global_ids[: self.num_own], self.global_ids[self.num_own :]
+        own, halo = self.local2global[: self.num_core], self.local2global[self.num_core :]
         out = torch.full_like(gids, -1)
-        for base, ids in ((0, own), (self.num_own, halo)):
+        for base, ids in ((0, own), (self.num_core, halo)):
             if ids.numel():
                 pos = torch.searchsorted(ids, gids).clamp(max=ids.numel() - 1)
                 hit = ids[pos] == gids
@@ -75,8 +90,9 @@ def build_partition(
     spec: PartitionSpec,
     halo_hops: int = 1,
     count_halo_as_local: bool = False,
-) -> LocalPartition:
-    """Read the owned chunks, then the halo rows, and assemble the local graph (spec §2.3)."""
+) -> IsolatedPartition:
+    """Read the owned chunks, then the halo rows, and assemble the local graph
+    (docs/systems/grappa.md, "Partitions")."""
     chunks = {c: store.load(c) for c in spec.owned_chunks}
     own = torch.cat([chunks[c]["nodes"] for c in spec.owned_chunks])
     order = own.argsort()
@@ -119,7 +135,7 @@ def build_partition(
     indptr = torch.zeros(own.numel() + halo.numel() + 1, dtype=torch.int64)
     torch.cumsum(kept_deg, 0, out=indptr[1 : own.numel() + 1])
     indptr[own.numel() + 1 :] = indptr[own.numel()]
-    global_ids = torch.cat([own, halo])
+    local2global = torch.cat([own, halo])
     src = src[keep]
     # halo rows from the other chunks' files
     hx = cat["x"].new_zeros((halo.numel(), cat["x"].shape[1]))
@@ -136,10 +152,10 @@ def build_partition(
             hx[hit], hy[hit], hdeg[hit] = record["x"][rows], record["y"][rows], record["deg"][rows]
             del record
         io += _nbytes(halo, hx, hy, hdeg)
-    part = LocalPartition(
+    part = IsolatedPartition(
         spec=spec,
-        global_ids=global_ids,
-        num_own=own.numel(),
+        local2global=local2global,
+        num_core=own.numel(),
         indptr=indptr,
         indices=src,  # mapped to local ids below
         x=torch.cat([cat["x"], hx]),
@@ -154,7 +170,7 @@ def build_partition(
         io_bytes=io,
     )
     part.indices = part.local_of(src)
-    local_src_owned = part.indices < part.num_own
+    local_src_owned = part.indices < part.num_core
     dst = torch.repeat_interleave(torch.arange(own.numel()), kept_deg)
     counted = torch.ones_like(local_src_owned) if count_halo_as_local else local_src_owned
     part.ell = torch.zeros(own.numel(), dtype=torch.int64).index_add_(0, dst, counted.long())
@@ -181,7 +197,7 @@ class PartitionSampler:
     neighbourhood samples what the whole graph would.
     """
 
-    def __init__(self, part: LocalPartition, fanouts: list[int], seed: int):
+    def __init__(self, part: IsolatedPartition, fanouts: list[int], seed: int):
         self.part, self.fanouts, self.seed = part, list(fanouts), seed
         self.build_block = BlockBuilder(part.num_nodes, part.deg)
 
@@ -195,7 +211,7 @@ class PartitionSampler:
                 frontier,
                 fanout,
                 key.hop_key(hop),
-                node_keys=self.part.global_ids[frontier],
+                node_keys=self.part.local2global[frontier],
             )
             block = self.build_block(frontier, src, dst_pos)
             blocks.append(block)

@@ -1,12 +1,13 @@
-"""Grappa-50S (spec A13): isolation broken on purpose, for the ablation only.
+"""Grappa-50S: isolation broken on purpose, for the ablation only (docs/systems/grappa.md,
+"Grappa-50S").
 
 Each frontier node is, with probability ``remote_sample_frac`` (hash-keyed on its id and the
 step), expanded through its owner from its *global* in-edges: the owner is the rank whose base
 chunk holds it (``partitions_per_rank = 1`` and ``C = W``, so owner rank = chunk id), and it
 serves from its base chunk's stored in-edge lists. The other frontier nodes are expanded
 locally as usual. The ids go out and the sampled in-edges come back as ``structure`` bytes,
-and input rows the partition lacks are pulled from their owners as ``feature`` bytes. So the gradient-only
-invariant fails by design, and the audit shows it.
+and input rows the partition lacks are pulled from their owners as ``feature`` bytes. So the
+gradient-only invariant fails by design, and the audit shows it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch import Tensor
 from ...comm import OwnerRoute
 from ...graph.block import Block
 from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors, splitmix64, uniform_below
-from .partition import LocalPartition
+from .partition import IsolatedPartition
 
 _COIN_RESOLUTION = 1 << 20
 
@@ -45,28 +46,28 @@ class RemoteSampler:
         """Send ``ids`` to their owner ranks (``structure``)."""
         return OwnerRoute.build(self.dm.comm, ids, self.chunk[ids], category="structure")
 
-    def _expand(self, part: LocalPartition, gids: Tensor, fanout: int, key: int):
+    def _expand(self, part: IsolatedPartition, gids: Tensor, fanout: int, key: int):
         """Local in-edges of owned ``gids``: (global sources, position in ``gids``)."""
         src, pos = sample_neighbors(
             part.indptr, part.indices, part.local_of(gids), fanout, key, node_keys=gids
         )
-        return part.global_ids[src], pos
+        return part.local2global[src], pos
 
     def _serve(self, gids: Tensor, fanout: int, key: int):
         """Global in-edges of base-chunk nodes ``gids``: (global sources, position in ``gids``)."""
         rows = torch.searchsorted(self.base["nodes"], gids)
         return sample_neighbors(self.base["indptr"], self.base["indices"], rows, fanout, key, gids)
 
-    def sample(self, part: LocalPartition, seeds: Tensor, fanouts, epoch, step, salt):
+    def sample(self, part: IsolatedPartition, seeds: Tensor, fanouts, epoch, step, salt):
         comm = self.dm.comm
         key = SampleKey(self.dm.seed, epoch, step, salt)
         shared = SampleKey(self.dm.seed, epoch, step, -1)  # the owner's key for remote expansions
-        frontier = part.global_ids[seeds]
+        frontier = part.local2global[seeds]
         blocks: list[Block] = []
         for hop, fanout in enumerate(fanouts):
             local = part.local_of(frontier)
             remote = self._coin(frontier, shared.hop_key(hop))
-            own_idx = (~remote & (local >= 0) & (local < part.num_own)).nonzero().flatten()
+            own_idx = (~remote & (local >= 0) & (local < part.num_core)).nonzero().flatten()
             src_own, pos = self._expand(part, frontier[own_idx], fanout, key.hop_key(hop))
             # remote expansions: ids to owners, sampled in-edges back (structure)
             rem_idx = remote.nonzero().flatten()
@@ -83,7 +84,7 @@ class RemoteSampler:
             frontier = block.src_ids
         return blocks[::-1], self.input_rows(part, frontier)
 
-    def input_rows(self, part: LocalPartition, gids: Tensor) -> Tensor:
+    def input_rows(self, part: IsolatedPartition, gids: Tensor) -> Tensor:
         """Rows of ``gids``: local ones from the partition, the rest pulled from owners."""
         local = part.local_of(gids)
         missing = (local < 0).nonzero().flatten()

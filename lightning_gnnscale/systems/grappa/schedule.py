@@ -1,4 +1,6 @@
-"""Which chunks each partition owns and seeds at super-epoch ``t`` (spec §2.4).
+"""Which chunks each partition owns and seeds at super-epoch ``t``.
+
+Schedules and their rationale: docs/systems/grappa.md, "Schedules".
 
 Everything here is a pure function of the config, so every rank computes the same schedule and
 no schedule bytes are ever sent. Partition ``p`` runs on rank ``p % W`` in phase ``p // W``.
@@ -104,8 +106,15 @@ def tournament_pairs(num_chunks: int, r: int) -> list[tuple[int, ...]]:
     return sorted(pairs)
 
 
-def super_epoch_len(setting, max_epochs: int, cycle: int) -> int:
-    """``auto`` -> ``max(1, floor(E / cycle))`` epochs (spec A3); an int is taken as is."""
-    if setting in (None, "auto"):
-        return max(1, max_epochs // max(cycle, 1))
-    return int(setting)
+def super_epoch_len(setting, max_epochs: int | None, cycle: int) -> int:
+    """``auto`` (or ``None``) -> ``max(1, floor(E / cycle))`` epochs, one schedule cycle spread
+    over the run's ``max_epochs`` ``E`` (docs/systems/grappa.md, "Super-epochs"); an int is
+    taken as is."""
+    if setting not in (None, "auto"):
+        return setting
+    if max_epochs is None:
+        raise ValueError(
+            "strategy.super_epoch_len=auto derives the length from the Trainer's max_epochs, "
+            "and there is no Trainer; set super_epoch_len to an int"
+        )
+    return max(1, max_epochs // max(cycle, 1))

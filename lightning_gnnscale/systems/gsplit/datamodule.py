@@ -11,37 +11,71 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
+import lightning as L
 import torch
-from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from ...graph.batch import Batch
-from ...graph.csc import Graph
 from ...graph.order import EpochOrder
-from ..base import (
-    GNNDataModule,
-    assert_same_on_all_ranks,
-    collective_train_loader,
-    replicated_eval_counts,
-)
+from ...graph.sampler import NeighborSampler
+from ..base import GNNDataModule, assert_same_on_all_ranks, replicated_eval_counts
+from ..contract import RankContext
+from .callbacks import GSplitStats, RedundancyProbe
+from .config import GSplitConfig
+from .partition import cached_probabilistic_partition
 from .sampler import LayerPlan, SplitSampler
+
+PRESAMPLE_SEED_SALT = 0x5EED  # pre-sampling must not replay the training samples themselves
 
 
 @dataclass(frozen=True)
 class GSplitPrepared:
-    """The prepared input of every rank: the graph, the split function and its statistics."""
+    """What every rank needs from preprocessing.
 
-    graph: Graph
+    Attributes:
+        parts: int64 ``[N]``: the owner rank of every vertex (the split function).
+        input_frequency: int64 ``[N]``: pre-sampled input-layer counts ``k0_v`` (ranks the
+            feature cache).
+        report: ``method``, ``expected_cross_fraction`` (predicted cross-split edge share),
+            ``presampled_batches``.
+    """
+
     parts: torch.Tensor
-    input_frequency: torch.Tensor  # k0_v: pre-sampled input-layer frequency (cache ranking)
+    input_frequency: torch.Tensor
     report: dict
+
+
+class LayerTraffic:
+    """What this rank receives from the other ranks in one step's forward shuffles.
+
+    ``rows[i]`` and ``bytes[i]`` (ints, one per layer, input layer first) are written by the
+    layer hook before layer ``i`` and read by :class:`~.callbacks.GSplitStats`. A plain object,
+    not a dataclass: DDP and Lightning rebuild dataclass inputs field by field, and this must
+    stay the one object that the hook writes and the callbacks read.
+    """
+
+    def __init__(self, num_layers: int):
+        self.rows = [0] * num_layers
+        self.bytes = [0] * num_layers
+
+    def record(self, layer: int, rows: int, row_bytes: int) -> None:
+        """``rows`` rows of ``row_bytes`` each were received before ``layer``."""
+        self.rows[layer], self.bytes[layer] = rows, rows * row_bytes
 
 
 @dataclass
 class SplitBatch(Batch):
-    """A :class:`Batch` plus the shuffle plan of every layer (``plans[i]`` before layer ``i``)."""
+    """A :class:`Batch` plus what the shuffle needs.
 
-    plans: list[LayerPlan] = field(default_factory=list)
+    Attributes:
+        plans: ``plans[i]``: how rows move before layer ``i`` (one per layer).
+        traffic: this step's received rows and bytes per layer (written during forward).
+    """
+
+    plans: list[LayerPlan] = field(kw_only=True)
+    traffic: LayerTraffic = field(kw_only=True)
 
     def to(self, device) -> SplitBatch:
         return replace(super().to(device), plans=[p.to(device) for p in self.plans])
@@ -62,7 +96,7 @@ class PartitionedFeatureCache:
         fraction: float,
         policy: str,
     ):
-        capacity = int(round(fraction * owned.numel()))
+        capacity = round(fraction * owned.numel())
         if policy == "presample_freq":
             ranked = owned[torch.argsort(frequency[owned], descending=True, stable=True)]
         else:
@@ -84,55 +118,89 @@ class PartitionedFeatureCache:
 
 
 class GSplitDataModule(GNNDataModule):
-    """Args:
-    data: the prepared graph and split function.
-    fanouts: by hop from the targets.
-    batch_size: global targets per step (``-1``: all training nodes).
-    seed: base of the permutation and the sampling keys (the same as ``single``).
-    cache_fraction: share of each rank's own vertices whose features are cached.
-    cache_policy: ``presample_freq`` | ``id_order``.
-    eval_chunk_size: destination nodes per chunk in layer-wise inference.
+    """Split-parallel mini-batches: rank ``r`` samples, loads and computes the vertices it
+    owns of every step's global mini-batch (``single``'s).
+
+    Batches are :class:`SplitBatch`: ``blocks`` input layer first, ``x`` ``[|inputs|, F]`` of
+    the owned inputs, ``y`` of the owned targets, ``plans`` the shuffle before each layer.
+
+    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``GSplitConfig()``.
     """
 
-    def __init__(
-        self,
-        data: GSplitPrepared,
-        fanouts: list[int],
-        batch_size: int,
-        seed: int,
-        cache_fraction: float = 0.25,
-        cache_policy: str = "presample_freq",
-        eval_chunk_size: int = 65536,
-    ):
-        super().__init__()
-        self.data, self.fanouts, self.seed = data, list(fanouts), seed
-        graph = data.graph
-        self.train_ids = graph.split_ids("train")
-        self.batch_size = self.train_ids.numel() if batch_size == -1 else batch_size
-        self.cache_fraction, self.cache_policy = cache_fraction, cache_policy
-        self.eval_chunk_size = eval_chunk_size
-        self.order = EpochOrder(self.train_ids, seed)
-        self.input_dim, self.num_classes = graph.num_features, graph.num_classes
+    def __init__(self, dataset, config: GSplitConfig | None = None, data=None, **kwargs):
+        super().__init__(dataset, config or GSplitConfig(), data, **kwargs)
+        self.rank, self.world_size = 0, 1
+        self.report: dict = {}  # GSplitPrepared.report of the run's world size
 
-    def setup(self, stage: str) -> None:
-        if getattr(self, "sampler", None) is not None:
-            return
-        trainer, graph = self.trainer, self.data.graph
-        self.rank, self.world_size = trainer.global_rank, trainer.world_size
-        self.comm = trainer.strategy.comm
-        parts = self.data.parts
-        assert_same_on_all_ranks(self.comm, parts, "the GSplit split function")
-        if int(parts.max()) >= self.world_size:
-            raise ValueError(f"split function has parts >= world size {self.world_size}")
+    # ---------------------------------------------------------------------- preprocessing
+    @override
+    def preprocess(self, world_size: int) -> GSplitPrepared:
+        """Pre-sample and partition (cached on disk by content hash under ``cache_dir``)."""
+        p = self.config.partition
+        artifact = cached_probabilistic_partition(
+            self.graph,
+            world_size,
+            method=p.method,
+            fanouts=list(self.data.fanouts),
+            batch_size=self.data.batch_size,
+            presample_epochs=p.presample_epochs,
+            seed=self.seed ^ PRESAMPLE_SEED_SALT,
+            cache_dir=self.cache_dir,
+            metis_seed=self.seed,
+            ufactor=p.ufactor,
+            zero_edge_policy=p.zero_edge_policy,
+        )
+        print(
+            f"[gsplit] {p.method} split into {world_size}: predicted cross-split edge share "
+            f"{artifact['expected_cross_fraction']:.1%} ({artifact['num_batches']} pre-sampled "
+            f"mini-batches)",
+            flush=True,
+        )
+        report = {
+            "method": p.method,
+            "expected_cross_fraction": artifact["expected_cross_fraction"],
+            "presampled_batches": artifact["num_batches"],
+        }
+        return GSplitPrepared(artifact["parts"], artifact["k0_v"], report)
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: GSplitPrepared) -> None:
+        graph, parts = self.graph, prepared.parts
+        assert_same_on_all_ranks(context.comm, parts, "the GSplit split function")
+        if int(parts.max()) >= context.world_size:
+            raise ValueError(f"split function has parts >= world size {context.world_size}")
+        self.rank, self.world_size = context.rank, context.world_size
+        self.parts, self.report = parts, prepared.report
         self.sampler = SplitSampler(
-            self.comm, parts, graph.indptr, graph.indices, self.fanouts, self.seed
+            context.comm, parts, graph.indptr, graph.indices, list(self.data.fanouts), self.seed
         )
-        owned = (parts == self.rank).nonzero().flatten()
+        cache = self.config.cache
         self.cache = PartitionedFeatureCache(
-            graph.x, owned, self.data.input_frequency, self.cache_fraction, self.cache_policy
+            graph.x,
+            (parts == self.rank).nonzero().flatten(),
+            prepared.input_frequency,
+            cache.fraction,
+            cache.policy,
         )
+
+    # --------------------------------------------------------------------------- training
+    @cached_property
+    def train_ids(self) -> torch.Tensor:
+        return self.graph.split_ids("train")
+
+    @cached_property
+    def order(self) -> EpochOrder:
+        """The shared epoch permutation of the training nodes (``single``'s)."""
+        return EpochOrder(self.train_ids, self.seed)
 
     @property
+    def batch_size(self) -> int:
+        """Global targets per step (``data.batch_size``; ``-1``: every training node)."""
+        size = self.data.batch_size
+        return self.train_ids.numel() if size == -1 else size
+
+    @property
+    @override
     def steps_per_epoch(self) -> int:
         return -(-self.train_ids.numel() // self.batch_size)
 
@@ -140,35 +208,62 @@ class GSplitDataModule(GNNDataModule):
         """The global mini-batch of a step: exactly ``single``'s."""
         return self.order.step(epoch, step, self.batch_size)
 
+    def whole_batch_sampler(self) -> NeighborSampler:
+        """The sampler ``single`` draws whole mini-batches with (same keys as the split one)."""
+        graph = self.graph
+        return NeighborSampler(graph.indptr, graph.indices, list(self.data.fanouts), self.seed)
+
+    @override
     def make_batch(self, epoch: int, step: int) -> SplitBatch:
         seeds = self.step_seeds(epoch, step)
-        targets = seeds[self.data.parts[seeds] == self.rank]
+        targets = seeds[self.parts[seeds] == self.rank]
         start = time.perf_counter()
         blocks, plans, inputs = self.sampler.sample(targets, epoch, step)
         sampled = time.perf_counter()
         hits, misses = self.cache.hits, self.cache.misses
         x = self.cache.load(inputs)
-        y = self.data.graph.y.index_select(0, blocks[-1].dst_ids)
-        parts = self.data.parts
+        y = self.graph.y.index_select(0, blocks[-1].dst_ids)
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
             "input_nodes": inputs.numel(),
             "cache_hits": self.cache.hits - hits,
             "cache_misses": self.cache.misses - misses,
-            "vertices": [b.num_dst for b in blocks],
             "edges": [b.num_edges for b in blocks],
             "cross_edges": [
-                int((parts[b.src_ids[b.edge_index[0]]] != self.rank).sum()) for b in blocks
+                int((self.parts[b.src_ids[b.edge_index[0]]] != self.rank).sum()) for b in blocks
             ],
-            "rows_received": [sum(p.recv_splits) - p.recv_splits[self.rank] for p in plans],
         }
-        return SplitBatch(blocks, x, y, seeds.numel(), epoch, step, stats, plans=plans)
+        return SplitBatch(
+            blocks,
+            x,
+            y,
+            seeds.numel(),
+            epoch,
+            step,
+            stats,
+            plans=plans,
+            traffic=LayerTraffic(len(plans)),
+        )
 
-    def train_dataloader(self) -> DataLoader:
-        return collective_train_loader(self)  # sampling runs collectives
+    @override
+    def callbacks(self) -> list[L.Callback]:
+        """:class:`GSplitStats`, and the :class:`RedundancyProbe` when
+        ``redundancy_probe_steps > 0``."""
+        stats = GSplitStats(partition_report=lambda: self.report)
+        steps = self.config.redundancy_probe_steps
+        if not steps:
+            return [stats]
+        return [stats, RedundancyProbe(steps, self.step_seeds, self.whole_batch_sampler)]
 
+    # ------------------------------------------------------------------------- evaluation
+    @override
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         return replicated_eval_counts(
-            self.data.graph, net, splits, self.rank, self.world_size, self.eval_chunk_size
+            self.graph,
+            net,
+            splits,
+            self.rank,
+            self.world_size,
+            self.data.eval_chunk_size,
         )

@@ -1,10 +1,11 @@
-"""GSplit's offline probabilistic partitioning (spec §3.8) and its ablation partitioners (§3.9).
+"""GSplit's offline probabilistic partitioning and its ablation partitioners.
 
 Pre-sampling runs the training schedule and counts how often every vertex is a block
 destination (``k_v``), every edge is sampled (``k_e``) and every vertex is an input (``k0_v``).
 METIS then cuts the graph with ``k_v`` as vertex weights and ``k_e`` (summed over both
 directions of a pair) as edge weights. The cut edges' share of ``k_e`` is then the expected
 share of sampled edges that cross splits, and each split's ``k_v`` mass its expected compute.
+The steps and the ablations: docs/systems/gsplit.md#partitioning.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
 
 @dataclass(frozen=True)
 class PresampleCounts:
-    """Pre-sampling statistics (spec §3.8 step 1).
+    """Pre-sampling statistics (step 1 of docs/systems/gsplit.md#partitioning).
 
     Attributes:
         k_v: int64 ``[N]``: times ``v`` is a destination of a block (once per layer 1..L per
@@ -103,8 +104,9 @@ def presample(
 
 
 def vertex_weight_scale(k_v: Tensor, num_edges: int) -> int:
-    """``s`` of spec step 3: the average degree ``max(1, E // N)``, raised when
-    ``sum(k_v) * s < 100 N`` so that the ``+1`` offsets stay within 1% of the weight."""
+    """``s`` of step 3 (docs/systems/gsplit.md#partitioning): the average degree
+    ``max(1, E // N)``, raised when ``sum(k_v) * s < 100 N`` so that the ``+1`` offsets stay
+    within 1% of the weight."""
     num_nodes = k_v.numel()
     scale = max(1, num_edges // max(num_nodes, 1))
     total = int(k_v.sum())
@@ -119,7 +121,7 @@ def integer_vertex_weights(k_v: Tensor, num_edges: int) -> Tensor:
 
 
 def integer_edge_weights(pair_weights: Tensor, zero_edge_policy: str) -> tuple[Tensor, Tensor]:
-    """METIS edge weights from pair counts ``W_E`` (spec step 3).
+    """METIS edge weights from pair counts ``W_E`` (step 3 of the partitioning).
 
     ``drop`` removes pairs with ``W_E == 0`` and keeps ``W_E``; ``epsilon`` keeps every pair
     at ``10 W_E + 1``; ``auto`` drops when fewer than half of the pairs were ever sampled,
@@ -162,7 +164,7 @@ def _csr(rows: Tensor, num_nodes: int) -> Tensor:
 def gsplit_metis_input(
     graph: Graph, counts: PresampleCounts, zero_edge_policy: str = "auto"
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(xadj, adjncy, vweights, eweights)`` of the weighted METIS graph (spec steps 2-3)."""
+    """``(xadj, adjncy, vweights, eweights)`` of the weighted METIS graph (steps 2-3)."""
     xadj, adjncy, pair_weights = symmetric_pair_weights(graph, counts.k_e)
     keep, eweights = integer_edge_weights(pair_weights, zero_edge_policy)
     rows = torch.repeat_interleave(torch.arange(graph.num_nodes), xadj[1:] - xadj[:-1])
@@ -190,7 +192,8 @@ def _metis_parts(
 
 def edge_balance_weights(graph: Graph) -> Tensor:
     """The ``edge`` baseline's folded vertex weight ``deg(v) + alpha * 1[train]`` with
-    ``alpha = E / |train|`` (spec §3.9), times ``|train|`` to keep it an exact integer."""
+    ``alpha = E / |train|`` (docs/systems/gsplit.md#ablations), times ``|train|`` to keep it
+    an exact integer."""
     is_train = graph.train_mask.to(torch.int64)
     num_train = int(is_train.sum())
     if num_train == 0:
@@ -210,9 +213,10 @@ def probabilistic_partition(
 ) -> Tensor:
     """Split function ``f``: int64 ``[N]`` part ids in ``[0, num_parts)``.
 
-    Methods (spec §3.9): ``gsplit`` (vertex ``k_v``, edge ``k_e`` over the pair), ``node``
-    (vertex ``k_v``, uniform edges), ``edge`` (degree plus train mass, uniform edges),
-    ``naive`` (unweighted METIS), ``random``. ``gsplit`` and ``node`` need ``counts``.
+    Methods (docs/systems/gsplit.md#ablations): ``gsplit`` (vertex ``k_v``, edge ``k_e`` over
+    the pair), ``node`` (vertex ``k_v``, uniform edges), ``edge`` (degree plus train mass,
+    uniform edges), ``naive`` (unweighted METIS), ``random``. ``gsplit`` and ``node`` need
+    ``counts``.
     ``seed`` seeds METIS (or the random draw); ``ufactor`` is METIS's imbalance in 1/1000.
     """
     _check_choice("method", method, PARTITION_METHODS)
@@ -263,7 +267,7 @@ def cached_probabilistic_partition(
     zero_edge_policy: str = "auto",
     drop_last: bool = False,
 ) -> dict:
-    """Pre-sample, partition and keep the artifact in ``cache_dir`` (spec step 5).
+    """Pre-sample, partition and keep the artifact in ``cache_dir`` (step 5).
 
     ``seed`` drives pre-sampling (schedule and sampler), ``metis_seed`` the partitioner.
     Returns ``{"parts": int64 [N], "k_v": int64 [N], "k0_v": int64 [N], "num_batches": int,

@@ -1,4 +1,4 @@
-"""GSplit's split-parallel sampling and the per-layer shuffle (spec §3.3, §3.4, §3.6.1).
+"""GSplit's split-parallel sampling and the per-layer shuffle.
 
 One global mini-batch per step is split by the partition map ``parts``: rank r samples only
 the frontier vertices it owns. After every hop the new block's sources (the "mixed frontier"
@@ -8,7 +8,8 @@ is the plan of the shuffle that runs before each layer. The first shuffle moves 
 rows of boundary vertices (``feature``; the inputs need no gradient, so it has no backward);
 the later ones move hidden rows (``activation`` forward, ``activation_grad`` backward). No
 vertex is sampled, loaded or computed on two ranks, and the hash-keyed sampler draws exactly
-what one process draws for the whole mini-batch.
+what one process draws for the whole mini-batch (docs/systems/gsplit.md#split-parallel-sampling,
+docs/systems/gsplit.md#shuffle).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ class LayerPlan:
             self.recv_splits,
             self.recv_order.to(device),
         )
+
+    def rows_from_others(self, rank: int) -> int:
+        """Rows that ``rank`` receives from the other ranks in the forward shuffle."""
+        return sum(self.recv_splits) - self.recv_splits[rank]
 
 
 def shuffle_category(layer: int) -> str:

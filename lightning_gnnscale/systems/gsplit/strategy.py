@@ -3,27 +3,53 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+from torch import Tensor
+from typing_extensions import override
+
+from ...comm import Comm
+from ...models.gnn import LayerHook
 from ..base import MeteredDDPStrategy
+from ..contract import ModuleRuntime
+from .config import GSplitConfig
+from .datamodule import SplitBatch
 from .sampler import shuffle
 
 
-class GSplitStrategy(MeteredDDPStrategy):
-    """Before every layer, rows move from their owners to the ranks that consume them (input
-    features before layer 0, metered as ``feature``; hidden rows later, ``activation``), on the
-    dedicated data-exchange group (never interleaved with DDP's gradient buckets); autograd
-    returns the gradient rows. Gradients are summed by the metered DDP hook, the loss being the
-    sum over each rank's targets divided by the global mini-batch size: exact."""
+def shuffle_hook(comm: Comm) -> Callable[[SplitBatch], LayerHook]:
+    """``make(batch) -> hook(i, h)``: before layer ``i``, move the owners' rows ``h``
+    (``[|D|, d]``) to the ranks that consume them (``[|M|, d]``) along ``batch.plans[i]``, and
+    record the rows and bytes this rank receives in ``batch.traffic``."""
 
-    def layer_hook(self, batch):
-        """``hook(i, h)``: shuffle before layer ``i``. Records the bytes this rank receives from
-        other ranks per layer in ``self.bytes_received`` (on the strategy, because DDP's forward
-        hands the model a rebuilt copy of the batch)."""
-        self.bytes_received = [0] * len(batch.plans)
-
-        def hook(i: int, h):
+    def make(batch: SplitBatch) -> LayerHook:
+        def hook(i: int, h: Tensor) -> Tensor:
+            plan = batch.plans[i]
             row_bytes = math.prod(h.shape[1:]) * h.element_size()  # also when h has no rows
-            self.bytes_received[i] = batch.stats["rows_received"][i] * row_bytes
-            return shuffle(h, batch.plans[i], self.comm, layer=i)
+            batch.traffic.record(i, plan.rows_from_others(comm.rank), row_bytes)
+            return shuffle(h, plan, comm, layer=i)
 
         return hook
+
+    return make
+
+
+class GSplitStrategy(MeteredDDPStrategy):
+    """Before every layer, rows move from their owners to the ranks that consume them.
+
+    Input features before layer 0 are metered as ``feature``, hidden rows later as
+    ``activation``; they move on the dedicated data-exchange group (never interleaved with
+    DDP's gradient buckets), and autograd returns the gradient rows (``activation_grad``).
+    Gradients are summed by the metered DDP hook, the loss being the sum over each rank's
+    targets divided by the global mini-batch size: exact. The module must apply the layer hook
+    (:class:`~lightning_gnnscale.models.module.GNNModule` does).
+
+    Args: as :class:`~..base.MeteredDDPStrategy` (``config``: a :class:`GSplitConfig`).
+    """
+
+    config_type = GSplitConfig
+    requires_layer_hook = True
+
+    @override
+    def module_runtime(self) -> ModuleRuntime:
+        return ModuleRuntime(self.context, layer_hook=shuffle_hook(self.comm))

@@ -1,11 +1,14 @@
-"""SANCUS's run statistics: the staleness log and the cache memory (spec §4.4)."""
+"""SANCUS's run statistics: the staleness log and the cache memory
+(docs/systems/sancus.md#cache-memory). Reports only: training is the same without them."""
 
 from __future__ import annotations
 
 import lightning as L
 import torch
+from typing_extensions import override
 
-from .runtime import cache_bytes_formula
+from ..contract import rank_context
+from .runtime import SancusGCN, cache_bytes_formula
 
 
 def flag_summary(flags: dict, num_layers: int) -> dict:
@@ -20,20 +23,28 @@ def flag_summary(flags: dict, num_layers: int) -> dict:
 
 class StalenessLog(L.Callback):
     """ACTIVE share per layer input (forward) and per layer (backward δ), the skip ratio of the
-    hidden layer inputs, and the mean SCS-H distance; flags are the same on every rank, so rank
-    0's log is the run's. ``summary_stats`` goes into ``summary.json`` under ``system``."""
+    hidden layer inputs, and the mean SCS-H distance, read from the module's
+    :class:`SancusGCN`; flags are the same on every rank, so rank 0's log is the run's.
+    ``summary_stats`` goes into ``summary.json`` under ``system``.
 
-    def __init__(self):
+    Args:
+        rows: the row order (``strategy.rows``), reported with the row-block sizes.
+    """
+
+    def __init__(self, rows: str):
+        self.rows = rows
         self.last: dict = {}
 
+    @override
     def on_train_epoch_end(self, trainer, pl_module):
-        runtime = pl_module.net.runtime
+        runtime = SancusGCN.of(pl_module).runtime
         forward = flag_summary(runtime.forward_flags, runtime.num_layers)
         backward = flag_summary(runtime.backward_flags, runtime.num_layers)
         hidden = [v for layer, v in forward.items() if layer > 0]
         distances = [d for d in runtime.distances.values() if d != float("inf")]
         self.last = {
-            **trainer.datamodule.prepared.report,
+            "rows": self.rows,
+            "row_block_sizes": runtime.layout.sizes,
             "policy": runtime.policy.name,
             "forward_active_share_by_layer": [forward.get(k) for k in range(runtime.num_layers)],
             "backward_active_share_by_layer": [backward.get(k) for k in range(runtime.num_layers)],
@@ -47,21 +58,28 @@ class StalenessLog(L.Callback):
 
 
 class CacheMemory(L.Callback):
-    """Cache bytes of every rank at the end of training, measured and by the spec's formula
-    (one ``all_gather``, ``control``)."""
+    """Cache bytes of every rank at the end of training, measured and by the formula
+    (one ``all_gather``, ``control``).
 
-    def __init__(self):
+    Args:
+        num_nodes: ``N``, the graph's node count.
+        element_size: bytes per embedding value (the features' dtype).
+    """
+
+    def __init__(self, num_nodes: int, element_size: int):
+        self.num_nodes, self.element_size = num_nodes, element_size
         self.last: dict = {}
 
+    @override
     def on_train_end(self, trainer, pl_module):
-        net, dm = pl_module.net, trainer.datamodule
+        net = SancusGCN.of(pl_module)
         runtime = net.runtime
         measured = runtime.cache_bytes()
         formula = cache_bytes_formula(
-            dm.prepared.graph.num_nodes,
+            self.num_nodes,
             runtime.layout.num_rows,
             net.widths,
-            dm.x.element_size(),
+            self.element_size,
             runtime.policy,
         )
         local = torch.tensor(
@@ -72,7 +90,8 @@ class CacheMemory(L.Callback):
             ],
             dtype=torch.int64,
         )
-        rows = trainer.strategy.comm.all_gather_tensor(local, category="control").view(-1, 3)
+        comm = rank_context(trainer).comm
+        rows = comm.all_gather_tensor(local, category="control").view(-1, 3)
         self.last = {
             "cache_bytes_by_rank": rows[:, 0].tolist(),
             "cache_bytes_formula_by_rank": rows[:, 1].tolist(),

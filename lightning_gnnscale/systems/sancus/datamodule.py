@@ -1,80 +1,111 @@
-"""``SancusDataModule``: this rank's row block, one full-graph batch per epoch (spec §4.4)."""
+"""``SancusDataModule``: this rank's row block, one full-graph batch per epoch
+(docs/systems/sancus.md#what-is-implemented, "Batches")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import lightning as L
 import torch
-from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from ...graph.batch import Batch
+from ...graph.book import PartitionBook, relabel_graph
+from ...graph.cache import cached_partition
 from ...graph.csc import Graph
-from ..base import GNNDataModule, assert_same_on_all_ranks, collective_train_loader
-from .layout import row_blocks
-from .policy import StalenessPolicy
-from .runtime import SkipBroadcast
+from ...schema import ModelConfig
+from ..base import GNNDataModule, assert_same_on_all_ranks
+from ..contract import RankContext
+from .callbacks import CacheMemory, StalenessLog
+from .config import SancusConfig
+from .layout import RowBlocks, check_symmetric, row_blocks
+from .runtime import SancusGCN
 
 
 @dataclass(frozen=True)
 class SancusPrepared:
-    """The graph relabelled into row-block order and the ``[P + 1]`` row-block boundaries."""
+    """The graph relabelled into row-block order and the int64 ``[P + 1]`` row-block
+    boundaries (rank ``i`` owns rows ``offsets[i]:offsets[i + 1]``)."""
 
     graph: Graph
     offsets: torch.Tensor
-    report: dict
 
 
 class SancusDataModule(GNNDataModule):
-    """Rank ``i`` keeps ``Â_i*`` (CSR per column block), ``X_i``, ``y_i`` and its masks; the
-    :class:`SkipBroadcast` runtime (shared with the net) holds the caches.
+    """Rank ``i`` keeps ``Â_i*`` (CSR per column block, :class:`RowBlocks`), ``X_i``, ``y_i``
+    and its masks; the net (:class:`SancusGCN`, from :meth:`build_model`) holds the caches.
 
-    Each training batch is the whole own block: ``Batch([row blocks], X_i, y of own train rows,
-    global train count)``. Evaluation is the exact stateless distributed forward.
+    Each training batch is the whole own block: ``Batch([row blocks], X_i [n_i, F], y of the
+    own train rows [n_train_i], global train count)``. Evaluation is the exact stateless
+    distributed forward.
+
+    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``SancusConfig()``.
     """
 
-    def __init__(self, prepared: SancusPrepared, policy: StalenessPolicy, num_layers: int):
-        super().__init__()
-        self.prepared = prepared
-        graph = prepared.graph
-        self.input_dim, self.num_classes = graph.num_features, graph.num_classes
-        self.runtime = SkipBroadcast(policy, num_layers)
-        self.train_count = int(graph.train_mask.sum())
-        self.layout = None
+    def __init__(self, dataset, config: SancusConfig | None = None, data=None, **kwargs):
+        super().__init__(dataset, config or SancusConfig(), data, **kwargs)
+        self.layout: RowBlocks | None = None
 
-    def setup(self, stage: str) -> None:
-        if self.layout is not None:
-            return
-        trainer = self.trainer
-        rank, world = trainer.global_rank, trainer.world_size
-        offsets = self.prepared.offsets
+    @override
+    def preprocess(self, world_size: int) -> SancusPrepared:
+        """Order the nodes into row blocks (the partition cached under ``cache_dir``)."""
+        graph, rows = self.graph, self.config.rows
+        check_symmetric(graph)
+        if graph.num_nodes < world_size:
+            raise ValueError(f"{graph.num_nodes} nodes cannot fill {world_size} row blocks")
+        parts = cached_partition(graph, rows, world_size, self.seed, self.cache_dir)
+        book = PartitionBook.from_parts(parts, world_size)
+        sizes = (book.node_offsets[1:] - book.node_offsets[:-1]).tolist()
+        print(f"[{self.config.name}] {rows} row blocks of {sizes} rows", flush=True)
+        return SancusPrepared(relabel_graph(graph, book), book.node_offsets)
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: SancusPrepared) -> None:
+        rank, world = context.rank, context.world_size
+        offsets = prepared.offsets
         if offsets.numel() - 1 != world:
             raise ValueError(f"row blocks for {offsets.numel() - 1} ranks, world size {world}")
-        comm = trainer.strategy.comm
-        assert_same_on_all_ranks(comm, offsets, "the SANCUS row blocks")
-        graph = self.prepared.graph
+        assert_same_on_all_ranks(context.comm, offsets, "the SANCUS row blocks")
+        graph, device = prepared.graph, context.device
         lo, hi = int(offsets[rank]), int(offsets[rank + 1])
-        device = trainer.strategy.root_device  # the runtime multiplies on the model's device
         self.layout = row_blocks(graph, offsets, rank).to(device)
         self.x, self.y = graph.x[lo:hi].to(device), graph.y[lo:hi].to(device)
         self.masks = {
             s: getattr(graph, f"{s}_mask")[lo:hi].to(device) for s in ("train", "val", "test")
         }
-        self.runtime.attach(comm, self.layout)
+        self.train_count = int(graph.train_mask.sum())
+
+    @override
+    def build_model(self, model: ModelConfig) -> SancusGCN:
+        """The GCN whose layers broadcast the row blocks (``model`` must be a GCN without
+        dropout)."""
+        self.config.check_model(model)
+        return SancusGCN(
+            self.input_dim, model.hidden, self.num_classes, model.num_layers, self.config.staleness
+        )
+
+    @override
+    def callbacks(self) -> list[L.Callback]:
+        """The staleness log and the cache memory (``summary.json`` → ``system``)."""
+        graph = self.graph
+        return [
+            StalenessLog(self.config.rows),
+            CacheMemory(graph.num_nodes, graph.x.element_size()),
+        ]
 
     @property
     def steps_per_epoch(self) -> int:
         return 1
 
+    @override
     def make_batch(self, epoch: int, step: int) -> Batch:
         stats = {"sample_s": 0.0, "load_s": 0.0, "input_nodes": self.x.shape[0]}
         y = self.y[self.layout.seed_rows]
         return Batch([self.layout], self.x, y, self.train_count, epoch, step, stats)
 
-    def train_dataloader(self) -> DataLoader:
-        return collective_train_loader(self)
-
+    @override
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        pred = net.exact_logits(self.x).argmax(1)
+        pred = SancusGCN.of(net).exact_logits(self.x, self.layout).argmax(1)
         counts = torch.zeros(len(splits), 2, dtype=torch.float64)
         for k, split in enumerate(splits):
             mask = self.masks[split]

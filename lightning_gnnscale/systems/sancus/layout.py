@@ -1,4 +1,4 @@
-"""1-D row blocks of the GCN propagation matrix (spec §4.2.2).
+"""1-D row blocks of the GCN propagation matrix (docs/systems/sancus.md#what-is-implemented).
 
 Nodes are relabelled so that rank ``i`` owns the contiguous rows ``R_i = [off_i, off_i+1)``.
 Rank ``i`` keeps ``Â_ij = Â[R_i, R_j]`` for every ``j`` (sparse CSR), where

@@ -1,5 +1,5 @@
-"""SANCUS's skip-broadcast layer (spec §4.2.3-4.2.4): per-rank state, the autograd Function and
-the GCN built from it.
+"""SANCUS's skip-broadcast layer (docs/systems/sancus.md#what-is-implemented): per-rank state,
+the autograd Function and the GCN built from it.
 
 Forward of layer input ``l`` on rank ``i``: ``T_i = Â_ii H_i + sum_{j != i} Â_ij H̃_j`` where
 ``H̃_j`` is root ``j``'s block, fresh if ``j`` broadcast it this epoch (flag ACTIVE), else the
@@ -18,20 +18,25 @@ from torch import Tensor, nn
 
 from ...comm import Comm
 from ...models.layers import BlockGCN
+from ..contract import ModuleRuntime
 from .layout import RowBlocks
 from .policy import NEVER, StalenessPolicy, variation_flag
 
 
 class SkipBroadcast:
-    """One rank's SANCUS state: caches, versions and the flag log.
+    """One rank's SANCUS state: caches, versions and the flag log (owned by :class:`SancusGCN`).
 
-    Attributes (after :meth:`attach`), per layer input ``l``:
+    It receives the rank's ``comm`` with :meth:`connect` and its row blocks with
+    :meth:`use_layout` (the first layout starts empty caches).
+
+    Attributes (after the first layout), per layer input ``l``:
         cache[l][j]: root ``j``'s block as last received ``[n_j, F_l]`` (``None`` for ``j = i``).
         last_bcast[l]: int64 ``[P]`` epoch of every root's last broadcast (``NEVER`` before).
         own_last[l]: this rank's block as last broadcast (kept for ``variation`` only).
         grad_cache / grad_last: the same for output gradients δ of layer ``l`` (SkipG only).
         forward_flags / backward_flags: ``{(epoch, l): bool [P]}`` of every training epoch.
         distances: ``{(epoch, l): float}`` this rank's variation distance at decision time.
+        epoch: the training epoch running (``-1`` before the first).
     """
 
     def __init__(self, policy: StalenessPolicy, num_layers: int):
@@ -40,13 +45,35 @@ class SkipBroadcast:
         self.layout: RowBlocks | None = None
         self.epoch = -1
 
-    def attach(self, comm: Comm, layout: RowBlocks) -> None:
-        """Bind to the rank's ``comm`` and row blocks; start with empty caches."""
-        if comm.world_size != layout.world_size:
-            raise ValueError(
-                f"row blocks for {layout.world_size} ranks but world size {comm.world_size}"
+    def connect(self, comm: Comm) -> None:
+        """Broadcast through ``comm`` (the rank's metered collectives)."""
+        self.comm = comm
+
+    def use_layout(self, layout: RowBlocks) -> None:
+        """Work on ``layout`` (a batch's or the evaluation's row blocks); the first layout
+        starts empty caches, a later one must be the same blocks (possibly moved)."""
+        if self.comm is None:
+            raise RuntimeError(
+                "SancusGCN has no comm yet: the strategy hands it one through "
+                "configure_runtime (GNNModule forwards it) before training"
             )
-        self.comm, self.layout = comm, layout
+        if self.layout is None:
+            self._start(layout)
+        elif layout.rank != self.layout.rank or not torch.equal(
+            layout.offsets, self.layout.offsets
+        ):
+            raise ValueError(
+                f"SancusGCN was trained on rank {self.layout.rank}'s row blocks "
+                f"{self.layout.offsets.tolist()}, now given rank {layout.rank}'s "
+                f"{layout.offsets.tolist()}; its caches hold the first layout's blocks"
+            )
+        self.layout = layout
+
+    def _start(self, layout: RowBlocks) -> None:
+        if self.comm.world_size != layout.world_size:
+            raise ValueError(
+                f"row blocks for {layout.world_size} ranks but world size {self.comm.world_size}"
+            )
         p, n_layers = layout.world_size, self.num_layers
         self.cache = [[None] * p for _ in range(n_layers)]
         self.last_bcast = [torch.full((p,), NEVER, dtype=torch.int64) for _ in range(n_layers)]
@@ -56,7 +83,6 @@ class SkipBroadcast:
         self.forward_flags: dict[tuple[int, int], Tensor] = {}
         self.backward_flags: dict[tuple[int, int], Tensor] = {}
         self.distances: dict[tuple[int, int], float] = {}
-        self.epoch = -1
 
     def start_epoch(self) -> None:
         """One training step = one full-graph epoch (validation does not move the counter)."""
@@ -154,8 +180,9 @@ def cache_bytes_formula(
     element_size: int,
     policy: StalenessPolicy,
 ) -> int:
-    """Spec §4.3: ``sum_l element_size * (N - n_i) * F_l`` over layer inputs ``l = 0..L-1``,
-    plus ``element_size * n_i * F_l`` for every layer input whose root keeps its own last copy
+    """Cache bytes of rank ``i`` (docs/systems/sancus.md#cache-memory):
+    ``sum_l element_size * (N - n_i) * F_l`` over layer inputs ``l = 0..L-1``, plus
+    ``element_size * n_i * F_l`` for every layer input whose root keeps its own last copy
     (SCS-H; not X under ``input_policy=once``)."""
     total = sum(element_size * (num_nodes - own_rows) * f for f in widths)
     own = [f for layer, f in enumerate(widths) if policy.root_decides(layer)]
@@ -182,22 +209,42 @@ class SkipBroadcastLinear(torch.autograd.Function):
 
 
 class SancusGCN(nn.Module):
-    """GCN trained full-graph over row blocks; parameters named and shaped as
-    ``BlockGNN("gcn", ...)`` (``layers.<l>.lin.weight``, ``layers.<l>.bias``), so a ``single``
-    model's ``state_dict`` loads unchanged.
+    """GCN trained full-graph over row blocks; it owns its :class:`SkipBroadcast` runtime.
 
-    ``forward(blocks, x)``: ``x`` = this rank's input rows ``[n_i, F_0]``; returns the logits
-    of this rank's training rows ``blocks[-1].seed_rows`` (the batch's seeds).
+    Parameters are named and shaped as ``BlockGNN("gcn", ...)`` (``layers.<l>.lin.weight``,
+    ``layers.<l>.bias``), so a ``single`` model's ``state_dict`` loads unchanged. The rank's
+    ``comm`` arrives through :meth:`configure_runtime` (``GNNModule`` forwards the strategy's
+    :class:`ModuleRuntime`); the row blocks come with every call.
+
+    ``forward(blocks, x)``: one training epoch. ``blocks = [RowBlocks]`` (this rank's row
+    blocks, the batch's only block), ``x`` = this rank's input rows ``[n_i, F_0]``; returns the
+    logits of this rank's training rows ``blocks[-1].seed_rows`` ``[n_train_i, C]``.
+
+    Args:
+        in_dim, hidden, out_dim, num_layers: the GCN's sizes.
+        policy: the staleness policy of its skipped broadcasts.
     """
 
     def __init__(
-        self, in_dim: int, hidden: int, out_dim: int, num_layers: int, runtime: SkipBroadcast
+        self, in_dim: int, hidden: int, out_dim: int, num_layers: int, policy: StalenessPolicy
     ):
         super().__init__()
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
         self.num_layers = num_layers
         self.layers = nn.ModuleList(BlockGCN(dims[i], dims[i + 1]) for i in range(num_layers))
-        self.runtime = runtime
+        self.runtime = SkipBroadcast(policy, num_layers)
+
+    @classmethod
+    def of(cls, module: nn.Module) -> SancusGCN:
+        """The ``SancusGCN`` inside ``module`` (e.g. a ``GNNModule``), for report callbacks."""
+        found = next((m for m in module.modules() if isinstance(m, cls)), None)
+        if found is None:
+            raise TypeError(f"{type(module).__name__} holds no SancusGCN")
+        return found
+
+    def configure_runtime(self, runtime: ModuleRuntime) -> None:
+        """Broadcast through the strategy's metered ``comm`` (called once, before training)."""
+        self.runtime.connect(runtime.context.comm)
 
     @property
     def widths(self) -> list[int]:
@@ -207,7 +254,10 @@ class SancusGCN(nn.Module):
     def forward(self, blocks: list[RowBlocks], x: Tensor, layer_hook=None) -> Tensor:
         if layer_hook is not None:
             raise ValueError("SancusGCN moves rows itself; it takes no layer hook")
-        return self.propagate(x, train=True)[blocks[-1].seed_rows]
+        layout = blocks[-1]
+        self.runtime.use_layout(layout)
+        self.runtime.start_epoch()
+        return self.propagate(x, train=True)[layout.seed_rows]
 
     def propagate(self, x: Tensor, train: bool) -> Tensor:
         """Logits of every own row ``[n_i, C]``; ``train=False`` is the exact stateless pass."""
@@ -223,6 +273,7 @@ class SancusGCN(nn.Module):
         return h
 
     @torch.no_grad()
-    def exact_logits(self, x: Tensor) -> Tensor:
-        """Exact distributed inference of the own rows (every rank must call it)."""
+    def exact_logits(self, x: Tensor, layout: RowBlocks) -> Tensor:
+        """Exact distributed inference of the own rows ``[n_i, C]`` (every rank must call it)."""
+        self.runtime.use_layout(layout)
         return self.propagate(x, train=False)

@@ -1,27 +1,36 @@
-"""``SancusStrategy``: the DDP process group without the DDP wrapper (spec §4.4).
+"""``SancusStrategy``: the DDP process group without the DDP wrapper
+(docs/systems/sancus.md#what-is-implemented, "Gradients").
 
-Broadcasts rank 0's initial weights through ``comm`` (``parameter``), advances the SANCUS epoch
-counter once per training step, and sums every parameter gradient over ranks itself after
-backward (one flat ``all_reduce``, ``gradient``): the loss is already divided by the global
-train count, so the sum is the single-process gradient of the computed forward.
+Broadcasts rank 0's initial weights through ``comm`` (``parameter``) and sums every parameter
+gradient over ranks itself after backward (one flat ``all_reduce``, ``gradient``): the loss is
+already divided by the global train count, so the sum is the single-process gradient of the
+computed forward. The net's layers broadcast the embeddings themselves (``SancusGCN``).
 """
 
 from __future__ import annotations
 
 import torch
+from typing_extensions import override
 
 from ...comm import Comm
 from ..base import MeteredDDPStrategy
+from .config import SancusConfig
 
 
 class SancusStrategy(MeteredDDPStrategy):
+    """DDP's process group and metered ``comm``, no DDP wrapper; gradients summed by hand.
+
+    Args: as :class:`~..base.MeteredDDPStrategy` (``config``: a :class:`SancusConfig`;
+    ``None``, as with ``L.Trainer(strategy="sancus")``, adopts the DataModule's).
+    """
+
+    config_type = SancusConfig
+
+    @override
     def configure_ddp(self) -> None:
         self.broadcast_initial_weights()  # and no DDP wrapper: gradients are summed below
 
-    def training_step(self, *args, **kwargs):
-        self.lightning_module.net.runtime.start_epoch()
-        return super().training_step(*args, **kwargs)
-
+    @override
     def post_backward(self, closure_loss: torch.Tensor) -> None:
         sum_gradients(self.comm, list(self.lightning_module.parameters()))
 

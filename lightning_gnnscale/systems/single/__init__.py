@@ -2,29 +2,40 @@
 
 from __future__ import annotations
 
-from ...config import ConfigError
+from dataclasses import dataclass
+
+from ...schema import RunConfig, SystemConfig, require
 from ..base import MeteredSingleDeviceStrategy, SampledDataModule
 
 
-def validate(cfg) -> None:
-    if int(cfg.trainer.devices) != 1 or int(cfg.trainer.num_nodes) != 1:
-        raise ConfigError(
-            f"strategy=single runs one process, but trainer.devices={cfg.trainer.devices} and "
-            f"trainer.num_nodes={cfg.trainer.num_nodes}; set both to 1 or use strategy=ddp"
+@dataclass(frozen=True)
+class SingleConfig(SystemConfig):
+    """``strategy=single``: no settings of its own; one process."""
+
+    name: str = "single"
+
+    NAMES = ("single",)
+    accepts_custom_models = True
+
+    def check_run(self, run: RunConfig) -> None:
+        require(
+            run.trainer.devices == 1 and run.trainer.num_nodes == 1,
+            f"strategy=single runs one process, but trainer.devices={run.trainer.devices} and "
+            f"trainer.num_nodes={run.trainer.num_nodes}; set both to 1 or use strategy=ddp",
         )
 
 
-def build(cfg, graph):
-    strategy = MeteredSingleDeviceStrategy(
-        device="cpu" if cfg.trainer.accelerator == "cpu" else "cuda"
-    )
-    dm = SampledDataModule(
-        graph,
-        cfg.data.fanouts,
-        cfg.data.batch_size,
-        seed=cfg.seed,
-        salt_by_rank=False,
-        num_workers=cfg.data.num_workers,
-        eval_chunk_size=cfg.data.eval_chunk_size,
-    )
-    return strategy, dm, []
+class SingleStrategy(MeteredSingleDeviceStrategy):
+    """One process, metered like the others (every collective a no-op that counts nothing)."""
+
+    config_type = SingleConfig
+
+
+class SingleDataModule(SampledDataModule):
+    """Every training node's sampled blocks in one process: exactly the global mini-batch.
+
+    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``SingleConfig()``.
+    """
+
+    def __init__(self, dataset, config: SingleConfig | None = None, data=None, **kwargs):
+        super().__init__(dataset, config or SingleConfig(), data, salt_by_rank=False, **kwargs)

@@ -1,0 +1,354 @@
+"""Typed settings: one frozen dataclass per config section, validated once in ``__post_init__``.
+
+Each dataclass is also a Hydra structured-config schema (:func:`register_schemas`), so a typo or
+a value of the wrong type fails while Hydra composes the config, with the key named. The values
+themselves (ranges, choices, rules across sections) are checked when the composed config becomes
+a :class:`RunConfig` (:func:`run_config`), in the launching process, before any rank starts.
+
+A system's own settings are its ``SystemConfig`` subclass (``systems/<name>/config.py``); its
+Strategy and its DataModule both receive that one object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, ClassVar
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from .errors import ConfigError
+
+MODEL_NAMES = ("gcn", "sage", "gat", "custom")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+DTYPES = ("float32", "float64")
+ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`ConfigError` with ``message`` unless ``condition``."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def choice(key: str, value: Any, valid) -> None:
+    """``value`` is one of ``valid``; the error names ``key`` and lists the valid values."""
+    require(value in valid, f"{key}={value!r} is unknown; valid: {list(valid)}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How training steps are cut and sampled.
+
+    Args:
+        batch_size: global seeds per step, split across ranks; ``-1`` = all training nodes.
+        fanouts: neighbours per hop, from the seeds; ``-1`` = the full neighbourhood.
+        num_workers: DataLoader processes sampling ahead (systems that sample with
+            collectives need 0).
+        eval_chunk_size: destination nodes per chunk in layer-wise inference.
+    """
+
+    batch_size: int = 1024
+    fanouts: list[int] = field(default_factory=lambda: [10, 10])
+    num_workers: int = 0
+    eval_chunk_size: int = 65536
+
+    def __post_init__(self) -> None:
+        require(
+            self.batch_size > 0 or self.batch_size == -1,
+            f"data.batch_size={self.batch_size} must be > 0 or -1 (-1 = all train nodes)",
+        )
+        require(
+            len(self.fanouts) >= 1 and all(f > 0 or f == -1 for f in self.fanouts),
+            f"data.fanouts={list(self.fanouts)}: each fanout must be > 0 or -1 "
+            "(-1 = full neighbourhood)",
+        )
+        require(self.num_workers >= 0, f"data.num_workers={self.num_workers} must be >= 0")
+        require(self.eval_chunk_size >= 1, "data.eval_chunk_size must be >= 1")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The GNN and its optimiser.
+
+    Args:
+        name: ``gcn`` | ``sage`` | ``gat`` | ``custom`` (a PyG model ``target(x, edge_index)``).
+        hidden: hidden width (GAT: heads x channels per head).
+        num_layers: GNN layers; one fanout per layer.
+        dropout: on every layer's input (and GAT's attention), in ``[0, 1)``.
+        heads: GAT attention heads (other models ignore it).
+        optimizer: ``adam`` | ``adamw`` | ``sgd``.
+        lr, weight_decay: optimiser settings.
+        target, kwargs: ``custom`` only: the model class's dotted path and extra arguments.
+    """
+
+    name: str = "gcn"
+    hidden: int = 64
+    num_layers: int = 2
+    dropout: float = 0.5
+    heads: int = 8
+    optimizer: str = "adam"
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    target: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        choice("model", self.name, MODEL_NAMES)
+        require(self.hidden >= 1, f"model.hidden={self.hidden} must be >= 1")
+        require(self.num_layers >= 1, f"model.num_layers={self.num_layers} must be >= 1")
+        require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
+        choice("model.optimizer", self.optimizer, OPTIMIZERS)
+        require(self.lr > 0, f"model.lr={self.lr} must be > 0")
+        require(self.weight_decay >= 0, f"model.weight_decay={self.weight_decay} must be >= 0")
+        if self.name == "gat":
+            require(self.heads >= 1, f"model.heads={self.heads} must be >= 1")
+            require(
+                self.hidden % self.heads == 0,
+                f"model.hidden={self.hidden} must be divisible by model.heads={self.heads}",
+            )
+        if self.name == "custom":
+            require(
+                bool(self.target),
+                "model=custom needs model.target (e.g. torch_geometric.nn.models.GraphSAGE)",
+            )
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The Lightning Trainer settings a run uses (see ``conf/trainer/default.yaml``)."""
+
+    accelerator: str = "cpu"
+    devices: int = 2
+    num_nodes: int = 1
+    max_epochs: int = 20
+    check_val_every_n_epoch: int = 1
+    log_every_n_steps: int = 10
+    enable_progress_bar: bool = True
+    limit_train_batches: int | float | None = None
+    deterministic: bool = False
+    process_group_backend: str | None = None  # None = gloo on CPU, nccl on GPU
+
+    def __post_init__(self) -> None:
+        choice("trainer.accelerator", self.accelerator, ACCELERATORS)
+        for key in ("devices", "num_nodes", "max_epochs", "check_val_every_n_epoch"):
+            require(getattr(self, key) >= 1, f"trainer.{key}={getattr(self, key)} must be >= 1")
+        require(self.log_every_n_steps >= 1, "trainer.log_every_n_steps must be >= 1")
+        limit = self.limit_train_batches
+        require(
+            limit is None
+            or (isinstance(limit, int) and limit >= 1)
+            or (isinstance(limit, float) and 0.0 < limit <= 1.0),
+            f"trainer.limit_train_batches={limit} must be null, an integer >= 1 (batches) or "
+            "a fraction in (0, 1]",
+        )
+
+    @property
+    def world_size(self) -> int:
+        return self.devices * self.num_nodes
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    """Where a run reads datasets and caches and writes its outputs."""
+
+    root: str = MISSING
+    data_dir: str = MISSING
+    cache_dir: str = MISSING
+    output_dir: str = MISSING
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    """``servers``: simulate this many servers (ranks split evenly); ``None`` = num_nodes."""
+
+    servers: int | None = None
+
+    def __post_init__(self) -> None:
+        require(self.servers is None or self.servers >= 1, "topology.servers must be >= 1")
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    """``timeout_s``: kill a local multi-process run after this long (``None`` = never);
+    ``collective_timeout_s``: a collective stuck this long fails the run."""
+
+    timeout_s: float | None = None
+    collective_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        require(
+            self.timeout_s is None or self.timeout_s > 0,
+            f"launcher.timeout_s={self.timeout_s} must be > 0 (or null)",
+        )
+        require(
+            self.collective_timeout_s > 0,
+            f"launcher.collective_timeout_s={self.collective_timeout_s} must be > 0",
+        )
+
+
+@dataclass(frozen=True)
+class SystemConfig:
+    """Base of every system's settings (``strategy:`` in the run config).
+
+    Subclasses add their fields and validate them in ``__post_init__`` (calling
+    ``super().__post_init__()``); rules that involve other sections (the model, the world
+    size) go in :meth:`check_run`, called once by :class:`RunConfig`.
+
+    Args:
+        name: the registered strategy name.
+    """
+
+    name: str = MISSING
+
+    NAMES: ClassVar[tuple[str, ...]] = ()  # the strategy names this config serves
+    accepts_custom_models: ClassVar[bool] = False  # can train a user model(x, edge_index)
+
+    def __post_init__(self) -> None:
+        if self.NAMES and self.name not in self.NAMES:
+            from .systems.registry import SYSTEMS  # late: systems import this module
+
+            raise ConfigError(
+                f"strategy.name={self.name!r} is not a name of {type(self).__name__} "
+                f"(valid: {list(self.NAMES)}); pick a system with strategy=<name>, one of "
+                f"{sorted(SYSTEMS)}"
+            )
+
+    def check_run(self, run: RunConfig) -> None:
+        """Rules between this system and the rest of the run (``run.model``, world size...)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run: every section typed, validated once (the launching process builds it)."""
+
+    strategy: Any = MISSING  # a SystemConfig subclass, chosen by strategy=<name>
+    dataset: Any = MISSING  # {name, root, options}: checked by the dataset registry
+    seed: int = 0
+    dtype: str = "float32"
+    ckpt_path: str | None = None
+    weights_from: str | None = None
+    callbacks: Any = field(default_factory=dict)  # {name: {_target_: class, ...kwargs}}
+    logger: Any = None  # {_target_: class, ...kwargs} or null
+    audit: bool = False
+    network: str = "10gbe"
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+
+    def __post_init__(self) -> None:
+        from .comm.network import NetworkModel  # late: comm imports torch.distributed
+        from .graph.datasets import check_dataset_options
+
+        require(isinstance(self.strategy, SystemConfig), "strategy is not a known system")
+        choice("dtype", self.dtype, DTYPES)
+        try:
+            NetworkModel.from_name(self.network)
+        except ValueError as err:
+            raise ConfigError(f"network={self.network!r}: {err}") from None
+        options = {k: v for k, v in self.dataset.items() if k not in ("name", "root")}
+        try:
+            check_dataset_options(self.dataset["name"], options)
+        except ValueError as err:
+            raise ConfigError(f"dataset: {err}") from None
+        require(
+            len(self.data.fanouts) == self.model.num_layers,
+            f"data.fanouts={list(self.data.fanouts)} has {len(self.data.fanouts)} hops but "
+            f"model.num_layers={self.model.num_layers}; give one fanout per layer",
+        )
+        world = self.trainer.world_size
+        servers = self.topology.servers
+        require(
+            servers is None or world % servers == 0,
+            f"topology.servers={servers} must divide the world size {world}",
+        )
+        require(
+            self.ckpt_path is None or self.weights_from is None,
+            "set ckpt_path (resume a run) or weights_from (start from its weights), not both",
+        )
+        if self.model.name == "custom" and not self.strategy.accepts_custom_models:
+            from .systems.registry import SYSTEMS  # late: systems import this module
+
+            valid = sorted(n for n, s in SYSTEMS.items() if s.config_type.accepts_custom_models)
+            raise ConfigError(
+                f"strategy={self.strategy.name} cannot run model=custom (a model(x, edge_index) "
+                f"cannot take the system's per-layer hooks); strategies that can: {valid}"
+            )
+        self.strategy.check_run(self)
+
+    @property
+    def world_size(self) -> int:
+        return self.trainer.world_size
+
+
+def _writable(node: DictConfig) -> DictConfig:
+    """A frozen dataclass's schema node made mergeable (Hydra merges YAML values into it)."""
+    node._set_flag("readonly", None)
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _writable(child)
+        else:
+            child._set_flag("readonly", None)
+    return node
+
+
+def schema_node(cls: type) -> DictConfig:
+    """The structured-config node of a settings dataclass, as Hydra's ConfigStore takes it."""
+    return _writable(OmegaConf.structured(cls))
+
+
+def register_schemas(systems: dict[str, type[SystemConfig]]) -> None:
+    """Register the run schema (``run_schema``) and one ``schema/strategy/<name>`` node per
+    system, which ``conf/config.yaml`` and ``conf/strategy/<name>.yaml`` name in their
+    defaults lists."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=schema_node(RunConfig))
+    for name, cls in systems.items():
+        store.store(group="schema/strategy", name=name, node=schema_node(cls), package="strategy")
+
+
+def run_config(cfg: DictConfig | RunConfig) -> RunConfig:
+    """The typed, validated run config of a composed Hydra config (raises ConfigError)."""
+    if isinstance(cfg, RunConfig):
+        return cfg
+    strategy = cfg.get("strategy")
+    typed = OmegaConf.get_type(strategy) if isinstance(strategy, DictConfig) else None
+    if typed is None or not (is_dataclass(typed) and issubclass(typed, SystemConfig)):
+        from .systems.registry import SYSTEMS  # late: systems import this module
+
+        name = strategy.get("name") if isinstance(strategy, DictConfig) else strategy
+        raise ConfigError(f"strategy={name!r} is unknown; valid: {sorted(SYSTEMS)}")
+    _check_known_keys(cfg)
+    run = OmegaConf.to_object(cfg)
+    assert isinstance(run, RunConfig), type(run)
+    return run
+
+
+def _check_known_keys(node: DictConfig, prefix: str = "") -> None:
+    """Keys forced in with ``+key=value`` (Hydra lets them past the schema) must be settings."""
+    cls = OmegaConf.get_type(node)
+    known = {f.name for f in fields(cls)} if is_dataclass(cls) else None
+    for key in node:
+        path = f"{prefix}{key}"
+        if known is not None and key not in known:
+            where = f" under {prefix[:-1]}" if prefix else ""
+            raise ConfigError(f"{path} is not a known setting; valid keys{where}: {sorted(known)}")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and is_dataclass(OmegaConf.get_type(child)):
+            _check_known_keys(child, f"{path}.")
+
+
+def as_dict(config: Any) -> Any:
+    """A settings dataclass (or a tree of them) as plain dicts and lists."""
+    if is_dataclass(config):
+        return {f.name: as_dict(getattr(config, f.name)) for f in fields(config)}
+    if isinstance(config, dict):
+        return {k: as_dict(v) for k, v in config.items()}
+    if isinstance(config, list | tuple):
+        return [as_dict(v) for v in config]
+    return config

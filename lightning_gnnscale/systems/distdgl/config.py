@@ -1,0 +1,87 @@
+"""``DistDGLConfig``: the settings of ``strategy=distdgl`` (``conf/strategy/distdgl.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...graph.partition import BALANCE_SCHEMES, METHOD_OPTIONS, PARTITION_METHODS
+from ...schema import RunConfig, SystemConfig, choice, require
+from .kvstore import SPARSE_OPTIMIZERS
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """How the graph is cut into one part per rank (``graph/partition.py``); computed once and
+    cached by content hash (docs/systems/distdgl.md#partitioning).
+
+    Args:
+        method: ``metis_balanced`` (min cut, training nodes balanced) | ``metis`` | ``random``
+            (the ablation) | ``contiguous``.
+        ufactor: METIS imbalance in 1/1000 (``metis``, ``metis_balanced``).
+        niter: METIS refinement iterations (``metis``, ``metis_balanced``).
+        overpartition: METIS clusters per part before bin-packing (``metis_balanced``).
+        balance: per-node columns balanced across parts: ``train`` | ``split`` | ``none``
+            (``metis_balanced``).
+        balance_edges: also balance in-degrees (``metis_balanced``).
+        permute: shuffle node ids before cutting ranges (``contiguous``).
+    """
+
+    method: str = "metis_balanced"
+    ufactor: int = 30
+    niter: int = 10
+    overpartition: int = 8
+    balance: str = "train"
+    balance_edges: bool = True
+    permute: bool = False
+
+    def __post_init__(self) -> None:
+        choice("strategy.partition.method", self.method, PARTITION_METHODS)
+        require(self.ufactor >= 1, f"strategy.partition.ufactor={self.ufactor} must be >= 1")
+        require(self.niter >= 1, f"strategy.partition.niter={self.niter} must be >= 1")
+        require(
+            self.overpartition >= 1,
+            f"strategy.partition.overpartition={self.overpartition} must be >= 1",
+        )
+        choice("strategy.partition.balance", self.balance, BALANCE_SCHEMES)
+
+    def options(self) -> dict[str, Any]:
+        """The options ``method`` takes, for the partitioner (and its cache key)."""
+        return {key: getattr(self, key) for key in METHOD_OPTIONS[self.method]}
+
+
+@dataclass(frozen=True)
+class DistDGLConfig(SystemConfig):
+    """``strategy=distdgl``.
+
+    Args:
+        partition: the partitioner and its options.
+        embedding_dim: ``> 0``: learn node embeddings of this width as the input instead of the
+            features (featureless graphs); ``0``: use the features.
+        sparse_optimizer: ``adagrad`` | ``sgd``, for the embeddings.
+        sparse_lr: its learning rate.
+    """
+
+    name: str = "distdgl"
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    embedding_dim: int = 0
+    sparse_optimizer: str = "adagrad"
+    sparse_lr: float = 0.05
+
+    NAMES = ("distdgl",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            self.embedding_dim >= 0,
+            f"strategy.embedding_dim={self.embedding_dim} must be >= 0 (0 = use the features)",
+        )
+        choice("strategy.sparse_optimizer", self.sparse_optimizer, SPARSE_OPTIMIZERS)
+        require(self.sparse_lr > 0, f"strategy.sparse_lr={self.sparse_lr} must be > 0")
+
+    def check_run(self, run: RunConfig) -> None:
+        require(
+            run.data.num_workers == 0,
+            f"strategy=distdgl samples with collectives in the main process, but "
+            f"data.num_workers={run.data.num_workers}; set data.num_workers=0",
+        )

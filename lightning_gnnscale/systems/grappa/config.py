@@ -1,0 +1,203 @@
+"""``GrappaConfig``: Grappa's settings (``strategy:`` of ``conf/strategy/grappa*.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ...schema import RunConfig, SystemConfig, choice, require
+from .chunking import CHUNKINGS
+from .estimators import ESTIMATORS
+from .schedule import SCHEDULES, SWEEP_ORDERS, Schedule
+
+MODES = ("minibatch", "fullgraph")
+EVAL_MODES = ("global_fullgraph", "isolated", "none")
+NEIGHBOR_WEIGHTINGS = ("uniform", "gcn")
+SCALING_IMPLS = ("comm_hook", "loss_scale")
+
+# name -> (one line for listings, the settings that differ from ``grappa``); the paper's
+# ablations (docs/systems/grappa.md, "Ablation").
+_PRESETS: dict[str, tuple[str, dict]] = {
+    "grappa": (
+        "Grappa: isolated partitions, periodic repartitioning, coverage-scaled gradients",
+        {},
+    ),
+    "grappa_uw": ("Grappa-UW ablation: no coverage correction", {"estimator": "none"}),
+    "grappa_fp": ("Grappa-FP ablation: fixed partitions", {"schedule": "fixed"}),
+    "grappa_naive": (
+        "Grappa ablation: fixed, uncorrected partitions",
+        {"estimator": "none", "schedule": "fixed"},
+    ),
+    "grappa_50s": (
+        "Grappa-50S ablation: half of the frontier expanded by its owner",
+        {"remote_sample_frac": 0.5},
+    ),
+}
+GRAPPA_PRESETS = {name: description for name, (description, _) in _PRESETS.items()}
+
+
+@dataclass(frozen=True)
+class EarlyTriggerConfig:
+    """``strategy.early_trigger``: switch super-epochs early on a large coverage deficit.
+
+    A rank votes to switch at an epoch end when the mean deficit ``1 - c_uniform`` of its last
+    ``window_steps`` steps is above ``threshold`` and the super-epoch has lasted ``min_epochs``
+    epochs; the ranks' votes are combined by a MAX all-reduce (``control``).
+    """
+
+    enabled: bool = False
+    threshold: float = 0.9
+    window_steps: int = 20
+    min_epochs: int = 1
+
+    def __post_init__(self) -> None:
+        require(
+            self.window_steps >= 1,
+            f"strategy.early_trigger.window_steps={self.window_steps} must be >= 1",
+        )
+        require(
+            0.0 <= self.threshold < 1.0,
+            f"strategy.early_trigger.threshold={self.threshold} must be in [0, 1)",
+        )
+
+
+@dataclass(frozen=True)
+class GrappaConfig(SystemConfig):
+    """Grappa's settings; the presets differ only in a few of them (:meth:`preset`).
+
+    Args:
+        mode: ``minibatch`` | ``fullgraph`` (one step per phase on the whole local graph).
+        chunking: ``random`` (balanced permutation) | ``random_iid`` | ``metis``.
+        num_chunks: ``C``; ``None`` derives it (:meth:`chunk_count`).
+        schedule: ``pinned_sweep`` | ``tournament`` | ``fixed``.
+        sweep_order: ``cyclic`` | ``shuffled`` (each cycle's order permuted, seeded).
+        super_epoch_len: epochs per super-epoch: an int >= 1, or ``"auto"`` / ``None`` =
+            ``max(1, max_epochs // cycle)`` (the Trainer's ``max_epochs``).
+        early_trigger: see :class:`EarlyTriggerConfig`.
+        partitions_per_rank: phases per epoch ``k`` (``P = k W`` partitions).
+        halo_hops: ``0`` (strict isolation) | ``1`` (every in-neighbour of the owned nodes).
+        count_halo_as_local: count halo in-neighbours in the coverage ``ell``.
+        degree_smoothing: ``alpha``, the self term of ``kappa = (ell + alpha) / (D + alpha)``.
+        neighbor_weighting: ``uniform`` | ``gcn`` (the neighbour probabilities behind kappa).
+        estimator: ``none`` | ``uniform`` | ``resampling`` | ``resampling_literal`` | ``node``.
+        scaling_impl: ``comm_hook`` | ``loss_scale`` (identical results).
+        eval_mode: ``global_fullgraph`` (ranks hold the graph) | ``isolated`` | ``none``.
+        remote_sample_frac: share of the frontier expanded by its owner (Grappa-50S only).
+        cache_partitions: keep every built partition in memory (small graphs).
+        audit_collectives: fail if a training step issues anything but gradient all-reduces.
+    """
+
+    name: str = "grappa"
+    mode: str = "minibatch"
+    chunking: str = "random"
+    num_chunks: int | None = None
+    schedule: str = "pinned_sweep"
+    sweep_order: str = "cyclic"
+    super_epoch_len: int | str | None = "auto"
+    early_trigger: EarlyTriggerConfig = field(default_factory=EarlyTriggerConfig)
+    partitions_per_rank: int = 1
+    halo_hops: int = 1
+    count_halo_as_local: bool = False
+    degree_smoothing: float = 1.0
+    neighbor_weighting: str = "uniform"
+    estimator: str = "resampling"
+    scaling_impl: str = "comm_hook"
+    eval_mode: str = "global_fullgraph"
+    remote_sample_frac: float = 0.0
+    cache_partitions: bool = False
+    audit_collectives: bool = False
+
+    NAMES: ClassVar[tuple[str, ...]] = tuple(_PRESETS)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        choice("strategy.mode", self.mode, MODES)
+        choice("strategy.chunking", self.chunking, CHUNKINGS)
+        choice("strategy.schedule", self.schedule, SCHEDULES)
+        choice("strategy.sweep_order", self.sweep_order, SWEEP_ORDERS)
+        choice("strategy.estimator", self.estimator, ESTIMATORS)
+        choice("strategy.scaling_impl", self.scaling_impl, SCALING_IMPLS)
+        choice("strategy.eval_mode", self.eval_mode, EVAL_MODES)
+        choice("strategy.neighbor_weighting", self.neighbor_weighting, NEIGHBOR_WEIGHTINGS)
+        choice("strategy.halo_hops", self.halo_hops, (0, 1))
+        require(
+            self.num_chunks is None or self.num_chunks >= 1,
+            f"strategy.num_chunks={self.num_chunks} must be >= 1 (or null to derive it)",
+        )
+        require(
+            self.partitions_per_rank >= 1,
+            f"strategy.partitions_per_rank={self.partitions_per_rank} must be >= 1",
+        )
+        require(
+            self.neighbor_weighting != "gcn" or self.halo_hops == 1,
+            "strategy.neighbor_weighting=gcn needs strategy.halo_hops=1: the GCN coverage is "
+            "the local share of each seed's in-neighbour mass, and without the halo the "
+            "partition has neither the seeds' remote in-edges nor their sources' degrees "
+            "(kappa would be 1 everywhere)",
+        )
+        require(
+            self.degree_smoothing >= 0,
+            f"strategy.degree_smoothing={self.degree_smoothing} must be >= 0",
+        )
+        length = self.super_epoch_len
+        require(
+            length in (None, "auto") or (isinstance(length, int) and length >= 1),
+            f"strategy.super_epoch_len={length!r} must be 'auto' or an int >= 1",
+        )
+        frac = self.remote_sample_frac
+        require(0.0 <= frac <= 1.0, f"strategy.remote_sample_frac={frac} must be in [0, 1]")
+        require(
+            frac == 0
+            or (
+                self.partitions_per_rank == 1
+                and self.schedule != "tournament"
+                and self.mode == "minibatch"
+            ),
+            f"strategy.remote_sample_frac={frac} > 0 (Grappa-50S) needs "
+            "partitions_per_rank=1, a pinned_sweep or fixed schedule and mode=minibatch "
+            "(each chunk's owner is then live)",
+        )
+
+    @classmethod
+    def preset(cls, name: str) -> GrappaConfig:
+        """The settings of preset ``name`` (what ``conf/strategy/<name>.yaml`` composes)."""
+        choice("strategy", name, tuple(_PRESETS))
+        return cls(name=name, **_PRESETS[name][1])
+
+    @property
+    def auto_length(self) -> bool:
+        """``super_epoch_len`` follows ``max_epochs`` (``auto`` / ``None``)."""
+        return self.super_epoch_len in (None, "auto")
+
+    def chunk_count(self, world_size: int) -> int:
+        """``C``: ``num_chunks``, else ``P = k W`` (pinned sweep, fixed) or ``2P`` (tournament)."""
+        if self.num_chunks is not None:
+            return self.num_chunks
+        parts = self.partitions_per_rank * world_size
+        return 2 * parts if self.schedule == "tournament" else parts
+
+    def check_world(self, world_size: int) -> None:
+        """The chunk count fits ``world_size`` ranks: the schedule has ``k W`` partitions, and
+        Grappa-50S has one chunk per rank (raises :class:`ConfigError`)."""
+        c, k = self.chunk_count(world_size), self.partitions_per_rank
+        have, parts = Schedule(self.schedule, c).num_partitions, k * world_size
+        require(
+            have == parts,
+            f"strategy.num_chunks={c} gives {have} partitions with strategy.schedule="
+            f"{self.schedule}, but partitions_per_rank x world size = {k} x {world_size} = "
+            f"{parts}; leave num_chunks=null to derive it",
+        )
+        require(
+            self.remote_sample_frac == 0 or c == world_size,
+            f"strategy.remote_sample_frac > 0 needs num_chunks = world size ({world_size}), "
+            f"got {c}: the owner of a node is the rank whose base chunk holds it",
+        )
+
+    def check_run(self, run: RunConfig) -> None:
+        self.check_world(run.world_size)
+        require(
+            run.data.num_workers == 0,
+            f"strategy={self.name} builds batches in the main process (they may run "
+            f"collectives), but data.num_workers={run.data.num_workers}; set "
+            "data.num_workers=0",
+        )

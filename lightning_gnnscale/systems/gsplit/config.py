@@ -1,0 +1,90 @@
+"""``GSplitConfig``: the settings of ``strategy=gsplit`` (``conf/strategy/gsplit.yaml``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...schema import RunConfig, SystemConfig, choice, require
+from .partition import PARTITION_METHODS, ZERO_EDGE_POLICIES
+
+CACHE_POLICIES = ("presample_freq", "id_order")
+
+
+@dataclass(frozen=True)
+class GSplitPartitionConfig:
+    """How the split function is found offline (docs/systems/gsplit.md#partitioning).
+
+    Args:
+        method: ``gsplit`` (pre-sampled vertex and edge weights) | ``node`` | ``edge`` |
+            ``naive`` (plain METIS) | ``random`` (the ablations).
+        presample_epochs: epochs of the training schedule pre-sampled for the weights.
+        ufactor: METIS's allowed imbalance in 1/1000 (30: 1.03).
+        zero_edge_policy: ``auto`` | ``drop`` | ``epsilon``: edges never pre-sampled.
+    """
+
+    method: str = "gsplit"
+    presample_epochs: int = 10
+    ufactor: int = 30
+    zero_edge_policy: str = "auto"
+
+    def __post_init__(self) -> None:
+        choice("strategy.partition.method", self.method, PARTITION_METHODS)
+        require(
+            self.presample_epochs >= 1,
+            f"strategy.partition.presample_epochs={self.presample_epochs} must be >= 1",
+        )
+        require(self.ufactor >= 1, f"strategy.partition.ufactor={self.ufactor} must be >= 1")
+        choice("strategy.partition.zero_edge_policy", self.zero_edge_policy, ZERO_EDGE_POLICIES)
+
+
+@dataclass(frozen=True)
+class FeatureCacheConfig:
+    """The partition-aligned feature cache of each rank (docs/systems/gsplit.md).
+
+    Args:
+        fraction: share of each rank's own vertices whose input rows are cached, in ``[0, 1]``.
+        policy: ``presample_freq`` (the most often pre-sampled inputs) | ``id_order``.
+    """
+
+    fraction: float = 0.25
+    policy: str = "presample_freq"
+
+    def __post_init__(self) -> None:
+        require(
+            0.0 <= self.fraction <= 1.0,
+            f"strategy.cache.fraction={self.fraction} must be in [0, 1]",
+        )
+        choice("strategy.cache.policy", self.policy, CACHE_POLICIES)
+
+
+@dataclass(frozen=True)
+class GSplitConfig(SystemConfig):
+    """``strategy=gsplit``: split-parallel mini-batches with offline probabilistic partitioning.
+
+    Args:
+        partition: how the split function is found (:class:`GSplitPartitionConfig`).
+        cache: each rank's feature cache (:class:`FeatureCacheConfig`).
+        redundancy_probe_steps: ``> 0``: measure the paper's Table 1 ratios on this many steps
+            of the first epoch (rank 0 pays the extra sampling); ``0``: off.
+    """
+
+    name: str = "gsplit"
+    partition: GSplitPartitionConfig = field(default_factory=GSplitPartitionConfig)
+    cache: FeatureCacheConfig = field(default_factory=FeatureCacheConfig)
+    redundancy_probe_steps: int = 0
+
+    NAMES = ("gsplit",)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            self.redundancy_probe_steps >= 0,
+            f"strategy.redundancy_probe_steps={self.redundancy_probe_steps} must be >= 0",
+        )
+
+    def check_run(self, run: RunConfig) -> None:
+        require(
+            run.data.num_workers == 0,
+            f"strategy=gsplit samples with collectives in the main process, but "
+            f"data.num_workers={run.data.num_workers}; set data.num_workers=0",
+        )

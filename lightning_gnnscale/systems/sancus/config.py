@@ -1,0 +1,88 @@
+"""``SancusConfig``: the settings of ``strategy=sancus`` and ``strategy=cagnet``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...schema import ModelConfig, RunConfig, SystemConfig, choice, require
+from .policy import INPUT_POLICIES, POLICIES, StalenessPolicy
+
+ROW_ORDERS = ("contiguous", "random", "metis")
+DOCS = "docs/systems/sancus.md"
+
+
+@dataclass(frozen=True)
+class SancusConfig(SystemConfig):
+    """``strategy=sancus`` (staleness-aware skipped broadcasts) and ``strategy=cagnet`` (the
+    same code with staleness bound 0). See docs/systems/sancus.md#policies.
+
+    Args:
+        policy: ``none`` (bound 0, the only one ``cagnet`` takes) | ``epoch_fixed`` |
+            ``adaptive`` | ``variation`` | ``skipg``.
+        epoch_bound: ε_E (``epoch_fixed``), ε_A (``adaptive``), ε_G (``skipg``), in epochs.
+        variation_gap: ε_H (``variation``): relative Frobenius distance to the copy the
+            others hold.
+        input_policy: ``once`` (X broadcast at epoch 0 and cached; exact) or
+            ``same_as_hidden`` (X follows the policy like a hidden layer).
+        rows: the order of the nodes into row blocks: ``contiguous`` | ``random`` | ``metis``.
+    """
+
+    name: str = "sancus"
+    policy: str = "adaptive"
+    epoch_bound: int = 1
+    variation_gap: float = 0.01
+    input_policy: str = "once"
+    rows: str = "contiguous"
+
+    NAMES = ("sancus", "cagnet")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        choice("strategy.policy", self.policy, POLICIES)
+        require(
+            self.name != "cagnet" or self.policy == "none",
+            f"strategy.policy={self.policy!r}: strategy=cagnet is SANCUS with policy none; "
+            "use strategy=sancus for a staleness policy",
+        )
+        choice("strategy.input_policy", self.input_policy, INPUT_POLICIES)
+        choice("strategy.rows", self.rows, ROW_ORDERS)
+        require(self.epoch_bound >= 0, f"strategy.epoch_bound={self.epoch_bound} must be >= 0")
+        require(
+            self.variation_gap >= 0, f"strategy.variation_gap={self.variation_gap} must be >= 0"
+        )
+
+    @property
+    def staleness(self) -> StalenessPolicy:
+        """The staleness policy these settings describe."""
+        return StalenessPolicy(self.policy, self.epoch_bound, self.variation_gap, self.input_policy)
+
+    def check_model(self, model: ModelConfig) -> None:
+        """The net SANCUS can train: a GCN (its backward relies on a symmetric ``Â``) without
+        dropout (a dropout mask on the cached X would freeze)."""
+        require(
+            model.name == "gcn",
+            f"model={model.name}: strategy={self.name} trains GCN only (its backward relies "
+            f"on a symmetric Â; SAGE/GAT/custom are not implemented, {DOCS}"
+            "#what-is-not-implemented-and-deviations)",
+        )
+        require(
+            model.dropout == 0.0,
+            f"model.dropout={model.dropout}: strategy={self.name} trains without dropout "
+            f"({DOCS}#what-is-not-implemented-and-deviations); set model.dropout=0",
+        )
+
+    def check_run(self, run: RunConfig) -> None:
+        self.check_model(run.model)
+        require(
+            run.data.num_workers == 0,
+            f"data.num_workers={run.data.num_workers}: strategy={self.name} builds its batch "
+            "in the main process; set data.num_workers=0",
+        )
+        require(
+            run.ckpt_path is None or self.policy == "none",
+            f"ckpt_path={run.ckpt_path}: strategy={self.name} with policy {self.policy!r} "
+            "cannot resume from ckpt_path: each rank's staleness state (last broadcasts, "
+            "cached blocks) is not in the checkpoint, so the resumed run would diverge from the "
+            "uninterrupted one; use weights_from= to start a new run from its weights, or "
+            "policy none",
+        )
