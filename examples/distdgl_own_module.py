@@ -57,7 +57,7 @@ def main() -> None:
 
     L.seed_everything(args.seed, workers=True, verbose=False)
     datamodule = gs.DistDGLDataModule(
-        "sbm",  # a dataset name: every rank loads (here: generates) it in setup
+        "sbm",  # a dataset name: every rank loads (here: generates) it on first use
         gs.DistDGLConfig(),  # METIS with balanced training nodes, KV store, Adagrad embeddings off
         gs.DataConfig(batch_size=1024, fanouts=[10, 10]),
         seed=args.seed,

@@ -14,7 +14,7 @@ import os
 
 import torch
 from hydra.utils import get_class
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from .checkpoints import check_resume, read_checkpoint
 from .errors import ConfigError
@@ -78,8 +78,3 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
     if run.weights_from is not None:
         read_checkpoint(run.weights_from)
     return run
-
-
-def resolved(cfg: DictConfig) -> DictConfig:
-    """A plain, fully resolved copy (no Hydra interpolations), safe to send to other processes."""
-    return OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))

@@ -202,6 +202,7 @@ class SystemConfig:
 
     NAMES: ClassVar[tuple[str, ...]] = ()  # the strategy names this config serves
     accepts_custom_models: ClassVar[bool] = False  # can train a user model(x, edge_index)
+    batches_in_main_process: ClassVar[bool] = True  # batches may run collectives: no workers
 
     def __post_init__(self) -> None:
         if self.NAMES and self.name not in self.NAMES:
@@ -212,6 +213,15 @@ class SystemConfig:
                 f"(valid: {list(self.NAMES)}); pick a system with strategy=<name>, one of "
                 f"{sorted(SYSTEMS)}"
             )
+
+    def check_data(self, data: DataConfig) -> None:
+        """Rules between this system and the data settings; checked by :class:`RunConfig` and
+        again by the DataModule, which a plain Lightning script builds without one."""
+        require(
+            not self.batches_in_main_process or data.num_workers == 0,
+            f"strategy={self.name} builds its batches in the main process (they may run "
+            f"collectives), but data.num_workers={data.num_workers}; set data.num_workers=0",
+        )
 
     def check_run(self, run: RunConfig) -> None:
         """Rules between this system and the rest of the run (``run.model``, world size...)."""
@@ -253,11 +263,8 @@ class RunConfig:
             check_dataset_options(self.dataset["name"], options)
         except ValueError as err:
             raise ConfigError(f"dataset: {err}") from None
-        require(
-            len(self.data.fanouts) == self.model.num_layers,
-            f"data.fanouts={list(self.data.fanouts)} has {len(self.data.fanouts)} hops but "
-            f"model.num_layers={self.model.num_layers}; give one fanout per layer",
-        )
+        check_depth(self.data, self.model)
+        self.strategy.check_data(self.data)
         world = self.trainer.world_size
         servers = self.topology.servers
         require(
@@ -281,6 +288,15 @@ class RunConfig:
     @property
     def world_size(self) -> int:
         return self.trainer.world_size
+
+
+def check_depth(data: DataConfig, model: ModelConfig) -> None:
+    """One fanout per GNN layer (checked for a run and when a DataModule builds its model)."""
+    require(
+        len(data.fanouts) == model.num_layers,
+        f"data.fanouts={list(data.fanouts)} has {len(data.fanouts)} hops but "
+        f"model.num_layers={model.num_layers}; give one fanout per layer",
+    )
 
 
 def _writable(node: DictConfig) -> DictConfig:

@@ -12,6 +12,7 @@ from lightning_gnnscale.comm import (
     INTER_SERVER,
     INTRA_SERVER,
     PROFILES,
+    CollectiveRecorder,
     Comm,
     CommMeter,
     NetworkModel,
@@ -121,6 +122,7 @@ def test_local_comm_is_a_counting_free_no_op():
     assert torch.equal(comm.all_gather_tensor(x, category="feature"), x)
     gathered, sizes = comm.all_gather_varlen(x, category="feature")
     assert torch.equal(gathered, x) and sizes == [3]
+    assert torch.equal(comm.gather_varlen(x, category="parameter"), x)
     assert torch.equal(comm.all_reduce(x.clone(), "max", category="gradient"), x)
     assert torch.equal(comm.all_reduce(x, category="gradient", async_op=True).wait(), x)
     assert torch.equal(comm.broadcast(x, 0, category="parameter"), x)
@@ -129,6 +131,8 @@ def test_local_comm_is_a_counting_free_no_op():
     assert comm.reduce_meter() == comm.meter.snapshot()
     with pytest.raises(ValueError, match="send_splits"):
         comm.all_to_all_single(x, [2], category="activation")
+    with pytest.raises(ValueError, match="dst=1 outside"):
+        comm.gather_varlen(x, 1, category="parameter")
     assert Comm.create().world_size == 1  # torch.distributed not initialised here
 
 
@@ -245,3 +249,83 @@ def test_metered_collectives_match_hand_counts(world_size, workers_per_server):
     if world_size == 4:  # 2 servers x 2 workers: rank 0 -> 1 intra, -> 2, 3 inter
         links = results[0]["deltas"]["gather"]["link_bytes"]
         assert links == {INTRA_SERVER: 32, INTER_SERVER: 64}
+
+
+# ---------------------------------------------------------------- gather to one rank
+
+
+def _gather_cases(world_size: int) -> list[tuple[str, int, list[torch.Tensor]]]:
+    """``(name, dst, tensor of every rank)``: uneven counts with a zero-row rank, a 1-D tensor,
+    every rank empty; ``dst`` is the first or the last rank."""
+    last = world_size - 1
+    return [
+        (  # rows 0, 2, 1: rank 0 (dst) has none
+            "uneven",
+            0,
+            [
+                torch.arange(((2 * r) % 3) * 6, dtype=torch.float32).reshape(-1, 2, 3) + 100 * r
+                for r in range(world_size)
+            ],
+        ),
+        (  # 1-D int64, rows 3, 0, 1: the dst (last rank) has some, another has none
+            "one_dim",
+            last,
+            [
+                torch.arange((3 * (r + 1)) % 4, dtype=torch.int64) + 10 * r
+                for r in range(world_size)
+            ],
+        ),
+        ("all_empty", 0, [torch.empty(0, 4, dtype=torch.float64) for _ in range(world_size)]),
+    ]
+
+
+def _gather_varlen_case(rank: int, world_size: int, workers_per_server: int) -> dict:
+    """Every ``_gather_cases`` gather under a ``CollectiveRecorder``; this rank's results, meter
+    deltas and audit problems."""
+    comm = Comm.create(CommMeter(), Topology(world_size, workers_per_server), timeout_s=30)
+    out = {}
+    for name, dst, tensors in _gather_cases(world_size):
+        before = comm.meter.snapshot()
+        with CollectiveRecorder() as recorder:
+            result = comm.gather_varlen(tensors[rank], dst, category="parameter")
+        delta = comm.meter.delta(before)
+        out[name] = {
+            "result": result,
+            "delta": delta,
+            "problems": recorder.problems(delta),
+            "ops": [(call.op, call.category) for call in recorder.calls],
+        }
+    return out
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size, workers_per_server", [(2, 1), (3, 3)])
+def test_gather_varlen_concatenates_on_dst_only_and_counts_real_rows(
+    world_size, workers_per_server
+):
+    results = run_distributed(_gather_varlen_case, world_size, workers_per_server, timeout_s=60)
+    topology = Topology(world_size, workers_per_server)
+    for name, dst, tensors in _gather_cases(world_size):
+        row_bytes = {"uneven": 2 * 3 * 4, "one_dim": 8, "all_empty": 4 * 8}[name]
+        for rank, result in enumerate(r[name] for r in results):
+            if rank == dst:
+                assert torch.equal(result["result"], torch.cat(tensors)), (name, rank)
+            else:
+                assert result["result"] is None, (name, rank)
+            # Hand count: 8 B of sizes to every peer; the real rows to dst, one message.
+            expected = {}
+            for q in range(world_size):
+                if q != rank:
+                    key = ("control", topology.link_class(rank, q))
+                    nbytes, messages = expected.get(key, (0, 0))
+                    expected[key] = (nbytes + 8, messages + 1)
+            sent = 0 if rank == dst else tensors[rank].shape[0] * row_bytes
+            if sent:
+                expected[("parameter", topology.link_class(rank, dst))] = (sent, 1)
+            assert _as_counts(result["delta"]) == expected, (name, rank)
+            assert result["problems"] == [], (name, rank)
+            payload = [op for op, category in result["ops"] if category == "parameter"]
+            assert payload == ([] if name == "all_empty" else ["gather"]), (name, rank)
+    if world_size == 2:  # literal: "uneven" rank 1 sends 2 rows of 2x3 float32 to rank 0
+        assert _as_counts(results[1]["uneven"]["delta"])[("parameter", INTER_SERVER)] == (48, 1)
+        assert _as_counts(results[0]["uneven"]["delta"]) == {("control", INTER_SERVER): (8, 1)}

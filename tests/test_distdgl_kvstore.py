@@ -160,6 +160,15 @@ def _kv_scenario(rank: int, world_size: int) -> dict:
     kv.init_data("feat", _shard(_features(), book, rank))
     kv.init_data("label", _shard(_labels(), book, rank))
     result = {"pull": {}, "push": {}}
+    before = comm.meter.snapshot()
+    result["gather"] = {  # with one rank the result is the shard itself: copy it
+        name: None if rows is None else rows.clone()
+        for name, rows in (
+            ("label", kv.gather("label")),
+            ("feat", kv.gather("feat", world_size - 1)),
+        )
+    }
+    result["gather"]["bytes"] = comm.meter.delta(before)["bytes"]
     for name, ids in _pull_cases(world_size):
         before = comm.meter.snapshot()
         feat = kv.pull("feat", ids[rank])
@@ -222,6 +231,26 @@ def test_pull_equals_global_indexing_and_counts_distinct_remote_rows(world_size)
             assert pulled["bytes"]["structure"] == asked * 8, (name, rank)
             if name in ("all_local", "empty"):
                 assert pulled["bytes"]["feature"] == 0
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_gather_assembles_the_whole_table_on_dst_only(world_size):
+    results, book = _results(world_size), _book(world_size)
+    for rank in range(world_size):
+        gathered = results[rank]["gather"]
+        if rank == 0:
+            assert torch.equal(gathered["label"], _labels())
+        else:
+            assert gathered["label"] is None, rank
+        if rank == world_size - 1:
+            assert torch.equal(gathered["feat"], _features())
+        else:
+            assert gathered["feat"] is None, rank
+        # Each rank but dst sends its own rows once (part 1 of 3 is empty); sizes 8 B per peer.
+        rows = int(book.node_offsets[rank + 1] - book.node_offsets[rank])
+        sent = (rank != 0) * rows * 8 + (rank != world_size - 1) * rows * DIM * 8
+        assert gathered["bytes"]["parameter"] == sent, rank
+        assert gathered["bytes"]["control"] == 2 * 8 * (world_size - 1), rank
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -5,37 +5,49 @@ import os
 import subprocess
 import sys
 
+import lightning as L
 import pytest
+import torch
 from lightning.pytorch.strategies import StrategyRegistry
 
 import lightning_gnnscale as gs
 from tests.helpers.config import REPO
 
-# One process runs every name in turn (one rank each: the point is the name, the DataModule
-# and the strategy meeting through the registry; 2-rank runs are in test_examples.py and the
-# systems' own tests).
+# One process runs every name in turn, once by name and once with the strategy object built by
+# hand, one rank each: the point is the name, the DataModule and the strategy meeting through
+# the registry (2-rank runs are in test_examples.py and the systems' own tests).
 SCRIPT = r"""
 import json, sys
 import lightning as L
 import torch
 import lightning_gnnscale as gs
 
-results = {}
-graph = gs.load_dataset("sbm", num_nodes=300, num_features=8)
-for name, spec in sorted(gs.SYSTEMS.items()):
+def fit(spec, strategy, graph, cache_dir):
     L.seed_everything(0, verbose=False)
-    dm = spec.datamodule(graph, spec.default_config(), gs.DataConfig(batch_size=64, fanouts=[5, 5]),
-                         cache_dir=sys.argv[1])
-    model = gs.ModelConfig(name="gcn", dropout=0.0)
-    module = gs.GNNModule(dm.build_model(model))
-    trainer = L.Trainer(strategy=spec.registered_as, accelerator="cpu", devices=1, max_epochs=1,
+    data = gs.DataConfig(batch_size=64, fanouts=[5, 5])
+    dm = spec.datamodule(graph, spec.default_config(), data, cache_dir=cache_dir)
+    module = gs.GNNModule(dm.build_model(gs.ModelConfig(name="gcn", dropout=0.0)))
+    initial = [p.detach().clone() for p in module.parameters()]
+    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_epochs=1,
                         use_distributed_sampler=False, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=dm)
-    results[name] = {"strategy": type(trainer.strategy).__name__,
-                     "val_acc": float(trainer.callback_metrics["val/acc"])}
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+    moved = any(not torch.equal(a, b) for a, b in zip(initial, module.parameters()))
+    return trainer.strategy, list(module.parameters()), moved
+
+results = {}
+graph = gs.load_dataset("sbm", num_nodes=300, num_features=8)
+for name, spec in sorted(gs.SYSTEMS.items()):
+    strategy, weights, moved = fit(spec, spec.registered_as, graph, sys.argv[1])
+    _, reference, _ = fit(spec, spec.strategy(spec.default_config()), graph, sys.argv[1])
+    results[name] = {
+        "strategy": type(strategy).__name__,
+        "adopted_config": strategy.system_config == spec.default_config(),
+        "trained": moved,
+        "same_as_object": all(torch.equal(a, b) for a, b in zip(weights, reference)),
+    }
 print("RESULTS " + json.dumps(results))
 """
 
@@ -49,14 +61,15 @@ def test_every_name_is_in_lightnings_registry():
 
 @pytest.mark.e2e
 def test_every_registered_name_trains_from_a_plain_trainer(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # one thread: float sums in the same order in both runs of a name (bitwise comparison)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "cache")],
         cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULTS "))
@@ -64,24 +77,62 @@ def test_every_registered_name_trains_from_a_plain_trainer(tmp_path):
     assert sorted(results) == sorted(gs.SYSTEMS)
     for name, result in results.items():
         assert result["strategy"] == gs.SYSTEMS[name].strategy.__name__, name
-        assert 0.0 <= result["val_acc"] <= 1.0
+        assert result["adopted_config"], name  # the strategy took the DataModule's config
+        assert result["trained"], name  # the weights moved
+        assert result["same_as_object"], name  # by name == the strategy object built by hand
 
 
-def test_a_datamodule_refuses_another_systems_strategy(tmp_path):
-    """The strategy and the DataModule must belong to the same system (no silent mismatch)."""
-    import lightning as L
+def test_single_by_name_follows_the_accelerator():
+    """A ``single`` strategy created by name runs on the GPU under a GPU accelerator."""
+    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 
-    graph = gs.load_dataset("sbm", num_nodes=200, num_features=8)
-    dm = gs.GSplitDataModule(graph, cache_dir=tmp_path)
-    module = gs.GNNModule(dm.build_model(gs.ModelConfig()))
-    trainer = L.Trainer(
-        strategy=gs.SingleStrategy(),
+    by_name, pinned = gs.SingleStrategy(), gs.SingleStrategy(device="cpu")
+    by_name.accelerator = pinned.accelerator = CUDAAccelerator()
+    assert by_name.root_device == torch.device("cuda", 0)
+    assert pinned.root_device == torch.device("cpu")
+    by_name.accelerator = CPUAccelerator()
+    assert by_name.root_device == torch.device("cpu")
+
+
+def _trainer(strategy) -> L.Trainer:
+    return L.Trainer(
+        strategy=strategy,
         max_epochs=1,
         accelerator="cpu",
         devices=1,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
+        enable_model_summary=False,
     )
+
+
+def test_a_datamodule_refuses_another_systems_strategy(tmp_path):
+    """The strategy and the DataModule must belong to the same system (no silent mismatch)."""
+    graph = gs.load_dataset("sbm", num_nodes=200, num_features=8)
+    dm = gs.GSplitDataModule(graph, cache_dir=tmp_path)
+    module = gs.GNNModule(dm.build_model(gs.ModelConfig()))
     with pytest.raises(TypeError, match="SingleStrategy runs SingleConfig systems"):
-        trainer.fit(module, datamodule=dm)
+        _trainer(gs.SingleStrategy()).fit(module, datamodule=dm)
+
+
+def test_a_datamodule_set_up_for_one_trainer_refuses_another(tmp_path):
+    """Its stores and samplers hold the first strategy's comm: reusing it would meter the
+    second run's traffic on the first run's meter."""
+    graph = gs.load_dataset("sbm", num_nodes=200, num_features=8)
+    dm = gs.SingleDataModule(graph, data=gs.DataConfig(batch_size=64), cache_dir=tmp_path)
+    module = gs.GNNModule(dm.build_model(gs.ModelConfig()))
+    _trainer("single").fit(module, datamodule=dm)
+    with pytest.raises(RuntimeError, match="build a new DataModule for each Trainer"):
+        _trainer("single").fit(module, datamodule=dm)
+
+
+def test_plain_datamodules_check_the_data_rules():
+    """Rules a RunConfig checks also hold for a DataModule built in a plain script."""
+    graph = gs.load_dataset("sbm", num_nodes=200, num_features=8)
+    with pytest.raises(gs.ConfigError, match="data.num_workers=2; set data.num_workers=0"):
+        gs.GSplitDataModule(graph, data=gs.DataConfig(num_workers=2))
+    gs.SingleDataModule(graph, data=gs.DataConfig(num_workers=2))  # samples in workers
+    dm = gs.SingleDataModule(graph, data=gs.DataConfig(fanouts=[5, 5, 5]))
+    with pytest.raises(gs.ConfigError, match="one fanout per layer"):
+        dm.build_model(gs.ModelConfig(num_layers=2))

@@ -569,3 +569,18 @@ def test_a_plain_lightning_script_trains_cagnet_exactly(tmp_path):
     expected = float((pred[val] == graph.y[val]).double().mean())
     # logged as float32; accuracies differ by >= 1 / len(val)
     assert [acc for _, acc in results] == pytest.approx([expected, expected], abs=1e-6)
+
+
+def test_a_plain_lightning_resume_is_refused_unless_policy_none():
+    """Lightning restores a DataModule's state on ``fit(ckpt_path=...)``: SANCUS refuses it there
+    too (not only through ``validate``), since the staleness state is not in the checkpoint."""
+    from lightning_gnnscale.errors import ConfigError
+    from lightning_gnnscale.graph.generators import sbm
+    from lightning_gnnscale.systems.sancus import SancusConfig, SancusDataModule
+
+    graph = sbm(num_nodes=60, num_classes=3, num_features=4, seed=1)
+    stale = SancusDataModule(graph, SancusConfig(policy="adaptive"))
+    with pytest.raises(ConfigError, match="cannot resume from ckpt_path"):
+        stale.load_state_dict(stale.state_dict())
+    exact = SancusDataModule(graph, SancusConfig(name="cagnet", policy="none"))
+    exact.load_state_dict(exact.state_dict())  # CAGNET's state is all in the weights

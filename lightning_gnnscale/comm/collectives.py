@@ -6,6 +6,9 @@ one message per non-empty send to one peer; link class from the topology):
 - ``all_to_all_single``: exactly the bytes of each peer's chunk.
 - ``all_gather_*``: this rank's chunk to every peer (``all_gather_varlen``: only the real rows,
   not the padding, plus the size exchange as ``control``).
+- ``gather_varlen``: every rank but ``dst`` sends its real rows (not the padding) to ``dst`` in
+  one message; ``dst`` sends no payload. The size exchange (an all-gather, as in
+  ``all_gather_varlen``) is ``control``.
 - ``broadcast``: the source sends the tensor to every peer; the other ranks send nothing.
 - ``all_reduce``: ring model. Each rank sends ``2 (P-1) / P * nbytes`` (rounded down) in
   ``2 (P-1)`` messages to its ring successor ``(rank + 1) % P``, and is charged that link class.
@@ -236,12 +239,7 @@ class Comm:
         check_category(category)
         if not self.is_distributed:
             return tensor, [tensor.shape[0]]
-        size = torch.tensor([tensor.shape[0]], dtype=torch.int64)
-        sizes = torch.empty(self.world_size, dtype=torch.int64)
-        with self._metered("control", _INT64_BYTES * (self.world_size - 1)):
-            _all_gather_into(sizes, size, self.group)
-        self._record_to_every_peer("control", _INT64_BYTES)
-        rows = sizes.tolist()
+        rows = self._gather_row_counts(tensor)
         longest = max(rows)
         padded = tensor.new_zeros((longest, *tensor.shape[1:]))
         padded[: tensor.shape[0]] = tensor
@@ -252,6 +250,49 @@ class Comm:
         self._record_to_every_peer(category, nbytes)
         chunks = [gathered[q * longest : q * longest + n] for q, n in enumerate(rows)]
         return torch.cat(chunks), rows
+
+    def gather_varlen(self, tensor: Tensor, dst: int = 0, *, category: str) -> Tensor | None:
+        """Concatenate every rank's ``tensor`` (first dim may differ, trailing dims and dtype
+        equal) in rank order on rank ``dst`` only: ``[sum of rows, *trailing]`` there, ``None``
+        on every other rank. Collective.
+
+        ``dist.gather`` moves equal shapes, so every rank must know the largest row count: the
+        counts are all-gathered first (``control``, 8 B to every peer), then every chunk, padded
+        to the largest, is gathered to ``dst``. Only the real rows are counted: a rank other
+        than ``dst`` counts ``rows x row bytes`` as one message to ``dst`` (nothing if it has no
+        rows), ``dst`` counts no payload. When no rank has a payload byte the gather is skipped.
+        """
+        check_category(category)
+        if not 0 <= dst < self.world_size:
+            raise ValueError(f"dst={dst} outside world of size {self.world_size}")
+        if not self.is_distributed:
+            return tensor
+        rows = self._gather_row_counts(tensor)
+        trailing = tuple(tensor.shape[1:])
+        longest, row_bytes = max(rows), _row_bytes(tensor)
+        if longest * row_bytes == 0:  # nothing on the wire: every rank knows it from the counts
+            return tensor.new_empty((sum(rows), *trailing)) if self.rank == dst else None
+        padded = tensor.new_zeros((longest, *trailing))
+        padded[: tensor.shape[0]] = tensor
+        chunks = [padded.new_empty(padded.shape) for _ in rows] if self.rank == dst else None
+        nbytes = 0 if self.rank == dst else tensor.shape[0] * row_bytes
+        with self._metered(category, nbytes):
+            dist.gather(padded, chunks, dst=dst, group=self.group)
+        per_peer = [nbytes if q == dst else 0 for q in range(self.world_size)]
+        self.meter.record_per_peer(category, per_peer, self._peer_links)
+        if chunks is None:
+            return None
+        return torch.cat([chunk[:n] for chunk, n in zip(chunks, rows, strict=True)])
+
+    def _gather_row_counts(self, tensor: Tensor) -> list[int]:
+        """Every rank's row count (dim 0), in rank order: an all-gather of one int64 per rank,
+        8 B to every peer as ``control``."""
+        size = torch.tensor([tensor.shape[0]], dtype=torch.int64)
+        sizes = torch.empty(self.world_size, dtype=torch.int64)
+        with self._metered("control", _INT64_BYTES * (self.world_size - 1)):
+            _all_gather_into(sizes, size, self.group)
+        self._record_to_every_peer("control", _INT64_BYTES)
+        return sizes.tolist()
 
     def all_reduce(
         self, tensor: Tensor, op: str = "sum", *, category: str, async_op: bool = False

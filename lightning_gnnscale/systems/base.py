@@ -24,7 +24,8 @@ from typing import Any, ClassVar
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
 from torch.utils.data import DataLoader, Dataset, Sampler
 from typing_extensions import override
 
@@ -44,7 +45,7 @@ from ..graph.datasets import load_dataset
 from ..graph.order import EpochOrder
 from ..graph.sampler import NeighborSampler
 from ..models.gnn import BlockGNN, SubgraphModel, build_model, layerwise_inference
-from ..schema import DataConfig, ModelConfig, SystemConfig
+from ..schema import DataConfig, ModelConfig, SystemConfig, check_depth
 from .contract import (
     Evaluation,
     ModuleRuntime,
@@ -134,11 +135,21 @@ class MeteredSingleDeviceStrategy(SystemStrategy, SingleDeviceStrategy):
 
     Args:
         config: the system's settings; ``None`` adopts the DataModule's.
-        device: ``cpu`` or a CUDA device.
+        device: ``cpu``, ``cuda`` or ``cuda:<i>``; ``None`` (a strategy created by name)
+            follows the Trainer's accelerator: the first CUDA device under a GPU accelerator,
+            else the CPU.
     """
 
-    def __init__(self, config: SystemConfig | None = None, device: str = "cpu", **kwargs):
-        super().__init__(config, device=torch.device(device), **kwargs)
+    def __init__(self, config: SystemConfig | None = None, device: str | None = None, **kwargs):
+        super().__init__(config, device=torch.device(device or "cpu"), **kwargs)
+        self.follows_accelerator = device is None
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        if self.follows_accelerator and isinstance(self.accelerator, CUDAAccelerator):
+            return torch.device("cuda", 0)
+        return super().root_device
 
     @override
     def setup(self, trainer: L.Trainer) -> None:
@@ -326,7 +337,7 @@ def _no_collate(batch):
 
 
 class _CollectiveSteps(Dataset):
-    """Steps of a DataModule whose ``make_batch(epoch, step)`` runs collectives."""
+    """Steps of a DataModule whose batches may run collectives: ``training_batch(epoch, step)``."""
 
     def __init__(self, dm: GNNDataModule):
         self.dm = dm
@@ -335,7 +346,7 @@ class _CollectiveSteps(Dataset):
         return self.dm.steps_per_epoch
 
     def __getitem__(self, key: tuple[int, int]) -> Batch:
-        return self.dm.make_batch(*key)
+        return self.dm.training_batch(*key)
 
 
 def collective_train_loader(dm: GNNDataModule) -> DataLoader:
@@ -388,6 +399,7 @@ class GNNDataModule(L.LightningDataModule):
             raise TypeError(f"config must be a system config, got {type(config).__name__}")
         self.config = config
         self.data = data if data is not None else DataConfig()
+        config.check_data(self.data)
         self.seed = seed
         self.cache_dir = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)
         self._graph = dataset if isinstance(dataset, Graph) else None
@@ -395,6 +407,7 @@ class GNNDataModule(L.LightningDataModule):
         self._dtype, self._dataset_options = dtype, dict(dataset_options or {})
         self._prepared: dict[int, Any] = {}
         self.context: RankContext | None = None
+        self._bound_to: Strategy | None = None
 
     # ------------------------------------------------------------------------ data, set-up
     @property
@@ -431,11 +444,18 @@ class GNNDataModule(L.LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
+        strategy = self.trainer.strategy
         if self.context is not None:
-            return  # set up once (fit, then validate or test)
+            if strategy is not self._bound_to:
+                raise RuntimeError(
+                    f"this {type(self).__name__} is set up for another Trainer's strategy (its "
+                    "stores and samplers use that strategy's comm); build a new DataModule "
+                    "for each Trainer"
+                )
+            return  # set up once per Trainer (fit, then validate or test)
         context = bind_datamodule(self.trainer, self.config)
         self.setup_rank(context, self.prepare(context.world_size))
-        self.context = context
+        self.context, self._bound_to = context, strategy
 
     def setup_rank(self, context: RankContext, prepared: Any) -> None:
         """Build this rank's share (collectives allowed: every rank calls it)."""
@@ -449,12 +469,18 @@ class GNNDataModule(L.LightningDataModule):
         """This rank's batch of one step."""
         raise NotImplementedError
 
+    def training_batch(self, epoch: int, step: int) -> Batch:
+        """The batch the train loader yields: :meth:`make_batch`, plus whatever the system
+        advances as training goes (Grappa's super-epoch clock)."""
+        return self.make_batch(epoch, step)
+
     def train_dataloader(self) -> DataLoader:
         return collective_train_loader(self)
 
     def build_model(self, model: ModelConfig) -> torch.nn.Module:
         """The net ``model`` describes, sized for this data (systems with their own
         distributed layers override it)."""
+        check_depth(self.data, model)
         return build_model(model, self.input_dim, self.num_classes)
 
     def callbacks(self) -> list[L.Callback]:
@@ -494,15 +520,12 @@ class SampledDataModule(GNNDataModule):
     sample; otherwise ranks sample exactly what one process would). Evaluation: full-graph
     layer-wise inference, each rank scoring every ``world_size``-th node.
 
-    Args: as :class:`GNNDataModule`; ``salt_by_rank`` overrides the config's (default: the
-    config's ``salt_by_rank`` if it has one, else ``False``).
+    Args: as :class:`GNNDataModule`, plus ``salt_by_rank`` (rank-salted sampling keys).
     """
 
-    def __init__(self, dataset, config, data=None, *, salt_by_rank: bool | None = None, **kwargs):
+    def __init__(self, dataset, config, data=None, *, salt_by_rank: bool, **kwargs):
         super().__init__(dataset, config, data, **kwargs)
-        self.salt_by_rank = (
-            salt_by_rank if salt_by_rank is not None else getattr(config, "salt_by_rank", False)
-        )
+        self.salt_by_rank = salt_by_rank
         self.rank, self.world_size = 0, 1
 
     @override

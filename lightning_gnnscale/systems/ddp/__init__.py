@@ -26,6 +26,7 @@ class DDPConfig(SystemConfig):
 
     NAMES = ("ddp",)
     accepts_custom_models = True
+    batches_in_main_process = False  # sampled in DataLoader workers if asked
 
 
 class DataParallelStrategy(MeteredDDPStrategy):
@@ -41,4 +42,5 @@ class DataParallelDataModule(SampledDataModule):
     """
 
     def __init__(self, dataset, config: DDPConfig | None = None, data=None, **kwargs):
-        super().__init__(dataset, config or DDPConfig(), data, **kwargs)
+        config = config or DDPConfig()
+        super().__init__(dataset, config, data, salt_by_rank=config.salt_by_rank, **kwargs)

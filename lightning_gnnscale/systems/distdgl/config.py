@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...graph.partition import BALANCE_SCHEMES, METHOD_OPTIONS, PARTITION_METHODS
-from ...schema import RunConfig, SystemConfig, choice, require
+from ...schema import SystemConfig, choice, require
 from .kvstore import SPARSE_OPTIMIZERS
 
 
@@ -78,10 +78,3 @@ class DistDGLConfig(SystemConfig):
         )
         choice("strategy.sparse_optimizer", self.sparse_optimizer, SPARSE_OPTIMIZERS)
         require(self.sparse_lr > 0, f"strategy.sparse_lr={self.sparse_lr} must be > 0")
-
-    def check_run(self, run: RunConfig) -> None:
-        require(
-            run.data.num_workers == 0,
-            f"strategy=distdgl samples with collectives in the main process, but "
-            f"data.num_workers={run.data.num_workers}; set data.num_workers=0",
-        )

@@ -78,7 +78,8 @@ class LearnableInputs:
     Batches reference it (a plain object, so DDP's copy of a batch keeps its identity); the
     strategy calls :meth:`lookup` in the training step and :meth:`step` after the dense
     optimiser step. ``state_dict`` / ``load_state_dict`` carry the table and the optimiser
-    state through checkpoints, rows in original node-id order.
+    state through checkpoints, rows in original node-id order (the full tables exist on rank 0
+    only, while it saves).
 
     Args:
         embedding: the table (its KV store holds the shards).
@@ -108,13 +109,15 @@ class LearnableInputs:
 
     def state_dict(self) -> dict[str, Tensor]:
         """``{KV name: [N, d] rows in original node-id order}`` of the table and the optimiser
-        state, on every rank (collective: every shard is gathered, ``parameter`` bytes)."""
+        state on rank 0, ``{}`` on the other ranks. Collective: every rank's shard is gathered
+        to rank 0 (``KVStore.gather``, ``parameter`` bytes), one table at a time."""
         kv = self.embedding.kv
         state = {}
         for name in self._names():
-            rows = kv.gather(name)
-            state[name] = torch.empty_like(rows)
-            state[name][kv.book.new2old] = rows
+            rows = kv.gather(name, dst=0)
+            if rows is not None:
+                state[name] = torch.empty_like(rows)
+                state[name][kv.book.new2old] = rows
         return state
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
@@ -234,13 +237,16 @@ class DistDGLDataModule(GNNDataModule):
     # ------------------------------------------------------------------------ checkpoints
     @override
     def state_dict(self) -> dict[str, Any]:
-        """The learnable input table and its optimiser state (collective: every rank calls it
-        when Lightning saves a checkpoint); empty without embeddings."""
+        """The learnable input table and its optimiser state, on global rank 0 only (Lightning
+        calls it on every rank when it saves a checkpoint, in the same order, and writes rank
+        0's: the call is collective, a gather to rank 0). Empty on the other ranks, and
+        without embeddings."""
         return {} if self.inputs is None else self.inputs.state_dict()
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Each rank takes its rows (Lightning calls it after ``setup``, on every rank)."""
+        """Each rank takes its rows of the full tables in the loaded checkpoint (Lightning
+        calls it after ``setup``, on every rank, with the checkpoint rank 0 wrote)."""
         if self.inputs is not None:
             self.inputs.load_state_dict(state_dict)
 

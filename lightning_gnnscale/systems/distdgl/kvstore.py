@@ -19,8 +19,9 @@ never network traffic and count nothing):
 - ``push``: ``control`` for the split exchange; 8 B per pushed remote row as ``structure`` and
   its data under the push's ``category`` (default ``parameter``; sparse-embedding gradients use
   ``gradient``). Rows for this rank's own gids travel as the collective's self chunk: not counted.
-- ``gather`` (checkpoints): every rank sends its whole shard to every other rank under the
-  gather's ``category`` (default ``parameter``), plus 8 B of ``control`` per peer for the sizes.
+- ``gather`` (checkpoints): a gather to one rank (``Comm.gather_varlen``): every rank other than
+  ``dst`` sends its whole shard to ``dst`` under the gather's ``category`` (default
+  ``parameter``); ``dst`` sends no payload. Plus 8 B of ``control`` per peer for the sizes.
 """
 
 from __future__ import annotations
@@ -163,11 +164,11 @@ class KVStore:
                 f"unknown push handler {name!r}; known: {sorted(self._handlers)}"
             ) from None
 
-    def gather(self, name: str, *, category: str = "parameter") -> Tensor:
-        """Every rank's shard of ``name`` in gid order, ``[N, *dims]``, on every rank
-        (collective; for checkpoints, not for training steps)."""
-        rows, _ = self.comm.all_gather_varlen(self.local_shard(name), category=category)
-        return rows
+    def gather(self, name: str, dst: int = 0, *, category: str = "parameter") -> Tensor | None:
+        """Every rank's shard of ``name`` in gid order, ``[N, *dims]``, on rank ``dst`` only;
+        ``None`` on the other ranks, which never hold more than their own shard (collective;
+        for checkpoints, not for training steps)."""
+        return self.comm.gather_varlen(self.local_shard(name), dst, category=category)
 
     def barrier(self) -> None:
         """Wait for every rank (counts nothing)."""

@@ -195,9 +195,3 @@ class GrappaConfig(SystemConfig):
 
     def check_run(self, run: RunConfig) -> None:
         self.check_world(run.world_size)
-        require(
-            run.data.num_workers == 0,
-            f"strategy={self.name} builds batches in the main process (they may run "
-            f"collectives), but data.num_workers={run.data.num_workers}; set "
-            "data.num_workers=0",
-        )

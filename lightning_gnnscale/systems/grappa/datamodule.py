@@ -18,14 +18,13 @@ from pathlib import Path
 import lightning as L
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
 from typing_extensions import override
 
 from ...comm import Comm
 from ...graph.batch import Batch
 from ...graph.order import EpochOrder
 from ...models.gnn import BlockGNN, layerwise_inference
-from ..base import EpochSteps, GNNDataModule, replicated_eval_counts
+from ..base import GNNDataModule, replicated_eval_counts
 from ..contract import RankContext
 from .callbacks import GradientOnlyAudit, GrappaStats
 from .chunking import ChunkStore, write_chunk_store
@@ -331,18 +330,6 @@ class GrappaDataModule(GNNDataModule):
             clock.end_epoch(epoch, self.comm)
         return batch
 
-    @override
-    def train_dataloader(self) -> DataLoader:
-        """Main process, strict step order (50S batches and the trigger's vote run
-        collectives)."""
-        return DataLoader(
-            _TrainingSteps(self),
-            sampler=EpochSteps(self),
-            batch_size=None,
-            collate_fn=_as_is,
-            num_workers=0,
-        )
-
     # ---------------------------------------------------------------------------- evaluation
     def _eval_partition(self, phase: int) -> IsolatedPartition:
         """The held partition of ``phase`` (at :attr:`trained_t`), else one read for this
@@ -389,20 +376,3 @@ class GrappaDataModule(GNNDataModule):
                 counts[i, 0] += (pred[mask] == part.y[:core][mask]).sum()
                 counts[i, 1] += mask.sum()
         return counts
-
-
-def _as_is(batch):
-    return batch
-
-
-class _TrainingSteps(Dataset):
-    """The train loader's items: ``training_batch(epoch, step)``."""
-
-    def __init__(self, dm: GrappaDataModule):
-        self.dm = dm
-
-    def __len__(self) -> int:
-        return self.dm.steps_per_epoch
-
-    def __getitem__(self, key: tuple[int, int]) -> GrappaBatch:
-        return self.dm.training_batch(*key)

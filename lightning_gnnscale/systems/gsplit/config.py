@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...schema import RunConfig, SystemConfig, choice, require
+from ...schema import SystemConfig, choice, require
 from .partition import PARTITION_METHODS, ZERO_EDGE_POLICIES
 
 CACHE_POLICIES = ("presample_freq", "id_order")
@@ -80,11 +80,4 @@ class GSplitConfig(SystemConfig):
         require(
             self.redundancy_probe_steps >= 0,
             f"strategy.redundancy_probe_steps={self.redundancy_probe_steps} must be >= 0",
-        )
-
-    def check_run(self, run: RunConfig) -> None:
-        require(
-            run.data.num_workers == 0,
-            f"strategy=gsplit samples with collectives in the main process, but "
-            f"data.num_workers={run.data.num_workers}; set data.num_workers=0",
         )

@@ -52,8 +52,8 @@ class LayerTraffic:
 
     ``rows[i]`` and ``bytes[i]`` (ints, one per layer, input layer first) are written by the
     layer hook before layer ``i`` and read by :class:`~.callbacks.GSplitStats`. A plain object,
-    not a dataclass: DDP and Lightning rebuild dataclass inputs field by field, and this must
-    stay the one object that the hook writes and the callbacks read.
+    not a dataclass: a wrapper that copies a dataclass batch field by field (Lightning's
+    ``apply_to_collection`` does) keeps it, the one object the hook writes and callbacks read.
     """
 
     def __init__(self, num_layers: int):

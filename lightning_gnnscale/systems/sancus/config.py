@@ -73,14 +73,14 @@ class SancusConfig(SystemConfig):
 
     def check_run(self, run: RunConfig) -> None:
         self.check_model(run.model)
+        if run.ckpt_path is not None:
+            self.check_resumable(f"ckpt_path={run.ckpt_path}")
+
+    def check_resumable(self, source: str) -> None:
+        """Only policy ``none`` resumes: the others' staleness state is not checkpointed."""
         require(
-            run.data.num_workers == 0,
-            f"data.num_workers={run.data.num_workers}: strategy={self.name} builds its batch "
-            "in the main process; set data.num_workers=0",
-        )
-        require(
-            run.ckpt_path is None or self.policy == "none",
-            f"ckpt_path={run.ckpt_path}: strategy={self.name} with policy {self.policy!r} "
+            self.policy == "none",
+            f"{source}: strategy={self.name} with policy {self.policy!r} "
             "cannot resume from ckpt_path: each rank's staleness state (last broadcasts, "
             "cached blocks) is not in the checkpoint, so the resumed run would diverge from the "
             "uninterrupted one; use weights_from= to start a new run from its weights, or "

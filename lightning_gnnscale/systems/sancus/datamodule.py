@@ -76,6 +76,16 @@ class SancusDataModule(GNNDataModule):
         self.train_count = int(graph.train_mask.sum())
 
     @override
+    def state_dict(self) -> dict:
+        return {"policy": self.config.policy}
+
+    @override
+    def load_state_dict(self, state_dict: dict) -> None:
+        """A resume (also from a plain Lightning script's ``ckpt_path``) is refused unless the
+        policy is ``none``: the staleness state is not in the checkpoint."""
+        self.config.check_resumable("resuming from a checkpoint")
+
+    @override
     def build_model(self, model: ModelConfig) -> SancusGCN:
         """The GCN whose layers broadcast the row blocks (``model`` must be a GCN without
         dropout)."""

@@ -16,6 +16,7 @@ class SingleConfig(SystemConfig):
 
     NAMES = ("single",)
     accepts_custom_models = True
+    batches_in_main_process = False  # sampled in DataLoader workers if asked
 
     def check_run(self, run: RunConfig) -> None:
         require(
