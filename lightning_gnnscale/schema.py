@@ -301,13 +301,11 @@ def check_depth(data: DataConfig, model: ModelConfig) -> None:
 
 def _writable(node: DictConfig) -> DictConfig:
     """A frozen dataclass's schema node made mergeable (Hydra merges YAML values into it)."""
-    node._set_flag("readonly", None)
+    OmegaConf.set_readonly(node, None)
     for key in node:
-        child = node._get_node(key)
+        child = None if OmegaConf.is_missing(node, key) else node[key]
         if isinstance(child, DictConfig):
             _writable(child)
-        else:
-            child._set_flag("readonly", None)
     return node
 
 
@@ -354,7 +352,7 @@ def _check_known_keys(node: DictConfig, prefix: str = "") -> None:
         if known is not None and key not in known:
             where = f" under {prefix[:-1]}" if prefix else ""
             raise ConfigError(f"{path} is not a known setting; valid keys{where}: {sorted(known)}")
-        child = node._get_node(key)
+        child = None if OmegaConf.is_missing(node, key) else node[key]
         if isinstance(child, DictConfig) and is_dataclass(OmegaConf.get_type(child)):
             _check_known_keys(child, f"{path}.")
 
