@@ -108,6 +108,35 @@ def build_strategy(run: RunConfig) -> SystemStrategy:
     )
 
 
+THREADS_ENV = "GNNSCALE_NUM_THREADS"
+
+
+def rank_threads(devices: int) -> int:
+    """Torch threads of one of the ``devices`` local ranks.
+
+    ``$GNNSCALE_NUM_THREADS`` when set (``bench e2e`` pins it). Otherwise the cores this process
+    may run on, shared by the ranks, but no more than the cores the 1-minute load average leaves
+    idle (at least 1): on a busy machine, intra-op threads that wait for cores other work holds
+    make every operator slower than one thread would (issue 16: a 2-core machine at load 2-6
+    ran ``single``'s epoch 3x slower with 2 threads, 1.2x slower with 1).
+    """
+    value = os.environ.get(THREADS_ENV)
+    if value:
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{THREADS_ENV}={value!r} must be a positive integer")
+        return int(value)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    share = max(1, cores // devices)
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this platform
+        return share
+    return max(1, min(share, int(cores - load + 0.5)))
+
+
 def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     """Run one training job; return ``(metrics, objects)``.
 
@@ -119,7 +148,7 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     output_dir.mkdir(parents=True, exist_ok=True)
     external = externally_launched()  # this process is one rank; the ranks share the folder
     if external:  # every rank loads and prepares: share the cores from the start
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // run.trainer.devices))
+        torch.set_num_threads(rank_threads(run.trainer.devices))
     with contextlib.nullcontext() if external else claimed(output_dir):
         datamodule = build_datamodule(run)
         datamodule.prepare(run.world_size)  # once, here; the ranks receive the result
@@ -203,7 +232,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
     # Epoch values are reduced through the metered comm before logging; Lightning's advice to
     # add sync_dist (an unmetered all-reduce) does not apply.
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed")
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // run.trainer.devices))
+    torch.set_num_threads(rank_threads(run.trainer.devices))
     L.seed_everything(run.seed, workers=True, verbose=False)
     output_dir = str(run.paths.output_dir)
     net = datamodule.build_model(run.model)

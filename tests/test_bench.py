@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from lightning_gnnscale.bench import main
 
@@ -117,3 +118,58 @@ def test_partitions_bench_writes_its_report(tmp_path):
     assert methods == {"gsplit", "node", "edge", "naive", "random"}
     assert all(0 <= r["cross_share"] <= 1 for r in report["results"])
     assert "| 2 | gsplit |" in (out / "partitions.md").read_text()
+
+
+def test_e2e_tiny_writes_its_report(tmp_path, monkeypatch):
+    """`bench e2e` on a tiny graph: the strategy and the hand-written loop at two dropouts, a
+    profile, the table, the JSON and the PNG (no timed assertions)."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "e2e"
+    argv = ["e2e", "--strategies", "single", "--nodes", "300", "--features", "8"]
+    argv += ["--hidden", "8", "--batch-size", "64", "--epochs", "2", "--dropouts", "0.5,0"]
+    argv += ["--profile-steps", "1", "--out", str(out)]
+    assert main(argv) == 0
+    for name in ("e2e.md", "e2e.json", "e2e.png"):
+        assert (out / name).stat().st_size > 0, name
+    results = json.loads((out / "e2e.json").read_text())
+    assert set(results["runs"]) == {"0.5", "0"}
+    for runs in results["runs"].values():
+        assert set(runs) == {"hand-written loop", "strategy=single"}
+        for run in runs.values():
+            assert len(run["epochs_s"]) == 2 and run["min_s"] <= run["median_s"]
+        assert runs["strategy=single"]["eval_s"] > 0
+    assert all(len(ops) > 0 for ops in results["profiles"].values())
+    masks = results["masks"]
+    assert masks["p"] == 0.5 and masks["shape"][1] == 8
+    assert set(masks) >= {"F.dropout", "row_dropout", "speedup_median"}
+    markdown = (out / "e2e.md").read_text()
+    assert "python -m lightning_gnnscale.bench e2e --strategies single" in markdown
+    rows = table_rows(markdown, "runner")
+    assert set(rows) == {"hand-written loop", "strategy=single"}
+    assert rows["hand-written loop"][2:4] == ["1.00x", "1.00x"]
+    assert "DGL's loop: skipped" in markdown
+    assert "Dropout masks alone (p = 0.5" in markdown
+
+
+def test_e2e_rejects_a_bad_dropout(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["e2e", "--dropouts", "0.5,1.5", "--out", str(tmp_path)])
+    assert "each must be in [0, 1)" in capsys.readouterr().err
+
+
+def test_hand_loop_trains_on_the_single_strategys_batches(tmp_path):
+    """The hand-written loop's batches are `single`'s: same seeds and input rows per step."""
+    from lightning_gnnscale.bench.e2e import E2ESettings, HandLoop, compose_run
+    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.run import build_datamodule
+
+    settings = E2ESettings(nodes=300, features=8, hidden=8, batch_size=64)
+    cfg = compose_run(settings, "single", 0.5, tmp_path)
+    loop = HandLoop(cfg)
+    reference = build_datamodule(validate(cfg))
+    for step in range(loop.steps):
+        got, want = loop.batcher[1, step], reference.make_batch(1, step)
+        assert torch.equal(got.blocks[0].src_ids, want.blocks[0].src_ids)
+        assert torch.equal(got.y, want.y)
+    losses = [loop.step(0, s) for s in range(loop.steps)]
+    assert all(loss > 0 for loss in losses)

@@ -76,7 +76,7 @@ class _SplitLoaderSource:
     def __init__(self, split: TrainerSplit):
         self.split = split
 
-    def make_batch(self, epoch: int, step: int) -> torch.Tensor:
+    def training_batch(self, epoch: int, step: int) -> torch.Tensor:
         return self.split.seeds(epoch, step)
 
 

@@ -10,6 +10,7 @@ from hydra.errors import HydraException
 
 from ..systems.registry import SYSTEMS as STRATEGIES
 from .compare import compose_configs, run_compare
+from .e2e import E2ESettings, compose_run, run_e2e
 from .grappa import run_grappa_bench
 from .partitions import run_partition_bench
 from .sampler import run_sampler_bench
@@ -38,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m lightning_gnnscale.bench",
         description="Benchmarks of lightning_gnnscale (see docs/benchmarks.md).",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{compare,sampler}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{compare,e2e,sampler,sancus,grappa,partitions}"
+    )
 
     compare = commands.add_parser(
         "compare",
@@ -189,6 +192,48 @@ def build_parser() -> argparse.ArgumentParser:
     grappa.add_argument("--partitioning", default="random,metis", help="random and/or metis")
     grappa.add_argument("--seed", type=int, default=0)
     grappa.add_argument("--out", type=Path, default=Path("results/grappa"))
+    e2e = commands.add_parser(
+        "e2e",
+        help="training time per epoch: strategies vs a hand-written loop (and DGL's)",
+        description="Train each sampled strategy, a hand-written loop on strategy=single's "
+        "batches (and DGL's loop when dgl is importable) on one sbm graph, with each dropout; "
+        "report training time per epoch (evaluation apart), speed-ups and the top operators of "
+        "a profile; write e2e.md, e2e.json and e2e.png (matplotlib) into --out.",
+    )
+    e2e_defaults = E2ESettings()
+    e2e.add_argument(
+        "--strategies",
+        default=",".join(e2e_defaults.strategies),
+        help="comma-separated sampled strategies (default: single,ddp)",
+    )
+    e2e.add_argument("--model", default=e2e_defaults.model, help="model (default: sage)")
+    e2e.add_argument("--nodes", type=_positive_int, default=e2e_defaults.nodes)
+    e2e.add_argument("--avg-degree", type=float, default=e2e_defaults.avg_degree)
+    e2e.add_argument("--features", type=_positive_int, default=e2e_defaults.features)
+    e2e.add_argument("--hidden", type=_positive_int, default=e2e_defaults.hidden)
+    e2e.add_argument("--layers", type=_positive_int, default=e2e_defaults.num_layers)
+    e2e.add_argument("--fanouts", type=_int_list, default=list(e2e_defaults.fanouts))
+    e2e.add_argument("--batch-size", type=_positive_int, default=e2e_defaults.batch_size)
+    e2e.add_argument(
+        "--epochs", type=_positive_int, default=e2e_defaults.epochs, help="epochs per runner"
+    )
+    e2e.add_argument(
+        "--dropouts", default="0.5,0", help="comma-separated dropout values (default: 0.5,0)"
+    )
+    e2e.add_argument(
+        "--devices", type=_positive_int, default=e2e_defaults.devices, help="ddp processes"
+    )
+    e2e.add_argument(
+        "--threads", type=_positive_int, default=1, help="torch threads per process (default: 1)"
+    )
+    e2e.add_argument(
+        "--profile-steps",
+        type=int,
+        default=e2e_defaults.profile_steps,
+        help="steps of the hand-written loop profiled per dropout (0: no profile)",
+    )
+    e2e.add_argument("--seed", type=int, default=0)
+    e2e.add_argument("--out", type=Path, default=Path("results/e2e"))
     partitions = commands.add_parser(
         "partitions",
         help="compare GSplit's split functions by measured cross-split edges",
@@ -289,6 +334,35 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out.resolve(),
         )
         run_sancus_bench(variants, args.out.resolve(), argv)
+        return 0
+    if args.command == "e2e":
+        try:
+            dropouts = tuple(float(d) for d in args.dropouts.split(","))
+        except ValueError:
+            parser.error(f"--dropouts {args.dropouts!r}: expected comma-separated numbers")
+        if any(not 0 <= d < 1 for d in dropouts):
+            parser.error(f"--dropouts {args.dropouts!r}: each must be in [0, 1)")
+        settings = E2ESettings(
+            strategies=tuple(_strategies(parser, args.strategies)),
+            model=args.model,
+            nodes=args.nodes,
+            avg_degree=args.avg_degree,
+            features=args.features,
+            hidden=args.hidden,
+            num_layers=args.layers,
+            fanouts=tuple(args.fanouts),
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            dropouts=dropouts,
+            devices=args.devices,
+            threads=args.threads,
+            profile_steps=max(0, args.profile_steps),
+            seed=args.seed,
+        )
+        for dropout in dropouts:  # every config is checked before any training
+            for strategy in (*settings.strategies, "single"):
+                _composed(parser, compose_run, settings, strategy, dropout, args.out.resolve())
+        run_e2e(settings, args.out, argv)
         return 0
     if args.command == "sampler":
         if args.batch_size > args.nodes:

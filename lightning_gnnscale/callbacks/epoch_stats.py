@@ -32,6 +32,10 @@ class EpochStats(EpochRecords):
     """Train loss, input rows loaded, time breakdown (sample, load, compute) and peak memory
     per epoch.
 
+    ``epoch_s`` is the wall time from the epoch's start to its end, validation included (as
+    Lightning runs it, inside the epoch); ``eval_s`` is the validation part of it (0 in an epoch
+    without validation) and ``train_epoch_s = epoch_s - eval_s`` the training part.
+
     ``compute`` is forward + backward + optimiser step (with DDP, the overlapped gradient
     all-reduce is inside it). ``comm`` is the wall time spent waiting in blocking collectives
     during the epoch (sampling exchanges, shuffles, KV pulls; part of ``sample``, ``load`` and
@@ -51,6 +55,14 @@ class EpochStats(EpochRecords):
         self._times = {"sample_s": 0.0, "load_s": 0.0, "compute_s": 0.0}
         self._input_rows = 0
         self._wait_start = rank_context(trainer).meter.wait_s
+        self._eval_s = 0.0
+
+    def on_validation_epoch_start(self, trainer, pl_module):
+        self._eval_start = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        if hasattr(self, "_epoch_start") and not trainer.sanity_checking:
+            self._eval_s += time.perf_counter() - self._eval_start
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._input_rows += batch.stats.get("input_nodes", 0)
@@ -80,6 +92,8 @@ class EpochStats(EpochRecords):
             "train_loss": float(loss[0] / loss[1].clamp(min=1)),
             "input_rows": int(loss[2]),
             "epoch_s": epoch_s,
+            "train_epoch_s": epoch_s - self._eval_s,
+            "eval_s": self._eval_s,
             **self._times,
             "peak_rss_mb": float(rss[0]),
         }
@@ -88,6 +102,8 @@ class EpochStats(EpochRecords):
             {
                 "train/loss": record["train_loss"],
                 "time/epoch_s": epoch_s,
+                "time/train_epoch_s": record["train_epoch_s"],
+                "time/eval_s": record["eval_s"],
                 **{f"time/{k}": v for k, v in self._times.items()},
                 "mem/peak_rss_mb": record["peak_rss_mb"],
                 "data/input_rows": float(record["input_rows"]),

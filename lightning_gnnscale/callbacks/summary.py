@@ -18,7 +18,10 @@ from .epoch_stats import EpochStats, peak_rss_mb
 class RunSummary(L.Callback):
     """Prints one line per epoch and, at the end, a table; rank 0 writes ``summary.json``.
 
-    ``test_acc`` is the test accuracy at the epoch of best validation accuracy. The epoch
+    ``test_acc`` is the test accuracy at the epoch of best validation accuracy.
+    ``epoch_time_s`` is the median epoch wall time with its validation (as before);
+    ``train_epoch_time_s`` the median of its training part and ``eval_time_s`` the median
+    validation time of the epochs that validated (``None`` when none did). The epoch
     records (here and in the stats callbacks it reads) travel in checkpoints, so a resumed
     run's summary covers the whole run, as the uninterrupted run's does. ``run_id`` marks the
     file as this run's.
@@ -85,9 +88,12 @@ class RunSummary(L.Callback):
             else None
         )
         accs = f" val {last['val_acc']:.4f} test {last['test_acc']:.4f}" if last else ""
+        split = (
+            f" (train {e['train_epoch_s']:.2f}s eval {e['eval_s']:.2f}s)" if "eval_s" in e else ""
+        )
         print(
             f"[epoch {trainer.current_epoch + 1}/{trainer.max_epochs}] loss "
-            f"{e['train_loss']:.4f}{accs} time {e['epoch_s']:.2f}s comm "
+            f"{e['train_loss']:.4f}{accs} time {e['epoch_s']:.2f}s{split} comm "
             f"{sum(c['bytes'].values()) / 1e6:.2f} MB",
             file=sys.stderr,
             flush=True,
@@ -117,6 +123,8 @@ class RunSummary(L.Callback):
             if epochs
             else None,
             "epoch_time_s": statistics.median(e["epoch_s"] for e in epochs) if epochs else None,
+            "train_epoch_time_s": _median(e.get("train_epoch_s") for e in epochs),
+            "eval_time_s": _median(e.get("eval_s") for e in epochs if e.get("eval_s")),
             "train_time_s": self._earlier_train_s + time.perf_counter() - self._fit_start,
             "time_breakdown_s": {
                 k: statistics.median(e[k] for e in epochs)
@@ -166,6 +174,8 @@ class RunSummary(L.Callback):
                     "val_acc": ev.get("val_acc"),
                     "test_acc": ev.get("test_acc"),
                     "epoch_s": e["epoch_s"],
+                    "train_epoch_s": e.get("train_epoch_s"),
+                    "eval_s": e.get("eval_s"),
                     "elapsed_s": elapsed,
                     "comm_bytes": c["bytes"],
                 }
@@ -185,6 +195,8 @@ def format_table(summary: dict) -> str:
         ("best val acc", _fmt(summary["best_val_acc"])),
         ("test acc (at best val)", _fmt(summary["test_acc"])),
         ("epoch time, median (s)", _fmt(summary["epoch_time_s"])),
+        ("  training part, median (s)", _fmt(summary.get("train_epoch_time_s"))),
+        ("  evaluation, median of evaluated epochs (s)", _fmt(summary.get("eval_time_s"))),
         ("train time (s)", _fmt(summary["train_time_s"])),
         ("comm MB / epoch (measured)", _fmt(sum(summary["comm_bytes_per_epoch"].values()) / 1e6)),
         (
@@ -195,6 +207,13 @@ def format_table(summary: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _median(values) -> float | None:
+    """Median of the values that are not ``None`` (records of older checkpoints lack the
+    newer keys); ``None`` when there are none."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def _fmt(v) -> str:

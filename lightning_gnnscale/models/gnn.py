@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from ..graph.block import Block, blocks_to_subgraph
 from ..graph.sampler import BlockBuilder, sample_neighbors
-from .layers import BlockGAT, BlockGCN, BlockSAGE
+from .layers import BlockGAT, BlockGCN, BlockSAGE, row_dropout
 
 if TYPE_CHECKING:
     from ..schema import ModelConfig
@@ -26,7 +26,8 @@ class BlockGNN(nn.Module):
     """``num_layers`` block layers; dropout on every layer's input, ReLU between layers.
 
     Dropout on the input features too, and (GAT) on attention coefficients, as in the GCN and
-    GAT papers. ``forward(blocks, x, layer_hook)`` runs layer ``l`` on ``blocks[l]`` (input layer
+    GAT papers. Row dropout uses :func:`~.layers.row_dropout` (masks from random bytes, the
+    same expectation as ``F.dropout``, keyed by the step seed as ``F.dropout`` is). ``forward(blocks, x, layer_hook)`` runs layer ``l`` on ``blocks[l]`` (input layer
     first). ``layer_hook(l, h)`` is called before every layer, after dropout (so the rows' owner
     applies the mask); systems use it to move rows between processes (e.g. GSplit's shuffle)
     without the model knowing anything about distribution.
@@ -74,7 +75,7 @@ class BlockGNN(nn.Module):
             raise ValueError(f"model has {self.num_layers} layers but got {len(blocks)} blocks")
         h = x
         for i, block in enumerate(blocks):
-            h = F.dropout(h, p=self.dropout, training=self.training)
+            h = row_dropout(h, self.dropout, self.training)
             if layer_hook is not None:
                 h = layer_hook(i, h)
             h = self.layer_output(i, block, h)
@@ -136,6 +137,40 @@ def build_model(cfg: ModelConfig, in_dim: int, out_dim: int) -> nn.Module:
 
 
 @torch.no_grad()
+def layer_rows(
+    net: BlockGNN,
+    i: int,
+    builder: BlockBuilder,
+    indptr: Tensor,
+    indices: Tensor,
+    h: Tensor,
+    start: int,
+    stop: int,
+    chunk_size: int,
+) -> Tensor:
+    """Layer ``i``'s full-neighbourhood output rows of nodes ``start..stop-1``, in chunks.
+
+    ``h``: the previous layer's rows of every node ``[N, d]``; returns ``[stop - start, out]``.
+    A node's row depends only on its own and its in-neighbours' rows, so any split of the node
+    range gives the same rows.
+    """
+    outs = []
+    for lo in range(start, stop, chunk_size) or [start]:  # an empty range: one empty chunk
+        dst = torch.arange(lo, min(lo + chunk_size, stop))
+        src, dst_pos = sample_neighbors(indptr, indices, dst, -1, 0)
+        block = builder(dst, src, dst_pos)
+        outs.append(net.layer_output(i, block, h[block.src_ids]))
+    return torch.cat(outs)
+
+
+def inference_builder(indptr: Tensor, degree: Tensor | None = None) -> BlockBuilder:
+    """The full-neighbourhood block builder of layer-wise inference (GCN degrees: ``degree``,
+    default the in-degrees of ``indptr``)."""
+    num_nodes = indptr.numel() - 1
+    return BlockBuilder(num_nodes, indptr[1:] - indptr[:-1] if degree is None else degree)
+
+
+@torch.no_grad()
 def layerwise_inference(
     net: BlockGNN,
     indptr: Tensor,
@@ -152,14 +187,8 @@ def layerwise_inference(
     Returns ``[N, out]``.
     """
     num_nodes = indptr.numel() - 1
-    builder = BlockBuilder(num_nodes, indptr[1:] - indptr[:-1] if degree is None else degree)
+    builder = inference_builder(indptr, degree)
     h = x
     for i in range(net.num_layers):
-        outs = []
-        for start in range(0, num_nodes, chunk_size):
-            dst = torch.arange(start, min(start + chunk_size, num_nodes))
-            src, dst_pos = sample_neighbors(indptr, indices, dst, -1, 0)
-            block = builder(dst, src, dst_pos)
-            outs.append(net.layer_output(i, block, h[block.src_ids]))
-        h = torch.cat(outs)
+        h = layer_rows(net, i, builder, indptr, indices, h, 0, num_nodes, chunk_size)
     return h

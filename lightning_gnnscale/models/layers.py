@@ -8,10 +8,57 @@ destination's own row, its sampled in-neighbours' rows and the parameters. That 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GATConv, SAGEConv
 
 from ..graph.block import Block
+
+
+def keep_threshold(p: float) -> tuple[int, int]:
+    """``(threshold, levels)`` of :func:`row_dropout`: an element is kept when its uniform
+    integer in ``[0, levels)`` is below ``threshold``.
+
+    One random byte per element (``levels = 256``) when the keep probability ``1 - p`` is a
+    multiple of 1/256 (0.5, 0.25, 0.75...: exact); otherwise two bytes (``levels = 65536``) and
+    the keep probability is ``round((1 - p) * 65536) / 65536``, within 2**-17 of ``1 - p``.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    keep = 1.0 - p
+    if float(keep * 256).is_integer():
+        return int(keep * 256), 256
+    return round(keep * 65536), 65536
+
+
+def row_dropout(h: Tensor, p: float, training: bool = True) -> Tensor:
+    """Inverted dropout of ``h`` (any shape) with masks from random bytes; returns ``h``'s shape.
+
+    Same contract as ``F.dropout``: an element is kept with probability ``q`` (see
+    :func:`keep_threshold`; ``q = 1 - p`` exactly for ``p`` a multiple of 1/256) and scaled
+    by ``1 / q``, so the expectation is ``h`` exactly. On CPU the mask comes from 64-bit words
+    of torch's default generator (so :class:`~lightning_gnnscale.callbacks.StepSeed` keys it per
+    step, as it keys ``F.dropout``), compared byte- or 16-bit-wise with the threshold: about a
+    twentieth of the cost of ``bernoulli_``, which draws one generator call per element.
+    Other devices use ``F.dropout`` (its masks are already cheap there).
+    """
+    if not training or p == 0.0:
+        return h
+    if h.device.type != "cpu":
+        return F.dropout(h, p, training=True)
+    threshold, levels = keep_threshold(p)
+    if threshold == 0:
+        return h * 0.0
+    n = h.numel()
+    width = 1 if levels == 256 else 2
+    words = torch.empty(-(-n * width // 8), dtype=torch.int64)
+    words.random_(-(2**63), None)  # every bit uniform (random_() alone leaves the top bit 0)
+    if levels == 256:
+        keep = words.view(torch.uint8)[:n] < threshold
+    else:
+        keep = words.view(torch.int16)[:n] < threshold - 32768
+    mask = keep.view(h.shape).to(h.dtype).mul_(levels / threshold)
+    return h * mask
 
 
 class BlockGCN(nn.Module):

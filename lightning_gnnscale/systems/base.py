@@ -44,7 +44,14 @@ from ..graph.csc import Graph
 from ..graph.datasets import load_dataset
 from ..graph.order import EpochOrder
 from ..graph.sampler import NeighborSampler
-from ..models.gnn import BlockGNN, SubgraphModel, build_model, layerwise_inference
+from ..models.gnn import (
+    BlockGNN,
+    SubgraphModel,
+    build_model,
+    inference_builder,
+    layer_rows,
+    layerwise_inference,
+)
 from ..schema import DataConfig, ModelConfig, SystemConfig, check_depth
 from .contract import (
     Evaluation,
@@ -518,7 +525,8 @@ class SampledDataModule(GNNDataModule):
     ``data.batch_size`` seeds are split across ranks and sampled with the hash-keyed sampler
     (rank-salted keys when ``salt_by_rank``: independent micro-batches, as data-parallel systems
     sample; otherwise ranks sample exactly what one process would). Evaluation: full-graph
-    layer-wise inference, each rank scoring every ``world_size``-th node.
+    layer-wise inference split across ranks, each rank inferring and scoring its node range
+    (:func:`replicated_eval_counts`).
 
     Args: as :class:`GNNDataModule`, plus ``salt_by_rank`` (rank-salted sampling keys).
     """
@@ -580,19 +588,55 @@ class SampledDataModule(GNNDataModule):
         )
 
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """Layer-wise inference split across ranks (:func:`replicated_eval_counts`)."""
+        comm = self.context.comm if self.context is not None else None
         return replicated_eval_counts(
-            self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size
+            self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size, comm
         )
 
 
+def node_range(num_nodes: int, rank: int, world_size: int) -> tuple[int, int]:
+    """``(start, stop)``: rank ``rank``'s contiguous share of ``num_nodes`` node ids (sizes
+    differ by at most one, as ``torch.tensor_split``)."""
+    base, extra = divmod(num_nodes, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (rank < extra)
+
+
 @torch.no_grad()
-def full_logits(graph: Graph, net: torch.nn.Module, chunk_size: int) -> torch.Tensor:
-    """Full-neighbourhood logits of every node ``[N, C]``."""
+def full_logits(
+    graph: Graph,
+    net: torch.nn.Module,
+    chunk_size: int,
+    comm: Comm | None = None,
+    *,
+    gather: bool = True,
+) -> torch.Tensor:
+    """Full-neighbourhood logits ``[N, C]`` of every node (or, with ``gather=False``, of this
+    rank's :func:`node_range` only: ``[stop - start, C]``).
+
+    With a distributed ``comm`` the layer-wise inference is split across ranks: each rank
+    computes every layer for its node range only, and each hidden layer's rows are all-gathered
+    through the metered ``comm`` (``activation``). Without one (or for a user model, which runs
+    on the whole graph) every rank computes everything. Rows equal the one-process rows
+    (tested in float64).
+    """
     device = next(net.parameters()).device
+    rank, world_size = (comm.rank, comm.world_size) if comm is not None else (0, 1)
+    start, stop = node_range(graph.num_nodes, rank, world_size)
     if isinstance(net, SubgraphModel):
-        return net.model(graph.x.to(device), graph.edge_index().to(device))
+        out = net.model(graph.x.to(device), graph.edge_index().to(device))
+        return out if gather else out[start:stop]
     assert isinstance(net, BlockGNN)
-    return layerwise_inference(net, graph.indptr, graph.indices, graph.x.to(device), chunk_size)
+    if world_size == 1:
+        return layerwise_inference(net, graph.indptr, graph.indices, graph.x.to(device), chunk_size)
+    builder = inference_builder(graph.indptr)
+    h = graph.x.to(device)
+    for i in range(net.num_layers):
+        rows = layer_rows(net, i, builder, graph.indptr, graph.indices, h, start, stop, chunk_size)
+        last = i == net.num_layers - 1
+        h = rows if last and not gather else comm.all_gather_varlen(rows, category="activation")[0]
+    return h
 
 
 def replicated_eval_counts(
@@ -602,12 +646,34 @@ def replicated_eval_counts(
     rank: int,
     world_size: int,
     chunk_size: int,
+    comm: Comm | None = None,
 ) -> torch.Tensor:
     """``[len(splits), 2]`` float64 (correct, total) over this rank's share of each split.
 
-    For systems whose ranks hold the whole graph: each rank runs full-graph layer-wise inference
-    and counts every ``world_size``-th node; the caller sums the counts over ranks.
+    For systems whose ranks hold the whole graph; the caller sums the counts over ranks.
+
+    - With a distributed ``comm`` (rank and world size must be its own): the inference is split
+      across ranks (:func:`full_logits`; the hidden layers' rows are all-gathered as
+      ``activation``) and each rank counts the nodes of its own :func:`node_range`.
+    - Without one: each rank runs the whole inference and counts every ``world_size``-th node.
+
+    Either way the sums over ranks are the one-process counts.
     """
+    if comm is not None and comm.world_size > 1:
+        if (comm.rank, comm.world_size) != (rank, world_size):
+            raise ValueError(
+                f"rank {rank} / world size {world_size} differ from the comm's "
+                f"{comm.rank} / {comm.world_size}"
+            )
+        start, stop = node_range(graph.num_nodes, rank, world_size)
+        pred = full_logits(graph, net, chunk_size, comm, gather=False).argmax(1).cpu()
+        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
+        for i, split in enumerate(splits):
+            ids = graph.split_ids(split)
+            ids = ids[(ids >= start) & (ids < stop)]
+            counts[i, 0] = (pred[ids - start] == graph.y[ids]).sum()
+            counts[i, 1] = ids.numel()
+        return counts
     pred = full_logits(graph, net, chunk_size).argmax(1).cpu()
     counts = torch.zeros(len(splits), 2, dtype=torch.float64)
     for i, split in enumerate(splits):

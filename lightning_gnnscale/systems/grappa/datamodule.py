@@ -363,8 +363,9 @@ class GrappaDataModule(GNNDataModule):
         if mode == "none":
             return counts
         if mode == "global_fullgraph":
+            comm = self.context.comm if self.context is not None else None
             return replicated_eval_counts(
-                self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size
+                self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size, comm
             )
         assert isinstance(net, BlockGNN)
         for phase in range(self.config.partitions_per_rank):  # each scores its seed chunks

@@ -266,4 +266,5 @@ class GSplitDataModule(GNNDataModule):
             self.rank,
             self.world_size,
             self.data.eval_chunk_size,
+            self.context.comm if self.context is not None else None,
         )
