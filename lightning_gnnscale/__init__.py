@@ -21,6 +21,7 @@ from .systems.ddp import DataParallelDataModule, DataParallelStrategy, DDPConfig
 from .systems.distdgl import DistDGLConfig, DistDGLDataModule, DistDGLStrategy
 from .systems.grappa import GrappaConfig, GrappaDataModule, GrappaStrategy
 from .systems.gsplit import GSplitConfig, GSplitDataModule, GSplitStrategy
+from .systems.hopgnn import HopGNNConfig, HopGNNDataModule, HopGNNStrategy
 from .systems.registry import SYSTEMS, SystemSpec, register_systems
 from .systems.sancus import SancusConfig, SancusDataModule, SancusStrategy
 from .systems.single import SingleConfig, SingleDataModule, SingleStrategy
@@ -53,6 +54,9 @@ __all__ = [
     "GrappaConfig",
     "GrappaDataModule",
     "GrappaStrategy",
+    "HopGNNConfig",
+    "HopGNNDataModule",
+    "HopGNNStrategy",
     "ModelConfig",
     "ModuleRuntime",
     "RankContext",

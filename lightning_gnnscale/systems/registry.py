@@ -12,6 +12,7 @@ from .ddp import DataParallelDataModule, DataParallelStrategy, DDPConfig
 from .distdgl import DistDGLConfig, DistDGLDataModule, DistDGLStrategy
 from .grappa import GRAPPA_PRESETS, GrappaConfig, GrappaDataModule, GrappaStrategy
 from .gsplit import GSplitConfig, GSplitDataModule, GSplitStrategy
+from .hopgnn import HOPGNN_PRESETS, HopGNNConfig, HopGNNDataModule, HopGNNStrategy
 from .sancus import SancusConfig, SancusDataModule, SancusStrategy
 from .single import SingleConfig, SingleDataModule, SingleStrategy
 
@@ -96,6 +97,16 @@ def _specs() -> list[SystemSpec]:
                 description,
             )
             for name, description in GRAPPA_PRESETS.items()
+        ),
+        *(
+            SystemSpec(
+                name,
+                lambda name=name: HopGNNConfig.preset(name),
+                HopGNNStrategy,
+                HopGNNDataModule,
+                description,
+            )
+            for name, description in HOPGNN_PRESETS.items()
         ),
     ]
 

@@ -1,0 +1,363 @@
+"""``HopGNNDataModule``: partitioned features, replicated topology, the iteration planner and the
+feature fetches (docs/systems/hopgnn.md).
+
+Every rank holds the whole topology and labels (the paper's placement). Training reads only the
+feature rows of the nodes its partition owns (:class:`FeatureShard`) plus the rows it fetches;
+the whole feature matrix stays resident in every process for evaluation. A training batch is one iteration of this rank: the micrograph
+set of every kept time step (blocks sampled with the global batch's keys, input rows gathered),
+the migrations between steps, and the global seed count. Remote rows are fetched from their
+owners through :class:`~lightning_gnnscale.comm.OwnerRoute` (``structure`` for the ids,
+``feature`` for the rows): once per iteration, deduplicated over all kept steps, with
+``pregather``; once per kept step without it (every rank takes part in each fetch). Both happen
+while the batch is built, in the main process, in step order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+from typing_extensions import override
+
+from ...comm import Comm, OwnerRoute
+from ...graph.batch import Batch
+from ...graph.cache import cached_partition
+from ...graph.order import EpochOrder
+from ...graph.partition import partition_report
+from ...graph.sampler import NeighborSampler
+from ..base import GNNDataModule, assert_same_on_all_ranks, replicated_eval_counts
+from ..contract import RankContext
+from .callbacks import HopGNNStats
+from .config import HopGNNConfig
+from .merging import MergeController, modeled_epoch_seconds
+from .planner import IterationPlan, micrograph_plan, model_centric_plan, remote_inputs, sample_steps
+
+
+@dataclass
+class HopGNNBatch(Batch):
+    """One rank's iteration: the micrograph sets of its kept time steps.
+
+    The base fields summarise the iteration: ``blocks`` is empty, ``x`` is ``[0, F]``, ``y``
+    holds the labels of every root this rank trains (over all steps) and
+    ``global_seed_count`` the iteration's global mini-batch size. A model cannot run this
+    batch directly; :class:`~.strategy.HopGNNStrategy` runs ``steps`` one by one.
+
+    Attributes:
+        steps: per kept step ``j`` (``T`` entries), a plain :class:`Batch` of the micrograph set
+            this rank trains (``blocks``, input rows ``[n_src, F]``, labels ``[n_j]``, the same
+            ``global_seed_count``), or ``None`` when the set is empty.
+        hops: per migration ``j = 1..T-1`` (``T - 1`` entries), ``(send_to, recv_from)``: where
+            this rank sends the replica it hosted at step ``j - 1`` and whence it receives the
+            one it hosts at step ``j``.
+    """
+
+    steps: list[Batch | None] = field(default_factory=list)
+    hops: list[tuple[int, int]] = field(default_factory=list)
+
+    @override
+    def to(self, device: torch.device | str) -> HopGNNBatch:
+        moved = super().to(device)
+        return replace(moved, steps=[s.to(device) if s is not None else None for s in self.steps])
+
+
+@dataclass(frozen=True)
+class HopGNNPrepared:
+    """What ``preprocess`` hands every rank: the feature partition and its report.
+
+    Attributes:
+        part: int64 ``[N]`` home server of every node.
+        report: the partition's edge cut and balance (``partition_report``).
+    """
+
+    part: Tensor
+    report: dict
+
+
+class FeatureShard:
+    """This rank's feature rows ``[n_local, F]`` (a copy) and the fetch of other ranks' rows:
+    the only feature rows the training path reads locally.
+
+    Args:
+        comm: the data-exchange ``Comm``.
+        x: the whole feature matrix (this rank's rows are copied; the matrix itself stays
+            resident in the graph for evaluation).
+        part: int64 ``[N]`` owner of every node (replicated metadata).
+    """
+
+    def __init__(self, comm: Comm, x: Tensor, part: Tensor):
+        self.comm, self.part = comm, part
+        mine = (part == comm.rank).nonzero().flatten()
+        self.rows = x.index_select(0, mine).clone()
+        self.local_row = torch.full((part.numel(),), -1, dtype=torch.int64)
+        self.local_row[mine] = torch.arange(mine.numel())
+        self.fetches = 0  # exchanges this rank took part in (for reports)
+
+    def fetch(self, ids: Tensor) -> Tensor:
+        """Rows ``[len(ids), F]`` of ``ids`` (none owned by this rank) from their owners.
+        Collective: every rank calls it the same number of times (possibly with no ids)."""
+        route = OwnerRoute.build(self.comm, ids, self.part.index_select(0, ids))
+        served = self.rows.index_select(0, self.local_row.index_select(0, route.served))
+        self.fetches += 1
+        return route.reply(self.comm, served, category="feature")
+
+    def gather(self, ids: Tensor, table_ids: Tensor, table: Tensor) -> Tensor:
+        """Rows of ``ids``: local ones from the shard, the others from ``table`` (rows of the
+        sorted ``table_ids``)."""
+        out = self.rows.new_empty((ids.numel(), self.rows.shape[1]))
+        local = self.local_row.index_select(0, ids)
+        mine = local >= 0
+        out[mine] = self.rows.index_select(0, local[mine])
+        if bool((~mine).any()):
+            other = ids[~mine]
+            out[~mine] = table.index_select(0, torch.searchsorted(table_ids, other))
+        return out
+
+
+class HopGNNDataModule(GNNDataModule):
+    """METIS-partitioned features, replicated topology and labels, HopGNN's planner.
+
+    Every rank cuts the same global mini-batch of ``data.batch_size`` seeds per step as
+    ``single`` / ``ddp`` (one seeded permutation per epoch) and splits it into the ``N``
+    models' shares; the planner (pure) groups the roots by home server and schedules the time
+    steps. Batches are :class:`HopGNNBatch`. Evaluation: full-graph layer-wise inference with
+    the (identical) replica split across ranks (:func:`~..base.replicated_eval_counts`).
+
+    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``HopGNNConfig()``.
+    """
+
+    def __init__(self, dataset, config: HopGNNConfig | None = None, data=None, **kwargs):
+        super().__init__(dataset, config or HopGNNConfig(), data, **kwargs)
+        self.rank, self.world_size = 0, 1
+        self.controller: MergeController | None = None
+        self._pending_state: dict | None = None  # controller state loaded before set-up
+        self._epoch: int | None = None  # the epoch whose time is being measured
+        self._window_open = False
+        self._epoch_start: tuple[dict, float] = ({}, 0.0)
+        self._iterations = 0
+
+    @override
+    def preprocess(self, world_size: int) -> HopGNNPrepared:
+        """Partition once (cached on disk by content hash) and report the cut."""
+        graph, partition = self.graph, self.config.partition
+        parts = cached_partition(
+            graph, partition.method, world_size, self.seed, self.cache_dir, **partition.options()
+        )
+        report = partition_report(graph, parts, world_size)
+        print(
+            f"[{self.config.name}] {partition.method} partition into {world_size}: edge cut "
+            f"{report['edge_cut_fraction']:.1%}, node balance {report['node_balance']:.3f}",
+            flush=True,
+        )
+        return HopGNNPrepared(parts.to(torch.int64), report)
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: HopGNNPrepared) -> None:
+        self.rank, self.world_size = context.rank, context.world_size
+        part = prepared.part
+        if part.numel() and int(part.max()) >= self.world_size:
+            raise ValueError(f"the partition has more parts than the {self.world_size} ranks")
+        assert_same_on_all_ranks(context.comm, part, "the HopGNN partition")
+        graph = self.graph
+        self.part = part
+        self.shard = FeatureShard(context.comm, graph.x, part)
+        self.comm = context.comm
+        config = self.config
+        if config.merge_adaptive:
+            self.controller = MergeController(
+                config.kept_steps(self.world_size), config.merge_monitor_epochs
+            )
+            if self._pending_state is not None:
+                self.controller.load_state_dict(self._pending_state)
+        self.sampler = NeighborSampler(
+            graph.indptr, graph.indices, list(self.data.fanouts), self.seed
+        )
+        self.order = EpochOrder(self.train_ids, self.seed)
+
+    @property
+    def train_ids(self) -> Tensor:
+        ids = self.graph.split_ids("train")
+        if ids.numel() == 0:
+            raise ValueError(f"dataset {self.graph.name!r} has no training nodes")
+        return ids
+
+    @property
+    def batch_size(self) -> int:
+        """The global mini-batch (``data.batch_size``; ``-1``: every training node)."""
+        size = self.data.batch_size
+        return self.train_ids.numel() if size == -1 else size
+
+    @property
+    @override
+    def steps_per_epoch(self) -> int:
+        return -(-self.train_ids.numel() // self.batch_size)
+
+    # ------------------------------------------------------------------ merging controller
+    def steps_for_epoch(self, epoch: int) -> int:
+        """``T`` of ``epoch``: the config's, or the merging controller's decision, taken at
+        the epoch's first batch (closing the previous epoch's measurement: one all-reduce of
+        its time, ``control``). Collective when the controller is on."""
+        if self.controller is None:
+            return self.config.kept_steps(self.world_size)
+        if epoch != self._epoch:
+            if self._window_open:
+                self._close_window()
+            self.controller.begin_epoch()
+            self._epoch, self._window_open, self._iterations = epoch, True, 0
+            self._epoch_start = (self.comm.meter.snapshot(), time.perf_counter())
+        return self.controller.steps
+
+    def _close_window(self) -> None:
+        """The finished epoch's time, averaged over ranks, into the controller."""
+        config = self.config
+        if config.merge_time_source == "wall":
+            local = time.perf_counter() - self._epoch_start[1]
+        else:
+            delta = self.comm.meter.delta(self._epoch_start[0])["bytes"]
+            local = modeled_epoch_seconds(
+                delta,
+                self._iterations,
+                self.controller.steps,
+                config.bandwidth,
+                config.step_overhead_s,
+            )
+        total = self.comm.all_reduce(torch.tensor([local], dtype=torch.float64), category="control")
+        self.controller.end_epoch(float(total[0]) / self.world_size)
+        self._window_open = False
+
+    def plan(self, epoch: int, step: int, steps: int | None = None) -> IterationPlan:
+        """The global plan of one iteration (pure: the same on every rank); ``steps`` = ``T``
+        (default: the config's)."""
+        seeds = self.order.step(epoch, step, self.batch_size)
+        config, n = self.config, self.world_size
+        if config.mode == "model_centric":
+            return model_centric_plan(seeds, n)
+        return micrograph_plan(
+            seeds,
+            self.part,
+            n,
+            steps if steps is not None else config.kept_steps(n),
+            score=config.merge_score,
+            policy=config.merge_policy,
+            direction=config.direction,
+        )
+
+    @override
+    def make_batch(self, epoch: int, step: int) -> HopGNNBatch:
+        """This rank's iteration: sample its micrograph sets, fetch their remote rows (one
+        deduplicated fetch with ``pregather``, else one per kept step), gather inputs."""
+        steps = self.steps_for_epoch(epoch)
+        self._iterations += 1
+        start = time.perf_counter()
+        plan = self.plan(epoch, step, steps)
+        rank, shard = self.rank, self.shard
+        sampled = sample_steps(plan, rank, self.sampler, epoch, step)
+        remote = [remote_inputs(blocks, self.part, rank) for blocks in sampled]
+        sample_done = time.perf_counter()
+        tables: list[tuple[Tensor, Tensor]]
+        if self.config.pregather:
+            ids = torch.unique(torch.cat(remote))
+            tables = [(ids, shard.fetch(ids))] * len(sampled)
+            fetched_rows = ids.numel()
+        else:
+            tables = [(ids, shard.fetch(ids)) for ids in remote]
+            fetched_rows = sum(ids.numel() for ids in remote)
+        y = self.graph.y
+        steps: list[Batch | None] = []
+        for blocks, (ids, table) in zip(sampled, tables):
+            if blocks is None:
+                steps.append(None)
+                continue
+            roots = blocks[-1].dst_ids
+            x = shard.gather(blocks[0].src_ids, ids, table)
+            steps.append(Batch(blocks, x, y[roots], plan.global_seed_count, epoch, step))
+        trained = [s.y for s in steps if s is not None]
+        labels = torch.cat([y.new_empty(0), *trained])
+        load = plan.load()
+        stats = {
+            "sample_s": sample_done - start,
+            "load_s": time.perf_counter() - sample_done,
+            "input_nodes": sum(b[0].num_src for b in sampled if b is not None),
+            "remote_rows": fetched_rows,
+            "local_rows": int(
+                sum((self.part[b[0].src_ids] == rank).sum() for b in sampled if b is not None)
+            ),
+            "time_steps": plan.num_steps,
+            "migrations": len(plan.kept) - 1,
+            "load": load[:, rank].tolist(),
+        }
+        hops = [plan.hop(j, rank) for j in range(1, plan.num_steps)]
+        empty_x = shard.rows.new_empty((0, shard.rows.shape[1]))
+        return HopGNNBatch(
+            [], empty_x, labels, plan.global_seed_count, epoch, step, stats, steps=steps, hops=hops
+        )
+
+    @override
+    def callbacks(self) -> list[L.Callback]:
+        """:class:`~.callbacks.HopGNNStats` (reports only)."""
+        return [HopGNNStats(lambda: self.controller.trajectory if self.controller else None)]
+
+    # ------------------------------------------------------------------------ evaluation
+    @override
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> Tensor:
+        """Full-graph layer-wise inference on the replicated topology, split across ranks
+        (:func:`~..base.replicated_eval_counts`: each rank computes its node range of every
+        layer, the hidden rows are all-gathered as ``activation``); this rank counts the nodes
+        of its range. Layer 0 reads its input rows from the replicated feature matrix
+        (``graph.x``, not metered: see docs/systems/hopgnn.md)."""
+        return replicated_eval_counts(
+            self.graph,
+            net,
+            splits,
+            self.rank,
+            self.world_size,
+            self.data.eval_chunk_size,
+            getattr(self, "comm", None),
+        )
+
+    # ------------------------------------------------------------------------ checkpoints
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """The merging controller's state (``{}`` without it). Called on every rank when a
+        checkpoint is written at an epoch end: it first closes the epoch's measurement
+        (collective), so a resumed run decides the next ``T`` as the uninterrupted one.
+
+        A checkpoint written mid-epoch (``ModelCheckpoint(every_n_train_steps=...)``, a
+        mid-epoch validation) is refused with a ``RuntimeError`` while the controller is on:
+        the in-epoch measurement (iterations, meter snapshot, start time) is not saved, so a
+        resume would not continue identically."""
+        if self.controller is None:
+            return {}
+        if self._window_open and self._mid_epoch():
+            raise RuntimeError(
+                "HopGNN's merging controller (strategy.merge_adaptive=true) cannot be "
+                "checkpointed mid-epoch: its epoch-time measurement is not part of the saved "
+                "state, so a resume would not take the same T decisions; save checkpoints at "
+                "epoch ends only (no every_n_train_steps / train_time_interval, "
+                "val_check_interval=1.0) or turn the controller off"
+            )
+        if self._window_open:
+            self._close_window()
+        return {"merge": self.controller.state_dict()}
+
+    def _mid_epoch(self) -> bool:
+        """Whether the attached Trainer is fitting and inside an epoch, before its last batch
+        (a mid-epoch validation included)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or trainer.state.fn != "fit":
+            return False
+        return not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        merge = state_dict.get("merge")
+        if merge is None:
+            return
+        if self.controller is None:
+            self._pending_state = merge
+        else:
+            self.controller.load_state_dict(merge)
+        self._epoch, self._window_open = None, False

@@ -1,0 +1,80 @@
+"""HopGNN's adaptive micrograph-merging controller (spec §3.5; docs/systems/hopgnn.md).
+
+From the second epoch on, every epoch runs with one kept time step fewer while the epoch time
+keeps improving; the first epoch that is not faster than the best so far reverts ``T`` to the
+last better value and freezes it. The controller is DataModule state (in the checkpoint).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+TRAINING_CATEGORIES = ("feature", "structure", "parameter", "gradient")
+
+
+@dataclass
+class MergeController:
+    """The number of kept time steps ``T`` per epoch, chosen from measured epoch times.
+
+    Attributes:
+        steps: ``T`` for the epoch about to run (starts at ``N`` or ``strategy.steps``).
+        monitor_epochs: epochs measured per decision.
+        best: the best mean epoch time so far (``inf`` before the first decision).
+        adjusting: ``False`` once ``T`` is frozen.
+        window: the epoch times (mean over ranks) since the last decision.
+        trajectory: ``T`` of every epoch started so far.
+    """
+
+    steps: int
+    monitor_epochs: int = 1
+    best: float = math.inf
+    adjusting: bool = True
+    window: list[float] = field(default_factory=list)
+    trajectory: list[int] = field(default_factory=list)
+
+    def begin_epoch(self) -> int:
+        """Decide ``T`` for the epoch about to start (from the closed window) and return it."""
+        if self.adjusting and len(self.window) >= self.monitor_epochs:
+            mean = sum(self.window) / len(self.window)
+            if mean < self.best:
+                self.best, self.window = mean, []
+                self.steps -= 1
+                if self.steps == 0:
+                    self.steps, self.adjusting = 1, False
+            else:
+                self.steps += 1
+                self.adjusting = False
+        self.trajectory.append(self.steps)
+        return self.steps
+
+    def end_epoch(self, seconds: float) -> None:
+        """Record one epoch's time (already the mean over ranks)."""
+        if self.adjusting:
+            self.window.append(seconds)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "monitor_epochs": self.monitor_epochs,
+            "best": self.best,
+            "adjusting": self.adjusting,
+            "window": list(self.window),
+            "trajectory": list(self.trajectory),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps, self.monitor_epochs = state["steps"], state["monitor_epochs"]
+        self.best, self.adjusting = state["best"], state["adjusting"]
+        self.window, self.trajectory = list(state["window"]), list(state["trajectory"])
+
+
+def modeled_epoch_seconds(
+    delta_bytes: dict[str, int], iterations: int, steps: int, bandwidth: float, overhead: float
+) -> float:
+    """One rank's modeled epoch time: its training bytes (``TRAINING_CATEGORIES``) over
+    ``bandwidth`` plus ``overhead`` per time step of every iteration (kernel launches and the
+    step barrier)."""
+    sent = sum(delta_bytes[c] for c in TRAINING_CATEGORIES)
+    return sent / bandwidth + iterations * steps * overhead
