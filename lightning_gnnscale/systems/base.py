@@ -19,6 +19,7 @@ import pickle
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -468,9 +469,30 @@ class GNNDataModule(L.LightningDataModule):
         """Build this rank's share (collectives allowed: every rank calls it)."""
 
     # -------------------------------------------------------------------------- training
+    @cached_property
+    def train_ids(self) -> torch.Tensor:
+        """The training node ids ``[n_train]`` (an error if there are none)."""
+        ids = self.graph.split_ids("train")
+        if ids.numel() == 0:
+            raise ValueError(f"dataset {self.graph.name!r} has no training nodes")
+        return ids
+
+    @cached_property
+    def order(self) -> EpochOrder:
+        """The epoch permutation of the training nodes every rank shares (``single``'s)."""
+        return EpochOrder(self.train_ids, self.seed)
+
+    @property
+    def batch_size(self) -> int:
+        """Global seeds per step (``data.batch_size``; ``-1``: every training node)."""
+        size = self.data.batch_size
+        return self.train_ids.numel() if size == -1 else size
+
     @property
     def steps_per_epoch(self) -> int:
-        raise NotImplementedError
+        """Global steps of one epoch: ``ceil(n_train / batch_size)`` (systems with their own
+        split of the training nodes override it)."""
+        return -(-self.train_ids.numel() // self.batch_size)
 
     def make_batch(self, epoch: int, step: int) -> Batch:
         """This rank's batch of one step."""
@@ -539,22 +561,6 @@ class SampledDataModule(GNNDataModule):
     @override
     def setup_rank(self, context: RankContext, prepared: Any) -> None:
         self.rank, self.world_size = context.rank, context.world_size
-
-    @property
-    def train_ids(self) -> torch.Tensor:
-        ids = self.graph.split_ids("train")
-        if ids.numel() == 0:
-            raise ValueError(f"dataset {self.graph.name!r} has no training nodes")
-        return ids
-
-    @property
-    def batch_size(self) -> int:
-        size = self.data.batch_size
-        return self.graph.split_ids("train").numel() if size == -1 else size
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return -(-self.train_ids.numel() // self.batch_size)
 
     def batcher(self) -> StepBatcher:
         """The batch maker for this rank (rank and world size as set up)."""

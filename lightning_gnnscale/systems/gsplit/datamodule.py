@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 
 import lightning as L
 import torch
 from typing_extensions import override
 
 from ...graph.batch import Batch
-from ...graph.order import EpochOrder
 from ...graph.sampler import NeighborSampler
 from ..base import GNNDataModule, assert_same_on_all_ranks, replicated_eval_counts
 from ..contract import RankContext
@@ -184,26 +182,6 @@ class GSplitDataModule(GNNDataModule):
         )
 
     # --------------------------------------------------------------------------- training
-    @cached_property
-    def train_ids(self) -> torch.Tensor:
-        return self.graph.split_ids("train")
-
-    @cached_property
-    def order(self) -> EpochOrder:
-        """The shared epoch permutation of the training nodes (``single``'s)."""
-        return EpochOrder(self.train_ids, self.seed)
-
-    @property
-    def batch_size(self) -> int:
-        """Global targets per step (``data.batch_size``; ``-1``: every training node)."""
-        size = self.data.batch_size
-        return self.train_ids.numel() if size == -1 else size
-
-    @property
-    @override
-    def steps_per_epoch(self) -> int:
-        return -(-self.train_ids.numel() // self.batch_size)
-
     def step_seeds(self, epoch: int, step: int) -> torch.Tensor:
         """The global mini-batch of a step: exactly ``single``'s."""
         return self.order.step(epoch, step, self.batch_size)

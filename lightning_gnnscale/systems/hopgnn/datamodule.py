@@ -26,7 +26,6 @@ from typing_extensions import override
 from ...comm import Comm, OwnerRoute
 from ...graph.batch import Batch
 from ...graph.cache import cached_partition
-from ...graph.order import EpochOrder
 from ...graph.partition import partition_report
 from ...graph.sampler import NeighborSampler
 from ..base import GNNDataModule, assert_same_on_all_ranks, replicated_eval_counts
@@ -175,25 +174,6 @@ class HopGNNDataModule(GNNDataModule):
         self.sampler = NeighborSampler(
             graph.indptr, graph.indices, list(self.data.fanouts), self.seed
         )
-        self.order = EpochOrder(self.train_ids, self.seed)
-
-    @property
-    def train_ids(self) -> Tensor:
-        ids = self.graph.split_ids("train")
-        if ids.numel() == 0:
-            raise ValueError(f"dataset {self.graph.name!r} has no training nodes")
-        return ids
-
-    @property
-    def batch_size(self) -> int:
-        """The global mini-batch (``data.batch_size``; ``-1``: every training node)."""
-        size = self.data.batch_size
-        return self.train_ids.numel() if size == -1 else size
-
-    @property
-    @override
-    def steps_per_epoch(self) -> int:
-        return -(-self.train_ids.numel() // self.batch_size)
 
     # ------------------------------------------------------------------ merging controller
     def steps_for_epoch(self, epoch: int) -> int:
