@@ -540,7 +540,18 @@ class GNNDataModule(L.LightningDataModule):
         return batch.to(device) if isinstance(batch, Batch) else batch
 
 
-class SampledDataModule(GNNDataModule):
+class ReplicatedGraphEvaluation:
+    """``eval_counts`` for a DataModule whose ranks all hold the whole graph (``self.graph``):
+    layer-wise inference split across ranks by node range (:func:`replicated_eval_counts`)."""
+
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        comm = self.context.comm if self.context is not None else None
+        return replicated_eval_counts(
+            self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size, comm
+        )
+
+
+class SampledDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     """Per-rank sampled mini-batches over a graph that every rank holds whole.
 
     Every rank draws the same seeded permutation of the training nodes per epoch; a step's
@@ -591,13 +602,6 @@ class SampledDataModule(GNNDataModule):
             collate_fn=_no_collate,
             num_workers=workers,
             persistent_workers=workers > 0,
-        )
-
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """Layer-wise inference split across ranks (:func:`replicated_eval_counts`)."""
-        comm = self.context.comm if self.context is not None else None
-        return replicated_eval_counts(
-            self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size, comm
         )
 
 

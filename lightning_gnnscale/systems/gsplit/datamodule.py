@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from ...graph.batch import Batch
 from ...graph.sampler import NeighborSampler
-from ..base import GNNDataModule, assert_same_on_all_ranks, replicated_eval_counts
+from ..base import GNNDataModule, ReplicatedGraphEvaluation, assert_same_on_all_ranks
 from ..contract import RankContext
 from .callbacks import GSplitStats, RedundancyProbe
 from .config import GSplitConfig
@@ -115,7 +115,7 @@ class PartitionedFeatureCache:
         return self.x.shape[1] * self.x.element_size()
 
 
-class GSplitDataModule(GNNDataModule):
+class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     """Split-parallel mini-batches: rank ``r`` samples, loads and computes the vertices it
     owns of every step's global mini-batch (``single``'s).
 
@@ -233,16 +233,3 @@ class GSplitDataModule(GNNDataModule):
         if not steps:
             return [stats]
         return [stats, RedundancyProbe(steps, self.step_seeds, self.whole_batch_sampler)]
-
-    # ------------------------------------------------------------------------- evaluation
-    @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        return replicated_eval_counts(
-            self.graph,
-            net,
-            splits,
-            self.rank,
-            self.world_size,
-            self.data.eval_chunk_size,
-            self.context.comm if self.context is not None else None,
-        )

@@ -28,7 +28,7 @@ from ...graph.batch import Batch
 from ...graph.cache import cached_partition
 from ...graph.partition import partition_report
 from ...graph.sampler import NeighborSampler
-from ..base import GNNDataModule, assert_same_on_all_ranks, replicated_eval_counts
+from ..base import GNNDataModule, ReplicatedGraphEvaluation, assert_same_on_all_ranks
 from ..contract import RankContext
 from .callbacks import HopGNNStats
 from .config import HopGNNConfig
@@ -116,7 +116,7 @@ class FeatureShard:
         return out
 
 
-class HopGNNDataModule(GNNDataModule):
+class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     """METIS-partitioned features, replicated topology and labels, HopGNN's planner.
 
     Every rank cuts the same global mini-batch of ``data.batch_size`` seeds per step as
@@ -279,24 +279,6 @@ class HopGNNDataModule(GNNDataModule):
     def callbacks(self) -> list[L.Callback]:
         """:class:`~.callbacks.HopGNNStats` (reports only)."""
         return [HopGNNStats(lambda: self.controller.trajectory if self.controller else None)]
-
-    # ------------------------------------------------------------------------ evaluation
-    @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> Tensor:
-        """Full-graph layer-wise inference on the replicated topology, split across ranks
-        (:func:`~..base.replicated_eval_counts`: each rank computes its node range of every
-        layer, the hidden rows are all-gathered as ``activation``); this rank counts the nodes
-        of its range. Layer 0 reads its input rows from the replicated feature matrix
-        (``graph.x``, not metered: see docs/systems/hopgnn.md)."""
-        return replicated_eval_counts(
-            self.graph,
-            net,
-            splits,
-            self.rank,
-            self.world_size,
-            self.data.eval_chunk_size,
-            getattr(self, "comm", None),
-        )
 
     # ------------------------------------------------------------------------ checkpoints
     @override
