@@ -1,4 +1,5 @@
-"""Node partitioners (random, contiguous, METIS k-way, balanced METIS) and a quality report.
+"""Node partitioners (random, contiguous, METIS k-way, balanced METIS, ByteGNN's K-hop blocks)
+and a quality report.
 
 A partition is an int64 ``[N]`` tensor of part ids in ``[0, num_parts)``. Edges are owned by
 their destination's part (DistDGL), so "edges per part" counts in-edges of owned nodes.
@@ -11,14 +12,21 @@ import torch
 from torch import Tensor
 
 from lightning_gnnscale.graph.csc import Graph, csc_from_edges
+from lightning_gnnscale.graph.khop_blocks import (
+    BLOCK_BFS,
+    CENTER_ORDERS,
+    bytegnn_partition,
+    khop_locality,
+)
 
-PARTITION_METHODS = ("random", "contiguous", "metis", "metis_balanced")
+PARTITION_METHODS = ("random", "contiguous", "metis", "metis_balanced", "bytegnn")
 BALANCE_SCHEMES = ("train", "split", "none")
 METHOD_OPTIONS = {
     "random": (),
     "contiguous": ("permute",),
     "metis": ("ufactor", "niter"),
     "metis_balanced": ("ufactor", "niter", "overpartition", "balance", "balance_edges"),
+    "bytegnn": ("hops", "weights", "smoothing", "order", "imbalance", "block_bfs"),
 }
 
 
@@ -50,15 +58,18 @@ def partition(
             ``balance`` picks the columns (:func:`balance_constraints`: ``"train"`` (default),
             ``"split"`` or ``"none"``), ``balance_edges`` (default True) adds in-degree;
             ``ufactor`` (also the imbalance the refinement may use) / ``niter`` as for ``metis``.
+        ``bytegnn``: ByteGNN's GNN-aware partitioner (graph/khop_blocks.py): one block per
+            labelled vertex holding the vertices nearest to it within ``hops`` in-hops (default
+            2, the number of GNN layers), a block per connected component of the rest, blocks
+            placed greedily for cross edges and train / val / test balance. ``weights``
+            (alpha, beta, gamma summing to 1; default None: the split sizes' shares),
+            ``smoothing`` (lambda >= 0, default 1), ``order`` of the centers (``"random"``,
+            seeded, default; or ``"gid"``), ``imbalance`` (default 0.05: no split may exceed
+            ``ceil(1.05 * mean)`` in a part; None: the paper's score alone), ``block_bfs``
+            (``"level_sync"``, default: nearest center wins; ``"sequential"``: the first
+            center in π order within ``hops`` wins).
     """
-    if method not in PARTITION_METHODS:
-        raise ValueError(f"unknown partition method {method!r}; valid: {list(PARTITION_METHODS)}")
-    unknown = sorted(set(options) - set(METHOD_OPTIONS[method]))
-    if unknown:
-        raise ValueError(
-            f"partition method {method!r} got unknown options {unknown}; "
-            f"valid: {list(METHOD_OPTIONS[method])}"
-        )
+    check_partition_options(method, options)
     if num_parts < 1:
         raise ValueError(f"num_parts must be >= 1, got {num_parts}")
     if method != "metis" and (node_weights is not None or edge_weights is not None):
@@ -67,6 +78,8 @@ def partition(
         )
     if method == "metis_balanced":
         overpartition, balance, balance_edges = _balanced_options(**options)
+    if method == "bytegnn":
+        bytegnn_options = _bytegnn_options(**options)
     num_nodes = graph.num_nodes
     if num_parts == 1 or num_nodes == 0:
         return torch.zeros(num_nodes, dtype=torch.int64)
@@ -80,11 +93,30 @@ def partition(
         parts = torch.empty(num_nodes, dtype=torch.int64)
         parts[torch.randperm(num_nodes, generator=gen)] = chunk_of_position
         return parts
+    if method == "bytegnn":
+        return bytegnn_partition(graph, num_parts, seed=seed, **bytegnn_options)
     metis_options = {"ufactor": options.get("ufactor", 30), "niter": options.get("niter", 10)}
     if method == "metis":
         return _metis(graph, num_parts, seed, node_weights, edge_weights, **metis_options)
     constraints = balance_constraints(graph, balance, balance_edges)
     return _metis_balanced(graph, num_parts, seed, constraints, overpartition, **metis_options)
+
+
+def check_partition_options(method: str, options: dict) -> None:
+    """Raise ValueError for an unknown method, an option it does not take, or a bad value of
+    one (``metis_balanced``, ``bytegnn``); cheap, so configs call it before any work."""
+    if method not in PARTITION_METHODS:
+        raise ValueError(f"unknown partition method {method!r}; valid: {list(PARTITION_METHODS)}")
+    unknown = sorted(set(options) - set(METHOD_OPTIONS[method]))
+    if unknown:
+        raise ValueError(
+            f"partition method {method!r} got unknown options {unknown}; "
+            f"valid: {list(METHOD_OPTIONS[method])}"
+        )
+    if method == "metis_balanced":
+        _balanced_options(**options)
+    elif method == "bytegnn":
+        _bytegnn_options(**options)
 
 
 def _balanced_options(
@@ -98,6 +130,51 @@ def _balanced_options(
     if not isinstance(balance_edges, bool):
         raise ValueError(f"balance_edges must be a bool, got {balance_edges!r}")
     return overpartition, balance, balance_edges
+
+
+def _bytegnn_options(
+    hops: int = 2,
+    weights=None,
+    smoothing: float = 1.0,
+    order: str = "random",
+    imbalance: float | None = 0.05,
+    block_bfs: str = "level_sync",
+) -> dict:
+    """``bytegnn``'s options with defaults, checked before any work."""
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 1:
+        raise ValueError(f"bytegnn hops must be an integer >= 1, got {hops!r}")
+    if weights is not None:
+        if (
+            isinstance(weights, (str, bytes))
+            or len(weights) != 3
+            or not all(number(w) and w >= 0 for w in weights)
+            or abs(sum(weights) - 1.0) > 1e-6
+        ):
+            raise ValueError(
+                "bytegnn weights must be None or three numbers >= 0 (train, val, test) summing "
+                f"to 1, got {weights!r}"
+            )
+        weights = tuple(float(w) for w in weights)
+    if not number(smoothing) or smoothing < 0:
+        raise ValueError(f"bytegnn smoothing must be a number >= 0, got {smoothing!r}")
+    if order not in CENTER_ORDERS:
+        raise ValueError(f"unknown bytegnn order {order!r}; valid: {list(CENTER_ORDERS)}")
+    if imbalance is not None and (not number(imbalance) or imbalance < 0):
+        raise ValueError(f"bytegnn imbalance must be None or a number >= 0, got {imbalance!r}")
+    if block_bfs not in BLOCK_BFS:
+        raise ValueError(f"unknown bytegnn block_bfs {block_bfs!r}; valid: {list(BLOCK_BFS)}")
+    return {
+        "hops": hops,
+        "weights": weights,
+        "smoothing": float(smoothing),
+        "order": order,
+        "imbalance": imbalance,
+        "block_bfs": block_bfs,
+    }
 
 
 def balance_constraints(graph: Graph, balance: str = "train", balance_edges: bool = True) -> Tensor:
@@ -382,7 +459,9 @@ def _symmetric_weighted(
     return xadj, pairs % num_nodes, summed
 
 
-def partition_report(graph: Graph, parts: Tensor, num_parts: int | None = None) -> dict:
+def partition_report(
+    graph: Graph, parts: Tensor, num_parts: int | None = None, *, hops: int | None = None
+) -> dict:
     """Quality of a partition, as JSON-ready numbers.
 
     Keys: ``num_parts``; ``edge_cut`` / ``edge_cut_fraction`` (stored directed edges whose
@@ -390,7 +469,9 @@ def partition_report(graph: Graph, parts: Tensor, num_parts: int | None = None) 
     nodes), ``train_nodes`` / ``val_nodes`` / ``test_nodes`` and ``halo_nodes`` (distinct 1-hop
     in-neighbours owned elsewhere); ``node_balance`` / ``edge_balance`` / ``train_balance`` /
     ``val_balance`` / ``test_balance`` (max over mean; 1.0 is perfect); ``halo_fraction``
-    (total halo nodes over N).
+    (total halo nodes over N). With ``hops`` also ``khop_hops``, ``local_khop_ratio``,
+    ``remote_vertices_per_epoch`` and ``remote_bytes_per_epoch``
+    (:func:`~lightning_gnnscale.graph.khop_blocks.khop_locality`).
     """
     num_nodes = graph.num_nodes
     if parts.shape != (num_nodes,) or parts.dtype != torch.int64:
@@ -414,6 +495,7 @@ def partition_report(graph: Graph, parts: Tensor, num_parts: int | None = None) 
         "halo_nodes": torch.bincount(halo_pairs // max(num_nodes, 1), minlength=num_parts),
     }
     num_cut = int(cut.sum())
+    khop = {} if hops is None else khop_locality(graph, parts, hops)
     return {
         "num_parts": num_parts,
         "edge_cut": num_cut,
@@ -425,6 +507,7 @@ def partition_report(graph: Graph, parts: Tensor, num_parts: int | None = None) 
         "val_balance": _balance(counts["val_nodes"]),
         "test_balance": _balance(counts["test_nodes"]),
         "halo_fraction": int(halo_pairs.numel()) / max(num_nodes, 1),
+        **khop,
     }
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...graph.partition import BALANCE_SCHEMES, METHOD_OPTIONS, PARTITION_METHODS
+from ...errors import ConfigError
+from ...graph.partition import (
+    BALANCE_SCHEMES,
+    METHOD_OPTIONS,
+    PARTITION_METHODS,
+    check_partition_options,
+)
 from ...schema import SystemConfig, choice, require
 from .kvstore import SPARSE_OPTIMIZERS
 
@@ -25,6 +31,15 @@ class PartitionConfig:
             (``metis_balanced``).
         balance_edges: also balance in-degrees (``metis_balanced``).
         permute: shuffle node ids before cutting ranges (``contiguous``).
+        hops: K of ByteGNN's K-hop blocks, usually the model's layer count (``bytegnn``).
+        weights: (alpha, beta, gamma) for train / val / test balance, summing to 1; null: the
+            split sizes' shares (``bytegnn``).
+        smoothing: lambda of the cross-edge score (``bytegnn``).
+        order: block-center priority, ``random`` (seeded) | ``gid`` (``bytegnn``).
+        imbalance: cap on every split per part, ``ceil((1 + imbalance) * mean)``; null: no
+            cap (``bytegnn``).
+        block_bfs: ``level_sync`` (nearest center wins) | ``sequential`` (first center in
+            priority order within ``hops`` wins) (``bytegnn``).
     """
 
     method: str = "metis_balanced"
@@ -34,6 +49,12 @@ class PartitionConfig:
     balance: str = "train"
     balance_edges: bool = True
     permute: bool = False
+    hops: int = 2
+    weights: list[float] | None = None
+    smoothing: float = 1.0
+    order: str = "random"
+    imbalance: float | None = 0.05
+    block_bfs: str = "level_sync"
 
     def __post_init__(self) -> None:
         choice("strategy.partition.method", self.method, PARTITION_METHODS)
@@ -44,6 +65,10 @@ class PartitionConfig:
             f"strategy.partition.overpartition={self.overpartition} must be >= 1",
         )
         choice("strategy.partition.balance", self.balance, BALANCE_SCHEMES)
+        try:
+            check_partition_options(self.method, self.options())
+        except ValueError as error:
+            raise ConfigError(f"strategy.partition: {error}") from error
 
     def options(self) -> dict[str, Any]:
         """The options ``method`` takes, for the partitioner (and its cache key)."""
