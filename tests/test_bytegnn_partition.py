@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from pathlib import Path
 
 import pytest
 import torch
 from torch import Tensor
 
 from lightning_gnnscale.graph.csc import Graph
+from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.khop_blocks import (
     assign_blocks,
+    block_cross_edges,
     center_order,
     khop_locality,
     neighbourhood_blocks,
@@ -158,6 +161,47 @@ def test_free_vertices_form_one_block_per_component():
     assert sorted(set(block_of.tolist())) == list(range(int(block_of.max()) + 1))
 
 
+def test_large_free_components_are_cut_into_pieces_in_id_order():
+    graph = _random_graph(400, 420, labelled=0.03, seed=3)
+    centers = center_order(graph, "gid", 0)
+    whole, num_labelled = neighbourhood_blocks(graph, centers, 1)
+    cut, _ = neighbourhood_blocks(graph, centers, 1, max_free_block=5)
+    assert torch.equal(cut[:num_labelled].clamp(max=0), whole[:num_labelled].clamp(max=0))
+    labelled = whole < num_labelled
+    assert torch.equal(cut[labelled], whole[labelled])
+    free = (~labelled).nonzero().flatten()
+    sizes = torch.bincount(whole[free])
+    assert int(sizes.max()) > 5  # some component must be cut: the check has teeth
+    for block in torch.unique(whole[free]).tolist():
+        members = free[whole[free] == block]  # ascending vertex ids
+        expected = [members[i : i + 5].tolist() for i in range(0, members.numel(), 5)]
+        got = [sorted(members[cut[members] == b].tolist()) for b in cut[members].unique()]
+        assert sorted(got) == sorted(expected)
+    with pytest.raises(ValueError, match="max_free_block"):
+        neighbourhood_blocks(graph, centers, 1, max_free_block=0)
+
+
+def test_one_giant_free_component_does_not_fill_a_part():
+    # a long path with one labelled vertex at its end: at K=1 almost all of it is label-free
+    num_nodes = 400
+    src = torch.arange(num_nodes - 1)
+    first = torch.arange(num_nodes) == 0
+    graph = Graph.from_edge_index(
+        torch.stack([src, src + 1]),
+        num_nodes,
+        undirected=True,
+        x=torch.zeros(num_nodes, 3),
+        y=torch.zeros(num_nodes, dtype=torch.int64),
+        train_mask=first,
+        val_mask=torch.zeros(num_nodes, dtype=torch.bool),
+        test_mask=torch.zeros(num_nodes, dtype=torch.bool),
+        num_classes=1,
+    )
+    parts = partition(graph, "bytegnn", 4, hops=1)
+    counts = torch.bincount(parts, minlength=4).double()
+    assert float(counts.max() / counts.mean()) <= 1.1
+
+
 def test_center_order_is_seeded_or_by_id():
     graph = _random_graph(200, 300, labelled=0.3, seed=4)
     labelled = (graph.train_mask | graph.val_mask | graph.test_mask).nonzero().flatten()
@@ -205,13 +249,14 @@ def test_six_blocks_two_parts_by_hand():
              (P1: 5 vertices, train 1 test 1, BS 1/6).
     block 5: cross (1 to block 2, 2 to block 3): CE (2/8, 3/6), BS (1/6, 1/6),
              score (0.042, 0.083) -> part 1 (P1: 6 vertices, train 2 test 1, BS -1/6).
-    block 4: cross (1 to block 0, 2 to block 1): CE (2/8, 3/7), BS (1/6, -1/6 -> 0),
-             score (0.042, 0) -> part 0.
+    block 4 carries no label, so its BS balances vertices (ours): BS_j = 1 - |P_j| / 7.5
+             (15 vertices, 2 parts). Cross (1 to block 0, 2 to block 1): CE (2/8, 3/7),
+             BS (1 - 7/7.5, 1 - 6/7.5) = (1/15, 1/5), score (0.017, 0.086) -> part 1.
     """
     parts = assign_blocks(
         **SIX_BLOCKS, num_parts=2, weights=(0.5, 0.25, 0.25), smoothing=1.0, imbalance=None
     )
-    assert parts.tolist() == [0, 1, 0, 1, 0, 1]
+    assert parts.tolist() == [0, 1, 0, 1, 1, 1]
 
 
 def test_six_blocks_with_the_papers_unsmoothed_ratio():
@@ -223,7 +268,8 @@ def test_six_blocks_with_the_papers_unsmoothed_ratio():
     block 3: CE (2/10, 0), BS (-1/6 -> 0, 1): every score 0 -> highest BS -> part 1
              (P1: 2 vertices, test 1, BS 1/2).
     block 5: CE (1/10, 2/2), score (0, 1/2) -> part 1 (P1: 3, train 1 test 1, BS 1/6).
-    block 4: cross (3, 0): CE (3/10, 0/3), score (0, 0) -> highest BS (-1/6, 1/6) -> part 1.
+    block 4 (label-free, BS_j = 1 - |P_j| / 7.5): cross (3, 0): CE (3/10, 0/3), BS
+             (-1/3 -> 0, 3/5): score (0, 0) -> highest BS -> part 1.
     """
     parts = assign_blocks(
         **SIX_BLOCKS, num_parts=2, weights=(0.5, 0.25, 0.25), smoothing=0.0, imbalance=None
@@ -235,9 +281,9 @@ def test_ties_go_to_the_smaller_part_then_the_lower_id():
     """Three unconnected train blocks of sizes 5, 1, 1 into 3 parts, weights (1, 0, 0):
     C = 1 per part, so BS_j = 1 - train_j. Block 0 -> part 0 (all tie); block 1: CE
     (1/6, 1, 1), BS (0, 1, 1) -> part 1 (tie with part 2, lower id); block 2: CE (1/6, 1/2, 1),
-    BS (0, 0, 1) -> part 2. Then a free block of size 1 with
-    one edge to each part: CE (2/6, 2/2, 2/2), BS 0 everywhere (all full) -> every score 0
-    -> highest BS ties -> fewest vertices: parts 1 and 2 (1 each) -> part 1."""
+    BS (0, 0, 1) -> part 2. Then a free block of size 1 with one edge to each part: its BS
+    balances vertices, 1 - |P_j| / (8/3) = (-7/8 -> 0, 5/8, 5/8); CE (2/6, 2/2, 2/2) -> scores
+    (0, 5/8, 5/8) tie -> fewest vertices: parts 1 and 2 (1 each) -> the lower id, part 1."""
     parts = assign_blocks(
         torch.tensor([5, 1, 1, 1]),
         torch.tensor([[1, 0, 0], [1, 0, 0], [1, 0, 0], [0, 0, 0]]),
@@ -304,6 +350,67 @@ def test_the_cap_keeps_every_split_balanced_where_the_score_alone_does_not():
     assert torch.bincount(capped[train], minlength=2).tolist() == [2, 2]
 
 
+def test_the_cap_is_the_exact_ceiling_despite_float_rounding():
+    """100 train blocks, every pair joined by 5 edges, into 3 parts, all the weight on the
+    (empty) val split so BS stays 1: CE pulls each block to the fullest part, so part 0 fills
+    up to the cap. ceil(1.05 * 100 / 3) = ceil(35) = 35, but in floats
+    1.05 * (100 / 3) = 35.00000000000001, whose ceil is 36."""
+    count = 100
+    low, high = torch.triu_indices(count, count, offset=1)
+    clique = torch.stack([low, high]).repeat_interleave(5, dim=1)
+    parts = assign_blocks(
+        torch.ones(count, dtype=torch.int64),
+        torch.tensor([[1, 0, 0]] * count),
+        clique,
+        3,
+        weights=(0.0, 1.0, 0.0),
+        imbalance=0.05,
+    )
+    assert torch.bincount(parts, minlength=3).max() == 35
+
+
+def test_a_negative_balance_score_scores_zero_and_the_fallback_picks_the_highest_bs():
+    """lambda = 0, weights (1, 0, 0), 3 parts, train total 5 so C = 5/3 and
+    BS_j = 1 - 0.6 train_j; the val block carries no weight. Order by size: 0, 1, 2, 3.
+    block 0 (size 10, train 3): every CE is 0/0 = 0 -> highest BS: all 1, fewest vertices
+             tie -> part 0 (BS -0.8).
+    block 1 (size 5, val): CE all 0 -> BS (-0.8, 1, 1) -> tie, fewest vertices -> part 1.
+    block 2 (size 2, train): CE all 0 -> BS (-0.8, 1, 1) -> part 2 (fewer vertices than 1).
+    block 3 (size 1, train, an edge to block 0): CE (1/10, 0, 0), BS (-0.8, 1, 0.4). With BS
+             clamped at 0 every score is 0 -> highest BS -> part 1. (Scoring part 0 with the
+             negative BS, -0.08, and then taking the best score with the tie rule would send
+             it to part 2, which has fewer vertices than part 1.)
+    """
+    parts = assign_blocks(
+        torch.tensor([10, 5, 2, 1]),
+        torch.tensor([[3, 0, 0], [0, 1, 0], [1, 0, 0], [1, 0, 0]]),
+        _edges((3, 0, 1)),
+        3,
+        weights=(1.0, 0.0, 0.0),
+        smoothing=0.0,
+        imbalance=None,
+    )
+    assert parts.tolist() == [0, 1, 2, 1]
+
+
+def test_block_cross_edges_count_each_adjacent_pair_once():
+    """Blocks {0, 1}, {2}, {3, 4}. Edges: 0->2 and 2->0 (one pair), 1->2 twice (one pair),
+    3->4 (inside a block), 4->4 (self-loop), 1->3 and 4->0 (two pairs between the same
+    blocks). Expected block pairs, one per vertex pair: (0, 1), (0, 1), (0, 2), (0, 2)."""
+    graph = Graph(  # CSC by hand: in-neighbours of 0: 2, 4; of 2: 0, 1, 1; of 3: 1; of 4: 3, 4
+        indptr=torch.tensor([0, 2, 2, 5, 6, 8]),
+        indices=torch.tensor([2, 4, 0, 1, 1, 1, 3, 4]),
+        x=torch.zeros(5, 1),
+        y=torch.zeros(5, dtype=torch.int64),
+        train_mask=torch.zeros(5, dtype=torch.bool),
+        val_mask=torch.zeros(5, dtype=torch.bool),
+        test_mask=torch.zeros(5, dtype=torch.bool),
+        num_classes=1,
+    )
+    pairs = block_cross_edges(graph, torch.tensor([0, 0, 1, 2, 2]))
+    assert sorted(map(tuple, pairs.sort(0).values.T.tolist())) == [(0, 1), (0, 1), (0, 2), (0, 2)]
+
+
 def test_a_block_that_fits_nowhere_ignores_the_cap():
     """Train totals 4 over 2 parts, cap 2 (imbalance 0). Blocks 0 and 1 (one train vertex
     each) go to parts 0 and 1; block 2 holds two train vertices and would make 3 in either
@@ -344,6 +451,29 @@ def test_every_split_balanced_and_more_khop_local_than_random(graph_name, num_pa
     random = partition_report(graph, partition(graph, "random", num_parts), num_parts, hops=2)
     assert report["local_khop_ratio"] >= random["local_khop_ratio"]
     assert report["remote_bytes_per_epoch"] <= random["remote_bytes_per_epoch"]
+
+
+PLANETOID_ROOT = Path(__file__).parents[2] / "shared/datasets/planetoid"
+
+
+@pytest.mark.cora
+@pytest.mark.skipif(
+    not (PLANETOID_ROOT / "Cora" / "raw").is_dir(),
+    reason="needs the raw Cora files under ../shared/datasets/planetoid",
+)
+def test_cora_every_split_balanced_only_with_the_cap(tmp_path):
+    """Cora's 140 train vertices are 9% of the labelled ones, so Algorithm 2's weighted BS
+    alone lets train pile up; the default cap holds every split within 1.1 at P = 2 and 4."""
+    cora = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path)
+    for num_parts in (2, 4):
+        report = partition_report(
+            cora, partition(cora, "bytegnn", num_parts, seed=0), num_parts, hops=2
+        )
+        assert max(report[f"{s}_balance"] for s in ("train", "val", "test")) <= 1.1
+        random = partition_report(cora, partition(cora, "random", num_parts), num_parts, hops=2)
+        assert report["local_khop_ratio"] >= random["local_khop_ratio"]
+    uncapped = partition(cora, "bytegnn", 4, seed=0, imbalance=None)
+    assert partition_report(cora, uncapped, 4)["train_balance"] > 1.1
 
 
 def test_each_block_lies_in_exactly_one_part(sbm_sparse):

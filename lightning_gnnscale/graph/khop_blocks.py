@@ -19,6 +19,9 @@ CENTER_ORDERS = ("random", "gid")
 BLOCK_BFS = ("level_sync", "sequential")
 
 
+FREE_PIECES_PER_PART = 16
+
+
 def split_matrix(graph: Graph) -> Tensor:
     """int64 ``[N, 3]``: one-hot membership in train / val / test (all zero if unlabelled)."""
     return torch.stack([graph.train_mask, graph.val_mask, graph.test_mask], dim=1).to(torch.int64)
@@ -121,23 +124,39 @@ def connected_components(graph: Graph, nodes_mask: Tensor) -> Tensor:
 
 
 def neighbourhood_blocks(
-    graph: Graph, centers: Tensor, hops: int, block_bfs: str = "level_sync"
+    graph: Graph,
+    centers: Tensor,
+    hops: int,
+    block_bfs: str = "level_sync",
+    max_free_block: int | None = None,
 ) -> tuple[Tensor, int]:
     """Block id per vertex (int64 ``[N]``) and the number of labelled blocks ``L``.
 
     Blocks ``0..L-1`` are the K-hop blocks of ``centers`` in π order (``block_bfs``:
     ``level_sync``, :func:`khop_owner`, or ``sequential``, :func:`first_center_owner`); the
     vertices no center reaches form one label-free block per connected component of the
-    subgraph they induce, numbered ``L, L+1, ...`` by smallest vertex id.
+    subgraph they induce, numbered ``L, L+1, ...`` by smallest vertex id. A component larger
+    than ``max_free_block`` is cut into pieces of at most that many vertices, in vertex-id
+    order (sampling never reaches these vertices, so only the vertex balance depends on them,
+    and one giant component would otherwise fill a part on its own).
     """
     if block_bfs not in BLOCK_BFS:
         raise ValueError(f"unknown bytegnn block_bfs {block_bfs!r}; valid: {list(BLOCK_BFS)}")
+    if max_free_block is not None and max_free_block < 1:
+        raise ValueError(f"max_free_block must be None or >= 1, got {max_free_block}")
     build = khop_owner if block_bfs == "level_sync" else first_center_owner
     owner = build(graph, centers, hops)
     free = owner < 0
     if free.any():
         component = connected_components(graph, free)
-        _, rank = torch.unique(component[free], return_inverse=True)
+        _, rank = torch.unique(component[free], return_inverse=True)  # free ids ascend
+        if max_free_block is not None:
+            order = torch.argsort(rank, stable=True)  # by component, then by vertex id
+            sorted_rank = rank[order]
+            start = torch.searchsorted(sorted_rank, sorted_rank, side="left")
+            piece = torch.empty_like(rank)
+            piece[order] = (torch.arange(rank.numel()) - start) // max_free_block
+            _, rank = torch.unique(rank * rank.numel() + piece, return_inverse=True)
         owner[free] = centers.numel() + rank
     return owner, centers.numel()
 
@@ -181,7 +200,9 @@ def assign_blocks(
 
     Blocks go labelled first, then larger first, then by id. Each goes to the part with the
     highest ``CE_j * max(BS_j, 0)`` where ``BS_j = 1 - sum_t w_t |P_j ∩ t| / (|V_t| / P)``
-    (splits with no vertex drop out); when every score is 0, to the highest ``BS_j``; ties go
+    (splits with no vertex drop out) for a labelled block and ``BS_j = 1 - |P_j| / (N / P)``
+    for a label-free one (ours: it carries no split to balance, so it balances the vertex
+    counts); when every score is 0, to the highest ``BS_j``; ties go
     to the part with fewer vertices, then the lower part id. The loop runs once per block;
     each step touches only that block's cross edges (cost O(B * P + M)).
     """
@@ -204,7 +225,9 @@ def assign_blocks(
     if weights is None:
         weights = totals / totals.sum() if totals.sum() > 0 else np.zeros(3)
     capacity = totals / num_parts
-    cap = np.inf if imbalance is None else np.ceil((1.0 + imbalance) * capacity)
+    # the relative nudge keeps a product that rounds just above an integer (1.05 * 100 / 3 =
+    # 35.00000000000001) from raising the ceiling by one
+    cap = np.inf if imbalance is None else np.ceil((1.0 + imbalance) * capacity * (1 - 1e-12))
     coef = np.divide(
         np.asarray(weights, dtype=np.float64),
         capacity,
@@ -212,6 +235,7 @@ def assign_blocks(
         where=capacity > 0,
     )
 
+    vertex_share = max(float(sizes_np.sum()) / num_parts, 1.0)
     part_of = np.full(num_blocks, -1, dtype=np.int64)
     part_size = np.zeros(num_parts, dtype=np.float64)
     part_load = np.zeros((num_parts, 3), dtype=np.float64)
@@ -227,12 +251,14 @@ def assign_blocks(
         ce = np.divide(
             cross + smoothing, denominator, out=np.zeros(num_parts), where=denominator > 0
         )
-        bs = 1.0 - part_load @ coef  # from the integer loads: equal loads tie exactly
         fits = every_part
         if labelled[block]:
+            bs = 1.0 - part_load @ coef  # from the integer loads: equal loads tie exactly
             fits = (part_load + splits_np[block] <= cap).all(1)
             if not fits.any():
                 fits = every_part
+        else:  # a label-free block (ours): balance vertices, as BS balances the splits
+            bs = 1.0 - part_size / vertex_share
         key = np.where(fits, ce * np.maximum(bs, 0.0), -1.0)  # scores are >= 0
         if key.max() <= 0:
             key = np.where(fits, bs, -np.inf)
@@ -259,7 +285,9 @@ def bytegnn_partition(
 ) -> Tensor:
     """Part per vertex, int64 ``[N]``: :func:`neighbourhood_blocks` then :func:`assign_blocks`."""
     centers = center_order(graph, order, seed)
-    block_of, _ = neighbourhood_blocks(graph, centers, hops, block_bfs)
+    # label-free pieces of at most 1/16 of a part's share, so the greedy packing can balance them
+    max_free_block = -(-graph.num_nodes // (FREE_PIECES_PER_PART * num_parts)) or None
+    block_of, _ = neighbourhood_blocks(graph, centers, hops, block_bfs, max_free_block)
     num_blocks = int(block_of.max()) + 1 if graph.num_nodes else 0
     sizes = torch.bincount(block_of, minlength=num_blocks)
     split_counts = torch.zeros(num_blocks, 3, dtype=torch.int64)
