@@ -16,9 +16,11 @@ from .models.gnn import BlockGNN, SubgraphModel, build_model
 from .models.module import GNNModule
 from .schema import DataConfig, ModelConfig, RunConfig, SystemConfig, TrainerConfig
 from .systems.base import GNNDataModule, SystemStrategy
+from .systems.bytegnn import ByteGNNConfig, ByteGNNDataModule, ByteGNNStrategy
 from .systems.contract import Evaluation, ModuleRuntime, RankContext, rank_context
 from .systems.ddp import DataParallelDataModule, DataParallelStrategy, DDPConfig
 from .systems.distdgl import DistDGLConfig, DistDGLDataModule, DistDGLStrategy
+from .systems.granndis import GraNNDISConfig, GraNNDISDataModule, GraNNDISStrategy
 from .systems.grappa import GrappaConfig, GrappaDataModule, GrappaStrategy
 from .systems.gsplit import GSplitConfig, GSplitDataModule, GSplitStrategy
 from .systems.hopgnn import HopGNNConfig, HopGNNDataModule, HopGNNStrategy
@@ -33,6 +35,9 @@ __all__ = [
     "SYSTEMS",
     "Batch",
     "BlockGNN",
+    "ByteGNNConfig",
+    "ByteGNNDataModule",
+    "ByteGNNStrategy",
     "CollectiveAudit",
     "CommStats",
     "ConfigError",
@@ -50,6 +55,9 @@ __all__ = [
     "GSplitConfig",
     "GSplitDataModule",
     "GSplitStrategy",
+    "GraNNDISConfig",
+    "GraNNDISDataModule",
+    "GraNNDISStrategy",
     "Graph",
     "GrappaConfig",
     "GrappaDataModule",

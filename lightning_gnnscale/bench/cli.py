@@ -9,8 +9,10 @@ from pathlib import Path
 from hydra.errors import HydraException
 
 from ..systems.registry import SYSTEMS as STRATEGIES
+from .bytegnn_partition import run_bytegnn_partition_bench
 from .compare import compose_configs, run_compare
 from .e2e import E2ESettings, compose_run, run_e2e
+from .granndis import run_granndis_e4_bench
 from .grappa import run_grappa_bench
 from .partitions import run_partition_bench
 from .sampler import run_sampler_bench
@@ -21,6 +23,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -40,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmarks of lightning_gnnscale (see docs/benchmarks.md).",
     )
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{compare,e2e,sampler,sancus,grappa,partitions}"
+        dest="command",
+        required=True,
+        metavar="{compare,e2e,sampler,sancus,grappa,partitions,bytegnn-partitions,granndis-e4}",
     )
 
     compare = commands.add_parser(
@@ -257,6 +268,55 @@ def build_parser() -> argparse.ArgumentParser:
     partitions.add_argument("--eval-epochs", type=_positive_int, default=5)
     partitions.add_argument("--seed", type=int, default=0)
     partitions.add_argument("--out", type=Path, default=Path("results/partitions"))
+    e4 = commands.add_parser(
+        "granndis-e4",
+        help="GraNNDIS E4: vertices and activation memory per step, MB_base vs CoB",
+        description="Count one step of MB_base (a GraphSAGE MFG per worker) against GraNNDIS "
+        "cooperative batching (CoB-SAGE, CoB-EAS) for the same targets on an SBM graph at "
+        "several depths; write granndis_e4.md and granndis_e4.json.",
+    )
+    # Defaults where one MFG per worker does not yet cover the graph at 3 layers, so the table
+    # shows the gap growing with depth (at 20k nodes / degree 20 / 1024 seeds both saturate).
+    e4.add_argument("--nodes", type=_positive_int, default=100_000, help="SBM nodes")
+    e4.add_argument("--avg-degree", type=float, default=10.0, help="SBM mean degree")
+    e4.add_argument("--layers", type=_int_list, default=[3, 8], help="depths (default: 3,8)")
+    e4.add_argument("--servers", type=_positive_int, default=2)
+    e4.add_argument("--workers", type=_positive_int, default=2, help="workers per server")
+    e4.add_argument("--batch-per-worker", type=_positive_int, default=64)
+    e4.add_argument("--fanout", type=_positive_int, default=25, help="MB_base / CoB-SAGE fanout")
+    e4.add_argument("--hidden", type=_positive_int, default=64)
+    e4.add_argument(
+        "--eas-hops", type=_nonnegative_int, default=1, help="EAS hops h (0: Cluster-GCN)"
+    )
+    e4.add_argument("--eas-fanout", type=_positive_int, default=15)
+    e4.add_argument("--seed", type=int, default=0)
+    e4.add_argument("--out", type=Path, default=Path("results/granndis_e4"))
+    khop = commands.add_parser(
+        "bytegnn-partitions",
+        help="compare ByteGNN's K-hop block partitioner with random and METIS",
+        description="Partition an SBM (every vertex labelled), a sparsely labelled SBM and "
+        "Cora (when --cora-root holds it) with bytegnn, random, metis and metis_balanced; "
+        "write bytegnn_partition.md and bytegnn_partition.json.",
+    )
+    khop.add_argument(
+        "--nodes", type=_positive_int, default=100_000, help="SBM nodes (default: 100000)"
+    )
+    khop.add_argument("--parts", type=_int_list, default=[2, 4], help="part counts (default: 2,4)")
+    khop.add_argument(
+        "--hops",
+        type=_positive_int,
+        default=2,
+        help="K of the blocks and of the locality report (default: 2)",
+    )
+    khop.add_argument("--seed", type=int, default=0)
+    khop.add_argument(
+        "--cora-root",
+        type=Path,
+        default=None,
+        help="dataset root holding Cora/raw/ (e.g. /work/shared/datasets/planetoid); "
+        "Cora is skipped without it",
+    )
+    khop.add_argument("--out", type=Path, default=Path("results/bytegnn_partition"))
     return parser
 
 
@@ -306,6 +366,25 @@ def main(argv: list[str] | None = None) -> int:
             argv,
         )
         return 0
+    if args.command == "granndis-e4":
+        if args.avg_degree < 0:
+            parser.error(f"--avg-degree {args.avg_degree} must be >= 0")
+        run_granndis_e4_bench(
+            nodes=args.nodes,
+            avg_degree=args.avg_degree,
+            layers=args.layers,
+            servers=args.servers,
+            workers=args.workers,
+            batch_per_worker=args.batch_per_worker,
+            fanout=args.fanout,
+            hidden=args.hidden,
+            eas_hops=args.eas_hops,
+            eas_fanout=args.eas_fanout,
+            seed=args.seed,
+            out=args.out,
+            argv=argv,
+        )
+        return 0
     if args.command == "partitions":
         if not 0 < args.train_frac <= 1:
             parser.error(f"--train-frac {args.train_frac} must be in (0, 1]")
@@ -318,6 +397,17 @@ def main(argv: list[str] | None = None) -> int:
             presample_epochs=args.presample_epochs,
             eval_epochs=args.eval_epochs,
             seed=args.seed,
+            out=args.out,
+            argv=argv,
+        )
+        return 0
+    if args.command == "bytegnn-partitions":
+        run_bytegnn_partition_bench(
+            nodes=args.nodes,
+            num_parts=args.parts,
+            hops=args.hops,
+            seed=args.seed,
+            cora_root=args.cora_root,
             out=args.out,
             argv=argv,
         )

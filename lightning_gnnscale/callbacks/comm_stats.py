@@ -39,11 +39,16 @@ class CommStats(EpochRecords):
         per_rank = comm.gather_meter(train_delta)
         total = {cat: sum(s["bytes"][cat] for s in per_rank) for cat in per_rank[0]["bytes"]}
         inter = sum(s["link_bytes"]["inter_server"] for s in per_rank)
+        inter_by_category = {
+            cat: sum(s["category_link_bytes"][cat]["inter_server"] for s in per_rank)
+            for cat in per_rank[0]["bytes"]
+        }
         modeled = max(self.network.modeled_time(s) for s in per_rank)
         eval_bytes = sum(comm.reduce_meter(self._eval)["bytes"].values())
         record = {
             "bytes": total,
             "inter_server_bytes": inter,
+            "inter_server_category_bytes": inter_by_category,
             "modeled_time_s": modeled,
             "eval_bytes": eval_bytes,
         }

@@ -134,6 +134,7 @@ class RunSummary(L.Callback):
             else {},
             "comm_bytes_per_epoch": per_epoch,
             "inter_server_bytes_per_epoch": sum(c["inter_server_bytes"] for c in comms) / n,
+            "inter_server_comm_bytes_per_epoch": inter_server_by_category(comms),
             "eval_comm_bytes_per_epoch": sum(c["eval_bytes"] for c in comms) / n,
             "modeled_comm_time_s": sum(c["modeled_time_s"] for c in comms) / n,
             "network": self.cfg.network,
@@ -207,6 +208,20 @@ def format_table(summary: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def inter_server_by_category(comm_records: list[dict]) -> dict | None:
+    """Mean inter-server bytes per epoch by category (summed over ranks) from the
+    :class:`CommStats` records; ``None`` if a record lacks the split (one written before it
+    existed, restored from an older checkpoint)."""
+    if any("inter_server_category_bytes" not in c for c in comm_records):
+        return None
+    n = max(len(comm_records), 1)
+    categories = comm_records[0]["inter_server_category_bytes"] if comm_records else {}
+    return {
+        cat: sum(c["inter_server_category_bytes"][cat] for c in comm_records) / n
+        for cat in categories
+    }
 
 
 def _median(values) -> float | None:

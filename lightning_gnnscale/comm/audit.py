@@ -159,6 +159,19 @@ def _group_name(group: Any) -> str:
     return str(getattr(group, "group_name", group))
 
 
+_ACTIVE: list[CollectiveRecorder] = []  # recorders inside their ``with`` block
+
+
+def declare_transport_bytes(category: str, nbytes: int) -> None:
+    """Declare ``nbytes`` of ``category`` that a transport outside ``torch.distributed``
+    (comm/transport.py's sockets) has just added to the meter, so the active recorders'
+    declared totals still match the meter; the call itself cannot be intercepted."""
+    for recorder in list(_ACTIVE):
+        recorder.calls.append(
+            CollectiveCall("socket", 0, None, nbytes, "socket", category, nbytes, False)
+        )
+
+
 class CollectiveRecorder:
     """Context manager recording every ``torch.distributed`` collective issued inside it.
 
@@ -186,9 +199,12 @@ class CollectiveRecorder:
                 if hasattr(module, op):
                     self._originals.append((module, op, getattr(module, op)))
                     setattr(module, op, wrapper)
+        _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         for module, op, original in reversed(self._originals):
             setattr(module, op, original)
         self._originals.clear()

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 from ..schema import SystemConfig, register_schemas
 from .base import GNNDataModule, SystemStrategy
+from .bytegnn import ByteGNNConfig, ByteGNNDataModule, ByteGNNStrategy
 from .ddp import DataParallelDataModule, DataParallelStrategy, DDPConfig
 from .distdgl import DistDGLConfig, DistDGLDataModule, DistDGLStrategy
+from .granndis import GRANNDIS_PRESETS, GraNNDISConfig, GraNNDISDataModule, GraNNDISStrategy
 from .grappa import GRAPPA_PRESETS, GrappaConfig, GrappaDataModule, GrappaStrategy
 from .gsplit import GSplitConfig, GSplitDataModule, GSplitStrategy
 from .hopgnn import HOPGNN_PRESETS, HopGNNConfig, HopGNNDataModule, HopGNNStrategy
@@ -68,6 +70,13 @@ def _specs() -> list[SystemSpec]:
             "DistDGL: partitioned graph, KV store, distributed sampling",
         ),
         SystemSpec(
+            "bytegnn",
+            ByteGNNConfig,
+            ByteGNNStrategy,
+            ByteGNNDataModule,
+            "ByteGNN: sampling DAGs on a thread pool, launch-score scheduler, socket graph store",
+        ),
+        SystemSpec(
             "gsplit",
             GSplitConfig,
             GSplitStrategy,
@@ -107,6 +116,16 @@ def _specs() -> list[SystemSpec]:
                 description,
             )
             for name, description in HOPGNN_PRESETS.items()
+        ),
+        *(
+            SystemSpec(
+                name,
+                lambda name=name: GraNNDISConfig.preset(name),
+                GraNNDISStrategy,
+                GraNNDISDataModule,
+                description,
+            )
+            for name, description in GRANNDIS_PRESETS.items()
         ),
     ]
 

@@ -1,0 +1,26 @@
+"""``strategy=bytegnn``: ByteGNN (Zheng et al., PVLDB 2022) on Lightning.
+
+Sampling as DAGs of small tasks (seed, one-hop neighbourhood per chunk, feature fetch) run by
+a thread pool per rank, a coarse controller that decides when to launch the next mini-batch's
+DAG from a launch score, a fine scheduler that orders ready tasks (older DAG, then cheaper task,
+first), a socket transport to the other ranks' graph stores that never waits for lockstep
+collectives, and synchronous data-parallel training on the sampled batches. See
+docs/systems/bytegnn.md.
+"""
+
+from .config import ByteGNNConfig, DagConfig, PartitionConfig, SchedulerConfig
+from .datamodule import ByteGNNDataModule
+from .strategy import ByteGNNStrategy
+from .sworker import ByteGNNBatch, SamplingError, SWorker
+
+__all__ = [
+    "ByteGNNBatch",
+    "ByteGNNConfig",
+    "ByteGNNDataModule",
+    "ByteGNNStrategy",
+    "DagConfig",
+    "PartitionConfig",
+    "SWorker",
+    "SamplingError",
+    "SchedulerConfig",
+]

@@ -1,0 +1,175 @@
+"""``ByteGNNDataModule``: partitioned graph store, socket service and the S-Worker's batches.
+
+``preprocess`` partitions (``bytegnn`` by default, cached) and relabels the graph. On every rank
+``setup_rank`` keeps its partition in a :class:`GraphStore`, starts serving it to the other
+ranks over the socket transport and builds the :class:`SWorker` (started by the strategy). The
+train loader runs in the main process and takes the S-Worker's batches in step order, exactly
+``steps_per_epoch`` of them per epoch. Evaluation is layer-wise full-graph inference over the
+partitions (halo rows pulled from their owners through ``comm``), as DistDGL's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from typing_extensions import override
+
+from ...comm import OwnerRoute
+from ...comm.transport import SocketTransport
+from ...graph.block import Block
+from ...graph.book import PartitionBook, build_local_partition, relabel_graph
+from ...graph.cache import cached_partition
+from ...graph.csc import Graph
+from ...graph.partition import METHOD_OPTIONS, partition_report
+from ...models.gnn import BlockGNN
+from ..base import GNNDataModule, assert_same_on_all_ranks
+from ..contract import RankContext
+from .config import ByteGNNConfig
+from .store import GraphStore, SeedSplit
+from .sworker import ByteGNNBatch, SWorker
+
+
+@dataclass(frozen=True)
+class PartitionedGraph:
+    """What ``preprocess`` hands every rank: the relabelled graph, its book and the report."""
+
+    graph: Graph
+    book: PartitionBook
+    report: dict
+
+
+class ByteGNNDataModule(GNNDataModule):
+    """ByteGNN's data side (see the module docstring).
+
+    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``ByteGNNConfig()``.
+    """
+
+    def __init__(self, dataset, config: ByteGNNConfig | None = None, data=None, **kwargs):
+        super().__init__(dataset, config or ByteGNNConfig(), data, **kwargs)
+        self.sworker: SWorker | None = None
+        self.transport: SocketTransport | None = None
+
+    @override
+    def preprocess(self, world_size: int) -> PartitionedGraph:
+        """Partition once (cached on disk by content hash), relabel, report the balance."""
+        graph, partition = self.graph, self.config.partition
+        options = dict(partition.options)
+        if "hops" in METHOD_OPTIONS[partition.method]:  # K-hop blocks: K = the model's depth
+            options.setdefault("hops", len(self.data.fanouts))
+        parts = cached_partition(
+            graph, partition.method, world_size, self.seed, self.cache_dir, **options
+        )
+        report = partition_report(graph, parts, world_size)
+        print(
+            f"[bytegnn] {partition.method} partition into {world_size}: edge cut "
+            f"{report['edge_cut_fraction']:.1%}, train balance {report['train_balance']:.3f}",
+            flush=True,
+        )
+        book = PartitionBook.from_parts(parts, world_size)
+        return PartitionedGraph(relabel_graph(graph, book), book, report)
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: PartitionedGraph) -> None:
+        graph, book, comm = prepared.graph, prepared.book, context.comm
+        rank, world = context.rank, context.world_size
+        if world != book.num_parts:
+            raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
+        assert_same_on_all_ranks(comm, book.new2old, "the ByteGNN partition")
+        self.book = book
+        self.local = build_local_partition(graph, book, rank)
+        self.degree = graph.in_degree()  # replicated metadata
+        config = self.config
+        timeout_s = comm.timeout.total_seconds() if comm.timeout is not None else 300.0
+        store = GraphStore(self.local, book, self.degree, None)
+        if world > 1:
+            self.transport = SocketTransport(rank, context.topology, timeout_s, config.host)
+            self.transport.start(store.serve, comm)
+            store.transport = self.transport
+        self.store = store
+        split = SeedSplit(graph.split_ids("train"), world, rank, self.data.batch_size, self.seed)
+        self.sworker = SWorker(
+            store,
+            split,
+            list(self.data.fanouts),
+            self.seed,
+            config.dag,
+            config.scheduler,
+            config.sampling_threads,
+            timeout_s,
+        )
+
+    @property
+    @override
+    def steps_per_epoch(self) -> int:
+        return self.sworker.split.steps
+
+    @override
+    def make_batch(self, epoch: int, step: int) -> ByteGNNBatch:
+        """The S-Worker's batch of ``(epoch, step)`` (waits for its DAG); moves the bytes the
+        service threads counted into the run's meter."""
+        try:
+            return self.sworker.take(epoch, step)
+        finally:
+            self.flush_meter()
+
+    def flush_meter(self) -> None:
+        """Add the transport's counted bytes to the run's meter (main thread)."""
+        if self.transport is not None and self.context is not None:
+            self.transport.flush(self.context.meter)
+
+    def stop_service(self) -> None:
+        """Stop the S-Worker and close the transport (idempotent; the strategy calls it in
+        teardown, on success and on failure alike)."""
+        errors = []
+        for stop in (
+            self.sworker.stop if self.sworker else None,
+            self.transport.close if self.transport else None,
+        ):
+            if stop is not None:
+                try:
+                    stop()
+                except RuntimeError as exc:
+                    errors.append(exc)
+        self.flush_meter()
+        if errors:
+            raise errors[0]
+
+    @override
+    def callbacks(self):
+        from .callbacks import ByteGNNStats
+
+        return [ByteGNNStats()]
+
+    # ------------------------------------------------------------------------ evaluation
+    @override
+    @torch.no_grad()
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """Layer-wise full-graph inference over the partitions; counts on this rank's core."""
+        assert isinstance(net, BlockGNN)
+        local, comm = self.local, self.context.comm
+        halo = local.local2global[local.num_core :]
+        dst = torch.repeat_interleave(torch.arange(local.num_core), local.indptr.diff())
+        block = Block(
+            torch.arange(local.num_local),
+            local.num_core,
+            torch.stack([local.indices, dst]),
+            self.degree[local.local2global],
+        )
+        device = next(net.parameters()).device
+        route = OwnerRoute.build(comm, halo, self.book.nid2part(halo), category="structure")
+        first = int(self.book.node_offsets[comm.rank])
+        rows = local.x.to(device)
+        for i in range(net.num_layers):
+            served = rows.index_select(0, (route.served - first).to(device)).cpu()
+            category = "feature" if i == 0 else "activation"
+            halo_rows = route.reply(comm, served, category=category).to(device)
+            rows = net.layer_output(i, block.to(device), torch.cat([rows, halo_rows]))
+        pred = rows.argmax(1).cpu()
+        masks = {"train": local.train_mask, "val": local.val_mask, "test": local.test_mask}
+        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
+        for i, split in enumerate(splits):
+            mask = masks[split]
+            counts[i, 0] = (pred[mask] == local.y[mask]).sum()
+            counts[i, 1] = mask.sum()
+        return counts

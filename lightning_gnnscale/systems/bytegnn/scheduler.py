@@ -1,0 +1,163 @@
+"""ByteGNN's two-level scheduler (spec §3.2.3; docs/systems/bytegnn.md#scheduling).
+
+- Coarse: :class:`CoarseController` decides, every poll, whether to launch the next mini-batch's
+  DAG from the launch score ``T_gap_ms * f(C_util) * balance`` against ``sigma``;
+  :func:`run_coarse_loop` is the loop around it, with the clock, the CPU meter and the sleep
+  injected so that a fake clock drives it deterministically in tests.
+- Fine: :class:`ReadyHeap`, the ready tasks ordered by ``(dag_id, cost, seq)``: older DAG
+  first, then cheaper task first, then FIFO.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+C_SCALE = 100.0 / math.log(101.0)  # c in f(C) = 101 - exp(C / c); f(0) = 100, f(100) = 0
+
+
+def cpu_factor(c_util: float) -> float:
+    """``f(C) = clamp(101 - exp(C / c), 0, 100)`` with ``c = 100 / ln 101``; ``C`` in percent."""
+    return min(100.0, max(0.0, 101.0 - math.exp(c_util / C_SCALE)))
+
+
+def default_sigma(
+    gap_ref_ms: float = 5.0, cpu_ref: float = 80.0, balance_ref: float = 1.0
+) -> float:
+    """``sigma = T_gap_ref * f(C_ref) * balance_ref`` (spec decision B1: 5 ms, 80 %, 1 -> 304.4)."""
+    return gap_ref_ms * cpu_factor(cpu_ref) * balance_ref
+
+
+def launch_score(
+    gap_ms: float,
+    c_util: float,
+    t_sample_ms: float | None,
+    t_train_ms: float | None,
+    queue_len: int,
+    q_floor: float = 0.5,
+) -> float:
+    """The launch score ``T_gap * f(C) * T_sample / (T_train * max(Q, q_floor))``.
+
+    ``t_sample_ms`` / ``t_train_ms`` are ``None`` until one DAG has finished and one step has
+    trained (cold start): the balance is then 1 (spec decision B2).
+    """
+    if t_sample_ms is None or t_train_ms is None:
+        balance = 1.0
+    else:
+        balance = t_sample_ms / (max(t_train_ms, 1e-9) * max(queue_len, q_floor))
+    return gap_ms * cpu_factor(c_util) * balance
+
+
+def ema(old: float | None, sample: float, alpha: float) -> float:
+    """Exponential moving average; the first sample starts it."""
+    return sample if old is None else (1 - alpha) * old + alpha * sample
+
+
+@dataclass
+class Decision:
+    """One poll of the coarse loop (kept for the trajectory report and the tests)."""
+
+    now_ms: float
+    score: float
+    c_util: float
+    queue_len: int
+    inflight: int
+    launched: bool
+
+
+@dataclass
+class CoarseController:
+    """The launch decision of Algorithm 1 plus the two EMAs it reads.
+
+    Args:
+        sigma: launch threshold.
+        q_floor: lower bound of ``Q`` in the balance (``Q = 0`` gives a finite score).
+        ema_alpha: weight of a new sample in ``T_avg_sample`` / ``T_avg_train``.
+        max_inflight: never launch while this many DAGs run (``None``: no limit).
+        keep_trace: how many recent decisions to keep (the trajectory).
+    """
+
+    sigma: float
+    q_floor: float = 0.5
+    ema_alpha: float = 0.1
+    max_inflight: int | None = None
+    keep_trace: int = 100_000
+    t_sample_ms: float | None = None
+    t_train_ms: float | None = None
+    last_launch_ms: float = 0.0
+    trace: list[Decision] = field(default_factory=list)
+
+    def observe_sample(self, latency_ms: float) -> None:
+        """A DAG finished ``latency_ms`` after its launch."""
+        self.t_sample_ms = ema(self.t_sample_ms, latency_ms, self.ema_alpha)
+
+    def observe_train(self, step_ms: float) -> None:
+        """The T-Worker spent ``step_ms`` on one step."""
+        self.t_train_ms = ema(self.t_train_ms, step_ms, self.ema_alpha)
+
+    def decide(self, now_ms: float, c_util: float, queue_len: int, inflight: int) -> bool:
+        """Launch now? ``score >= sigma`` and ``inflight < max_inflight``; or nothing runs and
+        nothing waits (``min_inflight = 1``: the system cannot stall)."""
+        score = launch_score(
+            now_ms - self.last_launch_ms,
+            c_util,
+            self.t_sample_ms,
+            self.t_train_ms,
+            queue_len,
+            self.q_floor,
+        )
+        room = self.max_inflight is None or inflight < self.max_inflight
+        launch = room and (score >= self.sigma or (inflight == 0 and queue_len == 0))
+        if len(self.trace) >= self.keep_trace:
+            del self.trace[: self.keep_trace // 2]
+        self.trace.append(Decision(now_ms, score, c_util, queue_len, inflight, launch))
+        if launch:
+            self.last_launch_ms = now_ms
+        return launch
+
+
+class CoarseEnv(Protocol):
+    """What the coarse loop reads and drives (the S-Worker, or a simulation in tests)."""
+
+    def now_ms(self) -> float: ...
+    def cpu_percent(self) -> float: ...
+    def queue_len(self) -> int: ...
+    def inflight(self) -> int: ...
+    def has_next(self) -> bool: ...
+    def launch_next(self) -> None: ...
+    def sleep_ms(self, ms: float) -> None: ...
+    def running(self) -> bool: ...
+
+
+def run_coarse_loop(controller: CoarseController, env: CoarseEnv, sleep_ms: float = 5.0) -> None:
+    """Algorithm 1: while ``env.running()``, poll; launch the next DAG when the controller says
+    so, otherwise sleep ``sleep_ms``. The CPU meter is read on every poll."""
+    while env.running():
+        c_util = env.cpu_percent()
+        if env.has_next() and controller.decide(
+            env.now_ms(), c_util, env.queue_len(), env.inflight()
+        ):
+            env.launch_next()
+        else:
+            env.sleep_ms(sleep_ms)
+
+
+class ReadyHeap:
+    """Ready tasks, popped in ``(dag_id, cost, seq)`` order (``seq``: push order). Not locked:
+    the executor holds its lock around it."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, int, Any]] = []
+        self._seq = 0
+
+    def push(self, dag_id: int, cost: float, item: Any) -> None:
+        heapq.heappush(self._heap, (dag_id, cost, self._seq, item))
+        self._seq += 1
+
+    def pop(self) -> Any:
+        return heapq.heappop(self._heap)[3]
+
+    def __len__(self) -> int:
+        return len(self._heap)

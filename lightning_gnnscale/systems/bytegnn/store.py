@@ -1,0 +1,183 @@
+"""ByteGNN's graph store: this rank's partition, served to the others through the socket
+transport, and the even split of the training vertices into per-rank, per-step seeds.
+
+A request for vertices goes to their owners: this rank's own vertices are read in place (no
+bytes), the others' go through :class:`~lightning_gnnscale.comm.transport.SocketTransport`
+(ids as ``structure``; sampled edges back as ``structure``, feature rows and labels back as
+``feature``). Sampling is keyed by global ids (``graph/sampler.py``), so the owner draws exactly
+the edges the whole graph would give: the blocks equal the reference sampler's.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import Tensor
+
+from ...comm.transport import SocketTransport
+from ...graph.book import LocalPartition, PartitionBook
+from ...graph.sampler import sample_neighbors, splitmix64_int
+
+NSC, FEATURES, LABELS = 1, 2, 3  # request kinds
+
+
+class GraphStore:
+    """This rank's core vertices (in-edges, features, labels) and access to the others'.
+
+    Args:
+        local: this rank's partition (``graph.book.build_local_partition``).
+        book: vertex ownership.
+        degree: int64 ``[N]`` replicated in-degrees (task costs, GCN normalisation).
+        transport: the socket transport (``None`` with one rank).
+    """
+
+    def __init__(
+        self,
+        local: LocalPartition,
+        book: PartitionBook,
+        degree: Tensor,
+        transport: SocketTransport | None,
+    ) -> None:
+        self.local, self.book, self.degree, self.transport = local, book, degree, transport
+        self.rank = local.part_id
+        self.first_gid = int(book.node_offsets[self.rank])
+        self.local_src_gid = local.local2global[local.indices]  # [E_k] source gids
+
+    # ------------------------------------------------------------------ served locally
+    def _sample_owned(self, gids: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
+        """Sample owned vertices: ``(source gids, positions in gids)`` as ``sample_neighbors``."""
+        return sample_neighbors(
+            self.local.indptr,
+            self.local_src_gid,
+            gids - self.first_gid,
+            fanout,
+            key,
+            node_keys=gids,
+        )
+
+    def sample_local(self, gids: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
+        """Sample owned vertices: ``(per-vertex counts, source gids)`` in request order."""
+        src, dst_pos = self._sample_owned(gids, fanout, key)
+        return torch.bincount(dst_pos, minlength=gids.numel()), src
+
+    def serve(self, kind: int, tensors: list[Tensor]) -> tuple[list[Tensor], str]:
+        """The transport's handler: answer a peer's request and name the answer's category."""
+        gids = tensors[0]
+        if kind == NSC:
+            fanout, key = tensors[1].tolist()
+            return list(self.sample_local(gids, fanout, key)), "structure"
+        if kind == FEATURES:
+            return [self.local.x.index_select(0, gids - self.first_gid)], "feature"
+        if kind == LABELS:
+            return [self.local.y.index_select(0, gids - self.first_gid)], "feature"
+        raise ValueError(f"unknown request kind {kind}")
+
+    # ------------------------------------------------------------------ any vertex
+    def _by_owner(self, gids: Tensor) -> list[tuple[int, Tensor]]:
+        """``[(owner, increasing positions in gids)]``: ``gids`` grouped by owning rank."""
+        owners = self.book.nid2part(gids)
+        order = torch.argsort(owners, stable=True)
+        counts = torch.bincount(owners, minlength=self.book.num_parts).tolist()
+        groups, start = [], 0
+        for owner, count in enumerate(counts):
+            if count:
+                groups.append((owner, order[start : start + count]))
+            start += count
+        return groups
+
+    def sample(self, gids: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
+        """One hop for ``gids`` (unique, any owners): ``(src gids, dst positions)`` sorted by
+        destination position, each vertex's sources in CSC order (as ``sample_neighbors``)."""
+        groups = self._by_owner(gids)
+        if len(groups) == 1 and groups[0][0] == self.rank:  # all owned here: no routing
+            return self._sample_owned(gids, fanout, key)
+        params = torch.tensor([fanout, key], dtype=torch.int64)
+        sources, positions = [gids.new_empty(0)], [gids.new_empty(0)]
+        for owner, where in groups:
+            if owner == self.rank:
+                src, dst_pos = self._sample_owned(gids[where], fanout, key)
+                positions.append(where[dst_pos])
+            else:
+                request = [gids[where], params]
+                per_vertex, src = self.transport.request(owner, NSC, request, "structure")
+                positions.append(torch.repeat_interleave(where, per_vertex))
+            sources.append(src)
+        dst_pos = torch.cat(positions)
+        perm = torch.argsort(dst_pos, stable=True)  # each group is sorted: merge them
+        return torch.cat(sources)[perm], dst_pos[perm]
+
+    def _rows(self, gids: Tensor, kind: int, local: Tensor) -> Tensor:
+        groups = self._by_owner(gids)
+        if len(groups) == 1 and groups[0][0] == self.rank:  # all owned here
+            return local.index_select(0, gids - self.first_gid)
+        out = local.new_empty((gids.numel(), *local.shape[1:]))
+        for owner, where in groups:
+            if owner == self.rank:
+                out[where] = local.index_select(0, gids[where] - self.first_gid)
+            else:
+                out[where] = self.transport.request(owner, kind, [gids[where]], "structure")[0]
+        return out
+
+    def features(self, gids: Tensor) -> Tensor:
+        """Feature rows ``[n, F]`` of ``gids``."""
+        return self._rows(gids, FEATURES, self.local.x)
+
+    def labels(self, gids: Tensor) -> Tensor:
+        """Labels ``[n]`` of ``gids``."""
+        return self._rows(gids, LABELS, self.local.y)
+
+
+def even_offsets(n: int, parts: int) -> Tensor:
+    """Offsets of ``parts`` contiguous chunks of ``n`` items whose sizes differ by at most 1."""
+    sizes = torch.full((parts,), n // parts, dtype=torch.int64)
+    sizes[: n % parts] += 1
+    return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)])
+
+
+class SeedSplit:
+    """The seeds of every rank and step (the Seed operator's input).
+
+    Rank ``r`` takes the ``r``-th of ``P`` even contiguous chunks of the sorted training gids
+    (relabelled ids are partition-sorted, so chunk ``r`` lies mostly in partition ``r``), shuffles
+    it every epoch with its own generator and cuts it into ``steps`` parts. ``steps`` is the same
+    on every rank (computed from replicated sizes), so every training vertex is a seed exactly
+    once per epoch and the ranks' steps pair up for the gradient all-reduce.
+
+    Args:
+        train_gids: sorted int64 training gids (replicated).
+        world_size, rank: the trainers.
+        batch_size: global seeds per step (``-1``: one step per epoch).
+        seed: base of the shuffles.
+    """
+
+    def __init__(self, train_gids: Tensor, world_size: int, rank: int, batch_size: int, seed: int):
+        offsets = even_offsets(train_gids.numel(), world_size)
+        self.sizes = offsets.diff()
+        self.mine = train_gids[offsets[rank] : offsets[rank + 1]]
+        self.rank, self.seed = rank, seed
+        smallest = int(self.sizes.min())
+        local_batch = smallest if batch_size == -1 else max(1, batch_size // world_size)
+        self.steps = max(1, -(-smallest // max(local_batch, 1)))
+        self._lock = threading.Lock()
+        self._chunks: dict[int, tuple[Tensor, ...]] = {}  # recent epochs' steps
+
+    def epoch_order(self, epoch: int) -> Tensor:
+        """This rank's training gids in the order of ``epoch``."""
+        key = splitmix64_int((self.seed << 24) ^ (epoch << 8) ^ self.rank) & ((1 << 63) - 1)
+        gen = torch.Generator().manual_seed(key)
+        return self.mine[torch.randperm(self.mine.numel(), generator=gen)]
+
+    def seeds(self, epoch: int, step: int) -> Tensor:
+        """This rank's seeds of ``step`` in ``epoch`` (thread-safe)."""
+        with self._lock:
+            if epoch not in self._chunks:
+                self._chunks[epoch] = torch.tensor_split(self.epoch_order(epoch), self.steps)
+                for old in [e for e in self._chunks if e < epoch - 1]:
+                    del self._chunks[old]
+            return self._chunks[epoch][step]
+
+    def global_seed_count(self, step: int) -> int:
+        """Seeds of ``step`` summed over all ranks (``tensor_split`` sizes)."""
+        base, extra = self.sizes // self.steps, self.sizes % self.steps
+        return int((base + (step < extra).long()).sum())

@@ -1,0 +1,208 @@
+"""``GraNNDISConfig``: the settings of ``strategy=granndis`` (FLX-EAS) and its presets
+``granndis_flx``, ``granndis_cob``, ``granndis_fb_base``, ``granndis_mb_base``
+(``conf/strategy/granndis*.yaml``; docs/systems/granndis.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+from ...schema import RunConfig, SystemConfig, choice, require
+
+MODES = ("fb_base", "flx", "flx_eas", "cob", "mb_base")
+SERVER_PARTITIONS = ("metis", "contiguous", "random")
+INTRA_PARTITIONS = ("metis", "contiguous", "random")
+FB_BASE_LAYOUTS = ("flat", "hierarchical")
+SELECTIONS = ("uniform", "degree_topk", "degree_prob")
+FANOUT_SCOPES = ("external", "all")
+FRONTIERS = ("new", "all")
+COB_SAMPLERS = ("none", "sage", "eas")
+GRAD_SYNCS = ("ddp", "hierarchical")
+
+# name -> (one line for listings, the settings that differ from ``granndis``)
+_PRESETS: dict[str, tuple[str, dict]] = {
+    "granndis": (
+        "GraNNDIS FLX-EAS: server-level preloading with expansion-aware sampling, one-hop "
+        "graph masking, no inter-server feature or activation traffic",
+        {},
+    ),
+    "granndis_flx": (
+        "GraNNDIS FLX: each server preloads the L-hop in-neighbourhood of its targets (exact)",
+        {"mode": "flx"},
+    ),
+    "granndis_cob": (
+        "GraNNDIS CoB: one co-batch per server and step, split over its workers",
+        {"mode": "cob"},
+    ),
+    "granndis_fb_base": (
+        "GraNNDIS's FB_base: flat full-graph halo exchange over all ranks (PipeGCN, no staleness)",
+        {"mode": "fb_base"},
+    ),
+    "granndis_mb_base": (
+        "GraNNDIS's MB_base: per-worker sampled mini-batches (DistDGL / SALIENT++ style)",
+        {"mode": "mb_base"},
+    ),
+}
+GRANNDIS_PRESETS = {name: description for name, (description, _) in _PRESETS.items()}
+
+
+@dataclass(frozen=True)
+class PartitionSettings:
+    """How vertices are placed.
+
+    Args:
+        server: the server-level partition ``P_s`` (``metis`` | ``contiguous`` (the
+            artifact's) | ``random``).
+        intra: how a server graph is split over the server's workers (same choices).
+        fb_base: FB_base's layout: ``flat`` (METIS into ``W`` parts, server boundaries
+            ignored: the paper's baseline) | ``hierarchical`` (server parts, then ``intra``).
+    """
+
+    server: str = "metis"
+    intra: str = "metis"
+    fb_base: str = "flat"
+
+    def __post_init__(self) -> None:
+        choice("strategy.partition.server", self.server, SERVER_PARTITIONS)
+        choice("strategy.partition.intra", self.intra, INTRA_PARTITIONS)
+        choice("strategy.partition.fb_base", self.fb_base, FB_BASE_LAYOUTS)
+
+
+@dataclass(frozen=True)
+class EASSettings:
+    """Expansion-aware sampling (spec §4.5): from the inner set, at most ``fanout`` external
+    neighbours per frontier vertex (``-1``: all) for ``hops`` hops; ``selection``,
+    ``fanout_scope`` and ``frontier`` as in the spec (defaults: the paper's text on scope and
+    frontier, the artifact's uniform selection)."""
+
+    hops: int = 1
+    fanout: int = 15
+    selection: str = "uniform"
+    fanout_scope: str = "external"
+    frontier: str = "new"
+
+    def __post_init__(self) -> None:
+        require(self.hops >= 0, f"strategy.eas.hops={self.hops} must be >= 0")
+        require(
+            self.fanout >= 1 or self.fanout == -1,
+            f"strategy.eas.fanout={self.fanout} must be >= 1 or -1 (all)",
+        )
+        choice("strategy.eas.selection", self.selection, SELECTIONS)
+        choice("strategy.eas.fanout_scope", self.fanout_scope, FANOUT_SCOPES)
+        choice("strategy.eas.frontier", self.frontier, FRONTIERS)
+
+
+@dataclass(frozen=True)
+class CoBSettings:
+    """Cooperative batching (spec §4.4).
+
+    Args:
+        num_per_epoch: co-batches ``B`` per server and epoch (the same on every server).
+        sampler: ``none`` (exact ``L``-hop closure) | ``sage`` (ShaDow-style, ``fanout`` per
+            collected vertex and hop) | ``eas`` (the ``eas`` settings, from the co-batch).
+        fanout: ``sage``'s fanout.
+        hops: ``sage``'s hops; ``None`` = the number of layers.
+        shuffle: shuffle the server's targets before cutting co-batches (seeded); the
+            co-batches are built once and reused every epoch (the artifact's static mode).
+    """
+
+    num_per_epoch: int = 1
+    sampler: str = "sage"
+    fanout: int = 25
+    hops: int | None = None
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        require(
+            self.num_per_epoch >= 1, f"strategy.cob.num_per_epoch={self.num_per_epoch} must be >= 1"
+        )
+        choice("strategy.cob.sampler", self.sampler, COB_SAMPLERS)
+        require(self.fanout >= 1, f"strategy.cob.fanout={self.fanout} must be >= 1")
+        require(
+            self.hops is None or self.hops >= 0,
+            f"strategy.cob.hops={self.hops} must be >= 0 (or null = the number of layers)",
+        )
+
+
+@dataclass(frozen=True)
+class GraNNDISConfig(SystemConfig):
+    """GraNNDIS's settings; the presets differ only in ``mode`` (:meth:`preset`).
+
+    Args:
+        mode: ``flx_eas`` (default) | ``flx`` | ``cob`` | ``fb_base`` | ``mb_base``.
+        partition: vertex placement (:class:`PartitionSettings`).
+        eas: expansion-aware sampling (``flx_eas``, and ``cob`` with ``sampler=eas``).
+        cob: cooperative batching (``cob``).
+        preload_k: FLX's preload depth ``k`` in ``[0, L]``; ``None`` = ``L`` (nothing but
+            gradients crosses servers). With ``k < L`` the first ``k`` layers run on the
+            server graphs of ``k``-hop closures, then the rows are reshaped (locally) onto the
+            base layout (the servers' partitions, all ranks) for the remaining layers.
+        preload_auto: FLX picks ``k`` itself: the largest whose estimated memory per worker
+            (spec §4.8, :func:`~.costmodel.estimate_memory`, worst rank) fits
+            ``memory_budget_mb`` (the paper's "largest k that fits"; no budget: ``k = L``).
+        memory_budget_mb: the per-worker budget of ``preload_auto``; ``None`` = unlimited.
+        masking: the per-layer vertex masks of one-hop graph masking (spec §4.2.1); ``false``
+            keeps every row at every layer (the loss still covers level-0 targets only).
+        grad_sync: ``ddp`` (the metered DDP all-reduce over all ranks) | ``hierarchical``
+            (after backward: sum inside each server, among the server heads, then broadcast
+            inside each server, so the gradient crosses servers once per head; ours, not the
+            paper's).
+    """
+
+    name: str = "granndis"
+    mode: str = "flx_eas"
+    partition: PartitionSettings = field(default_factory=PartitionSettings)
+    eas: EASSettings = field(default_factory=EASSettings)
+    cob: CoBSettings = field(default_factory=CoBSettings)
+    preload_k: int | None = None
+    preload_auto: bool = False
+    memory_budget_mb: float | None = None
+    masking: bool = True
+    grad_sync: str = "ddp"
+
+    NAMES: ClassVar[tuple[str, ...]] = tuple(_PRESETS)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        choice("strategy.mode", self.mode, MODES)
+        choice("strategy.grad_sync", self.grad_sync, GRAD_SYNCS)
+        require(
+            self.preload_k is None or self.preload_k >= 0,
+            f"strategy.preload_k={self.preload_k} must be >= 0 (or null = the number of layers)",
+        )
+        require(
+            not self.preload_auto or (self.mode == "flx" and self.preload_k is None),
+            "strategy.preload_auto=true chooses k for strategy.mode=flx: set mode=flx and "
+            "leave preload_k null",
+        )
+        require(
+            self.memory_budget_mb is None or self.memory_budget_mb > 0,
+            f"strategy.memory_budget_mb={self.memory_budget_mb} must be > 0 (or null)",
+        )
+        require(
+            self.preload_k is None or self.mode == "flx",
+            f"strategy.preload_k={self.preload_k} applies to strategy.mode=flx only (mode is "
+            f"{self.mode}); leave it null",
+        )
+
+    @classmethod
+    def preset(cls, name: str) -> GraNNDISConfig:
+        """The settings of a registered name."""
+        choice("strategy", name, tuple(_PRESETS))
+        return replace(cls(), name=name, **_PRESETS[name][1])
+
+    def preload_depth(self, num_layers: int) -> int:
+        """FLX's ``k`` for a model of ``num_layers`` layers."""
+        return num_layers if self.preload_k is None else self.preload_k
+
+    def check_run(self, run: RunConfig) -> None:
+        layers = run.model.num_layers
+        require(
+            self.preload_k is None or self.preload_k <= layers,
+            f"strategy.preload_k={self.preload_k} must be <= model.num_layers={layers}",
+        )
+
+    @property
+    def layout_mode(self) -> bool:
+        """Whether steps run on one-hop graphs with halo exchange (all modes but ``mb_base``)."""
+        return self.mode != "mb_base"

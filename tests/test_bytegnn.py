@@ -1,0 +1,434 @@
+"""ByteGNN in one process: the launch score, the coarse loop under a fake clock, the ready-heap
+order, DAG semantics on the thread pool, exactly-once delivery and sampling equivalence with
+the reference sampler (spec §3.5 invariants 1-7; the multi-rank ones are in
+test_bytegnn_dist.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+import torch
+
+from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
+from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.sampler import NeighborSampler
+from lightning_gnnscale.systems.bytegnn.config import DagConfig, SchedulerConfig
+from lightning_gnnscale.systems.bytegnn.dag import Dag, Executor, Task
+from lightning_gnnscale.systems.bytegnn.scheduler import (
+    CoarseController,
+    ReadyHeap,
+    cpu_factor,
+    default_sigma,
+    launch_score,
+    run_coarse_loop,
+)
+from lightning_gnnscale.systems.bytegnn.store import GraphStore, SeedSplit
+from lightning_gnnscale.systems.bytegnn.sworker import SamplingError, SWorker
+
+# ------------------------------------------------------------------ 1. f(C)
+
+
+def test_cpu_factor_ends_range_and_strict_decrease():
+    c = 100 / math.log(101)
+    assert cpu_factor(0) == pytest.approx(100.0)
+    assert cpu_factor(100) == pytest.approx(0.0, abs=1e-9)
+    grid = [i / 4 for i in range(401)]
+    values = [cpu_factor(u) for u in grid]
+    assert all(0 <= v <= 100 for v in values)
+    assert all(a > b for a, b in zip(values, values[1:]))
+    for u in (13.0, 50.0, 95.0):  # the closed form with c = 100 / ln 101
+        assert cpu_factor(u) == pytest.approx(101 - math.exp(u / c))
+    assert cpu_factor(120) == 0.0  # clamped
+    assert default_sigma() == pytest.approx(5 * (101 - math.exp(80 / c)), rel=1e-9)
+    assert default_sigma() == pytest.approx(304.4, abs=0.1)
+
+
+# ------------------------------------------------------------------ 2. launch score
+
+
+def test_launch_score_worked_examples_and_monotonicity():
+    f = lambda u: 101 - math.exp(u * math.log(101) / 100)  # noqa: E731
+    # spec §3.2.3 worked examples (T_s = 40 ms, T_t = 20 ms)
+    assert launch_score(5, 50, 40, 20, 1) == pytest.approx(5 * f(50) * 2)
+    assert launch_score(5, 95, 40, 20, 1) == pytest.approx(5 * f(95) * 2)
+    assert launch_score(5, 95, 40, 20, 1) < default_sigma() < launch_score(10, 95, 40, 20, 1)
+    assert launch_score(5, 50, 40, 20, 4) < default_sigma() < launch_score(5, 50, 40, 20, 1)
+    base = dict(gap_ms=5.0, c_util=50.0, t_sample_ms=40.0, t_train_ms=20.0, queue_len=2)
+    s0 = launch_score(**base)
+    assert launch_score(**{**base, "gap_ms": 6.0}) > s0
+    assert launch_score(**{**base, "t_sample_ms": 50.0}) > s0
+    assert launch_score(**{**base, "queue_len": 3}) < s0
+    assert launch_score(**{**base, "c_util": 60.0}) < s0
+    assert launch_score(**{**base, "t_train_ms": 30.0}) < s0
+    # Q = 0 is finite thanks to q_floor; cold start uses balance 1
+    assert launch_score(**{**base, "queue_len": 0}) == pytest.approx(5 * f(50) * 40 / (20 * 0.5))
+    assert launch_score(5, 50, None, 20, 3) == pytest.approx(5 * f(50))
+
+
+# ------------------------------------------------------------------ 3. coarse loop, fake clock
+
+
+class FakeEnv:
+    """A simulated S-Worker: every DAG takes ``dag_ms``, the trainer takes ``train_ms`` per
+    batch; time moves only when the loop sleeps or launches (a launch costs ``launch_ms``)."""
+
+    def __init__(self, controller, steps, dag_ms, train_ms, cpu, launch_ms=1.0):
+        self.controller, self.steps, self.dag_ms, self.train_ms = (
+            controller,
+            steps,
+            dag_ms,
+            train_ms,
+        )
+        self.cpu, self.launch_ms = cpu, launch_ms
+        self.t = 0.0
+        self.running_dags: list[float] = []  # finish times
+        self.queue = 0
+        self.free_at = 0.0  # when the trainer can take the next batch
+        self.launches: list[tuple[float, int]] = []  # (time, DAGs in flight before)
+        self.sleeps: list[float] = []
+        self.consumed = 0
+
+    def _advance(self, ms):
+        end = self.t + ms
+        while True:
+            dag_done = min(self.running_dags, default=math.inf)
+            consume = max(self.free_at, self.t) if self.queue else math.inf
+            first = min(dag_done, consume)
+            if first > end:
+                break
+            self.t = first
+            if consume <= dag_done:
+                self.queue -= 1
+                self.consumed += 1
+                self.free_at = first + self.train_ms
+                self.controller.observe_train(self.train_ms)
+            else:
+                self.running_dags.remove(dag_done)
+                self.queue += 1
+                self.controller.observe_sample(self.dag_ms)
+        self.t = end
+
+    def now_ms(self):
+        return self.t
+
+    def cpu_percent(self):
+        return self.cpu(self)
+
+    def queue_len(self):
+        return self.queue
+
+    def inflight(self):
+        return len(self.running_dags)
+
+    def has_next(self):
+        return len(self.launches) < self.steps
+
+    def launch_next(self):
+        self.launches.append((self.t, len(self.running_dags)))
+        self.running_dags.append(self.t + self.dag_ms)
+        self._advance(self.launch_ms)
+
+    def sleep_ms(self, ms):
+        self.sleeps.append(ms)
+        self._advance(ms)
+
+    def running(self):
+        return self.consumed < self.steps
+
+
+@pytest.mark.parametrize("max_inflight", [None, 2])
+def test_coarse_loop_is_deterministic_and_launches_exactly_when_the_score_says(max_inflight):
+    sigma = default_sigma()
+    logs = []
+    for _ in range(2):
+        controller = CoarseController(sigma, max_inflight=max_inflight)
+        env = FakeEnv(
+            controller, steps=25, dag_ms=40.0, train_ms=15.0, cpu=lambda e: 40 + 10 * e.inflight()
+        )
+        run_coarse_loop(controller, env, sleep_ms=5.0)
+        logs.append((list(env.launches), list(env.sleeps), [vars(d) for d in controller.trace]))
+        assert len(env.launches) == 25 and env.consumed == 25
+        assert set(env.sleeps) == {5.0}
+        for d in controller.trace:
+            assert d.launched == (
+                (max_inflight is None or d.inflight < max_inflight)
+                and (d.score >= sigma or (d.inflight == 0 and d.queue_len == 0))
+            )
+        trace = controller.trace
+        assert any(d.launched and d.score >= sigma for d in trace)  # launched on the score
+        assert any(not d.launched and d.score < sigma for d in trace)  # waited on the score
+        if max_inflight is not None:
+            assert max(before for _, before in env.launches) < max_inflight
+            assert any(not d.launched and d.score >= sigma for d in trace)  # held by the cap
+    assert logs[0] == logs[1]  # same inputs, same trajectory
+
+
+def test_coarse_loop_score_inputs_match_the_formula():
+    """Every logged score equals T_gap * f(C) * balance recomputed here from the log."""
+    sigma = default_sigma()
+    controller = CoarseController(sigma)
+    seen = []
+
+    env = FakeEnv(controller, steps=10, dag_ms=30.0, train_ms=10.0, cpu=lambda e: 70.0)
+    original = controller.decide
+
+    def decide(now, c, q, inflight):
+        seen.append(
+            (now, c, q, controller.t_sample_ms, controller.t_train_ms, controller.last_launch_ms)
+        )
+        return original(now, c, q, inflight)
+
+    controller.decide = decide
+    run_coarse_loop(controller, env, sleep_ms=5.0)
+    f = 101 - math.exp(70.0 * math.log(101) / 100)
+    for (now, _, q, ts, tt, last), d in zip(seen, controller.trace):
+        balance = 1.0 if ts is None or tt is None else ts / (tt * max(q, 0.5))
+        assert d.score == pytest.approx((now - last) * f * balance)
+
+
+def test_coarse_loop_waits_at_full_cpu_except_when_idle():
+    controller = CoarseController(default_sigma())
+    env = FakeEnv(controller, steps=5, dag_ms=20.0, train_ms=5.0, cpu=lambda e: 100.0)
+    run_coarse_loop(controller, env, sleep_ms=5.0)
+    # f(100) = 0: only the min_inflight rule launches, so never two DAGs at once
+    assert all(before == 0 for _, before in env.launches)
+    assert all(d.score == 0 for d in controller.trace)
+
+
+# ------------------------------------------------------------------ 4. fine-grained order
+
+
+def test_ready_heap_pops_by_dag_then_cost_then_fifo():
+    rng = random.Random(3)
+    heap, items = ReadyHeap(), []
+    for seq in range(200):
+        item = (rng.randrange(5), rng.choice([0.0, 1.0, 2.5, 7.0]), seq)
+        items.append(item)
+        heap.push(item[0], item[1], item)
+    popped = [heap.pop() for _ in range(len(items))]
+    assert popped == sorted(items)
+
+
+def _serial_executor_order(dags):
+    """Run ``dags`` on one thread after all are queued; return the run order of task names."""
+    order = []
+    executor = Executor(1, lambda dag: None, lambda err: None, before_task=None)
+    for dag in dags:  # queued before the thread starts, so the heap alone decides the order
+        for task in dag.tasks:
+            fn = task.fn
+            task.fn = lambda *a, fn=fn, task=task: (
+                order.append((task.dag.dag_id, task.kind)),
+                fn(*a),
+            )[1]
+        executor.submit(dag)
+    executor.start()
+    deadline = time.monotonic() + 10
+    while len(order) < sum(len(d.tasks) for d in dags) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    executor.stop()
+    return order
+
+
+def test_end_of_an_older_dag_runs_before_newer_dags_tasks():
+    """The document's example: DAG 1's END is ready behind NSC tasks of DAGs 2 and 3."""
+
+    def dag(i, with_end):
+        nsc = [Task("nsc", lambda: None, cost_fn=lambda: 50.0, chunk=c) for c in range(2)]
+        tasks = list(nsc)
+        if with_end:
+            tasks.append(Task("end", lambda *a: None, nsc))
+        return Dag(i, tasks)
+
+    dags = [dag(2, False), dag(3, False)]
+    end = Task("end", lambda: None)
+    dags.insert(0, Dag(1, [end]))
+    order = _serial_executor_order([dags[1], dags[2], dags[0]])  # DAG 1's END queued last
+    assert order[0] == (1, "end")
+    assert [d for d, _ in order] == sorted(d for d, _ in order)
+
+
+def test_cheaper_ready_task_of_a_dag_runs_first():
+    costs = [9.0, 1.0, 5.0, 3.0]
+    tasks = [Task("ff", lambda: None, cost_fn=lambda c=c: c, chunk=i) for i, c in enumerate(costs)]
+    order = []
+    for t in tasks:
+        t.fn = lambda t=t: order.append(t.chunk)
+    executor = Executor(1, lambda d: None, lambda e: None)
+    executor.submit(Dag(0, tasks + [Task("end", lambda *a: None, tasks)]))
+    executor.start()
+    deadline = time.monotonic() + 10
+    while len(order) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    executor.stop()
+    assert order == sorted(range(4), key=lambda i: costs[i])
+
+
+# ------------------------------------------------------------------ 5. DAG semantics
+
+
+def _random_dag(dag_id, rng, n=30):
+    tasks = []
+    for i in range(n):
+        parents = rng.sample(tasks, k=min(len(tasks), rng.randrange(0, 4)))
+        cost = rng.random()
+        tasks.append(Task("op", lambda *a: None, parents, cost_fn=lambda *a, c=cost: c, chunk=i))
+    tasks.append(Task("end", lambda *a: None, list(tasks)))
+    return Dag(dag_id, tasks)
+
+
+def test_every_task_runs_once_after_its_parents_with_two_threads_and_random_delays():
+    rng = random.Random(0)
+    dags = [_random_dag(i, rng) for i in range(8)]
+    finished, lock = [], threading.Lock()
+
+    def delay(task):
+        time.sleep(random.random() * 0.002)
+
+    def done(dag):
+        with lock:
+            finished.append(dag.dag_id)
+
+    executor = Executor(2, done, lambda e: None, before_task=delay)
+    executor.start()
+    for dag in dags:
+        executor.submit(dag)
+    deadline = time.monotonic() + 20
+    while len(finished) < len(dags) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    executor.stop()
+    assert executor.error is None and sorted(finished) == list(range(8))
+    for dag in dags:
+        for task in dag.tasks:
+            assert task.runs == 1
+            for parent in task.parents:
+                assert parent.finished <= task.started
+        end = dag.sink
+        assert end.kind == "end" and all(t.finished <= end.started for t in dag.tasks[:-1])
+
+
+def test_a_task_listed_before_its_parent_is_refused():
+    a = Task("a", lambda: None)
+    b = Task("b", lambda x: None, [a])
+    with pytest.raises(ValueError, match="not listed before"):
+        Dag(0, [b, a])
+
+
+# ------------------------------------------------------------------ one-rank S-Worker
+
+
+def _graph():
+    graph = sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=5, seed=4)
+    book = PartitionBook.from_parts(torch.zeros(graph.num_nodes, dtype=torch.int64), 1)
+    return relabel_graph(graph, book), book
+
+
+def _sworker(graph, book, fanouts, threads, nsc, ff, batch_size=64, before_task=None, seed=7):
+    store = GraphStore(build_local_partition(graph, book, 0), book, graph.in_degree(), None)
+    split = SeedSplit(graph.split_ids("train"), 1, 0, batch_size, seed)
+    return SWorker(
+        store,
+        split,
+        fanouts,
+        seed,
+        DagConfig(nsc_tasks=nsc, ff_tasks=ff),
+        SchedulerConfig(),
+        threads,
+        timeout_s=30.0,
+        cpu_percent=lambda: 50.0,
+        before_task=before_task,
+    )
+
+
+def _threads_named(prefix):
+    return [t for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()]
+
+
+def test_each_seed_once_per_epoch_and_each_batch_consumed_once_in_order():
+    graph, book = _graph()
+    jitter = random.Random(1)
+    worker = _sworker(
+        graph,
+        book,
+        [4, 3],
+        threads=2,
+        nsc=3,
+        ff=2,
+        before_task=lambda t: time.sleep(jitter.random() * 0.003),
+    )
+    worker.last_epoch = 1
+    worker.start()
+    try:
+        for epoch in range(2):
+            seeds = []
+            for step in range(worker.split.steps):
+                batch = worker.take(epoch, step)
+                assert (batch.epoch, batch.step) == (epoch, step)
+                seeds.append(batch.blocks[-1].dst_ids)
+                assert torch.equal(batch.y, graph.y[batch.blocks[-1].dst_ids])
+            assert Counter(torch.cat(seeds).tolist()) == Counter(graph.split_ids("train").tolist())
+        with pytest.raises(SamplingError, match="consumed once"):
+            worker.take(1, 0)
+    finally:
+        worker.stop()
+    assert not _threads_named("bytegnn-")
+
+
+@pytest.mark.parametrize(
+    "fanouts,threads,nsc,ff", [([4, 3], 1, 1, 1), ([4, 3], 2, 3, 2), ([-1, 2, 5], 2, 4, 3)]
+)
+def test_blocks_equal_the_reference_sampler_edge_for_edge(fanouts, threads, nsc, ff):
+    graph, book = _graph()
+    worker = _sworker(graph, book, fanouts, threads, nsc, ff)
+    reference = NeighborSampler(graph.indptr, graph.indices, fanouts, seed=7)
+    worker.last_epoch = 0
+    worker.start()
+    try:
+        for step in range(3):
+            batch = worker.take(0, step)
+            seeds = worker.split.seeds(0, step)
+            expected = reference.sample(seeds, epoch=0, step=step)
+            assert len(batch.blocks) == len(expected)
+            for got, want in zip(batch.blocks, expected):
+                assert torch.equal(got.src_ids, want.src_ids)
+                assert got.num_dst == want.num_dst
+                assert torch.equal(got.edge_index, want.edge_index)
+                assert torch.equal(got.src_deg, want.src_deg)
+            assert torch.equal(batch.x, graph.x[expected[0].src_ids])
+    finally:
+        worker.stop()
+
+
+def test_a_failing_task_ends_the_take_with_the_task_and_dag_named():
+    graph, book = _graph()
+
+    def explode(task):
+        if task.kind == "nsc" and task.hop == 2:
+            raise OSError("disk on fire")
+
+    worker = _sworker(graph, book, [4, 3], threads=2, nsc=2, ff=1, before_task=explode)
+    worker.start()
+    try:
+        with pytest.raises(
+            SamplingError,
+            match=r"nsc\[hop 2, chunk \d\] of DAG \d+ \(epoch 0, step \d\).*disk on fire",
+        ):
+            worker.take(0, 0)
+    finally:
+        worker.stop()
+    assert not _threads_named("bytegnn-")
+
+
+def test_seed_split_answers_any_epoch_in_any_order():
+    """Seed tasks of several epochs run in any order (prefetch); each answer is that epoch's."""
+    train = torch.arange(0, 400, 3)
+    split = SeedSplit(train, 2, 1, 20, seed=3)
+    fresh = {e: SeedSplit(train, 2, 1, 20, seed=3).seeds(e, 1) for e in range(4)}
+    for epoch in (2, 3, 0, 1, 3, 0):
+        assert torch.equal(split.seeds(epoch, 1), fresh[epoch])
+    whole = torch.cat([split.seeds(2, s) for s in range(split.steps)])
+    assert sorted(whole.tolist()) == sorted(split.mine.tolist())
