@@ -70,6 +70,15 @@ def test_launch_score_worked_examples_and_monotonicity():
     assert launch_score(5, 50, None, 20, 3) == pytest.approx(5 * f(50))
 
 
+def test_decide_launches_at_a_score_equal_to_sigma_and_not_below():
+    """Algorithm 1 launches when ``score >= sigma``: 5 ms * f(50) * 40 / (20 * 1) = 909.5."""
+    score = 5 * (101 - math.exp(50 * math.log(101) / 100)) * 40 / 20
+    for sigma, launch in ((score, True), (score * (1 + 1e-9), False)):
+        controller = CoarseController(sigma, t_sample_ms=40.0, t_train_ms=20.0)
+        assert controller.decide(5.0, 50.0, queue_len=1, inflight=1) is launch
+        assert controller.last_launch_ms == (5.0 if launch else 0.0)
+
+
 # ------------------------------------------------------------------ 3. coarse loop, fake clock
 
 
@@ -135,6 +144,7 @@ class FakeEnv:
 
     def sleep_ms(self, ms):
         self.sleeps.append(ms)
+        assert len(self.sleeps) < 100_000, "the coarse loop stalls"  # fail, do not hang
         self._advance(ms)
 
     def running(self):
@@ -311,6 +321,15 @@ def test_every_task_runs_once_after_its_parents_with_two_threads_and_random_dela
         assert end.kind == "end" and all(t.finished <= end.started for t in dag.tasks[:-1])
 
 
+def test_task_and_dag_reprs_stay_short():
+    """A failed assertion or an error message that shows a task must not walk the DAG (the
+    generated dataclass repr recursed through parents / children / dag: exponential)."""
+    dag = _random_dag(0, random.Random(0), n=12)  # the recursive repr: 74 MB, seconds
+    text = repr(dag.sink) + repr(dag) + repr(dag.tasks[5])
+    assert len(text) < 300
+    assert "end[hop 0, chunk 0]" in text and "13 tasks" in text
+
+
 def test_a_task_listed_before_its_parent_is_refused():
     a = Task("a", lambda: None)
     b = Task("b", lambda x: None, [a])
@@ -432,3 +451,114 @@ def test_seed_split_answers_any_epoch_in_any_order():
         assert torch.equal(split.seeds(epoch, 1), fresh[epoch])
     whole = torch.cat([split.seeds(2, s) for s in range(split.steps)])
     assert sorted(whole.tolist()) == sorted(split.mine.tolist())
+
+
+# ------------------------------------------------------------------ transport
+
+
+class _OneRankComm:
+    """Stands in for ``Comm`` in ``SocketTransport.start``: both ranks get this rank's address."""
+
+    def all_gather_tensor(self, tensor, category):
+        return torch.cat([tensor, tensor])
+
+
+def test_a_large_answer_to_a_slow_reader_arrives_whole(monkeypatch):
+    """``sendall`` must get the run's timeout, not the 0.2 s poll of idle sockets: an answer
+    larger than the socket buffers, read by a requester that is briefly busy (a loaded
+    machine), used to make the server give up and drop the connection."""
+    from lightning_gnnscale.comm import Topology
+    from lightning_gnnscale.comm import transport as tr
+
+    rows = torch.arange(8 << 20, dtype=torch.int64)  # 64 MiB answer
+    server = tr.SocketTransport(0, Topology(2, 2), timeout_s=20.0)
+    server.start(lambda kind, tensors: ([rows], "feature"), _OneRankComm())
+    client = tr.SocketTransport(1, Topology(2, 2), timeout_s=20.0)
+    client._addresses = server._addresses
+    exact = tr._Reader.exact
+
+    def busy_then_read(self, n, deadline):
+        if n == rows.numel() * 8:
+            time.sleep(1.0)  # the server's sendall fills the buffers and blocks meanwhile
+        return exact(self, n, deadline)
+
+    monkeypatch.setattr(tr._Reader, "exact", busy_then_read)
+    try:
+        (answer,) = client.request(0, 2, [torch.tensor([1])], "structure")
+        assert torch.equal(answer, rows)
+    finally:
+        client.close()
+        server.close()
+    assert not _threads_named("bytegnn-transport")
+
+
+def test_teardown_with_a_request_stuck_on_a_silent_peer_is_prompt_and_clean():
+    """A peer that accepts but never answers (hung, not dead): teardown must not wait for the
+    transport's timeout or fail to join the sampling thread that waits on it."""
+    import socket as sk
+
+    from lightning_gnnscale.comm import Topology
+    from lightning_gnnscale.comm.transport import SocketTransport
+    from lightning_gnnscale.graph.partition import partition
+    from lightning_gnnscale.systems.bytegnn.datamodule import ByteGNNDataModule
+
+    graph = sbm(num_nodes=300, num_classes=4, avg_degree=6.0, num_features=4, seed=2)
+    book = PartitionBook.from_parts(partition(graph, "random", 2, seed=1), 2)
+    graph = relabel_graph(graph, book)
+    silent = sk.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    transport = SocketTransport(0, Topology(2, 2), timeout_s=60.0)
+    transport.start(lambda kind, tensors: ([], "control"), _OneRankComm())
+    transport._addresses = [transport._addresses[0], silent.getsockname()]
+    store = GraphStore(build_local_partition(graph, book, 0), book, graph.in_degree(), transport)
+    worker = SWorker(
+        store,
+        SeedSplit(graph.split_ids("train"), 2, 0, 40, 3),
+        [3, 3],
+        3,
+        DagConfig(nsc_tasks=1, ff_tasks=1),
+        SchedulerConfig(),
+        1,
+        timeout_s=60.0,
+        cpu_percent=lambda: 50.0,
+    )
+    worker.last_epoch, worker._cursor = 0, (0, 0)  # launch without a consumer
+    worker.start()
+    dm = ByteGNNDataModule.__new__(ByteGNNDataModule)
+    dm.sworker, dm.transport, dm.context = worker, transport, None
+    try:
+        deadline = time.monotonic() + 10
+        while worker.launched == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # the first DAG's tasks now wait on the silent peer
+        start = time.monotonic()
+        dm.stop_service()
+        assert time.monotonic() - start < 5.0
+    finally:
+        worker.stop()
+        transport.close()
+        silent.close()
+    assert not _threads_named("bytegnn-")
+
+
+def test_a_fresh_sworker_resumed_at_an_epoch_start_yields_the_same_batches():
+    """Resume from a checkpoint: a new S-Worker whose first request is (epoch 1, step 0)
+    launches from there and hands over the batches the uninterrupted worker gave."""
+    graph, book = _graph()
+    straight = _sworker(graph, book, [4, 3], threads=2, nsc=2, ff=2)
+    resumed = _sworker(graph, book, [4, 3], threads=2, nsc=2, ff=2)
+    for worker in (straight, resumed):
+        worker.last_epoch = 1
+        worker.start()
+    try:
+        want = [straight.take(e, s) for e in range(2) for s in range(straight.split.steps)]
+        got = [resumed.take(1, s) for s in range(resumed.split.steps)]
+        assert resumed.launched == resumed.split.steps  # nothing of epoch 0 was sampled
+        for a, b in zip(want[straight.split.steps :], got, strict=True):
+            assert (a.epoch, a.step) == (b.epoch, b.step)
+            assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+            for x, y in zip(a.blocks, b.blocks, strict=True):
+                assert torch.equal(x.src_ids, y.src_ids)
+                assert torch.equal(x.edge_index, y.edge_index)
+    finally:
+        straight.stop()
+        resumed.stop()

@@ -162,7 +162,16 @@ def test_a_dead_peer_ends_sampling_with_an_error_that_names_it(tmp_path):
 # --------------------------------------------------------------------- through Lightning
 
 
-def _failing_fit_rank(rank, world_size, run, dm):
+class _RaisingModule(GNNModule):
+    """Raises in rank 0's training step of epoch 1, while later DAGs are in flight."""
+
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == 0 and self.current_epoch == 1 and batch_idx == 1:
+            raise ValueError("injected trainer fault")
+        return super().training_step(batch, batch_idx)
+
+
+def _failing_fit_rank(rank, world_size, run, dm, where):
     os.environ.update(
         LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1"
     )
@@ -175,11 +184,13 @@ def _failing_fit_rank(rank, world_size, run, dm):
 
     def setup_with_fault(context, prepared):
         setup_rank(context, prepared)
-        dm.sworker.executor.before_task = explode
+        if where == "task":
+            dm.sworker.executor.before_task = explode
 
     dm.setup_rank = setup_with_fault
     net = dm.build_model(run.model)
-    module = GNNModule(net, run.model.optimizer, run.model.lr, run.model.weight_decay)
+    module_type = _RaisingModule if where == "trainer" else GNNModule
+    module = module_type(net, run.model.optimizer, run.model.lr, run.model.weight_decay)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world_size,
@@ -202,16 +213,28 @@ def _failing_fit_rank(rank, world_size, run, dm):
 
 
 @pytest.mark.dist
-def test_a_raising_task_fails_the_fit_clearly_and_leaves_no_threads(tmp_path):
+@pytest.mark.parametrize("where", ["task", "trainer"])
+def test_a_raising_task_or_trainer_fails_the_fit_clearly_and_leaves_no_threads(tmp_path, where):
+    """A sampling task, or the trainer itself mid-epoch with DAGs in flight, raises on rank 0:
+    both ranks end well within the timeout, rank 0 with that error, and no thread is left."""
     run = validate(
-        make_cfg(tmp_path, "strategy=bytegnn", "model=gcn", "launcher.collective_timeout_s=20")
+        make_cfg(
+            tmp_path,
+            "strategy=bytegnn",
+            "model=gcn",
+            "launcher.collective_timeout_s=20",
+            "data.batch_size=16",  # several steps per epoch
+        )
     )
     dm = build_datamodule(run)
     dm.prepare(2)
-    results = run_distributed(_failing_fit_rank, 2, run, dm, timeout_s=150)
+    results = run_distributed(_failing_fit_rank, 2, run, dm, where, timeout_s=150)
     outcome = results[0][0]
-    assert outcome.startswith("SamplingError") and "ff[hop" in outcome, outcome
-    assert "(epoch 1, step" in outcome and "injected" in outcome, outcome
+    if where == "task":
+        assert outcome.startswith("SamplingError") and "ff[hop" in outcome, outcome
+        assert "(epoch 1, step" in outcome and "injected" in outcome, outcome
+    else:
+        assert outcome == "ValueError: injected trainer fault", outcome
     assert results[1][0] != "finished"  # the peer's all-reduce fails instead of waiting forever
     for _, seconds, left in results:
         assert left == []
@@ -238,6 +261,9 @@ def test_bytegnn_trains_end_to_end_with_gat_and_a_clean_audit(tmp_path):
     [
         ("strategy.partition.method=spectral", "valid:"),
         ("+strategy.partition.options.ufactor=3", "not options of"),
+        ("+strategy.partition.options.weights=[0.5,0.5,0.5]", "partition.options: .*weights"),
+        ("+strategy.partition.options.hops=0", "partition.options: .*hops"),
+        ("+strategy.partition.options.order=sideways", "partition.options: .*order"),
         ("strategy.dag.mode=unsupervised", "valid:"),
         ("strategy.dag.nsc_tasks=0", "nsc_tasks"),
         ("strategy.scheduler.max_inflight=0", "max_inflight"),

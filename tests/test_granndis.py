@@ -202,3 +202,52 @@ def test_summary_inter_server_bytes_by_category():
     ]
     assert inter_server_by_category(records) == {"feature": 20.0, "gradient": 6.0}
     assert inter_server_by_category([*records, {"bytes": {}}]) is None
+
+
+def test_the_printed_summary_shows_what_crossed_servers():
+    """The end-of-run table splits the inter-server bytes into moved rows, gradients and the
+    rest, and says nothing about servers when no byte crossed them (one server)."""
+    from lightning_gnnscale.callbacks.summary import format_table
+
+    summary = {
+        "strategy": "granndis",
+        "model": "sage",
+        "dataset": "sbm",
+        "world_size": 4,
+        "epochs": 1,
+        "best_val_acc": 0.5,
+        "test_acc": 0.5,
+        "epoch_time_s": 1.0,
+        "train_time_s": 1.0,
+        "comm_bytes_per_epoch": {"feature": 3e6, "gradient": 2e6},
+        "network": "10gbe",
+        "modeled_comm_time_s": 0.1,
+        "peak_rss_mb": 1.0,
+        "inter_server_comm_bytes_per_epoch": {
+            "feature": 1e6,
+            "activation": 2e6,
+            "activation_grad": 0.5e6,
+            "gradient": 4e6,
+            "control": 96.0,
+        },
+    }
+    line = [row for row in format_table(summary).splitlines() if "between servers" in row]
+    assert len(line) == 1 and line[0].split()[-5:] == ["3.5", "/", "4", "/", "9.6e-05"]
+    summary["inter_server_comm_bytes_per_epoch"] = dict.fromkeys(("feature", "gradient"), 0.0)
+    assert "between servers" not in format_table(summary)
+    summary["inter_server_comm_bytes_per_epoch"] = None  # older checkpoints: no split
+    assert "between servers" not in format_table(summary)
+
+
+def test_hierarchical_gradient_sync_refuses_gradient_accumulation():
+    """``post_backward`` sums ``.grad`` over ranks after every backward; with accumulation the
+    previous micro-batch's already summed gradient would be summed again, so the strategy
+    refuses it before touching the weights."""
+    from types import SimpleNamespace
+
+    from lightning_gnnscale.systems.granndis import GraNNDISStrategy
+
+    strategy = GraNNDISStrategy(GraNNDISConfig(grad_sync="hierarchical"))
+    strategy._lightning_module = SimpleNamespace(trainer=SimpleNamespace(accumulate_grad_batches=2))
+    with pytest.raises(ConfigError, match="does not support Trainer\\(accumulate_grad_batches=2"):
+        strategy.configure_ddp()

@@ -106,7 +106,23 @@ def _rank(rank, world_size, cache_dir):
             out[label, kind] = steps
         out[label, "owned"] = [p.final.owned for p in dm.plans]
     out.update(_hierarchical_probe(rank, world_size))
+    out["disagreement"] = _disagreement_probe(rank, world_size, cache_dir)
     return out
+
+
+def _disagreement_probe(rank, world_size, cache_dir):
+    """Rank 2 splits server 1's graph over its workers differently from rank 3; returns the
+    error ``setup_rank`` raised on this rank (``None`` if none)."""
+    comm = Comm.create(CommMeter(), Topology(world_size, WORKERS), timeout_s=30)
+    intra = "contiguous" if rank == 2 else "metis"
+    config = GraNNDISConfig(mode="flx", partition=PartitionSettings(intra=intra))
+    data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
+    dm = GraNNDISDataModule(small_graph(), config, data, seed=0, cache_dir=cache_dir)
+    try:
+        dm.setup_rank(RankContext(comm, torch.device("cpu")), dm.prepare(world_size))
+    except RuntimeError as error:
+        return str(error)
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -312,6 +328,14 @@ def test_partial_preloading_moves_fewer_inter_server_bytes_as_k_grows(results):
         for link in ("inter_server", "intra_server"):
             k0 = _link_bytes(results, "flx_k0", "sage", category, link)
             assert k0 == _link_bytes(results, "fb_base_hier", "sage", category, link)
+
+
+def test_ranks_that_built_different_layouts_all_fail_at_set_up(results):
+    """Server 1's ranks disagree on its layout: every rank (server 0's too, whose own plans
+    agree) raises the same clear error at set-up instead of waiting in the next collective."""
+    messages = [r["disagreement"] for r in results]
+    assert all(m is not None and "built different layouts" in m for m in messages), messages
+    assert all(m.startswith("ranks [2, 3] receive halo rows") for m in messages), messages
 
 
 def _last_state(output_dir):

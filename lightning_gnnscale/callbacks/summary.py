@@ -200,6 +200,7 @@ def format_table(summary: dict) -> str:
         ("  evaluation, median of evaluated epochs (s)", _fmt(summary.get("eval_time_s"))),
         ("train time (s)", _fmt(summary["train_time_s"])),
         ("comm MB / epoch (measured)", _fmt(sum(summary["comm_bytes_per_epoch"].values()) / 1e6)),
+        *_inter_server_rows(summary.get("inter_server_comm_bytes_per_epoch")),
         (
             f"comm time / epoch, modelled {summary['network']} (s)",
             _fmt(summary["modeled_comm_time_s"]),
@@ -208,6 +209,21 @@ def format_table(summary: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _inter_server_rows(by_category: dict | None) -> list[tuple[str, str]]:
+    """The inter-server share of the comm line, by kind, when any byte crossed servers."""
+    if not by_category or not any(by_category.values()):
+        return []
+    rows_moved = sum(by_category.get(c, 0) for c in ("feature", "activation", "activation_grad"))
+    gradients = sum(by_category.get(c, 0) for c in ("gradient", "parameter"))
+    other = sum(by_category.values()) - rows_moved - gradients
+    return [
+        (
+            "  between servers: rows / gradients / other (MB)",
+            f"{_fmt(rows_moved / 1e6)} / {_fmt(gradients / 1e6)} / {_fmt(other / 1e6)}",
+        )
+    ]
 
 
 def inter_server_by_category(comm_records: list[dict]) -> dict | None:

@@ -47,8 +47,12 @@ class TransportError(RuntimeError):
     """A request could not be sent, answered or served; the message names both ranks."""
 
 
-def _send_frame(sock: socket.socket, header: tuple, tensors: Sequence[Tensor]) -> int:
-    """Send one frame; return its tensor payload bytes."""
+def _send_frame(
+    sock: socket.socket, header: tuple, tensors: Sequence[Tensor], timeout_s: float
+) -> int:
+    """Send one frame within ``timeout_s``; return its tensor payload bytes. (``sendall``'s
+    timeout bounds the whole frame, so the idle sockets' short poll would drop any frame that
+    the peer does not read within it.)"""
     parts, payload = [_HEADER.pack(*header)], 0
     for tensor in tensors:
         tensor = tensor.detach().contiguous().cpu()
@@ -58,7 +62,11 @@ def _send_frame(sock: socket.socket, header: tuple, tensors: Sequence[Tensor]) -
         parts.append(_DIM.pack(len(data)))
         parts.append(data)
         payload += len(data)
-    sock.sendall(b"".join(parts))
+    sock.settimeout(timeout_s)
+    try:
+        sock.sendall(b"".join(parts))
+    finally:
+        sock.settimeout(_POLL_S)
     return payload
 
 
@@ -178,7 +186,7 @@ class SocketTransport:
                     header = (_ERROR, 1, self.rank, 0)
                     body, category = [torch.frombuffer(bytearray(message), dtype=torch.uint8)], None
                 try:
-                    sent = _send_frame(conn, header, body)
+                    sent = _send_frame(conn, header, body, self.timeout_s)
                 except OSError:
                     return
                 if category is not None:
@@ -198,7 +206,7 @@ class SocketTransport:
         sock = None
         try:
             sock = self._connection(peer)
-            sent = _send_frame(sock, (kind, len(tensors), self.rank, 0), tensors)
+            sent = _send_frame(sock, (kind, len(tensors), self.rank, 0), tensors, self.timeout_s)
             self._count(category, peer, sent)
             deadline = time.monotonic() + self.timeout_s
             (status, _, _, _), answer = _Reader(sock, self._closed).frame(deadline, self.timeout_s)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ...graph.partition import METHOD_OPTIONS, PARTITION_METHODS
+from ...errors import ConfigError
+from ...graph.partition import METHOD_OPTIONS, PARTITION_METHODS, check_partition_options
 from ...schema import SystemConfig, choice, require
 from .scheduler import default_sigma
 
@@ -34,6 +35,10 @@ class PartitionConfig:
             f"strategy.partition.options {unknown} are not options of {self.method!r}; "
             f"valid: {list(METHOD_OPTIONS[self.method])}",
         )
+        try:  # bad values (e.g. bytegnn weights that do not sum to 1) fail here, not in fit
+            check_partition_options(self.method, dict(self.options))
+        except ValueError as error:
+            raise ConfigError(f"strategy.partition.options: {error}") from error
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,9 @@ class Task:
     def name(self) -> str:
         return f"{self.kind}[hop {self.hop}, chunk {self.chunk}]"
 
+    def __repr__(self) -> str:  # the dataclass repr would recurse through the whole DAG
+        return f"Task({self.name}, dag {self.dag.dag_id if self.dag else None}, runs {self.runs})"
+
 
 @dataclass(eq=False)
 class Dag:
@@ -78,6 +81,9 @@ class Dag:
     @property
     def sink(self) -> Task:
         return self.tasks[-1]
+
+    def __repr__(self) -> str:
+        return f"Dag({self.dag_id}, {self.label!r}, {len(self.tasks)} tasks)"
 
 
 class TaskError(RuntimeError):
@@ -126,8 +132,6 @@ class Executor:
             for task in dag.tasks:
                 if not task.parents:
                     self._push(task)
-                    if task.kind == "op":
-                        self._push(task)
             self._cond.notify_all()
 
     def _push(self, task: Task) -> None:

@@ -119,12 +119,15 @@ class ByteGNNDataModule(GNNDataModule):
             self.transport.flush(self.context.meter)
 
     def stop_service(self) -> None:
-        """Stop the S-Worker and close the transport (idempotent; the strategy calls it in
-        teardown, on success and on failure alike)."""
+        """Close the transport, then stop the S-Worker (idempotent; the strategy calls it in
+        teardown, on success and on failure alike). Closing first aborts the requests that
+        sampling threads still wait on (a hung peer would hold them for the whole timeout,
+        longer than the threads' join); a rank tears down only once the fit is over for it,
+        so no peer still needs this rank's store then, or it fails anyway."""
         errors = []
         for stop in (
-            self.sworker.stop if self.sworker else None,
             self.transport.close if self.transport else None,
+            self.sworker.stop if self.sworker else None,
         ):
             if stop is not None:
                 try:

@@ -384,10 +384,20 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         sent_all = context.comm.all_gather_tensor(sent, category="control")
         sent_all = sent_all.view(world, len(plans), world)  # [sender, step, receiver]
         expected = sent_all[:, :, context.rank].T  # [step, sender]
-        if not torch.equal(expected, recv):
+        agrees = torch.equal(expected, recv)
+        # every rank fails together (a rank that agrees would wait in the next collective)
+        flags = torch.tensor([0 if agrees else 1], dtype=torch.int64)
+        flags = context.comm.all_gather_tensor(flags, category="control")
+        if bool(flags.any()):
+            detail = (
+                ""
+                if agrees
+                else f"; this rank expects {recv.tolist()} halo rows per step and sender, the "
+                f"owners send {expected.tolist()}"
+            )
             raise RuntimeError(
-                f"rank {context.rank}: halo rows expected from each rank {recv.tolist()} but "
-                f"the owners send {expected.tolist()}: the ranks built different layouts"
+                f"ranks {flags.nonzero().flatten().tolist()} receive halo rows other than what "
+                f"their owners send: the ranks of a server built different layouts{detail}"
             )
 
     # -------------------------------------------------------------------------- training

@@ -11,6 +11,7 @@ from typing_extensions import override
 
 from ...comm import Comm, exchange_rows
 from ...comm.hierarchical import ServerGroups
+from ...errors import ConfigError
 from ...graph.batch import Batch
 from ...models.gnn import LayerHook
 from ..base import MeteredDDPStrategy
@@ -49,7 +50,8 @@ class GraNNDISStrategy(MeteredDDPStrategy):
     layouts only between the ranks of one server, so only gradients cross servers). The
     parameter gradients are summed (the loss is divided by the step's global target count)
     by the metered DDP hook (``grad_sync=ddp``), or, with ``grad_sync=hierarchical``, without
-    the DDP wrapper after backward: one flat :meth:`ServerGroups.all_reduce` (``gradient``).
+    the DDP wrapper after backward: one flat :meth:`ServerGroups.all_reduce` (``gradient``;
+    refuses ``accumulate_grad_batches > 1``, whose accumulated ``.grad`` it would sum again).
 
     Args: as :class:`~..base.MeteredDDPStrategy` (``config``: a :class:`GraNNDISConfig`).
     """
@@ -68,6 +70,14 @@ class GraNNDISStrategy(MeteredDDPStrategy):
         if self.system_config.grad_sync == "ddp":
             super().configure_ddp()
             return
+        accumulate = self.lightning_module.trainer.accumulate_grad_batches
+        if accumulate != 1:
+            raise ConfigError(
+                f"strategy.grad_sync=hierarchical does not support Trainer("
+                f"accumulate_grad_batches={accumulate}): the gradients are summed over ranks "
+                "after every backward, so an accumulated .grad would be summed again; use "
+                "grad_sync=ddp"
+            )
         self.broadcast_initial_weights()  # no DDP wrapper: post_backward sums the gradients
         comm = self.comm
         self.server_groups = ServerGroups(comm.meter, comm.topology, comm.rank, comm.timeout)
