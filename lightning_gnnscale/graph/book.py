@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_gnnscale.graph.cache import cached_partition
 from lightning_gnnscale.graph.csc import Graph, csc_from_edges
+from lightning_gnnscale.graph.partition import partition_report
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -219,3 +221,40 @@ def build_local_partition(relabelled: Graph, book: PartitionBook, k: int) -> Loc
         val_mask=relabelled.val_mask[core].clone(),
         test_mask=relabelled.test_mask[core].clone(),
     )
+
+
+@dataclass(frozen=True)
+class PartitionedGraph:
+    """A graph partitioned over ranks: what a partitioned system's ``preprocess`` hands every
+    rank (DistDGL, ByteGNN).
+
+    The whole relabelled graph reaches the ranks with the DataModule (shared memory under the
+    suite's launcher), but a rank reads only its own partition (:func:`build_local_partition`)
+    plus replicated metadata, as those systems' machines do.
+
+    Attributes:
+        graph: the relabelled graph (part ``k`` owns gids ``[node_offsets[k], node_offsets[k+1])``).
+        book: node ownership over those gids.
+        report: the partition's edge cut and balance (``partition_report``).
+    """
+
+    graph: Graph
+    book: PartitionBook
+    report: dict
+
+
+def partition_and_relabel(
+    graph: Graph, method: str, num_parts: int, seed: int, cache_dir, *, label: str, **options
+) -> PartitionedGraph:
+    """Partition ``graph`` (cached on disk by content hash), print the cut and balance under
+    ``[label]``, and relabel it so that every part owns a contiguous gid range."""
+    parts = cached_partition(graph, method, num_parts, seed, cache_dir, **options)
+    report = partition_report(graph, parts, num_parts)
+    print(
+        f"[{label}] {method} partition into {num_parts}: edge cut "
+        f"{report['edge_cut_fraction']:.1%}, train balance {report['train_balance']:.3f}, "
+        f"node balance {report['node_balance']:.3f}",
+        flush=True,
+    )
+    book = PartitionBook.from_parts(parts, num_parts)
+    return PartitionedGraph(relabel_graph(graph, book), book, report)

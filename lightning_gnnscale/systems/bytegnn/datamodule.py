@@ -10,33 +10,20 @@ partitions (halo rows pulled from their owners through ``comm``), as DistDGL's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from typing_extensions import override
 
 from ...comm import OwnerRoute
 from ...comm.transport import SocketTransport
 from ...graph.block import Block
-from ...graph.book import PartitionBook, build_local_partition, relabel_graph
-from ...graph.cache import cached_partition
-from ...graph.csc import Graph
-from ...graph.partition import METHOD_OPTIONS, partition_report
+from ...graph.book import PartitionedGraph, build_local_partition, partition_and_relabel
+from ...graph.partition import METHOD_OPTIONS
 from ...models.gnn import BlockGNN
 from ..base import GNNDataModule, assert_same_on_all_ranks
 from ..contract import RankContext
 from .config import ByteGNNConfig
 from .store import GraphStore, SeedSplit
 from .sworker import ByteGNNBatch, SWorker
-
-
-@dataclass(frozen=True)
-class PartitionedGraph:
-    """What ``preprocess`` hands every rank: the relabelled graph, its book and the report."""
-
-    graph: Graph
-    book: PartitionBook
-    report: dict
 
 
 class ByteGNNDataModule(GNNDataModule):
@@ -53,21 +40,19 @@ class ByteGNNDataModule(GNNDataModule):
     @override
     def preprocess(self, world_size: int) -> PartitionedGraph:
         """Partition once (cached on disk by content hash), relabel, report the balance."""
-        graph, partition = self.graph, self.config.partition
+        partition = self.config.partition
         options = dict(partition.options)
         if "hops" in METHOD_OPTIONS[partition.method]:  # K-hop blocks: K = the model's depth
             options.setdefault("hops", len(self.data.fanouts))
-        parts = cached_partition(
-            graph, partition.method, world_size, self.seed, self.cache_dir, **options
+        return partition_and_relabel(
+            self.graph,
+            partition.method,
+            world_size,
+            self.seed,
+            self.cache_dir,
+            label="bytegnn",
+            **options,
         )
-        report = partition_report(graph, parts, world_size)
-        print(
-            f"[bytegnn] {partition.method} partition into {world_size}: edge cut "
-            f"{report['edge_cut_fraction']:.1%}, train balance {report['train_balance']:.3f}",
-            flush=True,
-        )
-        book = PartitionBook.from_parts(parts, world_size)
-        return PartitionedGraph(relabel_graph(graph, book), book, report)
 
     @override
     def setup_rank(self, context: RankContext, prepared: PartitionedGraph) -> None:

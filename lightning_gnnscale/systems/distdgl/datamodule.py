@@ -25,10 +25,12 @@ from typing_extensions import override
 
 from ...graph.batch import Batch
 from ...graph.block import Block
-from ...graph.book import LocalPartition, PartitionBook, build_local_partition, relabel_graph
-from ...graph.cache import cached_partition
-from ...graph.csc import Graph
-from ...graph.partition import partition_report
+from ...graph.book import (
+    LocalPartition,
+    PartitionedGraph,
+    build_local_partition,
+    partition_and_relabel,
+)
 from ...graph.sampler import splitmix64
 from ...models.gnn import BlockGNN
 from ..base import GNNDataModule, assert_same_on_all_ranks
@@ -38,25 +40,6 @@ from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
 from .sampler import DistNeighborSampler, TrainerSplit
 
 EMBEDDING = "emb"  # KV name of the learnable input table
-
-
-@dataclass(frozen=True)
-class PartitionedGraph:
-    """What ``preprocess`` hands every rank: the graph in partition-relabelled ids and its book.
-
-    The whole relabelled graph reaches the ranks with the DataModule (shared memory under the
-    suite's launcher), but a rank reads only its own partition (``build_local_partition``) plus
-    replicated metadata (degrees, the sorted training ids), as DistDGL's machines do.
-
-    Attributes:
-        graph: the relabelled graph (part ``k`` owns gids ``[node_offsets[k], node_offsets[k+1])``).
-        book: node ownership over those gids.
-        report: the partition's edge cut and balance (``partition_report``).
-    """
-
-    graph: Graph
-    book: PartitionBook
-    report: dict
 
 
 def embedding_init(dim: int, seed: int, dtype: torch.dtype = torch.float32):
@@ -165,19 +148,16 @@ class DistDGLDataModule(GNNDataModule):
     @override
     def preprocess(self, world_size: int) -> PartitionedGraph:
         """Partition once (cached on disk by content hash), relabel, report the balance."""
-        graph, partition = self.graph, self.config.partition
-        parts = cached_partition(
-            graph, partition.method, world_size, self.seed, self.cache_dir, **partition.options()
+        partition = self.config.partition
+        return partition_and_relabel(
+            self.graph,
+            partition.method,
+            world_size,
+            self.seed,
+            self.cache_dir,
+            label="distdgl",
+            **partition.options(),
         )
-        report = partition_report(graph, parts, world_size)
-        print(
-            f"[distdgl] {partition.method} partition into {world_size}: edge cut "
-            f"{report['edge_cut_fraction']:.1%}, train balance {report['train_balance']:.3f}, "
-            f"node balance {report['node_balance']:.3f}",
-            flush=True,
-        )
-        book = PartitionBook.from_parts(parts, world_size)
-        return PartitionedGraph(relabel_graph(graph, book), book, report)
 
     @override
     def setup_rank(self, context: RankContext, prepared: PartitionedGraph) -> None:
