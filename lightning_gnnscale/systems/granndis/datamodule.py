@@ -114,12 +114,16 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def server_graph(self, inner: Tensor, server: int) -> tuple[Tensor, Tensor, str]:
         """``(vertices, level, gcn_degree)`` of the graph grown from ``inner`` by the mode's
         extraction (full-graph modes; CoB's samplers in :meth:`cobatch_graph`)."""
-        config, graph = self.config, self.graph
-        if config.mode == "flx":
-            return (*khop_levels(graph, inner, self.num_layers), "global")
-        eas = config.eas
+        if self.config.mode == "flx":
+            return (*khop_levels(self.graph, inner, self.num_layers), "global")
+        return self.eas_graph(inner, server)
+
+    def eas_graph(self, inner: Tensor, server: int) -> tuple[Tensor, Tensor, str]:
+        """``(vertices, level, "layout")``: ``inner`` grown by expansion-aware sampling
+        (``config.eas``, keyed by ``(seed, server)``); GCN renormalises on the sampled graph."""
+        eas = self.config.eas
         vertices, level = eas_expand(
-            graph,
+            self.graph,
             inner,
             hops=eas.hops,
             fanout=eas.fanout,
@@ -143,19 +147,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 *sage_expand(graph, cobatch, fanout=cob.fanout, hops=hops, seed=seed, salt=server),
                 "layout",
             )
-        eas = self.config.eas
-        vertices, level = eas_expand(
-            graph,
-            cobatch,
-            hops=eas.hops,
-            fanout=eas.fanout,
-            selection=eas.selection,
-            fanout_scope=eas.fanout_scope,
-            frontier=eas.frontier,
-            seed=seed,
-            salt=server,
-        )
-        return vertices, level, "layout"
+        return self.eas_graph(cobatch, server)
 
     def build_plans(
         self, topology: Topology, rank: int, k: int | None = None
