@@ -49,6 +49,19 @@ class SystemSpec:
         return self.lightning_name or self.name
 
 
+def _presets(
+    presets: dict[str, str],
+    config_type: type[SystemConfig],
+    strategy: type[SystemStrategy],
+    datamodule: type[GNNDataModule],
+) -> list[SystemSpec]:
+    """One name per preset of a system (``config_type.preset(name)``), described by ``presets``."""
+    return [
+        SystemSpec(name, lambda name=name: config_type.preset(name), strategy, datamodule, text)
+        for name, text in presets.items()
+    ]
+
+
 def _specs() -> list[SystemSpec]:
     return [
         SystemSpec(
@@ -97,36 +110,9 @@ def _specs() -> list[SystemSpec]:
             SancusDataModule,
             "CAGNET-1D: full-graph exact broadcasts (SANCUS with bound 0)",
         ),
-        *(
-            SystemSpec(
-                name,
-                lambda name=name: GrappaConfig.preset(name),
-                GrappaStrategy,
-                GrappaDataModule,
-                description,
-            )
-            for name, description in GRAPPA_PRESETS.items()
-        ),
-        *(
-            SystemSpec(
-                name,
-                lambda name=name: HopGNNConfig.preset(name),
-                HopGNNStrategy,
-                HopGNNDataModule,
-                description,
-            )
-            for name, description in HOPGNN_PRESETS.items()
-        ),
-        *(
-            SystemSpec(
-                name,
-                lambda name=name: GraNNDISConfig.preset(name),
-                GraNNDISStrategy,
-                GraNNDISDataModule,
-                description,
-            )
-            for name, description in GRANNDIS_PRESETS.items()
-        ),
+        *_presets(GRAPPA_PRESETS, GrappaConfig, GrappaStrategy, GrappaDataModule),
+        *_presets(HOPGNN_PRESETS, HopGNNConfig, HopGNNStrategy, HopGNNDataModule),
+        *_presets(GRANNDIS_PRESETS, GraNNDISConfig, GraNNDISStrategy, GraNNDISDataModule),
     ]
 
 
