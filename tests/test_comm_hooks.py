@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_gnnscale.comm import (
+    GATHER_REDUCE_ELEMENTS,
     INTER_SERVER,
     CollectiveRecorder,
     Comm,
@@ -93,7 +94,13 @@ def test_metered_ddp_hook_fires_on_gloo_and_audit_accounts_for_every_call():
         )
         gradient_calls = [c for c in result["calls"] if c.category == "gradient"]
         assert len(gradient_calls) > 2, "expected several DDP buckets in the second step"
-        assert {c.op for c in gradient_calls} == {"all_reduce"}
+        assert {c.logical_op for c in gradient_calls} == {"all_reduce"}
+        # Two ranks: mid-sized CPU buckets are reduced by an all-gather, the rest by all_reduce.
+        low, high = GATHER_REDUCE_ELEMENTS
+        for call in gradient_calls:
+            gathered = low <= call.numel <= high
+            assert call.op == ("all_gather_single" if gathered else "all_reduce"), call
+        assert {c.op for c in gradient_calls} == {"all_gather_single", "all_reduce"}
         assert sum(c.numel for c in gradient_calls) == 2 * num_params
         assert {c.group for c in gradient_calls} == {result["hook_group"]}
         exchange_calls = [c for c in result["calls"] if c.category == "activation"]

@@ -181,6 +181,16 @@ def _collectives_case(rank: int, world_size: int, workers_per_server: int) -> di
     summed = torch.full((10,), rank + 1.0, dtype=torch.float64)
     step("all_reduce", lambda: comm.all_reduce(summed, category="gradient"))
     assert summed.tolist() == [world_size * (world_size + 1) / 2] * 10
+    # 100 elements: two ranks reduce them by an all-gather (GATHER_REDUCE_ELEMENTS).
+    mid = torch.arange(100, dtype=torch.float64) * (rank + 1)
+    step("all_reduce_mid", lambda: comm.all_reduce(mid, category="gradient"))
+    assert torch.equal(mid, torch.arange(100, dtype=torch.float64) * sum(range(1, world_size + 1)))
+    peaks = torch.arange(100, dtype=torch.float64) * (-1) ** rank
+    step(
+        "all_reduce_max",
+        lambda: comm.all_reduce(peaks, "max", category="gradient", async_op=True).wait(),
+    )
+    assert torch.equal(peaks, torch.arange(100, dtype=torch.float64))
     source = torch.full((5,), float(rank))
     step("broadcast", lambda: comm.broadcast(source, world_size - 1, category="parameter"))
     assert source.tolist() == [world_size - 1.0] * 5
@@ -209,6 +219,13 @@ def _expected(rank: int, world_size: int, workers_per_server: int) -> dict:
         return _rows(rank, q) * WIDTH * 8
 
     successor = topology.link_class(rank, (rank + 1) % world_size)
+    mid_reduce = (
+        to_peers("gradient", lambda q: 100 * 8)  # all-gather: the tensor to the peer, once
+        if world_size == 2
+        else {
+            ("gradient", successor): (ring_allreduce_bytes(800, world_size), 2 * (world_size - 1))
+        }
+    )
     return {
         "a2a": to_peers("activation", a2a_bytes),
         "a2a_auto": {**to_peers("control", lambda q: 8), **to_peers("feature", a2a_bytes)},
@@ -220,6 +237,8 @@ def _expected(rank: int, world_size: int, workers_per_server: int) -> dict:
         "all_reduce": {
             ("gradient", successor): (ring_allreduce_bytes(80, world_size), 2 * (world_size - 1))
         },
+        "all_reduce_mid": mid_reduce,
+        "all_reduce_max": mid_reduce,
         "broadcast": to_peers("parameter", lambda q: 5 * 4 if rank == world_size - 1 else 0),
         "barrier": {},
     }

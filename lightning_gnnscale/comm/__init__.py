@@ -6,7 +6,12 @@ comm hook, the byte meter, the server topology, the network cost model and the a
 """
 
 from lightning_gnnscale.comm.audit import CollectiveCall, CollectiveRecorder
-from lightning_gnnscale.comm.collectives import REDUCE_OPS, Comm, ring_allreduce_bytes
+from lightning_gnnscale.comm.collectives import (
+    GATHER_REDUCE_ELEMENTS,
+    REDUCE_OPS,
+    Comm,
+    ring_allreduce_bytes,
+)
 from lightning_gnnscale.comm.exchange import exchange_rows
 from lightning_gnnscale.comm.hooks import (
     GradientHookState,
@@ -25,6 +30,7 @@ from lightning_gnnscale.comm.topology import INTER_SERVER, INTRA_SERVER, LINK_CL
 
 __all__ = [
     "CATEGORIES",
+    "GATHER_REDUCE_ELEMENTS",
     "INTER_SERVER",
     "INTRA_SERVER",
     "LINK_CLASSES",

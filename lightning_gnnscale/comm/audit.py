@@ -41,6 +41,7 @@ class _Mark(threading.local):
     category: str | None = None
     counted_bytes: int = 0
     bookkeeping: bool = False
+    collective: str | None = None
     depth: int = 0
 
 
@@ -50,27 +51,38 @@ _mark = _Mark()
 class _MarkedCall:
     """Context manager that marks the ``torch.distributed`` calls issued inside it."""
 
-    __slots__ = ("_category", "_counted_bytes", "_bookkeeping")
+    __slots__ = ("_category", "_counted_bytes", "_bookkeeping", "_collective")
 
-    def __init__(self, category: str | None, counted_bytes: int, bookkeeping: bool) -> None:
+    def __init__(
+        self,
+        category: str | None,
+        counted_bytes: int,
+        bookkeeping: bool,
+        collective: str | None = None,
+    ) -> None:
         self._category = category
         self._counted_bytes = counted_bytes
         self._bookkeeping = bookkeeping
+        self._collective = collective
 
     def __enter__(self) -> None:
         _mark.category = self._category
         _mark.counted_bytes = self._counted_bytes
         _mark.bookkeeping = self._bookkeeping
+        _mark.collective = self._collective
 
     def __exit__(self, *exc: object) -> None:
         _mark.category = None
         _mark.counted_bytes = 0
         _mark.bookkeeping = False
+        _mark.collective = None
 
 
-def metered_call(category: str, counted_bytes: int) -> _MarkedCall:
-    """Mark the enclosed collective as metered: the meter counted ``counted_bytes`` for it."""
-    return _MarkedCall(category, counted_bytes, bookkeeping=False)
+def metered_call(category: str, counted_bytes: int, collective: str | None = None) -> _MarkedCall:
+    """Mark the enclosed collective as metered: the meter counted ``counted_bytes`` for it.
+    ``collective``: the ``Comm`` primitive it implements when that is another operation (an
+    all-reduce done by an all-gather)."""
+    return _MarkedCall(category, counted_bytes, bookkeeping=False, collective=collective)
 
 
 def bookkeeping_call() -> _MarkedCall:
@@ -84,7 +96,8 @@ class CollectiveCall:
 
     ``numel``/``nbytes`` are those of the local payload argument (the input of a gather,
     all-to-all or reduce, the tensor of a broadcast or point-to-point op); ``category`` and
-    ``counted_bytes`` are the metered mark, ``bookkeeping`` the meter-reduction mark.
+    ``counted_bytes`` are the metered mark, ``bookkeeping`` the meter-reduction mark,
+    ``collective`` the ``Comm`` primitive when the call implements another one.
     """
 
     op: str
@@ -96,6 +109,12 @@ class CollectiveCall:
     counted_bytes: int
     bookkeeping: bool
     framework: str | None = None  # a known unmetered framework call (its origin module)
+    collective: str | None = None
+
+    @property
+    def logical_op(self) -> str:
+        """The operation this call performs for its caller: ``collective``, else ``op``."""
+        return self.collective or self.op
 
     @property
     def accounted(self) -> bool:
@@ -223,6 +242,7 @@ class CollectiveRecorder:
                 counted_bytes=_mark.counted_bytes,
                 bookkeeping=_mark.bookkeeping,
                 framework=_framework_origin(op) if unmarked else None,
+                collective=_mark.collective,
             )
         )
 

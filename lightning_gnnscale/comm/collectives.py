@@ -12,6 +12,8 @@ one message per non-empty send to one peer; link class from the topology):
 - ``broadcast``: the source sends the tensor to every peer; the other ranks send nothing.
 - ``all_reduce``: ring model. Each rank sends ``2 (P-1) / P * nbytes`` (rounded down) in
   ``2 (P-1)`` messages to its ring successor ``(rank + 1) % P``, and is charged that link class.
+  Between two ranks a small CPU tensor is reduced by an all-gather instead (see
+  :meth:`Comm.all_reduce`): the same ``nbytes`` per rank, in one message to the peer.
 - ``barrier`` carries no payload and counts nothing.
 
 With world size 1 every method is a local no-op that counts nothing (results may then alias
@@ -49,6 +51,11 @@ REDUCE_OPS = {
     "product": dist.ReduceOp.PRODUCT,
 }
 _INT64_BYTES = 8
+# Element counts for which two ranks reduce a CPU tensor by all-gather + local reduction: gloo's
+# all-reduce takes ~2 ms there on one host (two rounds, every size from 16 to 50k elements),
+# its all-gather ~1 ms. Below, gloo's own tiny-tensor path is faster; above, its ring is.
+GATHER_REDUCE_ELEMENTS = (64, 65_536)
+_LOCAL_REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin, "product": torch.prod}
 
 
 def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
@@ -61,9 +68,10 @@ def _row_bytes(tensor: Tensor) -> int:
     return math.prod(tensor.shape[1:]) * tensor.element_size()
 
 
-def _all_gather_into(output: Tensor, tensor: Tensor, group: Any) -> None:
+def _all_gather_into(output: Tensor, tensor: Tensor, group: Any, async_op: bool = False) -> Any:
+    """Every rank's ``tensor`` into ``output`` (``[P * n, ...]``, rank order); the work handle."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(output, tensor, group=group)
+    return gather(output, tensor, group=group, async_op=async_op)
 
 
 class Comm:
@@ -126,12 +134,15 @@ class Comm:
         return Comm(self.meter, self.topology, self.rank, group, self.timeout)
 
     @contextmanager
-    def _metered(self, category: str, counted_bytes: int) -> Iterator[None]:
-        """Mark a ``torch.distributed`` call as metered (for the audit) and add the wall time
-        this rank spends inside it to ``meter.wait_s`` (an asynchronous call only adds its
-        launch: the DDP gradient all-reduce overlaps backward)."""
+    def _metered(
+        self, category: str, counted_bytes: int, collective: str | None = None
+    ) -> Iterator[None]:
+        """Mark a ``torch.distributed`` call as metered (for the audit; ``collective``: the
+        primitive it implements, if another) and add the wall time this rank spends inside it
+        to ``meter.wait_s`` (an asynchronous call only adds its launch: the DDP gradient
+        all-reduce overlaps backward)."""
         start = time.perf_counter()
-        with metered_call(category, counted_bytes):
+        with metered_call(category, counted_bytes, collective):
             yield
         self.meter.wait_s += time.perf_counter() - start
 
@@ -298,7 +309,12 @@ class Comm:
         self, tensor: Tensor, op: str = "sum", *, category: str, async_op: bool = False
     ) -> Tensor | Future:
         """Reduce ``tensor`` in place over all ranks (``op`` in ``REDUCE_OPS``) and return it, or
-        with ``async_op`` a ``Future`` whose value is the reduced tensor. Ring-model count."""
+        with ``async_op`` a ``Future`` whose value is the reduced tensor. Ring-model count.
+
+        Two ranks reducing a CPU tensor of ``GATHER_REDUCE_ELEMENTS`` elements (the DDP gradient
+        bucket of a small GNN, every step) all-gather it and reduce the two copies locally, in
+        rank order, so both ranks get the same bits: the ring's bytes in one round instead of
+        two, about twice as fast on gloo (docs/benchmarks.md, issue 16)."""
         check_category(category)
         if op not in REDUCE_OPS:
             raise ValueError(f"unknown reduce op {op!r}; valid: {list(REDUCE_OPS)}")
@@ -308,6 +324,9 @@ class Comm:
             done: Future = Future()
             done.set_result(tensor)
             return done
+        low, high = GATHER_REDUCE_ELEMENTS
+        if self.world_size == 2 and tensor.device.type == "cpu" and low <= tensor.numel() <= high:
+            return self._all_reduce_by_gather(tensor, op, category, async_op)
         nbytes = ring_allreduce_bytes(tensor.numel() * tensor.element_size(), self.world_size)
         with self._metered(category, nbytes):
             work = dist.all_reduce(tensor, op=REDUCE_OPS[op], group=self.group, async_op=async_op)
@@ -316,6 +335,24 @@ class Comm:
         if async_op:
             return work.get_future().then(lambda fut: fut.value()[0])
         return tensor
+
+    def _all_reduce_by_gather(
+        self, tensor: Tensor, op: str, category: str, async_op: bool
+    ) -> Tensor | Future:
+        """``all_reduce`` as an all-gather of ``tensor`` and a local reduction of the copies."""
+        source = tensor.contiguous()
+        gathered = source.new_empty((self.world_size, *source.shape))
+        nbytes = source.numel() * source.element_size()
+        with self._metered(category, nbytes * (self.world_size - 1), "all_reduce"):
+            work = _all_gather_into(gathered.view(-1), source.view(-1), self.group, async_op)
+        self._record_to_every_peer(category, nbytes)
+
+        def reduce_into_tensor(_=None) -> Tensor:
+            return tensor.copy_(_LOCAL_REDUCE[op](gathered, dim=0))
+
+        if async_op:
+            return work.get_future().then(reduce_into_tensor)
+        return reduce_into_tensor()
 
     def broadcast(self, tensor: Tensor, src: int, *, category: str) -> Tensor:
         """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank (in place); return it."""

@@ -72,7 +72,9 @@ def gradient_only_problems(calls, meter_delta: dict, between_steps: bool = False
         f"{call.op} ({call.category}) {where}: {call}"
         for call in calls
         if not (between_steps and call.framework is not None)
-        and (call.category not in allowed or (not between_steps and call.op != "all_reduce"))
+        and (
+            call.category not in allowed or (not between_steps and call.logical_op != "all_reduce")
+        )
     ]
     found += [
         f"{category}: {n} bytes {where}"
