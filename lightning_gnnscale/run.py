@@ -37,6 +37,7 @@ from .callbacks import (
 )
 from .checkpoints import BestCheckpoint, CheckpointIdentity, load_weights, run_identity
 from .config import validate
+from .cpu_memory import retain_freed_memory
 from .errors import ConfigError
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
@@ -144,6 +145,7 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     multi-node launch); ``objects`` holds ``graph`` and ``output_dir``.
     """
     run = validate(cfg)
+    retain_freed_memory()  # here too: a bad $GNNSCALE_MALLOC fails before any rank is spawned
     output_dir = Path(run.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     external = externally_launched()  # this process is one rank; the ranks share the folder
@@ -233,6 +235,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
     # add sync_dist (an unmetered all-reduce) does not apply.
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed")
     torch.set_num_threads(rank_threads(run.trainer.devices))
+    cpu_allocator = retain_freed_memory()
     L.seed_everything(run.seed, workers=True, verbose=False)
     output_dir = str(run.paths.output_dir)
     net = datamodule.build_model(run.model)
@@ -258,6 +261,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
         audit,
         system_callbacks,
         run_id=run_id or uuid.uuid4().hex,
+        cpu_allocator=cpu_allocator,
     )
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     # Both are written at the epoch end (after its validation and its records), so resuming

@@ -149,6 +149,13 @@ def test_e2e_tiny_writes_its_report(tmp_path, monkeypatch):
     assert rows["hand-written loop"][2:4] == ["1.00x", "1.00x"]
     assert "DGL's loop: skipped" in markdown
     assert "Dropout masks alone (p = 0.5" in markdown
+    assert "- malloc: retain" in markdown
+    phases = table_rows(markdown, "run")
+    assert set(phases) == {"strategy=single, dropout 0.5", "strategy=single, dropout 0"}
+    for dropout, cells in zip(("0.5", "0"), phases.values()):
+        run = results["runs"][dropout]["strategy=single"]
+        assert float(cells[-1]) == pytest.approx(run["input_rows_per_epoch"] / 1e6, abs=1e-3)
+        assert 0 < float(cells[2]) <= run["median_s"]  # compute is part of the training epoch
 
 
 def test_e2e_rejects_a_bad_dropout(tmp_path, capsys):

@@ -32,6 +32,7 @@ SUMMARY_KEYS = {
     "inter_server_bytes_per_epoch",
     "modeled_comm_time_s",
     "peak_rss_mb",
+    "cpu_allocator",
     "config_hash",
 }
 

@@ -7,11 +7,13 @@ For every dropout setting, the bench trains
 - a hand-written loop on the suite's sampler and model, without Lightning: the batches of
   ``strategy=single`` (same seeds, same keys), the same net, optimiser and step seeds;
 - DGL's idiomatic loop (``dgl.dataloading`` + ``dgl.nn.SAGEConv``, model ``sage`` only) when
-  ``dgl`` is importable (never in this repository's CI: that loop is untested here).
+  ``dgl`` is importable (``scripts/dgl_for_bench.sh``; never in CI, so no test runs that loop).
 
 It then profiles a few steps of the hand-written loop (top operators by self CPU time) and
 writes ``e2e.md``, ``e2e.json`` and, when matplotlib is importable, ``e2e.png``. Every run uses
-``--threads`` torch threads per process (``$GNNSCALE_NUM_THREADS`` for the strategies).
+``--threads`` torch threads per process (``$GNNSCALE_NUM_THREADS`` for the strategies), and every
+runner the malloc settings training applies (:mod:`~lightning_gnnscale.cpu_memory`), set once
+before the first runner so the loops without Lightning get them too.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from omegaconf import DictConfig
 
 from ..callbacks.step_seed import seed_step_generators, step_key
 from ..config import validate
+from ..cpu_memory import retain_freed_memory
 from ..files import write_json_atomic
 from ..models.layers import row_dropout
 from ..run import THREADS_ENV, build_datamodule, train
@@ -127,6 +130,7 @@ def run_strategy(cfg: DictConfig) -> dict:
         "world_size": metrics["world_size"],
         "best_val_acc": metrics["best_val_acc"],
         "input_rows_per_epoch": metrics["input_rows_per_epoch"],
+        "breakdown_s": metrics["time_breakdown_s"],
     }
 
 
@@ -222,10 +226,19 @@ def dgl_available() -> bool:
     return importlib.util.find_spec("dgl") is not None
 
 
+def dgl_version() -> str | None:
+    """The importable DGL's version (``None`` without DGL)."""
+    if not dgl_available():
+        return None
+    import dgl  # pragma: no cover - needs dgl
+
+    return dgl.__version__  # pragma: no cover
+
+
 def run_dgl_loop(cfg: DictConfig, epochs: int) -> dict:  # pragma: no cover - needs dgl
     """DGL's idiomatic GraphSAGE loop on the same graph, fanouts, batch size and optimiser:
     ``dgl.dataloading.NeighborSampler`` (C++), ``dgl.nn.SAGEConv('mean')``, ``F.dropout``.
-    Untested in this repository (no ``dgl`` here)."""
+    Run by hand with ``scripts/dgl_for_bench.sh``'s DGL; no test runs it (CI has no DGL)."""
     import dgl
     from dgl.nn import SAGEConv
 
@@ -264,6 +277,7 @@ def run_dgl_loop(cfg: DictConfig, epochs: int) -> dict:  # pragma: no cover - ne
 def run_e2e(settings: E2ESettings, out: Path, argv: list[str]) -> dict:
     """Run every runner at every dropout; write ``e2e.md``, ``e2e.json`` (and ``e2e.png``)."""
     out = out.resolve()
+    cpu_allocator = retain_freed_memory()
     env = environment()
     configs = {
         dropout: {s: compose_run(settings, s, dropout, out) for s in settings.strategies}
@@ -300,6 +314,8 @@ def run_e2e(settings: E2ESettings, out: Path, argv: list[str]) -> dict:
         environment=env,
         settings=asdict(settings),
         dgl=dgl_available(),
+        dgl_version=dgl_version(),
+        cpu_allocator=cpu_allocator,
     )
     out.mkdir(parents=True, exist_ok=True)
     png = plot_e2e(results, out / "e2e.png")
@@ -349,6 +365,9 @@ def e2e_markdown(results: dict) -> str:
         "",
         *environment_lines(results["environment"]),
         f"- {s['threads']} torch thread(s) per process; {s['epochs']} epochs per runner",
+        f"- malloc: {results.get('cpu_allocator', 'system')} (every runner; "
+        "`lightning_gnnscale/cpu_memory.py`)",
+        *([f"- DGL {results['dgl_version']}"] if results.get("dgl_version") else []),
         "",
         "Training time per epoch only (evaluation is reported apart, from `summary.json`'s "
         "`eval_time_s`). Speed-up: the hand-written loop's median over the runner's (above 1: "
@@ -375,6 +394,7 @@ def e2e_markdown(results: dict) -> str:
                         f"- dropout {d}: {runner} vs DGL: {_speedup(runs[DGL], runs[runner])}"
                     )
     lines.append("")
+    lines += _breakdown_lines(results, dropouts)
     masks = results.get("masks")
     if masks:
         ours, torch_ = masks["row_dropout"], masks["F.dropout"]
@@ -406,6 +426,34 @@ def e2e_markdown(results: dict) -> str:
         else "PNG: skipped (matplotlib is not importable)."
     )
     return "\n".join(lines) + "\n"
+
+
+def _breakdown_lines(results: dict, dropouts: list[str]) -> list[str]:
+    """Where each strategy's training epoch goes on rank 0 (``summary.json``'s medians)."""
+    rows = []
+    for d in dropouts:
+        for runner, r in results["runs"][d].items():
+            parts = r.get("breakdown_s")
+            if not parts:
+                continue
+            named = ("sample_s", "load_s", "compute_s", "comm_s")
+            other = r["median_s"] - sum(parts[k] for k in named)
+            rows.append(
+                [f"{runner}, dropout {d}", *(fmt(parts[k], 3) for k in named), fmt(other, 3)]
+                + [f"{r['input_rows_per_epoch'] / 1e6:.3f}"]
+            )
+    if not rows:
+        return []
+    headers = ["run", "sample", "load", "compute", "comm wait", "rest", "input rows"]
+    return [
+        "Training epoch by phase on rank 0 (seconds, medians over epochs; compute is forward, "
+        "backward and optimiser step with the gradient all-reduce inside; comm wait is the time "
+        "inside metered collectives; rest is the loop, Lightning and its hooks; input rows are "
+        "millions per epoch, summed over ranks):",
+        "",
+        *markdown_table(headers, rows),
+        "",
+    ]
 
 
 def plot_e2e(results: dict, path: Path) -> Path | None:

@@ -38,8 +38,10 @@ class RunSummary(L.Callback):
         system_callbacks: list | None = None,
         *,
         run_id: str,
+        cpu_allocator: str = "system",
     ):
         self.cfg = cfg
+        self.cpu_allocator = cpu_allocator
         self.output_dir = output_dir
         self.epoch_stats, self.comm_stats = epoch_stats, comm_stats
         self.config_hash = config_hash
@@ -112,6 +114,7 @@ class RunSummary(L.Callback):
             "model": self.cfg.model.name,
             "dataset": self.cfg.dataset["name"],
             "world_size": trainer.world_size,
+            "cpu_allocator": self.cpu_allocator,
             "epochs": len(epochs),
             "val_acc": self.evals[-1]["val_acc"] if self.evals else None,
             "test_acc": best["test_acc"] if best else None,

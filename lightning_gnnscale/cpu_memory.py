@@ -1,0 +1,48 @@
+"""glibc's malloc set for a training process: freed step tensors stay in the process for reuse.
+
+Every step allocates and frees the same tensors of 0.1-30 MB (gathered rows, dropout masks,
+hidden rows, their gradients). With glibc's defaults each of them is a fresh ``mmap`` (above the
+128 KiB mmap threshold, which glibc raises only after such a block is freed) or a heap top
+handed back to the kernel (above the trim threshold), so the next step zero-fills the same pages
+again through page faults. On the ``bench e2e`` graph that cost 10-35 % of a training epoch, more
+in spawned ranks, which never free a large block before training and keep the 128 KiB threshold
+(docs/benchmarks.md, issue 16). Fixing the mmap threshold at glibc's largest value (32 MiB) and
+trimming only above 2 GiB of free heap keeps those pages: the process holds the memory of its
+largest step instead of returning and re-faulting it.
+
+``$GNNSCALE_MALLOC=system`` leaves glibc's defaults. Elsewhere than glibc (macOS, musl) there is
+no ``mallopt`` and nothing changes; ``summary.json``'s ``cpu_allocator`` says which applied.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+MALLOC_ENV = "GNNSCALE_MALLOC"
+_M_TRIM_THRESHOLD = -1  # mallopt parameter numbers, from glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's maximum on 64-bit (HEAP_MAX_SIZE / 2)
+TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # the largest ``int`` mallopt takes: trim above 2 GiB only
+
+
+def retain_freed_memory() -> str:
+    """Apply the settings above to this process; return what applies: ``"retain"`` (set now or
+    before), ``"system"`` (``$GNNSCALE_MALLOC=system``) or ``"unavailable"`` (no glibc).
+
+    Raises ``ValueError`` for another value of ``$GNNSCALE_MALLOC``."""
+    choice = os.environ.get(MALLOC_ENV, "retain")
+    if choice not in ("retain", "system"):
+        raise ValueError(f"{MALLOC_ENV}={choice!r}; valid: retain, system")
+    if choice == "system":
+        return "system"
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return "unavailable"
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if not mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
+        raise RuntimeError(f"glibc refused M_MMAP_THRESHOLD={MMAP_THRESHOLD_BYTES}")
+    if not mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES):
+        raise RuntimeError("glibc refused M_TRIM_THRESHOLD")
+    return "retain"

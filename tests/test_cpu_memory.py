@@ -1,0 +1,57 @@
+"""The malloc settings of a training process (``lightning_gnnscale/cpu_memory.py``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lightning_gnnscale.cpu_memory import MALLOC_ENV, retain_freed_memory
+
+# In a fresh process: page faults of 20 rounds that, like a training step, chain 4 MiB tensors
+# (each made from the last, one freed midway, the rest at the end), after applying (or not) the
+# settings. With glibc's defaults freed blocks go back to the kernel and fault in again in later
+# rounds (about 1,300 faults per round here); retained, the first round's pages serve them all.
+_FAULTS = """
+import json, os, resource, sys, torch
+from lightning_gnnscale.cpu_memory import retain_freed_memory
+applied = retain_freed_memory() if sys.argv[1] == "retain" else "system"
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+torch.ones(1 << 20).sum()  # warm up torch's own first-use allocations
+before = faults()
+for _ in range(20):
+    x = torch.ones(1 << 20)  # 4 MiB
+    y = x * 2
+    z = y + 1
+    del x
+    w = z * 3
+    del y, z, w
+print(json.dumps({"applied": applied, "faults": faults() - before}))
+"""
+
+
+def _faults(mode: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_retained_memory_serves_later_steps_without_page_faults():
+    default, retained = _faults("system"), _faults("retain")
+    assert retained["applied"] == "retain"
+    pages = (4 << 20) // 4096  # of one tensor
+    assert default["faults"] > 10 * pages  # glibc's defaults fault pages in again every round
+    assert retained["faults"] < 8 * pages  # the first round's four tensors, and little more
+
+
+def test_env_chooses_system_defaults_or_fails_on_a_bad_value(monkeypatch):
+    monkeypatch.setenv(MALLOC_ENV, "system")
+    assert retain_freed_memory() == "system"
+    monkeypatch.setenv(MALLOC_ENV, "jemalloc")
+    with pytest.raises(ValueError, match="valid: retain, system"):
+        retain_freed_memory()
