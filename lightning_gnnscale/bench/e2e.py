@@ -437,7 +437,7 @@ def _breakdown_lines(results: dict, dropouts: list[str]) -> list[str]:
             if not parts:
                 continue
             named = ("sample_s", "load_s", "compute_s", "comm_s")
-            other = r["median_s"] - sum(parts[k] for k in named)
+            other = r["median_s"] - sum(parts[k] for k in named[:3])
             rows.append(
                 [f"{runner}, dropout {d}", *(fmt(parts[k], 3) for k in named), fmt(other, 3)]
                 + [f"{r['input_rows_per_epoch'] / 1e6:.3f}"]
@@ -446,10 +446,12 @@ def _breakdown_lines(results: dict, dropouts: list[str]) -> list[str]:
         return []
     headers = ["run", "sample", "load", "compute", "comm wait", "rest", "input rows"]
     return [
-        "Training epoch by phase on rank 0 (seconds, medians over epochs; compute is forward, "
-        "backward and optimiser step with the gradient all-reduce inside; comm wait is the time "
-        "inside metered collectives; rest is the loop, Lightning and its hooks; input rows are "
-        "millions per epoch, summed over ranks):",
+        "Training epoch by phase on rank 0 (`summary.json`'s `time_breakdown_s`; seconds, "
+        "medians over epochs, so they need not add up). Compute: forward, backward (the gradient "
+        "all-reduce completes in it) and optimiser step. Comm wait: time inside metered "
+        "collectives over the epoch, evaluation's all-gathers included. Rest: the training epoch "
+        "less sample, load and compute (the loop, Lightning, hooks). Input rows: millions per "
+        "epoch, summed over ranks.",
         "",
         *markdown_table(headers, rows),
         "",
