@@ -127,7 +127,7 @@ def test_e2e_tiny_writes_its_report(tmp_path, monkeypatch):
     out = tmp_path / "e2e"
     argv = ["e2e", "--strategies", "single", "--nodes", "300", "--features", "8"]
     argv += ["--hidden", "8", "--batch-size", "64", "--epochs", "2", "--dropouts", "0.5,0"]
-    argv += ["--profile-steps", "1", "--out", str(out)]
+    argv += ["--profile-steps", "1", "--devices", "1", "--out", str(out)]
     assert main(argv) == 0
     for name in ("e2e.md", "e2e.json", "e2e.png"):
         assert (out / name).stat().st_size > 0, name
@@ -156,6 +156,34 @@ def test_e2e_tiny_writes_its_report(tmp_path, monkeypatch):
         run = results["runs"][dropout]["strategy=single"]
         assert float(cells[-1]) == pytest.approx(run["input_rows_per_epoch"] / 1e6, abs=1e-3)
         assert 0 < float(cells[2]) <= run["median_s"]  # compute is part of the training epoch
+
+
+def test_unsynced_hand_loops_train_ddp_micro_batches_in_every_process(tmp_path):
+    """The ceiling runner: each process trains strategy=ddp's micro-batches of its rank; an
+    epoch lasts as long as its slowest process."""
+    from lightning_gnnscale.bench.e2e import (
+        E2ESettings,
+        HandLoop,
+        compose_run,
+        pinned_threads,
+        run_unsynced_hand_loops,
+    )
+    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.run import build_datamodule
+
+    settings = E2ESettings(nodes=300, features=8, hidden=8, batch_size=64)
+    single_cfg = compose_run(settings, "single", 0.5, tmp_path)
+    ddp = build_datamodule(validate(compose_run(settings, "ddp", 0.5, tmp_path)))
+    ddp.rank, ddp.world_size = 1, 2  # what setup_rank gives rank 1 of 2
+    loop = HandLoop(single_cfg, rank=1, world_size=2)
+    for step in range(loop.steps):
+        got, want = loop.batcher[1, step], ddp.make_batch(1, step)
+        assert torch.equal(got.blocks[0].src_ids, want.blocks[0].src_ids)
+        assert torch.equal(got.y, want.y) and got.global_seed_count == want.global_seed_count
+    with pinned_threads(1):
+        result = run_unsynced_hand_loops(single_cfg, epochs=2, world_size=2)
+    assert result["world_size"] == 2 and len(result["epochs_s"]) == 2
+    assert 0 < result["min_s"] <= result["median_s"]
 
 
 def test_e2e_rejects_a_bad_dropout(tmp_path, capsys):

@@ -6,6 +6,9 @@ For every dropout setting, the bench trains
   training part of every epoch (``history[].train_epoch_s``: evaluation is reported apart);
 - a hand-written loop on the suite's sampler and model, without Lightning: the batches of
   ``strategy=single`` (same seeds, same keys), the same net, optimiser and step seeds;
+- the same loop in ``--devices`` processes at once, each on its rank's micro-batches of every
+  step (``strategy=ddp``'s split and keys) and without any gradient sync: the ceiling of plain
+  data parallelism on this machine, against which ``ddp``'s sync and framework cost shows;
 - DGL's idiomatic loop (``dgl.dataloading`` + ``dgl.nn.SAGEConv``, model ``sage`` only) when
   ``dgl`` is importable (``scripts/dgl_for_bench.sh``; never in CI, so no test runs that loop).
 
@@ -19,12 +22,14 @@ before the first runner so the loops without Lightning get them too.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -36,12 +41,14 @@ from ..callbacks.step_seed import seed_step_generators, step_key
 from ..config import validate
 from ..cpu_memory import retain_freed_memory
 from ..files import write_json_atomic
+from ..launch import launch_local
 from ..models.layers import row_dropout
 from ..run import THREADS_ENV, build_datamodule, train
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 HAND = "hand-written loop"
+UNSYNCED = "hand-written loop, {} processes, no gradient sync"
 DGL = "DGL loop"
 
 
@@ -139,11 +146,16 @@ class HandLoop:
     of ``strategy=single`` (its DataModule's batcher), the net its DataModule builds, the run's
     optimiser, and the :class:`~lightning_gnnscale.callbacks.StepSeed` keys."""
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: DictConfig, rank: int = 0, world_size: int = 1):
         run = validate(cfg)
         self.run = run
         datamodule = build_datamodule(run)
         self.batcher = datamodule.batcher()
+        if world_size > 1:  # rank ``rank``'s micro-batches, rank-salted as strategy=ddp's
+            self.batcher = replace(
+                self.batcher, rank=rank, world_size=world_size, salt_by_rank=True
+            )
+        self.rank = rank
         self.steps = datamodule.steps_per_epoch
         torch.manual_seed(run.seed)
         self.net = datamodule.build_model(run.model).to(getattr(torch, run.dtype))
@@ -154,7 +166,7 @@ class HandLoop:
 
     def step(self, epoch: int, step: int) -> float:
         """One training step (sample, forward, backward, optimiser step); returns the loss."""
-        seed_step_generators(step_key(self.run.seed, epoch, step, 0), torch.device("cpu"))
+        seed_step_generators(step_key(self.run.seed, epoch, step, self.rank), torch.device("cpu"))
         batch = self.batcher[epoch, step]
         self.net.train()
         logits = self.net(batch.blocks, batch.x)
@@ -219,6 +231,29 @@ def run_hand_loop(cfg: DictConfig, epochs: int) -> dict:
     """Train ``epochs`` epochs with :class:`HandLoop`; per-epoch training time."""
     loop = HandLoop(cfg)
     return _times([loop.epoch(epoch) for epoch in range(epochs)])
+
+
+def _unsynced_rank(cfg: DictConfig, epochs: int, world_size: int, barrier, out: str) -> None:
+    """One process of :func:`run_unsynced_hand_loops` (``$LOCAL_RANK`` names its rank)."""
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.set_num_threads(int(os.environ[THREADS_ENV]))
+    retain_freed_memory()
+    loop = HandLoop(cfg, rank, world_size)
+    times = []
+    for epoch in range(epochs):
+        barrier.wait()  # every process starts the epoch together, as synchronous ranks would
+        times.append(loop.epoch(epoch))
+    Path(out, f"rank{rank}.json").write_text(json.dumps(times))
+
+
+def run_unsynced_hand_loops(cfg: DictConfig, epochs: int, world_size: int) -> dict:
+    """:class:`HandLoop` in ``world_size`` processes at once, each on its rank's micro-batches,
+    with no gradient sync; an epoch takes as long as its slowest process."""
+    barrier = torch.multiprocessing.get_context("spawn").Barrier(world_size)
+    with tempfile.TemporaryDirectory() as out:
+        launch_local(_unsynced_rank, (cfg, epochs, world_size, barrier, out), world_size, 1)
+        per_rank = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world_size)]
+    return {**_times([max(epoch) for epoch in zip(*per_rank)]), "world_size": world_size}
 
 
 def dgl_available() -> bool:
@@ -291,6 +326,12 @@ def run_e2e(settings: E2ESettings, out: Path, argv: list[str]) -> dict:
             runs = results["runs"].setdefault(key, {})
             print(f"[bench e2e] dropout {key}: {HAND}", flush=True)
             runs[HAND] = run_hand_loop(hand_cfgs[dropout], settings.epochs)
+            if settings.devices > 1:
+                name = UNSYNCED.format(settings.devices)
+                print(f"[bench e2e] dropout {key}: {name}", flush=True)
+                runs[name] = run_unsynced_hand_loops(
+                    hand_cfgs[dropout], settings.epochs, settings.devices
+                )
             if dgl_available() and settings.model == "sage":
                 print(f"[bench e2e] dropout {key}: {DGL}", flush=True)
                 runs[DGL] = run_dgl_loop(hand_cfgs[dropout], settings.epochs)
@@ -386,6 +427,13 @@ def e2e_markdown(results: dict) -> str:
             lines.append(
                 f"- dropout {d}: ddp ({runs[ddp]['world_size']} processes) vs single: "
                 f"{_speedup(runs[single], runs[ddp])} (training time per epoch, medians)"
+            )
+        unsynced = UNSYNCED.format(s["devices"])
+        if unsynced in runs:
+            lines.append(
+                f"- dropout {d}: {unsynced} vs the hand-written loop: "
+                f"{_speedup(runs[HAND], runs[unsynced])} (plain data parallelism without "
+                "Lightning, DDP or gradient sync: the ceiling for ddp)"
             )
         if DGL in runs:
             for runner in runners:
