@@ -10,14 +10,18 @@ in spawned ranks, which never free a large block before training and keep the 12
 trimming only above 2 GiB of free heap keeps those pages: the process holds the memory of its
 largest step instead of returning and re-faulting it.
 
-``$GNNSCALE_MALLOC=system`` leaves glibc's defaults. Elsewhere than glibc (macOS, musl) there is
-no ``mallopt`` and nothing changes; ``summary.json``'s ``cpu_allocator`` says which applied.
+``$GNNSCALE_MALLOC=system`` leaves glibc's defaults. Elsewhere than glibc (macOS, musl, Windows)
+there is no ``mallopt`` and nothing changes; ``summary.json``'s ``cpu_allocator`` says which
+applied. The settings hold for the rest of the process: ``train()`` applies them in each rank,
+which for one process (``strategy=single``, or under ``torchrun``) is the caller's own.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
+import warnings
 
 MALLOC_ENV = "GNNSCALE_MALLOC"
 _M_TRIM_THRESHOLD = -1  # mallopt parameter numbers, from glibc's malloc.h
@@ -26,23 +30,35 @@ MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's maximum on 64-bit (HEAP_MAX_S
 TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # the largest ``int`` mallopt takes: trim above 2 GiB only
 
 
-def retain_freed_memory() -> str:
-    """Apply the settings above to this process; return what applies: ``"retain"`` (set now or
-    before), ``"system"`` (``$GNNSCALE_MALLOC=system``) or ``"unavailable"`` (no glibc).
-
-    Raises ``ValueError`` for another value of ``$GNNSCALE_MALLOC``."""
+def malloc_choice() -> str:
+    """``$GNNSCALE_MALLOC`` (default ``retain``); ``ValueError`` naming the valid values."""
     choice = os.environ.get(MALLOC_ENV, "retain")
     if choice not in ("retain", "system"):
         raise ValueError(f"{MALLOC_ENV}={choice!r}; valid: retain, system")
-    if choice == "system":
+    return choice
+
+
+def retain_freed_memory() -> str:
+    """Apply the settings above to this process; return what applies: ``"retain"`` (set now or
+    before), ``"system"`` (``$GNNSCALE_MALLOC=system``), ``"unavailable"`` (no glibc
+    ``mallopt``) or ``"refused"`` (glibc rejected a value, e.g. 32-bit builds; with a warning).
+
+    Raises ``ValueError`` for another value of ``$GNNSCALE_MALLOC``."""
+    if malloc_choice() == "system":
         return "system"
+    if not sys.platform.startswith("linux"):
+        return "unavailable"
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return "unavailable"
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    if not mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES):
-        raise RuntimeError(f"glibc refused M_MMAP_THRESHOLD={MMAP_THRESHOLD_BYTES}")
-    if not mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES):
-        raise RuntimeError("glibc refused M_TRIM_THRESHOLD")
+    for name, param, value in (
+        ("M_MMAP_THRESHOLD", _M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+        ("M_TRIM_THRESHOLD", _M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+    ):
+        if not mallopt(param, value):
+            message = f"glibc refused mallopt({name}, {value}); training runs slower"
+            warnings.warn(message, stacklevel=2)
+            return "refused"
     return "retain"

@@ -37,7 +37,7 @@ from .callbacks import (
 )
 from .checkpoints import BestCheckpoint, CheckpointIdentity, load_weights, run_identity
 from .config import validate
-from .cpu_memory import retain_freed_memory
+from .cpu_memory import malloc_choice, retain_freed_memory
 from .errors import ConfigError
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
@@ -145,7 +145,7 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     multi-node launch); ``objects`` holds ``graph`` and ``output_dir``.
     """
     run = validate(cfg)
-    retain_freed_memory()  # here too: a bad $GNNSCALE_MALLOC fails before any rank is spawned
+    malloc_choice()  # a bad $GNNSCALE_MALLOC fails here, before any rank is spawned
     output_dir = Path(run.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     external = externally_launched()  # this process is one rank; the ranks share the folder

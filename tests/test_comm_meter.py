@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -115,6 +116,49 @@ def test_network_model_arithmetic():
         NetworkModel.from_name("infiniband")
 
 
+class _GatherWork:
+    """A finished work handle, as ``_all_gather_into`` returns with ``async_op``."""
+
+    def __init__(self, error: Exception | None = None):
+        self.future = torch.futures.Future()
+        if error is None:
+            self.future.set_result(None)
+        else:
+            self.future.set_exception(error)
+
+    def get_future(self):
+        return self.future
+
+
+def _two_rank_comm(monkeypatch, gather) -> Comm:
+    """Rank 0 of two on one process; the all-gather of the gather path replaced by ``gather``."""
+    from lightning_gnnscale.comm import collectives
+
+    monkeypatch.setattr(collectives, "_all_gather_into", gather)
+    return Comm(CommMeter(), Topology(2, 2), rank=0)
+
+
+def test_gathered_all_reduce_raises_when_its_all_gather_fails(monkeypatch):
+    comm = _two_rank_comm(monkeypatch, lambda *args: _GatherWork(RuntimeError("peer lost")))
+    future = comm.all_reduce(torch.ones(100), category="gradient", async_op=True)
+    with pytest.raises(RuntimeError, match="peer lost"):
+        future.wait()
+
+
+def test_gathered_all_reduce_updates_inference_tensors_and_leaves_in_place(monkeypatch):
+    def gather_two_copies(output, tensor, group, async_op=False):
+        output.copy_(tensor.repeat(2))  # both ranks hold the same tensor
+        return _GatherWork() if async_op else None
+
+    comm = _two_rank_comm(monkeypatch, gather_two_copies)
+    with torch.inference_mode():
+        frozen = torch.ones(100)
+    leaf = torch.ones(100, requires_grad=True)
+    assert torch.equal(comm.all_reduce(frozen, category="gradient"), torch.full((100,), 2.0))
+    comm.all_reduce(leaf, category="gradient", async_op=True).wait()
+    assert torch.equal(leaf.detach(), torch.full((100,), 2.0))
+
+
 def test_local_comm_is_a_counting_free_no_op():
     comm = Comm.local()
     x = torch.arange(6.0).reshape(3, 2)
@@ -185,6 +229,10 @@ def _collectives_case(rank: int, world_size: int, workers_per_server: int) -> di
     mid = torch.arange(100, dtype=torch.float64) * (rank + 1)
     step("all_reduce_mid", lambda: comm.all_reduce(mid, category="gradient"))
     assert torch.equal(mid, torch.arange(100, dtype=torch.float64) * sum(range(1, world_size + 1)))
+    # Integers, product, a non-contiguous view (every other element of 256).
+    strided = torch.full((256,), rank + 2, dtype=torch.int64)[::2]
+    step("all_reduce_int", lambda: comm.all_reduce(strided, "product", category="gradient"))
+    assert strided.tolist() == [math.prod(range(2, world_size + 2))] * 128
     peaks = torch.arange(100, dtype=torch.float64) * (-1) ** rank
     step(
         "all_reduce_max",
@@ -239,6 +287,16 @@ def _expected(rank: int, world_size: int, workers_per_server: int) -> dict:
         },
         "all_reduce_mid": mid_reduce,
         "all_reduce_max": mid_reduce,
+        "all_reduce_int": (
+            to_peers("gradient", lambda q: 128 * 8)
+            if world_size == 2
+            else {
+                ("gradient", successor): (
+                    ring_allreduce_bytes(1024, world_size),
+                    2 * (world_size - 1),
+                )
+            }
+        ),
         "broadcast": to_peers("parameter", lambda q: 5 * 4 if rank == world_size - 1 else 0),
         "barrier": {},
     }

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from lightning_gnnscale import cpu_memory
 from lightning_gnnscale.cpu_memory import MALLOC_ENV, retain_freed_memory
 
 # In a fresh process: page faults of 20 rounds that, like a training step, chain 4 MiB tensors
@@ -55,3 +56,27 @@ def test_env_chooses_system_defaults_or_fails_on_a_bad_value(monkeypatch):
     monkeypatch.setenv(MALLOC_ENV, "jemalloc")
     with pytest.raises(ValueError, match="valid: retain, system"):
         retain_freed_memory()
+
+
+def test_without_glibc_mallopt_nothing_is_set(monkeypatch):
+    monkeypatch.delenv(MALLOC_ENV, raising=False)
+
+    class NoMallopt:  # a C library without mallopt (musl)
+        def __init__(self, name):
+            pass
+
+    monkeypatch.setattr(cpu_memory.ctypes, "CDLL", NoMallopt)
+    assert retain_freed_memory() == "unavailable"
+
+
+def test_a_refused_value_warns_and_says_so(monkeypatch):
+    monkeypatch.delenv(MALLOC_ENV, raising=False)
+    monkeypatch.setattr(cpu_memory.sys, "platform", "linux")
+
+    class Refusing:  # glibc that rejects the value (32-bit builds cap the threshold at 512 KiB)
+        def __init__(self, name):
+            self.mallopt = lambda param, value: 0
+
+    monkeypatch.setattr(cpu_memory.ctypes, "CDLL", Refusing)
+    with pytest.warns(UserWarning, match="glibc refused mallopt"):
+        assert retain_freed_memory() == "refused"

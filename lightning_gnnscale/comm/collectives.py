@@ -51,11 +51,21 @@ REDUCE_OPS = {
     "product": dist.ReduceOp.PRODUCT,
 }
 _INT64_BYTES = 8
-# Element counts for which two ranks reduce a CPU tensor by all-gather + local reduction: gloo's
-# all-reduce takes ~2 ms there on one host (two rounds, every size from 16 to 50k elements),
-# its all-gather ~1 ms. Below, gloo's own tiny-tensor path is faster; above, its ring is.
+# Element counts for which two ranks reduce a CPU tensor by all-gather + local reduction. On one
+# host (docs/benchmarks.md) gloo's all-reduce took 1.7-2.4 ms from 16 to 50,000 elements and its
+# all-gather about 1 ms; at 1 element the all-reduce won (0.36 ms), at 100,000 they were even and
+# at 262,144 the all-reduce won. The window keeps clear of both ends.
 GATHER_REDUCE_ELEMENTS = (64, 65_536)
 _LOCAL_REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin, "product": torch.prod}
+
+
+def _write_back(tensor: Tensor, result: Tensor) -> Tensor:
+    """``tensor`` holding ``result`` (in place, as ``dist.all_reduce`` leaves it, also for
+    inference tensors and leaves that require grad); no copy when ``result`` is ``tensor``."""
+    if result is not tensor:
+        with torch.inference_mode(tensor.is_inference()):
+            tensor.detach().copy_(result)
+    return tensor
 
 
 def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
@@ -328,13 +338,15 @@ class Comm:
         if self.world_size == 2 and tensor.device.type == "cpu" and low <= tensor.numel() <= high:
             return self._all_reduce_by_gather(tensor, op, category, async_op)
         nbytes = ring_allreduce_bytes(tensor.numel() * tensor.element_size(), self.world_size)
+        # gloo reduces a view's first elements of storage, not the view: reduce a contiguous copy.
+        dense = tensor.contiguous()
         with self._metered(category, nbytes):
-            work = dist.all_reduce(tensor, op=REDUCE_OPS[op], group=self.group, async_op=async_op)
+            work = dist.all_reduce(dense, op=REDUCE_OPS[op], group=self.group, async_op=async_op)
         if nbytes:
             self.meter.record(category, self._successor_link, nbytes, 2 * (self.world_size - 1))
         if async_op:
-            return work.get_future().then(lambda fut: fut.value()[0])
-        return tensor
+            return work.get_future().then(lambda fut: _write_back(tensor, fut.value()[0]))
+        return _write_back(tensor, dense)
 
     def _all_reduce_by_gather(
         self, tensor: Tensor, op: str, category: str, async_op: bool
@@ -347,8 +359,10 @@ class Comm:
             work = _all_gather_into(gathered.view(-1), source.view(-1), self.group, async_op)
         self._record_to_every_peer(category, nbytes)
 
-        def reduce_into_tensor(_=None) -> Tensor:
-            return tensor.copy_(_LOCAL_REDUCE[op](gathered, dim=0))
+        def reduce_into_tensor(done: Future | None = None) -> Tensor:
+            if done is not None:
+                done.wait()  # a failed gather raises here instead of reducing an empty buffer
+            return _write_back(tensor, _LOCAL_REDUCE[op](gathered, dim=0))
 
         if async_op:
             return work.get_future().then(reduce_into_tensor)
