@@ -42,6 +42,10 @@ def free_port() -> int:
 
 
 _PR_SET_PDEATHSIG = 1
+# Once a rank has failed, the others get this long to exit, then SIGTERM, then as long again
+# before SIGKILL. torch's default (SIGTERM at once, SIGKILL 30 s later) kept a job with a
+# stopped rank alive 30 s past its collective timeout: a stopped process ignores SIGTERM.
+RANK_EXIT_GRACE_S = 5.0
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -114,7 +118,7 @@ def launch_local(
                 start_method="spawn",
             )
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
-            while not ctx.join(timeout=1.0):
+            while not ctx.join(timeout=1.0, grace_period=RANK_EXIT_GRACE_S):
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"run did not finish within launcher.timeout_s={timeout_s}s")
         finally:
