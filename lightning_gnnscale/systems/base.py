@@ -317,6 +317,22 @@ class StepBatcher(Dataset):
     def __post_init__(self) -> None:
         self.order = EpochOrder(self.train_ids, self.seed)
 
+    @classmethod
+    def on_graph(
+        cls,
+        graph: Graph,
+        fanouts: list[int],
+        train_ids: torch.Tensor,
+        batch_size: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        salt_by_rank: bool,
+    ) -> StepBatcher:
+        """A batcher sampling ``graph`` whole with the suite's hash-keyed ``fanouts`` sampler."""
+        sampler = NeighborSampler(graph.indptr, graph.indices, list(fanouts), seed)
+        return cls(graph, sampler, train_ids, batch_size, seed, rank, world_size, salt_by_rank)
+
     def step_seeds(self, epoch: int, step: int) -> torch.Tensor:
         """All ranks' seeds of one global step."""
         return self.order.step(epoch, step, self.batch_size)
@@ -575,11 +591,9 @@ class SampledDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     def batcher(self) -> StepBatcher:
         """The batch maker for this rank (rank and world size as set up)."""
-        graph = self.graph
-        sampler = NeighborSampler(graph.indptr, graph.indices, list(self.data.fanouts), self.seed)
-        return StepBatcher(
-            graph,
-            sampler,
+        return StepBatcher.on_graph(
+            self.graph,
+            self.data.fanouts,
             self.train_ids,
             self.batch_size,
             self.seed,

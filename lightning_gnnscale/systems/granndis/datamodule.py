@@ -24,7 +24,6 @@ from ...comm import Topology
 from ...graph.batch import Batch
 from ...graph.cache import cached_partition
 from ...graph.partition import partition
-from ...graph.sampler import NeighborSampler
 from ...schema import ModelConfig
 from ..base import GNNDataModule, ReplicatedGraphEvaluation, StepBatcher
 from ..contract import RankContext
@@ -269,12 +268,9 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.rank, self.world_size = context.rank, context.world_size
         graph = self.graph
         if not self.config.layout_mode:
-            sampler = NeighborSampler(
-                graph.indptr, graph.indices, list(self.data.fanouts), self.seed
-            )
-            self.batcher = StepBatcher(
+            self.batcher = StepBatcher.on_graph(
                 graph,
-                sampler,
+                self.data.fanouts,
                 self.train_ids,
                 self.batch_size,
                 self.seed,
