@@ -251,3 +251,26 @@ def test_hierarchical_gradient_sync_refuses_gradient_accumulation():
     strategy._lightning_module = SimpleNamespace(trainer=SimpleNamespace(accumulate_grad_batches=2))
     with pytest.raises(ConfigError, match="does not support Trainer\\(accumulate_grad_batches=2"):
         strategy.configure_ddp()
+
+
+def test_mb_base_batches_are_data_parallel_micro_batches():
+    """MB_base (the paper's per-worker mini-batch baseline) samples each worker's share of a
+    step as strategy=ddp does: same seeds, same rank-salted samples, same global seed count."""
+    from lightning_gnnscale.graph.generators import sbm
+    from lightning_gnnscale.schema import DataConfig
+    from lightning_gnnscale.systems.ddp import DataParallelDataModule
+    from lightning_gnnscale.systems.granndis import GraNNDISDataModule
+
+    graph = sbm(num_nodes=300, num_classes=3, avg_degree=5.0, num_features=4, seed=2)
+    data = DataConfig(batch_size=32, fanouts=[3, 2])
+    mb_base = GraNNDISDataModule(graph, GraNNDISConfig(mode="mb_base"), data)
+    _setup_one_process(mb_base)
+    ddp = DataParallelDataModule(graph, data=data)
+    assert mb_base.steps_per_epoch == ddp.steps_per_epoch > 1
+    for step in range(mb_base.steps_per_epoch):
+        got, want = mb_base.make_batch(1, step), ddp.make_batch(1, step)
+        for ours, theirs in zip(got.blocks, want.blocks, strict=True):
+            assert torch.equal(ours.src_ids, theirs.src_ids)
+            assert torch.equal(ours.edge_index, theirs.edge_index)
+        assert torch.equal(got.x, want.x) and torch.equal(got.y, want.y)
+        assert got.global_seed_count == want.global_seed_count
