@@ -23,6 +23,8 @@ import os
 import sys
 import warnings
 
+from .errors import ConfigError
+
 MALLOC_ENV = "GNNSCALE_MALLOC"
 _M_TRIM_THRESHOLD = -1  # mallopt parameter numbers, from glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
@@ -31,10 +33,10 @@ TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # the largest ``int`` mallopt takes: trim 
 
 
 def malloc_choice() -> str:
-    """``$GNNSCALE_MALLOC`` (default ``retain``); ``ValueError`` naming the valid values."""
+    """``$GNNSCALE_MALLOC`` (default ``retain``); ``ConfigError`` naming the valid values."""
     choice = os.environ.get(MALLOC_ENV, "retain")
     if choice not in ("retain", "system"):
-        raise ValueError(f"{MALLOC_ENV}={choice!r}; valid: retain, system")
+        raise ConfigError(f"{MALLOC_ENV}={choice!r}; valid: retain, system")
     return choice
 
 
@@ -43,7 +45,7 @@ def retain_freed_memory() -> str:
     before), ``"system"`` (``$GNNSCALE_MALLOC=system``), ``"unavailable"`` (no glibc
     ``mallopt``) or ``"refused"`` (glibc rejected a value, e.g. 32-bit builds; with a warning).
 
-    Raises ``ValueError`` for another value of ``$GNNSCALE_MALLOC``."""
+    Raises ``ConfigError`` for another value of ``$GNNSCALE_MALLOC``."""
     if malloc_choice() == "system":
         return "system"
     if not sys.platform.startswith("linux"):

@@ -10,6 +10,7 @@ import pytest
 
 from lightning_gnnscale import cpu_memory
 from lightning_gnnscale.cpu_memory import MALLOC_ENV, retain_freed_memory
+from lightning_gnnscale.errors import ConfigError
 
 # In a fresh process: page faults of 20 rounds that, like a training step, chain 4 MiB tensors
 # (each made from the last, one freed midway, the rest at the end), after applying (or not) the
@@ -54,7 +55,7 @@ def test_env_chooses_system_defaults_or_fails_on_a_bad_value(monkeypatch):
     monkeypatch.setenv(MALLOC_ENV, "system")
     assert retain_freed_memory() == "system"
     monkeypatch.setenv(MALLOC_ENV, "jemalloc")
-    with pytest.raises(ValueError, match="valid: retain, system"):
+    with pytest.raises(ConfigError, match="valid: retain, system"):
         retain_freed_memory()
 
 
@@ -80,3 +81,17 @@ def test_a_refused_value_warns_and_says_so(monkeypatch):
     monkeypatch.setattr(cpu_memory.ctypes, "CDLL", Refusing)
     with pytest.warns(UserWarning, match="glibc refused mallopt"):
         assert retain_freed_memory() == "refused"
+
+
+def test_train_refuses_a_bad_value_before_spawning_any_rank(tmp_path, monkeypatch):
+    from lightning_gnnscale import run
+    from tests.helpers.config import make_cfg
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("ranks were spawned")
+
+    monkeypatch.setattr(run, "launch_local", no_launch)
+    monkeypatch.setenv(MALLOC_ENV, "jemalloc")
+    with pytest.raises(ConfigError, match="GNNSCALE_MALLOC='jemalloc'; valid: retain, system"):
+        run.train(make_cfg(tmp_path, "strategy=ddp"))
+    assert not (tmp_path / "out").exists()  # failed before the run claimed its folder
