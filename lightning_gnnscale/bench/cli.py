@@ -244,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="steps of the hand-written loop profiled per dropout (0: no profile)",
     )
     e2e.add_argument("--seed", type=int, default=0)
+    e2e.add_argument(
+        "--accelerator",
+        choices=["cpu", "gpu"],
+        default="cpu",
+        help="where every runner trains (gpu: CUDA; the no-sync multi-process loop, DGL's loop "
+        "and the CPU mask benchmark are skipped)",
+    )
     e2e.add_argument("--out", type=Path, default=Path("results/e2e"))
     partitions = commands.add_parser(
         "partitions",
@@ -448,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             profile_steps=max(0, args.profile_steps),
             seed=args.seed,
+            accelerator=args.accelerator,
         )
         for dropout in dropouts:  # every config is checked before any training
             for strategy in (*settings.strategies, "single"):

@@ -72,6 +72,7 @@ class E2ESettings:
     profile_steps: int = 5
     top_ops: int = 8
     seed: int = 0
+    accelerator: str = "cpu"
 
 
 def compose_run(settings: E2ESettings, strategy: str, dropout: float, out: Path) -> DictConfig:
@@ -92,6 +93,7 @@ def compose_run(settings: E2ESettings, strategy: str, dropout: float, out: Path)
         f"seed={settings.seed}",
         "logger=none",
         "trainer.enable_progress_bar=false",
+        f"trainer.accelerator={settings.accelerator}",
     ]
     if strategy != "single":
         overrides.append(f"trainer.devices={settings.devices}")
@@ -157,8 +159,9 @@ class HandLoop:
             )
         self.rank = rank
         self.steps = datamodule.steps_per_epoch
+        self.device = torch.device("cpu" if run.trainer.accelerator == "cpu" else "cuda")
         torch.manual_seed(run.seed)
-        self.net = datamodule.build_model(run.model).to(getattr(torch, run.dtype))
+        self.net = datamodule.build_model(run.model).to(self.device, getattr(torch, run.dtype))
         optimizers = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
         self.optimizer = optimizers[run.model.optimizer](
             self.net.parameters(), lr=run.model.lr, weight_decay=run.model.weight_decay
@@ -166,8 +169,8 @@ class HandLoop:
 
     def step(self, epoch: int, step: int) -> float:
         """One training step (sample, forward, backward, optimiser step); returns the loss."""
-        seed_step_generators(step_key(self.run.seed, epoch, step, self.rank), torch.device("cpu"))
-        batch = self.batcher[epoch, step]
+        seed_step_generators(step_key(self.run.seed, epoch, step, self.rank), self.device)
+        batch = self.batcher[epoch, step].to(self.device)
         self.net.train()
         logits = self.net(batch.blocks, batch.x)
         loss = F.cross_entropy(logits, batch.y, reduction="sum") / batch.global_seed_count
@@ -177,10 +180,12 @@ class HandLoop:
         return float(loss)
 
     def epoch(self, epoch: int) -> float:
-        """One epoch's wall time (training only)."""
+        """One epoch's wall time (training only; queued CUDA work included)."""
+        synchronize(self.device)
         start = time.perf_counter()
         for step in range(self.steps):
             self.step(epoch, step)
+        synchronize(self.device)
         return time.perf_counter() - start
 
     def profile(self, steps: int, top: int) -> list[dict]:
@@ -202,6 +207,12 @@ class HandLoop:
             }
             for e in ranked
         ]
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (CUDA runs asynchronously), so a timer sees it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def mask_benchmark(rows: int, width: int, p: float, reps: int = 10) -> dict:
@@ -326,13 +337,13 @@ def run_e2e(settings: E2ESettings, out: Path, argv: list[str]) -> dict:
             runs = results["runs"].setdefault(key, {})
             print(f"[bench e2e] dropout {key}: {HAND}", flush=True)
             runs[HAND] = run_hand_loop(hand_cfgs[dropout], settings.epochs)
-            if settings.devices > 1:
+            if settings.devices > 1 and settings.accelerator == "cpu":
                 name = UNSYNCED.format(settings.devices)
                 print(f"[bench e2e] dropout {key}: {name}", flush=True)
                 runs[name] = run_unsynced_hand_loops(
                     hand_cfgs[dropout], settings.epochs, settings.devices
                 )
-            if dgl_available() and settings.model == "sage":
+            if dgl_available() and settings.model == "sage" and settings.accelerator == "cpu":
                 print(f"[bench e2e] dropout {key}: {DGL}", flush=True)
                 runs[DGL] = run_dgl_loop(hand_cfgs[dropout], settings.epochs)
             for strategy, cfg in configs[dropout].items():
@@ -342,7 +353,7 @@ def run_e2e(settings: E2ESettings, out: Path, argv: list[str]) -> dict:
                 results["profiles"][key] = HandLoop(hand_cfgs[dropout]).profile(
                     settings.profile_steps, settings.top_ops
                 )
-            if dropout > 0 and "masks" not in results:
+            if dropout > 0 and "masks" not in results and settings.accelerator == "cpu":
                 loop = HandLoop(hand_cfgs[dropout])
                 rows = loop.batcher[0, 0].x.shape[0]
                 print(f"[bench e2e] dropout masks on [{rows}, {settings.features}]", flush=True)

@@ -197,6 +197,7 @@ class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
         )
         self.servers = servers
         self.timeout_s = timeout_s
+        self.requested_backend = process_group_backend
         self.grad_hook_state: GradientHookState | None = None
 
     @override
@@ -204,8 +205,11 @@ class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
         super().setup_distributed()
         topology = Topology.from_launch(self.world_size, self.num_nodes, self.servers)
         # On GPU the world group is NCCL, but ids, counts and flags stay on the CPU: give the
-        # exchange group both backends so every tensor finds its own.
-        backend = "cpu:gloo,cuda:nccl" if self.root_device.type == "cuda" else None
+        # exchange group both backends so every tensor finds its own. A backend the user named
+        # (e.g. gloo for several ranks on one GPU, which NCCL refuses) serves both.
+        backend = self.requested_backend or (
+            "cpu:gloo,cuda:nccl" if self.root_device.type == "cuda" else None
+        )
         self.comm = Comm.create(self.meter, topology, backend=backend, timeout_s=self.timeout_s)
 
     @override
