@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--jobs", type=int, default=8, help="train.py runs at once")
     parser.add_argument("--timeout-s", type=float, default=150, help="per run")
-    parser.add_argument("--budget-s", type=float, default=300, help="for all strategy runs")
+    parser.add_argument("--budget-s", type=float, default=240, help="for all strategy runs")
     parser.add_argument("--rtol", type=float, default=1e-8)
     parser.add_argument("--skip", nargs="*", default=[], choices=["matrix", "pytest", "e2e"])
     args = parser.parse_args(argv)
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         else run_step(
             [py, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider"],
             out / "pytest_gpu.log",
-            240,
+            150,
         )
     )
     result["bench_e2e"] = (
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(out / "e2e"),
             ],
             out / "bench_e2e.log",
-            300,
+            180,
         )
     )
     (out / "gpu_check.json").write_text(json.dumps(result, indent=2, default=str))
