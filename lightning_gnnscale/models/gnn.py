@@ -158,7 +158,7 @@ def layer_rows(
     for lo in range(start, stop, chunk_size) or [start]:  # an empty range: one empty chunk
         dst = torch.arange(lo, min(lo + chunk_size, stop))
         src, dst_pos = sample_neighbors(indptr, indices, dst, -1, 0)
-        block = builder(dst, src, dst_pos)
+        block = builder(dst, src, dst_pos).to(h.device)  # sampled on the CPU, run where h is
         outs.append(net.layer_output(i, block, h[block.src_ids]))
     return torch.cat(outs)
 

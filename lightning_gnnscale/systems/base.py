@@ -149,7 +149,10 @@ class MeteredSingleDeviceStrategy(SystemStrategy, SingleDeviceStrategy):
     """
 
     def __init__(self, config: SystemConfig | None = None, device: str | None = None, **kwargs):
-        super().__init__(config, device=torch.device(device or "cpu"), **kwargs)
+        root = torch.device(device or "cpu")
+        if root.type == "cuda" and root.index is None:  # Lightning needs an index: the first GPU
+            root = torch.device("cuda", 0)
+        super().__init__(config, device=root, **kwargs)
         self.follows_accelerator = device is None
 
     @property
