@@ -25,6 +25,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,10 +38,21 @@ def strategies() -> list[str]:
     return sorted(p.stem for p in (REPO / "conf" / "strategy").glob("*.yaml"))
 
 
+_PORTS = iter(range(29600, 40000, 7))  # one per 2-rank run: ports the kernel picked raced
+_PORTS_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port no other run of this check uses, and free now."""
+    with _PORTS_LOCK:
+        for port in _PORTS:
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no free port left in 29600-40000")
 
 
 def error_line(log: str) -> str:
@@ -105,6 +117,15 @@ def run_job(strategy: str, accelerator: str, ranks: int, out: Path, timeout_s: f
             proc.kill()
             codes.append("timeout")
         log.close()
+    if "timeout" in codes:  # say so rather than quote whatever line the run had reached
+        return {
+            "strategy": strategy,
+            "accelerator": accelerator,
+            "ranks": ranks,
+            "ok": False,
+            "exit_codes": codes,
+            "error": f"did not finish within {timeout_s:.0f} s (killed)",
+        }
     row = {
         "strategy": strategy,
         "accelerator": accelerator,

@@ -374,8 +374,12 @@ class Comm:
         if not self.is_distributed:
             return tensor
         nbytes = tensor.numel() * tensor.element_size() if self.rank == src else 0
+        # The source's rows do not change, but gloo's CUDA broadcast copies them back through a
+        # host buffer, which bumps the version of a tensor autograd saved (CAGNET's ReLU output
+        # failed backward on an H100): the source hands over a view outside autograd's count.
+        payload = tensor.data if self.rank == src else tensor
         with self._metered(category, nbytes * (self.world_size - 1)):
-            dist.broadcast(tensor, src=src, group=self.group)
+            dist.broadcast(payload, src=src, group=self.group)
         self._record_to_every_peer(category, nbytes)
         return tensor
 
