@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import io
 import os
 import pickle
 import secrets
@@ -152,8 +153,25 @@ def _detached(duplicate) -> int:
     return duplicate.detach()
 
 
-def rank_payloads(obj: Any, count: int) -> list[bytes]:
-    """``obj`` pickled once per rank, its tensors as shared-memory handles each rank claims.
+def _inherited_types() -> tuple[type, ...]:
+    """multiprocessing objects that only travel with the process start (locks, barriers...)."""
+    from multiprocessing import queues, sharedctypes, synchronize
+
+    return (
+        synchronize.SemLock,
+        synchronize.Condition,
+        synchronize.Event,
+        synchronize.Barrier,
+        queues.Queue,
+        queues.SimpleQueue,
+        sharedctypes.SynchronizedBase,
+    )
+
+
+def rank_payloads(obj: Any, count: int) -> tuple[list[bytes], list]:
+    """``obj`` pickled once per rank, its tensors as shared-memory handles each rank claims,
+    and the multiprocessing objects in it (a barrier, a queue), which must go with the process
+    start: ``(payloads, inherited)``; a rank rebuilds ``obj`` with :func:`load_payload`.
 
     Pickled here rather than by the process start so that a forkserver start, which passes at
     most ~250 file descriptors to a new process, never limits how many tensors a rank gets."""
@@ -161,7 +179,29 @@ def rank_payloads(obj: Any, count: int) -> list[bytes]:
 
     import torch.multiprocessing  # noqa: F401  (registers the shared-memory tensor reducers)
 
-    return [bytes(ForkingPickler.dumps(obj)) for _ in range(count)]
+    inherited: list = []
+    kinds = _inherited_types()
+
+    class RankPickler(ForkingPickler):
+        def persistent_id(self, value):
+            if isinstance(value, kinds):
+                inherited.append(value)
+                return len(inherited) - 1
+            return None
+
+    payloads = []
+    for _ in range(count):
+        buffer = io.BytesIO()
+        RankPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
+        payloads.append(buffer.getvalue())
+    return payloads, inherited
+
+
+def load_payload(payload: bytes, inherited: list) -> Any:
+    """The object of one of :func:`rank_payloads`' payloads, in the rank."""
+    unpickler = pickle.Unpickler(io.BytesIO(payload))
+    unpickler.persistent_load = inherited.__getitem__
+    return unpickler.load()
 
 
 def adopt_launcher_state(env: dict[str, str], stdio: tuple[int, int]) -> None:
@@ -180,11 +220,12 @@ def _rank_main(
     state: dict[str, Any],
     launcher_pid: int,
     payloads: list[bytes],
+    inherited: list,
 ) -> None:
     _die_with_parent(launcher_pid)
     adopt_launcher_state(state["env"], state["stdio"])
     os.environ["LOCAL_RANK"] = str(local_rank)
-    fn, args = pickle.loads(payloads[local_rank])
+    fn, args = load_payload(payloads[local_rank], inherited)
     fn(*args)
 
 
@@ -243,7 +284,7 @@ def launch_local(
         try:
             ctx = mp.start_processes(
                 _rank_main,
-                args=(state, os.getpid(), rank_payloads((fn, args), devices)),
+                args=(state, os.getpid(), *rank_payloads((fn, args), devices)),
                 nprocs=devices,
                 join=False,
                 start_method=start_method,
