@@ -6,11 +6,14 @@ See README.md and docs/configuration.md. Multirun: ``python train.py -m strategy
 import hydra
 from omegaconf import DictConfig
 
-from lightning_gnnscale.run import train
+from lightning_gnnscale.launch import warm_start  # light: no Lightning, PyG or system yet
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    warm_start(cfg)  # the rank server imports while this process does the same and prepares
+    from lightning_gnnscale.run import train
+
     metrics, _ = train(cfg)
     return metrics.get("best_val_acc")  # the value Hydra sweepers optimise
 

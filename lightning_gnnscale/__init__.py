@@ -5,30 +5,62 @@ Importing the package registers every system's strategy in Lightning's ``Strateg
 Lightning's own ``ddp`` is unmetered) and its config schema in Hydra's ConfigStore. Per system,
 its Strategy, DataModule and typed config are exported here; see docs/quickstart.md, "From your
 own Lightning script".
+
+The import is light: the config schema and the registry, no system's implementation and no
+Lightning, PyG, wandb, ogb or matplotlib. The names below load on first use (``gs.GNNModule``),
+and a strategy name's system when a run or a Trainer uses it (docs/architecture.md, "Imports").
 """
 
-from .callbacks import CollectiveAudit, CommStats, EpochStats, RunSummary, StepSeed
+from importlib import import_module
+from typing import Any
+
 from .errors import ConfigError
-from .graph.batch import Batch
-from .graph.csc import Graph
-from .graph.datasets import DATASETS, load_dataset
-from .models.gnn import BlockGNN, SubgraphModel, build_model
-from .models.module import GNNModule
 from .schema import DataConfig, ModelConfig, RunConfig, SystemConfig, TrainerConfig
-from .systems.base import GNNDataModule, SystemStrategy
-from .systems.bytegnn import ByteGNNConfig, ByteGNNDataModule, ByteGNNStrategy
-from .systems.contract import Evaluation, ModuleRuntime, RankContext, rank_context
-from .systems.ddp import DataParallelDataModule, DataParallelStrategy, DDPConfig
-from .systems.distdgl import DistDGLConfig, DistDGLDataModule, DistDGLStrategy
-from .systems.granndis import GraNNDISConfig, GraNNDISDataModule, GraNNDISStrategy
-from .systems.grappa import GrappaConfig, GrappaDataModule, GrappaStrategy
-from .systems.gsplit import GSplitConfig, GSplitDataModule, GSplitStrategy
-from .systems.hopgnn import HopGNNConfig, HopGNNDataModule, HopGNNStrategy
 from .systems.registry import SYSTEMS, SystemSpec, register_systems
-from .systems.sancus import SancusConfig, SancusDataModule, SancusStrategy
-from .systems.single import SingleConfig, SingleDataModule, SingleStrategy
 
 register_systems()
+
+# public name -> the module that defines it, imported on first use
+_LAZY = {
+    **dict.fromkeys(
+        ("CollectiveAudit", "CommStats", "EpochStats", "RunSummary", "StepSeed"), ".callbacks"
+    ),
+    "Batch": ".graph.batch",
+    "Graph": ".graph.csc",
+    **dict.fromkeys(("DATASETS", "load_dataset"), ".graph.datasets"),
+    **dict.fromkeys(("BlockGNN", "SubgraphModel", "build_model"), ".models.gnn"),
+    "GNNModule": ".models.module",
+    **dict.fromkeys(("GNNDataModule", "SystemStrategy"), ".systems.base"),
+    **dict.fromkeys(
+        ("Evaluation", "ModuleRuntime", "RankContext", "rank_context"), ".systems.contract"
+    ),
+    **dict.fromkeys(("ByteGNNConfig", "ByteGNNDataModule", "ByteGNNStrategy"), ".systems.bytegnn"),
+    **dict.fromkeys(
+        ("DataParallelDataModule", "DataParallelStrategy", "DDPConfig"), ".systems.ddp"
+    ),
+    **dict.fromkeys(("DistDGLConfig", "DistDGLDataModule", "DistDGLStrategy"), ".systems.distdgl"),
+    **dict.fromkeys(
+        ("GraNNDISConfig", "GraNNDISDataModule", "GraNNDISStrategy"), ".systems.granndis"
+    ),
+    **dict.fromkeys(("GrappaConfig", "GrappaDataModule", "GrappaStrategy"), ".systems.grappa"),
+    **dict.fromkeys(("GSplitConfig", "GSplitDataModule", "GSplitStrategy"), ".systems.gsplit"),
+    **dict.fromkeys(("HopGNNConfig", "HopGNNDataModule", "HopGNNStrategy"), ".systems.hopgnn"),
+    **dict.fromkeys(("SancusConfig", "SancusDataModule", "SancusStrategy"), ".systems.sancus"),
+    **dict.fromkeys(("SingleConfig", "SingleDataModule", "SingleStrategy"), ".systems.single"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # once: later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "DATASETS",

@@ -6,6 +6,13 @@ and never re-executes the command line. That keeps Hydra multirun sane: a ``-m``
 its jobs in one process and each job spawns its own ranks (docs/architecture.md, "Launching"). Under ``torchrun`` or
 SLURM (``LOCAL_RANK`` set, or ``srun`` with one task per rank) the job function runs directly.
 
+Ranks start warm: they are forked from a *rank server* (multiprocessing's ``forkserver``), a
+process that imported torch, Lightning, PyG and the suite once, while the launcher was still
+composing the config and preparing the data (:func:`start_rank_server`). The server runs no torch
+operator, so no thread pool exists when it forks. ``launcher.start_method=spawn`` starts each rank
+as a fresh interpreter instead (every rank imports everything again). Either way a rank gets the
+launcher's environment, working directory, stdout and stderr as they are at launch.
+
 Tensors passed to the ranks (the graph) travel through shared memory, not copies.
 
 No rank outlives its launcher: the launcher kills its ranks on every way out (return, error,
@@ -17,7 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
+import io
 import os
+import pickle
+import secrets
 import signal
 import socket
 import sys
@@ -26,7 +37,33 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from .schema import START_METHODS
+from .systems.registry import SYSTEMS
+
+# What the rank server imports before its first fork: everything a rank of ``train()`` uses
+# except the chosen system, which the launcher adds (``start_rank_server(extra_modules)``).
+RANK_SERVER_PRELOAD = ("torch", "lightning", "torch_geometric", "lightning_gnnscale.run")
+
+
+def _run_token() -> str:
+    """``${run_token:}`` in hydra.run.dir / hydra.sweep.dir: two runs started in the same second
+    get different folders (the pid part differs between live processes on one machine). The
+    processes of one externally launched run (torchrun, srun, a manual multi-node launch) share
+    a token derived from what their launcher gave all of them, so they share one folder."""
+    shared = [
+        os.environ.get(var, "")
+        for var in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "MASTER_ADDR")
+    ]
+    if "MASTER_PORT" in os.environ or os.environ.get("SLURM_JOB_ID"):
+        shared.append(os.environ.get("MASTER_PORT", ""))
+        return hashlib.sha256("|".join(shared).encode()).hexdigest()[:8]
+    return f"{secrets.token_hex(2)}{os.getpid() % 0x10000:04x}"
+
+
+_RUN_TOKEN = _run_token()  # once per process: Hydra resolves the folder more than once
+OmegaConf.register_new_resolver("run_token", lambda: _RUN_TOKEN, replace=True)
 
 
 def externally_launched() -> bool:
@@ -48,22 +85,147 @@ _PR_SET_PDEATHSIG = 1
 RANK_EXIT_GRACE_S = 5.0
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when the launcher dies (a no-op elsewhere)."""
+def start_rank_server(extra_modules: tuple[str, ...] = ()) -> None:
+    """Start the warm process that ranks fork from, importing :data:`RANK_SERVER_PRELOAD` and
+    ``extra_modules`` in the background; idempotent (a running server keeps its modules).
+
+    Call it as early as possible (``train.py`` does, before its own heavy imports) so that the
+    server's imports overlap the launcher's work. Uses only the standard library."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        list(dict.fromkeys((*RANK_SERVER_PRELOAD, *extra_modules)))
+    )
+    forkserver.ensure_running()
+
+
+def warm_start(cfg: Any) -> bool:
+    """Start the rank server (with the chosen system's implementation) when the composed run
+    config ``cfg`` will launch local ranks from it; return whether it did. ``train.py`` calls
+    this before its heavy imports; it reads the raw config, whose values are validated later
+    (a value it cannot read here starts nothing and fails validation with its key named)."""
+    try:
+        devices, method = int(cfg.trainer.devices), cfg.launcher.start_method
+        spec = SYSTEMS.get(cfg.strategy.name)
+    except Exception:  # validation reports it, before any rank starts
+        return False
+    if devices < 2 or method != "forkserver" or spec is None or externally_launched():
+        return False
+    start_rank_server(spec.implementation)
+    return True
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _die_with_parent(launcher_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (a no-op elsewhere). The parent
+    is the launcher (spawn) or the rank server, which exits as soon as the launcher dies."""
     if not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the launcher died before the request took effect
+    parent = os.getppid()
+    if launcher_pid not in (parent, _parent_of(parent)):  # died before the request took effect
         os._exit(1)
 
 
-def _rank_main(
-    local_rank: int, env: dict[str, str], parent_pid: int, fn: Callable, args: tuple
-) -> None:
-    _die_with_parent(parent_pid)
+class InheritedFd:
+    """One of the launcher's file descriptors, duplicated into a rank when the rank starts (a
+    forked rank would otherwise write to the rank server's stdout, not the launcher's)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing.reduction import DupFd
+
+        return (_detached, (DupFd(self.fd),))
+
+
+def _detached(duplicate) -> int:
+    return duplicate.detach()
+
+
+def _inherited_types() -> tuple[type, ...]:
+    """multiprocessing objects that only travel with the process start (locks, barriers...)."""
+    from multiprocessing import queues, sharedctypes, synchronize
+
+    return (
+        synchronize.SemLock,
+        synchronize.Condition,
+        synchronize.Event,
+        synchronize.Barrier,
+        queues.Queue,
+        queues.SimpleQueue,
+        sharedctypes.SynchronizedBase,
+    )
+
+
+def rank_payloads(obj: Any, count: int) -> tuple[list[bytes], list]:
+    """``obj`` pickled once per rank, its tensors as shared-memory handles each rank claims,
+    and the multiprocessing objects in it (a barrier, a queue), which must go with the process
+    start: ``(payloads, inherited)``; a rank rebuilds ``obj`` with :func:`load_payload`.
+
+    Pickled here rather than by the process start so that a forkserver start, which passes at
+    most ~250 file descriptors to a new process, never limits how many tensors a rank gets."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers the shared-memory tensor reducers)
+
+    inherited: list = []
+    kinds = _inherited_types()
+
+    class RankPickler(ForkingPickler):
+        def persistent_id(self, value):
+            if isinstance(value, kinds):
+                inherited.append(value)
+                return len(inherited) - 1
+            return None
+
+    payloads = []
+    for _ in range(count):
+        buffer = io.BytesIO()
+        RankPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(obj)
+        payloads.append(buffer.getvalue())
+    return payloads, inherited
+
+
+def load_payload(payload: bytes, inherited: list) -> Any:
+    """The object of one of :func:`rank_payloads`' payloads, in the rank."""
+    unpickler = pickle.Unpickler(io.BytesIO(payload))
+    unpickler.persistent_load = inherited.__getitem__
+    return unpickler.load()
+
+
+def adopt_launcher_state(env: dict[str, str], stdio: tuple[int, int]) -> None:
+    """Make a started rank see the launcher's environment and stdout/stderr as they are now
+    (a spawned rank inherits them; a forked one would see the rank server's)."""
+    os.environ.clear()
     os.environ.update(env)
+    for fd, target in zip(stdio, (1, 2)):
+        if fd != target:
+            os.dup2(fd, target)
+            os.close(fd)
+
+
+def _rank_main(
+    local_rank: int,
+    state: dict[str, Any],
+    launcher_pid: int,
+    payloads: list[bytes],
+    inherited: list,
+) -> None:
+    _die_with_parent(launcher_pid)
+    adopt_launcher_state(state["env"], state["stdio"])
     os.environ["LOCAL_RANK"] = str(local_rank)
+    fn, args = load_payload(payloads[local_rank], inherited)
     fn(*args)
 
 
@@ -95,27 +257,37 @@ def launch_local(
     devices: int,
     num_nodes: int,
     timeout_s: float | None = None,
+    start_method: str = "forkserver",
 ) -> None:
-    """Run ``fn(*args)`` once per local rank (``devices`` processes, spawn start method).
+    """Run ``fn(*args)`` once per local rank (``devices`` processes, forked from the warm rank
+    server, or fresh interpreters with ``start_method="spawn"``).
 
     Raises the first failing rank's error; with ``timeout_s`` kills every rank and raises
     ``TimeoutError`` when the run takes longer (a deadlock fails instead of hanging).
     """
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method={start_method!r} is unknown; valid: {list(START_METHODS)}")
+    import torch.multiprocessing as mp
+
     env = {
+        **os.environ,
         "NODE_RANK": os.environ.get("NODE_RANK", "0"),
         "MASTER_ADDR": os.environ.get("MASTER_ADDR", "127.0.0.1"),
         "MASTER_PORT": os.environ.get("MASTER_PORT", str(free_port())),
         "WORLD_SIZE": str(devices * num_nodes),
     }
+    if start_method == "forkserver":
+        start_rank_server()
+    state = {"env": env, "stdio": (InheritedFd(1), InheritedFd(2))}
     ctx = None
     with _signals_raise():
         try:
             ctx = mp.start_processes(
                 _rank_main,
-                args=(env, os.getpid(), fn, args),
+                args=(state, os.getpid(), *rank_payloads((fn, args), devices)),
                 nprocs=devices,
                 join=False,
-                start_method="spawn",
+                start_method=start_method,
             )
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while not ctx.join(timeout=1.0, grace_period=RANK_EXIT_GRACE_S):

@@ -15,7 +15,6 @@ import fcntl
 import hashlib
 import json
 import os
-import secrets
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import lightning as L
 import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from .callbacks import (
     CollectiveAudit,
@@ -46,25 +45,6 @@ from .models.module import GNNModule
 from .schema import RunConfig, as_dict
 from .systems.base import GNNDataModule, MeteredSingleDeviceStrategy, SystemStrategy
 from .systems.registry import SYSTEMS
-
-
-def _run_token() -> str:
-    """``${run_token:}`` in hydra.run.dir / hydra.sweep.dir: two runs started in the same second
-    get different folders (the pid part differs between live processes on one machine). The
-    processes of one externally launched run (torchrun, srun, a manual multi-node launch) share
-    a token derived from what their launcher gave all of them, so they share one folder."""
-    shared = [
-        os.environ.get(var, "")
-        for var in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "MASTER_ADDR")
-    ]
-    if "MASTER_PORT" in os.environ or os.environ.get("SLURM_JOB_ID"):
-        shared.append(os.environ.get("MASTER_PORT", ""))
-        return hashlib.sha256("|".join(shared).encode()).hexdigest()[:8]
-    return f"{secrets.token_hex(2)}{os.getpid() % 0x10000:04x}"
-
-
-_RUN_TOKEN = _run_token()  # once per process: Hydra resolves the folder more than once
-OmegaConf.register_new_resolver("run_token", lambda: _RUN_TOKEN, replace=True)
 
 
 def config_hash(run: RunConfig) -> str:
@@ -164,6 +144,7 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
                 run.trainer.devices,
                 run.trainer.num_nodes,
                 run.launcher.timeout_s,
+                run.launcher.start_method,
             )
             node_zero = os.environ.get("NODE_RANK", "0") == "0"  # global rank 0 writes it
             metrics = read_summary(output_dir / "summary.json", run_id) if node_zero else {}

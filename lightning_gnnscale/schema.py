@@ -22,6 +22,7 @@ MODEL_NAMES = ("gcn", "sage", "gat", "custom")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 DTYPES = ("float32", "float64")
 ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
+START_METHODS = ("forkserver", "spawn")  # how local ranks start (launch.py)
 
 
 def require(condition: bool, message: str) -> None:
@@ -170,10 +171,13 @@ class TopologyConfig:
 @dataclass(frozen=True)
 class LauncherConfig:
     """``timeout_s``: kill a local multi-process run after this long (``None`` = never);
-    ``collective_timeout_s``: a collective stuck this long fails the run."""
+    ``collective_timeout_s``: a collective stuck this long fails the run; ``start_method``:
+    how local ranks start, ``forkserver`` (forked from a process that imported everything
+    once) or ``spawn`` (each rank a fresh interpreter that imports everything again)."""
 
     timeout_s: float | None = None
     collective_timeout_s: float = 300.0
+    start_method: str = "forkserver"
 
     def __post_init__(self) -> None:
         require(
@@ -184,6 +188,7 @@ class LauncherConfig:
             self.collective_timeout_s > 0,
             f"launcher.collective_timeout_s={self.collective_timeout_s} must be > 0",
         )
+        choice("launcher.start_method", self.start_method, START_METHODS)
 
 
 @dataclass(frozen=True)
@@ -206,12 +211,10 @@ class SystemConfig:
 
     def __post_init__(self) -> None:
         if self.NAMES and self.name not in self.NAMES:
-            from .systems.registry import SYSTEMS  # late: systems import this module
-
             raise ConfigError(
                 f"strategy.name={self.name!r} is not a name of {type(self).__name__} "
                 f"(valid: {list(self.NAMES)}); pick a system with strategy=<name>, one of "
-                f"{sorted(SYSTEMS)}"
+                f"{sorted(SYSTEM_SCHEMAS)}"
             )
 
     def check_data(self, data: DataConfig) -> None:
@@ -276,9 +279,7 @@ class RunConfig:
             "set ckpt_path (resume a run) or weights_from (start from its weights), not both",
         )
         if self.model.name == "custom" and not self.strategy.accepts_custom_models:
-            from .systems.registry import SYSTEMS  # late: systems import this module
-
-            valid = sorted(n for n, s in SYSTEMS.items() if s.config_type.accepts_custom_models)
+            valid = sorted(n for n, c in SYSTEM_SCHEMAS.items() if c.accepts_custom_models)
             raise ConfigError(
                 f"strategy={self.strategy.name} cannot run model=custom (a model(x, edge_index) "
                 f"cannot take the system's per-layer hooks); strategies that can: {valid}"
@@ -314,12 +315,18 @@ def schema_node(cls: type) -> DictConfig:
     return _writable(OmegaConf.structured(cls))
 
 
+# Every strategy name's config class, as registered (the registry fills it; this module never
+# imports the systems, which import it).
+SYSTEM_SCHEMAS: dict[str, type[SystemConfig]] = {}
+
+
 def register_schemas(systems: dict[str, type[SystemConfig]]) -> None:
     """Register the run schema (``run_schema``) and one ``schema/strategy/<name>`` node per
     system, which ``conf/config.yaml`` and ``conf/strategy/<name>.yaml`` name in their
     defaults lists."""
     from hydra.core.config_store import ConfigStore
 
+    SYSTEM_SCHEMAS.update(systems)
     store = ConfigStore.instance()
     store.store(name="run_schema", node=schema_node(RunConfig))
     for name, cls in systems.items():
@@ -333,10 +340,8 @@ def run_config(cfg: DictConfig | RunConfig) -> RunConfig:
     strategy = cfg.get("strategy")
     typed = OmegaConf.get_type(strategy) if isinstance(strategy, DictConfig) else None
     if typed is None or not (is_dataclass(typed) and issubclass(typed, SystemConfig)):
-        from .systems.registry import SYSTEMS  # late: systems import this module
-
         name = strategy.get("name") if isinstance(strategy, DictConfig) else strategy
-        raise ConfigError(f"strategy={name!r} is unknown; valid: {sorted(SYSTEMS)}")
+        raise ConfigError(f"strategy={name!r} is unknown; valid: {sorted(SYSTEM_SCHEMAS)}")
     _check_known_keys(cfg)
     run = OmegaConf.to_object(cfg)
     assert isinstance(run, RunConfig), type(run)

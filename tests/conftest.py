@@ -1,7 +1,16 @@
-"""Suite-wide test hooks: ``gpu``-marked tests skip, with the reason, where no CUDA device is."""
+"""Session set-up shared by every test module: the warm rank server, and ``gpu``-marked tests
+skipped, with the reason, where no CUDA device is."""
 
 import pytest
 import torch
+
+from tests.helpers.dist import warm_context
+
+
+def pytest_sessionstart(session) -> None:
+    # One warm rank server per pytest run (per xdist worker), started before collection so
+    # that its imports overlap the collection's: every test that starts ranks forks them.
+    warm_context()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -216,15 +216,25 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 def _rank_pids(launcher: subprocess.Popen, timeout_s: float = 120) -> list[int]:
-    """The launcher's spawned ranks (children running multiprocessing's spawn entry point)."""
+    """The launcher's ranks: the children of its rank server (multiprocessing's forkserver),
+    or under ``launcher.start_method=spawn`` its children running the spawn entry point."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        ranks = [
-            pid
-            for pid in _children(launcher.pid)
-            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        ]
+        ranks = []
+        for pid in _children(launcher.pid):
+            command = _cmdline(pid)
+            if "spawn_main" in command:
+                ranks.append(pid)
+            elif "forkserver" in command:
+                ranks.extend(_children(pid))
         if len(ranks) == 2 and launcher.poll() is None:
             return ranks
         time.sleep(0.5)

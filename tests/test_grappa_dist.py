@@ -22,7 +22,7 @@ from lightning_gnnscale.systems.grappa.callbacks import gradient_only_problems
 from lightning_gnnscale.systems.grappa.chunking import write_chunk_store
 from lightning_gnnscale.systems.registry import SYSTEMS
 from tests.helpers.config import make_cfg
-from tests.helpers.dist import run_distributed
+from tests.helpers.dist import run_distributed, start_process, warm_context
 from tests.test_grappa import make_dm, small_graph
 
 ESTIMATOR = "resampling"
@@ -134,13 +134,11 @@ def _train_job(cfg, results):
 
 
 def train_one_rank(cfg, timeout_s=120):
-    """``train(cfg)`` for ``trainer.devices=1`` in a spawned process: Lightning would otherwise
+    """``train(cfg)`` for ``trainer.devices=1`` in a started process: Lightning would otherwise
     initialise a one-rank process group in the test process, which later multi-rank runs
     would inherit."""
-    context = torch.multiprocessing.get_context("spawn")
-    results = context.Queue()
-    process = context.Process(target=_train_job, args=(cfg, results))
-    process.start()
+    results = warm_context().Queue()
+    process = start_process(_train_job, cfg, results)
     try:
         metrics, output_dir = results.get(timeout=timeout_s)
     finally:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 from dataclasses import replace
 
 import pytest
@@ -27,6 +26,7 @@ from lightning_gnnscale.graph.partition import (
     partition,
     partition_report,
 )
+from tests.helpers.dist import warm_context
 
 
 @pytest.fixture(scope="module")
@@ -385,7 +385,7 @@ def _race(cache_dir):
 
 
 def test_concurrent_builders_agree_and_leave_one_artifact(tmp_path):
-    with multiprocessing.get_context("spawn").Pool(2) as pool:
+    with warm_context().Pool(2) as pool:
         results = pool.map(_race, [str(tmp_path)] * 4)
     assert all(result == results[0] for result in results)
     assert len(list(tmp_path.glob("partition-*.pt"))) == 1

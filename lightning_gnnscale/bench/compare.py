@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
-from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
 from ..comm import CATEGORIES
@@ -231,6 +230,8 @@ def results_markdown(summaries: dict[str, dict], baseline: str, command: str, en
 
 def plot_accuracy_vs_time(summaries: dict[str, dict], path: Path) -> None:
     """Validation accuracy against cumulative epoch wall time, one line per strategy."""
+    from matplotlib.figure import Figure  # only the plots need it (a slow import)
+
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     for name, s in summaries.items():
@@ -247,6 +248,8 @@ def plot_accuracy_vs_time(summaries: dict[str, dict], path: Path) -> None:
 
 def plot_bytes_by_category(summaries: dict[str, dict], path: Path) -> None:
     """Stacked bars of counted bytes per epoch by category, one bar per strategy."""
+    from matplotlib.figure import Figure  # only the plots need it (a slow import)
+
     fig = Figure(figsize=(7, 4.5), layout="constrained")
     ax = fig.subplots()
     names = list(summaries)

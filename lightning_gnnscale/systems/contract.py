@@ -107,11 +107,19 @@ class Evaluation:
         return {s: float(c[0] / c[1].clamp(min=1)) for s, c in zip(splits, counts)}
 
 
-def _suite_strategy(trainer: L.Trainer):
-    from .base import SystemStrategy  # late: base imports this module
+@runtime_checkable
+class SuiteStrategy(Protocol):
+    """What :class:`~.base.SystemStrategy` offers the other components (base imports this
+    module, so the check is by these methods, which no Lightning strategy has)."""
 
+    def bind(self, config: SystemConfig) -> RankContext: ...
+
+    def module_runtime(self) -> ModuleRuntime: ...
+
+
+def _suite_strategy(trainer: L.Trainer) -> SuiteStrategy:
     strategy = trainer.strategy
-    if not isinstance(strategy, SystemStrategy):
+    if not isinstance(strategy, SuiteStrategy):
         from .registry import SYSTEMS
 
         raise TypeError(

@@ -1,7 +1,13 @@
-"""Run a function on N spawned gloo ranks with a hard deadline, so a deadlock fails fast."""
+"""Run a function on N gloo ranks with a hard deadline, so a deadlock fails fast.
+
+Ranks fork from the run's one warm rank server (``launch.start_rank_server``, started when the
+session starts, see ``tests/conftest.py``): a rank starts in milliseconds instead of importing
+torch, Lightning and PyG again. Like the launcher's ranks they see the test's environment, cwd
+and stdout/stderr as they are when the ranks start."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import queue
 import socket
@@ -15,6 +21,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from lightning_gnnscale.launch import (
+    InheritedFd,
+    adopt_launcher_state,
+    load_payload,
+    rank_payloads,
+    start_rank_server,
+)
+from lightning_gnnscale.systems.registry import SYSTEMS
+
+# What the tests' rank server preloads on top of the launcher's list: every system.
+TEST_PRELOAD = tuple(module for spec in SYSTEMS.values() for module in spec.implementation)
+
 _ERROR_GRACE_S = 2.0  # after a rank fails, how long to wait for the others' own errors
 
 
@@ -25,7 +43,37 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank, world_size, port, backend, timeout_s, fn, args, results) -> None:
+def warm_context():
+    """The multiprocessing context whose processes fork from the warm rank server."""
+    start_rank_server(TEST_PRELOAD)
+    return mp.get_context("forkserver")
+
+
+def launcher_state() -> dict:
+    """What a started process adopts (:func:`~lightning_gnnscale.launch.adopt_launcher_state`)."""
+    return {"env": dict(os.environ), "stdio": (InheritedFd(1), InheritedFd(2))}
+
+
+def _adopt(state, payload, inherited):
+    adopt_launcher_state(state["env"], state["stdio"])
+    return load_payload(payload, inherited)
+
+
+def _call(state, fn, args) -> None:
+    adopt_launcher_state(state["env"], state["stdio"])
+    fn(*args)
+
+
+def start_process(fn: Callable[..., Any], *args: Any):
+    """``fn(*args)`` in one started (not joined) process of :func:`warm_context`; ``args``
+    may hold that context's queues (pickled by the process start, not by :func:`rank_payloads`)."""
+    process = warm_context().Process(target=_call, args=(launcher_state(), fn, args))
+    process.start()
+    return process
+
+
+def _worker(rank, world_size, port, backend, timeout_s, state, payload, inherited, results) -> None:
+    fn, args = _adopt(state, payload, inherited)
     torch.set_num_threads(1)
     try:
         dist.init_process_group(
@@ -59,7 +107,7 @@ def run_distributed(
     timeout_s: float = 60,
     backend: str = "gloo",
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; return the results
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return the results
     in rank order.
 
     ``fn`` must be a module-level (picklable) function and its results picklable. Each rank
@@ -67,13 +115,25 @@ def run_distributed(
     here as RuntimeError with its traceback; if the ranks do not all finish within
     ``timeout_s`` (start-up included) every process is killed and TimeoutError is raised.
     """
-    context = mp.get_context("spawn")
+    context = warm_context()
     results = context.Queue()
     port = free_port()
+    state = launcher_state()
+    payloads, inherited = rank_payloads((fn, args), world_size)
     processes = [
         context.Process(
             target=_worker,
-            args=(rank, world_size, port, backend, timeout_s, fn, args, results),
+            args=(
+                rank,
+                world_size,
+                port,
+                backend,
+                timeout_s,
+                state,
+                payloads[rank],
+                inherited,
+                results,
+            ),
         )
         for rank in range(world_size)
     ]

@@ -8,10 +8,22 @@ collectives, and synchronous data-parallel training on the sampled batches. See
 docs/systems/bytegnn.md.
 """
 
+from __future__ import annotations
+
+from .. import lazy_exports
 from .config import ByteGNNConfig, DagConfig, PartitionConfig, SchedulerConfig
-from .datamodule import ByteGNNDataModule
-from .strategy import ByteGNNStrategy
-from .sworker import ByteGNNBatch, SamplingError, SWorker
+
+# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ByteGNNDataModule": ".datamodule",
+        "ByteGNNStrategy": ".strategy",
+        "ByteGNNBatch": ".sworker",
+        "SamplingError": ".sworker",
+        "SWorker": ".sworker",
+    },
+)
 
 __all__ = [
     "ByteGNNBatch",

@@ -6,9 +6,22 @@ split, DDP for dense gradients, optional learnable node embeddings with a sparse
 layer-wise distributed evaluation. See docs/systems/distdgl.md.
 """
 
+from __future__ import annotations
+
+from .. import lazy_exports
 from .config import DistDGLConfig, PartitionConfig
-from .datamodule import DistDGLBatch, DistDGLDataModule, LearnableInputs, PartitionedGraph
-from .strategy import DistDGLStrategy
+
+# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "DistDGLBatch": ".datamodule",
+        "DistDGLDataModule": ".datamodule",
+        "LearnableInputs": ".datamodule",
+        "PartitionedGraph": ".datamodule",
+        "DistDGLStrategy": ".strategy",
+    },
+)
 
 __all__ = [
     "DistDGLBatch",

@@ -7,9 +7,20 @@ by a coverage factor. Presets ``grappa_uw``, ``grappa_fp``, ``grappa_naive`` and
 are the paper's ablations. See docs/systems/grappa.md.
 """
 
+from __future__ import annotations
+
+from .. import lazy_exports
 from .config import GRAPPA_PRESETS, EarlyTriggerConfig, GrappaConfig
-from .datamodule import GrappaBatch, GrappaDataModule
-from .strategy import GrappaStrategy
+
+# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "GrappaBatch": ".datamodule",
+        "GrappaDataModule": ".datamodule",
+        "GrappaStrategy": ".strategy",
+    },
+)
 
 __all__ = [
     "GRAPPA_PRESETS",

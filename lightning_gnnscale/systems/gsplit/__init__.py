@@ -6,10 +6,23 @@ rows before layer 0, metered as ``feature``; hidden rows later, ``activation``),
 feature loading through a partition-aligned cache. See docs/systems/gsplit.md.
 """
 
-from .callbacks import GSplitStats, RedundancyProbe
+from __future__ import annotations
+
+from .. import lazy_exports
 from .config import FeatureCacheConfig, GSplitConfig, GSplitPartitionConfig
-from .datamodule import GSplitDataModule, LayerTraffic, SplitBatch
-from .strategy import GSplitStrategy
+
+# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "GSplitStats": ".callbacks",
+        "RedundancyProbe": ".callbacks",
+        "GSplitDataModule": ".datamodule",
+        "LayerTraffic": ".datamodule",
+        "SplitBatch": ".datamodule",
+        "GSplitStrategy": ".strategy",
+    },
+)
 
 __all__ = [
     "FeatureCacheConfig",

@@ -8,8 +8,16 @@ gradients summed by the strategy itself (no DDP wrapper). See docs/systems/sancu
 
 from __future__ import annotations
 
+from .. import lazy_exports
 from .config import SancusConfig
-from .datamodule import SancusDataModule
-from .strategy import SancusStrategy
+
+# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "SancusDataModule": ".datamodule",
+        "SancusStrategy": ".strategy",
+    },
+)
 
 __all__ = ["SancusConfig", "SancusDataModule", "SancusStrategy"]

@@ -1,0 +1,24 @@
+"""The settings of ``strategy=ddp``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...schema import SystemConfig
+
+
+@dataclass(frozen=True)
+class DDPConfig(SystemConfig):
+    """``strategy=ddp``.
+
+    Args:
+        salt_by_rank: ranks sample independent micro-batches (rank-salted keys), as real
+            data-parallel training does; ``False``: exactly what one process would sample.
+    """
+
+    name: str = "ddp"
+    salt_by_rank: bool = True
+
+    NAMES = ("ddp",)
+    accepts_custom_models = True
+    batches_in_main_process = False  # sampled in DataLoader workers if asked

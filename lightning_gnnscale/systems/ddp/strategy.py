@@ -1,0 +1,12 @@
+"""The Strategy of ``strategy=ddp``."""
+
+from __future__ import annotations
+
+from ..base import MeteredDDPStrategy
+from .config import DDPConfig
+
+
+class DataParallelStrategy(MeteredDDPStrategy):
+    """Plain data parallel: DDP's gradient all-reduce, metered; nothing else moves."""
+
+    config_type = DDPConfig

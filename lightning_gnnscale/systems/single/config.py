@@ -1,0 +1,25 @@
+"""The settings of ``strategy=single``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...schema import RunConfig, SystemConfig, require
+
+
+@dataclass(frozen=True)
+class SingleConfig(SystemConfig):
+    """``strategy=single``: no settings of its own; one process."""
+
+    name: str = "single"
+
+    NAMES = ("single",)
+    accepts_custom_models = True
+    batches_in_main_process = False  # sampled in DataLoader workers if asked
+
+    def check_run(self, run: RunConfig) -> None:
+        require(
+            run.trainer.devices == 1 and run.trainer.num_nodes == 1,
+            f"strategy=single runs one process, but trainer.devices={run.trainer.devices} and "
+            f"trainer.num_nodes={run.trainer.num_nodes}; set both to 1 or use strategy=ddp",
+        )

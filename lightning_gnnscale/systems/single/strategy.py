@@ -1,0 +1,12 @@
+"""The Strategy of ``strategy=single``."""
+
+from __future__ import annotations
+
+from ..base import MeteredSingleDeviceStrategy
+from .config import SingleConfig
+
+
+class SingleStrategy(MeteredSingleDeviceStrategy):
+    """One process, metered like the others (every collective a no-op that counts nothing)."""
+
+    config_type = SingleConfig

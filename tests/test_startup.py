@@ -1,0 +1,173 @@
+"""Start-up: ranks fork from a warm rank server instead of importing everything again, and
+``import lightning_gnnscale`` imports only what it needs (docs/architecture.md, "Imports")."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_gnnscale.config import ConfigError, validate
+from lightning_gnnscale.launch import launch_local
+from tests.helpers.config import REPO, make_cfg
+from tests.helpers.dist import run_distributed
+
+# A rank that imported torch alone has used more CPU time than this (lightning: ~10x more);
+# a rank forked from the warm server starts having used a few milliseconds.
+IMPORT_FREE_CPU_S = 0.5
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _report_start(out_dir: str) -> None:
+    """One rank's state when its job function starts (CPU time is this process's own)."""
+    cpu = _cpu_s()
+    server = os.getppid()
+    rank = os.environ["LOCAL_RANK"]
+    print(f"rank {rank} says hello", flush=True)
+    report = {
+        "cpu_s": cpu,
+        "parent_threads": len(os.listdir(f"/proc/{server}/task")),
+        "probe": os.environ.get("GNNSCALE_TEST_PROBE"),
+        "cwd": os.getcwd(),
+    }
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def _launch_and_read(tmp_path: Path, devices: int, start_method: str) -> list[dict]:
+    launch_local(_report_start, (str(tmp_path),), devices, 1, 600, start_method)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(devices)]
+
+
+def test_launched_ranks_start_warm_with_the_launchers_state(tmp_path, monkeypatch, capfd):
+    # set after the session's rank server started: a forked rank must still see them
+    monkeypatch.setenv("GNNSCALE_TEST_PROBE", "set-late")
+    monkeypatch.chdir(tmp_path)
+    reports = _launch_and_read(tmp_path, 2, "forkserver")
+    for report in reports:
+        assert report["cpu_s"] < IMPORT_FREE_CPU_S, report  # nothing was imported again
+        # the server had no thread pool when it forked (torch ran no parallel operator there)
+        assert report["parent_threads"] == 1, report
+        assert report["probe"] == "set-late"
+        assert report["cwd"] == str(tmp_path)
+    out = capfd.readouterr().out
+    assert "rank 0 says hello" in out and "rank 1 says hello" in out
+
+
+def _cpu_at_start(rank: int, world_size: int) -> float:
+    return _cpu_s()
+
+
+def test_test_helper_ranks_start_warm():
+    for cpu in run_distributed(_cpu_at_start, 2):
+        assert cpu < IMPORT_FREE_CPU_S
+
+
+@pytest.mark.e2e
+def test_spawn_stays_available_and_imports_again(tmp_path):
+    """``launcher.start_method=spawn``: a fresh interpreter, which pays the imports (and shows
+    the bound above is far below one import)."""
+    (report,) = _launch_and_read(tmp_path, 1, "spawn")
+    assert report["cpu_s"] > 2 * IMPORT_FREE_CPU_S
+
+
+def test_an_unknown_start_method_is_refused_before_any_rank(tmp_path):
+    cfg = make_cfg(tmp_path, "launcher.start_method=fork")
+    with pytest.raises(ConfigError, match=r"launcher.start_method='fork' is unknown.*spawn"):
+        validate(cfg)
+
+
+IMPORT_PROBE = r"""
+import sys
+import lightning_gnnscale as gs
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {
+    "wandb", "ogb", "matplotlib", "lightning", "torch_geometric", "torchmetrics"})
+systems = sorted(m for m in sys.modules if m.startswith("lightning_gnnscale.systems.")
+                 and m.rsplit(".", 1)[1] in ("strategy", "datamodule"))
+from lightning.pytorch.strategies import StrategyRegistry  # after the package: still registered
+names = [spec.registered_as in StrategyRegistry for spec in gs.SYSTEMS.values()]
+print(heavy, systems, all(names), gs.SYSTEMS["gsplit"].default_config().name)
+"""
+
+
+@pytest.mark.e2e
+def test_the_package_imports_no_system_and_still_registers_every_name():
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[0] == "[] [] True gsplit"
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """The package modules ``module`` imports anywhere in it (late imports included)."""
+    is_package = path.name == "__init__.py"
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    found = set()
+    tree = ast.parse(path.read_text())
+    type_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level + 1] if node.level else []
+            target = ".".join([*base, *([node.module] if node.module else [])])
+            found.update(f"{target}.{alias.name}" for alias in node.names)
+            found.add(target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("lightning_gnnscale")}
+
+
+def test_the_schema_imports_no_system():
+    package = REPO / "lightning_gnnscale"
+    for name in ("schema.py", "errors.py"):
+        imported = _imports(package / name, f"lightning_gnnscale.{name[:-3]}")
+        assert not {m for m in imported if m.startswith("lightning_gnnscale.systems")}, name
+
+
+def test_no_import_circle():
+    """No module imports, through others, itself, late imports inside functions included
+    (through the schema's late import of the registry, 49 modules formed one circle)."""
+    package = REPO / "lightning_gnnscale"
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {
+        name: {m for m in _imports(path, name) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+    done, path = set(), []
+
+    def visit(name):
+        if name in path:
+            raise AssertionError(f"import circle: {' -> '.join(path[path.index(name) :])}")
+        if name in done:
+            return
+        path.append(name)
+        for dependency in graph[name]:
+            visit(dependency)
+        path.pop()
+        done.add(name)
+
+    for name in sorted(modules):
+        visit(name)
