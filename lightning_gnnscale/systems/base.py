@@ -63,6 +63,7 @@ from .contract import (
     RankContext,
     RuntimeAware,
     bind_datamodule,
+    check_run_rules,
 )
 
 DEFAULT_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
@@ -173,11 +174,15 @@ class SystemStrategy:
                 "pass the same object to both (or create the strategy by name)"
             )
         if data is not None:
-            facts = self.run_facts(data)
-            if facts.model is not None:
-                check_depth(data, facts.model)
-            config.check_run(facts)
+            self.check_rules(config, data)
         return self.context
+
+    def check_rules(self, config: SystemConfig, data: DataConfig) -> None:
+        """``config.check_run`` (and the model's depth) against this run's facts."""
+        facts = self.run_facts(data)
+        if facts.model is not None:
+            check_depth(data, facts.model)
+        config.check_run(facts)
 
     def module_runtime(self) -> ModuleRuntime:
         """What the LightningModule receives in :meth:`hand_module_runtime`."""
@@ -199,21 +204,19 @@ class SystemStrategy:
 
     @override
     def training_step(self, *args, **kwargs):
-        """The module's step; on the first one, a module that took a runtime with a layer
-        hook must have called ``runtime.layer_hook(batch)``: without it the rows never move
-        and the step fails far from the cause (an index out of bounds)."""
+        """The module's step. If the first one fails and the module took a runtime with a
+        layer hook but never called ``runtime.layer_hook(batch)``, the error says so: without
+        the hook the rows never move and the step fails far from the cause (an index out of
+        bounds)."""
         runtime, self.unchecked_runtime = self.unchecked_runtime, None
         if runtime is None:
             return super().training_step(*args, **kwargs)
         try:
-            out = super().training_step(*args, **kwargs)
+            return super().training_step(*args, **kwargs)
         except Exception as err:
             if runtime.layer_hook_unused:
                 raise RuntimeError(self.unused_hook_message()) from err
             raise
-        if runtime.layer_hook_unused:
-            raise RuntimeError(self.unused_hook_message())
-        return out
 
     def unused_hook_message(self) -> str:
         return (
@@ -589,6 +592,8 @@ class GNNDataModule(L.LightningDataModule):
 
     @override
     def prepare_data(self) -> None:
+        if self.trainer is not None:  # a bad setting fails before the preprocessing
+            check_run_rules(self.trainer, self.config, self.data)
         self.follow_precision()
         self.prepare(self.trainer.world_size if self.trainer is not None else 1)
 
