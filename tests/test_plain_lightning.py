@@ -266,7 +266,7 @@ def rank_scenarios(out: Path) -> None:
     # 10c: a module that takes the runtime but never calls the layer hook
     Strategy, dm = datamodule("gsplit", out / "cache", graph=graph)
     module = IgnoresTheLayerHook(dm.build_model(model))
-    t = trainer(Strategy(dm.config), 2)
+    t = trainer(Strategy(dm.config, timeout_s=30), 2)  # the other rank may wait in a collective
     expect_error(results, "unused_hook", lambda: t.fit(module, datamodule=dm))
     torch.save(results, out / f"rank{t.global_rank}.pt")
 
@@ -349,8 +349,9 @@ def test_config_rules_are_checked_before_any_step(two_ranks):
 @pytest.mark.dist
 @pytest.mark.timeout(600)  # the first one runs the shared 2-rank launch
 def test_a_module_that_ignores_the_layer_hook_is_told_so(two_ranks):
-    for results in two_ranks:
-        assert "never called runtime.layer_hook(batch)" in results["unused_hook"]
+    errors = [results["unused_hook"] or "" for results in two_ranks]
+    assert any("never called runtime.layer_hook(batch)" in e for e in errors), errors
+    assert not [e for e in errors if e.startswith("IndexError")], errors
 
 
 def test_quickstart_lists_every_strategy_with_its_classes():
