@@ -9,14 +9,18 @@ own Lightning script".
 The import is light: the config schema and the registry, no system's implementation and no
 Lightning, PyG, wandb, ogb or matplotlib. The names below load on first use (``gs.GNNModule``),
 and a strategy name's system when a run or a Trainer uses it (docs/architecture.md, "Imports").
+
+``system(name)`` gives ``(Strategy, DataModule, config)`` for any strategy name (presets and
+Lightning names such as ``metered_ddp`` included); each system's nested settings classes are
+exported too (prefixed with the system where two systems' names would clash).
 """
 
 from importlib import import_module
 from typing import Any
 
 from .errors import ConfigError
-from .schema import DataConfig, ModelConfig, RunConfig, SystemConfig, TrainerConfig
-from .systems.registry import SYSTEMS, SystemSpec, register_systems
+from .schema import DataConfig, ModelConfig, RunConfig, RunFacts, SystemConfig, TrainerConfig
+from .systems.registry import SYSTEMS, SystemSpec, register_systems, system
 
 register_systems()
 
@@ -28,11 +32,14 @@ _LAZY = {
     "Batch": ".graph.batch",
     "Graph": ".graph.csc",
     **dict.fromkeys(("DATASETS", "load_dataset"), ".graph.datasets"),
-    **dict.fromkeys(("BlockGNN", "SubgraphModel", "build_model"), ".models.gnn"),
+    **dict.fromkeys(
+        ("BlockGNN", "SubgraphModel", "build_model", "layerwise_inference"), ".models.gnn"
+    ),
     "GNNModule": ".models.module",
     **dict.fromkeys(("GNNDataModule", "SystemStrategy"), ".systems.base"),
     **dict.fromkeys(
-        ("Evaluation", "ModuleRuntime", "RankContext", "rank_context"), ".systems.contract"
+        ("Evaluation", "ModuleRuntime", "Prediction", "RankContext", "rank_context"),
+        ".systems.contract",
     ),
     **dict.fromkeys(("ByteGNNConfig", "ByteGNNDataModule", "ByteGNNStrategy"), ".systems.bytegnn"),
     **dict.fromkeys(
@@ -47,13 +54,22 @@ _LAZY = {
     **dict.fromkeys(("HopGNNConfig", "HopGNNDataModule", "HopGNNStrategy"), ".systems.hopgnn"),
     **dict.fromkeys(("SancusConfig", "SancusDataModule", "SancusStrategy"), ".systems.sancus"),
     **dict.fromkeys(("SingleConfig", "SingleDataModule", "SingleStrategy"), ".systems.single"),
+    # nested settings (prefixed with the system where two systems' names would clash)
+    **dict.fromkeys(("DagConfig", "SchedulerConfig"), ".systems.bytegnn"),
+    "ByteGNNPartitionConfig": (".systems.bytegnn", "PartitionConfig"),
+    "DistDGLPartitionConfig": (".systems.distdgl", "PartitionConfig"),
+    **dict.fromkeys(("CoBSettings", "EASSettings"), ".systems.granndis.config"),
+    "GraNNDISPartitionSettings": (".systems.granndis.config", "PartitionSettings"),
+    "EarlyTriggerConfig": ".systems.grappa",
+    **dict.fromkeys(("FeatureCacheConfig", "GSplitPartitionConfig"), ".systems.gsplit"),
 }
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(_LAZY[name], __name__), name)
+    module, attribute = _LAZY[name] if isinstance(_LAZY[name], tuple) else (_LAZY[name], name)
+    value = getattr(import_module(module, __name__), attribute)
     globals()[name] = value  # once: later lookups skip this function
     return value
 
@@ -69,26 +85,35 @@ __all__ = [
     "BlockGNN",
     "ByteGNNConfig",
     "ByteGNNDataModule",
+    "ByteGNNPartitionConfig",
     "ByteGNNStrategy",
+    "CoBSettings",
     "CollectiveAudit",
     "CommStats",
     "ConfigError",
     "DDPConfig",
     "DataConfig",
     "DataParallelDataModule",
+    "DagConfig",
     "DataParallelStrategy",
     "DistDGLConfig",
     "DistDGLDataModule",
+    "DistDGLPartitionConfig",
     "DistDGLStrategy",
+    "EASSettings",
+    "EarlyTriggerConfig",
     "EpochStats",
     "Evaluation",
     "GNNDataModule",
+    "FeatureCacheConfig",
     "GNNModule",
     "GSplitConfig",
     "GSplitDataModule",
+    "GSplitPartitionConfig",
     "GSplitStrategy",
     "GraNNDISConfig",
     "GraNNDISDataModule",
+    "GraNNDISPartitionSettings",
     "GraNNDISStrategy",
     "Graph",
     "GrappaConfig",
@@ -99,12 +124,15 @@ __all__ = [
     "HopGNNStrategy",
     "ModelConfig",
     "ModuleRuntime",
+    "Prediction",
     "RankContext",
     "RunConfig",
+    "RunFacts",
     "RunSummary",
     "SancusConfig",
     "SancusDataModule",
     "SancusStrategy",
+    "SchedulerConfig",
     "SingleConfig",
     "SingleDataModule",
     "SingleStrategy",
@@ -115,7 +143,9 @@ __all__ = [
     "SystemStrategy",
     "TrainerConfig",
     "build_model",
+    "layerwise_inference",
     "load_dataset",
     "rank_context",
     "register_systems",
+    "system",
 ]

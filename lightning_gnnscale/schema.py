@@ -11,6 +11,8 @@ Strategy and its DataModule both receive that one object.
 
 from __future__ import annotations
 
+import types
+import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, ClassVar
 
@@ -36,6 +38,48 @@ def choice(key: str, value: Any, valid) -> None:
     require(value in valid, f"{key}={value!r} is unknown; valid: {list(valid)}")
 
 
+def _type_ok(value: Any, expected: Any) -> bool:
+    """Whether ``value`` fits the annotation ``expected`` (int is not a bool; float takes int)."""
+    if expected is Any:
+        return True
+    origin = typing.get_origin(expected)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arg) for arg in typing.get_args(expected))
+    if origin in (list, tuple):
+        item = typing.get_args(expected)[:1] or (Any,)
+        return isinstance(value, list | tuple) and all(_type_ok(v, item[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    if expected is type(None):
+        return value is None
+    if expected is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(expected, type):
+        return isinstance(value, expected)
+    return True  # an annotation this check does not model
+
+
+def check_field_types(config: Any, prefix: str = "") -> None:
+    """Every field of the settings dataclass ``config`` holds a value of its annotated type
+    (nested settings dataclasses too): ``partitions_per_rank=2.5`` or a dict where a nested
+    config is expected fail at construction, with the key named."""
+    hints = typing.get_type_hints(type(config))
+    for f in fields(config):
+        value, expected = getattr(config, f.name), hints.get(f.name, Any)
+        if isinstance(value, str) and value == MISSING:
+            continue
+        if not _type_ok(value, expected):
+            plain = isinstance(expected, type) and not typing.get_args(expected)
+            shown = expected.__name__ if plain else str(expected).replace("typing.", "")
+            raise ConfigError(
+                f"{prefix}{f.name}={value!r} is a {type(value).__name__}, expected {shown}"
+            )
+        if is_dataclass(value) and not isinstance(value, type):
+            check_field_types(value, f"{prefix}{f.name}.")
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """How training steps are cut and sampled.
@@ -54,6 +98,7 @@ class DataConfig:
     eval_chunk_size: int = 65536
 
     def __post_init__(self) -> None:
+        check_field_types(self, "data.")
         require(
             self.batch_size > 0 or self.batch_size == -1,
             f"data.batch_size={self.batch_size} must be > 0 or -1 (-1 = all train nodes)",
@@ -94,6 +139,7 @@ class ModelConfig:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_field_types(self, "model.")
         choice("model", self.name, MODEL_NAMES)
         require(self.hidden >= 1, f"model.hidden={self.hidden} must be >= 1")
         require(self.num_layers >= 1, f"model.num_layers={self.num_layers} must be >= 1")
@@ -192,12 +238,47 @@ class LauncherConfig:
 
 
 @dataclass(frozen=True)
+class RunFacts:
+    """What a system's cross-section rules (:meth:`SystemConfig.check_run`) see of a run.
+
+    ``train.py`` makes it from its :class:`RunConfig` (:meth:`of_run`); a suite strategy makes
+    it when the Trainer, the LightningModule and the DataModule meet (in ``setup``, before any
+    step), so a plain Lightning script is held to the same rules.
+
+    Attributes:
+        world_size, devices, num_nodes: the Trainer's processes.
+        data: the DataModule's data settings.
+        model: the model's settings; ``None`` for a LightningModule that does not state them.
+        ckpt_path: the checkpoint ``train.py`` resumes training from (a plain script's resume
+            is refused or accepted when the checkpoint is loaded).
+    """
+
+    world_size: int
+    devices: int
+    num_nodes: int
+    data: DataConfig
+    model: ModelConfig | None = None
+    ckpt_path: str | None = None
+
+    @classmethod
+    def of_run(cls, run: RunConfig) -> RunFacts:
+        t = run.trainer
+        return cls(t.world_size, t.devices, t.num_nodes, run.data, run.model, run.ckpt_path)
+
+
+@dataclass(frozen=True)
 class SystemConfig:
     """Base of every system's settings (``strategy:`` in the run config).
 
     Subclasses add their fields and validate them in ``__post_init__`` (calling
-    ``super().__post_init__()``); rules that involve other sections (the model, the world
-    size) go in :meth:`check_run`, called once by :class:`RunConfig`.
+    ``super().__post_init__()``, which checks every field's type); rules that involve other
+    sections (the model, the data, the world size) go in :meth:`check_run`, called by
+    :class:`RunConfig` and again by the strategy when a plain Lightning script's Trainer,
+    module and DataModule meet.
+
+    A preset (``grappa_uw``) is a name plus the settings that define it (``PRESETS``); get one
+    with ``Config.preset(name)``. A config carrying a preset's name without its settings is
+    refused.
 
     Args:
         name: the registered strategy name.
@@ -206,6 +287,10 @@ class SystemConfig:
     name: str = MISSING
 
     NAMES: ClassVar[tuple[str, ...]] = ()  # the strategy names this config serves
+    PRESETS: ClassVar[dict[str, dict]] = {}  # preset name -> the settings that define it
+    # model settings the system trains with by default (its strategy YAML sets them too);
+    # applied by :meth:`model_config`
+    MODEL_SETTINGS: ClassVar[dict[str, Any]] = {}
     accepts_custom_models: ClassVar[bool] = False  # can train a user model(x, edge_index)
     batches_in_main_process: ClassVar[bool] = True  # batches may run collectives: no workers
 
@@ -216,6 +301,25 @@ class SystemConfig:
                 f"(valid: {list(self.NAMES)}); pick a system with strategy=<name>, one of "
                 f"{sorted(SYSTEM_SCHEMAS)}"
             )
+        check_field_types(self, "strategy.")
+        for key, value in self.PRESETS.get(self.name, {}).items():
+            require(
+                getattr(self, key) == value,
+                f"strategy.{key}={getattr(self, key)!r}: {self.name} is defined by "
+                f"{key}={value!r}; build it with {type(self).__name__}.preset({self.name!r}) "
+                f"(or pick another name)",
+            )
+
+    @classmethod
+    def preset(cls, name: str) -> SystemConfig:
+        """The settings of strategy name ``name`` (a preset's defining settings applied)."""
+        choice("strategy", name, cls.NAMES or (cls.name,))
+        return cls(name=name, **cls.PRESETS.get(name, {}))
+
+    def model_config(self, **settings: Any) -> ModelConfig:
+        """A :class:`ModelConfig` with this system's model settings (``MODEL_SETTINGS``, e.g.
+        SANCUS's dropout 0; the strategy YAML sets the same), then ``settings``."""
+        return ModelConfig(**{**self.MODEL_SETTINGS, **settings})
 
     def check_data(self, data: DataConfig) -> None:
         """Rules between this system and the data settings; checked by :class:`RunConfig` and
@@ -226,8 +330,8 @@ class SystemConfig:
             f"collectives), but data.num_workers={data.num_workers}; set data.num_workers=0",
         )
 
-    def check_run(self, run: RunConfig) -> None:
-        """Rules between this system and the rest of the run (``run.model``, world size...)."""
+    def check_run(self, run: RunFacts) -> None:
+        """Rules between this system and the rest of the run (model, data, world size...)."""
 
 
 @dataclass(frozen=True)
@@ -284,7 +388,7 @@ class RunConfig:
                 f"strategy={self.strategy.name} cannot run model=custom (a model(x, edge_index) "
                 f"cannot take the system's per-layer hooks); strategies that can: {valid}"
             )
-        self.strategy.check_run(self)
+        self.strategy.check_run(RunFacts.of_run(self))
 
     @property
     def world_size(self) -> int:

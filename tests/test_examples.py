@@ -9,8 +9,10 @@ import sys
 import pytest
 import torch
 
+from lightning_gnnscale import ModelConfig, build_model, load_dataset
 from lightning_gnnscale.run import train
 from tests.helpers.config import REPO, make_cfg
+from tests.test_plain_lightning import full_neighbourhood
 
 NUM_NODES, EPOCHS = 2000, 2
 
@@ -30,7 +32,7 @@ def run_example(script: str, out, launcher: list[str] | None = None) -> dict:
     return {"metrics": metrics, "weights": torch.load(out / "weights.pt", weights_only=True)}
 
 
-def run_train_py(tmp_path, strategy: str, model: str) -> dict:
+def run_train_py(tmp_path, strategy: str, model: str, *overrides: str) -> dict:
     cfg = make_cfg(
         tmp_path,
         f"strategy={strategy}",
@@ -39,6 +41,7 @@ def run_train_py(tmp_path, strategy: str, model: str) -> dict:
         f"trainer.max_epochs={EPOCHS}",
         "trainer.enable_progress_bar=false",
         "logger=none",
+        *overrides,
         tiny=False,
     )
     metrics, objects = train(cfg)
@@ -73,3 +76,25 @@ def test_own_module_under_distdgl_matches_train_py(tmp_path):
     example = run_example("distdgl_own_module.py", tmp_path / "lightning")
     # the user's module holds its BlockGNN as `net`, like GNNModule: the same parameter names
     assert_same_run(example, reference)
+
+
+@pytest.mark.e2e
+def test_float64_precision_example_matches_train_py_in_float64(tmp_path):
+    """``L.Trainer(precision="64-true")``, without ``use_distributed_sampler=False``, gives the
+    weights of ``train.py ... dtype=float64``."""
+    reference = run_train_py(tmp_path / "train", "ddp", "gcn", "dtype=float64")
+    example = run_example("ddp_float64.py", tmp_path / "lightning")
+    assert all(v.dtype == torch.float64 for v in example["weights"].values())
+    assert_same_run(example, reference)
+
+
+@pytest.mark.e2e
+def test_predict_example_saves_every_nodes_embedding(tmp_path):
+    example = run_example("predict_embeddings.py", tmp_path / "predict")
+    saved = torch.load(tmp_path / "predict" / "embeddings.pt", weights_only=True)
+    graph = load_dataset("sbm", num_nodes=NUM_NODES)
+    assert saved["node_ids"].tolist() == list(range(graph.num_nodes))
+    net = build_model(ModelConfig(name="sage", hidden=32), graph.num_features, graph.num_classes)
+    net.load_state_dict({k[len("net.") :]: v for k, v in example["weights"].items()})
+    expected = full_neighbourhood(graph, net, layers=1)  # the last layer's input
+    torch.testing.assert_close(saved["embeddings"], expected, rtol=1e-5, atol=1e-5)

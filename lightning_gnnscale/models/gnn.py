@@ -49,6 +49,7 @@ class BlockGNN(nn.Module):
         if num_layers < 1:
             raise ValueError("num_layers must be >= 1")
         self.kind, self.num_layers, self.dropout = kind, num_layers, dropout
+        self.hidden, self.heads = hidden, heads
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
         self.layers = nn.ModuleList(
             self._layer(kind, dims[i], dims[i + 1], heads, dropout, last=i == num_layers - 1)
@@ -178,17 +179,19 @@ def layerwise_inference(
     x: Tensor,
     chunk_size: int = 65536,
     degree: Tensor | None = None,
+    layers: int | None = None,
 ) -> Tensor:
     """Full-neighbourhood logits of every node, one layer at a time over node chunks.
 
     Memory is ``O(N * hidden)`` instead of the ``O(fanout^L)`` blow-up of per-node sampling.
     ``degree``: the in-degree GCN normalises by (``Block.src_deg``), default the in-degree in
     ``indptr``; a subgraph that lacks some in-edges (a partition) passes the whole graph's.
+    ``layers``: run only the first ``layers`` layers (the last one's input: node embeddings).
     Returns ``[N, out]``.
     """
     num_nodes = indptr.numel() - 1
     builder = inference_builder(indptr, degree)
     h = x
-    for i in range(net.num_layers):
+    for i in range(net.num_layers if layers is None else layers):
         h = layer_rows(net, i, builder, indptr, indices, h, 0, num_nodes, chunk_size)
     return h

@@ -5,38 +5,93 @@ per-rank gradients add up to the single-process gradient (docs/architecture.md, 
 gradients across ranks instead of averaging them. Reductions across ranks go through the
 strategy's metered ``comm`` (category ``control``), never through Lightning's ``sync_dist``,
 so every byte is counted; the epoch's train loss is reduced by ``callbacks.EpochStats``.
+The accuracies it logs are that reduction's result, the same on every rank, so Lightning's
+advice to add ``sync_dist=True`` for them is silenced.
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from ..graph.batch import Batch
-from ..systems.contract import Evaluation, ModuleRuntime, RuntimeAware
-from .gnn import LayerHook
+from ..schema import ModelConfig
+from ..systems.contract import Evaluation, ModuleRuntime, Prediction, RuntimeAware
+from .gnn import BlockGNN, LayerHook
+
+if TYPE_CHECKING:
+    from ..systems.base import GNNDataModule
+
+# val/acc and test/acc are summed over ranks through the metered comm before logging
+warnings.filterwarnings(
+    "ignore", message=r"It is recommended to use `self.log\('(val|test)/acc', \.\.\., sync_dist"
+)
 
 
 class GNNModule(L.LightningModule):
     """Node classification on sampled blocks.
 
+    Build it with :meth:`from_config` (the net and the optimiser from one
+    :class:`~lightning_gnnscale.schema.ModelConfig`, whose settings the strategy then checks
+    against the system's rules), or from a net directly.
+
+    ``self.log`` in this module (and subclasses) defaults ``batch_size`` to
+    :attr:`batch_size`, the seeds of the step's batch: Lightning's own guess walks the batch's
+    fields and finds the input rows (HopGNN's are ``[0, F]``: a batch size of 0, a ``nan``
+    epoch mean).
+
     Args:
         net: a :class:`BlockGNN` or :class:`SubgraphModel`.
         optimizer: ``adam`` | ``adamw`` | ``sgd``.
         lr, weight_decay: optimiser settings.
+        model_config: the settings ``net`` was built from (``from_config`` passes them);
+            ``None``: the strategy checks what it can without them.
     """
 
     def __init__(
-        self, net: nn.Module, optimizer: str = "adam", lr: float = 0.01, weight_decay: float = 5e-4
+        self,
+        net: nn.Module,
+        optimizer: str = "adam",
+        lr: float = 0.01,
+        weight_decay: float = 5e-4,
+        model_config: ModelConfig | None = None,
     ):
         super().__init__()
+        if model_config is not None and (optimizer, lr, weight_decay) != (
+            model_config.optimizer,
+            model_config.lr,
+            model_config.weight_decay,
+        ):
+            raise ValueError(
+                "optimizer, lr and weight_decay differ from model_config's; use "
+                "GNNModule.from_config(model_config, datamodule)"
+            )
         self.net = net
         self.optimizer_name, self.lr, self.weight_decay = optimizer, lr, weight_decay
+        self.model_config = model_config or described(net, optimizer, lr, weight_decay)
         self.epoch_loss = torch.zeros(2, dtype=torch.float64)  # this rank's (loss sum, seeds)
         self.runtime: ModuleRuntime | None = None
+        self.batch_size = 1  # seeds of the current step's batch (self.log's default batch_size)
         self.save_hyperparameters(ignore=["net"])
+
+    @classmethod
+    def from_config(cls, model: ModelConfig, datamodule: GNNDataModule) -> GNNModule:
+        """The module ``model`` describes: its net built by ``datamodule`` (sized for its data,
+        the system's own layers where it has them) and its optimiser settings. For a system's
+        default model settings use ``config.model_config(...)``."""
+        net = datamodule.build_model(model)
+        return cls(net, model.optimizer, model.lr, model.weight_decay, model_config=model)
+
+    def log(self, name: str, value: Any, *args, batch_size: int | None = None, **kwargs) -> None:
+        """Lightning's ``log``, with ``batch_size`` defaulting to :attr:`batch_size`."""
+        size = self.batch_size if batch_size is None else batch_size
+        super().log(name, value, *args, batch_size=size, **kwargs)
 
     def configure_runtime(self, runtime: ModuleRuntime) -> None:
         """Called once by the strategy before training: keep the runtime, pass it on to a net
@@ -62,7 +117,12 @@ class GNNModule(L.LightningModule):
             return F.cross_entropy(logits, batch.y, reduction="sum")
         return (F.cross_entropy(logits, batch.y, reduction="none") * batch.seed_weight).sum()
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if isinstance(batch, Batch):
+            self.batch_size = max(batch.num_seeds, 1)
+
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        self.batch_size = max(batch.num_seeds, 1)  # HopGNN runs one step per time step
         loss_sum = self.loss_sum(batch)
         loss = loss_sum / max(batch.global_seed_count, 1)
         self.epoch_loss += torch.tensor(
@@ -82,6 +142,12 @@ class GNNModule(L.LightningModule):
         self.epoch_loss.zero_()
 
     # ------------------------------------------------------------------------ evaluation
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0):
+        self.batch_size = 1  # one Evaluation: the accuracies are over the whole graph
+
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0):
+        self.batch_size = 1
+
     def validation_step(self, batch: Evaluation, batch_idx: int) -> None:
         acc = batch.accuracy(self.net, ("val", "test"))
         self.log("val/acc", acc["val"], prog_bar=True, batch_size=1)
@@ -90,6 +156,11 @@ class GNNModule(L.LightningModule):
     def test_step(self, batch: Evaluation, batch_idx: int) -> None:
         acc = batch.accuracy(self.net, ("test",))
         self.log("test/acc", acc["test"], batch_size=1)
+
+    def predict_step(self, batch: Prediction, batch_idx: int) -> dict[str, torch.Tensor]:
+        """This rank's share of the requested nodes: ``{"node_ids": [n], "logits" or
+        "embeddings": [n, d]}`` (see ``GNNDataModule.predict_on``)."""
+        return batch.rows(self.net)
 
     # ------------------------------------------------------------------------- optimiser
     def configure_optimizers(self):
@@ -101,3 +172,23 @@ class GNNModule(L.LightningModule):
         return optimizers[self.optimizer_name](
             self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay
         )
+
+
+def described(net: nn.Module, optimizer: str, lr: float, weight_decay: float) -> ModelConfig | None:
+    """The :class:`ModelConfig` of a suite ``BlockGNN`` built directly (so the strategy can
+    check the system's model rules); ``None`` for other nets."""
+    if not isinstance(net, BlockGNN):
+        return None
+    try:
+        return ModelConfig(
+            net.kind,
+            net.hidden,
+            net.num_layers,
+            net.dropout,
+            net.heads,
+            optimizer,
+            lr,
+            weight_decay,
+        )
+    except ConfigError:
+        return None

@@ -26,8 +26,9 @@ from typing import Any, ClassVar
 import lightning as L
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
 from ..comm import (
@@ -53,21 +54,42 @@ from ..models.gnn import (
     layer_rows,
     layerwise_inference,
 )
-from ..schema import DataConfig, ModelConfig, SystemConfig, check_depth
+from ..schema import DataConfig, ModelConfig, RunFacts, SystemConfig, check_depth
 from .contract import (
+    PREDICT_OUTPUTS,
     Evaluation,
     ModuleRuntime,
+    Prediction,
     RankContext,
     RuntimeAware,
     bind_datamodule,
+    check_run_rules,
 )
 
 DEFAULT_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
 
 
+class SuiteDoublePrecision(DoublePrecision):
+    """``precision="64-true"`` under a suite strategy: the DataModule builds its batches in
+    float64 already (it follows the Trainer's precision), so the loader items
+    (:class:`Batch`, :class:`Evaluation`, :class:`Prediction`) pass through whole; anything
+    else is converted as Lightning's ``DoublePrecision`` does."""
+
+    @override
+    def convert_input(self, data: Any) -> Any:
+        if isinstance(data, Batch | Evaluation | Prediction):
+            return data
+        return super().convert_input(data)
+
+
 class SystemStrategy:
     """Mixin of every suite strategy: owns the run's :class:`CommMeter` and metered ``comm``,
-    binds the system's config, and hands the module its :class:`ModuleRuntime` once.
+    binds the system's config, checks the config's rules against the run, and hands the
+    module its :class:`ModuleRuntime` once.
+
+    What it sets on the Trainer for the user: its loaders' samplers already give each rank its
+    share, so Lightning never re-wraps them (``use_distributed_sampler`` needs no setting);
+    ``precision="64-true"`` runs on float64 batches (:class:`SuiteDoublePrecision`).
 
     Args:
         config: the system's settings (an instance of ``config_type``); ``None`` (a strategy
@@ -92,14 +114,46 @@ class SystemStrategy:
         self.system_name = system_name or (config.name if config is not None else None)
         self.meter = CommMeter()
         self.comm = Comm.local(self.meter)
+        self.unchecked_runtime: ModuleRuntime | None = None  # checked at the first step
 
     @property
     def context(self) -> RankContext:
         """This rank's comm and device (complete once the process group exists)."""
         return RankContext(self.comm, self.root_device)
 
-    def bind(self, config: SystemConfig) -> RankContext:
-        """Accept the DataModule's system config (see :func:`~.contract.bind_datamodule`)."""
+    @property
+    @override
+    def precision_plugin(self) -> Precision:
+        return Strategy.precision_plugin.fget(self)
+
+    @precision_plugin.setter
+    @override
+    def precision_plugin(self, plugin: Precision | None) -> None:
+        """As Lightning's FSDP strategy does, the strategy decides which precision plugins it
+        runs: ``64-true`` becomes :class:`SuiteDoublePrecision`; ``16-true`` / ``bf16-true``
+        are refused (the batches carry the graph's float32 rows; use a ``-mixed`` one)."""
+        if type(plugin) is DoublePrecision:
+            plugin = SuiteDoublePrecision()
+        elif isinstance(plugin, HalfPrecision):
+            raise ConfigError(
+                f"precision={plugin.precision!r} is not supported by {type(self).__name__}; "
+                "use '16-mixed' / 'bf16-mixed', '32-true' or '64-true'"
+            )
+        Strategy.precision_plugin.fset(self, plugin)
+
+    def run_facts(self, data: DataConfig) -> RunFacts:
+        """What the config's rules see of this run: the Trainer's processes, the DataModule's
+        data settings, the LightningModule's model settings (``model_config``, if it states
+        them)."""
+        module = self.lightning_module
+        model = getattr(module, "model_config", None)
+        devices = len(getattr(self, "parallel_devices", None) or [self.root_device])
+        num_nodes = getattr(self, "num_nodes", 1)
+        return RunFacts(devices * num_nodes, devices, num_nodes, data, model)
+
+    def bind(self, config: SystemConfig, data: DataConfig | None = None) -> RankContext:
+        """Accept the DataModule's system config (see :func:`~.contract.bind_datamodule`) and
+        check its rules against this run (``config.check_run``) before any step."""
         if not isinstance(config, self.config_type):
             raise TypeError(
                 f"{type(self).__name__} runs {self.config_type.__name__} systems, but the "
@@ -119,7 +173,16 @@ class SystemStrategy:
                 f"  strategy:   {self.system_config}\n  DataModule: {config}\n"
                 "pass the same object to both (or create the strategy by name)"
             )
+        if data is not None:
+            self.check_rules(config, data)
         return self.context
+
+    def check_rules(self, config: SystemConfig, data: DataConfig) -> None:
+        """``config.check_run`` (and the model's depth) against this run's facts."""
+        facts = self.run_facts(data)
+        if facts.model is not None:
+            check_depth(data, facts.model)
+        config.check_run(facts)
 
     def module_runtime(self) -> ModuleRuntime:
         """What the LightningModule receives in :meth:`hand_module_runtime`."""
@@ -129,13 +192,39 @@ class SystemStrategy:
         """Give the LightningModule its :class:`ModuleRuntime` (once, before training)."""
         module = self.lightning_module
         if isinstance(module, RuntimeAware):
-            module.configure_runtime(self.module_runtime())
+            runtime = self.module_runtime()
+            module.configure_runtime(runtime)
+            self.unchecked_runtime = runtime
         elif self.requires_layer_hook:
             raise TypeError(
                 f"{type(self).__name__} moves rows between layers through a layer hook, so its "
                 f"LightningModule must implement configure_runtime(runtime) and call "
                 f"runtime.layer_hook(batch) (as GNNModule does); {type(module).__name__} does not"
             )
+
+    @override
+    def training_step(self, *args, **kwargs):
+        """The module's step. If the first one fails and the module took a runtime with a
+        layer hook but never called ``runtime.layer_hook(batch)``, the error says so: without
+        the hook the rows never move and the step fails far from the cause (an index out of
+        bounds)."""
+        runtime, self.unchecked_runtime = self.unchecked_runtime, None
+        if runtime is None:
+            return super().training_step(*args, **kwargs)
+        try:
+            return super().training_step(*args, **kwargs)
+        except Exception as err:
+            if runtime.layer_hook_unused:
+                raise RuntimeError(self.unused_hook_message()) from err
+            raise
+
+    def unused_hook_message(self) -> str:
+        return (
+            f"{type(self).__name__} moves rows between layers through "
+            f"ModuleRuntime.layer_hook, but {type(self.lightning_module).__name__} never called "
+            "runtime.layer_hook(batch) in its training step; pass its result to the net: "
+            "net(batch.blocks, batch.x, layer_hook=runtime.layer_hook(batch))"
+        )
 
 
 class MeteredSingleDeviceStrategy(SystemStrategy, SingleDeviceStrategy):
@@ -154,6 +243,10 @@ class MeteredSingleDeviceStrategy(SystemStrategy, SingleDeviceStrategy):
             root = torch.device("cuda", 0)
         super().__init__(config, device=root, **kwargs)
         self.follows_accelerator = device is None
+        # Lightning sets these on a strategy that has them (the Trainer's devices and
+        # num_nodes): the config's rules see what the user asked for (devices=2 is refused)
+        self.parallel_devices: list[torch.device] | None = None
+        self.num_nodes = 1
 
     @property
     @override
@@ -283,7 +376,32 @@ def assert_same_on_all_ranks(comm: Comm, values: torch.Tensor, what: str) -> Non
 # ------------------------------------------------------------------------------- data
 
 
-class EpochSteps(Sampler):
+class RankShareSampler(DistributedSampler):
+    """Base of the suite loaders' samplers: a rank's loader already yields that rank's share
+    (a step's seeds are split across ranks by the batch maker, evaluation by node range).
+
+    It is a ``DistributedSampler`` for that reason: Lightning leaves a loader whose sampler
+    is one alone (``Trainer(use_distributed_sampler=True)``, the default, "will not replace
+    the existing one"), so a script that omits ``use_distributed_sampler=False`` trains on the
+    same steps (issue 23: re-wrapped, each rank ran every other step). The
+    ``DistributedSampler`` base is one replica and holds no data.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(range(0), num_replicas=1, rank=0, shuffle=False)
+
+
+class OneItem(RankShareSampler):
+    """The evaluation and predict loaders' sampler: their one item, on every rank."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self):
+        return iter([0])
+
+
+class EpochSteps(RankShareSampler):
     """Yields ``(epoch, step)`` for the epoch about to run (iterated in the main process).
 
     The epoch is the fit loop's count of processed epochs: ``trainer.current_epoch`` still
@@ -293,6 +411,7 @@ class EpochSteps(Sampler):
     """
 
     def __init__(self, dm: GNNDataModule):
+        super().__init__()
         self.dm = dm
 
     def __len__(self) -> int:
@@ -469,8 +588,20 @@ class GNNDataModule(L.LightningDataModule):
         """Compute or load (disk cache) what every rank needs; default: nothing."""
         return None
 
+    def follow_precision(self) -> None:
+        """Under ``Trainer(precision="64-true")`` the graph's features become float64 before
+        any preprocessing, so every batch and evaluation runs in the model's dtype."""
+        trainer = self.trainer
+        if trainer is None or trainer.precision != "64-true":
+            return
+        if self.graph.x.dtype != torch.float64:
+            self._graph, self._prepared = self.graph.to(torch.float64), {}
+
     @override
     def prepare_data(self) -> None:
+        if self.trainer is not None:  # a bad setting fails before the preprocessing
+            check_run_rules(self.trainer, self.config, self.data)
+        self.follow_precision()
         self.prepare(self.trainer.world_size if self.trainer is not None else 1)
 
     @override
@@ -484,7 +615,8 @@ class GNNDataModule(L.LightningDataModule):
                     "for each Trainer"
                 )
             return  # set up once per Trainer (fit, then validate or test)
-        context = bind_datamodule(self.trainer, self.config)
+        self.follow_precision()
+        context = bind_datamodule(self.trainer, self.config, self.data)
         self.setup_rank(context, self.prepare(context.world_size))
         self.context, self._bound_to = context, strategy
 
@@ -548,7 +680,40 @@ class GNNDataModule(L.LightningDataModule):
         if self.context is None:
             raise RuntimeError("the DataModule is not set up (call trainer.fit / validate)")
         evaluation = Evaluation(self.eval_counts, self.context.comm)
-        return DataLoader([evaluation], batch_size=None, collate_fn=_no_collate)
+        return DataLoader([evaluation], sampler=OneItem(), batch_size=None, collate_fn=_no_collate)
+
+    # ------------------------------------------------------------------------ prediction
+    predict_node_ids: torch.Tensor | None = None
+    predict_output: str = "logits"
+
+    def predict_on(self, node_ids: torch.Tensor | None = None, output: str = "logits"):
+        """What ``trainer.predict`` computes: ``output`` (``logits`` or ``embeddings``, the
+        input of the last layer) of ``node_ids`` (default: every node). Returns ``self``.
+
+        Each rank's ``predict_step`` returns its share ``{"node_ids", output}``; the shares
+        of all ranks partition the requested nodes."""
+        if output not in PREDICT_OUTPUTS:
+            raise ValueError(f"output={output!r} is unknown; valid: {list(PREDICT_OUTPUTS)}")
+        self.predict_node_ids = None if node_ids is None else torch.as_tensor(node_ids).long()
+        self.predict_output = output
+        return self
+
+    def predict_rows(
+        self, net: torch.nn.Module, node_ids: torch.Tensor | None, output: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids, rows)``: this rank's share of ``node_ids`` (every node if ``None``) and
+        their full-neighbourhood ``output`` rows. Default: layer-wise inference over the whole
+        graph, split across ranks by node range (:func:`node_rows`); systems whose net runs
+        on their own layout override it."""
+        comm = self.context.comm if self.context is not None else None
+        return node_rows(self.graph, net, node_ids, output, self.data.eval_chunk_size, comm)
+
+    @override
+    def predict_dataloader(self) -> DataLoader:
+        if self.context is None:
+            raise RuntimeError("the DataModule is not set up (call trainer.predict)")
+        item = Prediction(self.predict_rows, self.predict_node_ids, self.predict_output)
+        return DataLoader([item], sampler=OneItem(), batch_size=None, collate_fn=_no_collate)
 
     @override
     def val_dataloader(self) -> DataLoader:
@@ -635,6 +800,37 @@ def node_range(num_nodes: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 @torch.no_grad()
+def node_rows(
+    graph: Graph,
+    net: torch.nn.Module,
+    node_ids: torch.Tensor | None,
+    output: str,
+    chunk_size: int,
+    comm: Comm | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, rows)``: this rank's share (its :func:`node_range`) of ``node_ids`` (every node
+    if ``None``), with their ``logits`` or ``embeddings`` (the last layer's input, i.e. after
+    the previous layers and their ReLU) from full-neighbourhood inference split across ranks."""
+    if output not in PREDICT_OUTPUTS:
+        raise ValueError(f"output={output!r} is unknown; valid: {list(PREDICT_OUTPUTS)}")
+    if not isinstance(net, BlockGNN):
+        raise TypeError(f"predictions need a BlockGNN net, got {type(net).__name__}")
+    world_size = comm.world_size if comm is not None else 1
+    start, stop = node_range(graph.num_nodes, comm.rank if comm else 0, world_size)
+    layers = net.num_layers - (output == "embeddings")
+    if layers == 0:
+        rows = graph.x[start:stop]
+    else:
+        rows = full_logits(graph, net, chunk_size, comm, gather=False, num_layers=layers)
+    ids = torch.arange(start, stop) if node_ids is None else node_ids.cpu()
+    if node_ids is not None:
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= graph.num_nodes):
+            raise ValueError(f"node ids must be in [0, {graph.num_nodes})")
+        ids = ids[(ids >= start) & (ids < stop)]
+    return ids, rows[(ids - start).to(rows.device)]
+
+
+@torch.no_grad()
 def full_logits(
     graph: Graph,
     net: torch.nn.Module,
@@ -642,6 +838,7 @@ def full_logits(
     comm: Comm | None = None,
     *,
     gather: bool = True,
+    num_layers: int | None = None,
 ) -> torch.Tensor:
     """Full-neighbourhood logits ``[N, C]`` of every node (or, with ``gather=False``, of this
     rank's :func:`node_range` only: ``[stop - start, C]``).
@@ -650,7 +847,7 @@ def full_logits(
     computes every layer for its node range only, and each hidden layer's rows are all-gathered
     through the metered ``comm`` (``activation``). Without one (or for a user model, which runs
     on the whole graph) every rank computes everything. Rows equal the one-process rows
-    (tested in float64).
+    (tested in float64). ``num_layers``: stop after that many layers (default: all).
     """
     device = next(net.parameters()).device
     rank, world_size = (comm.rank, comm.world_size) if comm is not None else (0, 1)
@@ -659,13 +856,16 @@ def full_logits(
         out = net.model(graph.x.to(device), graph.edge_index().to(device))
         return out if gather else out[start:stop]
     assert isinstance(net, BlockGNN)
+    layers = net.num_layers if num_layers is None else num_layers
     if world_size == 1:
-        return layerwise_inference(net, graph.indptr, graph.indices, graph.x.to(device), chunk_size)
+        x = graph.x.to(device)
+        out = layerwise_inference(net, graph.indptr, graph.indices, x, chunk_size, layers=layers)
+        return out if gather else out[start:stop]
     builder = inference_builder(graph.indptr)
     h = graph.x.to(device)
-    for i in range(net.num_layers):
+    for i in range(layers):
         rows = layer_rows(net, i, builder, graph.indptr, graph.indices, h, start, stop, chunk_size)
-        last = i == net.num_layers - 1
+        last = i == layers - 1
         h = rows if last and not gather else comm.all_gather_varlen(rows, category="activation")[0]
     return h
 

@@ -13,6 +13,11 @@ The pieces meet through three typed objects (docs/architecture.md, "The system c
   ``setup`` through :meth:`RuntimeAware.configure_runtime`.
 - :class:`Evaluation`: the one item of the validation and test loaders; it runs this rank's
   share of full-graph evaluation and sums the counts over ranks.
+- :class:`Prediction`: the one item of the predict loader; it computes this rank's share of
+  the requested nodes' logits or embeddings.
+
+Loader items are plain objects, not dataclasses: Lightning's collection utilities
+(``apply_to_collection`` in its precision plugins) pass them through whole.
 
 Per-step inputs of an algorithm travel in typed fields of the system's ``Batch`` subclass;
 ``Batch.stats`` holds timings and counts for reports only.
@@ -34,7 +39,7 @@ from ..models.gnn import LayerHook
 if TYPE_CHECKING:
     import lightning as L
 
-    from ..schema import SystemConfig
+    from ..schema import DataConfig, SystemConfig
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,24 @@ class ModuleRuntime:
     context: RankContext
     layer_hook: Callable[[Batch], LayerHook] | None = None
 
+    def __post_init__(self) -> None:
+        make = self.layer_hook
+        if make is None:
+            return
+        calls = [0]
+
+        def layer_hook(batch: Batch) -> LayerHook:
+            calls[0] += 1
+            return make(batch)
+
+        object.__setattr__(self, "layer_hook", layer_hook)
+        object.__setattr__(self, "_calls", calls)
+
+    @property
+    def layer_hook_unused(self) -> bool:
+        """Whether this runtime has a layer hook that the module has never asked for."""
+        return self.layer_hook is not None and self._calls[0] == 0
+
 
 @runtime_checkable
 class RuntimeAware(Protocol):
@@ -88,7 +111,6 @@ class RuntimeAware(Protocol):
     def configure_runtime(self, runtime: ModuleRuntime) -> None: ...
 
 
-@dataclass(frozen=True)
 class Evaluation:
     """The single item of a system's validation / test loader.
 
@@ -97,8 +119,8 @@ class Evaluation:
     (it is collective).
     """
 
-    counts: Callable[[nn.Module, tuple[str, ...]], Tensor]
-    comm: Comm
+    def __init__(self, counts: Callable[[nn.Module, tuple[str, ...]], Tensor], comm: Comm):
+        self.counts, self.comm = counts, comm
 
     @torch.no_grad()
     def accuracy(self, net: nn.Module, splits: tuple[str, ...] = ("val", "test")) -> dict:
@@ -107,12 +129,42 @@ class Evaluation:
         return {s: float(c[0] / c[1].clamp(min=1)) for s, c in zip(splits, counts)}
 
 
+PREDICT_OUTPUTS = ("logits", "embeddings")
+
+
+class Prediction:
+    """The single item of a system's predict loader (``trainer.predict``).
+
+    :meth:`rows` returns ``{"node_ids": [n], output: [n, d]}`` for this rank's share of the
+    requested nodes (the shares of all ranks partition them, as in evaluation); ``output`` is
+    ``logits`` (the last layer) or ``embeddings`` (the input of the last layer: the hidden
+    representation after the previous layers). Every rank must call it (it is collective).
+    """
+
+    def __init__(
+        self,
+        rows: Callable[[nn.Module, Tensor | None, str], tuple[Tensor, Tensor]],
+        node_ids: Tensor | None,
+        output: str,
+    ):
+        if output not in PREDICT_OUTPUTS:
+            raise ValueError(f"output={output!r} is unknown; valid: {list(PREDICT_OUTPUTS)}")
+        self._rows, self.node_ids, self.output = rows, node_ids, output
+
+    @torch.no_grad()
+    def rows(self, net: nn.Module) -> dict[str, Tensor]:
+        ids, rows = self._rows(net, self.node_ids, self.output)
+        return {"node_ids": ids, self.output: rows}
+
+
 @runtime_checkable
 class SuiteStrategy(Protocol):
     """What :class:`~.base.SystemStrategy` offers the other components (base imports this
     module, so the check is by these methods, which no Lightning strategy has)."""
 
-    def bind(self, config: SystemConfig) -> RankContext: ...
+    def bind(self, config: SystemConfig, data: DataConfig | None = None) -> RankContext: ...
+
+    def check_rules(self, config: SystemConfig, data: DataConfig) -> None: ...
 
     def module_runtime(self) -> ModuleRuntime: ...
 
@@ -125,7 +177,8 @@ def _suite_strategy(trainer: L.Trainer) -> SuiteStrategy:
         raise TypeError(
             f"lightning_gnnscale needs one of its own strategies, but the Trainer runs "
             f"{type(strategy).__name__}; pass strategy=<name> with a name from "
-            f"{sorted(SYSTEMS)} (Lightning's own 'ddp' is not metered: use 'metered_ddp')"
+            f"{sorted(s.registered_as for s in SYSTEMS.values())} (Lightning's own 'ddp' is "
+            "not metered: use 'metered_ddp'), or the Strategy of lightning_gnnscale.system(name)"
         )
     return strategy
 
@@ -135,11 +188,23 @@ def rank_context(trainer: L.Trainer) -> RankContext:
     return _suite_strategy(trainer).context
 
 
-def bind_datamodule(trainer: L.Trainer, config: SystemConfig) -> RankContext:
+def bind_datamodule(
+    trainer: L.Trainer, config: SystemConfig, data: DataConfig | None = None
+) -> RankContext:
     """Bind a DataModule's system config to the Trainer's strategy and return the context.
 
     The strategy must be the system's (a GSplit DataModule cannot run under DistDGL's
     strategy); a strategy created by name adopts the DataModule's config, one created with a
-    config must have the same one.
+    config must have the same one. The config's rules that involve the model, the data or the
+    world size (:meth:`~lightning_gnnscale.schema.SystemConfig.check_run`) are checked here,
+    where the strategy, the DataModule, the LightningModule and the Trainer meet, before any
+    step: a plain Lightning script is held to the rules ``train.py`` checks.
     """
-    return _suite_strategy(trainer).bind(config)
+    return _suite_strategy(trainer).bind(config, data)
+
+
+def check_run_rules(trainer: L.Trainer, config: SystemConfig, data: DataConfig) -> None:
+    """The rules :func:`bind_datamodule` checks, without binding: the DataModule's
+    ``prepare_data`` checks them before its preprocessing (Lightning runs it on one rank per
+    node; the others fail on the same rules in ``setup``)."""
+    _suite_strategy(trainer).check_rules(config, data)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..schema import SystemConfig, register_schemas
+
+if TYPE_CHECKING:  # the implementation is imported only when a name is used
+    from .base import GNNDataModule, SystemStrategy
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,20 @@ def _specs() -> list[SystemSpec]:
 
 
 SYSTEMS: dict[str, SystemSpec] = {spec.name: spec for spec in _specs()}
+
+
+def system(name: str) -> tuple[type[SystemStrategy], type[GNNDataModule], SystemConfig]:
+    """``(Strategy, DataModule, config)`` of a strategy name: any ``SYSTEMS`` key (presets
+    included) or its Lightning name (``metered_ddp`` is ``ddp``). The config is the name's
+    default settings; pass it to both classes."""
+    by_lightning_name = {spec.registered_as: spec for spec in SYSTEMS.values()}
+    spec = SYSTEMS.get(name) or by_lightning_name.get(name)
+    if spec is None:
+        raise KeyError(
+            f"strategy {name!r} is unknown; valid: {sorted(SYSTEMS)} "
+            f"(Lightning names: {sorted(set(by_lightning_name) - set(SYSTEMS))})"
+        )
+    return spec.strategy, spec.datamodule, spec.default_config()
 
 
 class _LazyStrategy:

@@ -243,6 +243,17 @@ class DistDGLDataModule(GNNDataModule):
         )
 
     @override
+    def predict_rows(
+        self, net: torch.nn.Module, node_ids: torch.Tensor | None, output: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.inputs is not None:
+            raise NotImplementedError(
+                "trainer.predict with learnable input embeddings (strategy.embedding_dim > 0) "
+                "is not implemented: the inputs live in the KV store, not in the graph"
+            )
+        return super().predict_rows(net, node_ids, output)
+
+    @override
     @torch.no_grad()
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """Layer-wise full-graph inference over the partitions; counts on this rank's core."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from ...schema import RunConfig, SystemConfig, choice, require
+from ...schema import RunFacts, SystemConfig, choice, require
 
 MODES = ("fb_base", "flx", "flx_eas", "cob", "mb_base")
 SERVER_PARTITIONS = ("metis", "contiguous", "random")
@@ -161,6 +161,7 @@ class GraNNDISConfig(SystemConfig):
     grad_sync: str = "ddp"
 
     NAMES: ClassVar[tuple[str, ...]] = tuple(_PRESETS)
+    PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -195,10 +196,10 @@ class GraNNDISConfig(SystemConfig):
         """FLX's ``k`` for a model of ``num_layers`` layers."""
         return num_layers if self.preload_k is None else self.preload_k
 
-    def check_run(self, run: RunConfig) -> None:
-        layers = run.model.num_layers
+    def check_run(self, run: RunFacts) -> None:
+        layers = run.model.num_layers if run.model is not None else None
         require(
-            self.preload_k is None or self.preload_k <= layers,
+            self.preload_k is None or layers is None or self.preload_k <= layers,
             f"strategy.preload_k={self.preload_k} must be <= model.num_layers={layers}",
         )
 

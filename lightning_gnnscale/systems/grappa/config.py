@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...schema import RunConfig, SystemConfig, choice, require
+from ...schema import RunFacts, SystemConfig, choice, require
 from .chunking import CHUNKINGS
 from .estimators import ESTIMATORS
 from .schedule import SCHEDULES, SWEEP_ORDERS, Schedule
@@ -108,6 +108,9 @@ class GrappaConfig(SystemConfig):
     audit_collectives: bool = False
 
     NAMES: ClassVar[tuple[str, ...]] = tuple(_PRESETS)
+    PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
+    # the paper's setting: L2 is added after the coverage-scaled all-reduce, unscaled
+    MODEL_SETTINGS: ClassVar[dict] = {"weight_decay": 0.0}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -193,5 +196,5 @@ class GrappaConfig(SystemConfig):
             f"got {c}: the owner of a node is the rank whose base chunk holds it",
         )
 
-    def check_run(self, run: RunConfig) -> None:
+    def check_run(self, run: RunFacts) -> None:
         self.check_world(run.world_size)

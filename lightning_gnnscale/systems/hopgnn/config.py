@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from ...schema import RunConfig, SystemConfig, choice, require
+from ...schema import RunFacts, SystemConfig, choice, require
 from ..distdgl.config import PartitionConfig
 
 MODES = ("micrograph", "model_centric")
@@ -79,6 +79,7 @@ class HopGNNConfig(SystemConfig):
     step_overhead_s: float = 1e-3
 
     NAMES: ClassVar[tuple[str, ...]] = tuple(_PRESETS)
+    PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -118,7 +119,7 @@ class HopGNNConfig(SystemConfig):
         choice("strategy", name, tuple(_PRESETS))
         return replace(cls(), name=name, **_PRESETS[name][1])
 
-    def check_run(self, run: RunConfig) -> None:
+    def check_run(self, run: RunFacts) -> None:
         world = run.world_size
         require(
             self.steps is None or self.steps <= world,

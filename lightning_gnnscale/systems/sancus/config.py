@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from ...schema import ModelConfig, RunConfig, SystemConfig, choice, require
+from ...schema import ModelConfig, RunFacts, SystemConfig, choice, require
 from .policy import INPUT_POLICIES, POLICIES, StalenessPolicy
 
 ROW_ORDERS = ("contiguous", "random", "metis")
@@ -35,6 +36,8 @@ class SancusConfig(SystemConfig):
     rows: str = "contiguous"
 
     NAMES = ("sancus", "cagnet")
+    PRESETS: ClassVar[dict[str, dict]] = {"cagnet": {"policy": "none"}}
+    MODEL_SETTINGS: ClassVar[dict] = {"dropout": 0.0}  # full-graph SANCUS trains without dropout
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -71,18 +74,21 @@ class SancusConfig(SystemConfig):
             f"({DOCS}#what-is-not-implemented-and-deviations); set model.dropout=0",
         )
 
-    def check_run(self, run: RunConfig) -> None:
-        self.check_model(run.model)
+    def check_run(self, run: RunFacts) -> None:
+        if run.model is not None:
+            self.check_model(run.model)
         if run.ckpt_path is not None:
             self.check_resumable(f"ckpt_path={run.ckpt_path}")
 
-    def check_resumable(self, source: str) -> None:
-        """Only policy ``none`` resumes: the others' staleness state is not checkpointed."""
+    def check_resumable(self, source: str, fresh_start: str = "use weights_from=") -> None:
+        """Only policy ``none`` resumes: the others' staleness state is not checkpointed.
+        ``fresh_start``: how the caller's entry point starts a new run from a checkpoint's
+        weights (``train.py``'s key, or a plain script's way)."""
         require(
             self.policy == "none",
             f"{source}: strategy={self.name} with policy {self.policy!r} "
             "cannot resume from ckpt_path: each rank's staleness state (last broadcasts, "
             "cached blocks) is not in the checkpoint, so the resumed run would diverge from the "
-            "uninterrupted one; use weights_from= to start a new run from its weights, or "
+            f"uninterrupted one; {fresh_start} to start a new run from its weights, or "
             "policy none",
         )

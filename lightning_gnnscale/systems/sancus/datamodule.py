@@ -29,6 +29,7 @@ class SancusPrepared:
 
     graph: Graph
     offsets: torch.Tensor
+    new2old: torch.Tensor | None = None  # original id of every relabelled row
 
 
 class SancusDataModule(GNNDataModule):
@@ -57,7 +58,7 @@ class SancusDataModule(GNNDataModule):
         book = PartitionBook.from_parts(parts, world_size)
         sizes = (book.node_offsets[1:] - book.node_offsets[:-1]).tolist()
         print(f"[{self.config.name}] {rows} row blocks of {sizes} rows", flush=True)
-        return SancusPrepared(relabel_graph(graph, book), book.node_offsets)
+        return SancusPrepared(relabel_graph(graph, book), book.node_offsets, book.new2old)
 
     @override
     def setup_rank(self, context: RankContext, prepared: SancusPrepared) -> None:
@@ -74,6 +75,7 @@ class SancusDataModule(GNNDataModule):
             s: getattr(graph, f"{s}_mask")[lo:hi].to(device) for s in ("train", "val", "test")
         }
         self.train_count = int(graph.train_mask.sum())
+        self.own_ids = prepared.new2old[lo:hi] if prepared.new2old is not None else None
 
     @override
     def state_dict(self) -> dict:
@@ -81,9 +83,17 @@ class SancusDataModule(GNNDataModule):
 
     @override
     def load_state_dict(self, state_dict: dict) -> None:
-        """A resume (also from a plain Lightning script's ``ckpt_path``) is refused unless the
-        policy is ``none``: the staleness state is not in the checkpoint."""
-        self.config.check_resumable("resuming from a checkpoint")
+        """A resume (``trainer.fit(ckpt_path=...)``, also from a plain Lightning script) is
+        refused unless the policy is ``none``: the staleness state is not in the checkpoint.
+        Loading weights to evaluate or predict (``trainer.test(ckpt_path="best")``) is not a
+        resume."""
+        if self.trainer is not None and self.trainer.state.fn != "fit":
+            return
+        self.config.check_resumable(
+            "resuming from a checkpoint",
+            fresh_start="load its weights into the module (e.g. GNNModule.load_from_checkpoint) "
+            "and call trainer.fit without ckpt_path",
+        )
 
     @override
     def build_model(self, model: ModelConfig) -> SancusGCN:
@@ -112,6 +122,20 @@ class SancusDataModule(GNNDataModule):
         stats = {"sample_s": 0.0, "load_s": 0.0, "input_nodes": self.x.shape[0]}
         y = self.y[self.layout.seed_rows]
         return Batch([self.layout], self.x, y, self.train_count, epoch, step, stats)
+
+    @override
+    def predict_rows(
+        self, net: torch.nn.Module, node_ids: torch.Tensor | None, output: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The own row block's rows (the exact pass evaluation runs), in original node ids."""
+        sancus = SancusGCN.of(net)
+        layers = sancus.num_layers - (output == "embeddings")
+        rows = sancus.exact_logits(self.x, self.layout, layers=layers)
+        ids = self.own_ids
+        if node_ids is not None:  # in row-block order
+            keep = torch.isin(ids, node_ids.cpu())
+            ids, rows = ids[keep], rows[keep.to(rows.device)]
+        return ids, rows
 
     @override
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:

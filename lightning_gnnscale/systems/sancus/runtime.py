@@ -259,10 +259,11 @@ class SancusGCN(nn.Module):
         self.runtime.start_epoch()
         return self.propagate(x, train=True)[layout.seed_rows]
 
-    def propagate(self, x: Tensor, train: bool) -> Tensor:
-        """Logits of every own row ``[n_i, C]``; ``train=False`` is the exact stateless pass."""
+    def propagate(self, x: Tensor, train: bool, layers: int | None = None) -> Tensor:
+        """Logits of every own row ``[n_i, C]``; ``train=False`` is the exact stateless pass;
+        ``layers``: stop after that many layers (the last one's input: embeddings)."""
         h = x
-        for index, layer in enumerate(self.layers):
+        for index, layer in enumerate(self.layers[:layers]):
             weight = layer.lin.weight
             if train:
                 z = SkipBroadcastLinear.apply(h, weight, self.runtime, index)
@@ -273,7 +274,8 @@ class SancusGCN(nn.Module):
         return h
 
     @torch.no_grad()
-    def exact_logits(self, x: Tensor, layout: RowBlocks) -> Tensor:
-        """Exact distributed inference of the own rows ``[n_i, C]`` (every rank must call it)."""
+    def exact_logits(self, x: Tensor, layout: RowBlocks, layers: int | None = None) -> Tensor:
+        """Exact distributed inference of the own rows ``[n_i, C]`` (every rank must call it);
+        ``layers``: of the first ``layers`` layers only."""
         self.runtime.use_layout(layout)
-        return self.propagate(x, train=False)
+        return self.propagate(x, train=False, layers=layers)

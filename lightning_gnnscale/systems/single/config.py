@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...schema import RunConfig, SystemConfig, require
+from ...schema import RunFacts, SystemConfig, require
 
 
 @dataclass(frozen=True)
@@ -17,9 +17,9 @@ class SingleConfig(SystemConfig):
     accepts_custom_models = True
     batches_in_main_process = False  # sampled in DataLoader workers if asked
 
-    def check_run(self, run: RunConfig) -> None:
+    def check_run(self, run: RunFacts) -> None:
         require(
-            run.trainer.devices == 1 and run.trainer.num_nodes == 1,
-            f"strategy=single runs one process, but trainer.devices={run.trainer.devices} and "
-            f"trainer.num_nodes={run.trainer.num_nodes}; set both to 1 or use strategy=ddp",
+            run.devices == 1 and run.num_nodes == 1,
+            f"strategy=single runs one process, but trainer.devices={run.devices} and "
+            f"trainer.num_nodes={run.num_nodes}; set both to 1 or use strategy=ddp",
         )
