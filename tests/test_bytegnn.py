@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import threading
 import time
 from collections import Counter
@@ -21,6 +22,7 @@ from lightning_gnnscale.systems.bytegnn.config import DagConfig, SchedulerConfig
 from lightning_gnnscale.systems.bytegnn.dag import Dag, Executor, Task
 from lightning_gnnscale.systems.bytegnn.scheduler import (
     CoarseController,
+    CpuMeter,
     ReadyHeap,
     cpu_factor,
     default_sigma,
@@ -28,7 +30,7 @@ from lightning_gnnscale.systems.bytegnn.scheduler import (
     run_coarse_loop,
 )
 from lightning_gnnscale.systems.bytegnn.store import GraphStore, SeedSplit
-from lightning_gnnscale.systems.bytegnn.sworker import SamplingError, SWorker
+from lightning_gnnscale.systems.bytegnn.sworker import SamplingError, SWorker, batch_nbytes
 
 # ------------------------------------------------------------------ 1. f(C)
 
@@ -67,7 +69,8 @@ def test_launch_score_worked_examples_and_monotonicity():
     assert launch_score(**{**base, "t_train_ms": 30.0}) < s0
     # Q = 0 is finite thanks to q_floor; cold start uses balance 1
     assert launch_score(**{**base, "queue_len": 0}) == pytest.approx(5 * f(50) * 40 / (20 * 0.5))
-    assert launch_score(5, 50, None, 20, 3) == pytest.approx(5 * f(50))
+    assert launch_score(5, 50, None, 20, 0) == pytest.approx(5 * f(50))
+    assert launch_score(5, 50, None, 20, 1, inflight=2) == pytest.approx(5 * f(50) / 3)
 
 
 def test_decide_launches_at_a_score_equal_to_sigma_and_not_below():
@@ -75,7 +78,7 @@ def test_decide_launches_at_a_score_equal_to_sigma_and_not_below():
     score = 5 * (101 - math.exp(50 * math.log(101) / 100)) * 40 / 20
     for sigma, launch in ((score, True), (score * (1 + 1e-9), False)):
         controller = CoarseController(sigma, t_sample_ms=40.0, t_train_ms=20.0)
-        assert controller.decide(5.0, 50.0, queue_len=1, inflight=1) is launch
+        assert controller.decide(5.0, 50.0, queue_len=1, inflight=0) is launch
         assert controller.last_launch_ms == (5.0 if launch else 0.0)
 
 
@@ -179,7 +182,9 @@ def test_coarse_loop_is_deterministic_and_launches_exactly_when_the_score_says(m
 
 
 def test_coarse_loop_score_inputs_match_the_formula():
-    """Every logged score equals T_gap * f(C) * balance recomputed here from the log."""
+    """Every logged score equals T_gap * f(C) * balance recomputed here from the log; the
+    supply in the balance is the queue plus the DAGs in flight (issue 22 item 13: counting
+    only the queue launched the whole run's DAGs at once)."""
     sigma = default_sigma()
     controller = CoarseController(sigma)
     seen = []
@@ -189,15 +194,18 @@ def test_coarse_loop_score_inputs_match_the_formula():
 
     def decide(now, c, q, inflight):
         seen.append(
-            (now, c, q, controller.t_sample_ms, controller.t_train_ms, controller.last_launch_ms)
+            (now, c, q + inflight, controller.t_sample_ms, controller.t_train_ms)
+            + (controller.last_launch_ms,)
         )
         return original(now, c, q, inflight)
 
     controller.decide = decide
     run_coarse_loop(controller, env, sleep_ms=5.0)
     f = 101 - math.exp(70.0 * math.log(101) / 100)
-    for (now, _, q, ts, tt, last), d in zip(seen, controller.trace):
-        balance = 1.0 if ts is None or tt is None else ts / (tt * max(q, 0.5))
+    assert any(d.inflight > 0 and d.score > 0 for d in controller.trace)
+    for (now, _, supply, ts, tt, last), d in zip(seen, controller.trace):
+        cold = ts is None or tt is None
+        balance = 1.0 / max(supply, 1) if cold else ts / (tt * max(supply, 0.5))
         assert d.score == pytest.approx((now - last) * f * balance)
 
 
@@ -208,6 +216,91 @@ def test_coarse_loop_waits_at_full_cpu_except_when_idle():
     # f(100) = 0: only the min_inflight rule launches, so never two DAGs at once
     assert all(before == 0 for _, before in env.launches)
     assert all(d.score == 0 for d in controller.trace)
+
+
+@pytest.mark.parametrize("dag_ms,train_ms", [(40.0, 15.0), (60.0, 10.0)])
+def test_in_flight_dags_bound_the_prefetch_without_starving_the_trainer(dag_ms, train_ms):
+    """DAGs in flight count as supply, so the prefetch settles where a launch every
+    ``T_train`` keeps the score at sigma: supply = f(C) * T_sample / sigma (10 at 40 ms and
+    30 %), and the trainer never waits after the first DAG. Counting only the queue
+    prefetched 14 and 29 batches here (issue 22 item 13)."""
+    controller = CoarseController(default_sigma())
+    env = FakeEnv(controller, steps=60, dag_ms=dag_ms, train_ms=train_ms, cpu=lambda e: 30.0)
+    run_coarse_loop(controller, env, sleep_ms=5.0)
+    supply = max(d.queue_len + d.inflight for d in controller.trace)
+    assert supply <= cpu_factor(30.0) * dag_ms / default_sigma() + 2
+    assert env.t <= dag_ms + 60 * train_ms + 10.0  # no starvation beyond the first DAG
+
+
+def test_prefetch_memory_bound_holds_except_when_idle():
+    batch = 1000.0
+    controller = CoarseController(default_sigma(), max_prefetch_bytes=3 * batch, batch_bytes=batch)
+    env = FakeEnv(controller, steps=30, dag_ms=60.0, train_ms=10.0, cpu=lambda e: 0.0)
+    run_coarse_loop(controller, env, sleep_ms=5.0)
+    launched = [d for d in controller.trace if d.launched]
+    assert len(launched) == 30
+    assert max(d.queue_len + d.inflight for d in launched) == 2  # + the new one = 3 batches
+    held = [d for d in controller.trace if not d.launched and d.queue_len + d.inflight == 3]
+    assert any(d.score >= controller.sigma for d in held)  # the score said go; memory said no
+
+
+def test_cpu_meter_reads_tick_counters_over_its_window_not_per_poll():
+    """A process using 0.6 of its 2 cores, counted in 10 ms ticks, polled every 5 ms: per
+    poll the reading is 0 or 100 (the old psutil input); over 100 ms windows it is 30."""
+    now, used = [0.0], [0.0]
+    clock, cpu_time = (lambda: now[0]), (lambda: used[0])
+    windowed = CpuMeter(2, 0.1, cpu_time, clock)
+    per_poll = CpuMeter(2, 1e-9, cpu_time, clock)
+    readings, coin = [], []
+    for i in range(1, 401):
+        now[0] = i * 0.005
+        used[0] = math.floor(now[0] * 0.6 / 0.01 + 1e-9) * 0.01
+        readings.append(windowed())
+        coin.append(per_poll())
+    assert {round(c, 6) for c in coin} == {0.0, 100.0}
+    assert readings[:19] == [0.0] * 19  # nothing measured before the first window
+    assert all(r == pytest.approx(30.0, abs=5.1) for r in readings[19:])
+    assert len(set(readings[19:20]) | set(readings[20:39])) == 1  # held between windows
+
+
+def test_launch_score_on_a_recorded_cpu_trace():
+    """Record this process's CPU time every 5 ms for 0.6 s while a thread burns about half a
+    core, then replay the trace through the meter and the controller: every decision after
+    the first window reads a real utilisation (neither 0 nor 100), near the trace's mean,
+    and every launch comes from that reading's score."""
+    stop = threading.Event()
+
+    def burn():
+        while not stop.is_set():
+            end = time.perf_counter() + 0.004
+            while time.perf_counter() < end:
+                pass
+            time.sleep(0.004)
+
+    burner = threading.Thread(target=burn)
+    burner.start()
+    trace = []
+    try:
+        for _ in range(120):
+            trace.append((time.perf_counter(), time.process_time()))
+            time.sleep(0.005)
+    finally:
+        stop.set()
+        burner.join()
+    (t0, c0), (t1, c1) = trace[0], trace[-1]
+    mean = 100 * (c1 - c0) / (t1 - t0)
+    it = iter(trace)
+    sample = [trace[0]]
+    meter = CpuMeter(1.0, 0.1, lambda: sample[0][1], lambda: sample[0][0])
+    controller = CoarseController(default_sigma(), t_sample_ms=20.0, t_train_ms=10.0)
+    for point in it:
+        sample[0] = point
+        controller.decide((point[0] - t0) * 1e3, meter(), queue_len=1, inflight=0)
+    measured = [d for d in controller.trace if d.now_ms >= 100.0]
+    assert measured and all(0.0 < d.c_util < 100.0 for d in measured)
+    assert statistics.median(d.c_util for d in measured) == pytest.approx(mean, abs=25.0)
+    launches = [d for d in measured if d.launched]
+    assert launches and all(d.score >= controller.sigma for d in launches)
 
 
 # ------------------------------------------------------------------ 4. fine-grained order
@@ -422,6 +515,25 @@ def test_blocks_equal_the_reference_sampler_edge_for_edge(fanouts, threads, nsc,
         worker.stop()
 
 
+def test_sample_time_is_the_dags_work_not_its_latency():
+    """T_avg_sample is the time the DAG's tasks ran, not launch-to-end: a DAG that waited
+    5 s behind older ones took 2 ms per task (issue 22 item 13); its batch size feeds the
+    memory bound."""
+    graph, book = _graph()
+    worker = _sworker(graph, book, [4, 3], threads=1, nsc=2, ff=1)
+    dag = worker.build_dag(0, 0, 0)
+    for i, task in enumerate(dag.tasks):
+        task.result = task.fn(*[p.result for p in task.parents])
+        task.started, task.finished = 100.0 + i, 100.002 + i
+    dag.launched = time.perf_counter() - 5.0
+    worker._inflight.add((0, 0))
+    worker._finished(dag)
+    assert worker.controller.t_sample_ms == pytest.approx(2.0 * len(dag.tasks), rel=1e-6)
+    batch = worker._done[(0, 0)]
+    assert worker.controller.batch_bytes == batch_nbytes(batch) > batch.x.numel()
+    assert batch.stats["dag_s"] >= 5.0
+
+
 def test_a_failing_task_ends_the_take_with_the_task_and_dag_named():
     graph, book = _graph()
 
@@ -562,3 +674,33 @@ def test_a_fresh_sworker_resumed_at_an_epoch_start_yields_the_same_batches():
     finally:
         straight.stop()
         resumed.stop()
+
+
+# ------------------------------------------------------------------ reports
+
+
+def test_throughput_is_end_to_end_over_the_epoch_with_its_evaluation(tmp_path, monkeypatch):
+    """seeds/s counts the whole epoch, evaluation included (the paper's end-to-end metric):
+    with every evaluation slowed by 0.5 s, no epoch can report more than its seeds / 0.5 s.
+    The old figure used the training batches only (issue 22 item 12)."""
+    from lightning_gnnscale.run import train
+    from lightning_gnnscale.systems.bytegnn.datamodule import ByteGNNDataModule
+    from tests.helpers.config import make_cfg
+
+    eval_counts = ByteGNNDataModule.eval_counts
+
+    def slow_eval(self, net, splits):
+        time.sleep(0.5)
+        return eval_counts(self, net, splits)
+
+    monkeypatch.setattr(ByteGNNDataModule, "eval_counts", slow_eval)
+    metrics, _ = train(make_cfg(tmp_path, "strategy=bytegnn", "trainer.devices=1"))
+    system = metrics["system"]
+    epochs = system["epochs"]
+    assert len(epochs) == 2
+    for epoch in epochs:
+        assert epoch["epoch_s"] >= epoch["train_s"] + 0.5
+        assert epoch["seeds_per_s"] <= epoch["seeds"] / 0.5
+        assert epoch["train_seeds_per_s"] > epoch["seeds_per_s"]
+    seeds = sum(e["seeds"] for e in epochs)
+    assert system["seeds_per_s"] == pytest.approx(seeds / sum(e["epoch_s"] for e in epochs))

@@ -4,11 +4,14 @@ task that raises inside a Lightning fit) end with a clear error and no leftover 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import random
+import socket
 import threading
 import time
 from collections import Counter
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -24,7 +27,8 @@ from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.module import GNNModule
 from lightning_gnnscale.run import build_datamodule, build_strategy, train
-from lightning_gnnscale.systems.bytegnn.config import DagConfig, SchedulerConfig
+from lightning_gnnscale.systems.bytegnn.address import service_address
+from lightning_gnnscale.systems.bytegnn.config import ByteGNNConfig, DagConfig, SchedulerConfig
 from lightning_gnnscale.systems.bytegnn.store import GraphStore, SeedSplit
 from lightning_gnnscale.systems.bytegnn.sworker import SamplingError, SWorker
 from tests.helpers.config import make_cfg
@@ -269,8 +273,59 @@ def test_bytegnn_trains_end_to_end_with_gat_and_a_clean_audit(tmp_path):
         ("strategy.scheduler.max_inflight=0", "max_inflight"),
         ("strategy.sampling_threads=0", "sampling_threads"),
         ("data.num_workers=1", "data.num_workers=0"),
+        # issue 24 item 3: settings that exhaust the machine, refused with their bound
+        ("strategy.sampling_threads=100000", r"sampling_threads=100000 must be <= \d+ \(4 per"),
+        ("strategy.dag.nsc_tasks=1000000", r"nsc_tasks=1000000 must be <= 4096"),
+        ("strategy.dag.nsc_tasks=40", r"nsc_tasks=40 must be <= the seeds per step \(32,"),
+        ("strategy.dag.ff_tasks=65", r"ff_tasks=65 must be <= the seeds per step \(64,"),
+        ("strategy.scheduler.sleep_ms=1e9", r"sleep_ms=1000000000.0 must be in \(0, 1000\]"),
+        ("strategy.scheduler.cpu_window_ms=5", "cpu_window_ms=5.0 must be in"),
+        ("strategy.scheduler.prefetch_mb=0", "prefetch_mb=0.0 must be > 0"),
+        # issue 24 item 5 / issue 22 item 14: strategy.host
+        ("strategy.host=localhost", "strategy.host='localhost' is not an IP address"),
+        ("strategy.host=999.1.1.1", "strategy.host='999.1.1.1' is not an IP address"),
+        ("strategy.host=8.8.8.8", "strategy.host='8.8.8.8' cannot be listened on here"),
+        ("strategy.host='::1'", "strategy.host='::1': .*IPv4 only"),
     ],
 )
 def test_bad_settings_fail_at_config_time_naming_the_key(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
-        validate(make_cfg(tmp_path, "strategy=bytegnn", override))
+        validate(make_cfg(tmp_path, "strategy=bytegnn", "data.batch_size=64", override))
+
+
+def test_an_explicit_host_is_refused_for_several_nodes():
+    """One address cannot be every node's: a multi-node run leaves strategy.host null."""
+    config = ByteGNNConfig(host="127.0.0.1")
+    run = SimpleNamespace(
+        trainer=SimpleNamespace(world_size=4, num_nodes=2), data=SimpleNamespace(batch_size=64)
+    )
+    with pytest.raises(ConfigError, match="one address for ranks on 2 nodes"):
+        config.check_run(run)
+    ByteGNNConfig().check_run(run)  # null: every rank chooses its own
+
+
+def _non_loopback_ipv4():
+    import psutil
+
+    for entries in psutil.net_if_addrs().values():
+        for entry in entries:
+            if entry.family == socket.AF_INET and not entry.address.startswith("127."):
+                return entry.address
+    return None
+
+
+def test_each_rank_publishes_the_address_its_peers_reach_it_by():
+    """Chosen as gloo chooses: GLOO_SOCKET_IFNAME's address, else the local end of the route
+    to MASTER_ADDR. A single-node run (MASTER_ADDR loopback) publishes 127.0.0.1; a rank whose
+    master is reached over a real interface publishes that interface's address, not
+    loopback (the old default published 127.0.0.1 to every peer)."""
+    assert service_address(None, {"MASTER_ADDR": "127.0.0.1"}) == "127.0.0.1"
+    assert service_address(None, {}) == "127.0.0.1"
+    assert service_address(None, {"GLOO_SOCKET_IFNAME": "lo"}) == "127.0.0.1"
+    assert service_address("127.0.0.1", {"MASTER_ADDR": "10.0.0.1"}) == "127.0.0.1"
+    with pytest.raises(ConfigError, match="GLOO_SOCKET_IFNAME='nosuch0' names no interface"):
+        service_address(None, {"GLOO_SOCKET_IFNAME": "nosuch0"})
+    address = _non_loopback_ipv4()
+    assert address is not None, "this test needs a machine with a non-loopback IPv4 address"
+    chosen = service_address(None, {"MASTER_ADDR": address})
+    assert chosen == address and not ipaddress.ip_address(chosen).is_loopback

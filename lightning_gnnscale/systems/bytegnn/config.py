@@ -3,15 +3,31 @@ docs/systems/bytegnn.md)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import ConfigError
 from ...graph.partition import METHOD_OPTIONS, PARTITION_METHODS, check_partition_options
-from ...schema import SystemConfig, choice, require
+from ...schema import DataConfig, SystemConfig, choice, require
+from .address import check_host
 from .scheduler import default_sigma
 
+if TYPE_CHECKING:
+    from ...schema import RunConfig
+
 DAG_MODES = ("supervised",)
+MAX_SLEEP_MS = 1000.0  # a poll interval longer than this starves the trainer
+THREADS_PER_CORE = 4  # most sampling threads per core of this machine
+MAX_TASKS_PER_HOP = 4096  # most NSC / FF tasks per hop, whatever the batch size
+
+
+def available_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -48,10 +64,14 @@ class SchedulerConfig:
     Args:
         sigma: launch threshold; ``None``: ``gap_ref_ms * f(cpu_ref) * balance_ref``.
         gap_ref_ms, cpu_ref, balance_ref: the reference point of the default ``sigma``.
-        sleep_ms: the poll interval when not launching.
-        q_floor: lower bound of the queue length in the balance term.
+        sleep_ms: the poll interval when not launching (at most 1000 ms).
+        q_floor: lower bound of the supply (queued + in-flight DAGs) in the balance term.
         ema_alpha: weight of a new sample in the sample / train time averages.
         max_inflight: most DAGs in flight at once; ``None``: no limit (the paper's).
+        prefetch_mb: most memory the prefetched batches (queued and in flight, estimated from
+            the finished ones' size) may take; the paper's memory-footprint bound.
+        cpu_window_ms: the CPU meter's window (utilisation of this rank over at least that
+            long; kernel accounting cannot resolve a 5 ms poll).
         prefetch_next_epoch: launch the next epoch's DAGs once this epoch's are all launched;
             ``false``: only once the trainer has taken this epoch's last batch.
     """
@@ -64,6 +84,8 @@ class SchedulerConfig:
     q_floor: float = 0.5
     ema_alpha: float = 0.1
     max_inflight: int | None = None
+    prefetch_mb: float = 256.0
+    cpu_window_ms: float = 100.0
     prefetch_next_epoch: bool = True
 
     def __post_init__(self) -> None:
@@ -74,12 +96,24 @@ class SchedulerConfig:
         require(self.gap_ref_ms > 0, "strategy.scheduler.gap_ref_ms must be > 0")
         require(0 <= self.cpu_ref <= 100, "strategy.scheduler.cpu_ref must be in [0, 100]")
         require(self.balance_ref > 0, "strategy.scheduler.balance_ref must be > 0")
-        require(self.sleep_ms > 0, f"strategy.scheduler.sleep_ms={self.sleep_ms} must be > 0")
+        require(
+            0 < self.sleep_ms <= MAX_SLEEP_MS,
+            f"strategy.scheduler.sleep_ms={self.sleep_ms} must be in (0, {MAX_SLEEP_MS:g}] ms "
+            "(the paper polls every 5 ms)",
+        )
         require(self.q_floor > 0, f"strategy.scheduler.q_floor={self.q_floor} must be > 0")
         require(0 < self.ema_alpha <= 1, "strategy.scheduler.ema_alpha must be in (0, 1]")
         require(
             self.max_inflight is None or self.max_inflight >= 1,
             f"strategy.scheduler.max_inflight={self.max_inflight} must be >= 1 (or null)",
+        )
+        require(
+            self.prefetch_mb > 0, f"strategy.scheduler.prefetch_mb={self.prefetch_mb} must be > 0"
+        )
+        require(
+            50 <= self.cpu_window_ms <= MAX_SLEEP_MS,
+            f"strategy.scheduler.cpu_window_ms={self.cpu_window_ms} must be in [50, "
+            f"{MAX_SLEEP_MS:g}] ms (shorter windows are below the kernel's CPU accounting)",
         )
 
     @property
@@ -97,8 +131,10 @@ class DagConfig:
     Args:
         mode: ``supervised`` (seed -> NSC / FF per hop -> end); unsupervised training with
             positive / negative samplers is not built (docs/systems/bytegnn.md).
-        nsc_tasks: one-hop neighbourhood tasks per hop (the frontier cut into this many chunks).
-        ff_tasks: feature-fetch tasks per hop (the hop's new vertices cut into this many chunks).
+        nsc_tasks: one-hop neighbourhood tasks per hop (the frontier cut into this many chunks);
+            at most the seeds a rank takes per step.
+        ff_tasks: feature-fetch tasks per hop (the hop's new vertices cut into this many
+            chunks); at most the seeds a rank takes per step.
     """
 
     mode: str = "supervised"
@@ -109,6 +145,23 @@ class DagConfig:
         choice("strategy.dag.mode", self.mode, DAG_MODES)
         require(self.nsc_tasks >= 1, f"strategy.dag.nsc_tasks={self.nsc_tasks} must be >= 1")
         require(self.ff_tasks >= 1, f"strategy.dag.ff_tasks={self.ff_tasks} must be >= 1")
+        for key in ("nsc_tasks", "ff_tasks"):
+            value = getattr(self, key)
+            require(
+                value <= MAX_TASKS_PER_HOP,
+                f"strategy.dag.{key}={value} must be <= {MAX_TASKS_PER_HOP} (and <= the seeds "
+                "per step)",
+            )
+
+    def check_seeds_per_step(self, seeds: int, where: str) -> None:
+        """Tasks per hop cannot exceed the seeds of a step (``where`` says which seeds)."""
+        for key in ("nsc_tasks", "ff_tasks"):
+            value = getattr(self, key)
+            require(
+                value <= seeds,
+                f"strategy.dag.{key}={value} must be <= the seeds per step ({seeds}, {where}): "
+                "a chunk smaller than one vertex is an empty task",
+            )
 
 
 @dataclass(frozen=True)
@@ -120,8 +173,10 @@ class ByteGNNConfig(SystemConfig):
             suite has it; else ``metis_balanced``).
         dag: the sampling DAG.
         scheduler: the coarse controller.
-        sampling_threads: S-Worker threads per rank that run sampling tasks.
-        host: the address each rank's graph-store service listens on and publishes.
+        sampling_threads: S-Worker threads per rank that run sampling tasks (at most 4 per
+            core of this machine).
+        host: the IPv4 address each rank's graph-store service listens on and publishes;
+            ``None``: each rank chooses its own (``address.service_address``). Single node only.
     """
 
     name: str = "bytegnn"
@@ -129,7 +184,7 @@ class ByteGNNConfig(SystemConfig):
     dag: DagConfig = field(default_factory=DagConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     sampling_threads: int = 2
-    host: str = "127.0.0.1"
+    host: str | None = None
 
     NAMES: ClassVar[tuple[str, ...]] = ("bytegnn",)
 
@@ -139,4 +194,29 @@ class ByteGNNConfig(SystemConfig):
             self.sampling_threads >= 1,
             f"strategy.sampling_threads={self.sampling_threads} must be >= 1",
         )
-        require(bool(self.host), "strategy.host must name an address (e.g. 127.0.0.1)")
+        cores = available_cores()
+        require(
+            self.sampling_threads <= THREADS_PER_CORE * cores,
+            f"strategy.sampling_threads={self.sampling_threads} must be <= "
+            f"{THREADS_PER_CORE * cores} ({THREADS_PER_CORE} per core, {cores} cores here)",
+        )
+        if self.host is not None:
+            check_host(self.host)
+
+    def check_data(self, data: DataConfig) -> None:
+        super().check_data(data)
+        if data.batch_size != -1:
+            self.dag.check_seeds_per_step(data.batch_size, "data.batch_size")
+
+    def check_run(self, run: RunConfig) -> None:
+        world = run.trainer.world_size
+        if run.data.batch_size != -1:
+            self.dag.check_seeds_per_step(
+                max(1, run.data.batch_size // world), f"data.batch_size / {world} ranks"
+            )
+        require(
+            self.host is None or run.trainer.num_nodes == 1,
+            f"strategy.host={self.host} is one address for ranks on {run.trainer.num_nodes} "
+            "nodes: leave it null, and every rank publishes the address its peers reach it by "
+            "(GLOO_SOCKET_IFNAME, else the route to MASTER_ADDR)",
+        )

@@ -2,9 +2,11 @@
 
 ``preprocess`` partitions (``bytegnn`` by default, cached) and relabels the graph. On every rank
 ``setup_rank`` keeps its partition in a :class:`GraphStore`, starts serving it to the other
-ranks over the socket transport and builds the :class:`SWorker` (started by the strategy). The
-train loader runs in the main process and takes the S-Worker's batches in step order, exactly
-``steps_per_epoch`` of them per epoch. Evaluation is layer-wise full-graph inference over the
+ranks over the socket transport (on the address :func:`.address.service_address` chooses) and
+builds the :class:`SWorker`. The DataModule owns both: ``train_dataloader`` starts the S-Worker,
+``teardown`` (after a fit) and ``on_exception`` (Lightning calls it when a fit fails) stop them.
+The train loader runs in the main process and takes the S-Worker's batches in step order,
+exactly ``steps_per_epoch`` of them per epoch. Evaluation is layer-wise full-graph inference over the
 partitions (halo rows pulled from their owners through ``comm``), as DistDGL's.
 """
 
@@ -21,7 +23,8 @@ from ...graph.partition import METHOD_OPTIONS
 from ...models.gnn import BlockGNN
 from ..base import GNNDataModule, assert_same_on_all_ranks
 from ..contract import RankContext
-from .config import ByteGNNConfig
+from .address import service_address
+from .config import ByteGNNConfig, available_cores
 from .store import GraphStore, SeedSplit
 from .sworker import ByteGNNBatch, SWorker
 
@@ -66,13 +69,16 @@ class ByteGNNDataModule(GNNDataModule):
         self.degree = graph.in_degree()  # replicated metadata
         config = self.config
         timeout_s = comm.timeout.total_seconds() if comm.timeout is not None else 300.0
+        split = SeedSplit(graph.split_ids("train"), world, rank, self.data.batch_size, self.seed)
+        config.dag.check_seeds_per_step(max(1, int(split.sizes.min()) // split.steps), "per rank")
         store = GraphStore(self.local, book, self.degree, None)
         if world > 1:
-            self.transport = SocketTransport(rank, context.topology, timeout_s, config.host)
+            host = service_address(config.host)
+            self.transport = SocketTransport(rank, context.topology, timeout_s, host)
             self.transport.start(store.serve, comm)
             store.transport = self.transport
         self.store = store
-        split = SeedSplit(graph.split_ids("train"), world, rank, self.data.batch_size, self.seed)
+        local_ranks = self.trainer.num_devices if self.trainer is not None else 1
         self.sworker = SWorker(
             store,
             split,
@@ -82,7 +88,28 @@ class ByteGNNDataModule(GNNDataModule):
             config.scheduler,
             config.sampling_threads,
             timeout_s,
+            cores=available_cores() / max(1, local_ranks),
         )
+
+    # ------------------------------------------------------------------------ lifetime
+    @override
+    def train_dataloader(self):
+        """Starts the S-Worker (once), launching nothing past the fit's last epoch."""
+        if not self.sworker.started:
+            max_epochs = self.trainer.max_epochs if self.trainer is not None else -1
+            self.sworker.last_epoch = max_epochs - 1 if max_epochs >= 0 else None
+            self.sworker.start()
+        return super().train_dataloader()
+
+    @override
+    def teardown(self, stage: str) -> None:
+        if stage == "fit":
+            self.stop_service()
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """A failed fit skips ``teardown``: stop the service and the threads here."""
+        self.stop_service()
 
     @property
     @override
@@ -104,8 +131,8 @@ class ByteGNNDataModule(GNNDataModule):
             self.transport.flush(self.context.meter)
 
     def stop_service(self) -> None:
-        """Close the transport, then stop the S-Worker (idempotent; the strategy calls it in
-        teardown, on success and on failure alike). Closing first aborts the requests that
+        """Close the transport, then stop the S-Worker (idempotent; ``teardown`` calls it after
+        a fit, ``on_exception`` after a failure). Closing first aborts the requests that
         sampling threads still wait on (a hung peer would hold them for the whole timeout,
         longer than the threads' join); a rank tears down only once the fit is over for it,
         so no peer still needs this rank's store then, or it fails anyway."""
@@ -127,7 +154,7 @@ class ByteGNNDataModule(GNNDataModule):
     def callbacks(self):
         from .callbacks import ByteGNNStats
 
-        return [ByteGNNStats()]
+        return [ByteGNNStats(lambda: self.sworker)]
 
     # ------------------------------------------------------------------------ evaluation
     @override

@@ -1,9 +1,11 @@
 """ByteGNN's two-level scheduler (spec §3.2.3; docs/systems/bytegnn.md#scheduling).
 
 - Coarse: :class:`CoarseController` decides, every poll, whether to launch the next mini-batch's
-  DAG from the launch score ``T_gap_ms * f(C_util) * balance`` against ``sigma``;
-  :func:`run_coarse_loop` is the loop around it, with the clock, the CPU meter and the sleep
-  injected so that a fake clock drives it deterministically in tests.
+  DAG from the launch score ``T_gap_ms * f(C_util) * balance`` against ``sigma``, within a
+  memory bound on the prefetched batches; :func:`run_coarse_loop` is the loop around it, with
+  the clock, the CPU meter and the sleep injected so that a fake clock drives it
+  deterministically in tests. :class:`CpuMeter` measures ``C_util`` over a window the kernel's
+  CPU accounting resolves.
 - Fine: :class:`ReadyHeap`, the ready tasks ordered by ``(dag_id, cost, seq)``: older DAG
   first, then cheaper task first, then FIFO.
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -37,17 +41,61 @@ def launch_score(
     t_train_ms: float | None,
     queue_len: int,
     q_floor: float = 0.5,
+    inflight: int = 0,
 ) -> float:
-    """The launch score ``T_gap * f(C) * T_sample / (T_train * max(Q, q_floor))``.
+    """The launch score ``T_gap * f(C) * T_sample / (T_train * max(Q + inflight, q_floor))``.
 
+    The supply is the finished batches ``Q`` plus the DAGs in flight (each will be a batch
+    the trainer has to consume): counting only ``Q`` launched the whole run's DAGs at once.
     ``t_sample_ms`` / ``t_train_ms`` are ``None`` until one DAG has finished and one step has
-    trained (cold start): the balance is then 1 (spec decision B2).
+    trained (cold start): their ratio is then taken as 1, so the balance is 1 with nothing
+    supplied (spec decision B2) and ``1 / supply`` beyond.
     """
     if t_sample_ms is None or t_train_ms is None:
-        balance = 1.0
+        balance = 1.0 / max(queue_len + inflight, 1)
     else:
-        balance = t_sample_ms / (max(t_train_ms, 1e-9) * max(queue_len, q_floor))
+        supply = max(queue_len + inflight, q_floor)
+        balance = t_sample_ms / (max(t_train_ms, 1e-9) * supply)
     return gap_ms * cpu_factor(c_util) * balance
+
+
+class CpuMeter:
+    """``C_util``: this process's CPU time (all its threads: trainer, sampling, service) over
+    the last window, in percent of ``cores`` cores' time, clamped to [0, 100].
+
+    A poll inside the window returns the last complete window's value: a 5 ms poll of
+    tick-based counters reads only 0 or 100. The process's own time (not the machine's) is
+    used because a rank stands for one ByteGNN machine, whose ``cores`` are its share of this
+    host; other tenants of a shared host do not enter.
+
+    Args:
+        cores: the cores this rank stands for.
+        window_s: the shortest window.
+        cpu_time, clock: seconds of CPU time and of wall time (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        cores: float,
+        window_s: float = 0.1,
+        cpu_time: Callable[[], float] = time.process_time,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if cores <= 0 or window_s <= 0:
+            raise ValueError(f"cores={cores} and window_s={window_s} must be > 0")
+        self.cores, self.window_s, self._cpu_time, self._clock = cores, window_s, cpu_time, clock
+        self._t0, self._c0 = clock(), cpu_time()
+        self.value = 0.0
+
+    def __call__(self) -> float:
+        now = self._clock()
+        elapsed = now - self._t0
+        if elapsed >= self.window_s:
+            used = self._cpu_time()
+            share = (used - self._c0) / (elapsed * self.cores)
+            self.value = min(100.0, max(0.0, 100.0 * share))
+            self._t0, self._c0 = now, used
+        return self.value
 
 
 def ema(old: float | None, sample: float, alpha: float) -> float:
@@ -73,9 +121,13 @@ class CoarseController:
 
     Args:
         sigma: launch threshold.
-        q_floor: lower bound of ``Q`` in the balance (``Q = 0`` gives a finite score).
-        ema_alpha: weight of a new sample in ``T_avg_sample`` / ``T_avg_train``.
+        q_floor: lower bound of the supply ``Q + inflight`` in the balance (finite at 0).
+        ema_alpha: weight of a new sample in ``T_avg_sample`` / ``T_avg_train`` and the
+            batch size.
         max_inflight: never launch while this many DAGs run (``None``: no limit).
+        max_prefetch_bytes: never launch a DAG whose batch would take the prefetched batches
+            (queued and in flight, at the finished ones' mean size) past this (``None``: no
+            bound).
         keep_trace: how many recent decisions to keep (the trajectory).
     """
 
@@ -83,23 +135,34 @@ class CoarseController:
     q_floor: float = 0.5
     ema_alpha: float = 0.1
     max_inflight: int | None = None
+    max_prefetch_bytes: float | None = None
     keep_trace: int = 100_000
     t_sample_ms: float | None = None
     t_train_ms: float | None = None
+    batch_bytes: float | None = None
     last_launch_ms: float = 0.0
     trace: list[Decision] = field(default_factory=list)
 
-    def observe_sample(self, latency_ms: float) -> None:
-        """A DAG finished ``latency_ms`` after its launch."""
-        self.t_sample_ms = ema(self.t_sample_ms, latency_ms, self.ema_alpha)
+    def observe_sample(self, work_ms: float, batch_bytes: float | None = None) -> None:
+        """A DAG finished: its tasks ran ``work_ms`` in all (not its latency, which grows with
+        the DAGs queued beside it) and its batch takes ``batch_bytes``."""
+        self.t_sample_ms = ema(self.t_sample_ms, work_ms, self.ema_alpha)
+        if batch_bytes is not None:
+            self.batch_bytes = ema(self.batch_bytes, batch_bytes, self.ema_alpha)
 
     def observe_train(self, step_ms: float) -> None:
         """The T-Worker spent ``step_ms`` on one step."""
         self.t_train_ms = ema(self.t_train_ms, step_ms, self.ema_alpha)
 
+    def memory_room(self, queue_len: int, inflight: int) -> bool:
+        """One more prefetched batch stays within ``max_prefetch_bytes``."""
+        if self.max_prefetch_bytes is None or self.batch_bytes is None:
+            return True
+        return (queue_len + inflight + 1) * self.batch_bytes <= self.max_prefetch_bytes
+
     def decide(self, now_ms: float, c_util: float, queue_len: int, inflight: int) -> bool:
-        """Launch now? ``score >= sigma`` and ``inflight < max_inflight``; or nothing runs and
-        nothing waits (``min_inflight = 1``: the system cannot stall)."""
+        """Launch now? ``score >= sigma``, ``inflight < max_inflight`` and memory room; or
+        nothing runs and nothing waits (``min_inflight = 1``: the system cannot stall)."""
         score = launch_score(
             now_ms - self.last_launch_ms,
             c_util,
@@ -107,9 +170,13 @@ class CoarseController:
             self.t_train_ms,
             queue_len,
             self.q_floor,
+            inflight,
         )
-        room = self.max_inflight is None or inflight < self.max_inflight
-        launch = room and (score >= self.sigma or (inflight == 0 and queue_len == 0))
+        idle = inflight == 0 and queue_len == 0
+        room = (self.max_inflight is None or inflight < self.max_inflight) and self.memory_room(
+            queue_len, inflight
+        )
+        launch = idle or (room and score >= self.sigma)
         if len(self.trace) >= self.keep_trace:
             del self.trace[: self.keep_trace // 2]
         self.trace.append(Decision(now_ms, score, c_util, queue_len, inflight, launch))

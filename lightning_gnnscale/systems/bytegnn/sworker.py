@@ -32,7 +32,7 @@ from ...graph.block import Block
 from ...graph.sampler import BlockBuilder, SampleKey
 from .config import DagConfig, SchedulerConfig
 from .dag import Dag, Executor, Task, TaskError
-from .scheduler import CoarseController, run_coarse_loop
+from .scheduler import CoarseController, CpuMeter, run_coarse_loop
 from .store import GraphStore, SeedSplit
 
 
@@ -59,12 +59,17 @@ class ByteGNNBatch(Batch):
     dag_id: int = -1
 
 
-def cpu_percent_psutil() -> Callable[[], float]:
-    """System-wide CPU utilisation in percent since the previous call (psutil)."""
-    import psutil
+def batch_nbytes(batch: Batch) -> int:
+    """Memory of a batch's tensors (features, labels, blocks)."""
+    tensors = [batch.x, batch.y]
+    for block in batch.blocks:
+        tensors += [block.src_ids, block.edge_index, block.src_deg]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
-    psutil.cpu_percent(interval=None)  # the first call only starts the measurement
-    return lambda: float(psutil.cpu_percent(interval=None))
+
+def dag_work_s(dag: Dag) -> float:
+    """Seconds the DAG's tasks ran, summed (its latency less the time it waited)."""
+    return sum(t.finished - t.started for t in dag.tasks if t.finished is not None)
 
 
 class SWorker:
@@ -78,7 +83,9 @@ class SWorker:
         dag: DAG shape; scheduler: coarse controller settings.
         num_threads: sampling threads.
         timeout_s: the longest :meth:`take` waits without any DAG finishing.
-        cpu_percent: the CPU meter (injectable for tests); default psutil's.
+        cores: the cores this rank stands for (the CPU meter's 100 %).
+        cpu_percent: the CPU meter (injectable for tests); default a :class:`CpuMeter` of
+            this process over ``scheduler.cpu_window_ms``.
         before_task: passed to :class:`Executor` (tests inject delays or failures).
     """
 
@@ -92,6 +99,7 @@ class SWorker:
         scheduler: SchedulerConfig,
         num_threads: int,
         timeout_s: float,
+        cores: float = 1.0,
         cpu_percent: Callable[[], float] | None = None,
         before_task: Callable[[Task], None] | None = None,
     ) -> None:
@@ -99,8 +107,13 @@ class SWorker:
         self.dag_config, self.scheduler_config = dag, scheduler
         self.timeout_s = timeout_s
         self._cpu = cpu_percent
+        self.cores = cores
         self.controller = CoarseController(
-            scheduler.threshold, scheduler.q_floor, scheduler.ema_alpha, scheduler.max_inflight
+            scheduler.threshold,
+            scheduler.q_floor,
+            scheduler.ema_alpha,
+            scheduler.max_inflight,
+            scheduler.prefetch_mb * 2**20,
         )
         self.executor = Executor(num_threads, self._finished, self._failed, before_task)
         self._cond = threading.Condition()
@@ -248,13 +261,13 @@ class SWorker:
 
     def _finished(self, dag: Dag) -> None:
         batch = dag.sink.result
-        latency = time.perf_counter() - dag.launched
-        batch.stats["dag_s"] = latency
+        batch.stats["dag_s"] = time.perf_counter() - dag.launched
+        work_s, nbytes = dag_work_s(dag), batch_nbytes(batch)
         with self._cond:
             self._done[(batch.epoch, batch.step)] = batch
             self._inflight.discard((batch.epoch, batch.step))
             self.finished += 1
-            self.controller.observe_sample(latency * 1e3)
+            self.controller.observe_sample(work_s * 1e3, nbytes)
             self._cond.notify_all()
 
     def _failed(self, error: BaseException) -> None:
@@ -264,12 +277,16 @@ class SWorker:
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------ lifecycle
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
     def start(self) -> None:
         """Start the sampling threads and the coarse controller's thread."""
         if self._thread is not None:
             raise RuntimeError("the S-Worker is already started")
         if self._cpu is None:
-            self._cpu = cpu_percent_psutil()
+            self._cpu = CpuMeter(self.cores, self.scheduler_config.cpu_window_ms / 1e3)
         self.executor.start()
         self._thread = threading.Thread(target=self._coarse, name="bytegnn-coarse", daemon=True)
         self._thread.start()
