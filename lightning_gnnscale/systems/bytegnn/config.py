@@ -14,7 +14,7 @@ from .address import check_host
 from .scheduler import default_sigma
 
 if TYPE_CHECKING:
-    from ...schema import RunConfig
+    from ...schema import RunFacts
 
 DAG_MODES = ("supervised",)
 MAX_SLEEP_MS = 1000.0  # a poll interval longer than this starves the trainer
@@ -208,15 +208,15 @@ class ByteGNNConfig(SystemConfig):
         if data.batch_size != -1:
             self.dag.check_seeds_per_step(data.batch_size, "data.batch_size")
 
-    def check_run(self, run: RunConfig) -> None:
-        world = run.trainer.world_size
+    def check_run(self, run: RunFacts) -> None:
+        world = run.world_size
         if run.data.batch_size != -1:
             self.dag.check_seeds_per_step(
                 max(1, run.data.batch_size // world), f"data.batch_size / {world} ranks"
             )
         require(
-            self.host is None or run.trainer.num_nodes == 1,
-            f"strategy.host={self.host} is one address for ranks on {run.trainer.num_nodes} "
+            self.host is None or run.num_nodes == 1,
+            f"strategy.host={self.host} is one address for ranks on {run.num_nodes} "
             "nodes: leave it null, and every rank publishes the address its peers reach it by "
             "(GLOO_SOCKET_IFNAME, else the route to MASTER_ADDR)",
         )
