@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import asdict, astuple, dataclass, replace
+from functools import cached_property
 
 import lightning as L
 import torch
@@ -158,12 +159,17 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             return [self.config.preload_depth(self.num_layers)]
         return [None]
 
+    @cached_property
+    def graph_identity(self) -> dict:
+        """The graph's fingerprint (hashed once: it reads every byte of the structure)."""
+        return graph_fingerprint(self.graph)
+
     def layout_key(self, topology: Topology, k: int | None, rank: int) -> dict:
         """What one rank's plans depend on (the artifact cache key)."""
         config = self.config
         return {
             "kind": "granndis-plans",
-            "graph": graph_fingerprint(self.graph),
+            "graph": self.graph_identity,
             "mode": config.mode,
             "partition": asdict(config.partition),
             "eas": asdict(config.eas) if config.mode in ("flx_eas", "cob") else None,
