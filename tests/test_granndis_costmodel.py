@@ -3,8 +3,10 @@
 import math
 
 import pytest
+import torch
 
 from lightning_gnnscale.systems.granndis.costmodel import (
+    GRANNDIS_NETWORKS,
     ModePlan,
     choose_k,
     eas_in_regime,
@@ -19,6 +21,7 @@ from lightning_gnnscale.systems.granndis.costmodel import (
     preload_total_growth,
     replication_in_range,
     sage_num_params,
+    synchronised_epoch_time,
     t_preload,
     t_prev,
     t_sampling,
@@ -169,3 +172,45 @@ def test_modelled_epoch_time_per_network():
         modelled_epoch_time(1.0, {}, ["infiniband"])
     with pytest.raises(ValueError, match="link classes"):
         modelled_epoch_time(1.0, {"inter": 1})
+
+
+def _zeros(world, steps):
+    return torch.zeros(world, steps, 2)
+
+
+def test_synchronised_epoch_time_charges_the_slowest_rank_and_the_slowest_link():
+    """Issue 22 item 1. Rank 0 computes 1 s and sends nothing across servers; rank 1 computes
+    0.1 s and sends 1 MB of gradients to the other server. With barriers the step ends at
+    1 s of compute plus 1 MB on the inter-server link, so the time grows as that link slows
+    (the max over ranks of each rank's own compute plus own bytes gave 1 s at every network).
+    Phases are maxed one by one: two ranks slow in different phases add up."""
+    names = list(GRANNDIS_NETWORKS)
+    grads = _zeros(2, 1)
+    grads[1, 0, 1] = 1e6
+    messages = _zeros(2, 1)
+    messages[1, 0, 1] = 1
+    phases = torch.tensor([[[0.0, 0.0, 1.0]], [[0.0, 0.0, 0.1]]])
+    got = synchronised_epoch_time(
+        phases, {"gradient": grads}, {"gradient": messages}, [0], spans_servers=True
+    )
+    for name in names:
+        model = GRANNDIS_NETWORKS[name]
+        assert got[name] == pytest.approx(1.0 + 1e6 / model.inter_bandwidth + model.inter_latency)
+    assert got["paper"] < got["paper_10gbe"] < got["paper_1gbe"]
+    skewed = torch.tensor([[[1.0, 0.0, 0.0]], [[0.0, 1.0, 0.0]]])
+    none = {"gradient": _zeros(2, 1)}
+    one_server = synchronised_epoch_time(skewed, none, none, [2], spans_servers=False)
+    assert one_server["paper"] == pytest.approx(2.0 + GRANNDIS_NETWORKS["paper"].intra_latency)
+
+
+def test_zero_byte_barriers_across_servers_cost_a_latency_each():
+    """Two layers, nothing sent: the feature exchange, one activation exchange, its backward
+    and the gradient sync are four barriers over all ranks, each at least one latency of the
+    widest link spanned (inter-server when the ranks span servers)."""
+    categories = ("feature", "activation", "activation_grad", "gradient")
+    empty = {c: _zeros(4, 3) for c in categories}
+    phases = torch.zeros(4, 3, 3)
+    for spans, latency in ((True, "inter_latency"), (False, "intra_latency")):
+        got = synchronised_epoch_time(phases, empty, empty, [2, 2, 2], spans_servers=spans)
+        for name, model in GRANNDIS_NETWORKS.items():
+            assert got[name] == pytest.approx(3 * 4 * getattr(model, latency))

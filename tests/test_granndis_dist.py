@@ -194,7 +194,7 @@ def test_server_graphs_split_over_workers_equal_one_worker_per_server(
             got.update(zip(s["ids"].tolist(), s["logits"]))
         want = {}
         for server in range(WORLD // WORKERS):
-            plans, _ = dm.build_plans(Topology(WORLD // WORKERS, 1), server)
+            plans, _ = dm.build_all_plans(Topology(WORLD // WORKERS, 1))[server]
             plan = plans[step].final
             with torch.no_grad():
                 logits = net(list(plan.blocks), graph.x[plan.owned])
@@ -204,12 +204,12 @@ def test_server_graphs_split_over_workers_equal_one_worker_per_server(
             torch.testing.assert_close(got[v], row, rtol=0, atol=1e-10)
 
 
-def mfg_reference(net, graph, vertices, level, is_target, num_layers, full_degrees):
+def mfg_reference(net, graph, vertices, level, is_target, num_layers):
     """Spec §7 test 15's oracle, built from the spec's MFG semantics rather than the plan
     code: layer ``j`` reads the vertices of ``G_s`` (induced on ``vertices``) with level
     ``<= K - j``, writes those with level ``<= K - j - 1`` (the last layer: the level-0
-    targets), over the edges of ``G_s`` between them; GCN degrees of the whole graph
-    (``full_degrees``) or of ``G_s``. Returns ``{target id: logits}``."""
+    targets), over the edges of ``G_s`` between them; GCN degrees of the whole graph.
+    Returns ``{target id: logits}``."""
     n = vertices.numel()
     position = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
     position[vertices] = torch.arange(n)
@@ -217,7 +217,7 @@ def mfg_reference(net, graph, vertices, level, is_target, num_layers, full_degre
     src = torch.cat([graph.indices[graph.indptr[v] : graph.indptr[v + 1]] for v in vertices])
     src = position[src]
     src, dst = src[src >= 0], dst[src >= 0]
-    degree = graph.in_degree()[vertices] if full_degrees else torch.bincount(dst, minlength=n)
+    degree = graph.in_degree()[vertices]
     key = 2 * level + ((level == 0) & ~is_target).long()  # sources and targets are prefixes
     order = torch.argsort(key, stable=True)
     rank = torch.empty_like(order)
@@ -243,14 +243,13 @@ def test_masked_one_hop_graphs_equal_the_layerwise_computation_graph(
 ):
     """Spec §7 test 15: on each step's (sampled) server graph ``G_s`` with its levels, the
     distributed logits equal a layer-wise computation graph that shrinks by level (the mask
-    rule as MFG semantics), with the mode's GCN degrees (full-graph for the exact modes,
-    ``G_s``'s for the sampled ones). Catches masks that are dropped or off by one layer."""
+    rule as MFG semantics), with full-graph GCN degrees in every mode. Catches masks that are
+    dropped or off by one layer."""
     graph = small_graph()
     config = VARIANTS[label]
     data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
     dm = GraNNDISDataModule(graph, config, data, seed=0, cache_dir=cache_dir)
     net = make_net(kind, graph)
-    sampled = label in ("flx_eas", "cob_sage", "cob_eas")
     for step in range(len(results[0][label, kind])):
         got = {}
         for r in results:
@@ -258,12 +257,12 @@ def test_masked_one_hop_graphs_equal_the_layerwise_computation_graph(
             got.update(zip(s["ids"].tolist(), s["logits"]))
         want = {}
         for server in range(WORLD // WORKERS):
-            plans, _ = dm.build_plans(Topology(WORLD // WORKERS, 1), server)
+            plans, _ = dm.build_all_plans(Topology(WORLD // WORKERS, 1))[server]
             plan = plans[step].final  # one worker: every vertex of G_s owned, none in a halo
             order = torch.argsort(plan.owned)
             vertices, level = plan.owned[order], plan.level[order]
             is_target = graph.train_mask[vertices] & (level == 0)
-            want.update(mfg_reference(net, graph, vertices, level, is_target, LAYERS, not sampled))
+            want.update(mfg_reference(net, graph, vertices, level, is_target, LAYERS))
         assert sorted(got) == sorted(want)
         for v, row in want.items():
             torch.testing.assert_close(got[v], row, rtol=0, atol=1e-10)

@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from ...comm import CATEGORIES, LINK_CLASSES, diff_snapshots, sum_snapshots
 from ..contract import rank_context
-from .costmodel import modelled_epoch_time
+from .costmodel import synchronised_epoch_time
 
 if TYPE_CHECKING:
     from .datamodule import GraNNDISDataModule
@@ -42,9 +42,12 @@ class GraNNDISStats(L.Callback):
     - ``preload_depth``: FLX's ``k`` (``None`` in other modes); ``memory_by_k_mb``: the
       worst rank's estimate for every ``k`` when ``preload_auto`` chose it;
     - ``compute_s``: the slowest rank's training time outside blocking collectives;
-    - ``modelled_epoch_time_s``: ``{network: max over ranks of the rank's compute plus its
-      sent bytes and messages on the paper's links}`` (:func:`~.costmodel.modelled_epoch_time`:
-      NVLink inside a server, IB QDR 32 Gb/s, 10 GbE or 1 GbE between servers).
+    - ``plan_mb``: the largest rank's plans (every step's one-hop graphs), in MiB;
+    - ``modelled_epoch_time_s``: ``{network: seconds}`` with every layer's exchange and the
+      gradient sync as barriers: each step phase ends with its slowest rank's compute, each
+      exchange with its slowest rank's sends on the paper's links (NVLink inside a server,
+      IB QDR 32 Gb/s, 10 GbE or 1 GbE between servers), at least one latency of the widest
+      link it spans (:func:`~.costmodel.synchronised_epoch_time`).
 
     Args:
         datamodule: the run's :class:`~.datamodule.GraNNDISDataModule` (its layout sizes).
@@ -59,6 +62,7 @@ class GraNNDISStats(L.Callback):
         meter = rank_context(trainer).meter
         self._epoch = diff_snapshots(meter.snapshot(), meter.snapshot())  # zeros
         self._compute_s = 0.0
+        self._steps: list[list[float]] = []  # per step: exchanges, phase compute, bytes, messages
 
     @override
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -69,8 +73,25 @@ class GraNNDISStats(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         meter = rank_context(trainer).meter
         start, waited, started = self._batch
-        self._epoch = sum_snapshots([self._epoch, meter.delta(start)])
-        self._compute_s += time.perf_counter() - started - (meter.wait_s - waited)
+        ended = time.perf_counter()
+        step = meter.delta(start)
+        self._epoch = sum_snapshots([self._epoch, step])
+        compute = ended - started - (meter.wait_s - waited)
+        self._compute_s += compute
+        # phases: the compute before each forward exchange, then the rest of the step
+        marks = batch.stats.get("exchange_marks", [])
+        phases = [0.0] * (self.datamodule.num_layers + 1)
+        previous = started
+        for i, (begin, end) in enumerate(marks):
+            phases[i], previous = begin - previous, end
+        phases[-1] = max(0.0, compute - sum(phases[:-1]))
+        counts = [
+            step[kind][c][k]
+            for kind in ("category_link_bytes", "category_link_messages")
+            for c in CATEGORIES
+            for k in LINK_CLASSES
+        ]
+        self._steps.append([float(len(marks)), *phases, *counts])
 
     @override
     def on_train_epoch_end(self, trainer, pl_module):
@@ -87,31 +108,31 @@ class GraNNDISStats(L.Callback):
         )
         links = self._epoch["category_link_bytes"]
         byte_matrix = [links[c][k] for c in CATEGORIES for k in LINK_CLASSES]
-        messages = [self._epoch["link_messages"][k] for k in LINK_CLASSES]
         local = torch.tensor(
-            [self._compute_s, *sizes, *messages, *byte_matrix], dtype=torch.float64
+            [self._compute_s, dm.plan_bytes, *sizes, *byte_matrix], dtype=torch.float64
         )
         world = context.world_size
         per_rank = context.comm.all_gather_tensor(local, category="control").view(world, -1)
-        compute, totals = per_rank[:, 0], per_rank[:, 1:4].sum(0)
-        rank_messages = per_rank[:, 4 : 4 + len(LINK_CLASSES)]
-        matrix = per_rank[:, 4 + len(LINK_CLASSES) :].view(world, len(CATEGORIES), -1)
+        compute, plan_bytes, totals = per_rank[:, 0], per_rank[:, 1], per_rank[:, 2:5].sum(0)
+        matrix = per_rank[:, 5:].view(world, len(CATEGORIES), -1)
         by_link = {}
         for k, link in enumerate(LINK_CLASSES):
             kinds = {name: 0 for name in (*KINDS.values(), "other")}
             for c, category in enumerate(CATEGORIES):
                 kinds[KINDS.get(category, "other")] += int(matrix[:, c, k].sum())
             by_link[link] = kinds
-        rank_bytes = matrix.sum(1)  # [rank, link]
-        per_rank_times = [
-            modelled_epoch_time(
-                float(compute[r]),
-                dict(zip(LINK_CLASSES, rank_bytes[r].tolist())),
-                messages_by_link=dict(zip(LINK_CLASSES, rank_messages[r].tolist())),
-            )
-            for r in range(world)
-        ]
-        modelled = {name: max(t[name] for t in per_rank_times) for name in per_rank_times[0]}
+        steps = torch.tensor(self._steps, dtype=torch.float64)
+        every = context.comm.all_gather_tensor(steps.flatten(), category="control")
+        every = every.view(world, *steps.shape)  # [rank, step, values]
+        phases = dm.num_layers + 1
+        counts = every[:, :, 1 + phases :].reshape(world, len(self._steps), 2, len(CATEGORIES), -1)
+        modelled = synchronised_epoch_time(
+            every[:, :, 1 : 1 + phases],
+            {c: counts[:, :, 0, i] for i, c in enumerate(CATEGORIES)},
+            {c: counts[:, :, 1, i] for i, c in enumerate(CATEGORIES)},
+            every[0, :, 0].long().tolist(),
+            spans_servers=context.topology.num_servers > 1,
+        )
         config = dm.config
         self.last = {
             "mode": config.mode,
@@ -125,6 +146,7 @@ class GraNNDISStats(L.Callback):
             if dm.memory_by_k is None
             else [m / 2**20 for m in dm.memory_by_k],
             "compute_s": float(compute.max()),
+            "plan_mb": float(plan_bytes.max()) / 2**20,
             "modelled_epoch_time_s": modelled,
         }
         scalars = {

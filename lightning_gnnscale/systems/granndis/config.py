@@ -46,6 +46,12 @@ _PRESETS: dict[str, tuple[str, dict]] = {
 GRANNDIS_PRESETS = {name: description for name, (description, _) in _PRESETS.items()}
 
 
+def _mode_preset(mode: str) -> str:
+    """The preset whose settings select ``mode`` (``granndis`` for its own ``flx_eas``)."""
+    named = [n for n, (_, diff) in _PRESETS.items() if diff.get("mode", "flx_eas") == mode]
+    return f"strategy={named[0]}" if named else "strategy=granndis"
+
+
 @dataclass(frozen=True)
 class PartitionSettings:
     """How vertices are placed.
@@ -181,6 +187,19 @@ class GraNNDISConfig(SystemConfig):
             f"strategy.memory_budget_mb={self.memory_budget_mb} must be > 0 (or null)",
         )
         require(
+            self.memory_budget_mb is None or self.preload_auto,
+            f"strategy.memory_budget_mb={self.memory_budget_mb} is the budget of "
+            "strategy.preload_auto, which is false: set preload_auto=true (with mode=flx) or "
+            "leave memory_budget_mb null",
+        )
+        preset_mode = _PRESETS.get(self.name, (None, {}))[1].get("mode")
+        require(
+            self.name == "granndis" or preset_mode is None or self.mode == preset_mode,
+            f"strategy={self.name} is the {preset_mode} preset, but strategy.mode={self.mode}: "
+            f"pick the preset of that mode ({_mode_preset(self.mode)}), or strategy=granndis "
+            f"strategy.mode={self.mode}",
+        )
+        require(
             self.preload_k is None or self.mode == "flx",
             f"strategy.preload_k={self.preload_k} applies to strategy.mode=flx only (mode is "
             f"{self.mode}); leave it null",
@@ -197,10 +216,28 @@ class GraNNDISConfig(SystemConfig):
         return num_layers if self.preload_k is None else self.preload_k
 
     def check_run(self, run: RunFacts) -> None:
-        layers = run.model.num_layers if run.model is not None else None
+        if run.model is not None:  # a plain LightningModule that states no model settings
+            self.check_layers(run.model.num_layers)
+
+    def check_layers(self, layers: int) -> None:
+        """Rules between these settings and the model's depth ``L`` (a run's check, and the
+        DataModule's for plain Lightning scripts): depths past ``L`` only add rows that every
+        layer masks, so they are refused where the mode uses them."""
         require(
-            self.preload_k is None or layers is None or self.preload_k <= layers,
+            self.preload_k is None or self.preload_k <= layers,
             f"strategy.preload_k={self.preload_k} must be <= model.num_layers={layers}",
+        )
+        uses_eas = self.mode == "flx_eas" or (self.mode == "cob" and self.cob.sampler == "eas")
+        require(
+            not uses_eas or self.eas.hops <= layers,
+            f"strategy.eas.hops={self.eas.hops} must be <= model.num_layers={layers}: vertices "
+            "past L hops are masked at every layer (loaded and exchanged for nothing)",
+        )
+        uses_sage = self.mode == "cob" and self.cob.sampler == "sage"
+        require(
+            not uses_sage or self.cob.hops is None or self.cob.hops <= layers,
+            f"strategy.cob.hops={self.cob.hops} must be <= model.num_layers={layers} (or null = "
+            "L): vertices past L hops are masked at every layer",
         )
 
     @property

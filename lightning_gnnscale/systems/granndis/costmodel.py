@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
 from ...comm.network import PROFILES, NetworkModel
 from ...comm.topology import INTER_SERVER, INTRA_SERVER, LINK_CLASSES
 
@@ -366,4 +369,68 @@ def modelled_epoch_time(
     for item in bandwidths:
         model = network(item)
         out[model.name] = compute_s + model.modeled_time(snapshot)
+    return out
+
+
+# exchanges of one step by meter category, given the forward exchanges ``n`` (one per layer):
+# layer 0 moves input rows, layers 1.. hidden rows and, in backward, their gradients (input
+# rows need none); the gradient sync is one more barrier
+def _exchanges(category: str, forward: int) -> int:
+    return {
+        "feature": min(forward, 1),
+        "activation": max(forward - 1, 0),
+        "activation_grad": max(forward - 1, 0),
+        "gradient": 1,
+    }.get(category, 0)
+
+
+def synchronised_epoch_time(
+    phase_compute: Tensor,
+    category_bytes: Mapping[str, Tensor],
+    category_messages: Mapping[str, Tensor],
+    forward_exchanges: Sequence[int],
+    *,
+    spans_servers: bool,
+    bandwidths: Sequence[str | NetworkModel] = tuple(GRANNDIS_NETWORKS),
+) -> dict[str, float]:
+    """Modelled epoch time with every exchange and the gradient sync as a barrier.
+
+    A step runs in phases: the compute before each forward exchange, then the rest (the last
+    layers, the loss and backward). Each phase ends when its slowest rank does; each exchange
+    then takes as long as the slowest rank's sends on the modelled links, and at least one
+    latency of the widest link its group spans (a barrier across servers costs an inter-server
+    latency even when no byte crosses). A category's bytes are spread evenly over its
+    exchanges of the step (:func:`_exchanges`: layer 0's input rows, the hidden rows of later
+    layers and their gradients, one gradient sync).
+
+    Args:
+        phase_compute: ``[world, steps, P]`` compute seconds per rank, step and phase: the
+            phases before forward exchanges ``0..P-2``, then the rest (unused phases 0).
+        category_bytes, category_messages: ``{category: [world, steps, 2]}`` what each rank
+            sent per step over ``(intra_server, inter_server)``.
+        forward_exchanges: ``[steps]`` forward exchanges of every step (0 without a layout).
+        spans_servers: whether the collectives' group spans several servers.
+
+    Returns:
+        ``{network: seconds}``.
+    """
+    world = phase_compute.shape[0]
+    compute = float(phase_compute.amax(0).sum())  # every phase ends with its slowest rank
+    forward = torch.as_tensor(list(forward_exchanges), dtype=torch.int64)
+    out = {}
+    for item in bandwidths:
+        model = network(item)
+        floor = (
+            0.0 if world == 1 else (model.inter_latency if spans_servers else model.intra_latency)
+        )
+        per_byte = torch.tensor([1 / model.intra_bandwidth, 1 / model.inter_bandwidth])
+        per_message = torch.tensor([model.intra_latency, model.inter_latency])
+        total = compute
+        for category, nbytes in category_bytes.items():
+            count = torch.tensor([_exchanges(category, int(n)) for n in forward])  # [steps]
+            sends = (nbytes.double() * per_byte).sum(-1)  # [world, steps]
+            sends += (category_messages[category].double() * per_message).sum(-1)
+            slowest = (sends.amax(0) / count.clamp(min=1)).clamp(min=floor)
+            total += float((slowest * count).sum())
+        out[model.name] = total
     return out

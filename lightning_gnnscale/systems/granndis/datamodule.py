@@ -4,16 +4,17 @@
 Every rank holds the whole graph (as the artifact assumes a replicated dataset per server), so
 the preloaded rows of a server graph are read locally, once; only halo rows move during
 training. The layouts need the topology (servers x workers), which the strategy knows only
-once the process group exists, so they are built in :meth:`setup_rank`: each rank builds the
-layout of its own server (FB_base: the whole-graph layout). Partitions of the whole graph are
-cached on disk by content hash; everything else is deterministic in the seed, and the ranks of
-a server check that they built the same layout.
-"""
+once the process group exists, so they are built in ``prepare_data`` (once per node, before
+any rank's ``setup``): every server graph is extracted and split once, and each rank's plans
+are cached on disk by content hash; each rank then loads only its own. The ranks check that
+what each receives is what its owners send."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+import warnings
+from dataclasses import asdict, astuple, dataclass, replace
+from functools import cached_property
 
 import lightning as L
 import torch
@@ -22,16 +23,25 @@ from typing_extensions import override
 
 from ...comm import Topology
 from ...graph.batch import Batch
-from ...graph.cache import cached_partition
+from ...graph.cache import (
+    CorruptArtifactError,
+    artifact_path,
+    cached,
+    cached_partition,
+    graph_fingerprint,
+    read_verified,
+)
 from ...graph.partition import partition
-from ...schema import ModelConfig
+from ...schema import ModelConfig, require
 from ..base import GNNDataModule, ReplicatedGraphEvaluation, StepBatcher
-from ..contract import RankContext
+from ..contract import RankContext, rank_context
 from .callbacks import GraNNDISStats
 from .config import GraNNDISConfig
 from .costmodel import choose_k, estimate_memory
 from .expand import cobatches, eas_expand, khop_levels, sage_expand
 from .plan import OneHopPlan, StepPlan, build_layout
+
+PLAN_PREFIX = "granndis-plans"  # cache files of one rank's plans
 
 
 @dataclass
@@ -80,7 +90,9 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     def __init__(self, dataset, config: GraNNDISConfig | None = None, data=None, **kwargs):
         super().__init__(dataset, config or GraNNDISConfig(), data, **kwargs)
+        self.config.check_layers(self.num_layers)
         self.rank, self.world_size = 0, 1
+        self.plan_bytes = 0  # bytes of this rank's plans (every step's), once set up
         self.plans: list[StepPlan] = []
         self.step_counts: list[int] = []
         self.layout: LayoutSummary | None = None
@@ -97,31 +109,161 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """``L``: one fanout per layer (checked against the model)."""
         return len(self.data.fanouts)
 
+    # ------------------------------------------------------------------- preprocessing
+    @override
+    def preprocess(self, world_size: int) -> None:
+        """What the launcher can check and compute before any rank starts (the layouts need
+        the servers x workers topology, which only the strategy knows: :meth:`prepare_data`):
+        a ``cob.num_per_epoch`` above the training nodes, or a ``memory_budget_mb`` below what
+        any depth needs, is refused here; FB_base's flat whole-graph partition is cached."""
+        if not self.config.layout_mode:
+            return None
+        graph, config = self.graph, self.config
+        num_train = self.train_ids.numel()
+        require(
+            config.mode != "cob" or config.cob.num_per_epoch <= num_train,
+            f"strategy.cob.num_per_epoch={config.cob.num_per_epoch} exceeds the "
+            f"{num_train} training nodes: co-batches past them would be empty on every server",
+        )
+        budget = config.memory_budget_mb
+        if config.preload_auto and budget is not None:
+            # for every k the stage that reads the inputs owns every vertex at least once
+            # (k = 0: the base layout; k > 0: the servers' closures cover their partitions),
+            # so the worst rank holds at least N / W input rows of F values
+            floor = -(-graph.num_nodes // world_size) * graph.num_features * graph.x.element_size()
+            require(
+                floor <= budget * 2**20,
+                f"strategy.memory_budget_mb={budget} is below what any preload depth needs: "
+                f"every k holds >= {floor / 2**20:.3f} MB of input rows on the busiest of "
+                f"{world_size} ranks; raise the budget or use strategy.mode=cob",
+            )
+        if config.mode == "fb_base" and config.partition.fb_base == "flat":
+            cached_partition(graph, "metis", world_size, self.seed, self.cache_dir)
+        return None
+
+    @override
+    def prepare_data(self) -> None:
+        """Once per node, before any rank's ``setup`` (Lightning waits at its ``pre_setup``
+        barrier): every rank's plans for the run's topology, built in this one process and
+        cached per rank by content hash, so each rank then loads only its own."""
+        super().prepare_data()
+        if self.config.layout_mode and self.trainer is not None:
+            self.prepare_layouts(rank_context(self.trainer).topology)
+
+    def depths(self) -> list[int | None]:
+        """FLX's preload depths to lay out: every ``k`` for ``preload_auto``, else the
+        config's (``None`` in the other modes)."""
+        if self.config.preload_auto:
+            return list(range(self.num_layers + 1))
+        if self.config.mode == "flx":
+            return [self.config.preload_depth(self.num_layers)]
+        return [None]
+
+    @cached_property
+    def graph_identity(self) -> dict:
+        """The graph's fingerprint (hashed once: it reads every byte of the structure)."""
+        return graph_fingerprint(self.graph)
+
+    def layout_key(self, topology: Topology, k: int | None, rank: int) -> dict:
+        """What one rank's plans depend on (the artifact cache key)."""
+        config = self.config
+        return {
+            "kind": "granndis-plans",
+            "graph": self.graph_identity,
+            "mode": config.mode,
+            "partition": asdict(config.partition),
+            "eas": asdict(config.eas) if config.mode in ("flx_eas", "cob") else None,
+            "cob": asdict(config.cob) if config.mode == "cob" else None,
+            "masking": config.masking,
+            "num_layers": self.num_layers,
+            "k": k,
+            "seed": self.seed,
+            "world_size": topology.world_size,
+            "workers_per_server": topology.workers_per_server,
+            "rank": rank,
+        }
+
+    def prepare_layouts(self, topology: Topology) -> None:
+        """Build and cache every rank's plans for every depth of :meth:`depths` (what is
+        cached already is skipped)."""
+        for k in self.depths():
+            keys = [self.layout_key(topology, k, r) for r in range(topology.world_size)]
+            if all(artifact_path(key, self.cache_dir, prefix=PLAN_PREFIX).exists() for key in keys):
+                continue
+            start = time.perf_counter()
+            built = self.build_all_plans(topology, k)
+            for key, (plans, summary) in zip(keys, built, strict=True):
+                state = {"steps": [p.state() for p in plans], "summary": list(astuple(summary))}
+                cached(key, lambda state=state: state, self.cache_dir, prefix=PLAN_PREFIX)
+            print(
+                f"[granndis] {self.config.mode} plans of {topology.world_size} ranks"
+                f"{'' if k is None else f' (k={k})'}: built and cached in "
+                f"{time.perf_counter() - start:.1f} s",
+                flush=True,
+            )
+
+    def rank_plans(
+        self, topology: Topology, rank: int, k: int | None
+    ) -> tuple[list[StepPlan], LayoutSummary]:
+        """This rank's plans from the cache (built, for every rank, if they are not there:
+        a DataModule set up without ``prepare_data``)."""
+        key = self.layout_key(topology, k, rank)
+        path = artifact_path(key, self.cache_dir, prefix=PLAN_PREFIX)
+        state = None
+        if path.exists():
+            try:
+                state = read_verified(path)
+            except CorruptArtifactError as err:
+                warnings.warn(f"{err}; rebuilding it", stacklevel=2)
+        if state is None:
+            plans, summary = self.build_all_plans(topology, k)[rank]
+            return plans, summary
+        return (
+            [StepPlan.from_state(p) for p in state["steps"]],
+            LayoutSummary(*state["summary"]),
+        )
+
     # ------------------------------------------------------------------------- layouts
     def server_parts(self, num_servers: int) -> Tensor:
         """int64 ``[N]`` server of every vertex (``partition.server``; cached)."""
         method = self.config.partition.server
         return cached_partition(self.graph, method, num_servers, self.seed, self.cache_dir)
 
-    def intra_owner(self, vertices: Tensor, server: int, workers: int) -> Tensor:
+    def intra_owner(self, vertices: Tensor, is_target: Tensor, server: int, workers: int) -> Tensor:
         """Owning rank of each of ``vertices`` (a server graph of ``server``): the server
-        graph split over its ``workers`` ranks (``partition.intra``)."""
-        sub = self.graph.induced_subgraph(vertices)
-        parts = partition(sub, self.config.partition.intra, workers, seed=self.seed + server)
+        graph split over its ``workers`` ranks (``partition.intra``), with the loss rows
+        ``is_target`` balanced across the workers as well as the vertices (``metis``:
+        :func:`~...graph.partition.partition`'s ``metis_balanced`` on [target, 1, in-degree];
+        ``contiguous`` / ``random``: targets and the other vertices cut separately, in id
+        order or in a seeded random order)."""
+        workers_seed = self.seed + server
+        method = self.config.partition.intra
+        if workers == 1 or vertices.numel() == 0:
+            return torch.full_like(vertices, server * workers)
+        if method == "metis":
+            sub = replace(self.graph.induced_subgraph(vertices), train_mask=is_target)
+            parts = partition(sub, "metis_balanced", workers, seed=workers_seed, balance="train")
+            return server * workers + parts
+        parts = torch.empty_like(vertices)
+        gen = torch.Generator().manual_seed(workers_seed)
+        for group in (is_target.nonzero().flatten(), (~is_target).nonzero().flatten()):
+            if method == "random":
+                group = group[torch.randperm(group.numel(), generator=gen)]
+            parts[group] = torch.arange(group.numel()) * workers // max(group.numel(), 1)
         return server * workers + parts
 
-    def server_graph(self, inner: Tensor, server: int) -> tuple[Tensor, Tensor, str]:
-        """``(vertices, level, gcn_degree)`` of the graph grown from ``inner`` by the mode's
-        extraction (full-graph modes; CoB's samplers in :meth:`cobatch_graph`)."""
+    def server_graph(self, inner: Tensor, server: int) -> tuple[Tensor, Tensor]:
+        """``(vertices, level)`` of a server graph from the inner set: FLX's ``L``-hop closure
+        of the server's targets, or FLX-EAS's sampled expansion of its partition."""
         if self.config.mode == "flx":
-            return (*khop_levels(self.graph, inner, self.num_layers), "global")
+            return khop_levels(self.graph, inner, self.num_layers)
         return self.eas_graph(inner, server)
 
-    def eas_graph(self, inner: Tensor, server: int) -> tuple[Tensor, Tensor, str]:
-        """``(vertices, level, "layout")``: ``inner`` grown by expansion-aware sampling
-        (``config.eas``, keyed by ``(seed, server)``); GCN renormalises on the sampled graph."""
+    def eas_graph(self, inner: Tensor, server: int) -> tuple[Tensor, Tensor]:
+        """``(vertices, level)``: ``inner`` grown by expansion-aware sampling (``config.eas``,
+        keyed by ``(seed, server)``)."""
         eas = self.config.eas
-        vertices, level = eas_expand(
+        return eas_expand(
             self.graph,
             inner,
             hops=eas.hops,
@@ -132,80 +274,93 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             seed=self.seed,
             salt=server,
         )
-        return vertices, level, "layout"
 
-    def cobatch_graph(self, cobatch: Tensor, server: int) -> tuple[Tensor, Tensor, str]:
-        """``(vertices, level, gcn_degree)`` of one co-batch's dependency graph (sampling
-        keyed by ``(seed, server)``)."""
+    def cobatch_graph(self, cobatch: Tensor, server: int) -> tuple[Tensor, Tensor]:
+        """``(vertices, level)`` of one co-batch's dependency graph (sampling keyed by
+        ``(seed, server)``)."""
         cob, graph, num_layers, seed = self.config.cob, self.graph, self.num_layers, self.seed
         if cob.sampler == "none":
-            return (*khop_levels(graph, cobatch, num_layers), "global")
+            return khop_levels(graph, cobatch, num_layers)
         if cob.sampler == "sage":
             hops = num_layers if cob.hops is None else cob.hops
-            return (
-                *sage_expand(graph, cobatch, fanout=cob.fanout, hops=hops, seed=seed, salt=server),
-                "layout",
-            )
+            return sage_expand(graph, cobatch, fanout=cob.fanout, hops=hops, seed=seed, salt=server)
         return self.eas_graph(cobatch, server)
 
-    def build_plans(
-        self, topology: Topology, rank: int, k: int | None = None
-    ) -> tuple[list[StepPlan], LayoutSummary]:
-        """This rank's plans of every step of an epoch and its :class:`LayoutSummary`
-        (``k``: FLX's preload depth, default the config's)."""
+    def server_targets(self, topology: Topology) -> list[Tensor]:
+        """The training nodes of every server's partition."""
+        servers, train = self.server_parts(topology.num_servers), self.graph.train_mask
+        return [((servers == s) & train).nonzero().flatten() for s in range(topology.num_servers)]
+
+    def build_all_plans(
+        self, topology: Topology, k: int | None = None
+    ) -> list[tuple[list[StepPlan], LayoutSummary]]:
+        """Every rank's plans of every step of an epoch and its :class:`LayoutSummary`, each
+        server graph extracted and split once (``k``: FLX's preload depth, default the
+        config's)."""
         config, graph, num_layers = self.config, self.graph, self.num_layers
         k = config.preload_depth(num_layers) if k is None else k
         world, workers = topology.world_size, topology.workers_per_server
         if config.mode == "fb_base":
-            plan = self.base_layout(self.fb_base_owner(topology), world, num_layers)[rank]
-            summary = LayoutSummary(plan.owned.numel(), plan.owned.numel(), plan.halo.numel())
-            return [StepPlan(plan)], summary
+            plans = self.base_layout(self.fb_base_owner(topology), world, num_layers)
+            return [
+                ([StepPlan(p)], LayoutSummary(p.owned.numel(), p.owned.numel(), p.halo.numel()))
+                for p in (plans[r] for r in range(world))
+            ]
         if config.mode == "flx" and k < num_layers:
-            return self.partial_preload_plans(topology, rank, k)
-        server = topology.server_of(rank)
-        ranks = range(server * workers, (server + 1) * workers)
-        mine = (self.server_parts(topology.num_servers) == server).nonzero().flatten()
-        targets = mine[graph.train_mask[mine]]
+            return self.partial_preload_plans(topology, k)
+        targets = self.server_targets(topology)
         if config.mode == "cob":
-            groups = cobatches(
-                targets,
-                config.cob.num_per_epoch,
-                shuffle=config.cob.shuffle,
-                seed=self.seed,
-                epoch=0,
-                server=server,
+            most = max(t.numel() for t in targets)
+            require(
+                config.cob.num_per_epoch <= most,
+                f"strategy.cob.num_per_epoch={config.cob.num_per_epoch} exceeds the {most} "
+                f"training nodes of the largest of {topology.num_servers} servers: steps past "
+                f"them would be empty on every server (an optimiser step on nothing); set it "
+                f"<= {most}",
             )
-            graphs = [self.cobatch_graph(c, server) for c in groups]
-        else:
-            inner = targets if config.mode == "flx" else mine
-            graphs = [self.server_graph(inner, server)]
-        plans, sizes = [], 0
-        for vertices, level, gcn_degree in graphs:
-            owner = self.intra_owner(vertices, server, workers)
-            layout = build_layout(
-                graph,
-                vertices,
-                level,
-                owner,
-                ranks,
-                world,
-                num_layers,
-                is_target=graph.train_mask[vertices] & (level == 0),
-                gcn_degree=gcn_degree,
-                masking=config.masking,
+        steps: list[list[StepPlan]] = [[] for _ in range(world)]
+        sizes = [0] * world
+        for server in range(topology.num_servers):
+            ranks = range(server * workers, (server + 1) * workers)
+            if config.mode == "cob":
+                groups = cobatches(
+                    targets[server],
+                    config.cob.num_per_epoch,
+                    shuffle=config.cob.shuffle,
+                    seed=self.seed,
+                    epoch=0,
+                    server=server,
+                )
+                graphs = [self.cobatch_graph(c, server) for c in groups]
+            else:
+                mine = (self.server_parts(topology.num_servers) == server).nonzero().flatten()
+                inner = targets[server] if config.mode == "flx" else mine
+                graphs = [self.server_graph(inner, server)]
+            for vertices, level in graphs:
+                is_target = graph.train_mask[vertices] & (level == 0)
+                owner = self.intra_owner(vertices, is_target, server, workers)
+                layout = build_layout(
+                    graph, vertices, level, owner, ranks, world, num_layers,
+                    is_target=is_target, masking=config.masking,
+                )  # fmt: skip
+                for r in ranks:
+                    steps[r].append(StepPlan(layout[r]))
+                sizes[ranks[0]] += vertices.numel()
+        return [
+            (
+                plans,
+                LayoutSummary(
+                    sizes[r],
+                    sum(p.final.owned.numel() for p in plans),
+                    sum(p.final.halo.numel() for p in plans),
+                ),
             )
-            plans.append(StepPlan(layout[rank]))
-            sizes += vertices.numel()
-        summary = LayoutSummary(
-            sizes if rank == ranks[0] else 0,
-            sum(p.final.owned.numel() for p in plans),
-            sum(p.final.halo.numel() for p in plans),
-        )
-        return plans, summary
+            for r, plans in enumerate(steps)
+        ]
 
     def base_layout(self, owner: Tensor, world: int, num_layers: int) -> dict[int, OneHopPlan]:
-        """Every rank's plan of the whole-graph layout ``owner`` (no masks, full-graph GCN
-        degrees), running the model's last ``num_layers`` layers."""
+        """Every rank's plan of the whole-graph layout ``owner`` (no masks), running the
+        model's last ``num_layers`` layers."""
         graph = self.graph
         vertices = torch.arange(graph.num_nodes)
         level = torch.zeros_like(vertices)
@@ -216,8 +371,8 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         )  # fmt: skip
 
     def partial_preload_plans(
-        self, topology: Topology, rank: int, k: int
-    ) -> tuple[list[StepPlan], LayoutSummary]:
+        self, topology: Topology, k: int
+    ) -> list[tuple[list[StepPlan], LayoutSummary]]:
         """FLX with ``k < L`` (spec §4.3): layers ``0..k-1`` on each server's ``k``-hop closure
         of its partition ``P_s``, then layers ``k..L-1`` on the base layout, where every vertex
         of ``P_s`` keeps the worker it had in the server graph (so the reshape is local)."""
@@ -225,27 +380,33 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         world, workers = topology.world_size, topology.workers_per_server
         servers = self.server_parts(topology.num_servers)
         base_owner = torch.empty(graph.num_nodes, dtype=torch.int64)
-        server = topology.server_of(rank)
+        preload, server_vertices = {}, [0] * world
         for s in range(topology.num_servers):
             vertices, level = khop_levels(graph, (servers == s).nonzero().flatten(), k)
-            owner = self.intra_owner(vertices, s, workers)
+            is_target = graph.train_mask[vertices] & (level == 0)
+            owner = self.intra_owner(vertices, is_target, s, workers)
             base_owner[vertices[level == 0]] = owner[level == 0]
-            if s == server:
-                ranks = range(s * workers, (s + 1) * workers)
-                preload = build_layout(
+            ranks = range(s * workers, (s + 1) * workers)
+            preload.update(
+                build_layout(
                     graph, vertices, level, owner, ranks, world, k,
                     is_target=level == 0, masking=config.masking, final=False,
-                )[rank]  # fmt: skip
-                server_vertices = vertices.numel()
-        final = self.base_layout(base_owner, world, num_layers - k)[rank]
-        order = torch.argsort(preload.owned)
-        reshape = order[torch.searchsorted(preload.owned[order], final.owned)]
-        summary = LayoutSummary(
-            server_vertices if rank == server * workers else 0,
-            preload.owned.numel() + final.owned.numel(),
-            preload.halo.numel() + final.halo.numel(),
-        )
-        return [StepPlan(final, preload, reshape)], summary
+                )
+            )  # fmt: skip
+            server_vertices[ranks[0]] = vertices.numel()
+        finals = self.base_layout(base_owner, world, num_layers - k)
+        out = []
+        for rank in range(world):
+            first, final = preload[rank], finals[rank]
+            order = torch.argsort(first.owned)
+            reshape = order[torch.searchsorted(first.owned[order], final.owned)]
+            summary = LayoutSummary(
+                server_vertices[rank],
+                first.owned.numel() + final.owned.numel(),
+                first.halo.numel() + final.halo.numel(),
+            )
+            out.append(([StepPlan(final, first, reshape)], summary))
+        return out
 
     def fb_base_owner(self, topology: Topology) -> Tensor:
         """FB_base's owner of every vertex: METIS into ``W`` parts (``flat``) or server parts
@@ -257,14 +418,15 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         owner = torch.empty(graph.num_nodes, dtype=torch.int64)
         for s in range(topology.num_servers):
             vertices = (servers == s).nonzero().flatten()
-            owner[vertices] = self.intra_owner(vertices, s, topology.workers_per_server)
+            is_target = graph.train_mask[vertices]
+            owner[vertices] = self.intra_owner(vertices, is_target, s, topology.workers_per_server)
         return owner
 
     # ------------------------------------------------------------------------ set-up
     @override
     def setup_rank(self, context: RankContext, prepared) -> None:
-        """Build this rank's plans (or, for ``mb_base``, its sampler) and the global loss
-        denominators of every step (one all-reduce, ``control``)."""
+        """Load this rank's plans (or, for ``mb_base``, build its sampler) and the global
+        loss denominators of every step (one all-reduce, ``control``)."""
         self.rank, self.world_size = context.rank, context.world_size
         graph = self.graph
         if not self.config.layout_mode:
@@ -282,9 +444,9 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if self.config.preload_auto:
             self.preload_depth, plans, self.layout = self.choose_preload_depth(context)
         else:
-            plans, self.layout = self.build_plans(context.topology, self.rank)
-            if self.config.mode == "flx":
-                self.preload_depth = self.config.preload_depth(self.num_layers)
+            k = self.depths()[0]
+            plans, self.layout = self.rank_plans(context.topology, self.rank, k)
+            self.preload_depth = k
         self.check_server_agreement(context, plans)
         local = torch.tensor([p.final.num_loss for p in plans], dtype=torch.int64)
         self.step_counts = context.comm.all_reduce(local, category="control").tolist()
@@ -293,6 +455,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 f"the layouts' loss rows cover {sum(self.step_counts)} targets per epoch, but "
                 f"there are {self.train_ids.numel()} training nodes"
             )
+        self.plan_bytes = sum(p.nbytes() for p in plans)
         self.plans = [p.to(context.device) for p in plans]
         self.inputs = [graph.x.index_select(0, p.input_ids).to(context.device) for p in plans]
         self.labels = [
@@ -339,9 +502,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """FLX's ``k``: the largest whose worst-rank estimate fits the budget
         (:func:`~.costmodel.choose_k`; one all-reduce of the ``L + 1`` estimates, ``control``),
         with this rank's plans and summary for it."""
-        built = [
-            self.build_plans(context.topology, context.rank, k) for k in range(self.num_layers + 1)
-        ]
+        built = [self.rank_plans(context.topology, context.rank, k) for k in self.depths()]
         local = torch.tensor(
             [max(self.memory_estimate(s) for s in plans) for plans, _ in built],
             dtype=torch.float64,

@@ -4,11 +4,12 @@ A *layout* places the vertices of a graph ``G_s`` (the whole graph for FB_base, 
 for FLX / FLX-EAS / CoB) on ranks. Each rank then holds one static one-hop graph: its owned
 rows, the halo rows (in-neighbours of owned vertices owned elsewhere in the layout) and every
 edge of ``G_s`` into an owned vertex. Before every layer the owners send the halo rows with one
-all-to-all (the same plan every layer). One-hop graph masking is a per-layer :class:`Block`
-whose edges from masked sources are dropped: a vertex first reached at hop ``d`` feeds only
-layers ``j`` with ``d <= K - j``, so the static structure computes what a shrinking per-layer
-computation graph would (the mean of SAGE then runs over the unmasked neighbours, spec's
-``unmasked`` normaliser).
+all-to-all (the same plan every layer). One-hop graph masking keeps that one structure and the
+rows' hop levels; each layer's :class:`Block` (edges from masked sources dropped) is derived
+when the step runs: a vertex first reached at hop ``d`` feeds only layers ``j`` with
+``d <= K - j``, so the static structure computes what a shrinking per-layer computation graph
+would (the mean of SAGE then runs over the unmasked neighbours, spec's ``unmasked``
+normaliser). What a plan holds is therefore flat in the number of layers.
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from ...graph.block import Block
 from ...graph.csc import Graph
 from .expand import in_edges
 
-GCN_DEGREES = ("global", "layout")
-
 
 @dataclass(frozen=True)
 class OneHopPlan:
-    """One rank's one-hop graph in one layout.
+    """One rank's one-hop graph in one layout: one static structure, and the per-layer masks
+    as the rows' hop levels (a layer's :class:`Block` is derived on use by :meth:`block`, so
+    what a plan holds does not grow with the number of layers).
 
     Local rows are ``[owned | halo]``. Owned rows put the loss rows (level-0 targets) first,
     then the other owned vertices, each group in ascending global id; halo rows are grouped by
@@ -41,10 +42,13 @@ class OneHopPlan:
         level: int64 ``[n_owned + n_halo]`` hop at which the extraction reached each row.
         send_index: int64 local owned rows to send, grouped by destination rank.
         send_splits, recv_splits: rows sent to / received from every rank (world size).
-        blocks: one :class:`Block` per layer over the local rows (``src_ids`` global ids):
-            destinations are the owned rows (the loss rows only in the last layer), edges from
-            sources masked at that layer are dropped.
+        edge_src, edge_dst: int64 ``[E]`` every edge of the layout into an owned row, as local
+            rows, sorted by (dst, src).
+        degree: int64 ``[n_owned + n_halo]`` in-degree of every row in the whole graph (GCN).
+        num_layers: layers ``K`` run on this plan.
         num_loss: loss rows (a prefix of ``owned``).
+        masking: whether layer ``j`` drops edges from rows with ``level > K - j``.
+        final: the plan runs the model's last layer, which computes the loss rows only.
     """
 
     owned: Tensor
@@ -53,25 +57,59 @@ class OneHopPlan:
     send_index: Tensor
     send_splits: tuple[int, ...]
     recv_splits: tuple[int, ...]
-    blocks: tuple[Block, ...]
+    edge_src: Tensor
+    edge_dst: Tensor
+    degree: Tensor
+    num_layers: int
     num_loss: int
+    masking: bool = True
+    final: bool = True
+
+    TENSORS = ("owned", "halo", "level", "send_index", "edge_src", "edge_dst", "degree")
+    VALUES = ("send_splits", "recv_splits", "num_layers", "num_loss", "masking", "final")
 
     @property
     def rows(self) -> Tensor:
         """Global ids of all local rows ``[n_owned + n_halo]``."""
         return torch.cat([self.owned, self.halo])
 
+    def block(self, layer: int) -> Block:
+        """Layer ``layer``'s :class:`Block` (``0 <= layer < K``): destinations are the owned
+        rows (the loss rows only in a final plan's last layer); edges from sources masked at
+        that layer are dropped."""
+        if not 0 <= layer < self.num_layers:
+            raise IndexError(f"layer {layer} outside [0, {self.num_layers})")
+        src, dst = self.edge_src, self.edge_dst
+        num_dst = self.owned.numel()
+        if self.final and layer == self.num_layers - 1:  # edges sorted by dst: a prefix
+            cut = int(torch.searchsorted(dst, torch.tensor(self.num_loss, device=dst.device)))
+            src, dst, num_dst = src[:cut], dst[:cut], self.num_loss
+        keep = keep_mask(self.level, self.num_layers, layer, self.masking)[src]
+        return Block(self.rows, num_dst, torch.stack([src[keep], dst[keep]]), self.degree)
+
+    @property
+    def blocks(self) -> tuple[Block, ...]:
+        """Every layer's block, built now (input layer first)."""
+        return tuple(self.block(j) for j in range(self.num_layers))
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors the plan holds."""
+        return sum(getattr(self, n).nbytes for n in self.TENSORS)
+
+    def state(self) -> dict:
+        """Tensors and plain values only (what the artifact cache stores)."""
+        return {n: getattr(self, n) for n in (*self.TENSORS, *self.VALUES)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> OneHopPlan:
+        values = dict(state)
+        for name in ("send_splits", "recv_splits"):
+            values[name] = tuple(values[name])
+        return cls(**values)
+
     def to(self, device: torch.device | str) -> OneHopPlan:
-        return OneHopPlan(
-            self.owned.to(device),
-            self.halo.to(device),
-            self.level.to(device),
-            self.send_index.to(device),
-            self.send_splits,
-            self.recv_splits,
-            tuple(b.to(device) for b in self.blocks),
-            self.num_loss,
-        )
+        moved = {n: getattr(self, n).to(device) for n in self.TENSORS}
+        return OneHopPlan(**moved, **{n: getattr(self, n) for n in self.VALUES})
 
 
 def keep_mask(level: Tensor, stage_layers: int, layer: int, masking: bool = True) -> Tensor:
@@ -104,7 +142,6 @@ def build_layout(
     num_layers: int,
     *,
     is_target: Tensor,
-    gcn_degree: str = "global",
     masking: bool = True,
     final: bool = True,
 ) -> dict[int, OneHopPlan]:
@@ -120,8 +157,6 @@ def build_layout(
         world_size: length of the split vectors.
         num_layers: layers run on this layout (``K``).
         is_target: bool ``[n]``: the loss rows (level-0 training targets).
-        gcn_degree: ``global`` (in-degree in ``graph``: exact full-graph GCN) or ``layout``
-            (in-degree in the induced subgraph: renormalised on a sampled graph).
         masking: apply the per-layer masks.
         final: the layout runs the model's last layer, which then computes the loss rows
             only (``False`` for FLX's preload stage with ``k < L``: every owned row goes on).
@@ -129,8 +164,6 @@ def build_layout(
     Returns:
         ``{rank: plan}`` for every rank of ``ranks``.
     """
-    if gcn_degree not in GCN_DEGREES:
-        raise ValueError(f"unknown gcn_degree {gcn_degree!r}; valid: {list(GCN_DEGREES)}")
     n = vertices.numel()
     if not (level.numel() == owner.numel() == is_target.numel() == n):
         raise ValueError("level, owner and is_target must have one entry per vertex")
@@ -138,12 +171,11 @@ def build_layout(
     if n and not bool(torch.isin(owner, torch.tensor(ranks)).all()):
         raise ValueError(f"owner holds ranks outside {ranks}")
     src, dst = induced_edges(graph, vertices)
-    if gcn_degree == "global":
-        degree = graph.in_degree()[vertices]
-    else:
-        degree = torch.bincount(dst, minlength=n)
+    # GCN normalises by whole-graph in-degrees in every mode, as the suite's sampled blocks
+    # do (Block.src_deg): what was sampled does not change a vertex's degree
+    degree = graph.in_degree()[vertices]
     # per rank: owned rows (loss rows first) and halo rows (by owner, then id)
-    owned, halo, local = {}, {}, {}
+    owned, halo = {}, {}
     for r in ranks:
         mine = (owner == r).nonzero().flatten()
         target = is_target[mine]
@@ -152,46 +184,40 @@ def build_layout(
         outside = src[into][owner[src[into]] != r]
         key = torch.unique(owner[outside] * n + outside)  # sorted by (owner, id)
         halo[r] = key % n if n else key
-        table = torch.full((n,), -1, dtype=torch.int64)
-        table[owned[r]] = torch.arange(owned[r].numel())
-        table[halo[r]] = owned[r].numel() + torch.arange(halo[r].numel())
-        local[r] = table
     plans = {}
+    local = torch.full((n,), -1, dtype=torch.int64)  # one full-size table, reused per rank
     for r in ranks:
+        local.fill_(-1)
+        local[owned[r]] = torch.arange(owned[r].numel())
+        local[halo[r]] = owned[r].numel() + torch.arange(halo[r].numel())
         send_rows, send_splits = [], [0] * world_size
         recv_splits = [0] * world_size
         for q in ranks:
             if q == r:
                 continue
             rows = halo[q][owner[halo[q]] == r]
-            send_rows.append(local[r][rows])
+            send_rows.append(local[rows])
             send_splits[q] = rows.numel()
             recv_splits[q] = int((owner[halo[r]] == q).sum())
         into = owner[dst] == r
-        edge_src, edge_dst = local[r][src[into]], local[r][dst[into]]
+        edge_src, edge_dst = local[src[into]], local[dst[into]]
         order = torch.argsort(edge_dst * max(n, 1) + edge_src)
         edge_src, edge_dst = edge_src[order], edge_dst[order]
         rows = torch.cat([owned[r], halo[r]])
-        row_level = level[rows]
-        num_loss = int(is_target[owned[r]].sum())
-        blocks = []
-        for j in range(num_layers):
-            keep = keep_mask(row_level, num_layers, j, masking)[edge_src]
-            num_dst = owned[r].numel()
-            if final and j == num_layers - 1:
-                keep &= edge_dst < num_loss
-                num_dst = num_loss
-            edge_index = torch.stack([edge_src[keep], edge_dst[keep]])
-            blocks.append(Block(vertices[rows], num_dst, edge_index, degree[rows]))
         plans[r] = OneHopPlan(
             owned=vertices[owned[r]],
             halo=vertices[halo[r]],
-            level=row_level,
+            level=level[rows],
             send_index=torch.cat([torch.empty(0, dtype=torch.int64), *send_rows]),
             send_splits=tuple(send_splits),
             recv_splits=tuple(recv_splits),
-            blocks=tuple(blocks),
-            num_loss=num_loss,
+            edge_src=edge_src,
+            edge_dst=edge_dst,
+            degree=degree[rows],
+            num_layers=num_layers,
+            num_loss=int(is_target[owned[r]].sum()),
+            masking=masking,
+            final=final,
         )
     return plans
 
@@ -223,7 +249,7 @@ class StepPlan:
 
     @property
     def preload_layers(self) -> int:
-        return len(self.preload.blocks) if self.preload is not None else 0
+        return self.preload.num_layers if self.preload is not None else 0
 
     def layer_input(self, layer: int, h: Tensor) -> tuple[OneHopPlan, Tensor]:
         """The plan of ``layer`` and the owned rows it exchanges (reshaped before the first
@@ -233,6 +259,28 @@ class StepPlan:
         if self.preload is not None and layer == self.preload_layers:
             return self.final, h.index_select(0, self.reshape)
         return self.final, h
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors the step's plans hold."""
+        first = 0 if self.preload is None else self.preload.nbytes() + self.reshape.nbytes
+        return first + self.final.nbytes()
+
+    def state(self) -> dict:
+        """Tensors and plain values only (what the artifact cache stores)."""
+        return {
+            "final": self.final.state(),
+            "preload": None if self.preload is None else self.preload.state(),
+            "reshape": self.reshape,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> StepPlan:
+        preload = state["preload"]
+        return cls(
+            OneHopPlan.from_state(state["final"]),
+            None if preload is None else OneHopPlan.from_state(preload),
+            state["reshape"],
+        )
 
     def to(self, device: torch.device | str) -> StepPlan:
         return StepPlan(

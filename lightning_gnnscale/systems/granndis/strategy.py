@@ -3,6 +3,7 @@ layer (docs/systems/granndis.md)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -24,20 +25,25 @@ def halo_hook(comm: Comm) -> Callable[[Batch], LayerHook | None]:
     (``[n_owned, d]``) the halo rows their owners send along the layer's plan
     (``batch.plan.layer_input``), giving the layer's source rows ``[n_owned + n_halo, d]``.
     Layer 0 moves input rows (``feature``), later layers hidden rows (``activation``);
-    autograd returns their gradients (``activation_grad``). Batches without a plan
-    (``mb_base``) get no hook."""
+    autograd returns their gradients (``activation_grad``). Each exchange's start and end
+    times go to ``batch.stats["exchange_marks"]`` (for the modelled epoch time's phases).
+    Batches without a plan (``mb_base``) get no hook."""
 
     def make(batch: Batch) -> LayerHook | None:
         step = getattr(batch, "plan", None)
         if step is None:
             return None
 
+        marks = batch.stats.setdefault("exchange_marks", [])
+
         def hook(i: int, h: Tensor) -> Tensor:
             plan, h = step.layer_input(i, h)
             category = "feature" if i == 0 else "activation"
+            start = time.perf_counter()
             halo = exchange_rows(
                 h, plan.send_index, plan.send_splits, plan.recv_splits, comm, category
             )
+            marks.append((start, time.perf_counter()))
             return torch.cat([h, halo])
 
         return hook
