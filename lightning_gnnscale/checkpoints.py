@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from .errors import ConfigError
-from .files import atomic_write
+from .files import UnsafeFileError, atomic_write, load_weights_only
 from .schema import RunConfig, as_dict
 
 CHECKPOINT_KEY = "lightning_gnnscale"
@@ -117,13 +117,18 @@ class CheckpointIdentity(L.Callback):
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """``torch.load`` of a checkpoint file; a missing, truncated or foreign file is a
+    """``torch.load(weights_only=True)`` of a checkpoint file: tensors and plain data only, so
+    a file from anyone runs no code. A missing, truncated, foreign or unsafe file is a
     :class:`ConfigError` that names it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"checkpoint {path} does not exist")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        checkpoint = load_weights_only(
+            path, name=f"checkpoint {path}", map_location="cpu", mmap=True
+        )
+    except UnsafeFileError as err:
+        raise ConfigError(str(err)) from None
     except Exception as err:  # torch raises several types for damaged files
         raise ConfigError(
             f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); the file is "

@@ -311,5 +311,6 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
         enable_model_summary=False,
         default_root_dir=output_dir,
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path)
+    # weights_only: the ranks, too, load the checkpoint as tensors and plain data (no code)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
     return summary.summary or {}

@@ -17,13 +17,21 @@ import contextlib
 import hashlib
 import inspect
 import os
+import pickle
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from lightning_gnnscale.files import (
+    UnsafeFileError,
+    load_restricted,
+    load_weights_only,
+    weights_only_loads,
+)
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import rmat, sbm
 
@@ -155,7 +163,9 @@ def _load_planetoid(
         for path in raw_files:
             if not (mirror_raw / path.name).exists():
                 shutil.copyfile(path, mirror_raw / path.name)
-    dataset = Planetoid(str(pyg_root), folder, split="public")
+    dataset = _load_weights_only(
+        lambda: Planetoid(str(pyg_root), folder, split="public"), pyg_root / folder / "processed"
+    )
     data = dataset[0]
     x = data.x.float()
     if normalize_features:
@@ -175,21 +185,51 @@ def _load_planetoid(
     )
 
 
-# ------------------------------------------------------------------------------------- OGB
-class _TorchFullLoad:
-    """Stands in for ``torch`` inside ogb's dataset module: ``load`` unpickles fully.
+def _load_weights_only(load: Callable[[], Any], processed: Path) -> Any:
+    """``load()`` (PyG's dataset constructor) with every ``torch.load`` in it weights-only:
+    PyG reads ``processed/*.pt`` with ``weights_only=False`` or falls back to it, so a file
+    put in the dataset folder could otherwise run code. A refused file is named."""
+    try:
+        with weights_only_loads():
+            return load()
+    except pickle.UnpicklingError as err:
+        for path in sorted(processed.glob("*.pt")):  # which file: check each, weights-only
+            load_weights_only(path, name=f"dataset file {path}")
+        raise UnsafeFileError(f"a dataset file under {processed} was refused: {err}") from None
 
-    ogb 1.3.6 pickles numpy arrays with ``torch.save`` and reads them back with a bare
-    ``torch.load``, which defaults to ``weights_only=True`` since torch 2.6 and rejects them.
-    The files are ogb's own, written by the same code, so a full load is what ogb meant.
+
+# ------------------------------------------------------------------------------------- OGB
+# What ogb's pickles (numpy arrays in dicts, written by ``torch.save``) may name, in numpy 1 and 2
+# spelling: rebuilding an array or scalar from its bytes runs no code of the file.
+_OGB_GLOBALS = (
+    *(
+        f"{core}.{name}"
+        for core in ("numpy.core.multiarray", "numpy._core.multiarray")
+        for name in ("_reconstruct", "scalar")
+    ),
+    "numpy.ndarray",
+    "numpy.dtype",
+    "torch._utils._rebuild_tensor_v2",
+    "collections.OrderedDict",
+)
+
+
+class _TorchSafeLoad:
+    """Stands in for ``torch`` inside ogb's dataset module: ``load`` reads numpy arrays and
+    tensors only.
+
+    ogb 1.3.6 pickles numpy arrays with ``torch.save`` (protocol 4) and reads them back with a
+    bare ``torch.load``; torch's weights-only unpickler cannot read protocol 4, and a full
+    unpickle would run whatever a file in the dataset folder names. So every global the file
+    names is checked against :data:`_OGB_GLOBALS` first (:func:`~lightning_gnnscale.files.load_restricted`).
     """
 
     def __getattr__(self, attribute: str):
         return getattr(torch, attribute)
 
     @staticmethod
-    def load(*args, **kwargs):
-        return torch.load(*args, **{**kwargs, "weights_only": False})
+    def load(path, *_args, **_kwargs):
+        return load_restricted(path, _OGB_GLOBALS, name=f"dataset file {path}")
 
 
 @contextlib.contextmanager
@@ -202,7 +242,7 @@ def _ogb_compat() -> Iterator[None]:
     """
     import ogb.nodeproppred.dataset as ogb_dataset
 
-    ogb_dataset.torch = _TorchFullLoad()
+    ogb_dataset.torch = _TorchSafeLoad()
     ogb_dataset.input = lambda *_: "n"
     try:
         yield
