@@ -14,7 +14,7 @@ import torch
 
 from lightning_gnnscale.config import ConfigError, validate
 from lightning_gnnscale.files import UnsafeFileError
-from lightning_gnnscale.graph.cache import artifact_path, cached
+from lightning_gnnscale.graph.cache import artifact_path, cached, read_verified
 from lightning_gnnscale.graph.datasets import load_dataset
 from tests.helpers.config import make_cfg
 from tests.test_datasets import _write_ogb_fixture
@@ -95,3 +95,25 @@ def test_a_planetoid_processed_file_that_would_run_code_is_refused(tmp_path):
     with pytest.raises(UnsafeFileError, match=f"dataset file {processed} was refused"):
         load_dataset("cora", root=tmp_path, cache_dir=tmp_path / "cache")
     assert not marker.exists(), "the dataset file's payload ran"
+
+
+def test_a_partition_artifact_copied_over_another_keys_file_is_rebuilt(tmp_path):
+    """Copying the ``random`` partition artifact over the ``metis_balanced`` one (a valid
+    file with a valid digest) must not hand the random partition to a metis_balanced run."""
+    from lightning_gnnscale.graph.cache import cached_partition
+    from lightning_gnnscale.graph.generators import sbm
+    from lightning_gnnscale.graph.partition import partition
+
+    graph = sbm(num_nodes=400, num_features=4, seed=0)
+    random_parts = cached_partition(graph, "random", 2, 0, tmp_path)
+    metis = cached_partition(graph, "metis_balanced", 2, 0, tmp_path)
+    files = sorted(tmp_path.glob("partition-*.pt"))
+    assert len(files) == 2 and not torch.equal(random_parts, metis)
+    random_file = next(p for p in files if torch.equal(read_verified(p), random_parts))
+    metis_file = next(p for p in files if p != random_file)
+    metis_file.write_bytes(random_file.read_bytes())
+    with pytest.warns(UserWarning, match=f"cache entry {metis_file} was built for another key"):
+        again = cached_partition(graph, "metis_balanced", 2, 0, tmp_path)
+    assert torch.equal(again, metis)
+    assert torch.equal(again, partition(graph, "metis_balanced", 2, seed=0))
+    assert not torch.equal(again, random_parts)
