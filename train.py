@@ -6,13 +6,12 @@ See README.md and docs/configuration.md. Multirun: ``python train.py -m strategy
 import hydra
 from omegaconf import DictConfig
 
-from lightning_gnnscale.run import train
+from lightning_gnnscale.run import run_from_command_line
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    metrics, _ = train(cfg)
-    return metrics.get("best_val_acc")  # the value Hydra sweepers optimise
+    return run_from_command_line(cfg)  # best_val_acc: the value Hydra sweepers optimise
 
 
 if __name__ == "__main__":

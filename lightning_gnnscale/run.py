@@ -16,13 +16,19 @@ import hashlib
 import json
 import os
 import secrets
+import sys
+import tempfile
 import uuid
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
@@ -41,7 +47,7 @@ from .cpu_memory import malloc_choice, retain_freed_memory
 from .errors import ConfigError
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
-from .launch import externally_launched, launch_local
+from .launch import LauncherSignal, externally_launched, launch_local
 from .models.module import GNNModule
 from .schema import RunConfig, as_dict
 from .systems.base import GNNDataModule, MeteredSingleDeviceStrategy, SystemStrategy
@@ -147,7 +153,7 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     run = validate(cfg)
     malloc_choice()  # a bad $GNNSCALE_MALLOC fails here, before any rank is spawned
     output_dir = Path(run.paths.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(output_dir)
     external = externally_launched()  # this process is one rank; the ranks share the folder
     if external:  # every rank loads and prepares: share the cores from the start
         torch.set_num_threads(rank_threads(run.trainer.devices))
@@ -172,37 +178,149 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     return metrics, {"graph": datamodule.graph, "output_dir": output_dir}
 
 
+def run_from_command_line(cfg: DictConfig) -> float | None:
+    """``train.py``'s job: :func:`train`, returning the value Hydra sweepers optimise. A run
+    stopped by Ctrl-C, a signal or an OS error (disk full, a file that vanished) ends with one
+    line naming what happened and where its partial results are, not a traceback."""
+    try:
+        metrics, _ = train(cfg)
+    except KeyboardInterrupt:
+        _stopped("interrupted (Ctrl-C)", cfg, 130)
+    except LauncherSignal as err:
+        _stopped(f"stopped: {err}", cfg, 143)
+    except OSError as err:
+        # In a -m sweep the job fails and the sweep goes on (Hydra records the error).
+        _stopped(f"stopped by {type(err).__name__}: {err}", cfg, None if _in_sweep() else 1)
+        raise
+    return metrics.get("best_val_acc")
+
+
+def _in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _stopped(what: str, cfg: DictConfig, code: int | None) -> None:
+    """Print what stopped the run and where its results are; exit with ``code`` (if any)."""
+    try:
+        output_dir = Path(str(OmegaConf.select(cfg, "paths.output_dir")))
+    except Exception:  # noqa: BLE001 - unresolvable outside Hydra: name what is known
+        output_dir = None
+    if output_dir is None or not output_dir.is_dir():
+        where = "no results were written"
+    else:
+        last = output_dir / "checkpoints" / "last.ckpt"
+        where = f"partial results in {output_dir}" + (
+            f" (last completed epoch: {last}; resume with ckpt_path={last})"
+            if last.is_file()
+            else ""
+        )
+    print(f"Run {what}; {where}", file=sys.stderr)
+    if code is not None:
+        raise SystemExit(code)
+
+
 @contextlib.contextmanager
 def claimed(output_dir: Path) -> Iterator[None]:
     """Hold ``output_dir`` for one run: a second run started on the same folder while this one
     is alive fails at once instead of overwriting its files. The nodes of one multi-node run
-    may share the folder (a shared file system): each node holds its own lock."""
-    lock_path = output_dir / f".run.lock.node{os.environ.get('NODE_RANK', '0')}"
-    with open(lock_path, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # e.g. NFS without a lock daemon
-                warnings.warn(
-                    f"cannot lock {lock_path} ({err}); not guarding the folder", stacklevel=3
-                )
-                yield
-                return
-            if not isinstance(err, BlockingIOError):
-                raise
-            lock.seek(0)
-            raise ConfigError(
-                f"output folder {output_dir} is in use by another run ({lock.read().strip()}); "
-                f"give this run its own folder (hydra.run.dir=... or paths.output_dir=...)"
-            ) from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()}")
-        lock.flush()
-        try:
-            yield
-        finally:
+    may share the folder (a shared file system): each node holds its own lock. A folder that
+    :class:`ClaimRunFolder` claimed for this process's run (before Hydra wrote into it) is
+    already held."""
+    if Path(output_dir).resolve() in _CLAIMED_FOR_HYDRA:
+        yield
+        return
+    lock = _lock(Path(output_dir))
+    try:
+        yield
+    finally:
+        if lock is not None:
             fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
+
+
+def check_writable(folder: Path) -> None:
+    """Create ``folder`` and write a file in it, or raise a :class:`ConfigError` naming it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ConfigError(
+            f"run folder {folder} cannot be written ({type(err).__name__}: {err.strerror or err}); "
+            f"give the run a writable folder (hydra.run.dir=... or paths.output_dir=...)"
+        ) from None
+
+
+def _lock(output_dir: Path) -> IO[str] | None:
+    """The open, locked lock file of ``output_dir`` (``None`` where the file system cannot
+    lock); :class:`ConfigError` when another live run holds it."""
+    lock_path = output_dir / f".run.lock.node{os.environ.get('NODE_RANK', '0')}"
+    lock = open(lock_path, "a+")  # noqa: SIM115 - held open for the run, closed by the caller
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # e.g. NFS without a lock daemon
+            lock.close()
+            warnings.warn(f"cannot lock {lock_path} ({err}); not guarding the folder", stacklevel=4)
+            return None
+        lock.seek(0)
+        holder = lock.read().strip()
+        lock.close()
+        if not isinstance(err, BlockingIOError):
+            raise
+        raise ConfigError(
+            f"output folder {output_dir} is in use by another run{f' ({holder})' if holder else ''}; "
+            f"give this run its own folder (hydra.run.dir=... or paths.output_dir=...)"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()}")
+    lock.flush()
+    return lock
+
+
+# Folders ClaimRunFolder locked for this process's Hydra run or sweep -> their open lock file.
+_CLAIMED_FOR_HYDRA: dict[Path, IO[str]] = {}
+
+
+class ClaimRunFolder(Callback):
+    """Hydra callback (``hydra.callbacks.run_folder`` in conf/config.yaml): before Hydra
+    configures its log file and writes ``.hydra/`` into the run folder (or, for ``-m``, the
+    sweep folder), check that the folder is writable and claim it. A run refused for a busy
+    folder then leaves that folder's record as it was, and an unwritable folder is named
+    instead of failing in Hydra's logging set-up."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        self._claim(config, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self._claim(config, "hydra.sweep.dir")
+
+    def on_run_end(self, config: DictConfig, **kwargs) -> None:
+        self._release()
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        self._release()
+
+    def _claim(self, config: DictConfig, key: str) -> None:
+        HydraConfig.instance().set_config(config)  # what Hydra does next, for ${hydra:...}
+        folder = Path(str(OmegaConf.select(config, key))).resolve()
+        try:
+            check_writable(folder)
+            # The ranks of one externally launched run share the folder (train() skips the lock).
+            if not externally_launched():
+                lock = _lock(folder)
+                if lock is not None:
+                    _CLAIMED_FOR_HYDRA[folder] = lock
+        except ConfigError as err:  # Hydra turns a callback's exception into a warning
+            print(f"Error: {err}", file=sys.stderr)
+            raise SystemExit(1) from None
+
+    def _release(self) -> None:
+        while _CLAIMED_FOR_HYDRA:
+            _, lock = _CLAIMED_FOR_HYDRA.popitem()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
 
 
 def read_summary(path: Path, run_id: str) -> dict:
