@@ -14,18 +14,25 @@ already sits in ``root`` is used as it is.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import inspect
 import os
 import pickle
 import shutil
+import sys
+import threading
+import time
+import zipfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import (
     UnsafeFileError,
     load_restricted,
@@ -33,12 +40,18 @@ from lightning_gnnscale.files import (
     weights_only_loads,
 )
 from lightning_gnnscale.graph.csc import Graph
-from lightning_gnnscale.graph.generators import rmat, sbm
+from lightning_gnnscale.graph.generators import rmat, rmat_peak_bytes, sbm, sbm_peak_bytes
 
 DEFAULT_ROOT = Path.home() / ".cache" / "lightning_gnnscale" / "datasets"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "lightning_gnnscale" / "processed"
 
 _GENERATORS: dict[str, Callable[..., Graph]] = {"sbm": sbm, "rmat": rmat}
+_PEAK_BYTES: dict[str, Callable[..., int]] = {"sbm": sbm_peak_bytes, "rmat": rmat_peak_bytes}
+# The settings that size a synthetic graph (named when it cannot fit).
+_SIZE_KEYS = {
+    "sbm": ("num_nodes", "avg_degree", "num_features"),
+    "rmat": ("num_nodes", "num_edges", "num_features"),
+}
 # name -> PyG's Planetoid name (also the folder under root).
 _PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 _PLANETOID_RAW = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
@@ -59,6 +72,10 @@ class DatasetNotFoundError(FileNotFoundError):
     """A real dataset's files are not under ``root`` (and cannot be downloaded here)."""
 
 
+class DatasetTooLargeError(ConfigError):
+    """A dataset whose estimated memory exceeds what this machine has available."""
+
+
 def load_dataset(name: str, root: str | os.PathLike | None = None, **options) -> Graph:
     """Load dataset ``name`` (one of :data:`DATASETS`, case-insensitive, ``_`` = ``-``).
 
@@ -72,17 +89,216 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options) ->
     ``<root>/<name with - as _>/`` in ogb's layout (``raw/``, ``split/``, ``processed/``).
     """
     canonical = check_dataset_options(name, options)
+    estimate = check_fits(canonical, root, **options)
+    detail = estimate.describe() if estimate else ""
     if canonical in _GENERATORS:
-        return _GENERATORS[canonical](**options)
+        with progress(f"generating {canonical}", detail):
+            return _GENERATORS[canonical](**options)
     planetoid = canonical in _PLANETOID
     root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
     cache_dir = Path(options.get("cache_dir") or DEFAULT_CACHE_DIR).expanduser()
     download = bool(options.get("download", False))
-    if planetoid:
-        return _load_planetoid(
-            canonical, root, cache_dir, download, bool(options.get("normalize_features", True))
+    with progress(f"loading {canonical}", detail):
+        if planetoid:
+            return _load_planetoid(
+                canonical, root, cache_dir, download, bool(options.get("normalize_features", True))
+            )
+        return _load_ogb(canonical, root, cache_dir, download)
+
+
+# --------------------------------------------------------------------- memory and progress
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A dataset's size and about the most memory generating or loading it holds at once."""
+
+    nodes: int
+    edges: int  # drawn (synthetic) or stored in the files (real), one direction
+    features: int
+    peak_bytes: int
+    basis: str  # where the numbers come from: the settings, or which files
+
+    def describe(self) -> str:
+        return (
+            f"{self.nodes:,} nodes, {self.edges:,} edges, {self.features} features, "
+            f"about {_gib(self.peak_bytes)} to build (from {self.basis})"
         )
-    return _load_ogb(canonical, root, cache_dir, download)
+
+
+# Loading a real dataset (ogb's numpy arrays, pandas' parsing, then the symmetrised CSC):
+# bytes per edge in the files, per feature value and per node. Errs high, like the generators':
+# an ogbn-arxiv-layout fixture of 200k nodes / 2M edges / 4 features peaked at 311 MiB
+# (ru_maxrss over the imports), estimated 327 MiB.
+_LOAD_BYTES_PER_EDGE = 160
+_LOAD_BYTES_PER_FEATURE = 16
+_LOAD_BYTES_PER_NODE = 48
+
+
+def estimate_memory(
+    name: str, root: str | os.PathLike | None = None, **options
+) -> MemoryEstimate | None:
+    """The memory estimate of dataset ``name`` from its settings (``sbm``, ``rmat``) or from its
+    files (OGB: the node and edge counts and feature width the raw files state), read without
+    loading anything large; ``None`` when there is nothing to estimate from (Planetoid's graphs
+    are a few MB; a dataset whose files are missing fails with its own message)."""
+    canonical = _canonical_name(name)
+    if canonical in _GENERATORS:
+        bound = inspect.signature(_GENERATORS[canonical]).bind(**options)
+        bound.apply_defaults()
+        args = bound.arguments
+        nodes, features = int(args["num_nodes"]), int(args["num_features"])
+        edges = (
+            round(nodes * args["avg_degree"] / 2) if canonical == "sbm" else int(args["num_edges"])
+        )
+        keys = ", ".join(f"dataset.{key}={args[key]}" for key in _SIZE_KEYS[canonical])
+        return MemoryEstimate(nodes, edges, features, _PEAK_BYTES[canonical](**args), keys)
+    if canonical in _OGB:
+        root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
+        sizes = _ogb_sizes(root / canonical.replace("-", "_"), _OGB[canonical][1])
+        if sizes is None:
+            return None
+        (nodes, edges, features), basis = sizes
+        peak = (
+            _LOAD_BYTES_PER_EDGE * edges
+            + _LOAD_BYTES_PER_FEATURE * nodes * features
+            + _LOAD_BYTES_PER_NODE * nodes
+        )
+        return MemoryEstimate(nodes, edges, features, peak, basis)
+    return None
+
+
+def check_fits(
+    name: str, root: str | os.PathLike | None = None, **options
+) -> MemoryEstimate | None:
+    """:func:`estimate_memory`, refused with :class:`DatasetTooLargeError` when it exceeds the
+    memory this machine has available now."""
+    estimate = estimate_memory(name, root, **options)
+    available = available_memory_bytes()
+    if estimate is None or available is None or estimate.peak_bytes <= available:
+        return estimate
+    canonical = _canonical_name(name)
+    if canonical in _GENERATORS:
+        shrink = "lower " + " / ".join(f"dataset.{key}" for key in _SIZE_KEYS[canonical])
+    else:
+        shrink = "use a machine with more memory, or a smaller dataset"
+    raise DatasetTooLargeError(
+        f"dataset {canonical} does not fit in this machine's memory: {estimate.describe()}, "
+        f"and {_gib(available)} is available. {shrink[0].upper()}{shrink[1:]}"
+        f"{_partition_hint()}"
+    )
+
+
+def _partition_hint() -> str:
+    """How to train on a graph larger than one machine, named only where this version has it."""
+    from dataclasses import fields
+
+    from lightning_gnnscale.schema import DataConfig  # late: schema imports this module
+
+    if any(field.name == "partition_dir" for field in fields(DataConfig)):
+        return "; a graph larger than one machine is partitioned offline and read by parts (data.partition_dir)"
+    return ""
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process may still take: ``MemAvailable`` of /proc/meminfo, lowered to what
+    its cgroup's limit leaves (containers); ``None`` where neither can be read."""
+    limits = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        with contextlib.suppress(OSError, ValueError):
+            limit = Path(limit_file).read_text().strip()
+            if limit != "max" and int(limit) < 1 << 60:
+                limits.append(int(limit) - int(Path(usage_file).read_text()))
+    return max(0, min(limits)) if limits else None
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:,.1f} GiB"
+
+
+def _ogb_sizes(dataset_dir: Path, binary: bool) -> tuple[tuple[int, int, int], str] | None:
+    """(nodes, edges, feature width) as ogb's raw files state them, read without loading the
+    arrays: the count files and the first feature row (csv), or the arrays' headers (npz)."""
+    raw = dataset_dir / "raw"
+    try:
+        if binary:
+            path = raw / "data.npz"
+            with zipfile.ZipFile(path) as archive:
+                shapes = {}
+                for member in ("edge_index", "node_feat", "num_nodes_list"):
+                    with archive.open(f"{member}.npy") as file:
+                        read_header = _NPY_HEADER_READERS[np.lib.format.read_magic(file)]
+                        shapes[member] = read_header(file)[0]
+                with archive.open("num_nodes_list.npy") as file:
+                    nodes = int(np.lib.format.read_array(file, allow_pickle=False).sum())
+            edges, features = shapes["edge_index"][1], shapes["node_feat"][1]
+            return (nodes, int(edges), int(features)), str(path)
+        counts = [_sum_of_csv_gz(raw / f"num-{kind}-list.csv.gz") for kind in ("node", "edge")]
+        with gzip.open(raw / "node-feat.csv.gz", "rt") as file:
+            features = len(file.readline().split(","))
+        return (counts[0], counts[1], features), f"{raw}/num-{{node,edge}}-list.csv.gz"
+    except (OSError, KeyError, ValueError, IndexError, zipfile.BadZipFile):
+        return None  # processed-only or damaged: ogb's own loading reports what is wrong
+
+
+_NPY_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def _sum_of_csv_gz(path: Path) -> int:
+    with gzip.open(path, "rt") as file:
+        return sum(int(value) for value in file.read().split())
+
+
+# Generation or loading that runs longer than this says what it is doing, then how long it took.
+PROGRESS_AFTER_S = 3.0
+_PROGRESS_EVERY_S = 30.0
+
+
+@contextlib.contextmanager
+def progress(action: str, detail: str = "") -> Iterator[None]:
+    """Say on stderr what the block is doing (``action``: ``detail``) once it has run
+    :data:`PROGRESS_AFTER_S`, then every 30 s how long it has run, and at the end how long it
+    took; silent for quicker blocks."""
+    start = time.monotonic()
+    done = threading.Event()
+    shown = threading.Event()
+
+    def report() -> None:
+        if done.wait(PROGRESS_AFTER_S):
+            return
+        shown.set()
+        print(f"{action}{f': {detail}' if detail else ''} ...", file=sys.stderr, flush=True)
+        while not done.wait(_PROGRESS_EVERY_S):
+            print(
+                f"  still {action} ({time.monotonic() - start:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    watcher = threading.Thread(target=report, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        if shown.is_set():
+            print(
+                f"{action}: done in {time.monotonic() - start:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def check_dataset_options(name: str, options: dict) -> str:
