@@ -104,14 +104,17 @@ class BestCheckpoint(ModelCheckpoint):
 
 
 class CheckpointIdentity(L.Callback):
-    """Writes the run's identity and completed epochs into every checkpoint it saves."""
+    """Writes the run's identity, its config hash and its completed epochs into every
+    checkpoint it saves (a run resumed from it hashes them into its own config hash)."""
 
-    def __init__(self, identity: dict):
+    def __init__(self, identity: dict, config_hash: str | None = None):
         self.identity = identity
+        self.config_hash = config_hash
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         checkpoint[CHECKPOINT_KEY] = {
             "identity": self.identity,
+            "config_hash": self.config_hash,
             "epochs_done": trainer.current_epoch + 1,
         }
 

@@ -41,7 +41,14 @@ from .callbacks import (
     StepSeed,
     format_table,
 )
-from .checkpoints import BestCheckpoint, CheckpointIdentity, load_weights, run_identity
+from .checkpoints import (
+    CHECKPOINT_KEY,
+    BestCheckpoint,
+    CheckpointIdentity,
+    load_weights,
+    read_checkpoint,
+    run_identity,
+)
 from .config import validate
 from .cpu_memory import malloc_choice, retain_freed_memory
 from .errors import ConfigError
@@ -74,12 +81,22 @@ OmegaConf.register_new_resolver("run_token", lambda: _RUN_TOKEN, replace=True)
 
 
 def config_hash(run: RunConfig) -> str:
-    """Hash of the settings that define a run's result (not where it writes)."""
+    """Hash of what defines a run's result (not where it writes): its settings and, for a
+    resumed run, the run it continues (that run's hash and its completed epochs). A resumed
+    run can differ from an uninterrupted one (Grappa keeps the checkpoint's super-epoch
+    length), so the two never share a hash."""
     data = as_dict(run)
     for key in ("paths", "ckpt_path", "launcher", "logger"):
         data.pop(key, None)
     data["trainer"].pop("enable_progress_bar", None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    if run.ckpt_path is not None:
+        block = read_checkpoint(run.ckpt_path).get(CHECKPOINT_KEY) or {}
+        data["resumed_from"] = {
+            "config_hash": block.get("config_hash"),
+            "identity": block.get("identity"),
+            "epochs_done": block.get("epochs_done"),
+        }
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def load_graph(run: RunConfig) -> Graph:
@@ -370,12 +387,13 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
     epoch_stats, comm_stats = EpochStats(), CommStats(run.network)
     audit = CollectiveAudit() if run.audit else None
     system_callbacks = datamodule.callbacks()
+    run_hash = config_hash(run)
     summary = RunSummary(
         run,
         output_dir,
         epoch_stats,
         comm_stats,
-        config_hash(run),
+        run_hash,
         audit,
         system_callbacks,
         run_id=run_id or uuid.uuid4().hex,
@@ -412,7 +430,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
             epoch_stats,
             comm_stats,
             *system_callbacks,
-            CheckpointIdentity(run_identity(run)),
+            CheckpointIdentity(run_identity(run), run_hash),
             best,
             last,
             *(instantiate(node) for node in (run.callbacks or {}).values()),

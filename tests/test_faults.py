@@ -384,3 +384,26 @@ def test_killing_the_launcher_takes_its_ranks_with_it(tmp_path, sig):
     while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in ranks), "orphaned ranks"
+
+
+def test_a_resumed_runs_config_hash_names_the_run_it_continues(tmp_path):
+    """A resumed run can differ from an uninterrupted one (Grappa keeps the checkpoint's
+    super-epoch length): their hashes differ, and so do resumes of different checkpoints."""
+    from lightning_gnnscale.run import config_hash
+    from lightning_gnnscale.schema import run_config
+
+    def ckpt(name: str, epochs_done: int, parent_hash: str) -> Path:
+        path = tmp_path / f"{name}.ckpt"
+        block = {"identity": {}, "config_hash": parent_hash, "epochs_done": epochs_done}
+        torch.save({"state_dict": {}, "lightning_gnnscale": block}, path)
+        return path
+
+    def hash_of(*overrides: str) -> str:
+        return config_hash(run_config(make_cfg(tmp_path, "strategy=grappa", *overrides)))
+
+    straight = hash_of("trainer.max_epochs=8")
+    four = hash_of("trainer.max_epochs=4")
+    resumed = hash_of("trainer.max_epochs=8", f"ckpt_path={ckpt('a', 4, four)}")
+    assert resumed != straight
+    assert resumed == hash_of("trainer.max_epochs=8", f"ckpt_path={ckpt('b', 4, four)}")
+    assert resumed != hash_of("trainer.max_epochs=8", f"ckpt_path={ckpt('c', 2, four)}")
