@@ -107,6 +107,10 @@ def launch_local(
         "MASTER_PORT": os.environ.get("MASTER_PORT", str(free_port())),
         "WORLD_SIZE": str(devices * num_nodes),
     }
+    store = None  # every rank local: the launcher hosts the rendezvous store on loopback only
+    if num_nodes == 1 and "MASTER_ADDR" not in os.environ and "MASTER_PORT" not in os.environ:
+        store, env["MASTER_PORT"] = _loopback_store()
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # ranks connect to it as clients
     ctx = None
     with _signals_raise():
         try:
@@ -127,6 +131,29 @@ def launch_local(
                     signal.signal(sig, signal.SIG_IGN)
             if ctx is not None:
                 _reap(ctx)
+
+
+def _loopback_store():
+    """A rendezvous store listening on 127.0.0.1 only (torch's own listens on every interface)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    port = listener.getsockname()[1]
+    store = TCPStore(
+        "127.0.0.1",
+        port,
+        None,
+        True,
+        timedelta(seconds=300),
+        wait_for_workers=False,
+        multi_tenant=True,
+        master_listen_fd=listener.detach(),
+    )
+    return store, str(port)
 
 
 def _reap(ctx) -> None:

@@ -407,3 +407,18 @@ def test_a_resumed_runs_config_hash_names_the_run_it_continues(tmp_path):
     assert resumed != straight
     assert resumed == hash_of("trainer.max_epochs=8", f"ckpt_path={ckpt('b', 4, four)}")
     assert resumed != hash_of("trainer.max_epochs=8", f"ckpt_path={ckpt('c', 2, four)}")
+
+
+def test_the_rendezvous_store_of_a_local_run_listens_on_loopback_only():
+    from lightning_gnnscale.launch import _loopback_store
+
+    store, port = _loopback_store()
+    listening = [
+        line.split()[1]
+        for table in ("/proc/net/tcp", "/proc/net/tcp6")
+        for line in Path(table).read_text().splitlines()[1:]
+        if line.split()[3] == "0A" and line.split()[1].endswith(f":{int(port):04X}")
+    ]
+    assert listening == [f"0100007F:{int(port):04X}"], listening  # 127.0.0.1, nothing else
+    store.set("k", "v")
+    assert store.get("k") == b"v"
