@@ -12,10 +12,9 @@ from lightning_gnnscale.launch import warm_start  # light: no Lightning, PyG or 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
     warm_start(cfg)  # the rank server imports while this process does the same and prepares
-    from lightning_gnnscale.run import train
+    from lightning_gnnscale.run import run_from_command_line
 
-    metrics, _ = train(cfg)
-    return metrics.get("best_val_acc")  # the value Hydra sweepers optimise
+    return run_from_command_line(cfg)  # best_val_acc: the value Hydra sweepers optimise
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from .errors import ConfigError
-from .files import atomic_write
+from .files import UnsafeFileError, atomic_write, load_weights_only
 from .schema import RunConfig, as_dict
 
 CHECKPOINT_KEY = "lightning_gnnscale"
@@ -104,26 +104,34 @@ class BestCheckpoint(ModelCheckpoint):
 
 
 class CheckpointIdentity(L.Callback):
-    """Writes the run's identity and completed epochs into every checkpoint it saves."""
+    """Writes the run's identity, its config hash and its completed epochs into every
+    checkpoint it saves (a run resumed from it hashes them into its own config hash)."""
 
-    def __init__(self, identity: dict):
+    def __init__(self, identity: dict, config_hash: str | None = None):
         self.identity = identity
+        self.config_hash = config_hash
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         checkpoint[CHECKPOINT_KEY] = {
             "identity": self.identity,
+            "config_hash": self.config_hash,
             "epochs_done": trainer.current_epoch + 1,
         }
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """``torch.load`` of a checkpoint file; a missing, truncated or foreign file is a
+    """``torch.load(weights_only=True)`` of a checkpoint file: tensors and plain data only, so
+    a file from anyone runs no code. A missing, truncated, foreign or unsafe file is a
     :class:`ConfigError` that names it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"checkpoint {path} does not exist")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        checkpoint = load_weights_only(
+            path, name=f"checkpoint {path}", map_location="cpu", mmap=True
+        )
+    except UnsafeFileError as err:
+        raise ConfigError(str(err)) from None
     except Exception as err:  # torch raises several types for damaged files
         raise ConfigError(
             f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); the file is "

@@ -1,11 +1,15 @@
-"""Atomic file writes: a reader never sees half a file, a crash never leaves one behind."""
+"""Atomic file writes (a reader never sees half a file, a crash never leaves one behind) and
+loads of files that may come from anyone (they run no code: weights only)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
 import tempfile
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,3 +38,109 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     """``data`` as indented, key-sorted JSON at ``path``, written atomically."""
     text = json.dumps(data, indent=2, sort_keys=True)
     atomic_write(path, lambda file: file.write(text.encode()))
+
+
+# ------------------------------------------------------------------------ untrusted files
+class UnsafeFileError(ValueError):
+    """A file whose loading would need more than tensors, plain containers and the allow-listed
+    types: its pickle names a class or function that could run code. Refused, naming the file,
+    before any of it runs."""
+
+
+_WEIGHTS_ONLY_FAILED = "Weights only load failed"
+
+
+def _refusal(err: BaseException) -> str | None:
+    """What torch's weights-only unpickler refused (``None`` when ``err`` is another failure)."""
+    text = str(err)
+    if _WEIGHTS_ONLY_FAILED not in text:
+        return None
+    reason = text.partition("WeightsUnpickler error: ")[2] or text
+    return reason.split(" Please use", 1)[0].splitlines()[0].strip().rstrip(".")
+
+
+def load_weights_only(
+    file: str | os.PathLike | IO[bytes],
+    *,
+    name: str | os.PathLike | None = None,
+    allowed: Iterable[Any] = (),
+    **kwargs: Any,
+) -> Any:
+    """``torch.load(file, weights_only=True)`` with the classes / functions of ``allowed`` added
+    to torch's allow-list for this call. A file that needs anything else raises
+    :class:`UnsafeFileError` naming it (``name``, else ``file``); nothing of it has run."""
+    import torch  # torch is heavy; files.py is imported by light modules too
+
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(file, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as err:
+        raise _unsafe(name if name is not None else file, err) from None
+
+
+def _unsafe(name: Any, err: BaseException) -> BaseException:
+    reason = _refusal(err)
+    if reason is None:
+        return err
+    return UnsafeFileError(
+        f"{name} was refused: loading it would need more than tensors and plain data "
+        f"({reason}), which could run code hidden in the file; nothing of it ran. Use only files "
+        f"this suite wrote, or rebuild the file"
+    )
+
+
+@contextlib.contextmanager
+def weights_only_loads(allowed: Iterable[Any] = ()) -> Iterator[None]:
+    """Every ``torch.load`` in the block loads with ``weights_only=True`` and the extra
+    ``allowed`` globals, including third-party loaders that ask for ``weights_only=False`` or
+    fall back to it (PyG, ogb): a file that needs anything else raises before any of it runs.
+    (torch reads ``$TORCH_FORCE_WEIGHTS_ONLY_LOAD`` at every call; the block sets it.)"""
+    import torch
+
+    saved = {var: os.environ.pop(var, None) for var in _FORCE_VARS}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            yield
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+_FORCE_VARS = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+
+
+def load_restricted(
+    path: str | os.PathLike, allowed: Iterable[str], *, name: str | None = None
+) -> Any:
+    """``torch.load`` of a pickle that may name only the globals in ``allowed``
+    (``"module.qualname"``), for third-party files in a pickle protocol that torch's weights-only
+    unpickler cannot read (ogb writes protocol 4). Python's restricted-unpickler pattern: every
+    global the file names passes :meth:`find_class`, so one outside ``allowed`` raises
+    :class:`UnsafeFileError` naming the file before anything of it runs."""
+    import torch
+
+    names = frozenset(allowed)
+    label = name or str(path)
+
+    class Unpickler(pickle.Unpickler):
+        def find_class(self, module: str, qualname: str) -> Any:
+            if f"{module}.{qualname}" not in names:
+                raise UnsafeFileError(
+                    f"{label} was refused: loading it would need {module}.{qualname}, which "
+                    f"could run code hidden in the file; nothing of it ran. Use only files this "
+                    f"suite or the dataset's own tool wrote, or rebuild the file"
+                )
+            return super().find_class(module, qualname)
+
+    module = types.ModuleType("restricted_pickle")
+    module.Unpickler = Unpickler
+    module.load = lambda file, **kwargs: Unpickler(file, **kwargs).load()
+    saved = {var: os.environ.pop(var, None) for var in _FORCE_VARS}  # they refuse pickle_module
+    try:
+        return torch.load(path, weights_only=False, pickle_module=module)
+    finally:
+        os.environ.update({var: value for var, value in saved.items() if value is not None})

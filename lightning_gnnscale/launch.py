@@ -276,6 +276,14 @@ def launch_local(
         "MASTER_PORT": os.environ.get("MASTER_PORT", str(free_port())),
         "WORLD_SIZE": str(devices * num_nodes),
     }
+    # Every rank local: the launcher hosts the rendezvous store on loopback only (torch's own
+    # listens on every interface); held in this frame until the ranks are reaped.
+    store = None
+    if num_nodes == 1 and "MASTER_ADDR" not in os.environ and "MASTER_PORT" not in os.environ:
+        from .comm.rendezvous import loopback_store
+
+        store, env["MASTER_PORT"] = loopback_store()
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # ranks connect to it as clients
     if start_method == "forkserver":
         start_rank_server()
     state = {"env": env, "stdio": (InheritedFd(1), InheritedFd(2))}
@@ -299,6 +307,7 @@ def launch_local(
                     signal.signal(sig, signal.SIG_IGN)
             if ctx is not None:
                 _reap(ctx)
+            del store
 
 
 def _reap(ctx) -> None:

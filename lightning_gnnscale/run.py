@@ -10,21 +10,21 @@ script can do the same. ``train.py`` is a thin Hydra entry point around this.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import json
 import os
+import sys
 import uuid
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from .callbacks import (
     CollectiveAudit,
@@ -34,26 +34,43 @@ from .callbacks import (
     StepSeed,
     format_table,
 )
-from .checkpoints import BestCheckpoint, CheckpointIdentity, load_weights, run_identity
+from .checkpoints import (
+    CHECKPOINT_KEY,
+    BestCheckpoint,
+    CheckpointIdentity,
+    load_weights,
+    read_checkpoint,
+    run_identity,
+)
 from .config import validate
 from .cpu_memory import malloc_choice, retain_freed_memory
-from .errors import ConfigError
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
-from .launch import externally_launched, launch_local
+from .launch import LauncherSignal, externally_launched, launch_local
 from .models.module import GNNModule
+from .run_folder import check_writable, claimed
 from .schema import RunConfig, as_dict
 from .systems.base import GNNDataModule, MeteredSingleDeviceStrategy, SystemStrategy
 from .systems.registry import SYSTEMS
 
 
 def config_hash(run: RunConfig) -> str:
-    """Hash of the settings that define a run's result (not where it writes)."""
+    """Hash of what defines a run's result (not where it writes): its settings and, for a
+    resumed run, the run it continues (that run's hash and its completed epochs). A resumed
+    run can differ from an uninterrupted one (Grappa keeps the checkpoint's super-epoch
+    length), so the two never share a hash."""
     data = as_dict(run)
     for key in ("paths", "ckpt_path", "launcher", "logger"):
         data.pop(key, None)
     data["trainer"].pop("enable_progress_bar", None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    if run.ckpt_path is not None:
+        block = read_checkpoint(run.ckpt_path).get(CHECKPOINT_KEY) or {}
+        data["resumed_from"] = {
+            "config_hash": block.get("config_hash"),
+            "identity": block.get("identity"),
+            "epochs_done": block.get("epochs_done"),
+        }
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def load_graph(run: RunConfig) -> Graph:
@@ -127,7 +144,7 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     run = validate(cfg)
     malloc_choice()  # a bad $GNNSCALE_MALLOC fails here, before any rank is spawned
     output_dir = Path(run.paths.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(output_dir)
     external = externally_launched()  # this process is one rank; the ranks share the folder
     if external:  # every rank loads and prepares: share the cores from the start
         torch.set_num_threads(rank_threads(run.trainer.devices))
@@ -153,37 +170,45 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     return metrics, {"graph": datamodule.graph, "output_dir": output_dir}
 
 
-@contextlib.contextmanager
-def claimed(output_dir: Path) -> Iterator[None]:
-    """Hold ``output_dir`` for one run: a second run started on the same folder while this one
-    is alive fails at once instead of overwriting its files. The nodes of one multi-node run
-    may share the folder (a shared file system): each node holds its own lock."""
-    lock_path = output_dir / f".run.lock.node{os.environ.get('NODE_RANK', '0')}"
-    with open(lock_path, "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # e.g. NFS without a lock daemon
-                warnings.warn(
-                    f"cannot lock {lock_path} ({err}); not guarding the folder", stacklevel=3
-                )
-                yield
-                return
-            if not isinstance(err, BlockingIOError):
-                raise
-            lock.seek(0)
-            raise ConfigError(
-                f"output folder {output_dir} is in use by another run ({lock.read().strip()}); "
-                f"give this run its own folder (hydra.run.dir=... or paths.output_dir=...)"
-            ) from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()}")
-        lock.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def run_from_command_line(cfg: DictConfig) -> float | None:
+    """``train.py``'s job: :func:`train`, returning the value Hydra sweepers optimise. A run
+    stopped by Ctrl-C, a signal or an OS error (disk full, a file that vanished) ends with one
+    line naming what happened and where its partial results are, not a traceback."""
+    try:
+        metrics, _ = train(cfg)
+    except KeyboardInterrupt:
+        _stopped("interrupted (Ctrl-C)", cfg, 130)
+    except LauncherSignal as err:
+        _stopped(f"stopped: {err}", cfg, 143)
+    except OSError as err:
+        # In a -m sweep the job fails and the sweep goes on (Hydra records the error).
+        _stopped(f"stopped by {type(err).__name__}: {err}", cfg, None if _in_sweep() else 1)
+        raise
+    return metrics.get("best_val_acc")
+
+
+def _in_sweep() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _stopped(what: str, cfg: DictConfig, code: int | None) -> None:
+    """Print what stopped the run and where its results are; exit with ``code`` (if any)."""
+    try:
+        output_dir = Path(str(OmegaConf.select(cfg, "paths.output_dir")))
+    except Exception:  # noqa: BLE001 - unresolvable outside Hydra: name what is known
+        output_dir = None
+    if output_dir is None or not output_dir.is_dir():
+        where = "no results were written"
+    else:
+        last = output_dir / "checkpoints" / "last.ckpt"
+        where = f"partial results in {output_dir}" + (
+            f" (last completed epoch: {last}; resume with ckpt_path={last})"
+            if last.is_file()
+            else ""
+        )
+    print(f"Run {what}; {where}", file=sys.stderr)
+    if code is not None:
+        raise SystemExit(code)
 
 
 def read_summary(path: Path, run_id: str) -> dict:
@@ -233,12 +258,13 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
     epoch_stats, comm_stats = EpochStats(), CommStats(run.network)
     audit = CollectiveAudit() if run.audit else None
     system_callbacks = datamodule.callbacks()
+    run_hash = config_hash(run)
     summary = RunSummary(
         run,
         output_dir,
         epoch_stats,
         comm_stats,
-        config_hash(run),
+        run_hash,
         audit,
         system_callbacks,
         run_id=run_id or uuid.uuid4().hex,
@@ -275,7 +301,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
             epoch_stats,
             comm_stats,
             *system_callbacks,
-            CheckpointIdentity(run_identity(run)),
+            CheckpointIdentity(run_identity(run), run_hash),
             best,
             last,
             *(instantiate(node) for node in (run.callbacks or {}).values()),
@@ -292,5 +318,6 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
         enable_model_summary=False,
         default_root_dir=output_dir,
     )
-    trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path)
+    # weights_only: the ranks, too, load the checkpoint as tensors and plain data (no code)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
     return summary.summary or {}

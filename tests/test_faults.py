@@ -74,6 +74,94 @@ def test_an_output_folder_in_use_is_refused(tmp_path):
         pass
 
 
+def _hydra_main(*overrides: str) -> int:
+    """``python train.py <overrides>`` in this process (Hydra's real entry, callbacks and all);
+    returns its exit code. Hydra's logging is left off so the test process keeps its own."""
+    import runpy
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    argv = sys.argv
+    sys.argv = [
+        "train.py",
+        "hydra/hydra_logging=disabled",
+        "hydra/job_logging=disabled",
+        *overrides,
+    ]
+    try:
+        runpy.run_path(str(REPO / "train.py"), run_name="__main__")
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    finally:
+        sys.argv = argv
+        GlobalHydra.instance().clear()
+    return 0
+
+
+def test_a_run_refused_for_a_busy_folder_leaves_that_folders_record_alone(tmp_path, capsys):
+    """Another live run holds the folder: the refused run writes nothing into it (Hydra's
+    `.hydra/` record and log file included), and says why in one line."""
+    import fcntl
+
+    busy = tmp_path / "busy"
+    (busy / ".hydra").mkdir(parents=True)
+    record = {name: f"{name}: the other run's" for name in ("config", "hydra", "overrides")}
+    for name, text in record.items():
+        (busy / ".hydra" / f"{name}.yaml").write_text(text)
+    with open(busy / ".run.lock.node0", "a+") as other_run:
+        fcntl.flock(other_run, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        code = _hydra_main("strategy=single", "seed=5", f"hydra.run.dir={busy}")
+    assert code == 1
+    err = capsys.readouterr().err
+    assert f"output folder {busy} is in use by another run" in err and "Traceback" not in err
+    for name, text in record.items():
+        assert (busy / ".hydra" / f"{name}.yaml").read_text() == text
+    assert sorted(p.name for p in busy.iterdir()) == [".hydra", ".run.lock.node0"]
+
+
+def test_an_unwritable_run_folder_is_named_before_anything_is_written(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code = _hydra_main("strategy=single", f"hydra.run.dir={blocker / 'run'}")
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"run folder {blocker / 'run'} cannot be written" in err, err
+    assert "Traceback" not in err and "Unable to configure handler" not in err
+    cfg = make_cfg(tmp_path, "strategy=single", f"paths.output_dir={blocker / 'out'}")
+    with pytest.raises(ConfigError, match=f"run folder {blocker / 'out'} cannot be written"):
+        train(cfg)
+
+
+@pytest.mark.parametrize(
+    ("stop", "code", "what"),
+    [
+        (KeyboardInterrupt(), 130, "interrupted (Ctrl-C)"),
+        (OSError(28, "No space left on device"), 1, "stopped by OSError"),
+    ],
+)
+def test_a_stopped_run_says_what_happened_in_one_line(
+    tmp_path, monkeypatch, capsys, stop, code, what
+):
+    import lightning_gnnscale.run as run_module
+
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "last.ckpt").write_bytes(b"")
+
+    def stopped(cfg):
+        raise stop
+
+    monkeypatch.setattr(run_module, "train", stopped)
+    with pytest.raises(SystemExit) as exit_info:
+        run_module.run_from_command_line(make_cfg(tmp_path, "strategy=single"))
+    assert exit_info.value.code == code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert what in lines[0] and f"partial results in {out}" in lines[0]
+    assert f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}" in lines[0]
+    assert "run_from_command_line(cfg)" in (REPO / "train.py").read_text()
+
+
 def test_a_summary_from_another_run_is_never_reported(tmp_path):
     path = tmp_path / "summary.json"
     path.write_text(json.dumps({"run_id": "someone-else", "test_acc": 0.9}))
@@ -306,3 +394,41 @@ def test_killing_the_launcher_takes_its_ranks_with_it(tmp_path, sig):
     while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(_alive(pid) for pid in ranks), "orphaned ranks"
+
+
+def test_a_resumed_runs_config_hash_names_the_run_it_continues(tmp_path):
+    """A resumed run can differ from an uninterrupted one (Grappa keeps the checkpoint's
+    super-epoch length): their hashes differ, and so do resumes of different checkpoints."""
+    from lightning_gnnscale.run import config_hash
+    from lightning_gnnscale.schema import run_config
+
+    def ckpt(name: str, epochs_done: int, parent_hash: str) -> Path:
+        path = tmp_path / f"{name}.ckpt"
+        block = {"identity": {}, "config_hash": parent_hash, "epochs_done": epochs_done}
+        torch.save({"state_dict": {}, "lightning_gnnscale": block}, path)
+        return path
+
+    def hash_of(*overrides: str) -> str:
+        return config_hash(run_config(make_cfg(tmp_path, "strategy=grappa", *overrides)))
+
+    straight = hash_of("trainer.max_epochs=8")
+    four = hash_of("trainer.max_epochs=4")
+    resumed = hash_of("trainer.max_epochs=8", f"ckpt_path={ckpt('a', 4, four)}")
+    assert resumed != straight
+    assert resumed == hash_of("trainer.max_epochs=8", f"ckpt_path={ckpt('b', 4, four)}")
+    assert resumed != hash_of("trainer.max_epochs=8", f"ckpt_path={ckpt('c', 2, four)}")
+
+
+def test_the_rendezvous_store_of_a_local_run_listens_on_loopback_only():
+    from lightning_gnnscale.comm.rendezvous import loopback_store
+
+    store, port = loopback_store()
+    listening = [
+        line.split()[1]
+        for table in ("/proc/net/tcp", "/proc/net/tcp6")
+        for line in Path(table).read_text().splitlines()[1:]
+        if line.split()[3] == "0A" and line.split()[1].endswith(f":{int(port):04X}")
+    ]
+    assert listening == [f"0100007F:{int(port):04X}"], listening  # 127.0.0.1, nothing else
+    store.set("k", "v")
+    assert store.get("k") == b"v"

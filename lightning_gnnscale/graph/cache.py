@@ -5,8 +5,10 @@ An artifact is keyed by the sha256 of a canonical JSON of everything it depends 
 with ``os.replace``. The rename is atomic, so readers never see half a file and two processes
 that build the same artifact at once both succeed (the last rename wins; contents are equal).
 
-Each file starts with the sha256 of the bytes that follow it. A file that fails that check,
-or cannot be read back (truncated, overwritten, not ours), is reported by name and rebuilt.
+Each file starts with the sha256 of the bytes that follow it, and holds its key beside its
+value. A file that fails that check, cannot be read back (truncated, overwritten, not ours,
+or needing more than tensors and plain data to load), or carries another key (an artifact
+copied over another one's name) is reported by name and rebuilt.
 """
 
 from __future__ import annotations
@@ -23,21 +25,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_gnnscale.files import atomic_write
+from lightning_gnnscale.files import UnsafeFileError, atomic_write, load_weights_only
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.partition import partition, partition_report
 
 # Bump when a change to the code would change a cached artifact; old entries are then ignored.
-CODE_VERSION = "3"  # bump when a partitioner's output or the file format changes
+CODE_VERSION = "4"  # bump when a partitioner's output or the file format changes
 _DIGEST_BYTES = 64  # hex sha256 at the head of every artifact file
+
+
+def _canonical(key_parts: dict) -> str:
+    """The JSON text of ``key_parts`` with :data:`CODE_VERSION` (what a key hashes, and what an
+    artifact carries to be checked against on load)."""
+    return json.dumps(
+        {"code_version": CODE_VERSION, **key_parts}, sort_keys=True, separators=(",", ":")
+    )
 
 
 def cache_key(key_parts: dict) -> str:
     """sha256 hex digest of ``key_parts`` (JSON values only) together with :data:`CODE_VERSION`."""
-    canonical = json.dumps(
-        {"code_version": CODE_VERSION, **key_parts}, sort_keys=True, separators=(",", ":")
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(_canonical(key_parts).encode()).hexdigest()
 
 
 def _add_tensor(digest, tensor: Tensor) -> None:
@@ -91,12 +98,12 @@ def cached(
     path = artifact_path(key_parts, cache_dir, prefix=prefix)
     if path.exists():
         try:
-            return read_verified(path)
+            return read_verified(path, key_parts)
         except CorruptArtifactError as err:
             warnings.warn(f"{err}; rebuilding it", stacklevel=2)
     value = build_fn()
     buffer = io.BytesIO()
-    torch.save(value, buffer)
+    torch.save({"key": _canonical(key_parts), "value": value}, buffer)
     body = buffer.getvalue()
     header = hashlib.sha256(body).hexdigest().encode()
     atomic_write(path, lambda file: (file.write(header), file.write(body)))
@@ -107,8 +114,10 @@ class CorruptArtifactError(RuntimeError):
     """A cached file that fails its content check or cannot be read; the message names it."""
 
 
-def read_verified(path: Path) -> Any:
-    """Load an artifact written by :func:`cached` after checking its content digest."""
+def read_verified(path: Path, key_parts: dict | None = None) -> Any:
+    """The value of an artifact written by :func:`cached`, after checking its content digest
+    and (given ``key_parts``) that it was built for that key; loaded weights-only, so a file
+    put in the cache folder runs no code."""
     data = path.read_bytes()
     header, body = data[:_DIGEST_BYTES], data[_DIGEST_BYTES:]
     if hashlib.sha256(body).hexdigest().encode() != header:
@@ -117,9 +126,25 @@ def read_verified(path: Path) -> Any:
             f"or overwritten)"
         )
     try:
-        return torch.load(io.BytesIO(body), weights_only=True)
+        record = load_weights_only(io.BytesIO(body), name=f"cache entry {path}")
+    except UnsafeFileError as err:
+        raise CorruptArtifactError(str(err)) from None
     except Exception as err:  # unpickling raises many types
         raise CorruptArtifactError(f"cache entry {path} cannot be read ({err})") from None
+    if not isinstance(record, dict) or set(record) != {"key", "value"}:
+        raise CorruptArtifactError(f"cache entry {path} is not a cache artifact (no key)")
+    if key_parts is not None and record["key"] != _canonical(key_parts):
+        theirs, ours = json.loads(record["key"]), json.loads(_canonical(key_parts))
+        differences = "; ".join(
+            f"{name}: {theirs.get(name)!r} in the file, {ours.get(name)!r} wanted"
+            for name in sorted(set(theirs) | set(ours))
+            if theirs.get(name) != ours.get(name)
+        )
+        raise CorruptArtifactError(
+            f"cache entry {path} was built for another key ({differences}): a file copied or "
+            f"renamed over this one"
+        )
+    return record["value"]
 
 
 def artifact_path(

@@ -14,23 +14,44 @@ already sits in ``root`` is used as it is.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import inspect
 import os
+import pickle
 import shutil
+import sys
+import threading
+import time
+import zipfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from lightning_gnnscale.errors import ConfigError
+from lightning_gnnscale.files import (
+    UnsafeFileError,
+    load_restricted,
+    load_weights_only,
+    weights_only_loads,
+)
 from lightning_gnnscale.graph.csc import Graph
-from lightning_gnnscale.graph.generators import rmat, sbm
+from lightning_gnnscale.graph.generators import rmat, rmat_peak_bytes, sbm, sbm_peak_bytes
 
 DEFAULT_ROOT = Path.home() / ".cache" / "lightning_gnnscale" / "datasets"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "lightning_gnnscale" / "processed"
 
 _GENERATORS: dict[str, Callable[..., Graph]] = {"sbm": sbm, "rmat": rmat}
+_PEAK_BYTES: dict[str, Callable[..., int]] = {"sbm": sbm_peak_bytes, "rmat": rmat_peak_bytes}
+# The settings that size a synthetic graph (named when it cannot fit).
+_SIZE_KEYS = {
+    "sbm": ("num_nodes", "avg_degree", "num_features"),
+    "rmat": ("num_nodes", "num_edges", "num_features"),
+}
 # name -> PyG's Planetoid name (also the folder under root).
 _PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 _PLANETOID_RAW = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
@@ -51,6 +72,10 @@ class DatasetNotFoundError(FileNotFoundError):
     """A real dataset's files are not under ``root`` (and cannot be downloaded here)."""
 
 
+class DatasetTooLargeError(ConfigError):
+    """A dataset whose estimated memory exceeds what this machine has available."""
+
+
 def load_dataset(name: str, root: str | os.PathLike | None = None, **options) -> Graph:
     """Load dataset ``name`` (one of :data:`DATASETS`, case-insensitive, ``_`` = ``-``).
 
@@ -64,17 +89,216 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options) ->
     ``<root>/<name with - as _>/`` in ogb's layout (``raw/``, ``split/``, ``processed/``).
     """
     canonical = check_dataset_options(name, options)
+    estimate = check_fits(canonical, root, **options)
+    detail = estimate.describe() if estimate else ""
     if canonical in _GENERATORS:
-        return _GENERATORS[canonical](**options)
+        with progress(f"generating {canonical}", detail):
+            return _GENERATORS[canonical](**options)
     planetoid = canonical in _PLANETOID
     root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
     cache_dir = Path(options.get("cache_dir") or DEFAULT_CACHE_DIR).expanduser()
     download = bool(options.get("download", False))
-    if planetoid:
-        return _load_planetoid(
-            canonical, root, cache_dir, download, bool(options.get("normalize_features", True))
+    with progress(f"loading {canonical}", detail):
+        if planetoid:
+            return _load_planetoid(
+                canonical, root, cache_dir, download, bool(options.get("normalize_features", True))
+            )
+        return _load_ogb(canonical, root, cache_dir, download)
+
+
+# --------------------------------------------------------------------- memory and progress
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """A dataset's size and about the most memory generating or loading it holds at once."""
+
+    nodes: int
+    edges: int  # drawn (synthetic) or stored in the files (real), one direction
+    features: int
+    peak_bytes: int
+    basis: str  # where the numbers come from: the settings, or which files
+
+    def describe(self) -> str:
+        return (
+            f"{self.nodes:,} nodes, {self.edges:,} edges, {self.features} features, "
+            f"about {_gib(self.peak_bytes)} to build (from {self.basis})"
         )
-    return _load_ogb(canonical, root, cache_dir, download)
+
+
+# Loading a real dataset (ogb's numpy arrays, pandas' parsing, then the symmetrised CSC):
+# bytes per edge in the files, per feature value and per node. Errs high, like the generators':
+# an ogbn-arxiv-layout fixture of 200k nodes / 2M edges / 4 features peaked at 311 MiB
+# (ru_maxrss over the imports), estimated 327 MiB.
+_LOAD_BYTES_PER_EDGE = 160
+_LOAD_BYTES_PER_FEATURE = 16
+_LOAD_BYTES_PER_NODE = 48
+
+
+def estimate_memory(
+    name: str, root: str | os.PathLike | None = None, **options
+) -> MemoryEstimate | None:
+    """The memory estimate of dataset ``name`` from its settings (``sbm``, ``rmat``) or from its
+    files (OGB: the node and edge counts and feature width the raw files state), read without
+    loading anything large; ``None`` when there is nothing to estimate from (Planetoid's graphs
+    are a few MB; a dataset whose files are missing fails with its own message)."""
+    canonical = _canonical_name(name)
+    if canonical in _GENERATORS:
+        bound = inspect.signature(_GENERATORS[canonical]).bind(**options)
+        bound.apply_defaults()
+        args = bound.arguments
+        nodes, features = int(args["num_nodes"]), int(args["num_features"])
+        edges = (
+            round(nodes * args["avg_degree"] / 2) if canonical == "sbm" else int(args["num_edges"])
+        )
+        keys = ", ".join(f"dataset.{key}={args[key]}" for key in _SIZE_KEYS[canonical])
+        return MemoryEstimate(nodes, edges, features, _PEAK_BYTES[canonical](**args), keys)
+    if canonical in _OGB:
+        root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
+        sizes = _ogb_sizes(root / canonical.replace("-", "_"), _OGB[canonical][1])
+        if sizes is None:
+            return None
+        (nodes, edges, features), basis = sizes
+        peak = (
+            _LOAD_BYTES_PER_EDGE * edges
+            + _LOAD_BYTES_PER_FEATURE * nodes * features
+            + _LOAD_BYTES_PER_NODE * nodes
+        )
+        return MemoryEstimate(nodes, edges, features, peak, basis)
+    return None
+
+
+def check_fits(
+    name: str, root: str | os.PathLike | None = None, **options
+) -> MemoryEstimate | None:
+    """:func:`estimate_memory`, refused with :class:`DatasetTooLargeError` when it exceeds the
+    memory this machine has available now."""
+    estimate = estimate_memory(name, root, **options)
+    available = available_memory_bytes()
+    if estimate is None or available is None or estimate.peak_bytes <= available:
+        return estimate
+    canonical = _canonical_name(name)
+    if canonical in _GENERATORS:
+        shrink = "lower " + " / ".join(f"dataset.{key}" for key in _SIZE_KEYS[canonical])
+    else:
+        shrink = "use a machine with more memory, or a smaller dataset"
+    raise DatasetTooLargeError(
+        f"dataset {canonical} does not fit in this machine's memory: {estimate.describe()}, "
+        f"and {_gib(available)} is available. {shrink[0].upper()}{shrink[1:]}"
+        f"{_partition_hint()}"
+    )
+
+
+def _partition_hint() -> str:
+    """How to train on a graph larger than one machine, named only where this version has it."""
+    from dataclasses import fields
+
+    from lightning_gnnscale.schema import DataConfig  # late: schema imports this module
+
+    if any(field.name == "partition_dir" for field in fields(DataConfig)):
+        return "; a graph larger than one machine is partitioned offline and read by parts (data.partition_dir)"
+    return ""
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process may still take: ``MemAvailable`` of /proc/meminfo, lowered to what
+    its cgroup's limit leaves (containers); ``None`` where neither can be read."""
+    limits = []
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        with contextlib.suppress(OSError, ValueError):
+            limit = Path(limit_file).read_text().strip()
+            if limit != "max" and int(limit) < 1 << 60:
+                limits.append(int(limit) - int(Path(usage_file).read_text()))
+    return max(0, min(limits)) if limits else None
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:,.1f} GiB"
+
+
+def _ogb_sizes(dataset_dir: Path, binary: bool) -> tuple[tuple[int, int, int], str] | None:
+    """(nodes, edges, feature width) as ogb's raw files state them, read without loading the
+    arrays: the count files and the first feature row (csv), or the arrays' headers (npz)."""
+    raw = dataset_dir / "raw"
+    try:
+        if binary:
+            path = raw / "data.npz"
+            with zipfile.ZipFile(path) as archive:
+                shapes = {}
+                for member in ("edge_index", "node_feat", "num_nodes_list"):
+                    with archive.open(f"{member}.npy") as file:
+                        read_header = _NPY_HEADER_READERS[np.lib.format.read_magic(file)]
+                        shapes[member] = read_header(file)[0]
+                with archive.open("num_nodes_list.npy") as file:
+                    nodes = int(np.lib.format.read_array(file, allow_pickle=False).sum())
+            edges, features = shapes["edge_index"][1], shapes["node_feat"][1]
+            return (nodes, int(edges), int(features)), str(path)
+        counts = [_sum_of_csv_gz(raw / f"num-{kind}-list.csv.gz") for kind in ("node", "edge")]
+        with gzip.open(raw / "node-feat.csv.gz", "rt") as file:
+            features = len(file.readline().split(","))
+        return (counts[0], counts[1], features), f"{raw}/num-{{node,edge}}-list.csv.gz"
+    except (OSError, KeyError, ValueError, IndexError, zipfile.BadZipFile):
+        return None  # processed-only or damaged: ogb's own loading reports what is wrong
+
+
+_NPY_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def _sum_of_csv_gz(path: Path) -> int:
+    with gzip.open(path, "rt") as file:
+        return sum(int(value) for value in file.read().split())
+
+
+# Generation or loading that runs longer than this says what it is doing, then how long it took.
+PROGRESS_AFTER_S = 3.0
+_PROGRESS_EVERY_S = 30.0
+
+
+@contextlib.contextmanager
+def progress(action: str, detail: str = "") -> Iterator[None]:
+    """Say on stderr what the block is doing (``action``: ``detail``) once it has run
+    :data:`PROGRESS_AFTER_S`, then every 30 s how long it has run, and at the end how long it
+    took; silent for quicker blocks."""
+    start = time.monotonic()
+    done = threading.Event()
+    shown = threading.Event()
+
+    def report() -> None:
+        if done.wait(PROGRESS_AFTER_S):
+            return
+        shown.set()
+        print(f"{action}{f': {detail}' if detail else ''} ...", file=sys.stderr, flush=True)
+        while not done.wait(_PROGRESS_EVERY_S):
+            print(
+                f"  still {action} ({time.monotonic() - start:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    watcher = threading.Thread(target=report, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+        if shown.is_set():
+            print(
+                f"{action}: done in {time.monotonic() - start:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def check_dataset_options(name: str, options: dict) -> str:
@@ -155,7 +379,9 @@ def _load_planetoid(
         for path in raw_files:
             if not (mirror_raw / path.name).exists():
                 shutil.copyfile(path, mirror_raw / path.name)
-    dataset = Planetoid(str(pyg_root), folder, split="public")
+    dataset = _load_weights_only(
+        lambda: Planetoid(str(pyg_root), folder, split="public"), pyg_root / folder / "processed"
+    )
     data = dataset[0]
     x = data.x.float()
     if normalize_features:
@@ -175,21 +401,51 @@ def _load_planetoid(
     )
 
 
-# ------------------------------------------------------------------------------------- OGB
-class _TorchFullLoad:
-    """Stands in for ``torch`` inside ogb's dataset module: ``load`` unpickles fully.
+def _load_weights_only(load: Callable[[], Any], processed: Path) -> Any:
+    """``load()`` (PyG's dataset constructor) with every ``torch.load`` in it weights-only:
+    PyG reads ``processed/*.pt`` with ``weights_only=False`` or falls back to it, so a file
+    put in the dataset folder could otherwise run code. A refused file is named."""
+    try:
+        with weights_only_loads():
+            return load()
+    except pickle.UnpicklingError as err:
+        for path in sorted(processed.glob("*.pt")):  # which file: check each, weights-only
+            load_weights_only(path, name=f"dataset file {path}")
+        raise UnsafeFileError(f"a dataset file under {processed} was refused: {err}") from None
 
-    ogb 1.3.6 pickles numpy arrays with ``torch.save`` and reads them back with a bare
-    ``torch.load``, which defaults to ``weights_only=True`` since torch 2.6 and rejects them.
-    The files are ogb's own, written by the same code, so a full load is what ogb meant.
+
+# ------------------------------------------------------------------------------------- OGB
+# What ogb's pickles (numpy arrays in dicts, written by ``torch.save``) may name, in numpy 1 and 2
+# spelling: rebuilding an array or scalar from its bytes runs no code of the file.
+_OGB_GLOBALS = (
+    *(
+        f"{core}.{name}"
+        for core in ("numpy.core.multiarray", "numpy._core.multiarray")
+        for name in ("_reconstruct", "scalar")
+    ),
+    "numpy.ndarray",
+    "numpy.dtype",
+    "torch._utils._rebuild_tensor_v2",
+    "collections.OrderedDict",
+)
+
+
+class _TorchSafeLoad:
+    """Stands in for ``torch`` inside ogb's dataset module: ``load`` reads numpy arrays and
+    tensors only.
+
+    ogb 1.3.6 pickles numpy arrays with ``torch.save`` (protocol 4) and reads them back with a
+    bare ``torch.load``; torch's weights-only unpickler cannot read protocol 4, and a full
+    unpickle would run whatever a file in the dataset folder names. So every global the file
+    names is checked against :data:`_OGB_GLOBALS` first (:func:`~lightning_gnnscale.files.load_restricted`).
     """
 
     def __getattr__(self, attribute: str):
         return getattr(torch, attribute)
 
     @staticmethod
-    def load(*args, **kwargs):
-        return torch.load(*args, **{**kwargs, "weights_only": False})
+    def load(path, *_args, **_kwargs):
+        return load_restricted(path, _OGB_GLOBALS, name=f"dataset file {path}")
 
 
 @contextlib.contextmanager
@@ -202,7 +458,7 @@ def _ogb_compat() -> Iterator[None]:
     """
     import ogb.nodeproppred.dataset as ogb_dataset
 
-    ogb_dataset.torch = _TorchFullLoad()
+    ogb_dataset.torch = _TorchSafeLoad()
     ogb_dataset.input = lambda *_: "n"
     try:
         yield

@@ -38,6 +38,39 @@ def random_split_masks(
     return masks[0], masks[1], masks[2]
 
 
+# Peak memory of generation, measured here (ru_maxrss over the imports' baseline, one thread):
+# sbm 400k nodes avg_degree 10 / 64 features peaked at 470 MiB, avg_degree 40 / 8 features at
+# 1422 MiB (about 184 bytes per drawn pair); rmat 2^19 nodes 2^22 edges 16 features at 535 MiB
+# (about 125 bytes per drawn edge, as at 2^25 edges). Rounded up: an estimate errs high.
+_SBM_BYTES_PER_PAIR = 190
+_RMAT_BYTES_PER_EDGE = 130
+_BYTES_PER_FEATURE = 12  # float32 features plus the two temporaries of their draw
+_BYTES_PER_NODE = 24  # labels, permutations, indptr, masks
+
+
+def sbm_peak_bytes(
+    num_nodes: int = 10_000, avg_degree: float = 10.0, num_features: int = 64, **_: object
+) -> int:
+    """About the most memory :func:`sbm` holds at once for these settings (errs high)."""
+    pairs = round(num_nodes * avg_degree / 2)
+    return (
+        _SBM_BYTES_PER_PAIR * pairs
+        + _BYTES_PER_FEATURE * num_nodes * num_features
+        + _BYTES_PER_NODE * num_nodes
+    )
+
+
+def rmat_peak_bytes(
+    num_nodes: int = 1 << 20, num_edges: int = 1 << 24, num_features: int = 16, **_: object
+) -> int:
+    """About the most memory :func:`rmat` holds at once for these settings (errs high)."""
+    return (
+        _RMAT_BYTES_PER_EDGE * num_edges
+        + _BYTES_PER_FEATURE * num_nodes * num_features
+        + _BYTES_PER_NODE * num_nodes
+    )
+
+
 def sbm(
     num_nodes: int = 10_000,
     num_classes: int = 8,
