@@ -311,9 +311,11 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _rank_pids(launcher: subprocess.Popen, timeout_s: float = 120) -> list[int]:
+def _rank_pids(launcher: subprocess.Popen, timeout_s: float = 300) -> list[int]:
     """The launcher's ranks: the children of its rank server (multiprocessing's forkserver),
-    or under ``launcher.start_method=spawn`` its children running the spawn entry point."""
+    or under ``launcher.start_method=spawn`` its children running the spawn entry point.
+    A forked rank exists only once the server has imported everything (a spawned one at once,
+    importing afterwards), so on a loaded machine this waits longer than it did."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         ranks = []
