@@ -78,7 +78,7 @@ def test_every_name_leads_to_its_strategy_datamodule_and_config():
             Strategy, DataModule, config = gs.system(alias)
             assert (Strategy, DataModule) == (spec.strategy, spec.datamodule)
             assert isinstance(config, Strategy.config_type) and config.name == name
-            assert StrategyRegistry[spec.registered_as]["strategy"] is Strategy
+            assert type(StrategyRegistry.get(spec.registered_as)) is Strategy  # lazy factory
     assert gs.system("metered_ddp")[2] == gs.system("ddp")[2]
     with pytest.raises(KeyError, match="valid"):
         gs.system("dpp")
