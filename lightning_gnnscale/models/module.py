@@ -78,7 +78,7 @@ class GNNModule(L.LightningModule):
         self.epoch_loss = torch.zeros(2, dtype=torch.float64)  # this rank's (loss sum, seeds)
         self.runtime: ModuleRuntime | None = None
         self.batch_size = 1  # seeds of the current step's batch (self.log's default batch_size)
-        self.save_hyperparameters(ignore=["net"])
+        self.save_hyperparameters(ignore=["net", "model_config"])  # plain values only
 
     @classmethod
     def from_config(cls, model: ModelConfig, datamodule: GNNDataModule) -> GNNModule:

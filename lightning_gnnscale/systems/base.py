@@ -63,7 +63,6 @@ from .contract import (
     RankContext,
     RuntimeAware,
     bind_datamodule,
-    check_run_rules,
 )
 
 DEFAULT_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
@@ -599,8 +598,6 @@ class GNNDataModule(L.LightningDataModule):
 
     @override
     def prepare_data(self) -> None:
-        if self.trainer is not None:  # a bad setting fails before the preprocessing
-            check_run_rules(self.trainer, self.config, self.data)
         self.follow_precision()
         self.prepare(self.trainer.world_size if self.trainer is not None else 1)
 

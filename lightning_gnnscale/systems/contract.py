@@ -201,10 +201,3 @@ def bind_datamodule(
     step: a plain Lightning script is held to the rules ``train.py`` checks.
     """
     return _suite_strategy(trainer).bind(config, data)
-
-
-def check_run_rules(trainer: L.Trainer, config: SystemConfig, data: DataConfig) -> None:
-    """The rules :func:`bind_datamodule` checks, without binding: the DataModule's
-    ``prepare_data`` checks them before its preprocessing (Lightning runs it on one rank per
-    node; the others fail on the same rules in ``setup``)."""
-    _suite_strategy(trainer).check_rules(config, data)
