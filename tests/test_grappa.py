@@ -619,6 +619,46 @@ def test_training_batches_count_each_epoch_end_and_keep_the_trained_partitions(s
     assert dm.partition(0).spec == dm.schedule.partition(0, 1)
 
 
+def _preset_epochs(store, graph, name, world, epochs):
+    """Every rank's training batches of preset ``name`` over ``epochs`` epochs (one-epoch
+    super-epochs): per batch, its coverage and its input nodes' global ids; and the largest
+    partition's node count."""
+    trace, largest = [], 0
+    for rank in range(world):
+        dm = GrappaDataModule(
+            graph, GrappaConfig.preset(name), DataConfig(batch_size=40, fanouts=[3, 2]), seed=1
+        )
+        dm.trainer = SimpleNamespace(max_epochs=epochs)
+        dm.setup_rank(RankContext(RankComm(rank, world), torch.device("cpu")), store)
+        for epoch in range(epochs):
+            for step in range(dm.steps_per_epoch):
+                batch = dm.training_batch(epoch, step)
+                part = dm.partition(dm.locate(step)[0])
+                largest = max(largest, part.num_nodes)
+                trace.append((batch.coverage, part.local2global[batch.blocks[0].src_ids].tolist()))
+    return trace, largest
+
+
+def test_default_partitions_are_strict_subsets_and_the_presets_differ_on_two_ranks(tmp_path):
+    """Issue 22 item 0: with the defaults on 2 ranks every partition is a strict subset of the
+    graph, coverage is below 1, and grappa, grappa_uw, grappa_fp and grappa_naive train
+    different batches (before, ``partitions_per_rank=1`` gave 2 chunks: every partition was the
+    whole graph, c = 1, and the four presets were identical)."""
+    graph, world = small_graph(), 2
+    chunks = GrappaConfig().chunk_count(world)
+    assert chunks >= 3
+    store = write_chunk_store(graph, chunks, "random", 1, str(tmp_path))
+    presets = ("grappa", "grappa_uw", "grappa_fp", "grappa_naive")
+    runs = {name: _preset_epochs(store, graph, name, world, epochs=2) for name in presets}
+    for name, (_, largest) in runs.items():
+        assert largest < graph.num_nodes, name
+    coverage = {name: [c for c, _ in trace] for name, (trace, _) in runs.items()}
+    assert max(coverage["grappa"]) < 1 and max(coverage["grappa_fp"]) < 1
+    assert set(coverage["grappa_uw"]) == set(coverage["grappa_naive"]) == {1.0}
+    for a, b in itertools.combinations(presets, 2):
+        assert runs[a][0] != runs[b][0], (a, b)
+
+
 # ---------------------------------------------------------------------------- E1-E8
 def test_e1_full_coverage_is_the_plain_average():
     deg = torch.tensor([3, 7, 1, 12])

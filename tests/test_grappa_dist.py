@@ -207,6 +207,7 @@ def test_single_chunk_without_correction_equals_ddp(tmp_path):
             tmp_path / "grappa",
             "strategy=grappa",
             "strategy.estimator=none",
+            "strategy.partitions_per_rank=1",  # one chunk: the whole graph, warned about
             "trainer.devices=1",
             *common[1:],
         )
@@ -345,7 +346,7 @@ def test_50s_moves_feature_rows_and_fails_the_gradient_only_audit(tmp_path):
     over = (
         "strategy=grappa_50s",
         "strategy.halo_hops=0",
-        "trainer.devices=3",
+        "trainer.devices=2",  # the default phases: 2 ranks x 2, chunk c served by rank c mod 2
         "model=sage",
         "trainer.max_epochs=1",
         "strategy.audit_collectives=true",
@@ -364,7 +365,9 @@ def test_50s_moves_feature_rows_and_fails_the_gradient_only_audit(tmp_path):
         (("strategy.chunking=spectral",), "valid:"),
         (("strategy.num_chunks=3",), "partitions_per_rank x world"),
         (("strategy.halo_hops=2",), "valid:"),
-        (("strategy.remote_sample_frac=0.5", "strategy.partitions_per_rank=2"), "Grappa-50S"),
+        (("strategy.remote_sample_frac=0.5", "strategy.schedule=tournament"), "Grappa-50S"),
+        (("strategy.partitions_per_rank=1",), "whole graph"),  # 2 ranks: 2 chunks
+        (("strategy.num_chunks=2", "strategy.partitions_per_rank=1"), "whole graph"),
         (("data.num_workers=1",), "data.num_workers=0"),
         (("model=custom",), "custom"),
         (("strategy.super_epoch_len=0",), "super_epoch_len"),

@@ -167,6 +167,19 @@ def test_home_policy_fills_kept_steps_up_to_the_average():
     assert plan.load()[:, 0].tolist() == [5, 6]
 
 
+def test_recount_compares_the_loads_after_the_moved_roots():
+    """``recount`` (policy=model): step loads 9, 10, 7; k2 goes first either way; its roots
+    join k0 and k1 (larger chunks first), after which k0 outweighs k1: recounting drops k1,
+    the artifact's original loads drop k0 (issue 22 item 10: the setting did not exist)."""
+    seeds, part = _seeds_with_counts([[4, 4, 4], [2, 3, 0], [4, 3, 2]])
+    assert micrograph_plan(seeds, part, 3).load().sum(1).tolist() == [9, 10, 7]
+    assert micrograph_plan(seeds, part, 3, 1, recount=True).kept == (0,)
+    assert micrograph_plan(seeds, part, 3, 1, recount=False).kept == (1,)
+    assert micrograph_plan(seeds, part, 3, 1).kept == (0,)  # policy=model recounts by default
+    with pytest.raises(ValueError, match="recount"):
+        micrograph_plan(seeds, part, 3, 1, policy="home", recount=True)
+
+
 # ------------------------------------------------------------------ config
 def test_presets_equal_their_yaml(tmp_path):
     for name in ("hopgnn", "hopgnn_mc"):
@@ -175,6 +188,10 @@ def test_presets_equal_their_yaml(tmp_path):
     assert HopGNNConfig.preset("hopgnn_mc").mode == "model_centric"
     assert HopGNNConfig.preset("hopgnn").kept_steps(4) == 4
     assert HopGNNConfig.preset("hopgnn_mc").kept_steps(4) == 1
+    # merging on by default, as the spec (issue 22 item 10); the baseline has one step
+    assert HopGNNConfig.preset("hopgnn").merge_adaptive
+    assert not HopGNNConfig.preset("hopgnn_mc").merge_adaptive
+    assert HopGNNConfig().recount and not HopGNNConfig(merge_policy="home").recount
 
 
 @pytest.mark.parametrize(
@@ -188,7 +205,18 @@ def test_presets_equal_their_yaml(tmp_path):
         (("strategy.merge_policy=random",), "strategy.merge_policy='random' is unknown"),
         (("strategy.direction=2",), "strategy.direction=2 is unknown"),
         (("strategy.partition.method=spectral",), "strategy.partition.method='spectral'"),
-        (("strategy.mode=model_centric", "strategy.steps=2"), "trains one step per iteration"),
+        (
+            ("strategy.mode=model_centric", "strategy.merge_adaptive=false", "strategy.steps=2"),
+            "trains one step per iteration",
+        ),
+        (("strategy.mode=model_centric",), "set strategy.merge_adaptive=false"),
+        (("strategy.merge_start_epoch=0",), "merge_start_epoch=0 must be >= 1"),
+        (("strategy.merge_min_steps=3",), "merge_min_steps=3 must be <= the world size 2"),
+        (("strategy.steps=1", "strategy.merge_min_steps=2"), "merge_min_steps=2 must be <="),
+        (
+            ("strategy.merge_policy=home", "strategy.merge_recount=true"),
+            "merge_recount=true needs strategy.merge_policy=model",
+        ),
     ],
 )
 def test_config_errors_name_their_key(tmp_path, overrides, message):
@@ -233,6 +261,27 @@ def test_merge_controller_trajectory(times, trajectory, frozen_at):
     assert restored == ctl
 
 
+def test_merge_controller_start_epoch_and_min_steps():
+    """``start_epoch=3``: epochs 0-1 are warm-up (not measured, however slow), epoch 2 the
+    baseline, the first cut at epoch 3; ``min_steps=2``: an improvement at T = 2 freezes it
+    (issue 22 item 10: neither setting existed)."""
+    late = MergeController(4, start_epoch=3)
+    for seconds in (100, 50, 10, 8, 7):
+        late.begin_epoch()
+        late.end_epoch(seconds)
+    late.begin_epoch()
+    assert late.trajectory == [4, 4, 4, 3, 2, 1] and late.best == 7
+    floor = MergeController(4, min_steps=2)
+    for seconds in (10, 9, 8, 7):
+        floor.begin_epoch()
+        floor.end_epoch(seconds)
+    floor.begin_epoch()
+    assert floor.trajectory == [4, 3, 2, 2, 2] and not floor.adjusting and floor.steps == 2
+    restored = MergeController(1)
+    restored.load_state_dict(floor.state_dict())
+    assert restored == floor
+
+
 def test_modeled_epoch_time_counts_training_bytes_and_steps():
     delta = {"feature": 1000, "structure": 200, "parameter": 300, "gradient": 500, "control": 7}
     assert modeled_epoch_seconds(delta, 10, 3, 1000.0, 0.01) == pytest.approx(2.0 + 0.3)
@@ -271,6 +320,31 @@ def test_cost_model_on_the_toy_and_on_sbm():
     assert 0.4 < row["mc_miss_rate"] < 0.6 and row["hop_miss_rate"] < 0.75 * row["mc_miss_rate"]
     assert row["hop_pg_remote_rows"] < row["hop_remote_rows"] < row["mc_remote_rows"]
     assert row["migration_bytes"] < 0.2 * row["feature_bytes_saved"]
+
+
+def test_without_pregathering_hopgnn_beats_model_centric_only_on_small_cones():
+    """Without pre-gathering each (model, server) micrograph set is deduplicated on its own, so
+    HopGNN fetches fewer rows than model-centric only while one rank's sets overlap little
+    (small fanouts): on this sbm, fanouts [5, 5] give fewer rows, the suite's default [10, 10]
+    more (as on the default 10k-node sbm at N = 2, 3: docs/systems/hopgnn.md, issue 22
+    item 8). Pre-gathering (one union per iteration) is below model-centric in both."""
+    graph = sbm(num_nodes=1000, num_classes=4, avg_degree=10.0, num_features=4, seed=1)
+    part = partition(graph, "metis", 2, seed=0)
+    train = graph.split_ids("train")
+    rows = {}
+    for fanouts, batch in (([5, 5], 128), ([10, 10], 256)):
+        sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, 3)
+        seeds = train[torch.randperm(train.numel(), generator=torch.Generator().manual_seed(3))]
+        total = dict.fromkeys(("mc", "hop", "hop_pg"), 0)
+        for step in range(2):
+            batch_seeds = seeds[step * batch : (step + 1) * batch]
+            mc, hop = model_centric_plan(batch_seeds, 2), micrograph_plan(batch_seeds, part, 2)
+            total["mc"] += int(remote_row_counts(mc, sampler, part, 0, step, True).sum())
+            total["hop"] += int(remote_row_counts(hop, sampler, part, 0, step, False).sum())
+            total["hop_pg"] += int(remote_row_counts(hop, sampler, part, 0, step, True).sum())
+        rows[fanouts[0]] = total
+    assert rows[5]["hop_pg"] < rows[5]["hop"] < rows[5]["mc"], rows
+    assert rows[10]["hop_pg"] < rows[10]["mc"] < rows[10]["hop"], rows
 
 
 # ------------------------------------------------------------------ refused Trainer settings
@@ -330,26 +404,95 @@ def test_a_grad_scaler_is_refused(tmp_path):
     assert not torch.distributed.is_initialized()
 
 
-def test_mid_epoch_state_dict_is_refused_with_the_controller():
-    """The merging controller's in-epoch measurement is not saved: ``state_dict`` raises inside
-    a fitting epoch before its last batch, and closes the window at the epoch's last batch."""
-    from types import SimpleNamespace
-
+def _one_rank_dm(config, world_size=1):
+    """A set-up one-process DataModule on a 60-node sbm (every node on server 0)."""
     from lightning_gnnscale.comm import Comm
     from lightning_gnnscale.schema import DataConfig
     from lightning_gnnscale.systems.contract import RankContext
     from lightning_gnnscale.systems.hopgnn import HopGNNDataModule, HopGNNPrepared
 
     graph = sbm(num_nodes=60, num_classes=3, avg_degree=4.0, num_features=4, seed=0)
-    config = HopGNNConfig(merge_adaptive=True)
     dm = HopGNNDataModule(graph, config, DataConfig(8, [3, 3]))
     part = torch.zeros(graph.num_nodes, dtype=torch.int64)
     dm.setup_rank(RankContext(Comm.create(), torch.device("cpu")), HopGNNPrepared(part, {}))
-    dm.make_batch(0, 0)  # opens epoch 0's window
-    progress = SimpleNamespace(is_last_batch=False)
-    loop = SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress))
-    dm.trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), fit_loop=loop)
+    return dm
+
+
+def test_mid_epoch_state_dict_is_refused_with_the_controller():
+    """The merging controller's in-epoch measurement is not saved: ``state_dict`` raises while
+    the step the Trainer last ran (Lightning's public ``on_after_batch_transfer`` hook) is not
+    the epoch's last, and closes the window after it. No Lightning loop internals are read
+    (issue 22 item 10: the old code read ``trainer.fit_loop.epoch_loop.batch_progress``,
+    which this fake Trainer lacks)."""
+    from types import SimpleNamespace
+
+    dm = _one_rank_dm(HopGNNConfig(merge_adaptive=True))
+    n = dm.steps_per_epoch
+    assert n > 2
+    dm.trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), num_training_batches=n)
+    dm.on_after_batch_transfer(dm.make_batch(0, 0), 0)  # opens epoch 0's window
     with pytest.raises(RuntimeError, match="mid-epoch"):
         dm.state_dict()
-    progress.is_last_batch = True
+    dm.trainer.num_training_batches = 1  # limit_train_batches=1: step 0 ends the epoch
     assert dm.state_dict()["merge"]["window"]  # the epoch's time is recorded
+    dm.on_after_batch_transfer(dm.make_batch(1, 0), 0)
+    dm.trainer.num_training_batches = n
+    with pytest.raises(RuntimeError, match="mid-epoch"):
+        dm.state_dict()
+    dm.on_after_batch_transfer(dm.make_batch(1, n - 1), 0)
+    assert dm.state_dict()["merge"]["trajectory"] == [1, 1]
+
+
+def test_time_step_trajectory_is_checkpointed_without_the_controller():
+    """Without the controller the ``T`` of every epoch is DataModule state too, so a resumed
+    run reports the whole trajectory (issue 22 item 10: it was the callback's, lost on
+    resume); an epoch resumed mid-way is not counted twice."""
+    config = HopGNNConfig(merge_adaptive=False)
+    first = _one_rank_dm(config)
+    first.make_batch(0, 0)
+    first.make_batch(1, 0)
+    state = first.state_dict()
+    resumed = _one_rank_dm(config)
+    resumed.load_state_dict(state)
+    resumed.make_batch(1, 1)  # the rest of epoch 1
+    resumed.make_batch(2, 0)
+    assert resumed.trajectory == [1, 1, 1]
+    (stats,) = resumed.callbacks()
+    assert stats.summary_stats()["time_step_trajectory"] == [1, 1, 1]
+
+
+def test_steps_above_the_world_size_are_refused_without_a_run_config():
+    """A plain Lightning script (no ``RunConfig``, so no ``check_run``): ``steps > N`` and
+    ``merge_min_steps > N`` fail when the DataModule prepares or sets up, naming the key,
+    instead of being clamped to ``N`` (issue 22 item 10)."""
+    from lightning_gnnscale.systems.hopgnn import HopGNNDataModule
+
+    graph = sbm(num_nodes=60, num_classes=3, avg_degree=4.0, num_features=4, seed=0)
+    with pytest.raises(ConfigError, match="strategy.steps=3 must be <= the world size 2"):
+        HopGNNDataModule(graph, HopGNNConfig(steps=3)).preprocess(2)
+    with pytest.raises(ConfigError, match="strategy.steps=2 must be <= the world size 1"):
+        _one_rank_dm(HopGNNConfig(steps=2))
+    with pytest.raises(ConfigError, match="merge_min_steps=2 must be <= the world size 1"):
+        _one_rank_dm(HopGNNConfig(merge_min_steps=2))
+
+
+def test_hopgnn_imports_no_other_system():
+    """Systems never import each other: HopGNN's shared partition settings come from
+    ``graph/partition_config.py``, not from DistDGL (issue 22 item 10)."""
+    import ast
+    from pathlib import Path
+
+    import lightning_gnnscale.systems as systems
+
+    root = Path(systems.__file__).parent
+    names = {p.name for p in root.iterdir() if (p / "__init__.py").exists()}
+    found = []
+    for path in (root / "hopgnn").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                parts = node.module.split(".")
+                dotted = node.level == 2 and parts[0] in names
+                absolute = "systems" in parts and bool(set(parts) & names)
+                if (dotted or absolute) and "hopgnn" not in parts:
+                    found.append(f"{path.name}: {node.module}")
+    assert found == []

@@ -13,6 +13,10 @@ from .schedule import SCHEDULES, SWEEP_ORDERS, Schedule
 MODES = ("minibatch", "fullgraph")
 EVAL_MODES = ("global_fullgraph", "isolated", "none")
 NEIGHBOR_WEIGHTINGS = ("uniform", "gcn")
+# ``partitions_per_rank: null`` takes the fewest phases giving at least this many pinned-sweep
+# chunks, so a partition owns at most half of the graph at any world size (docs/systems/grappa.md,
+# "Partitions per rank")
+MIN_AUTO_CHUNKS = 4
 SCALING_IMPLS = ("comm_hook", "loss_scale")
 
 # name -> (one line for listings, the settings that differ from ``grappa``); the paper's
@@ -74,7 +78,8 @@ class GrappaConfig(SystemConfig):
         super_epoch_len: epochs per super-epoch: an int >= 1, or ``"auto"`` / ``None`` =
             ``max(1, max_epochs // cycle)`` (the Trainer's ``max_epochs``).
         early_trigger: see :class:`EarlyTriggerConfig`.
-        partitions_per_rank: phases per epoch ``k`` (``P = k W`` partitions).
+        partitions_per_rank: phases per epoch ``k`` (``P = k W`` partitions); ``None`` derives it
+            (:meth:`phases`) so that every partition is a strict subset of the graph.
         halo_hops: ``0`` (strict isolation) | ``1`` (every in-neighbour of the owned nodes).
         count_halo_as_local: count halo in-neighbours in the coverage ``ell``.
         degree_smoothing: ``alpha``, the self term of ``kappa = (ell + alpha) / (D + alpha)``.
@@ -95,7 +100,7 @@ class GrappaConfig(SystemConfig):
     sweep_order: str = "cyclic"
     super_epoch_len: int | str | None = "auto"
     early_trigger: EarlyTriggerConfig = field(default_factory=EarlyTriggerConfig)
-    partitions_per_rank: int = 1
+    partitions_per_rank: int | None = None
     halo_hops: int = 1
     count_halo_as_local: bool = False
     degree_smoothing: float = 1.0
@@ -128,8 +133,9 @@ class GrappaConfig(SystemConfig):
             f"strategy.num_chunks={self.num_chunks} must be >= 1 (or null to derive it)",
         )
         require(
-            self.partitions_per_rank >= 1,
-            f"strategy.partitions_per_rank={self.partitions_per_rank} must be >= 1",
+            self.partitions_per_rank is None or self.partitions_per_rank >= 1,
+            f"strategy.partitions_per_rank={self.partitions_per_rank} must be >= 1 (or null to "
+            "derive it)",
         )
         require(
             self.neighbor_weighting != "gcn" or self.halo_hops == 1,
@@ -150,15 +156,9 @@ class GrappaConfig(SystemConfig):
         frac = self.remote_sample_frac
         require(0.0 <= frac <= 1.0, f"strategy.remote_sample_frac={frac} must be in [0, 1]")
         require(
-            frac == 0
-            or (
-                self.partitions_per_rank == 1
-                and self.schedule != "tournament"
-                and self.mode == "minibatch"
-            ),
-            f"strategy.remote_sample_frac={frac} > 0 (Grappa-50S) needs "
-            "partitions_per_rank=1, a pinned_sweep or fixed schedule and mode=minibatch "
-            "(each chunk's owner is then live)",
+            frac == 0 or (self.schedule != "tournament" and self.mode == "minibatch"),
+            f"strategy.remote_sample_frac={frac} > 0 (Grappa-50S) needs a pinned_sweep or fixed "
+            "schedule and mode=minibatch (chunk c then has one owner, rank c mod W)",
         )
 
     @classmethod
@@ -172,17 +172,33 @@ class GrappaConfig(SystemConfig):
         """``super_epoch_len`` follows ``max_epochs`` (``auto`` / ``None``)."""
         return self.super_epoch_len in (None, "auto")
 
+    def phases(self, world_size: int) -> int:
+        """``k``: ``partitions_per_rank``; else from ``num_chunks`` (``P / W``); else the fewest
+        phases giving at least :data:`MIN_AUTO_CHUNKS` chunks (``C = kW`` for the pinned sweep
+        and fixed schedules, ``2kW`` for the tournament)."""
+        if self.partitions_per_rank is not None:
+            return self.partitions_per_rank
+        if self.num_chunks is not None:
+            return max(1, Schedule(self.schedule, self.num_chunks).num_partitions // world_size)
+        per_phase = world_size * (2 if self.schedule == "tournament" else 1)
+        return -(-MIN_AUTO_CHUNKS // per_phase)
+
     def chunk_count(self, world_size: int) -> int:
         """``C``: ``num_chunks``, else ``P = k W`` (pinned sweep, fixed) or ``2P`` (tournament)."""
         if self.num_chunks is not None:
             return self.num_chunks
-        parts = self.partitions_per_rank * world_size
+        parts = self.phases(world_size) * world_size
         return 2 * parts if self.schedule == "tournament" else parts
 
     def check_world(self, world_size: int) -> None:
-        """The chunk count fits ``world_size`` ranks: the schedule has ``k W`` partitions, and
-        Grappa-50S has one chunk per rank (raises :class:`ConfigError`)."""
-        c, k = self.chunk_count(world_size), self.partitions_per_rank
+        """The chunk count fits ``world_size`` ranks (the schedule has ``k W`` partitions) and
+        gives partitions that are strict subsets of the graph (raises :class:`ConfigError`).
+
+        With ``C = 2`` chunks every partition owns both, i.e. the whole graph: plain data
+        parallelism over a replicated graph, whatever the estimator or schedule, so it is
+        refused. ``C = 1`` (one partition, one rank) is the explicit reduction to ``ddp`` and
+        only warned about (:meth:`whole_graph`)."""
+        c, k = self.chunk_count(world_size), self.phases(world_size)
         have, parts = Schedule(self.schedule, c).num_partitions, k * world_size
         require(
             have == parts,
@@ -191,10 +207,17 @@ class GrappaConfig(SystemConfig):
             f"{parts}; leave num_chunks=null to derive it",
         )
         require(
-            self.remote_sample_frac == 0 or c == world_size,
-            f"strategy.remote_sample_frac > 0 needs num_chunks = world size ({world_size}), "
-            f"got {c}: the owner of a node is the rank whose base chunk holds it",
+            c != 2,
+            f"strategy.num_chunks={c} (partitions_per_rank={k} x {world_size} ranks): with 2 "
+            "chunks every partition owns both, i.e. the whole graph, so Grappa would be plain "
+            "data parallelism and its estimators and repartitioning would do nothing; leave "
+            "strategy.partitions_per_rank=null (it derives at least "
+            f"{MIN_AUTO_CHUNKS} chunks) or set num_chunks >= 3",
         )
+
+    def whole_graph(self, world_size: int) -> bool:
+        """Every partition is the whole graph (``C = 1``): Grappa reduces to ``ddp``."""
+        return self.chunk_count(world_size) == 1
 
     def check_run(self, run: RunFacts) -> None:
         self.check_world(run.world_size)

@@ -1,6 +1,6 @@
 """``GrappaDataModule``: isolated mini-batches inside the rank's current partition.
 
-An epoch is ``partitions_per_rank`` phases; in phase ``i`` rank ``r`` trains partition
+An epoch is ``k`` phases (``GrappaConfig.phases``); in phase ``i`` rank ``r`` trains partition
 ``r + i * W`` of the current super-epoch ``t``. Within a phase every rank runs the same number of
 steps (computed from the replicated per-chunk training counts, no communication). Each batch is
 sampled inside the partition only and carries its coverage factor ``c`` and deficit
@@ -80,6 +80,7 @@ class GrappaDataModule(GNNDataModule):
         self.store: ChunkStore | None = None
         self.schedule: Schedule | None = None
         self.clock: SuperEpochClock | None = None
+        self.phases = 1  # k, the config's partitions_per_rank resolved for the world size
         self.n_steps: list[int] = []
         # repartition I/O: bytes read from the chunk store to build training partitions, and
         # their count (isolated evaluation's own reads are not counted)
@@ -99,8 +100,12 @@ class GrappaDataModule(GNNDataModule):
         cfg.check_world(world_size)
         c = cfg.chunk_count(world_size)
         store = write_chunk_store(self.graph, c, cfg.chunking, self.seed, str(self.cache_dir))
-        if cfg.schedule == "pinned_sweep" and c == 2:
-            print("[grappa] 2 chunks: repartitioning cannot change the pairs (a no-op)", flush=True)
+        if cfg.whole_graph(world_size):
+            print(
+                "[grappa] WARNING: 1 chunk: the only partition is the whole graph, so this is "
+                "plain data parallelism (ddp), not isolated training",
+                flush=True,
+            )
         return store
 
     @override
@@ -114,7 +119,8 @@ class GrappaDataModule(GNNDataModule):
         self.clock = SuperEpochClock(length, cfg.early_trigger, cfg.auto_length)
         if cfg.remote_sample_frac > 0:
             self.remote = RemoteSampler(self, cfg.remote_sample_frac)
-        self.n_steps = [self._phase_steps(i) for i in range(cfg.partitions_per_rank)]
+        self.phases = cfg.phases(self.world_size)
+        self.n_steps = [self._phase_steps(i) for i in range(self.phases)]
 
     @property
     def t(self) -> int:
@@ -133,7 +139,7 @@ class GrappaDataModule(GNNDataModule):
             "schedule": self.schedule.kind,
             "sweep_order": self.schedule.sweep_order,
             "sweep_seed": self.schedule.seed,
-            "partitions_per_rank": self.config.partitions_per_rank,
+            "partitions_per_rank": self.phases,
         }
 
     @override
@@ -368,7 +374,7 @@ class GrappaDataModule(GNNDataModule):
                 self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size, comm
             )
         assert isinstance(net, BlockGNN)
-        for phase in range(self.config.partitions_per_rank):  # each scores its seed chunks
+        for phase in range(self.phases):  # each scores its seed chunks
             part = self._eval_partition(phase)
             core = part.num_core
             pred = self.isolated_logits(net, part)[:core].argmax(1).cpu()

@@ -2,9 +2,9 @@
 "Grappa-50S").
 
 Each frontier node is, with probability ``remote_sample_frac`` (hash-keyed on its id and the
-step), expanded through its owner from its *global* in-edges: the owner is the rank whose base
-chunk holds it (``partitions_per_rank = 1`` and ``C = W``, so owner rank = chunk id), and it
-serves from its base chunk's stored in-edge lists. The other frontier nodes are expanded
+step), expanded through its owner from its *global* in-edges: the owner of chunk ``c`` is rank
+``c mod W``, the rank whose partitions pin ``c`` as their base chunk (pinned sweep and fixed
+schedules, ``C = kW``), and it serves from its base chunks' stored in-edge lists. The other frontier nodes are expanded
 locally as usual. The ids go out and the sampled in-edges come back as ``structure`` bytes,
 and input rows the partition lacks are pulled from their owners as ``feature`` bytes. So the
 gradient-only invariant fails by design, and the audit shows it.
@@ -18,7 +18,8 @@ from torch import Tensor
 from ...comm import OwnerRoute
 from ...graph.block import Block
 from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors, splitmix64, uniform_below
-from .partition import IsolatedPartition
+from .partition import IsolatedPartition, build_partition
+from .schedule import PartitionSpec
 
 _COIN_RESOLUTION = 1 << 20
 
@@ -36,7 +37,9 @@ class RemoteSampler:
             record = store.load(c)
             deg[record["nodes"]] = record["deg"]
         self.build_block = BlockBuilder(deg.numel(), deg)
-        self.base = store.load(dm.rank)  # this rank's base chunk: every in-edge of its nodes
+        # this rank's base chunks with every in-edge of their nodes (the halo holds the sources)
+        mine = tuple(range(dm.rank, store.num_chunks, dm.world_size))
+        self.base = build_partition(store, PartitionSpec(mine, mine), halo_hops=1)
 
     def _coin(self, gids: Tensor, key: int) -> Tensor:
         draw = uniform_below(splitmix64(gids ^ key), torch.tensor(_COIN_RESOLUTION))
@@ -44,7 +47,8 @@ class RemoteSampler:
 
     def _route(self, ids: Tensor) -> OwnerRoute:
         """Send ``ids`` to their owner ranks (``structure``)."""
-        return OwnerRoute.build(self.dm.comm, ids, self.chunk[ids], category="structure")
+        owners = self.chunk[ids] % self.dm.world_size
+        return OwnerRoute.build(self.dm.comm, ids, owners, category="structure")
 
     def _expand(self, part: IsolatedPartition, gids: Tensor, fanout: int, key: int):
         """Local in-edges of owned ``gids``: (global sources, position in ``gids``)."""
@@ -55,8 +59,11 @@ class RemoteSampler:
 
     def _serve(self, gids: Tensor, fanout: int, key: int):
         """Global in-edges of base-chunk nodes ``gids``: (global sources, position in ``gids``)."""
-        rows = torch.searchsorted(self.base["nodes"], gids)
-        return sample_neighbors(self.base["indptr"], self.base["indices"], rows, fanout, key, gids)
+        base = self.base
+        src, pos = sample_neighbors(
+            base.indptr, base.indices, base.local_of(gids), fanout, key, node_keys=gids
+        )
+        return base.local2global[src], pos
 
     def sample(self, part: IsolatedPartition, seeds: Tensor, fanouts, epoch, step, salt):
         comm = self.dm.comm
@@ -89,7 +96,7 @@ class RemoteSampler:
         local = part.local_of(gids)
         missing = (local < 0).nonzero().flatten()
         route = self._route(gids[missing])
-        rows = part.x[part.local_of(route.served)]
+        rows = self.base.x[self.base.local_of(route.served)]
         got = route.reply(self.dm.comm, rows, category="feature")
         x = part.x.new_empty((gids.numel(), part.x.shape[1]))
         have = (local >= 0).nonzero().flatten()

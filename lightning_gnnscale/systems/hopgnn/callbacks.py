@@ -24,16 +24,14 @@ class HopGNNStats(L.Callback):
     ``migration_bytes_per_iteration`` (all ranks, from the meter), ``alpha`` (a rank's feature
     bytes per iteration / the model's bytes), ``load_matrix`` ``[T][N]`` (mean roots per kept
     step and server), ``load_imbalance`` (mean over steps of max / mean roots per server), and
-    ``time_step_trajectory`` (``T`` of every epoch).
+    ``time_step_trajectory`` (``T`` of every epoch, resumed runs included).
 
     Args:
-        trajectory: returns the merging controller's ``T`` per epoch (``None`` without one;
-            then the observed ``T`` of each epoch of this process is reported).
+        trajectory: returns ``T`` of every epoch begun (the DataModule's, checkpointed).
     """
 
-    def __init__(self, trajectory: Callable[[], list[int] | None]):
+    def __init__(self, trajectory: Callable[[], list[int]]):
         self.trajectory = trajectory
-        self.observed: list[int] = []
         self.last: dict = {}
 
     @override
@@ -74,7 +72,6 @@ class HopGNNStats(L.Callback):
         model_bytes = sum(p.numel() * p.element_size() for p in pl_module.parameters())
         feature = float(gathered[:, 0].sum()) / iterations
         t = int(rows[0][3]) if rows else 0
-        self.observed.append(t)
         imbalance = (load.max(1).values / load.mean(1).clamp(min=1e-12)).mean() if width else 0
         self.last = {
             "remote_rows_per_iteration": float(totals[0] / iterations),
@@ -91,5 +88,4 @@ class HopGNNStats(L.Callback):
         )
 
     def summary_stats(self) -> dict:
-        trajectory = self.trajectory()
-        return {**self.last, "time_step_trajectory": trajectory or list(self.observed)}
+        return {**self.last, "time_step_trajectory": self.trajectory()}

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+from ...graph.partition_config import PartitionConfig
 from ...schema import RunFacts, SystemConfig, choice, require
-from ..distdgl.config import PartitionConfig
 
 MODES = ("micrograph", "model_centric")
 PAYLOADS = ("params+grads", "params", "grads", "none")
@@ -24,7 +24,7 @@ _PRESETS: dict[str, tuple[str, dict]] = {
     ),
     "hopgnn_mc": (
         "HopGNN's model-centric baseline: each rank fetches every remote input row of its batch",
-        {"mode": "model_centric"},
+        {"mode": "model_centric", "merge_adaptive": False},
     ),
 }
 HOPGNN_PRESETS = {name: description for name, (description, _) in _PRESETS.items()}
@@ -42,8 +42,9 @@ class HopGNNConfig(SystemConfig):
             paper (``graph/partition.py``; cached by content hash).
         pregather: one deduplicated fetch per iteration of every remote row a rank needs over
             all its time steps; ``false``: one fetch per time step.
-        steps: kept time steps per iteration ``T`` in ``[1, N]``; ``None`` = ``N`` (no
-            merging). ``T < N`` merges the least-loaded steps away (spec §3.5).
+        steps: kept time steps per iteration ``T`` in ``[1, N]``; ``None`` = ``N``. ``T < N``
+            merges the least-loaded steps away (spec §3.5); with ``merge_adaptive`` it is the
+            starting ``T``. ``steps > N`` is refused (:meth:`check_world`).
         merge_score: ``sum_roots`` (paper) | ``min_roots`` (artifact): the load of a step.
         merge_policy: ``model`` (a dropped step's roots stay with their model, spread over its
             kept steps) | ``home`` (they stay on their home server, change model).
@@ -52,9 +53,16 @@ class HopGNNConfig(SystemConfig):
         direction: ``+1``: model ``d`` is on server ``(d + k) mod N`` at step ``k``; ``-1``:
             ``(d - k) mod N`` (the artifact's).
         barrier_per_step: a barrier after every time step (the artifact's synchronisation).
-        merge_adaptive: the merging controller: from the second epoch on, drop one more time
-            step per epoch while the epoch time improves, then revert to the best ``T`` and
-            freeze it (``steps`` is then the starting ``T``).
+        merge_adaptive: the merging controller (on by default, as the paper): from epoch
+            ``merge_start_epoch`` on, drop one more time step per epoch while the epoch time
+            improves, then revert to the best ``T`` and freeze it.
+        merge_start_epoch: the first epoch that may run with fewer steps (``>= 1``); the
+            ``merge_monitor_epochs`` epochs before it are the baseline, earlier ones warm-up.
+        merge_min_steps: the controller never goes below this ``T`` (``>= 1``).
+        merge_recount: ``true``: each removal compares the steps' loads after the roots already
+            moved (ours); ``false``: the original loads (the artifact's). ``None``: ``true``
+            under ``merge_policy=model``; ``policy=home`` moves roots only after all removals,
+            so it always compares original loads and refuses ``true``.
         merge_time_source: ``modeled`` (deterministic: training bytes over ``bandwidth`` plus
             ``step_overhead_s`` per time step) | ``wall`` (measured epoch time).
         merge_monitor_epochs: epochs measured per decision.
@@ -72,7 +80,10 @@ class HopGNNConfig(SystemConfig):
     payload: str = "params+grads"
     direction: int = 1
     barrier_per_step: bool = True
-    merge_adaptive: bool = False
+    merge_adaptive: bool = True
+    merge_start_epoch: int = 1
+    merge_min_steps: int = 1
+    merge_recount: bool | None = None
     merge_time_source: str = "modeled"
     merge_monitor_epochs: int = 1
     bandwidth: float = 1.25e9
@@ -97,6 +108,26 @@ class HopGNNConfig(SystemConfig):
             self.merge_monitor_epochs >= 1,
             f"strategy.merge_monitor_epochs={self.merge_monitor_epochs} must be >= 1",
         )
+        require(
+            self.merge_start_epoch >= 1,
+            f"strategy.merge_start_epoch={self.merge_start_epoch} must be >= 1 (epoch 0 is the "
+            "first baseline)",
+        )
+        require(
+            self.merge_min_steps >= 1,
+            f"strategy.merge_min_steps={self.merge_min_steps} must be >= 1",
+        )
+        require(
+            self.steps is None or self.merge_min_steps <= self.steps,
+            f"strategy.merge_min_steps={self.merge_min_steps} must be <= strategy.steps="
+            f"{self.steps} (the starting T)",
+        )
+        require(
+            not (self.merge_recount and self.merge_policy == "home"),
+            "strategy.merge_recount=true needs strategy.merge_policy=model: under policy=home "
+            "the dropped roots move only after every removal, so there is nothing to recount; "
+            "leave merge_recount null",
+        )
         require(self.bandwidth > 0, f"strategy.bandwidth={self.bandwidth} must be > 0")
         require(
             self.step_overhead_s >= 0,
@@ -119,16 +150,28 @@ class HopGNNConfig(SystemConfig):
         choice("strategy", name, tuple(_PRESETS))
         return replace(cls(), name=name, **_PRESETS[name][1])
 
+    @property
+    def recount(self) -> bool:
+        """Whether each merge removal compares the loads after earlier removals' moves."""
+        return self.merge_policy == "model" if self.merge_recount is None else self.merge_recount
+
+    def check_world(self, world_size: int) -> None:
+        """``steps`` and ``merge_min_steps`` fit ``world_size`` ranks (one time step per rank
+        at most); raises :class:`ConfigError`. Called by :meth:`check_run` and by the
+        DataModule's ``preprocess`` / ``setup_rank`` (a plain Lightning script)."""
+        for key in ("steps", "merge_min_steps"):
+            value = getattr(self, key)
+            require(
+                self.mode == "model_centric" or value is None or value <= world_size,
+                f"strategy.{key}={value} must be <= the world size {world_size} (one time step "
+                "per rank at most)",
+            )
+
     def check_run(self, run: RunFacts) -> None:
-        world = run.world_size
-        require(
-            self.steps is None or self.steps <= world,
-            f"strategy.steps={self.steps} must be <= the world size {world} (one time step "
-            f"per rank at most)",
-        )
+        self.check_world(run.world_size)
 
     def kept_steps(self, world_size: int) -> int:
-        """``T`` for ``world_size`` ranks."""
+        """``T`` for ``world_size`` ranks (the starting ``T`` with the controller)."""
         if self.mode == "model_centric":
             return 1
-        return world_size if self.steps is None else min(self.steps, world_size)
+        return world_size if self.steps is None else self.steps

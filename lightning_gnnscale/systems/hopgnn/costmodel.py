@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     for row in rows:
-        print("| " + " | ".join(f"{row[k]:.4g}" for k in keys) + " |")
+        print("| " + " | ".join(f"{row[k]:.6g}" for k in keys) + " |")
 
 
 if __name__ == "__main__":

@@ -137,11 +137,14 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self._window_open = False
         self._epoch_start: tuple[dict, float] = ({}, 0.0)
         self._iterations = 0
+        self._fixed_trajectory: list[int] = []  # T of every epoch begun, without the controller
+        self._trained: tuple[int, int] | None = None  # (epoch, step) of the last trained batch
 
     @override
     def preprocess(self, world_size: int) -> HopGNNPrepared:
         """Partition once (cached on disk by content hash) and report the cut."""
         graph, partition = self.graph, self.config.partition
+        self.config.check_world(world_size)
         parts = cached_partition(
             graph, partition.method, world_size, self.seed, self.cache_dir, **partition.options()
         )
@@ -156,6 +159,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def setup_rank(self, context: RankContext, prepared: HopGNNPrepared) -> None:
         self.rank, self.world_size = context.rank, context.world_size
+        self.config.check_world(self.world_size)
         part = prepared.part
         if part.numel() and int(part.max()) >= self.world_size:
             raise ValueError(f"the partition has more parts than the {self.world_size} ranks")
@@ -167,7 +171,10 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         config = self.config
         if config.merge_adaptive:
             self.controller = MergeController(
-                config.kept_steps(self.world_size), config.merge_monitor_epochs
+                config.kept_steps(self.world_size),
+                config.merge_monitor_epochs,
+                config.merge_start_epoch,
+                config.merge_min_steps,
             )
             if self._pending_state is not None:
                 self.controller.load_state_dict(self._pending_state)
@@ -179,9 +186,13 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def steps_for_epoch(self, epoch: int) -> int:
         """``T`` of ``epoch``: the config's, or the merging controller's decision, taken at
         the epoch's first batch (closing the previous epoch's measurement: one all-reduce of
-        its time, ``control``). Collective when the controller is on."""
+        its time, ``control``). Collective when the controller is on. Records ``T`` in
+        :attr:`trajectory` at the epoch's first batch."""
         if self.controller is None:
-            return self.config.kept_steps(self.world_size)
+            steps = self.config.kept_steps(self.world_size)
+            if epoch == len(self._fixed_trajectory):  # once per epoch, also after a resume
+                self._fixed_trajectory.append(steps)
+            return steps
         if epoch != self._epoch:
             if self._window_open:
                 self._close_window()
@@ -223,6 +234,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             score=config.merge_score,
             policy=config.merge_policy,
             direction=config.direction,
+            recount=config.recount,
         )
 
     @override
@@ -275,15 +287,31 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             [], empty_x, labels, plan.global_seed_count, epoch, step, stats, steps=steps, hops=hops
         )
 
+    @property
+    def trajectory(self) -> list[int]:
+        """``T`` of every epoch begun (the controller's decisions, or the fixed ``T``); saved
+        in checkpoints either way, so a resumed run reports the whole run."""
+        return self.controller.trajectory if self.controller else self._fixed_trajectory
+
     @override
     def callbacks(self) -> list[L.Callback]:
         """:class:`~.callbacks.HopGNNStats` (reports only)."""
-        return [HopGNNStats(lambda: self.controller.trajectory if self.controller else None)]
+        return [HopGNNStats(lambda: list(self.trajectory))]
+
+    @override
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Notes which training step the Trainer is about to run (Lightning's public data
+        hook, called right before ``training_step``), for :meth:`state_dict`'s mid-epoch
+        check."""
+        if isinstance(batch, HopGNNBatch):
+            self._trained = (batch.epoch, batch.step)
+        return batch
 
     # ------------------------------------------------------------------------ checkpoints
     @override
     def state_dict(self) -> dict[str, Any]:
-        """The merging controller's state (``{}`` without it). Called on every rank when a
+        """The merging controller's state, or without it the ``T`` trajectory. Called on every
+        rank when a
         checkpoint is written at an epoch end: it first closes the epoch's measurement
         (collective), so a resumed run decides the next ``T`` as the uninterrupted one.
 
@@ -292,7 +320,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         the in-epoch measurement (iterations, meter snapshot, start time) is not saved, so a
         resume would not continue identically."""
         if self.controller is None:
-            return {}
+            return {"trajectory": list(self._fixed_trajectory)}
         if self._window_open and self._mid_epoch():
             raise RuntimeError(
                 "HopGNN's merging controller (strategy.merge_adaptive=true) cannot be "
@@ -306,17 +334,21 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         return {"merge": self.controller.state_dict()}
 
     def _mid_epoch(self) -> bool:
-        """Whether the attached Trainer is fitting and inside an epoch, before its last batch
-        (a mid-epoch validation included)."""
+        """Whether the attached Trainer is fitting and the last step it ran (noted by
+        :meth:`on_after_batch_transfer`) is not the epoch's last (``Trainer.num_training_batches``
+        counts ``limit_train_batches``; a mid-epoch validation included)."""
         trainer = getattr(self, "trainer", None)
-        if trainer is None or trainer.state.fn != "fit":
+        if trainer is None or trainer.state.fn != "fit" or self._trained is None:
             return False
-        return not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        epoch, step = self._trained
+        last = min(self.steps_per_epoch, trainer.num_training_batches) - 1  # limit_train_batches
+        return epoch == self._epoch and step < last
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         merge = state_dict.get("merge")
         if merge is None:
+            self._fixed_trajectory = list(state_dict.get("trajectory", []))
             return
         if self.controller is None:
             self._pending_state = merge

@@ -102,16 +102,18 @@ def micrograph_plan(
     score: str = "sum_roots",
     policy: str = "model",
     direction: int = 1,
+    recount: bool | None = None,
 ) -> IterationPlan:
     """HopGNN's plan: roots redistributed to their home servers, ``T = steps`` (default ``N``)
     kept time steps, the dropped steps' roots merged into the kept ones (spec §3.5).
 
     Merging removes, one at a time, the step with the smallest load (``sum_roots``: roots over
     all servers; ``min_roots``: the least-loaded server's), ties to the smallest index. Under
-    ``policy=model`` the dropped roots join the kept steps at once, so the loads are recounted
-    after every removal; under ``policy=home`` the dropped roots are redistributed only after
-    all removals, so every removal compares the steps' original loads (the artifact's
-    ``recount=false``). ``policy=model``: the dropped roots of model ``d`` are split
+    ``policy=model`` the dropped roots join the kept steps at once; ``recount`` (default
+    ``True`` there) compares the loads after those moves, ``False`` the steps' original loads
+    (the artifact's). Under ``policy=home`` the dropped roots are redistributed only after
+    all removals, so every removal compares the original loads (``recount`` must not be
+    ``True``). ``policy=model``: the dropped roots of model ``d`` are split
     into ``T`` near-equal contiguous chunks (larger first) appended to its kept steps in
     increasing order; ``policy=home``: they stay on their server and fill its kept steps up to
     ``total // T + 1`` roots each, in increasing step order.
@@ -120,6 +122,9 @@ def micrograph_plan(
     t = n if steps is None else steps
     if not 1 <= t <= n:
         raise ValueError(f"steps={steps} must lie in [1, {n}]")
+    recount = policy == "model" if recount is None else recount
+    if recount and policy == "home":
+        raise ValueError("recount=True needs policy='model' (home moves roots after all removals)")
     r = redistribute(model_batches(global_seeds, n), part, n)
 
     def server(d: int, k: int) -> int:
@@ -127,11 +132,11 @@ def micrograph_plan(
 
     sets = {(d, k): r[d][server(d, k)] for d in range(n) for k in range(n)}
     owner = {(d, k): torch.full_like(sets[d, k], d) for d in range(n) for k in range(n)}
+    original = {key: roots.numel() for key, roots in sets.items()}
     kept, removed = list(range(n)), []
     while len(kept) > t:
-        load = {
-            k: [sets[hosted_model(s, k, n, direction), k].numel() for s in range(n)] for k in kept
-        }
+        size = {key: roots.numel() for key, roots in sets.items()} if recount else original
+        load = {k: [size[hosted_model(s, k, n, direction), k] for s in range(n)] for k in kept}
         reduce = sum if score == "sum_roots" else min
         kmin = min(kept, key=lambda k: (reduce(load[k]), k))
         kept.remove(kmin)
