@@ -182,5 +182,7 @@ def kill_namespace_processes(namespace: str, timeout_s: float = 5.0) -> None:
 def leftovers(prefix: str) -> list[str]:
     """Namespaces and links whose names start with ``prefix`` (what a cluster would leave)."""
     names = _run("ip", "netns", "list").stdout.split()
-    links = [line.split()[0].split("@")[0] for line in _run("ip", "-br", "link").stdout.splitlines()]
+    links = [
+        line.split()[0].split("@")[0] for line in _run("ip", "-br", "link").stdout.splitlines()
+    ]
     return sorted(n for n in names + links if n.startswith(prefix))
