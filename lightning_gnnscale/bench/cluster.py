@@ -17,6 +17,7 @@ is reported with its reason and does not stop the bench.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -116,6 +117,7 @@ def measure(settings: ClusterBenchSettings, variant: str, rate, out: Path) -> di
             print(f"[bench cluster] {variant} @ {rate_label(rate)}: kept from {run_dir}")
             return record
     print(f"[bench cluster] {variant} @ {rate_label(rate)} ...", flush=True)
+    shutil.rmtree(run_dir / "job", ignore_errors=True)  # an interrupted attempt's files
     started = time.monotonic()
     record = {"variant": variant, "rate_mbit": rate, "overrides": overrides}
     try:
