@@ -214,6 +214,7 @@ STRATEGIES = [
 
 
 @needs_cluster
+@pytest.mark.timeout(900)  # two jobs of ~20 s each on an idle machine; generous for a loaded one
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_two_hosts_equal_one_host(tmp_path, strategy):
     """One epoch on 2 emulated hosts x 1 rank (unshaped) gives the float64 weights of the same
@@ -235,7 +236,7 @@ def test_two_hosts_equal_one_host(tmp_path, strategy):
         run_dir=tmp_path / "two",
         prefix=prefix,
         echo=False,
-        timeout_s=240,
+        timeout_s=600,
     )
     summary = run_job(job)
     assert summary["world_size"] == 2 and summary["inter_server_bytes_per_epoch"] > 0
