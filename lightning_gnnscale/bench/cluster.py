@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..cluster import ClusterJob, ClusterJobFailed, run_job
+from ..errors import ConfigError
 from ..files import write_json_atomic
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 
@@ -56,6 +57,7 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("bytegnn", "distdgl_metis"),
 )
 RANKS_PER_HOST = {"granndis": 2, "granndis_fb_base": 2}  # workers inside each server
+MODEL_OF = {"sancus": "gcn", "cagnet": "gcn"}  # SANCUS/CAGNET train GCN only
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def run_name(variant: str, rate: float | None) -> str:
 def variant_overrides(settings: ClusterBenchSettings, variant: str, rate, out: Path) -> list:
     return [
         *VARIANTS[variant],
-        f"model={settings.model}",
+        f"model={MODEL_OF.get(variant, settings.model)}",
         "dataset=sbm",
         f"dataset.num_nodes={settings.nodes}",
         f"trainer.devices={RANKS_PER_HOST.get(variant, 1)}",
@@ -135,7 +137,7 @@ def measure(settings: ClusterBenchSettings, variant: str, rate, out: Path) -> di
             train_loss=summary["train_loss"],
             error=None,
         )
-    except (ClusterJobFailed, TimeoutError) as err:
+    except (ClusterJobFailed, TimeoutError, ConfigError) as err:
         record.update(error=_reason(str(err)))
     record["wall_s"] = time.monotonic() - started
     state = f"{fmt(record.get('epoch_s'))} s/epoch" if not record["error"] else record["error"]
@@ -231,6 +233,7 @@ def report_lines(result: dict, rows: list[dict], settings: ClusterBenchSettings)
             ]
         table.append([row["system"], row["baseline"], rate_label(row["rate_mbit"]), *cells])
     ranks = ", ".join(f"{v}: {n}" for v, n in RANKS_PER_HOST.items())
+    models = ", ".join(f"{v}: {m}" for v, m in MODEL_OF.items())
     return [
         "# bench cluster: measured time per epoch over an emulated 2-host cluster",
         "",
@@ -238,7 +241,8 @@ def report_lines(result: dict, rows: list[dict], settings: ClusterBenchSettings)
         "",
         *environment_lines(result["environment"]),
         "",
-        f"sbm, {settings.nodes} nodes, model {settings.model}, {settings.epochs} epochs, "
+        f"sbm, {settings.nodes} nodes, model {settings.model} ({models}), "
+        f"{settings.epochs} epochs, "
         f"seed {settings.seed}; {settings.hosts} hosts x 1 rank ({ranks} ranks per host). "
         f"Epoch time: median of the training part of epochs {settings.warmup + 1}.."
         f"{settings.epochs} (epoch 1 is warm-up; evaluation excluded). Speed-up = baseline / "
