@@ -226,6 +226,7 @@ def test_two_hosts_equal_one_host(tmp_path, strategy):
         "trainer.max_epochs=1",
         "topology.servers=2",  # one server per host in both runs
         f"paths.cache_dir={tmp_path / 'cache'}",  # the cluster's hosts reuse the preparation
+        "launcher.timeout_s=600",  # TINY's 240 s is too short for a one-host run under load
     ]
     _, one_host = train(make_cfg(tmp_path / "one", *run, "trainer.devices=2"))
     prefix, before = _prefix("e"), _state()
