@@ -108,7 +108,8 @@ def test_network_model_arithmetic():
     meter.record("gradient", INTER_SERVER, 300, messages=1)
     # 2000/1e3 + 3*0.5 + 300/1e2 + 1*2.0
     assert model.modeled_time(meter.snapshot()) == pytest.approx(2 + 1.5 + 3 + 2)
-    assert set(PROFILES) == {"10gbe", "25gbe", "100gbe", "nvlink"}
+    assert set(PROFILES) == {"10gbe", "25gbe", "100gbe", "nvlink", "100mbe", "1gbe"}
+    assert NetworkModel.from_name("100mbe").inter_bandwidth == pytest.approx(100e6 / 8)
     assert NetworkModel.from_name("10gbe").inter_bandwidth == pytest.approx(1.25e9)
     nvlink = NetworkModel.from_name("nvlink")
     assert nvlink.intra_bandwidth > 10 * nvlink.inter_bandwidth

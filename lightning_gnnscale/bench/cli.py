@@ -10,6 +10,7 @@ from hydra.errors import HydraException
 
 from ..systems.registry import SYSTEMS as STRATEGIES
 from .bytegnn_partition import run_bytegnn_partition_bench
+from .cluster import add_cluster_parser, run_cluster_command
 from .compare import compose_configs, run_compare
 from .e2e import E2ESettings, compose_run, run_e2e
 from .granndis import run_granndis_e4_bench
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command",
         required=True,
-        metavar="{compare,e2e,sampler,sancus,grappa,partitions,bytegnn-partitions,granndis-e4}",
+        metavar="{compare,e2e,sampler,sancus,grappa,partitions,bytegnn-partitions,granndis-e4,cluster}",
     )
 
     compare = commands.add_parser(
@@ -324,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Cora is skipped without it",
     )
     khop.add_argument("--out", type=Path, default=Path("results/bytegnn_partition"))
+    add_cluster_parser(commands)
     return parser
 
 
@@ -353,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "cluster":
+        return run_cluster_command(parser, args, argv)
     if args.command == "grappa":
         methods = [m.strip() for m in args.partitioning.split(",") if m.strip()]
         if not methods or set(methods) - {"random", "metis"}:

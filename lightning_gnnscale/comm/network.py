@@ -7,7 +7,8 @@ model, never a measurement; label it so.
 
 Profile numbers (rough, one direction, per rank):
 
-- Ethernet line rate / 8: 10GbE 1.25 GB/s, 25GbE 3.125 GB/s, 100GbE 12.5 GB/s. Small-message
+- Ethernet line rate / 8: 100 Mbit/s 12.5 MB/s, 1 GbE 125 MB/s (the emulated links of
+  ``bench cluster``, same latency as ``10gbe``), 10GbE 1.25 GB/s, 25GbE 3.125 GB/s, 100GbE 12.5 GB/s. Small-message
   latency: ~20 us for kernel TCP on 10GbE, ~10 us on 25GbE, ~5 us for RDMA-class 100GbE.
 - Inside a server for the Ethernet profiles: PCIe 3.0 x16, ~12 GB/s effective (also the order
   of a shared-memory copy between CPU worker processes), ~2 us.
@@ -65,4 +66,6 @@ PROFILES = {
     "25gbe": NetworkModel("25gbe", _PCIE3_BANDWIDTH, _PCIE3_LATENCY, 3.125e9, 10e-6),
     "100gbe": NetworkModel("100gbe", _PCIE3_BANDWIDTH, _PCIE3_LATENCY, 12.5e9, 5e-6),
     "nvlink": NetworkModel("nvlink", 300e9, 2e-6, 12.5e9, 5e-6),
+    "100mbe": NetworkModel("100mbe", _PCIE3_BANDWIDTH, _PCIE3_LATENCY, 12.5e6, 20e-6),
+    "1gbe": NetworkModel("1gbe", _PCIE3_BANDWIDTH, _PCIE3_LATENCY, 125e6, 20e-6),
 }

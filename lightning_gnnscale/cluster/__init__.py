@@ -1,0 +1,19 @@
+"""An emulated multi-host cluster on one Linux machine (network namespaces, a bridge, ``tbf``
+shaping), and ``train.py`` jobs run over it through the ordinary multi-node launch path.
+
+``python -m lightning_gnnscale.cluster --hosts 2 --bandwidth 100 -- strategy=ddp``; see
+docs/cluster.md.
+"""
+
+from .job import ClusterJob, ClusterJobFailed, run_job
+from .network import ClusterUnavailable, EmulatedCluster, leftovers, preflight
+
+__all__ = [
+    "ClusterJob",
+    "ClusterJobFailed",
+    "ClusterUnavailable",
+    "EmulatedCluster",
+    "leftovers",
+    "preflight",
+    "run_job",
+]

@@ -1,0 +1,188 @@
+"""Emulated hosts on one Linux machine: network namespaces on a bridge, egress shaped with ``tbf``.
+
+Every host is a network namespace with one veth interface named ``eth0`` (address
+``198.18.0.<i+1>/24``, the benchmarking range) whose other end sits on a bridge in the root
+namespace. The bridge has no address, so nothing in a host can reach the machine's own network
+or leave it. With a rate, ``tbf`` on each host's ``eth0`` limits what the host sends: a
+full-duplex link of that rate per host. Ranks on one host talk over the host's own stack
+(local routes go through its loopback), unshaped.
+
+Names carry a per-invocation prefix (``lgc<pid>`` by default), so concurrent clusters never
+collide; each has its own bridge, so their equal addresses never meet. Everything created is
+removed by :meth:`EmulatedCluster.close` (also on errors and signals in the caller), processes
+still inside a host first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+SUBNET = "198.18.0.{}/24"  # RFC 2544 benchmarking range: never routed
+INTERFACE = "eth0"  # the host's interface, as on a real machine
+COMMAND_TIMEOUT_S = 20.0
+_PREFIX = re.compile(r"^[a-z][a-z0-9]{1,8}$")
+
+
+class ClusterUnavailable(RuntimeError):
+    """This machine cannot emulate hosts (not root, no ``ip``/``tc``, no namespaces or tbf)."""
+
+
+def default_prefix() -> str:
+    """``lgc<pid>``: unique among the live processes of this machine."""
+    return f"lgc{os.getpid()}"
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=check
+    )
+
+
+def preflight(rate_mbit: float | None) -> None:
+    """Raise :class:`ClusterUnavailable` with the reason unless hosts can be emulated here.
+
+    Creates nothing that outlives it: the probe runs in an anonymous network namespace
+    (``unshare --net``), which the kernel frees when the probe exits.
+    """
+    if os.geteuid() != 0:
+        raise ClusterUnavailable("emulating hosts needs root (network namespaces, veth, tc)")
+    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
+    if missing:
+        raise ClusterUnavailable(f"missing tools: {', '.join(missing)} (iproute2, util-linux)")
+    probe = "ip link add p0 type veth peer name p1 && ip link add b0 type bridge"
+    if rate_mbit is not None:
+        probe += " && tc qdisc add dev p0 root tbf rate 1mbit burst 32kb latency 50ms"
+    try:
+        result = _run("unshare", "--net", "sh", "-c", probe, check=False)
+    except subprocess.TimeoutExpired:
+        raise ClusterUnavailable("the namespace probe timed out") from None
+    if result.returncode != 0:
+        what = "network namespaces, veth and bridges" + (" and tc tbf" if rate_mbit else "")
+        raise ClusterUnavailable(f"this kernel lacks {what}: {result.stderr.strip()}")
+
+
+def tbf_arguments(rate_mbit: float) -> list[str]:
+    """``tc`` arguments of a token bucket at ``rate_mbit``: a 4 ms bucket (at least 16 KiB)
+    so short transfers cannot run much faster than the rate, and a 100 ms queue."""
+    rate_bytes = rate_mbit * 1e6 / 8
+    burst = max(16 * 1024, int(rate_bytes * 0.004))
+    return ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst), "latency", "100ms"]
+
+
+@dataclass
+class EmulatedCluster:
+    """``hosts`` namespaces on a bridge; ``rate_mbit=None`` leaves the links unshaped.
+
+    Use as a context manager (or call :meth:`open` and :meth:`close`); ``close`` is idempotent
+    and removes whatever was created so far, so a half-built cluster is cleaned up too.
+    """
+
+    hosts: int
+    rate_mbit: float | None = None
+    prefix: str = field(default_factory=default_prefix)
+    _created: list[tuple[str, str]] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.hosts <= 200:
+            raise ValueError(f"hosts must be in [1, 200], got {self.hosts}")
+        if self.rate_mbit is not None and self.rate_mbit <= 0:
+            raise ValueError(f"rate must be positive (Mbit/s), got {self.rate_mbit}")
+        if not _PREFIX.match(self.prefix):
+            raise ValueError(
+                f"prefix {self.prefix!r}: 2-9 lowercase letters/digits, starting with a letter"
+            )
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.prefix}br"
+
+    def namespace(self, host: int) -> str:
+        return f"{self.prefix}h{host}"
+
+    def address(self, host: int) -> str:
+        return SUBNET.format(host + 1).split("/")[0]
+
+    def open(self) -> EmulatedCluster:
+        preflight(self.rate_mbit)
+        try:
+            self._add("link", self.bridge, "ip", "link", "add", self.bridge, "type", "bridge")
+            _run("ip", "link", "set", self.bridge, "up")
+            for host in range(self.hosts):
+                ns, outside = self.namespace(host), f"{self.prefix}v{host}"
+                self._add("netns", ns, "ip", "netns", "add", ns)
+                self._add(
+                    "link",
+                    outside,
+                    *("ip", "link", "add", outside, "type", "veth"),
+                    *("peer", "name", INTERFACE, "netns", ns),
+                )
+                _run("ip", "link", "set", outside, "master", self.bridge, "up")
+                inside = ("ip", "netns", "exec", ns)
+                _run(*inside, "ip", "addr", "add", SUBNET.format(host + 1), "dev", INTERFACE)
+                _run(*inside, "ip", "link", "set", INTERFACE, "up")
+                _run(*inside, "ip", "link", "set", "lo", "up")
+                if self.rate_mbit is not None:
+                    tbf = tbf_arguments(self.rate_mbit)
+                    _run(*inside, "tc", "qdisc", "add", "dev", INTERFACE, "root", *tbf)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _add(self, kind: str, name: str, *argv: str) -> None:
+        self._created.append((kind, name))  # before: a half-made object is removed too
+        _run(*argv)
+
+    def popen(self, host: int, argv: list[str], **kwargs) -> subprocess.Popen:
+        """Start ``argv`` inside ``host`` in its own session (so one kill reaches its tree)."""
+        return subprocess.Popen(
+            ["ip", "netns", "exec", self.namespace(host), *argv], start_new_session=True, **kwargs
+        )
+
+    def close(self) -> None:
+        """Kill what still runs in the hosts, then remove the links and namespaces (the
+        qdiscs go with their links). Never raises for what is already gone."""
+        for kind, name in reversed(self._created):
+            if kind == "netns":
+                kill_namespace_processes(name)
+                _run("ip", "netns", "del", name, check=False)
+            else:
+                _run("ip", "link", "del", name, check=False)
+        self._created.clear()
+
+    def __enter__(self) -> EmulatedCluster:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def namespace_pids(namespace: str) -> list[int]:
+    result = _run("ip", "netns", "pids", namespace, check=False)
+    return [int(p) for p in result.stdout.split()]
+
+
+def kill_namespace_processes(namespace: str, timeout_s: float = 5.0) -> None:
+    """SIGKILL every process inside ``namespace`` (all started by this cluster) and wait."""
+    deadline = time.monotonic() + timeout_s
+    while (pids := namespace_pids(namespace)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def leftovers(prefix: str) -> list[str]:
+    """Namespaces and links whose names start with ``prefix`` (what a cluster would leave)."""
+    names = _run("ip", "netns", "list").stdout.split()
+    links = [
+        line.split()[0].split("@")[0] for line in _run("ip", "-br", "link").stdout.splitlines()
+    ]
+    return sorted(n for n in names + links if n.startswith(prefix))
