@@ -11,7 +11,6 @@ import socket
 import threading
 import time
 from collections import Counter
-from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -27,6 +26,7 @@ from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.module import GNNModule
 from lightning_gnnscale.run import build_datamodule, build_strategy, train
+from lightning_gnnscale.schema import DataConfig, RunFacts
 from lightning_gnnscale.systems.bytegnn.address import service_address
 from lightning_gnnscale.systems.bytegnn.config import ByteGNNConfig, DagConfig, SchedulerConfig
 from lightning_gnnscale.systems.bytegnn.store import GraphStore, SeedSplit
@@ -296,9 +296,7 @@ def test_bad_settings_fail_at_config_time_naming_the_key(tmp_path, override, mes
 def test_an_explicit_host_is_refused_for_several_nodes():
     """One address cannot be every node's: a multi-node run leaves strategy.host null."""
     config = ByteGNNConfig(host="127.0.0.1")
-    run = SimpleNamespace(
-        trainer=SimpleNamespace(world_size=4, num_nodes=2), data=SimpleNamespace(batch_size=64)
-    )
+    run = RunFacts(world_size=4, devices=2, num_nodes=2, data=DataConfig(batch_size=64))
     with pytest.raises(ConfigError, match="one address for ranks on 2 nodes"):
         config.check_run(run)
     ByteGNNConfig().check_run(run)  # null: every rank chooses its own
