@@ -42,6 +42,7 @@ from .checkpoints import (
     read_checkpoint,
     run_identity,
 )
+from .comm.rendezvous import end_process_group
 from .config import validate
 from .cpu_memory import malloc_choice, retain_freed_memory
 from .graph.csc import Graph
@@ -151,8 +152,17 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     with contextlib.nullcontext() if external else claimed(output_dir):
         datamodule = build_datamodule(run)
         datamodule.prepare(run.world_size)  # once, here; the ranks receive the result
-        if run.world_size == 1 or external:
+        if external:
             metrics = run_rank(run, datamodule, None)
+        elif run.world_size == 1:  # in this process: leave it as it was found (Lightning
+            # sets MASTER_ADDR/PORT and makes a process group that a later run here would reuse)
+            environment = dict(os.environ)
+            try:
+                metrics = run_rank(run, datamodule, None)
+            finally:
+                end_process_group()
+                os.environ.clear()
+                os.environ.update(environment)
         else:
             run_id = uuid.uuid4().hex
             launch_local(

@@ -1,10 +1,12 @@
-"""The rendezvous store of a run whose ranks all live on this machine."""
+"""The process group's life: the rendezvous store of a run whose ranks all live on this machine,
+and the end of a group a one-process run made in its own process."""
 
 from __future__ import annotations
 
 import socket
 from datetime import timedelta
 
+import torch.distributed as dist
 from torch.distributed import TCPStore
 
 
@@ -27,3 +29,11 @@ def loopback_store(timeout_s: float = 300.0) -> tuple[TCPStore, str]:
         master_listen_fd=listener.detach(),
     )
     return store, str(port)
+
+
+def end_process_group() -> None:
+    """Destroy this process's default process group, if any. A one-rank run of a DDP-based
+    strategy makes one in the caller's own process (Lightning never destroys it); the next run
+    there (a Hydra multirun job, a test) would otherwise find a stale world of 1."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
