@@ -164,6 +164,8 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
                 os.environ.clear()
                 os.environ.update(environment)
         else:
+            if run.weights_from is not None:  # weights that do not fit fail before any spawn
+                build_module(run, datamodule)
             run_id = uuid.uuid4().hex
             launch_local(
                 run_rank,
@@ -244,16 +246,9 @@ def build_logger(run: RunConfig):
     return logger
 
 
-def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> dict:
-    """One rank's whole job: build the module and the Trainer, fit, and (on rank 0) write
-    ``summary.json``."""
-    # Epoch values are reduced through the metered comm before logging; Lightning's advice to
-    # add sync_dist (an unmetered all-reduce) does not apply.
-    warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed")
-    torch.set_num_threads(rank_threads(run.trainer.devices))
-    cpu_allocator = retain_freed_memory()
-    L.seed_everything(run.seed, workers=True, verbose=False)
-    output_dir = str(run.paths.output_dir)
+def build_module(run: RunConfig, datamodule: GNNDataModule) -> GNNModule:
+    """The run's LightningModule, started from ``weights_from`` when given (a checkpoint that
+    does not fit the model raises :class:`ConfigError`)."""
     net = datamodule.build_model(run.model)
     # The run's dtype is applied here rather than through Lightning's "64-true" precision, whose
     # input conversion cannot walk our frozen Batch/Block dataclasses (features are cast already).
@@ -265,6 +260,20 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
     )
     if run.weights_from is not None:
         load_weights(module, run.weights_from)
+    return module
+
+
+def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> dict:
+    """One rank's whole job: build the module and the Trainer, fit, and (on rank 0) write
+    ``summary.json``."""
+    # Epoch values are reduced through the metered comm before logging; Lightning's advice to
+    # add sync_dist (an unmetered all-reduce) does not apply.
+    warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed")
+    torch.set_num_threads(rank_threads(run.trainer.devices))
+    cpu_allocator = retain_freed_memory()
+    L.seed_everything(run.seed, workers=True, verbose=False)
+    output_dir = str(run.paths.output_dir)
+    module = build_module(run, datamodule)
     epoch_stats, comm_stats = EpochStats(), CommStats(run.network)
     audit = CollectiveAudit() if run.audit else None
     system_callbacks = datamodule.callbacks()

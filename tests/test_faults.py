@@ -268,6 +268,18 @@ def test_weights_from_starts_a_different_run_from_the_weights(tmp_path, single_r
         torch.testing.assert_close(got[name], source[name], rtol=0, atol=1e-6)
 
 
+def test_weights_that_do_not_fit_fail_before_any_rank_starts(tmp_path, single_run, monkeypatch):
+    """A `weights_from` whose shapes differ from the model is named in the launcher."""
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("ranks were started")
+
+    monkeypatch.setattr("lightning_gnnscale.run.launch_local", no_spawn)
+    cfg = make_cfg(tmp_path, "strategy=ddp", "model.hidden=8", f"weights_from={single_run}")
+    with pytest.raises(ConfigError, match="does not fit this model"):
+        train(cfg)
+
+
 def test_resuming_a_finished_run_is_refused(tmp_path, single_run):
     cfg = make_cfg(tmp_path, "strategy=single", "trainer.max_epochs=2", f"ckpt_path={single_run}")
     with pytest.raises(ConfigError, match="already trained 2 epochs.*raise trainer.max_epochs"):
