@@ -234,11 +234,11 @@ class LauncherSignal(RuntimeError):
 
 
 @contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into an exception so the cleanup below always runs."""
+def signals_raise(error: type[Exception] = LauncherSignal) -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into ``error`` so the cleanup below always runs."""
 
     def handler(signum, _frame):
-        raise LauncherSignal(f"launcher received {signal.Signals(signum).name}")
+        raise error(f"received {signal.Signals(signum).name}")
 
     previous = {}
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -288,7 +288,7 @@ def launch_local(
         start_rank_server()
     state = {"env": env, "stdio": (InheritedFd(1), InheritedFd(2))}
     ctx = None
-    with _signals_raise():
+    with signals_raise():
         try:
             ctx = mp.start_processes(
                 _rank_main,

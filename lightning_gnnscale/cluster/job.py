@@ -22,13 +22,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..files import write_json_atomic
+from ..launch import signals_raise
 from .network import INTERFACE, EmulatedCluster, default_prefix, preflight
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
@@ -135,22 +135,6 @@ class StopRequested(RuntimeError):
     """SIGTERM or SIGHUP reached the cluster runner; the hosts are being removed."""
 
 
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    def handler(signum, _frame):
-        raise StopRequested(f"received {signal.Signals(signum).name}")
-
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError):  # not the main thread
-            previous[sig] = signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def _copy_output(pipe, log_path: Path, echo: bool) -> None:
     with open(log_path, "w") as log:
         for line in pipe:
@@ -198,7 +182,7 @@ def run_job(job: ClusterJob, *, on_started=None) -> dict:
     processes: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
     started = time.monotonic()
-    with _signals_raise(), cluster:
+    with signals_raise(StopRequested), cluster:
         try:
             for host in range(job.hosts):
                 job.host_dir(host).mkdir(parents=True, exist_ok=True)
