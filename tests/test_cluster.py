@@ -139,16 +139,29 @@ def _long_job(tmp_path: Path, prefix: str) -> ClusterJob:
     return ClusterJob(2, 100.0, overrides, run_dir=tmp_path / "run", prefix=prefix, echo=False)
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def _rank_pid(namespace: str, timeout_s: float = 180.0) -> int:
-    """A spawned rank inside ``namespace`` (a child of the host's launcher), once it exists."""
+    """A rank inside ``namespace``, once it exists: a spawned interpreter, or a process forked
+    from the host's warm rank server (whose command line it shares)."""
+    server = b"multiprocessing.forkserver"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for pid in namespace_pids(namespace):
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"spawn_main" in cmdline:
+            cmdline = _cmdline(pid)
+            if b"spawn_main" in cmdline or (server in cmdline and server in _cmdline(_parent(pid))):
                 return pid
         time.sleep(0.2)
     raise AssertionError(f"no rank started in {namespace} within {timeout_s} s")
