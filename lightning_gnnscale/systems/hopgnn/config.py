@@ -44,7 +44,7 @@ class HopGNNConfig(SystemConfig):
             all its time steps; ``false``: one fetch per time step.
         steps: kept time steps per iteration ``T`` in ``[1, N]``; ``None`` = ``N``. ``T < N``
             merges the least-loaded steps away (spec §3.5); with ``merge_adaptive`` it is the
-            starting ``T``. ``steps > N`` is refused (:meth:`check_world`).
+            starting ``T``. ``steps > N`` is refused (:meth:`check_world`, on every rank).
         merge_score: ``sum_roots`` (paper) | ``min_roots`` (artifact): the load of a step.
         merge_policy: ``model`` (a dropped step's roots stay with their model, spread over its
             kept steps) | ``home`` (they stay on their home server, change model).
@@ -158,7 +158,9 @@ class HopGNNConfig(SystemConfig):
     def check_world(self, world_size: int) -> None:
         """``steps`` and ``merge_min_steps`` fit ``world_size`` ranks (one time step per rank
         at most); raises :class:`ConfigError`. Called by :meth:`check_run` and by the
-        DataModule's ``preprocess`` / ``setup_rank`` (a plain Lightning script)."""
+        DataModule's ``setup_rank`` on every rank (a plain Lightning script); not in
+        ``preprocess``, which runs on one rank per node, so a refusal there left the others
+        waiting in Lightning's barrier."""
         for key in ("steps", "merge_min_steps"):
             value = getattr(self, key)
             require(
