@@ -244,6 +244,7 @@ def test_resume_rebuilds_the_same_partitions(tmp_path):
     """P12 through Lightning checkpoints: 2 epochs + resume for 2 more (super-epoch switches in
     between) ends with the same parameters as 4 uninterrupted epochs."""
     base = ("trainer.devices=1", "dtype=float64", "strategy.super_epoch_len=1")
+    base = (*base, "strategy.partitions_per_rank=1")  # the old default: one phase per epoch
     _, full = train_one_rank(grappa_cfg(tmp_path / "full", *base, "trainer.max_epochs=4"))
     _, first = train_one_rank(grappa_cfg(tmp_path / "a", *base, "trainer.max_epochs=2"))
     ckpt = first["output_dir"] / "checkpoints" / "last.ckpt"
