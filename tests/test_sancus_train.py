@@ -149,7 +149,7 @@ def test_cagnet_rejects_a_staleness_policy(tmp_path):
     from lightning_gnnscale.errors import ConfigError
     from tests.helpers.config import make_cfg
 
-    with pytest.raises(ConfigError, match="policy none"):
+    with pytest.raises(ConfigError, match="cagnet is defined by policy=.none."):
         validate(make_cfg(tmp_path, "strategy=cagnet", "strategy.policy=epoch_fixed"))
 
 

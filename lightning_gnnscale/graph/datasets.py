@@ -183,19 +183,7 @@ def check_fits(
     raise DatasetTooLargeError(
         f"dataset {canonical} does not fit in this machine's memory: {estimate.describe()}, "
         f"and {_gib(available)} is available. {shrink[0].upper()}{shrink[1:]}"
-        f"{_partition_hint()}"
     )
-
-
-def _partition_hint() -> str:
-    """How to train on a graph larger than one machine, named only where this version has it."""
-    from dataclasses import fields
-
-    from lightning_gnnscale.schema import DataConfig  # late: schema imports this module
-
-    if any(field.name == "partition_dir" for field in fields(DataConfig)):
-        return "; a graph larger than one machine is partitioned offline and read by parts (data.partition_dir)"
-    return ""
 
 
 def available_memory_bytes() -> int | None:
