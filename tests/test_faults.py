@@ -395,7 +395,6 @@ def test_a_stopped_rank_fails_the_job_within_the_collective_timeout(tmp_path):
     assert not list(tmp_path.glob("pytorch-errorfile-*")), "torch's error files were left behind"
 
 
-@pytest.mark.e2e
 KNOWN_ORPHANS = pytest.mark.xfail(
     strict=True,
     reason="known bug (issue 28 follow-up): after a SIGKILL of the launcher, the warm rank "
@@ -404,6 +403,7 @@ KNOWN_ORPHANS = pytest.mark.xfail(
 )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [pytest.param(signal.SIGKILL, marks=KNOWN_ORPHANS), signal.SIGTERM])
 def test_killing_the_launcher_takes_its_ranks_with_it(tmp_path, sig):
     launcher = _launch(tmp_path)
