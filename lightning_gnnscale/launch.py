@@ -16,8 +16,10 @@ launcher's environment, working directory, stdout and stderr as they are at laun
 Tensors passed to the ranks (the graph) travel through shared memory, not copies.
 
 No rank outlives its launcher: the launcher kills its ranks on every way out (return, error,
-time-out, SIGINT, SIGTERM, SIGHUP), and on Linux each rank asks the kernel to kill it when the
-launcher dies (even by SIGKILL), so a hung or stopped rank is never orphaned.
+time-out, SIGINT, SIGTERM, SIGHUP), and on Linux the kernel kills the rank server when the
+launcher dies (even by SIGKILL), and each rank when its parent (the server, or the launcher under
+``spawn``) dies, so a hung or stopped rank is never orphaned. The server must be started from a
+thread that lives as long as the launcher (the main thread: ``train.py`` and the tests do).
 """
 
 from __future__ import annotations
@@ -44,7 +46,14 @@ from .systems.registry import SYSTEMS
 
 # What the rank server imports before its first fork: everything a rank of ``train()`` uses
 # except the chosen system, which the launcher adds (``start_rank_server(extra_modules)``).
-RANK_SERVER_PRELOAD = ("torch", "lightning", "torch_geometric", "lightning_gnnscale.run")
+# The guard comes first, so the server dies with its launcher even while it imports the rest.
+RANK_SERVER_PRELOAD = (
+    "lightning_gnnscale.rank_server_guard",
+    "torch",
+    "lightning",
+    "torch_geometric",
+    "lightning_gnnscale.run",
+)
 
 
 def _run_token() -> str:
@@ -124,13 +133,20 @@ def _parent_of(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
+def kill_me_when_my_parent_dies() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies, even by SIGKILL (a no-op
+    elsewhere). The request is tied to the parent's thread that started this process."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def _die_with_parent(launcher_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (a no-op elsewhere). The parent
-    is the launcher (spawn) or the rank server, which exits as soon as the launcher dies."""
+    """:func:`kill_me_when_my_parent_dies` in a rank, whose parent is the launcher (spawn) or
+    the rank server, which Linux kills when the launcher dies (``rank_server_guard``)."""
     if not sys.platform.startswith("linux"):
         return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    kill_me_when_my_parent_dies()
     parent = os.getppid()
     if launcher_pid not in (parent, _parent_of(parent)):  # died before the request took effect
         os._exit(1)
