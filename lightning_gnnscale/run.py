@@ -16,6 +16,7 @@ import os
 import sys
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -167,19 +168,36 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
             if run.weights_from is not None:  # weights that do not fit fail before any spawn
                 build_module(run, datamodule)
             run_id = uuid.uuid4().hex
-            launch_local(
-                run_rank,
-                (run, datamodule, run_id),
-                run.trainer.devices,
-                run.trainer.num_nodes,
-                run.launcher.timeout_s,
-                run.launcher.start_method,
-            )
+            with sweep_rendezvous():
+                launch_local(
+                    run_rank,
+                    (run, datamodule, run_id),
+                    run.trainer.devices,
+                    run.trainer.num_nodes,
+                    run.launcher.timeout_s,
+                    run.launcher.start_method,
+                )
             node_zero = os.environ.get("NODE_RANK", "0") == "0"  # global rank 0 writes it
             metrics = read_summary(output_dir / "summary.json", run_id) if node_zero else {}
     if metrics:
         print(f"\n{format_table(metrics)}\n\nsummary: {output_dir / 'summary.json'}")
     return metrics, {"graph": datamodule.graph, "output_dir": output_dir}
+
+
+@contextlib.contextmanager
+def sweep_rendezvous() -> Iterator[None]:
+    """In job k of a Hydra multirun, the ranks meet at ``MASTER_PORT`` + k (when it is given).
+    Every node runs the sweep's jobs in the same order, and a node that starts job k + 1 while
+    node 0 still finishes job k must not join job k's rendezvous, still open on node 0."""
+    base = os.environ.get("MASTER_PORT")
+    if base is None or not _in_sweep():
+        yield
+        return
+    os.environ["MASTER_PORT"] = str(int(base) + HydraConfig.get().job.num)
+    try:
+        yield
+    finally:
+        os.environ["MASTER_PORT"] = base
 
 
 def run_from_command_line(cfg: DictConfig) -> float | None:
