@@ -115,11 +115,11 @@ def warm_start(cfg: Any) -> bool:
     this before its heavy imports; it reads the raw config, whose values are validated later
     (a value it cannot read here starts nothing and fails validation with its key named)."""
     try:
-        devices, method = int(cfg.trainer.devices), cfg.launcher.start_method
-        spec = SYSTEMS.get(cfg.strategy.name)
+        ranks = int(cfg.trainer.devices) * int(cfg.trainer.num_nodes)
+        method, spec = cfg.launcher.start_method, SYSTEMS.get(cfg.strategy.name)
     except Exception:  # validation reports it, before any rank starts
         return False
-    if devices < 2 or method != "forkserver" or spec is None or externally_launched():
+    if ranks < 2 or method != "forkserver" or spec is None or externally_launched():
         return False
     start_rank_server(spec.implementation)
     return True
