@@ -127,7 +127,7 @@ def measure(settings: ClusterBenchSettings, variant: str, rate, out: Path) -> di
             settings.hosts, rate, overrides, run_dir=run_dir / "job", timeout_s=settings.timeout_s
         )
         job.echo = False
-        summary = run_job(job)
+        [summary] = run_job(job)
         record.update(
             epoch_s=epoch_time(summary, settings.warmup),
             modeled_comm_s=summary["modeled_comm_time_s"],

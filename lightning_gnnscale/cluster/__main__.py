@@ -1,7 +1,8 @@
 """``python -m lightning_gnnscale.cluster --hosts S --bandwidth <Mbit/s|unlimited> -- <overrides>``.
 
-Runs one ``train.py`` job over S emulated hosts (docs/cluster.md). Every argument is checked,
-and the machine probed, before anything is created.
+Runs one ``train.py`` job, or with ``-m`` a Hydra multirun, over S emulated hosts
+(docs/cluster.md). Every argument is checked, and the machine probed, before anything is
+created.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ def _positive(kind):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lightning_gnnscale.cluster",
-        description="Run one train.py job over emulated hosts (network namespaces on a bridge, "
-        "each host's egress shaped with tbf); needs root. See docs/cluster.md.",
+        description="Run one train.py job, or a multirun (-m after --), over emulated hosts "
+        "(network namespaces on a bridge, each host's egress shaped with tbf); needs root. "
+        "See docs/cluster.md.",
         epilog="example: python -m lightning_gnnscale.cluster --hosts 2 --bandwidth 100 -- "
         "strategy=distdgl trainer.devices=1 dataset.num_nodes=50000",
     )
@@ -63,12 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout-s",
         type=_positive(float),
         default=3600.0,
-        help="stop the job and remove the cluster after this long (default 3600)",
+        help="stop the job (a multirun: all its jobs) and remove the cluster after this long "
+        "(default 3600)",
     )
     parser.add_argument(
         "--prefix", help="name prefix of the namespaces and links (default lgc<pid>, unique)"
     )
-    parser.add_argument("overrides", nargs="*", help="train.py overrides, after --")
+    parser.add_argument(
+        "overrides", nargs="*", help="train.py overrides after --; -m among them: a multirun"
+    )
     return parser
 
 
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=args.timeout_s,
             **({"prefix": args.prefix} if args.prefix else {}),
         )
-        run_job(job)
+        summaries = run_job(job)
     except (ClusterUnavailable, ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -93,7 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; the emulated hosts were removed", file=sys.stderr)
         return 130
-    print(f"cluster run: {job.run_dir} (summary.json, cluster.json, host<i>/, host<i>.log)")
+    if job.multirun:
+        print(
+            f"cluster multirun of {len(summaries)} jobs: {job.run_dir} (cluster.json, "
+            f"host<i>/<job>/, node 0's summaries in host0/<job>/summary.json, host<i>.log)"
+        )
+    else:
+        print(f"cluster run: {job.run_dir} (summary.json, cluster.json, host<i>/, host<i>.log)")
     return 0
 
 

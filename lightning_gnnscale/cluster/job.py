@@ -7,6 +7,10 @@ then starts its ``trainer.devices`` local ranks. Every host writes its own folde
 ``<run dir>/host<i>`` (a real cluster's nodes write their own disks); node 0's ``summary.json``
 is copied to ``<run dir>/summary.json`` and the cluster's settings to ``cluster.json``.
 
+With ``-m`` the hosts run a Hydra multirun: each host's launcher imports once and runs the
+sweep's jobs in order, job k in ``<run dir>/host<i>/<k>`` (its ranks meet at ``MASTER_PORT`` + k,
+:func:`lightning_gnnscale.run.sweep_rendezvous`). A host stops at its first failed job.
+
 When a host fails, the others are stopped at once (they would wait for it until the collective
 time-out); the whole job has a time-out; and the cluster is removed on every way out.
 """
@@ -14,6 +18,7 @@ time-out); the whole job has a time-out; and the cluster is removed on every way
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -34,7 +39,17 @@ from .network import INTERFACE, EmulatedCluster, default_prefix, preflight
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 MASTER_PORT = 29500  # each host has its own port space: concurrent clusters never collide
 STOP_GRACE_S = 10.0
-_FORBIDDEN = ("trainer.num_nodes", "hydra.sweep", "paths.output_dir")
+_FORBIDDEN = (  # set by the cluster: the world, each host's folders, how the hosts sweep
+    "trainer.num_nodes",
+    "paths.output_dir",
+    "hydra.mode",
+    "hydra.sweep.subdir",
+    "hydra.sweeper",
+    "hydra.launcher",
+    "hydra/sweeper",
+    "hydra/launcher",
+)
+_RUN_DIR = ("hydra.run.dir", "hydra.sweep.dir")
 _LAUNCH_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
 
 
@@ -44,7 +59,8 @@ class ClusterJobFailed(RuntimeError):
 
 @dataclass
 class ClusterJob:
-    """``train.py overrides`` on ``hosts`` emulated hosts linked at ``rate_mbit`` (None: unshaped)."""
+    """``train.py overrides`` on ``hosts`` emulated hosts linked at ``rate_mbit`` (None: unshaped);
+    a Hydra multirun with ``multirun=True`` or ``-m`` among the overrides."""
 
     hosts: int
     rate_mbit: float | None
@@ -53,6 +69,7 @@ class ClusterJob:
     timeout_s: float = 3600.0
     prefix: str = field(default_factory=default_prefix)
     echo: bool = True  # stream host 0's output to this process's stdout
+    multirun: bool = False
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -60,13 +77,15 @@ class ClusterJob:
         overrides = []
         for item in self.overrides:
             key = item.split("=", 1)[0].lstrip("+~")
-            if item in ("-m", "--multirun") or key.startswith(_FORBIDDEN):
+            if item in ("-m", "--multirun"):
+                self.multirun = True
+            elif key.startswith(_FORBIDDEN):
                 raise ConfigError(
-                    f"{item!r}: the cluster sets trainer.num_nodes and each host's folder "
-                    f"itself, and runs one job (no multirun); give the run folder as "
-                    f"hydra.run.dir=... or --run-dir"
+                    f"{item!r}: the cluster sets trainer.num_nodes, each host's folders and "
+                    f"how the hosts sweep itself; give the run folder as hydra.run.dir=... "
+                    f"or --run-dir"
                 )
-            if key == "hydra.run.dir":
+            elif key in _RUN_DIR:
                 self.run_dir = Path(item.split("=", 1)[1])
             else:
                 overrides.append(item)
@@ -77,15 +96,34 @@ class ClusterJob:
         self.run_dir = Path(self.run_dir)
 
     def host_dir(self, host: int) -> Path:
+        """Host ``host``'s Hydra folder (of a multirun: its sweep folder)."""
         return self.run_dir / f"host{host}"
 
+    def output_dir(self, host: int, num: int = 0) -> Path:
+        """Host ``host``'s folder of job ``num``: jobs are numbered from 0 in sweep order, and
+        a run that is not a multirun is job 0."""
+        if self.multirun:
+            return self.host_dir(host) / str(num)
+        if num != 0:
+            raise ValueError(f"job {num}: a run that is not a multirun has job 0 only")
+        return self.host_dir(host)
+
     def host_argv(self, host: int) -> list[str]:
+        if self.multirun:  # a host stops at its first failed job (batches of one job)
+            folders = [
+                f"hydra.sweep.dir={self.host_dir(host)}",
+                "hydra.sweep.subdir=${hydra.job.num}",
+                "hydra.sweeper.max_batch_size=1",
+            ]
+        else:
+            folders = [f"hydra.run.dir={self.host_dir(host)}"]
         return [
             sys.executable,
             str(TRAIN_PY),
+            *(["-m"] if self.multirun else []),
             *self.overrides,
             f"trainer.num_nodes={self.hosts}",
-            f"hydra.run.dir={self.host_dir(host)}",
+            *folders,
         ]
 
     def host_env(self, cluster: EmulatedCluster, host: int) -> dict[str, str]:
@@ -100,25 +138,24 @@ class ClusterJob:
         return env
 
 
-def check_overrides(job: ClusterJob) -> None:
-    """Compose and validate the run config the hosts will compose, so a bad setting fails
-    before anything is created (as ``train.py`` itself does before spawning ranks)."""
+def check_overrides(job: ClusterJob) -> list[list[str]]:
+    """Each job's overrides (one job unless a multirun), its run config composed and validated
+    as the hosts will, so a bad setting fails before anything is created (as ``train.py``
+    itself does before spawning ranks)."""
     from hydra import compose, initialize_config_dir
 
     from ..config import validate
 
-    overrides = [
-        *job.overrides,
-        f"trainer.num_nodes={job.hosts}",
-        f"paths.root={Path.cwd()}",
-        f"paths.output_dir={job.host_dir(0)}",
-    ]
+    cluster = [f"trainer.num_nodes={job.hosts}", f"paths.root={Path.cwd()}"]
     launch_env = {"MASTER_ADDR": "198.18.0.1", "MASTER_PORT": str(MASTER_PORT), "NODE_RANK": "0"}
     saved = {k: os.environ.get(k) for k in launch_env}
     os.environ.update(launch_env)  # what each host's launcher will see
     try:
         with initialize_config_dir(config_dir=str(TRAIN_PY.parent / "conf"), version_base="1.3"):
-            validate(compose("config", overrides=overrides))
+            jobs = _sweep(job.overrides) if job.multirun else [job.overrides]
+            for num, overrides in enumerate(jobs):
+                output_dir = f"paths.output_dir={job.output_dir(0, num)}"
+                validate(compose("config", overrides=[*overrides, *cluster, output_dir]))
     except ConfigError:
         raise
     except Exception as err:  # Hydra's override and composition errors
@@ -129,6 +166,28 @@ def check_overrides(job: ClusterJob) -> None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+    return jobs
+
+
+def _sweep(overrides: list[str]) -> list[list[str]]:
+    """The jobs of ``-m overrides`` in the order Hydra's basic sweeper runs them (the cartesian
+    product of the swept values, first override outermost); each job's overrides."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    loader = GlobalHydra.instance().config_loader()  # for sweeps over a config group's options
+    parsed = OverridesParser.create(config_loader=loader).parse_overrides(overrides)
+    fixed = [o.input_line for o in parsed if o.is_hydra_override()]
+    choices: dict[str, list[str]] = {}  # by key: a key given twice keeps its last value
+    for override in parsed:
+        if override.is_hydra_override():
+            continue
+        key = override.get_key_element()
+        if override.is_sweep_override():
+            choices[key] = [f"{key}={v}" for v in override.sweep_string_iterator()]
+        else:
+            choices[key] = [f"{key}={override.get_value_element_as_str()}"]
+    return [[*fixed, *job] for job in itertools.product(*choices.values())]
 
 
 class StopRequested(RuntimeError):
@@ -168,15 +227,17 @@ def _tail(path: Path, lines: int = 40) -> str:
     return ""
 
 
-def run_job(job: ClusterJob, *, on_started=None) -> dict:
-    """Run ``job``; return node 0's ``summary.json`` (also copied to ``<run dir>``).
+def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
+    """Run ``job``; return node 0's ``summary.json`` of each job, in job order (one for a run
+    that is not a multirun, also copied to ``<run dir>/summary.json``).
 
     ``on_started(cluster, processes)``, if given, is called once every host's launcher runs
-    (tests use it to kill a rank). Raises :class:`ClusterJobFailed` when a host fails,
-    ``TimeoutError`` past ``job.timeout_s``; the cluster is removed in every case.
+    (tests use it to kill a rank). Raises :class:`ClusterJobFailed` when a host fails (in a
+    multirun: at a host's first failed job), ``TimeoutError`` past ``job.timeout_s`` (all jobs
+    together); the cluster is removed in every case.
     """
     preflight(job.rate_mbit)
-    check_overrides(job)
+    jobs = check_overrides(job)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     cluster = EmulatedCluster(job.hosts, job.rate_mbit, prefix=job.prefix)
     processes: list[subprocess.Popen] = []
@@ -211,7 +272,7 @@ def run_job(job: ClusterJob, *, on_started=None) -> dict:
             _stop(processes)
             for reader in readers:
                 reader.join(timeout=STOP_GRACE_S)
-    return _collect(job, cluster, time.monotonic() - started)
+    return _collect(job, jobs, cluster, time.monotonic() - started)
 
 
 def _wait(job: ClusterJob, processes: list[subprocess.Popen], started: float) -> None:
@@ -231,11 +292,15 @@ def _wait(job: ClusterJob, processes: list[subprocess.Popen], started: float) ->
         time.sleep(0.2)
 
 
-def _collect(job: ClusterJob, cluster: EmulatedCluster, wall_s: float) -> dict:
-    source = job.host_dir(0) / "summary.json"
-    if not source.exists():
-        raise ClusterJobFailed(f"node 0 finished without writing {source}")
-    shutil.copyfile(source, job.run_dir / "summary.json")
+def _collect(
+    job: ClusterJob, jobs: list[list[str]], cluster: EmulatedCluster, wall_s: float
+) -> list[dict]:
+    sources = [job.output_dir(0, num) / "summary.json" for num in range(len(jobs))]
+    for source in sources:
+        if not source.exists():
+            raise ClusterJobFailed(f"node 0 finished without writing {source}")
+    if not job.multirun:
+        shutil.copyfile(sources[0], job.run_dir / "summary.json")
     write_json_atomic(
         job.run_dir / "cluster.json",
         {
@@ -248,7 +313,12 @@ def _collect(job: ClusterJob, cluster: EmulatedCluster, wall_s: float) -> dict:
             "prefix": job.prefix,
             "host_dirs": [str(job.host_dir(h)) for h in range(job.hosts)],
             "overrides": job.overrides,
+            "multirun": job.multirun,
+            "jobs": [
+                {"overrides": overrides, "summary": str(source)}
+                for overrides, source in zip(jobs, sources)
+            ],
             "wall_s": wall_s,
         },
     )
-    return json.loads(source.read_text())
+    return [json.loads(source.read_text()) for source in sources]
