@@ -1,6 +1,6 @@
 """The emulated cluster (lightning_gnnscale/cluster): real shaping, clean teardown, and every
 strategy on 2 emulated hosts (ranks that do not share a network stack) giving the same float64
-result as on one host.
+result as on one host (all strategies in one 2-host multirun, so each host imports once).
 
 These need root, ``ip``/``tc`` and network namespaces; elsewhere they are skipped, and the
 reason is printed (a warning in pytest's summary) so a skip is never mistaken for a pass.
@@ -220,36 +220,52 @@ STRATEGIES = [
 ]
 
 
-@needs_cluster
-@pytest.mark.timeout(900)  # two jobs of ~20 s each on an idle machine; generous for a loaded one
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_two_hosts_equal_one_host(tmp_path, strategy):
-    """One epoch on 2 emulated hosts x 1 rank (unshaped) gives the float64 weights of the same
-    run on one host with 2 ranks: the multi-node path (NODE_RANK, MASTER_ADDR,
-    GLOO_SOCKET_IFNAME) changes where bytes travel, never what is computed."""
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory):
+    """Each strategy's one-host run (2 ranks), then ONE multirun over every strategy on 2 hosts
+    x 1 rank: each host's launcher imports once and runs the strategies' jobs in order. Returns
+    ``(reference output folder by strategy, the cluster job, node 0's summaries in job order)``."""
+    tmp = tmp_path_factory.mktemp("two_hosts")
     run = [
-        f"strategy={strategy}",
         "dtype=float64",
         "trainer.max_epochs=1",
         "topology.servers=2",  # one server per host in both runs
-        f"paths.cache_dir={tmp_path / 'cache'}",  # the cluster's hosts reuse the preparation
+        f"paths.cache_dir={tmp / 'cache'}",  # the cluster's hosts reuse the preparation
         "launcher.timeout_s=600",  # TINY's 240 s is too short for a one-host run under load
     ]
-    _, one_host = train(make_cfg(tmp_path / "one", *run, "trainer.devices=2"))
+    references = {}
+    for strategy in STRATEGIES:
+        cfg = make_cfg(tmp / strategy, f"strategy={strategy}", *run, "trainer.devices=2")
+        references[strategy] = train(cfg)[1]["output_dir"]
     prefix, before = _prefix("e"), _state()
     job = ClusterJob(
         2,
         None,
-        [*TINY, *run, "trainer.devices=1"],
-        run_dir=tmp_path / "two",
+        ["-m", *TINY, *run, "trainer.devices=1", f"strategy={','.join(STRATEGIES)}"],
+        run_dir=tmp / "two",
         prefix=prefix,
         echo=False,
-        timeout_s=600,
+        timeout_s=900,
     )
-    summary = run_job(job)
+    summaries = run_job(job)
+    _assert_nothing_left(prefix, before)
+    return references, job, summaries
+
+
+@needs_cluster
+@pytest.mark.timeout(1200)  # the first test builds two_hosts: ~1 min on an idle machine
+@pytest.mark.parametrize("num, strategy", enumerate(STRATEGIES), ids=STRATEGIES)
+def test_two_hosts_equal_one_host(two_hosts, num, strategy):
+    """One epoch on 2 emulated hosts x 1 rank (unshaped) gives the float64 weights of the same
+    run on one host with 2 ranks: the multi-node path (NODE_RANK, MASTER_ADDR,
+    GLOO_SOCKET_IFNAME) changes where bytes travel, never what is computed. Job ``num`` of the
+    2-host multirun is this strategy's."""
+    references, job, summaries = two_hosts
+    summary = summaries[num]
+    assert summary["strategy"] == strategy
     assert summary["world_size"] == 2 and summary["inter_server_bytes_per_epoch"] > 0
-    reference, got = _final_weights(one_host["output_dir"]), _final_weights(job.host_dir(0))
+    reference = _final_weights(references[strategy])
+    got = _final_weights(job.output_dir(0, num))
     assert reference.keys() == got.keys()
     for name in reference:
         torch.testing.assert_close(got[name], reference[name], rtol=0, atol=1e-12)
-    _assert_nothing_left(prefix, before)
