@@ -1,8 +1,14 @@
 """The example scripts: plain Lightning (no Hydra, Lightning's own launcher, torchrun) gives
-what ``train.py`` gives with the same settings, weight for weight."""
+what ``train.py`` gives with the same settings, weight for weight.
 
+The GSplit example starts as users start it, with Lightning's own launcher and with the real
+``torchrun``; the others run on 2 ranks forked from the warm rank server, as torchrun starts
+them (``tests/helpers/scripts.py``), which saves each rank its imports."""
+
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -12,24 +18,61 @@ import torch
 from lightning_gnnscale import ModelConfig, build_model, load_dataset
 from lightning_gnnscale.run import train
 from tests.helpers.config import REPO, make_cfg
+from tests.helpers.scripts import run_script
 from tests.test_plain_lightning import full_neighbourhood
 
 NUM_NODES, EPOCHS = 2000, 2
+TIMEOUT_S = 400
 
 
-def run_example(script: str, out, launcher: list[str] | None = None) -> dict:
-    """Run ``examples/<script>`` on 2 CPU processes; its metrics and final weights."""
+def example_args(script: str, out) -> list[str]:
+    """The command line of ``examples/<script>``, writing into ``out``."""
+    args = [f"examples/{script}", "--epochs", str(EPOCHS), "--num-nodes", str(NUM_NODES)]
+    return [*args, "--out", str(out), "--cache-dir", str(out / "cache")]
+
+
+def example_env() -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("OMP_NUM_THREADS", None)
     for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "NODE_RANK"):
         env.pop(var, None)
-    args = [f"examples/{script}", "--epochs", str(EPOCHS), "--num-nodes", str(NUM_NODES)]
-    command = [*(launcher or [sys.executable]), *args, "--out", str(out)]
-    command += ["--cache-dir", str(out / "cache")]
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    return env
+
+
+def example_result(proc: subprocess.CompletedProcess, out) -> dict:
+    """A finished example's metrics and final weights."""
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = json.loads((out / "metrics.json").read_text())
     return {"metrics": metrics, "weights": torch.load(out / "weights.pt", weights_only=True)}
+
+
+def run_example(script: str, out) -> dict:
+    """``examples/<script>`` on 2 ranks forked from the warm rank server, as torchrun starts
+    them; its metrics and final weights."""
+    script, *args = example_args(script, out)
+    proc = run_script(script, *args, cwd=REPO, env=example_env(), nproc=2, timeout=TIMEOUT_S)
+    return example_result(proc, out)
+
+
+def start_example(script: str, out, launcher: list[str]) -> subprocess.Popen:
+    """``examples/<script>`` started by ``launcher`` in a fresh interpreter and a session of
+    its own (its ranks included), its output in ``out``."""
+    out.mkdir(parents=True)
+    with open(out / "stdout", "w") as stdout, open(out / "stderr", "w") as stderr:
+        return subprocess.Popen(
+            [*launcher, *example_args(script, out)],
+            cwd=REPO,
+            env=example_env(),
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+        )
+
+
+def finish_example(process: subprocess.Popen, out) -> dict:
+    code = process.wait(timeout=TIMEOUT_S)
+    proc = subprocess.CompletedProcess(process.args, code, "", (out / "stderr").read_text())
+    return example_result(proc, out)
 
 
 def run_train_py(tmp_path, strategy: str, model: str, *overrides: str) -> dict:
@@ -62,12 +105,26 @@ def assert_same_run(example: dict, reference: dict) -> None:
 
 @pytest.mark.e2e
 def test_gsplit_gat_example_matches_train_py(tmp_path):
-    reference = run_train_py(tmp_path / "train", "gsplit", "gat")
-    assert_same_run(run_example("gsplit_gat_sbm.py", tmp_path / "lightning"), reference)
+    """Lightning's own launcher (``python examples/...``, which re-executes the script for
+    rank 1) and the real ``torchrun``, started together (each pays the imports of a fresh
+    interpreter per process) while the reference trains here."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    assert_same_run(
-        run_example("gsplit_gat_sbm.py", tmp_path / "torchrun", launcher=torchrun), reference
-    )
+    launches = {
+        out: start_example("gsplit_gat_sbm.py", out, launcher)
+        for out, launcher in (
+            (tmp_path / "lightning", [sys.executable]),
+            (tmp_path / "torchrun", torchrun),
+        )
+    }
+    try:
+        reference = run_train_py(tmp_path / "train", "gsplit", "gat")
+        for out, process in launches.items():
+            assert_same_run(finish_example(process, out), reference)
+    finally:  # a failed launch leaves no rank behind
+        for process in launches.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 @pytest.mark.e2e
