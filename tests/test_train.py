@@ -4,8 +4,6 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
-import sys
 import typing
 
 import pytest
@@ -16,6 +14,7 @@ from lightning_gnnscale.config import ConfigError, validate
 from lightning_gnnscale.run import train
 from lightning_gnnscale.systems.registry import SYSTEMS
 from tests.helpers.config import REPO, make_cfg
+from tests.helpers.scripts import run_script, start_script
 
 SUMMARY_KEYS = {
     "strategy",
@@ -143,23 +142,11 @@ def test_single_rejects_several_devices(tmp_path):
 def test_cli_errors_before_spawning(tmp_path):
     """Bad values fail in the main process, before any rank or output exists."""
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "train.py", "data.fanouts=[5]", f"hydra.run.dir={out}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_script("train.py", "data.fanouts=[5]", f"hydra.run.dir={out}", cwd=REPO, timeout=120)
     assert proc.returncode != 0
     assert "one fanout per layer" in proc.stderr
     assert not (out / "summary.json").exists()
-    proc = subprocess.run(
-        [sys.executable, "train.py", "strategy=nope", f"hydra.run.dir={out}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_script("train.py", "strategy=nope", f"hydra.run.dir={out}", cwd=REPO, timeout=120)
     assert proc.returncode != 0 and "ddp" in proc.stderr and "single" in proc.stderr
 
 
@@ -254,24 +241,19 @@ def test_custom_pyg_model_runs_under_single(tmp_path):
 def test_multirun_runs_each_job_once(tmp_path):
     """`-m` over a multi-process strategy: four jobs, each with its own summary, none re-run."""
     sweep = tmp_path / "sweep"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "-m",
-            "strategy=single,ddp",
-            "model=gcn,sage",
-            "dataset.num_nodes=300",
-            "data.batch_size=64",
-            "trainer.max_epochs=1",
-            "trainer.enable_progress_bar=false",
-            "logger=none",
-            f"hydra.sweep.dir={sweep}",
-            "launcher.timeout_s=240",
-        ],
+    proc = run_script(
+        "train.py",
+        "-m",
+        "strategy=single,ddp",
+        "model=gcn,sage",
+        "dataset.num_nodes=300",
+        "data.batch_size=64",
+        "trainer.max_epochs=1",
+        "trainer.enable_progress_bar=false",
+        "logger=none",
+        f"hydra.sweep.dir={sweep}",
+        "launcher.timeout_s=240",
         cwd=REPO,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -293,8 +275,6 @@ def test_two_node_launch_on_loopback(tmp_path):
 
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     args = [
-        sys.executable,
-        "train.py",
         "trainer.num_nodes=2",
         "trainer.devices=1",
         "dataset.num_nodes=300",
@@ -305,18 +285,10 @@ def test_two_node_launch_on_loopback(tmp_path):
         f"hydra.run.dir={tmp_path}",
     ]
     nodes = [
-        subprocess.Popen(
-            args,
-            cwd=REPO,
-            env={**env, "NODE_RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in (0, 1)
+        start_script("train.py", *args, cwd=REPO, env={**env, "NODE_RANK": str(r)}) for r in (0, 1)
     ]
-    outputs = [n.communicate(timeout=300) for n in nodes]
-    assert all(n.returncode == 0 for n in nodes), outputs[1][1][-3000:]
+    outputs = [n.wait(timeout=300) for n in nodes]
+    assert all(o.returncode == 0 for o in outputs), outputs[1].stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world_size"] == 2
     # one server per node: the gradient all-reduce crosses servers
