@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import lightning as L
 import pytest
@@ -12,10 +10,12 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 import lightning_gnnscale as gs
 from tests.helpers.config import REPO
+from tests.helpers.scripts import run_script
 
-# One process runs every name in turn, once by name and once with the strategy object built by
-# hand, one rank each: the point is the name, the DataModule and the strategy meeting through
-# the registry (2-rank runs are in test_examples.py and the systems' own tests).
+# One process (forked from the warm rank server) runs every name in turn, once by name and once
+# with the strategy object built by hand, one rank each: the point is the name, the DataModule
+# and the strategy meeting through the registry (2-rank runs are in test_examples.py and the
+# systems' own tests).
 SCRIPT = r"""
 import json, sys
 import lightning as L
@@ -66,14 +66,9 @@ def test_every_name_is_in_lightnings_registry():
 def test_every_registered_name_trains_from_a_plain_trainer(tmp_path):
     # one thread: float sums in the same order in both runs of a name (bitwise comparison)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "cache")],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    script = tmp_path / "every_name.py"
+    script.write_text(SCRIPT)
+    proc = run_script(script, str(tmp_path / "cache"), cwd=tmp_path, env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(s for s in proc.stdout.splitlines() if s.startswith("RESULTS "))
     results = json.loads(line.removeprefix("RESULTS "))

@@ -2,13 +2,14 @@
 forked from the run's warm rank server (:func:`tests.helpers.dist.warm_context`): no process
 imports torch, Lightning and PyG again.
 
-Each process adopts the given environment, working directory and ``sys.argv``, then runs the
-script as ``__main__`` (``runpy``), with its stdout and stderr going to files. It also gets a
-rank server of its own, a fork of itself (warm as well), so a script that launches ranks
-(``train.py`` with ``trainer.devices=2``) forks them from there, and they and their launcher
-stand as they would after a cold start: the ranks' parent is the server, the server's parent is
-the launcher. Starting the real ``python`` and ``torchrun`` (each test of a launch path does)
-takes seconds of imports per process instead.
+Each process adopts the given environment (``OMP_NUM_THREADS`` too, which torch read when the
+server imported it), working directory and ``sys.argv``, then runs the script as ``__main__``
+(``runpy``), its stdout and stderr going to files. It also gets a rank server of its own, a
+fork of itself (warm as well), so a script that launches ranks (``train.py`` with
+``trainer.devices=2``) forks them from there, and they and their launcher stand as after a cold
+start: the ranks' parent is the server, the server's parent is the launcher. The tests of the
+launch paths themselves start the real ``python`` and ``torchrun``, at seconds of imports per
+process.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 from tests.helpers.dist import free_port, warm_context
 
@@ -62,6 +65,8 @@ def _run(script: str, args: list[str], cwd: str, env: dict, out_dir: str) -> Non
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    if env.get("OMP_NUM_THREADS"):  # torch read it when the server imported it
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     from lightning_gnnscale import launch
 
     launch._RUN_TOKEN = launch._run_token()  # a fresh interpreter's, from this environment
