@@ -39,6 +39,7 @@ def _serve_forks_from_here() -> int:
     listener = socket.socket(socket.AF_UNIX)
     address = connection.arbitrary_address("AF_UNIX")
     listener.bind(address)
+    os.chmod(address, 0o600)
     listener.listen()
     alive_r, alive_w = os.pipe()
     pid = os.fork()
