@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from lightning_gnnscale.launch import kill_me_when_my_parent_dies
 from tests.helpers.dist import free_port, warm_context
 
 _STREAMS = ("stdout", "stderr")
@@ -42,11 +43,14 @@ def _serve_forks_from_here() -> int:
     os.chmod(address, 0o600)
     listener.listen()
     alive_r, alive_w = os.pipe()
+    launcher = os.getpid()
     pid = os.fork()
     if pid == 0:
         try:
-            os.close(alive_w)
-            forkserver.main(listener.fileno(), alive_r, [])
+            kill_me_when_my_parent_dies()  # as rank_server_guard does for the real server
+            if os.getppid() == launcher:
+                os.close(alive_w)
+                forkserver.main(listener.fileno(), alive_r, [])
         finally:
             os._exit(0)
     os.close(alive_r)
