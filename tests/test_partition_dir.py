@@ -35,8 +35,16 @@ FANOUTS = [5, 3]
 SBM = dict(num_nodes=300, num_classes=4, avg_degree=8.0, num_features=10, seed=5)
 
 
-def make_dm(cache_dir, partition_dir=None, dataset="sbm", method="random", seed=3, **options):
-    """A DistDGL DataModule on the small sbm graph, by name (float64)."""
+def make_dm(
+    cache_dir,
+    partition_dir=None,
+    dataset="sbm",
+    method="random",
+    seed=3,
+    dtype=torch.float64,
+    **options,
+):
+    """A DistDGL DataModule on the small sbm graph, by name (float64 unless ``dtype``)."""
     config = DistDGLConfig(partition=PartitionConfig(method=method))
     data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=partition_dir)
     return DistDGLDataModule(
@@ -45,13 +53,13 @@ def make_dm(cache_dir, partition_dir=None, dataset="sbm", method="random", seed=
         data,
         seed=seed,
         cache_dir=cache_dir,
-        dtype=torch.float64,
+        dtype=dtype,
         dataset_options={**SBM, **options},
     )
 
 
-def write_dir(tmp_path: Path, world_size: int = 2, **kwargs) -> Path:
-    out = tmp_path / f"parts{world_size}"
+def write_dir(tmp_path: Path, world_size: int = 2, name=None, **kwargs) -> Path:
+    out = tmp_path / (name or f"parts{world_size}")
     if not out.exists():
         make_dm(tmp_path / "cache", **kwargs).write_partition_dir(out, world_size, log=lambda *_: 0)
     return out
@@ -326,3 +334,52 @@ def test_train_from_a_directory_equals_in_memory_and_resumes(tmp_path, monkeypat
     _assert_equal(want, _weights(tmp_path / "resumed" / "out"))
     assert got_metrics["test_acc"] == metrics["test_acc"]
     assert got_metrics["config_hash"] != metrics["config_hash"]  # a resumed run is its own
+
+
+# ----------------------------------------------------------------------- plain Lightning
+def _plain_lightning_ranks(out: Path) -> None:
+    """Both DataModules under ``L.Trainer(precision="64-true")``: the in-memory one, and one
+    given only ``DataConfig(partition_dir=...)`` (dataset None: the directory's), whose part
+    was written in float32 and is cast on load."""
+    import lightning as L
+
+    import lightning_gnnscale as gs
+
+    results = {}
+    for key in ("memory", "directory"):
+        L.seed_everything(0, verbose=False)
+        if key == "memory":
+            dm = make_dm(out / "cache", dtype=torch.float32)
+        else:
+            config = DistDGLConfig(partition=PartitionConfig(method="random"))
+            data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=str(out / "f32"))
+            dm = DistDGLDataModule(None, config, data, seed=3)
+        module = gs.GNNModule.from_config(gs.ModelConfig(hidden=8, num_layers=2), dm)
+        trainer = L.Trainer(
+            strategy=gs.DistDGLStrategy(dm.config),
+            accelerator="cpu",
+            devices=2,
+            max_epochs=2,
+            precision="64-true",
+            callbacks=[gs.StepSeed(0)],
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            num_sanity_val_steps=0,
+        )
+        trainer.fit(module, datamodule=dm)
+        results[key] = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    torch.save(results, out / f"rank{trainer.global_rank}.pt")
+
+
+@pytest.mark.dist
+def test_a_plain_lightning_script_trains_from_a_directory(tmp_path):
+    from lightning_gnnscale.launch import launch_local
+
+    write_dir(tmp_path, name="f32", dtype=torch.float32)
+    launch_local(_plain_lightning_ranks, (tmp_path,), devices=2, num_nodes=1, timeout_s=300)
+    for rank in (0, 1):
+        results = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert all(v.dtype == torch.float64 for v in results["directory"].values())
+        _assert_equal(results["memory"], results["directory"])
