@@ -383,3 +383,14 @@ def test_a_plain_lightning_script_trains_from_a_directory(tmp_path):
         results = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert all(v.dtype == torch.float64 for v in results["directory"].values())
         _assert_equal(results["memory"], results["directory"])
+
+
+def test_the_partition_command_needs_out_and_a_system_that_loads_parts(tmp_path, capsys):
+    from lightning_gnnscale.partition import main
+
+    assert main(["strategy=distdgl"]) == 2  # no out=
+    assert "usage" in capsys.readouterr().err
+    out = tmp_path / "parts"
+    assert main([f"paths.root={tmp_path}", "strategy=gsplit", f"out={out}"]) == 1
+    assert "strategies that load from a partition directory: ['distdgl']" in capsys.readouterr().err
+    assert not out.exists()

@@ -141,7 +141,10 @@ class DistDGLDataModule(GNNDataModule):
     """Partitioned graph, KV store, distributed sampler and DistDGL's even trainer split.
 
     ``preprocess`` partitions and relabels the graph (:class:`PartitionedGraph`); every rank
-    keeps its partition and serves its rows and samples to the others. Batches are
+    keeps its partition and serves its rows and samples to the others. With
+    ``data.partition_dir`` a rank loads only its own part (``write_parts`` writes them), holds
+    the ``[P + 1]`` offsets as its book and pulls the degrees of sampled nodes from their
+    owners (docs/partitioning.md). Batches are
     :class:`DistDGLBatch` (seeds ``[n]`` per rank, each rank ``batch_size / world`` of them).
 
     Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``DistDGLConfig()``.
