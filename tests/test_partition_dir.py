@@ -466,4 +466,3 @@ def test_sancus_and_cagnet_train_from_a_directory_as_in_memory(tmp_path, strateg
     assert objects["graph"] is None
     _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "dir" / "out"))
     assert [h["val_acc"] for h in got["history"]] == [h["val_acc"] for h in mem["history"]]
-    ]
