@@ -469,3 +469,16 @@ def test_sancus_and_cagnet_train_from_a_directory_as_in_memory(tmp_path, strateg
     assert objects["graph"] is None
     _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "dir" / "out"))
     assert [h["val_acc"] for h in got["history"]] == [h["val_acc"] for h in mem["history"]]
+
+
+def test_a_node_verifies_the_parts_of_its_own_ranks(monkeypatch):
+    from lightning_gnnscale.graph.partition_dir import node_ranks
+
+    for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert node_ranks(4, 2) == [0, 1]  # node 0 of 2 nodes x 2 devices
+    monkeypatch.setenv("NODE_RANK", "1")
+    assert node_ranks(4, 2) == [2, 3]
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert node_ranks(4, 2) == [3]  # a rank launched by torchrun / srun: its own part
