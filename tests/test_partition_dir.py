@@ -474,11 +474,17 @@ def test_sancus_and_cagnet_train_from_a_directory_as_in_memory(tmp_path, strateg
 def test_a_node_verifies_the_parts_of_its_own_ranks(monkeypatch):
     from lightning_gnnscale.graph.partition_dir import node_ranks
 
-    for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK"):
+    for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_NTASKS"):
         monkeypatch.delenv(key, raising=False)
     assert node_ranks(4, 2) == [0, 1]  # node 0 of 2 nodes x 2 devices
     monkeypatch.setenv("NODE_RANK", "1")
     assert node_ranks(4, 2) == [2, 3]
-    monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert node_ranks(4, 2) == [3]  # a rank launched by torchrun / srun: its own part
+    assert node_ranks(4, 2) == [3]  # a manually launched rank: NODE_RANK x devices + LOCAL_RANK
+    monkeypatch.setenv("RANK", "2")
+    assert node_ranks(4, 2) == [2]  # torchrun's RANK
+    for key in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    assert node_ranks(4, 2) == [1]  # a task of a multi-task srun

@@ -249,14 +249,19 @@ class PartitionDir:
 
 
 def node_ranks(world_size: int, devices: int | None = None) -> list[int]:
-    """The global ranks whose parts this process tree needs: under a per-rank launch
-    (``RANK`` set: torchrun, srun, a spawned rank) its own; else the ranks of node
-    ``$NODE_RANK`` (default 0) with ``devices`` ranks per node (default: all)."""
+    """The global ranks whose parts this process needs. A process that is one rank: its own
+    (``RANK`` under torchrun, ``SLURM_PROCID`` under a multi-task srun, else ``NODE_RANK x
+    devices + LOCAL_RANK`` for a manual launch, as Lightning counts). A launcher: the ranks of
+    node ``$NODE_RANK`` (default 0), ``devices`` per node (default: all)."""
     env = os.environ
-    if "RANK" in env and "LOCAL_RANK" in env:
-        return [int(env["RANK"])]
     devices = devices or world_size
     node = int(env.get("NODE_RANK", env.get("GROUP_RANK", "0")))
+    if "RANK" in env and "LOCAL_RANK" in env:
+        return [int(env["RANK"])]
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        return [int(env["SLURM_PROCID"])]
+    if "LOCAL_RANK" in env:
+        return [node * devices + int(env["LOCAL_RANK"])]
     return list(range(node * devices, min(world_size, (node + 1) * devices)))
 
 
