@@ -318,9 +318,20 @@ class DistDGLDataModule(GNNDataModule):
         return DistDGLBatch(blocks, x, y, count, epoch, step, stats, inputs=self.inputs)
 
     def _with_degrees(self, blocks: list[Block]) -> list[Block]:
-        """``blocks`` with their ``src_deg`` pulled from the owners (one KV pull of the input
-        layer's sources, ``structure`` bytes: every block's sources are a prefix of them)."""
-        degree = self.kv.pull("degree", blocks[0].src_ids, category="structure")
+        """``blocks`` with their ``src_deg``: every block's sources are a prefix of the input
+        layer's, whose degrees come from this rank's core and halo where it has them, and from
+        the owners for the rest (one KV pull, collective, ``structure`` bytes)."""
+        ids, local = blocks[0].src_ids, self.local
+        first = int(self.kv.first_gid)
+        halo = local.local2global[local.num_core :]
+        pos = torch.searchsorted(halo, ids).clamp_(max=max(halo.numel() - 1, 0))
+        in_halo = halo[pos] == ids if halo.numel() else torch.zeros_like(ids, dtype=torch.bool)
+        in_core = (ids >= first) & (ids < first + local.num_core)
+        degree = torch.empty_like(ids)
+        degree[in_core] = self.local_degree[ids[in_core] - first]
+        degree[in_halo] = self.local_degree[local.num_core + pos[in_halo]]
+        rest = ~(in_core | in_halo)
+        degree[rest] = self.kv.pull("degree", ids[rest], category="structure")
         return [replace(b, src_deg=degree[: b.num_src]) for b in blocks]
 
     # ------------------------------------------------------------------------ checkpoints
