@@ -36,6 +36,7 @@ _MAY_CHANGE = (
     "dataset.cache_dir",
     "dataset.download",
     "data.num_workers",
+    "data.partition_dir",
     "data.eval_chunk_size",
     "trainer.max_epochs",
     "trainer.enable_progress_bar",

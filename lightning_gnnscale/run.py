@@ -48,6 +48,7 @@ from .config import validate
 from .cpu_memory import malloc_choice, retain_freed_memory
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
+from .graph.partition_dir import node_ranks
 from .launch import LauncherSignal, externally_launched, launch_local
 from .models.module import GNNModule
 from .run_folder import check_writable, claimed
@@ -64,6 +65,7 @@ def config_hash(run: RunConfig) -> str:
     data = as_dict(run)
     for key in ("paths", "ckpt_path", "launcher", "logger"):
         data.pop(key, None)
+    data["data"].pop("partition_dir", None)  # where the data is read from: the same result
     data["trainer"].pop("enable_progress_bar", None)
     if run.ckpt_path is not None:
         block = read_checkpoint(run.ckpt_path).get(CHECKPOINT_KEY) or {}
@@ -82,9 +84,24 @@ def load_graph(run: RunConfig) -> Graph:
     return graph.to(getattr(torch, run.dtype))
 
 
-def build_datamodule(run: RunConfig, graph: Graph | None = None) -> GNNDataModule:
-    """The system's DataModule for ``run`` (on ``graph``, else the run's dataset)."""
+def build_datamodule(
+    run: RunConfig, graph: Graph | None = None, *, by_name: bool = False
+) -> GNNDataModule:
+    """The system's DataModule for ``run`` (on ``graph``, else the run's dataset). On the
+    dataset's name, loaded when first used, with ``by_name`` or ``data.partition_dir`` (then
+    nothing is loaded: the ranks load their parts)."""
     spec = SYSTEMS[run.strategy.name]
+    if (by_name or run.data.partition_dir is not None) and graph is None:
+        options = {k: v for k, v in run.dataset.items() if k != "name"}
+        return spec.datamodule(
+            run.dataset["name"],
+            run.strategy,
+            run.data,
+            seed=run.seed,
+            cache_dir=run.paths.cache_dir,
+            dtype=getattr(torch, run.dtype),
+            dataset_options=options,
+        )
     return spec.datamodule(
         graph if graph is not None else load_graph(run),
         run.strategy,
@@ -141,7 +158,8 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     """Run one training job; return ``(metrics, objects)``.
 
     ``metrics`` is the content of ``summary.json`` (empty on nodes other than node 0 of a
-    multi-node launch); ``objects`` holds ``graph`` and ``output_dir``.
+    multi-node launch); ``objects`` holds ``graph`` (``None`` with ``data.partition_dir``:
+    no process loads it) and ``output_dir``.
     """
     run = validate(cfg)
     malloc_choice()  # a bad $GNNSCALE_MALLOC fails here, before any rank is spawned
@@ -152,7 +170,9 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
         torch.set_num_threads(rank_threads(run.trainer.devices))
     with contextlib.nullcontext() if external else claimed(output_dir):
         datamodule = build_datamodule(run)
-        datamodule.prepare(run.world_size)  # once, here; the ranks receive the result
+        # once, here; the ranks receive the result (a partition directory: checked, and the
+        # parts of this node's ranks verified)
+        datamodule.prepare(run.world_size, node_ranks(run.world_size, run.trainer.devices))
         if external:
             metrics = run_rank(run, datamodule, None)
         elif run.world_size == 1:  # in this process: leave it as it was found (Lightning
@@ -181,7 +201,8 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
             metrics = read_summary(output_dir / "summary.json", run_id) if node_zero else {}
     if metrics:
         print(f"\n{format_table(metrics)}\n\nsummary: {output_dir / 'summary.json'}")
-    return metrics, {"graph": datamodule.graph, "output_dir": output_dir}
+    graph = None if datamodule.partition_dir is not None else datamodule.graph
+    return metrics, {"graph": graph, "output_dir": output_dir}
 
 
 @contextlib.contextmanager

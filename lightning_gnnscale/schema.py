@@ -90,12 +90,16 @@ class DataConfig:
         num_workers: DataLoader processes sampling ahead (systems that sample with
             collectives need 0).
         eval_chunk_size: destination nodes per chunk in layer-wise inference.
+        partition_dir: train from this partition directory (``python -m
+            lightning_gnnscale.partition``): the launcher loads no dataset and each rank
+            loads only its own part (docs/partitioning.md); ``None``: partition in memory.
     """
 
     batch_size: int = 1024
     fanouts: list[int] = field(default_factory=lambda: [10, 10])
     num_workers: int = 0
     eval_chunk_size: int = 65536
+    partition_dir: str | None = None
 
     def __post_init__(self) -> None:
         check_field_types(self, "data.")
@@ -110,6 +114,10 @@ class DataConfig:
         )
         require(self.num_workers >= 0, f"data.num_workers={self.num_workers} must be >= 0")
         require(self.eval_chunk_size >= 1, "data.eval_chunk_size must be >= 1")
+        require(
+            self.partition_dir is None or bool(self.partition_dir),
+            "data.partition_dir must be a folder (or null)",
+        )
 
 
 @dataclass(frozen=True)
@@ -293,6 +301,7 @@ class SystemConfig:
     MODEL_SETTINGS: ClassVar[dict[str, Any]] = {}
     accepts_custom_models: ClassVar[bool] = False  # can train a user model(x, edge_index)
     batches_in_main_process: ClassVar[bool] = True  # batches may run collectives: no workers
+    supports_partition_dir: ClassVar[bool] = False  # ranks can load from data.partition_dir
 
     def __post_init__(self) -> None:
         if self.NAMES and self.name not in self.NAMES:
@@ -328,6 +337,10 @@ class SystemConfig:
             not self.batches_in_main_process or data.num_workers == 0,
             f"strategy={self.name} builds its batches in the main process (they may run "
             f"collectives), but data.num_workers={data.num_workers}; set data.num_workers=0",
+        )
+        require(
+            data.partition_dir is None or self.supports_partition_dir,
+            partition_dir_unsupported(self.name),
         )
 
     def check_run(self, run: RunFacts) -> None:
@@ -393,6 +406,15 @@ class RunConfig:
     @property
     def world_size(self) -> int:
         return self.trainer.world_size
+
+
+def partition_dir_unsupported(name: str) -> str:
+    """The error for ``data.partition_dir`` under a system that cannot load from one."""
+    valid = sorted(n for n, c in SYSTEM_SCHEMAS.items() if c.supports_partition_dir)
+    return (
+        f"data.partition_dir is not supported by strategy={name} yet (its ranks start from "
+        f"the whole graph); strategies that load from a partition directory: {valid}"
+    )
 
 
 def check_depth(data: DataConfig, model: ModelConfig) -> None:

@@ -24,57 +24,28 @@ def _check(cond: bool, msg: str) -> None:
 
 
 @dataclass(frozen=True)
-class PartitionBook:
-    """Node -> part map over relabelled ids.
+class RangeBook:
+    """Node -> part map over relabelled ids, from the ``[P + 1]`` offsets alone (``O(P)``):
+    what a rank that loaded its part from a partition directory holds.
 
     Attributes:
         node_offsets: int64 ``[P + 1]``; part ``k`` owns gids ``[node_offsets[k], node_offsets[k+1])``.
-        new2old: int64 ``[N]``; original id of every gid.
-        old2new: int64 ``[N]``; gid of every original id (inverse of ``new2old``).
     """
 
     node_offsets: Tensor
-    new2old: Tensor
-    old2new: Tensor
 
     def __post_init__(self) -> None:
-        offsets, n = self.node_offsets, self.new2old.numel()
-        for name in ("node_offsets", "new2old", "old2new"):
-            tensor = getattr(self, name)
-            _check(
-                tensor.dim() == 1 and tensor.dtype == torch.int64,
-                f"PartitionBook.{name} must be 1-D int64",
-            )
-        _check(offsets.numel() >= 2, "PartitionBook needs at least one part")
+        offsets = self.node_offsets
         _check(
-            int(offsets[0]) == 0 and int(offsets[-1]) == n,
-            f"PartitionBook.node_offsets must run from 0 to N={n}",
+            offsets.dim() == 1 and offsets.dtype == torch.int64,
+            f"{type(self).__name__}.node_offsets must be 1-D int64",
         )
+        _check(offsets.numel() >= 2, f"{type(self).__name__} needs at least one part")
+        _check(int(offsets[0]) == 0, f"{type(self).__name__}.node_offsets must start at 0")
         _check(
             bool((offsets[1:] >= offsets[:-1]).all()),
-            "PartitionBook.node_offsets must be non-decreasing",
+            f"{type(self).__name__}.node_offsets must be non-decreasing",
         )
-        _check(
-            self.old2new.numel() == n and torch.equal(self.old2new[self.new2old], torch.arange(n)),
-            "PartitionBook.old2new must be the inverse permutation of new2old",
-        )
-
-    @classmethod
-    def from_parts(cls, parts: Tensor, num_parts: int | None = None) -> PartitionBook:
-        """Book for ``parts`` (int64 ``[N]`` part per original id); ties keep original order."""
-        parts = parts.to(torch.int64)
-        if num_parts is None:
-            num_parts = int(parts.max()) + 1 if parts.numel() else 1
-        _check(
-            parts.numel() == 0 or (int(parts.min()) >= 0 and int(parts.max()) < num_parts),
-            f"parts must lie in [0, {num_parts})",
-        )
-        new2old = torch.argsort(parts, stable=True)
-        old2new = torch.empty_like(new2old)
-        old2new[new2old] = torch.arange(new2old.numel())
-        node_offsets = torch.zeros(num_parts + 1, dtype=torch.int64)
-        torch.cumsum(torch.bincount(parts, minlength=num_parts), 0, out=node_offsets[1:])
-        return cls(node_offsets=node_offsets, new2old=new2old, old2new=old2new)
 
     @property
     def num_parts(self) -> int:
@@ -82,7 +53,7 @@ class PartitionBook:
 
     @property
     def num_nodes(self) -> int:
-        return self.new2old.numel()
+        return int(self.node_offsets[-1])
 
     def part_sizes(self) -> Tensor:
         """int64 ``[P]``: number of nodes owned by each part."""
@@ -105,6 +76,56 @@ class PartitionBook:
         """int64 gids owned by part ``k`` (a contiguous range)."""
         _check(0 <= k < self.num_parts, f"part {k} out of range [0, {self.num_parts})")
         return torch.arange(int(self.node_offsets[k]), int(self.node_offsets[k + 1]))
+
+
+@dataclass(frozen=True)
+class PartitionBook(RangeBook):
+    """A :class:`RangeBook` plus the relabelling itself (``[N]`` arrays: the process that
+    partitions holds it; the in-memory path hands it to every rank).
+
+    Attributes:
+        node_offsets: as :class:`RangeBook`.
+        new2old: int64 ``[N]``; original id of every gid.
+        old2new: int64 ``[N]``; gid of every original id (inverse of ``new2old``).
+    """
+
+    new2old: Tensor
+    old2new: Tensor
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        offsets, n = self.node_offsets, self.new2old.numel()
+        for name in ("new2old", "old2new"):
+            tensor = getattr(self, name)
+            _check(
+                tensor.dim() == 1 and tensor.dtype == torch.int64,
+                f"PartitionBook.{name} must be 1-D int64",
+            )
+        _check(
+            int(offsets[-1]) == n,
+            f"PartitionBook.node_offsets must run from 0 to N={n}",
+        )
+        _check(
+            self.old2new.numel() == n and torch.equal(self.old2new[self.new2old], torch.arange(n)),
+            "PartitionBook.old2new must be the inverse permutation of new2old",
+        )
+
+    @classmethod
+    def from_parts(cls, parts: Tensor, num_parts: int | None = None) -> PartitionBook:
+        """Book for ``parts`` (int64 ``[N]`` part per original id); ties keep original order."""
+        parts = parts.to(torch.int64)
+        if num_parts is None:
+            num_parts = int(parts.max()) + 1 if parts.numel() else 1
+        _check(
+            parts.numel() == 0 or (int(parts.min()) >= 0 and int(parts.max()) < num_parts),
+            f"parts must lie in [0, {num_parts})",
+        )
+        new2old = torch.argsort(parts, stable=True)
+        old2new = torch.empty_like(new2old)
+        old2new[new2old] = torch.arange(new2old.numel())
+        node_offsets = torch.zeros(num_parts + 1, dtype=torch.int64)
+        torch.cumsum(torch.bincount(parts, minlength=num_parts), 0, out=node_offsets[1:])
+        return cls(node_offsets=node_offsets, new2old=new2old, old2new=old2new)
 
     def edge_offsets(self, relabelled: Graph) -> Tensor:
         """int64 ``[P + 1]``: part ``k`` owns the edge ids ``[edge_offsets[k], edge_offsets[k+1])``
@@ -138,7 +159,8 @@ class LocalPartition:
         indptr: int64 ``[n_core + 1]``; CSC over core destinations.
         indices: int64 ``[E_k]``; local source id of each edge. Within a segment the edges keep
             the full graph's order (by source gid), so samplers see the same neighbour order.
-        edge_ids: int64 ``[E_k]``; the edge's id in the relabelled global graph (contiguous).
+        edge_ids: int64 ``[E_k]``; the edge's id in the relabelled global graph (contiguous);
+            ``None`` when loaded from a partition directory (nothing reads it there).
         x, y, train_mask, val_mask, test_mask: core nodes only (halo data lives with its owner).
     """
 
@@ -147,7 +169,7 @@ class LocalPartition:
     local2global: Tensor
     indptr: Tensor
     indices: Tensor
-    edge_ids: Tensor
+    edge_ids: Tensor | None
     x: Tensor
     y: Tensor
     train_mask: Tensor
@@ -158,8 +180,9 @@ class LocalPartition:
         n_core, n_local = self.num_core, self.local2global.numel()
         _check(0 <= n_core <= n_local, "LocalPartition.num_core must be <= len(local2global)")
         _check(self.indptr.shape == (n_core + 1,), "LocalPartition.indptr must be [num_core + 1]")
+        edges = self.indices.numel() if self.edge_ids is None else self.edge_ids.numel()
         _check(
-            int(self.indptr[-1]) == self.indices.numel() == self.edge_ids.numel(),
+            int(self.indptr[-1]) == self.indices.numel() == edges,
             "LocalPartition.indptr[-1], indices and edge_ids disagree on the edge count",
         )
         _check(

@@ -181,6 +181,21 @@ class BlockBuilder:
         )
 
 
+def build_block_sorted(dst: Tensor, src: Tensor, dst_pos: Tensor, src_deg=None) -> Block:
+    """:class:`BlockBuilder`'s block without its ``[N]`` tables: sources deduplicated by a sort
+    (``O(E_s log E_s)``), for a rank that holds no global array. ``src_deg``:
+    ``fn(src_ids) -> degrees``; ``None`` leaves zeros for the caller to fill
+    (``dataclasses.replace``)."""
+    n_dst = dst.numel()
+    candidates = torch.unique(src)  # sorted
+    new_ids = candidates[~torch.isin(candidates, dst)]
+    src_ids = torch.cat([dst, new_ids])
+    order = torch.argsort(src_ids)
+    position = order[torch.searchsorted(src_ids[order], src)]
+    degree = torch.zeros_like(src_ids) if src_deg is None else src_deg(src_ids)
+    return Block(src_ids, n_dst, torch.stack([position, dst_pos]), degree)
+
+
 class NeighborSampler:
     """Multi-hop hash-keyed sampler producing a list of blocks, input layer first.
 

@@ -54,7 +54,14 @@ from ..models.gnn import (
     layer_rows,
     layerwise_inference,
 )
-from ..schema import DataConfig, ModelConfig, RunFacts, SystemConfig, check_depth
+from ..schema import (
+    DataConfig,
+    ModelConfig,
+    RunFacts,
+    SystemConfig,
+    check_depth,
+    partition_dir_unsupported,
+)
 from .contract import (
     PREDICT_OUTPUTS,
     Evaluation,
@@ -522,10 +529,18 @@ class GNNDataModule(L.LightningDataModule):
     - The validation and test loaders yield one :class:`~.contract.Evaluation` whose counts
       come from :meth:`eval_counts`.
 
+    With ``data.partition_dir`` (systems whose config has ``supports_partition_dir``) the
+    DataModule never loads the whole graph: :meth:`prepare` opens and checks the partition
+    directory (:class:`~..graph.partition_dir.PartitionDir`) and verifies the parts of this
+    node's ranks, and each rank's :meth:`setup_rank` loads its own part, memory-mapped
+    (docs/partitioning.md).
+
     Args:
-        dataset: a :class:`Graph`, or a dataset name for :func:`load_dataset`.
+        dataset: a :class:`Graph`, or a dataset name for :func:`load_dataset`; with
+            ``data.partition_dir``, a name (checked against the directory, with
+            ``dataset_options``) or ``None`` (the directory's dataset).
         config: the system's settings.
-        data: batch size, fanouts, loader workers, evaluation chunk size.
+        data: batch size, fanouts, loader workers, evaluation chunk size, partition directory.
         seed: base of the epoch permutations and sampling keys.
         cache_dir: where preprocessing results are cached (default ``./.cache/lightning_gnnscale``).
         dtype: features' dtype when loading by name (a given graph is used as it is).
@@ -534,7 +549,7 @@ class GNNDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        dataset: Graph | str,
+        dataset: Graph | str | None,
         config: SystemConfig,
         data: DataConfig | None = None,
         *,
@@ -551,8 +566,16 @@ class GNNDataModule(L.LightningDataModule):
         config.check_data(self.data)
         self.seed = seed
         self.cache_dir = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)
+        self.partition_dir = self.data.partition_dir
+        if self.partition_dir is not None and isinstance(dataset, Graph):
+            raise ValueError(
+                "data.partition_dir: the ranks load their parts from the directory; pass the "
+                "dataset's name (or None), not a Graph"
+            )
+        if dataset is None and self.partition_dir is None:
+            raise ValueError("dataset is None: pass a Graph or a dataset name")
         self._graph = dataset if isinstance(dataset, Graph) else None
-        self._dataset_name = None if isinstance(dataset, Graph) else str(dataset)
+        self._dataset_name = None if isinstance(dataset, Graph | None) else str(dataset)
         self._dtype, self._dataset_options = dtype, dict(dataset_options or {})
         self._prepared: dict[int, Any] = {}
         self.context: RankContext | None = None
@@ -562,6 +585,11 @@ class GNNDataModule(L.LightningDataModule):
     @property
     def graph(self) -> Graph:
         """The whole dataset (loaded on first use when the module was given a name)."""
+        if self.partition_dir is not None:
+            raise RuntimeError(
+                f"data.partition_dir={self.partition_dir}: this DataModule holds its rank's "
+                "part only, never the whole graph"
+            )
         if self._graph is None:
             graph = load_dataset(self._dataset_name, **self._dataset_options)
             self._graph = graph.to(self._dtype)
@@ -570,18 +598,107 @@ class GNNDataModule(L.LightningDataModule):
     @property
     def input_dim(self) -> int:
         """Width of ``Batch.x``."""
+        if self.partition_dir is not None:
+            return int(self.partition_meta()["num_features"])
         return self.graph.num_features
 
     @property
     def num_classes(self) -> int:
+        if self.partition_dir is not None:
+            return int(self.partition_meta()["num_classes"])
         return self.graph.num_classes
 
-    def prepare(self, world_size: int) -> Any:
+    def prepare(self, world_size: int, ranks: list[int] | None = None) -> Any:
         """The one-off preprocessing for ``world_size`` ranks (memoised; override
-        :meth:`preprocess`)."""
+        :meth:`preprocess`). With ``data.partition_dir``: the opened directory, checked
+        against this run, with the parts of ``ranks`` verified (default: this node's,
+        :func:`~..graph.partition_dir.node_ranks`)."""
         if world_size not in self._prepared:
-            self._prepared[world_size] = self.preprocess(world_size)
-        return self._prepared[world_size]
+            if self.partition_dir is None:
+                self._prepared[world_size] = self.preprocess(world_size)
+            else:
+                self._prepared[world_size] = self.open_partition_dir(world_size)
+        prepared = self._prepared[world_size]
+        if self.partition_dir is not None:
+            from ..graph.partition_dir import node_ranks
+
+            prepared.verify_parts(node_ranks(world_size) if ranks is None else ranks)
+        return prepared
+
+    # ------------------------------------------------------------- partition directories
+    def partition_settings(self) -> dict[str, Any]:
+        """What the system's partition depends on besides the dataset, seed and part count
+        (``method``, ``partition_options``), recorded in and checked against a partition
+        directory."""
+        return {}
+
+    def dataset_identity(self) -> dict | None:
+        """The dataset's name and content settings (``None``: unknown, a DataModule built on
+        a Graph or on ``None``)."""
+        from ..graph.partition_dir import dataset_identity
+
+        if self._dataset_name is None:
+            return None
+        return dataset_identity(self._dataset_name, self._dataset_options)
+
+    def partition_expectation(self, world_size: int) -> dict[str, Any]:
+        """The metadata a partition directory must carry to serve this run."""
+        return {
+            "system": self.config.name,
+            "num_parts": world_size,
+            "seed": self.seed,
+            "dataset": self.dataset_identity(),
+            **self.partition_settings(),
+        }
+
+    def open_partition_dir(self, world_size: int):
+        """Open ``data.partition_dir`` and check it was made for this run (dataset, system,
+        method and options, seed, part count); raises ``PartitionDirError`` naming the key."""
+        from ..graph.partition_dir import PartitionDir
+
+        opened = PartitionDir.open(self.partition_dir)
+        opened.check(self.partition_expectation(world_size))
+        return opened
+
+    def partition_meta(self) -> dict:
+        """The metadata of ``data.partition_dir`` (opened once)."""
+        if not self._prepared:
+            from ..graph.partition_dir import PartitionDir
+
+            return PartitionDir.open(self.partition_dir).meta
+        return next(iter(self._prepared.values())).meta
+
+    def write_partition_dir(self, out, world_size: int, log=print) -> dict:
+        """Partition for ``world_size`` ranks (this DataModule's ``preprocess``) and write the
+        partition directory ``out``; returns its metadata (``python -m
+        lightning_gnnscale.partition``)."""
+        from ..graph.cache import graph_fingerprint
+        from ..graph.partition_dir import PartitionDirWriter
+
+        if not self.config.supports_partition_dir:
+            raise ConfigError(partition_dir_unsupported(self.config.name))
+        graph = self.graph
+        writer = PartitionDirWriter(out)
+        extra = self.write_parts(world_size, writer, log)
+        identity = self.dataset_identity() or {"name": graph.name, "options": {}}
+        return writer.finish(
+            {
+                **self.partition_expectation(world_size),
+                "dataset": identity,
+                "graph": graph_fingerprint(graph),
+                "num_nodes": graph.num_nodes,
+                "num_edges": graph.num_edges,
+                "num_features": graph.num_features,
+                "num_classes": graph.num_classes,
+                "feature_dtype": str(graph.x.dtype).removeprefix("torch."),
+                **extra,
+            }
+        )
+
+    def write_parts(self, world_size: int, writer, log) -> dict:
+        """Write every part with ``writer.write_part``; return the system's metadata (at least
+        ``node_offsets``). Systems that support partition directories implement it."""
+        raise NotImplementedError
 
     def preprocess(self, world_size: int) -> Any:
         """Compute or load (disk cache) what every rank needs; default: nothing."""
@@ -589,17 +706,26 @@ class GNNDataModule(L.LightningDataModule):
 
     def follow_precision(self) -> None:
         """Under ``Trainer(precision="64-true")`` the graph's features become float64 before
-        any preprocessing, so every batch and evaluation runs in the model's dtype."""
+        any preprocessing, so every batch and evaluation runs in the model's dtype (from a
+        partition directory: when a rank loads its part)."""
         trainer = self.trainer
         if trainer is None or trainer.precision != "64-true":
             return
-        if self.graph.x.dtype != torch.float64:
+        if self.partition_dir is not None:
+            self._dtype = torch.float64
+        elif self.graph.x.dtype != torch.float64:
             self._graph, self._prepared = self.graph.to(torch.float64), {}
 
     @override
     def prepare_data(self) -> None:
         self.follow_precision()
-        self.prepare(self.trainer.world_size if self.trainer is not None else 1)
+        trainer = self.trainer
+        if trainer is None:
+            self.prepare(1)
+            return
+        devices = trainer.num_devices
+        first = trainer.node_rank * devices
+        self.prepare(trainer.world_size, list(range(first, first + devices)))
 
     @override
     def setup(self, stage: str) -> None:
@@ -614,7 +740,7 @@ class GNNDataModule(L.LightningDataModule):
             return  # set up once per Trainer (fit, then validate or test)
         self.follow_precision()
         context = bind_datamodule(self.trainer, self.config, self.data)
-        self.setup_rank(context, self.prepare(context.world_size))
+        self.setup_rank(context, self.prepare(context.world_size, [context.rank]))
         self.context, self._bound_to = context, strategy
 
     def setup_rank(self, context: RankContext, prepared: Any) -> None:

@@ -28,6 +28,7 @@ class DistDGLConfig(SystemConfig):
     sparse_lr: float = 0.05
 
     NAMES = ("distdgl",)
+    supports_partition_dir = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -28,9 +28,11 @@ from ...graph.block import Block
 from ...graph.book import (
     LocalPartition,
     PartitionedGraph,
+    RangeBook,
     build_local_partition,
     partition_and_relabel,
 )
+from ...graph.partition_dir import PartitionDir
 from ...graph.sampler import splitmix64
 from ...models.gnn import BlockGNN
 from ..base import GNNDataModule, assert_same_on_all_ranks
@@ -69,8 +71,16 @@ class LearnableInputs:
         optimizer: the sparse optimiser of ``embedding``.
     """
 
-    def __init__(self, embedding: DistEmbedding, optimizer: SparseOptimizer):
+    def __init__(
+        self, embedding: DistEmbedding, optimizer: SparseOptimizer, orig_ids: Tensor | None = None
+    ):
+        """``orig_ids``: original ids of this rank's rows (default: from the book's
+        ``new2old``; a rank loaded from a partition directory passes its part's)."""
         self.embedding, self.optimizer = embedding, optimizer
+        kv = embedding.kv
+        if orig_ids is None:
+            orig_ids = kv.book.new2old[kv.first_gid : kv.first_gid + kv.num_local]
+        self.orig_ids = orig_ids
 
     def lookup(self, batch: DistDGLBatch, device: torch.device | str) -> DistDGLBatch:
         """``batch`` with its input rows ``[num_src, d]``: the current rows of
@@ -95,18 +105,21 @@ class LearnableInputs:
         state on rank 0, ``{}`` on the other ranks. Collective: every rank's shard is gathered
         to rank 0 (``KVStore.gather``, ``parameter`` bytes), one table at a time."""
         kv = self.embedding.kv
+        new2old = getattr(kv.book, "new2old", None)
+        if new2old is None:  # a RangeBook: every rank's original ids, to rank 0
+            kv.init_data("orig_id", self.orig_ids)
+            new2old = kv.gather("orig_id", dst=0, category="structure")
         state = {}
         for name in self._names():
             rows = kv.gather(name, dst=0)
             if rows is not None:
                 state[name] = torch.empty_like(rows)
-                state[name][kv.book.new2old] = rows
+                state[name][new2old] = rows
         return state
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """Take this rank's rows of every table in ``state`` (by the partition book)."""
-        kv = self.embedding.kv
-        mine = kv.book.new2old[kv.first_gid : kv.first_gid + kv.num_local]
+        kv, mine = self.embedding.kv, self.orig_ids
         for name in self._names():
             kv.local_shard(name).copy_(state[name][mine])
 
@@ -128,7 +141,10 @@ class DistDGLDataModule(GNNDataModule):
     """Partitioned graph, KV store, distributed sampler and DistDGL's even trainer split.
 
     ``preprocess`` partitions and relabels the graph (:class:`PartitionedGraph`); every rank
-    keeps its partition and serves its rows and samples to the others. Batches are
+    keeps its partition and serves its rows and samples to the others. With
+    ``data.partition_dir`` a rank loads only its own part (``write_parts`` writes them), holds
+    the ``[P + 1]`` offsets as its book and pulls the degrees of sampled nodes from their
+    owners (docs/partitioning.md). Batches are
     :class:`DistDGLBatch` (seeds ``[n]`` per rank, each rank ``batch_size / world`` of them).
 
     Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``DistDGLConfig()``.
@@ -143,7 +159,7 @@ class DistDGLDataModule(GNNDataModule):
     @property
     @override
     def input_dim(self) -> int:
-        return self.config.embedding_dim or self.graph.num_features
+        return self.config.embedding_dim or super().input_dim
 
     @override
     def preprocess(self, world_size: int) -> PartitionedGraph:
@@ -160,17 +176,104 @@ class DistDGLDataModule(GNNDataModule):
         )
 
     @override
-    def setup_rank(self, context: RankContext, prepared: PartitionedGraph) -> None:
+    def partition_settings(self) -> dict[str, Any]:
+        partition = self.config.partition
+        return {"method": partition.method, "partition_options": partition.options()}
+
+    @override
+    def write_parts(self, world_size: int, writer, log) -> dict:
+        """Per part: its local CSC (core + 1-hop halo), the full-graph degrees of its core and
+        halo, its core's features, labels, masks and original ids, and its rank's chunk of
+        the training ids (DistDGL's even split)."""
+        prepared = self.prepare(world_size)
         graph, book = prepared.graph, prepared.book
+        degree = graph.in_degree()
+        chunks = TrainerSplit.chunks(graph.split_ids("train"), world_size)
+        for k in range(world_size):
+            local = build_local_partition(graph, book, k)
+            lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
+            arrays = {
+                "indptr": local.indptr,
+                "indices": local.indices,
+                "local2global": local.local2global,
+                "degree": degree[local.local2global],
+                "x": local.x,
+                "y": local.y,
+                "train_mask": local.train_mask,
+                "val_mask": local.val_mask,
+                "test_mask": local.test_mask,
+                "orig_ids": book.new2old[lo:hi],
+                "trainer_seeds": chunks[k],
+            }
+            sizes = {
+                "nodes": local.num_core,
+                "halo": local.num_halo,
+                "edges": local.num_edges,
+                "trainer_seeds": chunks[k].numel(),
+            }
+            writer.write_part(k, arrays, sizes)
+            log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
+            del local, arrays
+        return {
+            "node_offsets": book.node_offsets.tolist(),
+            "trainer_sizes": [c.numel() for c in chunks],
+            "report": prepared.report,
+        }
+
+    def load_part(self, opened: PartitionDir, rank: int) -> tuple[LocalPartition, Tensor]:
+        """This rank's partition and the degrees of its core and halo, from its part's files
+        only (memory-mapped; features cast to the run's dtype if they differ)."""
+        part = opened.load_part(rank)
+        x = part["x"] if part["x"].dtype == self._dtype else part["x"].to(self._dtype)
+        local = LocalPartition(
+            part_id=rank,
+            num_core=part["y"].numel(),
+            local2global=part["local2global"],
+            indptr=part["indptr"],
+            indices=part["indices"],
+            edge_ids=None,
+            x=x,
+            y=part["y"],
+            train_mask=part["train_mask"],
+            val_mask=part["val_mask"],
+            test_mask=part["test_mask"],
+        )
+        self._part = part
+        return local, part["degree"]
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: PartitionedGraph | PartitionDir) -> None:
         comm, rank, world = context.comm, context.rank, context.world_size
-        if world != book.num_parts:
-            raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
-        assert_same_on_all_ranks(comm, book.new2old, "the DistDGL partition")
-        self.local: LocalPartition = build_local_partition(graph, book, rank)
-        self.degree = graph.in_degree()  # replicated metadata
+        orig_ids = None
+        if isinstance(prepared, PartitionDir):  # this rank's part only, no [N] array
+            book = RangeBook(prepared.node_offsets)
+            if world != book.num_parts:
+                raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
+            digest = torch.tensor([int(prepared.digest[:15], 16)])
+            assert_same_on_all_ranks(comm, digest, "the partition directory")
+            self.local, self.local_degree = self.load_part(prepared, rank)
+            self.degree = None  # degrees of sampled nodes come from their owners (KV "degree")
+            sizes = torch.tensor(prepared.meta["trainer_sizes"], dtype=torch.int64)
+            split_of = lambda batch: TrainerSplit.from_chunk(  # noqa: E731
+                self._part["trainer_seeds"], sizes, rank, batch, self.seed
+            )
+            orig_ids = self._part["orig_ids"]
+        else:
+            graph, book = prepared.graph, prepared.book
+            if world != book.num_parts:
+                raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
+            assert_same_on_all_ranks(comm, book.new2old, "the DistDGL partition")
+            self.local = build_local_partition(graph, book, rank)
+            self.degree = graph.in_degree()  # replicated metadata
+            self.local_degree = self.degree[self.local.local2global]
+            split_of = lambda batch: TrainerSplit(  # noqa: E731
+                graph.split_ids("train"), world, rank, batch, self.seed
+            )
         self.kv = KVStore(comm, book)
         self.kv.init_data("feat", self.local.x)
         self.kv.init_data("label", self.local.y)
+        if self.degree is None:
+            self.kv.init_data("degree", self.local_degree[: self.local.num_core])
         config = self.config
         if config.embedding_dim:
             embedding = DistEmbedding(
@@ -181,12 +284,10 @@ class DistDGLDataModule(GNNDataModule):
                 embedding_init(config.embedding_dim, self.seed, self.local.x.dtype),
             )
             optimizer = SPARSE_OPTIMIZERS[config.sparse_optimizer]([embedding], config.sparse_lr)
-            self.inputs = LearnableInputs(embedding, optimizer)
+            self.inputs = LearnableInputs(embedding, optimizer, orig_ids)
         fanouts = list(self.data.fanouts)
         self.sampler = DistNeighborSampler(comm, book, self.local, self.degree, fanouts, self.seed)
-        self.split = TrainerSplit(
-            graph.split_ids("train"), world, rank, self.data.batch_size, self.seed
-        )
+        self.split = split_of(self.data.batch_size)
 
     @property
     @override
@@ -200,6 +301,8 @@ class DistDGLDataModule(GNNDataModule):
         seeds = self.split.seeds(epoch, step)
         start = time.perf_counter()
         blocks = self.sampler.sample(seeds, epoch, step)
+        if self.degree is None:  # from a partition directory: the owners' degrees
+            blocks = self._with_degrees(blocks)
         sampled = time.perf_counter()
         if self.inputs is None:
             x = self.kv.pull("feat", blocks[0].src_ids, category="feature")
@@ -213,6 +316,23 @@ class DistDGLDataModule(GNNDataModule):
         }
         count = self.split.global_seed_count(step)
         return DistDGLBatch(blocks, x, y, count, epoch, step, stats, inputs=self.inputs)
+
+    def _with_degrees(self, blocks: list[Block]) -> list[Block]:
+        """``blocks`` with their ``src_deg``: every block's sources are a prefix of the input
+        layer's, whose degrees come from this rank's core and halo where it has them, and from
+        the owners for the rest (one KV pull, collective, ``structure`` bytes)."""
+        ids, local = blocks[0].src_ids, self.local
+        first = int(self.kv.first_gid)
+        halo = local.local2global[local.num_core :]
+        pos = torch.searchsorted(halo, ids).clamp_(max=max(halo.numel() - 1, 0))
+        in_halo = halo[pos] == ids if halo.numel() else torch.zeros_like(ids, dtype=torch.bool)
+        in_core = (ids >= first) & (ids < first + local.num_core)
+        degree = torch.empty_like(ids)
+        degree[in_core] = self.local_degree[ids[in_core] - first]
+        degree[in_halo] = self.local_degree[local.num_core + pos[in_halo]]
+        rest = ~(in_core | in_halo)
+        degree[rest] = self.kv.pull("degree", ids[rest], category="structure")
+        return [replace(b, src_deg=degree[: b.num_src]) for b in blocks]
 
     # ------------------------------------------------------------------------ checkpoints
     @override
@@ -239,7 +359,7 @@ class DistDGLDataModule(GNNDataModule):
             src_ids=torch.arange(local.local2global.numel()),
             num_dst=local.num_core,
             edge_index=torch.stack([local.indices, dst]),
-            src_deg=self.degree[local.local2global],
+            src_deg=self.local_degree,
         )
 
     @override
@@ -250,6 +370,11 @@ class DistDGLDataModule(GNNDataModule):
             raise NotImplementedError(
                 "trainer.predict with learnable input embeddings (strategy.embedding_dim > 0) "
                 "is not implemented: the inputs live in the KV store, not in the graph"
+            )
+        if self.partition_dir is not None:
+            raise NotImplementedError(
+                "trainer.predict from data.partition_dir is not implemented yet: it runs on "
+                "the whole graph"
             )
         return super().predict_rows(net, node_ids, output)
 

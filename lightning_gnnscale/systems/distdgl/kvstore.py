@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ...comm import Comm, OwnerRoute
-from ...graph.book import PartitionBook
+from ...graph.book import RangeBook
 
 PushHandler = Callable[[Tensor, Tensor, Tensor], None]
 """``fn(shard, local_ids, data)``: apply pushed rows ``data`` at ``local_ids`` of ``shard``."""
@@ -68,7 +68,7 @@ class KVStore:
         book: node ownership; rank ``r`` owns part ``r``.
     """
 
-    def __init__(self, comm: Comm, book: PartitionBook) -> None:
+    def __init__(self, comm: Comm, book: RangeBook) -> None:
         if book.num_parts != comm.world_size:
             raise ValueError(f"book has {book.num_parts} parts for {comm.world_size} ranks")
         self.comm, self.book = comm, book

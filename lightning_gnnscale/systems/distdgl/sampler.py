@@ -16,8 +16,14 @@ from torch import Tensor
 
 from ...comm import Comm, OwnerRoute
 from ...graph.block import Block
-from ...graph.book import LocalPartition, PartitionBook
-from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors, splitmix64_int
+from ...graph.book import LocalPartition, RangeBook
+from ...graph.sampler import (
+    BlockBuilder,
+    SampleKey,
+    build_block_sorted,
+    sample_neighbors,
+    splitmix64_int,
+)
 
 
 class DistNeighborSampler:
@@ -29,7 +35,9 @@ class DistNeighborSampler:
         book: node ownership.
         local: this rank's partition (core + halo, local CSC in global neighbour order).
         degree: int64 ``[N]`` replicated full-graph in-degrees (GCN normalisation, block
-            ``src_deg``), as DistDGL replicates its degree array.
+            ``src_deg``); ``None`` (a rank loaded from a partition directory, which holds no
+            ``[N]`` array): blocks are built without dense id tables and carry zero
+            ``src_deg``, which the caller fills from the owners (the DataModule's KV store).
         fanouts: by hop from the seeds; ``-1`` = all.
         seed: base of the sampling keys.
     """
@@ -37,9 +45,9 @@ class DistNeighborSampler:
     def __init__(
         self,
         comm: Comm,
-        book: PartitionBook,
+        book: RangeBook,
         local: LocalPartition,
-        degree: Tensor,
+        degree: Tensor | None,
         fanouts: list[int],
         seed: int,
     ):
@@ -47,7 +55,9 @@ class DistNeighborSampler:
         self.fanouts, self.seed = list(fanouts), seed
         self.first_gid = int(book.node_offsets[comm.rank])
         self.local_src_gid = local.local2global[local.indices]  # [E_k] source gids
-        self.build_block = BlockBuilder(degree.numel(), degree)
+        self.build_block = (
+            build_block_sorted if degree is None else BlockBuilder(degree.numel(), degree)
+        )
 
     def _serve(self, gids: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
         """Owner side: sample the requested core nodes; ``(counts per node, source gids)``."""
@@ -105,8 +115,29 @@ class TrainerSplit:
 
     def __init__(self, train_gids: Tensor, world_size: int, rank: int, batch_size: int, seed: int):
         offsets = even_offsets(train_gids.numel(), world_size)
-        self.sizes = offsets.diff()
-        self.mine = train_gids[offsets[rank] : offsets[rank + 1]]
+        mine = train_gids[offsets[rank] : offsets[rank + 1]]
+        self._init(mine, offsets.diff(), world_size, rank, batch_size, seed)
+
+    @classmethod
+    def from_chunk(
+        cls, mine: Tensor, sizes: Tensor, rank: int, batch_size: int, seed: int
+    ) -> TrainerSplit:
+        """The split of a rank that holds only its own chunk ``mine`` and every rank's chunk
+        size ``sizes`` ``[P]`` (what a partition directory stores), not the training ids."""
+        split = cls.__new__(cls)
+        split._init(mine, sizes, sizes.numel(), rank, batch_size, seed)
+        return split
+
+    @staticmethod
+    def chunks(train_gids: Tensor, world_size: int) -> list[Tensor]:
+        """Every rank's chunk of the sorted training gids."""
+        offsets = even_offsets(train_gids.numel(), world_size).tolist()
+        return [train_gids[offsets[r] : offsets[r + 1]] for r in range(world_size)]
+
+    def _init(
+        self, mine: Tensor, sizes: Tensor, world_size: int, rank: int, batch_size: int, seed: int
+    ) -> None:
+        self.sizes, self.mine = sizes, mine
         self.rank, self.seed = rank, seed
         self._epoch, self._steps = None, ()
         smallest = int(self.sizes.min())

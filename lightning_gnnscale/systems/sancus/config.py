@@ -36,6 +36,7 @@ class SancusConfig(SystemConfig):
     rows: str = "contiguous"
 
     NAMES = ("sancus", "cagnet")
+    supports_partition_dir = True
     PRESETS: ClassVar[dict[str, dict]] = {"cagnet": {"policy": "none"}}
     MODEL_SETTINGS: ClassVar[dict] = {"dropout": 0.0}  # full-graph SANCUS trains without dropout
 

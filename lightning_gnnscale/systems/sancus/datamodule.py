@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import lightning as L
 import torch
@@ -13,13 +15,16 @@ from ...graph.batch import Batch
 from ...graph.book import PartitionBook, relabel_graph
 from ...graph.cache import cached_partition
 from ...graph.csc import Graph
+from ...graph.partition_dir import PartitionDir
 from ...schema import ModelConfig
 from ..base import GNNDataModule, assert_same_on_all_ranks
 from ..contract import RankContext
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig
-from .layout import RowBlocks, check_symmetric, row_blocks
+from .layout import RowBlocks, check_symmetric, consumer_matrix, row_blocks
 from .runtime import SancusGCN
+
+SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True)
@@ -60,8 +65,71 @@ class SancusDataModule(GNNDataModule):
         print(f"[{self.config.name}] {rows} row blocks of {sizes} rows", flush=True)
         return SancusPrepared(relabel_graph(graph, book), book.node_offsets, book.new2old)
 
+    # ------------------------------------------------------------- partition directories
     @override
-    def setup_rank(self, context: RankContext, prepared: SancusPrepared) -> None:
+    def partition_settings(self) -> dict[str, Any]:
+        # Â's values are computed in the features' dtype: a directory serves that dtype only
+        dtype = str(self._dtype).removeprefix("torch.")
+        return {"method": self.config.rows, "partition_options": {}, "feature_dtype": dtype}
+
+    @override
+    def write_parts(self, world_size: int, writer, log) -> dict:
+        """Per part: its row block of ``Â`` as one CSR (``crow``, ``col``, ``val``) per column
+        block, its rows of ``X``, ``y`` and the masks, its training rows and original ids."""
+        prepared = self.prepare(world_size)
+        graph, offsets = prepared.graph, prepared.offsets
+        for k in range(world_size):
+            layout = row_blocks(graph, offsets, k)
+            lo, hi = int(offsets[k]), int(offsets[k + 1])
+            arrays = {
+                "x": graph.x[lo:hi],
+                "y": graph.y[lo:hi],
+                **{f"{s}_mask": getattr(graph, f"{s}_mask")[lo:hi] for s in SPLITS},
+                "seed_rows": layout.seed_rows,
+                "own_ids": prepared.new2old[lo:hi],
+            }
+            for j, block in enumerate(layout.blocks):
+                arrays[f"a{j}_crow"] = block.crow_indices()
+                arrays[f"a{j}_col"] = block.col_indices()
+                arrays[f"a{j}_val"] = block.values()
+            sizes = {"nodes": hi - lo, "edges": sum(b.values().numel() for b in layout.blocks)}
+            writer.write_part(k, arrays, sizes)
+            log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
+        return {
+            "node_offsets": offsets.tolist(),
+            "consumer": consumer_matrix(graph, offsets).tolist(),
+            "train_count": int(graph.train_mask.sum()),
+        }
+
+    def _setup_from_dir(self, context: RankContext, opened: PartitionDir) -> None:
+        """This rank's row block from its part's files only (memory-mapped)."""
+        rank, world, device = context.rank, context.world_size, context.device
+        offsets = opened.node_offsets
+        if opened.num_parts != world:
+            raise ValueError(f"row blocks for {opened.num_parts} ranks, world size {world}")
+        digest = torch.tensor([int(opened.digest[:15], 16)])
+        assert_same_on_all_ranks(context.comm, digest, "the partition directory")
+        part = opened.load_part(rank)
+        sizes = offsets.diff().tolist()
+        blocks = []
+        with warnings.catch_warnings():  # "sparse CSR support is in beta"
+            warnings.simplefilter("ignore", UserWarning)
+            for j, cols in enumerate(sizes):
+                crow, col, val = (part[f"a{j}_{name}"] for name in ("crow", "col", "val"))
+                blocks.append(torch.sparse_csr_tensor(crow, col, val, (sizes[rank], cols)))
+        consumer = torch.tensor(opened.meta["consumer"], dtype=torch.bool)
+        layout = RowBlocks(rank, offsets, blocks, consumer, part["seed_rows"])
+        self.layout = layout.to(device)
+        self.x, self.y = part["x"].to(device), part["y"].to(device)
+        self.masks = {s: part[f"{s}_mask"].to(device) for s in SPLITS}
+        self.train_count = int(opened.meta["train_count"])
+        self.own_ids = part["own_ids"]
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: SancusPrepared | PartitionDir) -> None:
+        if isinstance(prepared, PartitionDir):
+            self._setup_from_dir(context, prepared)
+            return
         rank, world = context.rank, context.world_size
         offsets = prepared.offsets
         if offsets.numel() - 1 != world:
@@ -107,11 +175,11 @@ class SancusDataModule(GNNDataModule):
     @override
     def callbacks(self) -> list[L.Callback]:
         """The staleness log and the cache memory (``summary.json`` → ``system``)."""
-        graph = self.graph
-        return [
-            StalenessLog(self.config.rows),
-            CacheMemory(graph.num_nodes, graph.x.element_size()),
-        ]
+        if self.partition_dir is not None:
+            nodes, itemsize = int(self.partition_meta()["num_nodes"]), self._dtype.itemsize
+        else:
+            nodes, itemsize = self.graph.num_nodes, self.graph.x.element_size()
+        return [StalenessLog(self.config.rows), CacheMemory(nodes, itemsize)]
 
     @property
     def steps_per_epoch(self) -> int:

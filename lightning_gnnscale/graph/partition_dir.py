@@ -1,0 +1,281 @@
+"""Partition directories: a graph partitioned once, on disk, one folder per part
+(docs/partitioning.md).
+
+Layout::
+
+    <dir>/partition.json        metadata: format version, dataset identity and fingerprint,
+                                system, method, parts, sizes per part, a digest per file
+    <dir>/part-00000/<name>.npy one array per file, opened memory-mapped (copy-on-write)
+    <dir>/part-00001/...
+
+``partition.json`` is written last (atomically), so a directory without it is unfinished.
+Part ``k`` owns the relabelled node ids ``[node_offsets[k], node_offsets[k+1])``, so the
+partition book is the ``[P + 1]`` offsets in the metadata. A rank opens only its own part:
+loading maps the files, and pages are read when touched.
+
+Every check names the file or key that failed: :class:`PartitionDirError` (a ``ConfigError``,
+raised before any rank starts when the launcher opens the directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from lightning_gnnscale.errors import ConfigError
+from lightning_gnnscale.files import atomic_write
+
+FORMAT = "lightning_gnnscale.partition_dir"
+FORMAT_VERSION = 1
+METADATA = "partition.json"
+# dataset settings that say where a dataset is read from, not what it is
+_NOT_IDENTITY = ("root", "cache_dir", "download")
+
+
+class PartitionDirError(ConfigError):
+    """A partition directory that does not fit the run, or a damaged one; names the file/key."""
+
+
+def dataset_identity(name: str, options: dict | None = None) -> dict:
+    """What defines a dataset in the config: its name and the settings that change its content
+    (not where it is read from). Compared without loading the dataset."""
+    kept = {k: v for k, v in sorted((options or {}).items()) if k not in _NOT_IDENTITY}
+    return json.loads(json.dumps({"name": name, "options": kept}, default=str))
+
+
+def part_folder(k: int) -> str:
+    return f"part-{k:05d}"
+
+
+def file_digest(path: Path) -> str:
+    """blake2b (32 bytes) of a file's bytes, read in 4 MiB chunks."""
+    digest = hashlib.blake2b(digest_size=32)
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class PartitionDirWriter:
+    """Writes a partition directory part by part, then its metadata.
+
+    Args:
+        out: the directory; it must not exist or be empty (never overwritten).
+    """
+
+    def __init__(self, out: str | os.PathLike):
+        self.out = Path(out)
+        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
+            raise PartitionDirError(
+                f"out={self.out} exists and is not an empty folder; choose a new one"
+            )
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.parts: dict[int, dict] = {}
+
+    def write_part(self, k: int, arrays: dict[str, Tensor], sizes: dict[str, int]) -> dict:
+        """Save ``arrays`` (name -> tensor) as ``part-<k>/<name>.npy``; ``sizes`` (nodes,
+        halo, edges...) go into the metadata. Returns the part's record."""
+        folder = self.out / part_folder(k)
+        folder.mkdir()
+        files = {}
+        for name, tensor in arrays.items():
+            path = folder / f"{name}.npy"
+            array = tensor.detach().cpu().contiguous().numpy()
+            atomic_write(path, lambda file, array=array: np.save(file, array, allow_pickle=False))
+            files[f"{name}.npy"] = {"bytes": path.stat().st_size, "blake2b": file_digest(path)}
+        record = {**sizes, "files": files}
+        self.parts[k] = record
+        return record
+
+    def finish(self, metadata: dict) -> dict:
+        """Write ``partition.json`` (``metadata`` plus format, version and the part records)."""
+        num_parts = metadata["num_parts"]
+        missing = sorted(set(range(num_parts)) - set(self.parts))
+        if missing:
+            raise ValueError(f"parts {missing} were not written")
+        full = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            **metadata,
+            "parts": [self.parts[k] for k in range(num_parts)],
+        }
+        text = json.dumps(full, indent=1, sort_keys=True)
+        atomic_write(self.out / METADATA, lambda file: file.write(text.encode()))
+        return full
+
+
+@dataclass
+class PartitionDir:
+    """An opened partition directory (its metadata; no part loaded). Small and picklable:
+    the launcher opens and checks it, the ranks receive it and load their part.
+
+    Attributes:
+        path: the directory.
+        meta: the content of ``partition.json``.
+        verified: parts whose files were checked against their digests in this process tree.
+    """
+
+    path: Path
+    meta: dict
+    verified: set[int] = field(default_factory=set)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> PartitionDir:
+        """Read and check ``partition.json`` (format and version)."""
+        path = Path(path)
+        meta_path = path / METADATA
+        if not path.is_dir():
+            raise PartitionDirError(f"data.partition_dir={path} is not a folder")
+        if not meta_path.is_file():
+            raise PartitionDirError(
+                f"{meta_path} is missing: data.partition_dir={path} is not a partition "
+                f"directory, or its writing did not finish (python -m lightning_gnnscale.partition)"
+            )
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (ValueError, UnicodeDecodeError) as err:
+            raise PartitionDirError(f"{meta_path} is not valid JSON ({err})") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise PartitionDirError(f"{meta_path}: 'format' is not {FORMAT!r}")
+        version = meta.get("version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise PartitionDirError(
+                f"{meta_path}: 'version' {version!r} is newer than this code reads "
+                f"({FORMAT_VERSION}); update lightning_gnnscale or partition again"
+            )
+        if version < FORMAT_VERSION:
+            raise PartitionDirError(
+                f"{meta_path}: 'version' {version} is older than this code reads "
+                f"({FORMAT_VERSION}); partition again"
+            )
+        for key in ("system", "num_parts", "node_offsets", "parts", "dataset"):
+            if key not in meta:
+                raise PartitionDirError(f"{meta_path}: key {key!r} is missing")
+        if len(meta["parts"]) != meta["num_parts"] or len(meta["node_offsets"]) != (
+            meta["num_parts"] + 1
+        ):
+            raise PartitionDirError(f"{meta_path}: 'parts' and 'node_offsets' disagree")
+        return cls(path, meta)
+
+    @property
+    def num_parts(self) -> int:
+        return int(self.meta["num_parts"])
+
+    @property
+    def node_offsets(self) -> Tensor:
+        return torch.tensor(self.meta["node_offsets"], dtype=torch.int64)
+
+    @property
+    def digest(self) -> str:
+        """One digest of every part file's digest (the same on every rank of a run)."""
+        digest = hashlib.blake2b(digest_size=16)
+        for record in self.meta["parts"]:
+            for name, entry in sorted(record["files"].items()):
+                digest.update(f"{name}:{entry['blake2b']};".encode())
+        return digest.hexdigest()
+
+    def check(self, expected: dict[str, Any]) -> None:
+        """Each ``key: value`` of ``expected`` must equal the metadata's (``None`` values are
+        not checked); the error names the key, both values and the file."""
+        for key, want in expected.items():
+            if want is None:
+                continue
+            have = self.meta.get(key)
+            if have != want:
+                hint = {
+                    "num_parts": "partition for this world size (trainer.devices x "
+                    "trainer.num_nodes)",
+                    "dataset": "partition this dataset",
+                    "system": "partition with this strategy",
+                }.get(key, "partition with these settings")
+                raise PartitionDirError(
+                    f"{self.path / METADATA}: {key!r} is {have!r} but this run has {want!r}; "
+                    f"{hint}: python -m lightning_gnnscale.partition <overrides> out=<dir>"
+                )
+
+    def verify_parts(self, parts: Iterable[int]) -> None:
+        """Every file of ``parts`` exists with its recorded size and digest (reads them once)."""
+        for k in parts:
+            if k in self.verified:
+                continue
+            if not 0 <= k < self.num_parts:
+                raise PartitionDirError(
+                    f"{self.path / METADATA}: rank {k} needs part {k}, but there are "
+                    f"{self.num_parts} parts"
+                )
+            folder = self.path / part_folder(k)
+            if not folder.is_dir():
+                raise PartitionDirError(
+                    f"part {k} is missing: {folder} (each node needs the parts of its ranks)"
+                )
+            for name, entry in self.meta["parts"][k]["files"].items():
+                path = folder / name
+                if not path.is_file():
+                    raise PartitionDirError(f"part {k}: file {path} is missing")
+                size = path.stat().st_size
+                if size != entry["bytes"]:
+                    raise PartitionDirError(
+                        f"part {k}: {path} has {size} bytes, {entry['bytes']} expected "
+                        f"(truncated or replaced); partition again"
+                    )
+                if file_digest(path) != entry["blake2b"]:
+                    raise PartitionDirError(
+                        f"part {k}: {path} does not match its digest in {METADATA} "
+                        f"(corrupt or replaced); partition again"
+                    )
+            self.verified.add(k)
+
+    def load_part(self, k: int) -> dict[str, Tensor]:
+        """Part ``k``'s arrays (name -> tensor), memory-mapped copy-on-write: nothing is read
+        until used, and writes stay private to this process. Verifies the part first unless
+        this process (or the launcher it came from) already did."""
+        self.verify_parts([k])
+        folder = self.path / part_folder(k)
+        out = {}
+        for name in self.meta["parts"][k]["files"]:
+            array = np.load(folder / name, mmap_mode="c", allow_pickle=False)
+            out[name.removesuffix(".npy")] = torch.from_numpy(array)
+        return out
+
+
+def node_ranks(world_size: int, devices: int | None = None) -> list[int]:
+    """The global ranks whose parts this process needs. A process that is one rank: its own
+    (``RANK`` under torchrun, ``SLURM_PROCID`` under a multi-task srun, else ``NODE_RANK x
+    devices + LOCAL_RANK`` for a manual launch, as Lightning counts). A launcher: the ranks of
+    node ``$NODE_RANK`` (default 0), ``devices`` per node (default: all)."""
+    env = os.environ
+    devices = devices or world_size
+    node = int(env.get("NODE_RANK", env.get("GROUP_RANK", "0")))
+    if "RANK" in env and "LOCAL_RANK" in env:
+        return [int(env["RANK"])]
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+        return [int(env["SLURM_PROCID"])]
+    if "LOCAL_RANK" in env:
+        return [node * devices + int(env["LOCAL_RANK"])]
+    return list(range(node * devices, min(world_size, (node + 1) * devices)))
+
+
+def summary_line(meta: dict, seconds: float) -> str:
+    """One line per part and a total: nodes, halo, edges, bytes; and the time taken."""
+    lines = []
+    total = 0
+    for k, record in enumerate(meta["parts"]):
+        size = sum(entry["bytes"] for entry in record["files"].values())
+        total += size
+        extra = ", ".join(f"{key} {value:,}" for key, value in record.items() if key != "files")
+        lines.append(f"  part {k}: {extra}, {size / 2**20:,.1f} MiB")
+    lines.append(
+        f"  {meta['num_parts']} parts, {total / 2**20:,.1f} MiB in all, {seconds:.1f} s "
+        f"({time.strftime('%Y-%m-%d %H:%M:%S')})"
+    )
+    return "\n".join(lines)
