@@ -46,7 +46,8 @@ from .systems.registry import SYSTEMS
 
 # What the rank server imports before its first fork: everything a rank of ``train()`` uses
 # except the chosen system, which the launcher adds (``start_rank_server(extra_modules)``).
-# The guard comes first, so the server dies with its launcher even while it imports the rest.
+# The guard comes first (after the package's own imports, which it needs), so the server dies
+# with its launcher while it imports the rest.
 RANK_SERVER_PRELOAD = (
     "lightning_gnnscale.rank_server_guard",
     "torch",

@@ -41,10 +41,10 @@ def partition(overrides: list[str], out: str | Path, log=print) -> dict:
     """Write the partition directory ``out`` for the run ``overrides`` describe; returns its
     metadata."""
     from .errors import ConfigError
-    from .graph.partition_dir import summary_line
+    from .graph.partition_dir import check_writable, summary_line
     from .run import build_datamodule
 
-    out = Path(out)
+    out = check_writable(out)  # before the dataset loads (minutes for a large graph)
     run = compose_run(overrides, out)
     if run.data.partition_dir is not None:
         raise ConfigError("data.partition_dir is what train.py reads; name the output with out=")

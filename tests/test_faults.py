@@ -401,6 +401,7 @@ def test_killing_the_launcher_takes_its_ranks_with_it(tmp_path, sig):
     launcher = _launch(tmp_path)
     ranks = _rank_pids(launcher)
     servers = [pid for pid in _children(launcher.pid) if "forkserver" in _cmdline(pid)]
+    assert servers, "no rank server found"
     _wait_for_training(tmp_path / "run")
     os.kill(ranks[0], signal.SIGSTOP)  # a hung rank, as in a stuck collective
     launcher.send_signal(sig)

@@ -19,6 +19,7 @@ from lightning_gnnscale.graph.partition_dir import (
     PartitionDir,
     PartitionDirError,
     PartitionDirWriter,
+    metadata_digest,
     part_folder,
 )
 from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_sorted
@@ -85,10 +86,16 @@ def test_sorted_block_builder_equals_the_dense_one():
 def test_range_book_equals_the_partition_book():
     parts = torch.randint(0, 4, (1000,), generator=torch.Generator().manual_seed(1))
     full = PartitionBook.from_parts(parts, 4)
-    book = RangeBook(full.node_offsets.clone())
+    offsets = full.node_offsets.clone()
+    assert offsets.tolist() == [0, *torch.bincount(parts, minlength=4).cumsum(0).tolist()]
+    book = RangeBook(offsets)
     gids = torch.randint(0, 1000, (300,))
-    assert torch.equal(book.nid2part(gids), full.nid2part(gids))
-    assert torch.equal(book.nid2local(gids), full.nid2local(gids))
+    want_part, want_local = torch.full_like(gids, -1), torch.full_like(gids, -1)
+    for k in range(4):  # the contract, range by range
+        inside = (gids >= offsets[k]) & (gids < offsets[k + 1])
+        want_part[inside], want_local[inside] = k, gids[inside] - offsets[k]
+    assert torch.equal(book.nid2part(gids), want_part)
+    assert torch.equal(book.nid2local(gids), want_local)
     assert book.num_nodes == full.num_nodes and book.num_parts == 4
     with pytest.raises(ValueError, match="gids must lie"):
         book.nid2part(torch.tensor([1000]))
@@ -129,6 +136,19 @@ def test_a_part_holds_its_partition_and_loads_memory_mapped(tmp_path):
         assert mapped, "x is not a mapping of x.npy"
 
 
+def test_the_command_refuses_a_used_out_before_loading_the_dataset(tmp_path, monkeypatch):
+    from lightning_gnnscale import partition, run
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the dataset was loaded")
+
+    monkeypatch.setattr(run, "build_datamodule", no_load)
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / part_folder(0)).mkdir()  # an interrupted write: no partition.json
+    with pytest.raises(PartitionDirError, match="an unfinished write; remove it"):
+        partition.partition(["strategy=distdgl"], tmp_path / "half", log=lambda *_: 0)
+
+
 def test_the_writer_never_overwrites(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "file").write_text("mine")
@@ -137,10 +157,28 @@ def test_the_writer_never_overwrites(tmp_path):
 
 
 # ------------------------------------------------------------------ checks before any spawn
-def _edit_meta(out: Path, **changes) -> None:
+def _edit_meta(out: Path, seal: bool = True, **changes) -> None:
+    """Change ``partition.json`` as another run's partitioning would have written it (``seal``:
+    with its digest), or as a hand edit (without)."""
     meta = json.loads((out / METADATA).read_text())
     meta.update(changes)
+    if seal:
+        meta["blake2b"] = metadata_digest(meta)
     (out / METADATA).write_text(json.dumps(meta))
+
+
+def test_an_edited_or_inconsistent_metadata_file_is_refused(tmp_path):
+    out = write_dir(tmp_path)
+    meta = json.loads((out / METADATA).read_text())
+    dm = make_dm(tmp_path / "cache", partition_dir=str(out))
+    _edit_meta(out, seal=False, trainer_sizes=[size + 5 for size in meta["trainer_sizes"]])
+    with pytest.raises(PartitionDirError, match=r"partition.json: its content does not match"):
+        dm.prepare(2)
+    offsets = list(meta["node_offsets"])
+    offsets[1] += 3
+    _edit_meta(out, trainer_sizes=meta["trainer_sizes"], node_offsets=offsets)
+    with pytest.raises(PartitionDirError, match=r"'node_offsets' .* disagree with the parts"):
+        dm.prepare(2)
 
 
 @pytest.mark.parametrize(

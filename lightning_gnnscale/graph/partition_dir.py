@@ -66,6 +66,27 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def metadata_digest(meta: dict) -> str:
+    """blake2b of ``partition.json``'s content except its own ``blake2b`` key (canonical JSON):
+    the ranks compute from the metadata (offsets, seeds per trainer), so it is sealed too."""
+    body = json.dumps({k: v for k, v in meta.items() if k != "blake2b"}, sort_keys=True)
+    return hashlib.blake2b(body.encode(), digest_size=32).hexdigest()
+
+
+def check_writable(out: str | os.PathLike) -> Path:
+    """``out`` as a Path if it is new or an empty folder; else ``PartitionDirError`` (a folder
+    is never overwritten, and a left-over one from an interrupted write says so)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        unfinished = out.is_dir() and not (out / METADATA).exists()
+        raise PartitionDirError(
+            f"out={out} exists and is not an empty folder"
+            + (f" (no {METADATA}: an unfinished write; remove it)" if unfinished else "")
+            + "; choose a new one"
+        )
+    return out
+
+
 class PartitionDirWriter:
     """Writes a partition directory part by part, then its metadata.
 
@@ -74,11 +95,7 @@ class PartitionDirWriter:
     """
 
     def __init__(self, out: str | os.PathLike):
-        self.out = Path(out)
-        if self.out.exists() and (not self.out.is_dir() or any(self.out.iterdir())):
-            raise PartitionDirError(
-                f"out={self.out} exists and is not an empty folder; choose a new one"
-            )
+        self.out = check_writable(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.parts: dict[int, dict] = {}
 
@@ -109,6 +126,7 @@ class PartitionDirWriter:
             **metadata,
             "parts": [self.parts[k] for k in range(num_parts)],
         }
+        full["blake2b"] = metadata_digest(full)
         text = json.dumps(full, indent=1, sort_keys=True)
         atomic_write(self.out / METADATA, lambda file: file.write(text.encode()))
         return full
@@ -158,13 +176,26 @@ class PartitionDir:
                 f"{meta_path}: 'version' {version} is older than this code reads "
                 f"({FORMAT_VERSION}); partition again"
             )
+        if meta.get("blake2b") != metadata_digest(meta):
+            raise PartitionDirError(
+                f"{meta_path}: its content does not match its 'blake2b' (edited or corrupt); "
+                f"partition again"
+            )
         for key in ("system", "num_parts", "node_offsets", "parts", "dataset"):
             if key not in meta:
                 raise PartitionDirError(f"{meta_path}: key {key!r} is missing")
-        if len(meta["parts"]) != meta["num_parts"] or len(meta["node_offsets"]) != (
-            meta["num_parts"] + 1
+        offsets, parts = meta["node_offsets"], meta["parts"]
+        counts = [b - a for a, b in zip(offsets, offsets[1:])]
+        if (
+            len(parts) != meta["num_parts"]
+            or len(offsets) != meta["num_parts"] + 1
+            or offsets[0] != 0
+            or counts != [part.get("nodes", count) for part, count in zip(parts, counts)]
+            or min(counts, default=0) < 0
         ):
-            raise PartitionDirError(f"{meta_path}: 'parts' and 'node_offsets' disagree")
+            raise PartitionDirError(
+                f"{meta_path}: 'node_offsets' {offsets} disagree with the parts' node counts"
+            )
         return cls(path, meta)
 
     @property
@@ -178,7 +209,7 @@ class PartitionDir:
     @property
     def digest(self) -> str:
         """One digest of every part file's digest (the same on every rank of a run)."""
-        digest = hashlib.blake2b(digest_size=16)
+        digest = hashlib.blake2b(self.meta["blake2b"].encode(), digest_size=16)
         for record in self.meta["parts"]:
             for name, entry in sorted(record["files"].items()):
                 digest.update(f"{name}:{entry['blake2b']};".encode())
