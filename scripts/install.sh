@@ -7,8 +7,10 @@
 # The packages are installed by uv (pip-installed into the venv first, a few seconds): it
 # resolves and installs the same versions as pip in about a tenth of the time (10 s against
 # 101 s for a fresh .venv here), which is most of CI's install. With the local wheel, one call
-# resolves torch and the package together. Wheels are preferred to source builds, and installed
-# files are not byte-compiled: the modules a run imports compile on their first import.
+# resolves torch and the package together. Installed files are byte-compiled here: with
+# PYTHONDONTWRITEBYTECODE=1 (set on these machines and in CI) Python never writes a .pyc, so
+# without them every interpreter (each test's train.py, each cold rank server) compiled torch,
+# Lightning and PyG again: 33 s for `import torch, lightning, torch_geometric` against 10 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -17,7 +19,7 @@ PYTHON=${PYTHON:-python3}
 # uv reads no pip.conf: pass this machine's local wheel folder (as pip's find-links) on.
 FIND_LINKS=()
 [ -d /opt/wheels ] && FIND_LINKS=(--find-links /opt/wheels)
-PIP=(.venv/bin/uv pip install --quiet --python .venv/bin/python "${FIND_LINKS[@]}")
+PIP=(.venv/bin/uv pip install --quiet --compile-bytecode --python .venv/bin/python "${FIND_LINKS[@]}")
 TORCH=()
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     wheel=$(ls /opt/wheels/torch-2.13.0+cpu-*.whl 2>/dev/null | head -n 1 || true)
