@@ -109,14 +109,13 @@ def test_gsplit_gat_example_matches_train_py(tmp_path):
     rank 1) and the real ``torchrun``, started together (each pays the imports of a fresh
     interpreter per process) while the reference trains here."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    launches = {
-        out: start_example("gsplit_gat_sbm.py", out, launcher)
+    launches = {}
+    try:
         for out, launcher in (
             (tmp_path / "lightning", [sys.executable]),
             (tmp_path / "torchrun", torchrun),
-        )
-    }
-    try:
+        ):
+            launches[out] = start_example("gsplit_gat_sbm.py", out, launcher)
         reference = run_train_py(tmp_path / "train", "gsplit", "gat")
         for out, process in launches.items():
             assert_same_run(finish_example(process, out), reference)
