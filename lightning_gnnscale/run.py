@@ -93,21 +93,12 @@ def build_datamodule(
     spec = SYSTEMS[run.strategy.name]
     if (by_name or run.data.partition_dir is not None) and graph is None:
         options = {k: v for k, v in run.dataset.items() if k != "name"}
-        return spec.datamodule(
-            run.dataset["name"],
-            run.strategy,
-            run.data,
-            seed=run.seed,
-            cache_dir=run.paths.cache_dir,
-            dtype=getattr(torch, run.dtype),
-            dataset_options=options,
-        )
+        source, named = run.dataset["name"], {"dtype": getattr(torch, run.dtype)}
+        named["dataset_options"] = options
+    else:
+        source, named = (graph if graph is not None else load_graph(run)), {}
     return spec.datamodule(
-        graph if graph is not None else load_graph(run),
-        run.strategy,
-        run.data,
-        seed=run.seed,
-        cache_dir=run.paths.cache_dir,
+        source, run.strategy, run.data, seed=run.seed, cache_dir=run.paths.cache_dir, **named
     )
 
 
