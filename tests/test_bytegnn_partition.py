@@ -22,12 +22,11 @@ from lightning_gnnscale.graph.khop_blocks import (
     khop_locality,
     neighbourhood_blocks,
 )
-from lightning_gnnscale.graph.partition import (
+from lightning_gnnscale.graph.partition import partition, partition_report
+from lightning_gnnscale.graph.partition_config import (
     METHOD_OPTIONS,
     PARTITION_METHODS,
     check_partition_options,
-    partition,
-    partition_report,
 )
 
 

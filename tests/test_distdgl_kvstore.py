@@ -11,6 +11,7 @@ import torch
 from lightning_gnnscale.comm import Comm, CommMeter
 from lightning_gnnscale.graph.book import PartitionBook
 from lightning_gnnscale.systems.distdgl.kvstore import (
+    SPARSE_OPTIMIZERS,
     DistEmbedding,
     KVStore,
     SparseAdagrad,
@@ -272,6 +273,13 @@ def test_push_overwrite_add_and_registered_handler_match_dense_reference(world_s
         remote = (_book(world_size).nid2part(ids[rank]) != rank).sum().item()
         assert push["scaled_sub_bytes"]["gradient"] == remote * DIM * 8
         assert push["scaled_sub_bytes"]["structure"] == remote * 8
+
+
+def test_the_config_accepts_exactly_the_sparse_optimizers_that_exist():
+    """The config holds the names (it loads without torch); each must build an optimizer."""
+    from lightning_gnnscale.systems.distdgl.config import SPARSE_OPTIMIZER_NAMES
+
+    assert sorted(SPARSE_OPTIMIZER_NAMES) == sorted(SPARSE_OPTIMIZERS)
 
 
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adagrad"])

@@ -20,12 +20,12 @@ from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import (
     BALANCE_SCHEMES,
-    PARTITION_METHODS,
     _pack_clusters,
     balance_constraints,
     partition,
     partition_report,
 )
+from lightning_gnnscale.graph.partition_config import PARTITION_METHODS
 from tests.helpers.dist import warm_context
 
 

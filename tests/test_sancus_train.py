@@ -64,7 +64,7 @@ def test_default_policy_matches_the_code_and_skips_in_a_short_run(tmp_path):
     from tests.helpers.config import make_cfg
 
     cfg = make_cfg(tmp_path, "strategy=sancus", tiny=False)
-    policy = run_config(cfg).strategy.staleness
+    policy = StalenessPolicy.of(run_config(cfg).strategy)
     assert policy == StalenessPolicy()
     d, m, ranks = cfg.dataset, cfg.model, int(cfg.trainer.devices)
     graph = sbm(num_nodes=400, num_classes=d.num_classes, num_features=d.num_features, seed=0)

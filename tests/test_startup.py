@@ -89,8 +89,10 @@ def test_an_unknown_start_method_is_refused_before_any_rank(tmp_path):
 IMPORT_PROBE = r"""
 import sys
 import lightning_gnnscale as gs
+configs = [spec.default_config() for spec in gs.SYSTEMS.values()]  # every schema, validated
 heavy = sorted({m.split(".")[0] for m in sys.modules} & {
-    "wandb", "ogb", "matplotlib", "lightning", "torch_geometric", "torchmetrics"})
+    "wandb", "ogb", "matplotlib", "lightning", "torch_geometric", "torchmetrics", "torch",
+    "numpy"})
 systems = sorted(m for m in sys.modules if m.startswith("lightning_gnnscale.systems.")
                  and m.rsplit(".", 1)[1] in ("strategy", "datamodule"))
 from lightning.pytorch.strategies import StrategyRegistry  # after the package: still registered

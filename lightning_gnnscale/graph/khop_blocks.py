@@ -13,10 +13,9 @@ import torch
 from torch import Tensor
 
 from lightning_gnnscale.graph.csc import Graph
+from lightning_gnnscale.graph.partition_config import BLOCK_BFS, CENTER_ORDERS
 
 SPLITS = ("train", "val", "test")
-CENTER_ORDERS = ("random", "gid")
-BLOCK_BFS = ("level_sync", "sequential")
 
 
 FREE_PIECES_PER_PART = 16

@@ -12,22 +12,13 @@ import torch
 from torch import Tensor
 
 from lightning_gnnscale.graph.csc import Graph, csc_from_edges
-from lightning_gnnscale.graph.khop_blocks import (
-    BLOCK_BFS,
-    CENTER_ORDERS,
-    bytegnn_partition,
-    khop_locality,
+from lightning_gnnscale.graph.khop_blocks import bytegnn_partition, khop_locality
+from lightning_gnnscale.graph.partition_config import (
+    BALANCE_SCHEMES,
+    bytegnn_partition_options,
+    check_partition_options,
+    metis_balanced_options,
 )
-
-PARTITION_METHODS = ("random", "contiguous", "metis", "metis_balanced", "bytegnn")
-BALANCE_SCHEMES = ("train", "split", "none")
-METHOD_OPTIONS = {
-    "random": (),
-    "contiguous": ("permute",),
-    "metis": ("ufactor", "niter"),
-    "metis_balanced": ("ufactor", "niter", "overpartition", "balance", "balance_edges"),
-    "bytegnn": ("hops", "weights", "smoothing", "order", "imbalance", "block_bfs"),
-}
 
 
 def partition(
@@ -77,9 +68,9 @@ def partition(
             f"node_weights / edge_weights are only supported by 'metis', not {method!r}"
         )
     if method == "metis_balanced":
-        overpartition, balance, balance_edges = _balanced_options(**options)
+        overpartition, balance, balance_edges = metis_balanced_options(**options)
     if method == "bytegnn":
-        bytegnn_options = _bytegnn_options(**options)
+        bytegnn_options = bytegnn_partition_options(**options)
     num_nodes = graph.num_nodes
     if num_parts == 1 or num_nodes == 0:
         return torch.zeros(num_nodes, dtype=torch.int64)
@@ -100,81 +91,6 @@ def partition(
         return _metis(graph, num_parts, seed, node_weights, edge_weights, **metis_options)
     constraints = balance_constraints(graph, balance, balance_edges)
     return _metis_balanced(graph, num_parts, seed, constraints, overpartition, **metis_options)
-
-
-def check_partition_options(method: str, options: dict) -> None:
-    """Raise ValueError for an unknown method, an option it does not take, or a bad value of
-    one (``metis_balanced``, ``bytegnn``); cheap, so configs call it before any work."""
-    if method not in PARTITION_METHODS:
-        raise ValueError(f"unknown partition method {method!r}; valid: {list(PARTITION_METHODS)}")
-    unknown = sorted(set(options) - set(METHOD_OPTIONS[method]))
-    if unknown:
-        raise ValueError(
-            f"partition method {method!r} got unknown options {unknown}; "
-            f"valid: {list(METHOD_OPTIONS[method])}"
-        )
-    if method == "metis_balanced":
-        _balanced_options(**options)
-    elif method == "bytegnn":
-        _bytegnn_options(**options)
-
-
-def _balanced_options(
-    overpartition: int = 8, balance: str = "train", balance_edges: bool = True, **_metis_options
-) -> tuple[int, str, bool]:
-    """``metis_balanced``'s own options with defaults, checked before any work."""
-    if isinstance(overpartition, bool) or not isinstance(overpartition, int) or overpartition < 1:
-        raise ValueError(f"overpartition must be an integer >= 1, got {overpartition!r}")
-    if balance not in BALANCE_SCHEMES:
-        raise ValueError(f"unknown balance {balance!r}; valid: {list(BALANCE_SCHEMES)}")
-    if not isinstance(balance_edges, bool):
-        raise ValueError(f"balance_edges must be a bool, got {balance_edges!r}")
-    return overpartition, balance, balance_edges
-
-
-def _bytegnn_options(
-    hops: int = 2,
-    weights=None,
-    smoothing: float = 1.0,
-    order: str = "random",
-    imbalance: float | None = 0.05,
-    block_bfs: str = "level_sync",
-) -> dict:
-    """``bytegnn``'s options with defaults, checked before any work."""
-
-    def number(value) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 1:
-        raise ValueError(f"bytegnn hops must be an integer >= 1, got {hops!r}")
-    if weights is not None:
-        if (
-            isinstance(weights, (str, bytes))
-            or len(weights) != 3
-            or not all(number(w) and w >= 0 for w in weights)
-            or abs(sum(weights) - 1.0) > 1e-6
-        ):
-            raise ValueError(
-                "bytegnn weights must be None or three numbers >= 0 (train, val, test) summing "
-                f"to 1, got {weights!r}"
-            )
-        weights = tuple(float(w) for w in weights)
-    if not number(smoothing) or smoothing < 0:
-        raise ValueError(f"bytegnn smoothing must be a number >= 0, got {smoothing!r}")
-    if order not in CENTER_ORDERS:
-        raise ValueError(f"unknown bytegnn order {order!r}; valid: {list(CENTER_ORDERS)}")
-    if imbalance is not None and (not number(imbalance) or imbalance < 0):
-        raise ValueError(f"bytegnn imbalance must be None or a number >= 0, got {imbalance!r}")
-    if block_bfs not in BLOCK_BFS:
-        raise ValueError(f"unknown bytegnn block_bfs {block_bfs!r}; valid: {list(BLOCK_BFS)}")
-    return {
-        "hops": hops,
-        "weights": weights,
-        "smoothing": float(smoothing),
-        "order": order,
-        "imbalance": imbalance,
-        "block_bfs": block_bfs,
-    }
 
 
 def balance_constraints(graph: Graph, balance: str = "train", balance_edges: bool = True) -> Tensor:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import ConfigError
-from ...graph.partition import METHOD_OPTIONS, PARTITION_METHODS, check_partition_options
+from ...graph.partition_config import METHOD_OPTIONS, PARTITION_METHODS, check_partition_options
 from ...schema import DataConfig, SystemConfig, choice, require
 from .address import check_host
 from .scheduler import default_sigma

@@ -19,7 +19,7 @@ from ...comm import OwnerRoute
 from ...comm.transport import SocketTransport
 from ...graph.block import Block
 from ...graph.book import PartitionedGraph, build_local_partition, partition_and_relabel
-from ...graph.partition import METHOD_OPTIONS
+from ...graph.partition_config import METHOD_OPTIONS
 from ...models.gnn import BlockGNN
 from ..base import GNNDataModule, assert_same_on_all_ranks
 from ..contract import RankContext

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 
 from ...graph.partition_config import PartitionConfig
 from ...schema import SystemConfig, choice, require
-from .kvstore import SPARSE_OPTIMIZERS
+
+# the names of kvstore.SPARSE_OPTIMIZERS (kept here: configs load without torch)
+SPARSE_OPTIMIZER_NAMES = ("adagrad", "sgd")
 
 
 @dataclass(frozen=True)
@@ -36,5 +38,5 @@ class DistDGLConfig(SystemConfig):
             self.embedding_dim >= 0,
             f"strategy.embedding_dim={self.embedding_dim} must be >= 0 (0 = use the features)",
         )
-        choice("strategy.sparse_optimizer", self.sparse_optimizer, SPARSE_OPTIMIZERS)
+        choice("strategy.sparse_optimizer", self.sparse_optimizer, SPARSE_OPTIMIZER_NAMES)
         require(self.sparse_lr > 0, f"strategy.sparse_lr={self.sparse_lr} must be > 0")

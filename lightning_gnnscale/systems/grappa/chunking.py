@@ -31,8 +31,8 @@ from ...files import atomic_write
 from ...graph.cache import cache_key, graph_fingerprint, tensor_digest
 from ...graph.csc import Graph
 from ...graph.partition import partition
+from .config import CHUNKINGS
 
-CHUNKINGS = ("random", "random_iid", "metis")
 # Bump when the store's layout or the meaning of a field changes: old stores are then ignored.
 STORE_FORMAT = 2
 _READ_BLOCK = 1 << 24

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ...schema import RunFacts, SystemConfig, choice, require
-from .chunking import CHUNKINGS
-from .estimators import ESTIMATORS
 from .schedule import SCHEDULES, SWEEP_ORDERS, Schedule
+
+CHUNKINGS = ("random", "random_iid", "metis")
+ESTIMATORS = ("none", "uniform", "resampling", "resampling_literal", "node")
 
 MODES = ("minibatch", "fullgraph")
 EVAL_MODES = ("global_fullgraph", "isolated", "none")

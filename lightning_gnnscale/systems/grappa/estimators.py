@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-ESTIMATORS = ("none", "uniform", "resampling", "resampling_literal", "node")
+from .config import ESTIMATORS
 
 
 def kappa(ell: Tensor, deg: Tensor, alpha: float = 1.0) -> Tensor:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 SCHEDULES = ("pinned_sweep", "tournament", "fixed")
 SWEEP_ORDERS = ("cyclic", "shuffled")
 
@@ -67,6 +65,8 @@ class Schedule:
         pos = t % self.cycle
         if self.sweep_order == "cyclic":
             return pos
+        import torch  # late: the config reads this module, and configs load without torch
+
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + t // self.cycle)
         return int(torch.randperm(self.cycle, generator=gen)[pos])
 

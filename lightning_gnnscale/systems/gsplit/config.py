@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...schema import SystemConfig, choice, require
-from .partition import PARTITION_METHODS, ZERO_EDGE_POLICIES
 
+PARTITION_METHODS = ("gsplit", "node", "edge", "naive", "random")
+ZERO_EDGE_POLICIES = ("auto", "drop", "epsilon")
 CACHE_POLICIES = ("presample_freq", "id_order")
 
 

@@ -22,9 +22,8 @@ from ...graph.csc import Graph
 from ...graph.order import epoch_permutation
 from ...graph.partition import metis_kway, partition
 from ...graph.sampler import NeighborSampler
+from .config import PARTITION_METHODS, ZERO_EDGE_POLICIES
 
-PARTITION_METHODS = ("gsplit", "node", "edge", "naive", "random")
-ZERO_EDGE_POLICIES = ("auto", "drop", "epsilon")
 _METIS_NITER = 10  # what graph.partition's "metis" uses, so all methods search equally hard
 # Bump when pre-sampling, the METIS weights or the artifact's content change for the same
 # inputs (the shared graph.cache.CODE_VERSION covers the partitioners themselves).

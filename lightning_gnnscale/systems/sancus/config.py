@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...schema import ModelConfig, RunFacts, SystemConfig, choice, require
-from .policy import INPUT_POLICIES, POLICIES, StalenessPolicy
+
+POLICIES = ("none", "epoch_fixed", "adaptive", "variation", "skipg")
+INPUT_POLICIES = ("once", "same_as_hidden")
 
 ROW_ORDERS = ("contiguous", "random", "metis")
 DOCS = "docs/systems/sancus.md"
@@ -54,11 +56,6 @@ class SancusConfig(SystemConfig):
         require(
             self.variation_gap >= 0, f"strategy.variation_gap={self.variation_gap} must be >= 0"
         )
-
-    @property
-    def staleness(self) -> StalenessPolicy:
-        """The staleness policy these settings describe."""
-        return StalenessPolicy(self.policy, self.epoch_bound, self.variation_gap, self.input_policy)
 
     def check_model(self, model: ModelConfig) -> None:
         """The net SANCUS can train: a GCN (its backward relies on a symmetric ``Â``) without

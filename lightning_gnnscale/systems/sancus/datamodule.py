@@ -22,6 +22,7 @@ from ..contract import RankContext
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig
 from .layout import RowBlocks, check_symmetric, consumer_matrix, row_blocks
+from .policy import StalenessPolicy
 from .runtime import SancusGCN
 
 SPLITS = ("train", "val", "test")
@@ -169,7 +170,11 @@ class SancusDataModule(GNNDataModule):
         dropout)."""
         self.config.check_model(model)
         return SancusGCN(
-            self.input_dim, model.hidden, self.num_classes, model.num_layers, self.config.staleness
+            self.input_dim,
+            model.hidden,
+            self.num_classes,
+            model.num_layers,
+            StalenessPolicy.of(self.config),
         )
 
     @override

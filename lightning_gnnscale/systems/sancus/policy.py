@@ -13,11 +13,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .config import POLICIES, SancusConfig
+
 NEVER = -(1 << 40)
 """``last_bcast`` of a block never broadcast: older than any bound."""
-
-POLICIES = ("none", "epoch_fixed", "adaptive", "variation", "skipg")
-INPUT_POLICIES = ("once", "same_as_hidden")
 
 
 def epoch_fixed_flags(epoch: int, last_bcast: Tensor, bound: int) -> Tensor:
@@ -52,8 +51,8 @@ def variation_flag(h: Tensor, last_sent: Tensor | None, gap: float) -> tuple[boo
 class StalenessPolicy:
     """The run's staleness rules, as pure functions of the versions every rank holds.
 
-    Built from a validated :class:`~.config.SancusConfig` (``config.staleness``), which checks
-    the values.
+    Built from a validated :class:`~.config.SancusConfig` (:meth:`of`), which checks the
+    values.
 
     The defaults are ``strategy=sancus``'s: SCS-A1 (``adaptive``, ε_A = 1), the variant the
     paper reports its time breakdown with and recommends. Under lockstep training it sends every
@@ -74,6 +73,11 @@ class StalenessPolicy:
     epoch_bound: int = 1
     variation_gap: float = 0.01
     input_policy: str = "once"
+
+    @classmethod
+    def of(cls, config: SancusConfig) -> StalenessPolicy:
+        """The staleness policy ``config``'s settings describe."""
+        return cls(config.policy, config.epoch_bound, config.variation_gap, config.input_policy)
 
     def root_decides(self, layer: int) -> bool:
         """Whether each root decides layer input ``layer``'s flag alone (SCS-H), so that the
