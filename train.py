@@ -6,7 +6,10 @@ See README.md and docs/configuration.md. Multirun: ``python train.py -m strategy
 import hydra
 from omegaconf import DictConfig
 
-from lightning_gnnscale.launch import warm_start  # light: no Lightning, PyG or system yet
+from lightning_gnnscale.launch import (  # light: no Lightning, PyG or system yet
+    exit_without_teardown,
+    warm_start,
+)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -18,4 +21,4 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_without_teardown(main)

@@ -126,6 +126,40 @@ def warm_start(cfg: Any) -> bool:
     return True
 
 
+def exit_without_teardown(main: Callable[[], Any]) -> None:
+    """Run a command's ``main()``, then end the process without Python's interpreter teardown.
+
+    After the run has ended and its results are written, tearing down an interpreter that
+    imported torch, Lightning and PyG frees its objects one by one: 2-3 s here, a fifth of a
+    short run's wall time. An exit handler registered now, before the run's own (they run last
+    in, first out), runs after all of them: it flushes logging and the standard streams and
+    ends the process with the status ``main`` chose (0, a ``SystemExit`` code, or 1 for an
+    error, whose traceback Python has printed by then)."""
+    import atexit
+    import logging
+
+    status = [1]
+
+    def end_now() -> None:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status[0])
+
+    atexit.register(end_now)
+    try:
+        main()
+        status[0] = 0
+    except SystemExit as exit:
+        code = exit.code
+        status[0] = 0 if code is None else code if isinstance(code, int) else 1
+        raise
+    except KeyboardInterrupt:
+        status[0] = 128 + signal.SIGINT
+        raise
+
+
 def _parent_of(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

@@ -173,3 +173,49 @@ def test_no_import_circle():
 
     for name in sorted(modules):
         visit(name)
+
+
+EXIT_PROBE = r"""
+import atexit, logging, sys
+from lightning_gnnscale.launch import exit_without_teardown
+
+class Teardown:
+    def __del__(self):
+        print("interpreter teardown ran", flush=True)
+
+keep = Teardown()  # a module global: collected only by the interpreter's teardown
+logging.basicConfig(filename=sys.argv[2], level=logging.INFO)
+
+def main():
+    atexit.register(print, "the run's exit handler ran")
+    logging.getLogger("probe").info("last log line")
+    sys.stdout.write("unflushed output")
+    if sys.argv[1] == "error":
+        raise ValueError("boom")
+    if sys.argv[1] != "ok":
+        raise SystemExit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])
+
+exit_without_teardown(main)
+"""
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status"), [("ok", 0), ("3", 3), ("error", 1), ("a message", 1)]
+)
+def test_a_command_ends_with_its_status_and_output_but_without_interpreter_teardown(
+    tmp_path, outcome, status
+):
+    log = tmp_path / "run.log"
+    proc = subprocess.run(
+        [sys.executable, "-c", EXIT_PROBE, outcome, str(log)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == status, proc.stderr[-2000:]
+    assert proc.stdout.startswith("unflushed output")
+    assert "the run's exit handler ran" in proc.stdout  # every other exit handler still runs
+    assert "interpreter teardown ran" not in proc.stdout
+    assert log.read_text().rstrip().endswith("last log line")
+    assert ("ValueError: boom" in proc.stderr) == (outcome == "error")
