@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -170,6 +171,11 @@ class Graph:
         return replace(self, x=self.x.to(dtype), meta=dict(self.meta))
 
 
+# Elements per chunk where a build streams over its edges: bounds the temporaries (8 MiB per
+# int64 array) whatever the graph's size.
+CHUNK = 1 << 20
+
+
 def csc_from_edges(
     src: Tensor,
     dst: Tensor,
@@ -178,17 +184,31 @@ def csc_from_edges(
     undirected: bool = False,
     remove_self_loops: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """CSC ``(indptr, indices)`` from edge endpoints; sorted by (dst, src), duplicates merged."""
-    src = src.to(torch.int64)
-    dst = dst.to(torch.int64)
-    if undirected:
-        src, dst = torch.cat([src, dst]), torch.cat([dst, src])
-    if remove_self_loops:
-        keep = src != dst
-        src, dst = src[keep], dst[keep]
-    key = torch.unique(dst * num_nodes + src)  # sorted, deduplicated
-    dst, src = key // num_nodes, key % num_nodes
-    counts = torch.bincount(dst, minlength=num_nodes)
-    indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
-    torch.cumsum(counts, 0, out=indptr[1:])
-    return indptr, src
+    """CSC ``(indptr, indices)`` from edge endpoints; sorted by (dst, src), duplicates merged.
+
+    Memory beyond the inputs: one int64 key per edge (two per pair when ``undirected``), a
+    byte per key, and the merged result; the keys are sorted in place (numpy) and built in
+    chunks, so no other temporary grows with the graph (docs/partitioning.md, "Large
+    synthetic graphs").
+    """
+    n = src.numel()
+    keys = torch.empty(2 * n if undirected else n, dtype=torch.int64)
+    for i in range(0, n, CHUNK):
+        j = min(n, i + CHUNK)
+        s, d = src[i:j].to(torch.int64), dst[i:j].to(torch.int64)
+        torch.add(s, d, alpha=num_nodes, out=keys[i:j])  # dst * N + src
+        if undirected:
+            torch.add(d, s, alpha=num_nodes, out=keys[n + i : n + j])
+    sorted_keys = keys.numpy()
+    sorted_keys.sort()  # in place
+    keep = np.empty(sorted_keys.size, dtype=bool)
+    if sorted_keys.size:
+        keep[0] = True
+        np.not_equal(sorted_keys[1:], sorted_keys[:-1], out=keep[1:])  # duplicates merged
+    if remove_self_loops:  # dst * N + src with src == dst is a multiple of N + 1
+        for i in range(0, sorted_keys.size, CHUNK):
+            keep[i : i + CHUNK] &= sorted_keys[i : i + CHUNK] % (num_nodes + 1) != 0
+    merged = torch.from_numpy(sorted_keys[keep])
+    del keys, sorted_keys, keep
+    indptr = torch.searchsorted(merged, torch.arange(num_nodes + 1, dtype=torch.int64) * num_nodes)
+    return indptr, merged.remainder_(num_nodes)

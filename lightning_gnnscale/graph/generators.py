@@ -1,7 +1,9 @@
 """Seeded synthetic graphs: a stochastic block model and Graph500 R-MAT.
 
-Both are fully vectorised torch (loops run over R-MAT recursion levels only) and return an
-undirected :class:`Graph` by default, so they stand in for real datasets in tests and benches.
+Both are vectorised torch (loops run over R-MAT recursion levels, and over fixed-size chunks of
+edges and features) and return an undirected :class:`Graph` by default, so they stand in for
+real datasets in tests and benches. Chunks bound the temporaries without changing a single
+draw: a graph is the same whatever :data:`~.csc.CHUNK` is (tested).
 """
 
 from __future__ import annotations
@@ -11,11 +13,26 @@ import math
 import torch
 from torch import Tensor
 
-from lightning_gnnscale.graph.csc import Graph, csc_from_edges
+from lightning_gnnscale.graph.csc import CHUNK, Graph, csc_from_edges
 
 
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def normal_(out: Tensor, gen: torch.Generator) -> Tensor:
+    """Fill contiguous ``out`` with N(0, 1) draws in chunks of :data:`CHUNK` elements, the same
+    numbers as one ``torch.randn`` of its shape (CPU draws in blocks of 16: every chunk but the
+    last is a multiple of 16, and the last has at least 16 elements; tested), so the noise
+    of a large feature matrix is drawn where it is stored, with no temporary of its size."""
+    flat, start, step = out.view(-1), 0, max(16, CHUNK - CHUNK % 16)
+    while start < flat.numel():
+        end = min(flat.numel(), start + step)
+        if flat.numel() - end < 16:
+            end = flat.numel()
+        flat[start:end].normal_(generator=gen)
+        start = end
+    return out
 
 
 def random_split_masks(
@@ -42,10 +59,13 @@ def random_split_masks(
 # sbm 400k nodes avg_degree 10 / 64 features peaked at 470 MiB, avg_degree 40 / 8 features at
 # 1422 MiB (about 184 bytes per drawn pair); rmat 2^19 nodes 2^22 edges 16 features at 535 MiB
 # (about 125 bytes per drawn edge, as at 2^25 edges). Rounded up: an estimate errs high.
-_SBM_BYTES_PER_PAIR = 190
-_RMAT_BYTES_PER_EDGE = 130
-_BYTES_PER_FEATURE = 12  # float32 features plus the two temporaries of their draw
-_BYTES_PER_NODE = 24  # labels, permutations, indptr, masks
+# Peak bytes held while generating, fitted above measurements (docs/partitioning.md, "Large
+# synthetic graphs"): edges in chunks plus one sort key per stored edge; features drawn in place.
+_SBM_BYTES_PER_PAIR = 64
+_RMAT_BYTES_PER_EDGE = 56
+_BYTES_PER_FEATURE = 6  # float32 features (drawn where they are stored)
+_BYTES_PER_NODE = 80  # labels, permutations, indptr, masks, the CSC's row boundaries
+_BYTES_PER_CHUNK_ELEMENT = 128  # the temporaries of one chunk of edges
 
 
 def sbm_peak_bytes(
@@ -57,6 +77,7 @@ def sbm_peak_bytes(
         _SBM_BYTES_PER_PAIR * pairs
         + _BYTES_PER_FEATURE * num_nodes * num_features
         + _BYTES_PER_NODE * num_nodes
+        + _BYTES_PER_CHUNK_ELEMENT * CHUNK
     )
 
 
@@ -68,6 +89,7 @@ def rmat_peak_bytes(
         _RMAT_BYTES_PER_EDGE * num_edges
         + _BYTES_PER_FEATURE * num_nodes * num_features
         + _BYTES_PER_NODE * num_nodes
+        + _BYTES_PER_CHUNK_ELEMENT * CHUNK
     )
 
 
@@ -118,20 +140,27 @@ def sbm(
 
     num_pairs = round(num_nodes * avg_degree / 2)
     src = torch.randint(num_nodes, (num_pairs,), generator=gen)
-    src_block = y[src]
-    size, start = block_size[src_block], block_start[src_block]
     uniform = torch.rand(num_pairs, generator=gen, dtype=torch.float64)
-    same = torch.rand(num_pairs, generator=gen) < homophily
-    # Inside the block: a uniform position in it. Outside: a uniform position among the
-    # other N - size positions, skipping over the block's own range.
-    inside = start + (uniform * size).long()
-    outside = (uniform * (num_nodes - size)).long()
-    outside = torch.where(outside >= start, outside + size, outside)
-    dst = by_block[torch.where(same, inside, outside)]
+    dst = torch.empty(num_pairs, dtype=torch.int64)
+    for i in range(0, num_pairs, CHUNK):  # chunks of pairs: no temporary grows with the graph
+        j = min(num_pairs, i + CHUNK)
+        same = torch.rand(j - i, generator=gen) < homophily  # the draws of one full-size call
+        src_block = y[src[i:j]]
+        size, start = block_size[src_block], block_start[src_block]
+        # Inside the block: a uniform position in it. Outside: a uniform position among the
+        # other N - size positions, skipping over the block's own range.
+        inside = start + (uniform[i:j] * size).long()
+        outside = (uniform[i:j] * (num_nodes - size)).long()
+        outside = torch.where(outside >= start, outside + size, outside)
+        dst[i:j] = by_block[torch.where(same, inside, outside)]
+    del uniform
 
     centroids = torch.randn(num_classes, num_features, generator=gen)
     centroids *= feature_signal / centroids.norm(dim=1, keepdim=True)
-    x = centroids[y] + torch.randn(num_nodes, num_features, generator=gen)
+    x = normal_(torch.empty(num_nodes, num_features), gen)
+    rows = max(1, CHUNK // num_features)
+    for i in range(0, num_nodes, rows):
+        x[i : i + rows] += centroids[y[i : i + rows]]  # noise + centroid == centroid + noise
     train_mask, val_mask, test_mask = random_split_masks(num_nodes, train_frac, val_frac, gen)
 
     indptr, indices = csc_from_edges(src, dst, num_nodes, undirected=True)
@@ -187,8 +216,8 @@ def rmat(
     that the hubs are not all at small ids (id-range partitioners would see them otherwise).
 
     Features are ``N(0, 1)`` float32 ``[N, num_features]``; labels are uniform in
-    ``[0, num_classes)``. Memory: with ``undirected=True`` the CSC build peaks at about 125 bytes
-    per edge drawn (measured: 2^21 nodes / 2^25 edges peak at 4.4 GB RSS; docs/benchmarks.md).
+    ``[0, num_classes)``. Memory: with ``undirected=True`` the CSC build peaks at about 45 bytes
+    per edge drawn (:func:`rmat_peak_bytes`; docs/partitioning.md, "Large synthetic graphs").
     """
     d = 1.0 - a - b - c
     if min(a, b, c, d) < 0:
@@ -227,7 +256,7 @@ def rmat(
     indptr, indices = csc_from_edges(src, dst, num_nodes, undirected=undirected)
     del src, dst
 
-    x = torch.randn(num_nodes, num_features, generator=gen)
+    x = normal_(torch.empty(num_nodes, num_features), gen)
     y = torch.randint(num_classes, (num_nodes,), generator=gen)
     train_mask, val_mask, test_mask = random_split_masks(num_nodes, train_frac, val_frac, gen)
     params = dict(
