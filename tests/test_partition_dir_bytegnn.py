@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from lightning_gnnscale.comm import Comm
-from lightning_gnnscale.graph.book import PartitionBook
+from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
+from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder
+from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_carried
 from lightning_gnnscale.run import train
 from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.bytegnn import ByteGNNConfig, ByteGNNDataModule
@@ -31,6 +33,45 @@ def make_dm(cache_dir, partition_dir=None, fanouts=FANOUTS, dtype=torch.float64)
     )
 
 
+# ---------------------------------------------------------------- the shared machinery
+def test_the_carried_degree_block_equals_the_dense_builders():
+    """Degrees that travel with the sampled ids give ``BlockBuilder``'s block exactly."""
+    gen = torch.Generator().manual_seed(0)
+    n = 500
+    degree = torch.randint(0, 40, (n,), generator=gen)
+    dense = BlockBuilder(n, degree)
+    for _ in range(20):
+        dst = torch.randperm(n, generator=gen)[:37]
+        src = torch.randint(0, n, (200,), generator=gen)
+        dst_pos = torch.sort(torch.randint(0, 37, (200,), generator=gen)).values
+        want = dense(dst, src, dst_pos)
+        got = build_block_carried(dst, degree[dst], src, dst_pos, degree[src])
+        assert torch.equal(got.src_ids, want.src_ids) and got.num_dst == want.num_dst
+        assert torch.equal(got.edge_index, want.edge_index)
+        assert torch.equal(got.src_deg, want.src_deg)
+
+
+def test_a_partition_finds_the_ids_it_holds():
+    """``LocalPartition.find``: core and halo gids map to their local ids, others are not held;
+    ``arrays`` / ``from_arrays`` round-trip the partition."""
+    graph = sbm(num_nodes=200, num_classes=3, avg_degree=4.0, num_features=2, seed=1)
+    parts = torch.randint(0, 3, (200,), generator=torch.Generator().manual_seed(2))
+    book = PartitionBook.from_parts(parts, 3)
+    graph = relabel_graph(graph, book)
+    for k in range(3):
+        local = build_local_partition(graph, book, k)
+        gids = torch.arange(200)
+        lid, held = local.find(gids)
+        want = torch.full((200,), -1)
+        want[local.local2global] = torch.arange(local.num_local)
+        assert torch.equal(held, want >= 0)
+        assert torch.equal(lid[held], want[held])
+        again = type(local).from_arrays(local.arrays(), k)
+        for name, array in local.arrays().items():
+            assert torch.equal(getattr(again, name), array), name
+
+
+# ------------------------------------------------------------ ranks that hold only their part
 def _run_steps(dm, comm):
     """:func:`tests.test_partition_dir._steps` on the S-Worker's batches of epoch 1."""
     dm.sworker.last_epoch = 1
@@ -160,3 +201,53 @@ def test_a_bytegnn_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_
     shutil.rmtree(out / part_folder(1))
     with pytest.raises(PartitionDirError, match=f"part 1 is missing: {out / part_folder(1)}"):
         run()
+
+
+# ----------------------------------------------------------------------- plain Lightning
+def _plain_lightning_ranks(out: Path) -> None:
+    """Both DataModules under ``L.Trainer(precision="64-true")``: the in-memory one, and one
+    given only ``DataConfig(partition_dir=...)`` (dataset None: the directory's), whose part
+    was written in float32 and is cast on load."""
+    import lightning as L
+
+    import lightning_gnnscale as gs
+
+    results = {}
+    for key in ("memory", "directory"):
+        L.seed_everything(0, verbose=False)
+        if key == "memory":
+            dm = make_dm(out / "cache", dtype=torch.float32)
+        else:
+            data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=str(out / "f32"))
+            dm = ByteGNNDataModule(None, ByteGNNConfig(), data, seed=3)
+        module = gs.GNNModule.from_config(gs.ModelConfig(hidden=8, num_layers=2), dm)
+        trainer = L.Trainer(
+            strategy=gs.ByteGNNStrategy(dm.config),
+            accelerator="cpu",
+            devices=2,
+            max_epochs=2,
+            precision="64-true",
+            callbacks=[gs.StepSeed(0)],
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            num_sanity_val_steps=0,
+        )
+        trainer.fit(module, datamodule=dm)
+        results[key] = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    torch.save(results, out / f"rank{trainer.global_rank}.pt")
+
+
+@pytest.mark.dist
+def test_a_plain_lightning_script_trains_bytegnn_from_a_directory(tmp_path):
+    from lightning_gnnscale.launch import launch_local
+
+    make_dm(tmp_path / "cache", dtype=torch.float32).write_partition_dir(
+        tmp_path / "f32", 2, log=lambda *_: 0
+    )
+    launch_local(_plain_lightning_ranks, (tmp_path,), devices=2, num_nodes=1, timeout_s=300)
+    for rank in (0, 1):
+        results = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert all(v.dtype == torch.float64 for v in results["directory"].values())
+        _assert_equal(results["memory"], results["directory"])
