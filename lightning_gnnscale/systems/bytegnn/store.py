@@ -163,6 +163,12 @@ class GraphStore:
                 answer = self.transport.request(owner, NSC, request, "structure")
                 per_vertex, src = answer[0], answer[1]
                 deg = answer[2] if len(answer) > 2 else None
+                if deg is None and self.carries_degrees:
+                    raise RuntimeError(
+                        f"rank {owner} answered a sampling request of rank {self.rank} without "
+                        "the sources' degrees (ranks loaded from a partition directory and "
+                        "ranks holding the whole graph cannot be mixed)"
+                    )
                 positions.append(torch.repeat_interleave(where, per_vertex))
             sources.append(src)
             if self.carries_degrees:
