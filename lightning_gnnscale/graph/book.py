@@ -216,6 +216,63 @@ class LocalPartition:
     def halo_gids(self) -> Tensor:
         return self.local2global[self.num_core :]
 
+    def find(self, gids: Tensor) -> tuple[Tensor, Tensor]:
+        """``(local ids, held)``: the local id of each gid this partition holds (core: a range
+        check; halo: a binary search in the sorted halo) and a bool mask of which it holds;
+        the local id of a gid not held is 0 (mask it out)."""
+        lid = torch.zeros_like(gids)
+        held = torch.zeros(gids.shape, dtype=torch.bool)
+        if self.num_core:
+            first = int(self.local2global[0])
+            held = (gids >= first) & (gids < first + self.num_core)
+            lid[held] = gids[held] - first
+        halo = self.halo_gids
+        if halo.numel():
+            pos = torch.searchsorted(halo, gids).clamp_(max=halo.numel() - 1)
+            in_halo = (halo[pos] == gids) & ~held
+            lid[in_halo] = self.num_core + pos[in_halo]
+            held = held | in_halo
+        return lid, held
+
+    def arrays(self) -> dict[str, Tensor]:
+        """The partition as named arrays: the files of a partition directory's part
+        (``edge_ids`` is left out: it is a position in the whole graph)."""
+        return {name: getattr(self, name) for name in PART_ARRAYS}
+
+    @classmethod
+    def from_arrays(
+        cls, part: dict[str, Tensor], part_id: int, dtype: torch.dtype | None = None
+    ) -> LocalPartition:
+        """The partition of a loaded part (:meth:`arrays`' names; memory-mapped arrays are
+        used as they are), its features cast to ``dtype`` if given and different."""
+        x = part["x"] if dtype is None or part["x"].dtype == dtype else part["x"].to(dtype)
+        return cls(
+            part_id=part_id,
+            num_core=part["y"].numel(),
+            local2global=part["local2global"],
+            indptr=part["indptr"],
+            indices=part["indices"],
+            edge_ids=None,
+            x=x,
+            y=part["y"],
+            train_mask=part["train_mask"],
+            val_mask=part["val_mask"],
+            test_mask=part["test_mask"],
+        )
+
+
+# the arrays of a LocalPartition that a partition directory stores (LocalPartition.arrays)
+PART_ARRAYS = (
+    "indptr",
+    "indices",
+    "local2global",
+    "x",
+    "y",
+    "train_mask",
+    "val_mask",
+    "test_mask",
+)
+
 
 def build_local_partition(relabelled: Graph, book: PartitionBook, k: int) -> LocalPartition:
     """Cut part ``k``'s local graph out of ``relabelled`` (the output of :func:`relabel_graph`).

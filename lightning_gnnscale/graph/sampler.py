@@ -196,6 +196,24 @@ def build_block_sorted(dst: Tensor, src: Tensor, dst_pos: Tensor, src_deg=None) 
     return Block(src_ids, n_dst, torch.stack([position, dst_pos]), degree)
 
 
+def build_block_carried(
+    dst: Tensor, dst_deg: Tensor, src: Tensor, dst_pos: Tensor, src_deg: Tensor
+) -> Block:
+    """:func:`build_block_sorted`'s block (equal to :class:`BlockBuilder`'s) whose degrees
+    travel with the ids: ``dst_deg`` ``[n_dst]`` of the destinations and ``src_deg``
+    ``[E_s]`` of each sampled source, as the sources' owners answered them (a rank that holds
+    no ``[N]`` degree array, ByteGNN from a partition directory)."""
+    n_dst = dst.numel()
+    candidates, inverse = torch.unique(src, return_inverse=True)  # sorted
+    candidate_deg = torch.zeros_like(candidates).scatter_(0, inverse, src_deg)
+    new = ~torch.isin(candidates, dst)
+    src_ids = torch.cat([dst, candidates[new]])
+    order = torch.argsort(src_ids)
+    position = order[torch.searchsorted(src_ids[order], src)]
+    degree = torch.cat([dst_deg, candidate_deg[new]])
+    return Block(src_ids, n_dst, torch.stack([position, dst_pos]), degree)
+
+
 class NeighborSampler:
     """Multi-hop hash-keyed sampler producing a list of blocks, input layer first.
 

@@ -187,6 +187,7 @@ class ByteGNNConfig(SystemConfig):
     host: str | None = None
 
     NAMES: ClassVar[tuple[str, ...]] = ("bytegnn",)
+    supports_partition_dir: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -8,9 +8,18 @@ builds the :class:`SWorker`. The DataModule owns both: ``train_dataloader`` star
 The train loader runs in the main process and takes the S-Worker's batches in step order,
 exactly ``steps_per_epoch`` of them per epoch. Evaluation is layer-wise full-graph inference over the
 partitions (halo rows pulled from their owners through ``comm``), as DistDGL's.
+
+With ``data.partition_dir`` a rank loads only its own part (``write_parts`` writes them): its
+partition (core in-edges as a local CSC, the halo's ids), the full-graph degrees of its core and
+halo, its core's features, labels and masks, and its chunk of the training ids with their
+degrees. Its book is the ``[P + 1]`` offsets; the degrees of vertices beyond its halo arrive
+with the sampling answers of their owners (docs/systems/bytegnn.md#from-a-partition-directory).
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 import torch
 from typing_extensions import override
@@ -18,8 +27,15 @@ from typing_extensions import override
 from ...comm import OwnerRoute
 from ...comm.transport import SocketTransport
 from ...graph.block import Block
-from ...graph.book import PartitionedGraph, build_local_partition, partition_and_relabel
+from ...graph.book import (
+    LocalPartition,
+    PartitionedGraph,
+    RangeBook,
+    build_local_partition,
+    partition_and_relabel,
+)
 from ...graph.partition_config import METHOD_OPTIONS
+from ...graph.partition_dir import PartitionDir
 from ...models.gnn import BlockGNN
 from ..base import GNNDataModule, assert_same_on_all_ranks
 from ..contract import RankContext
@@ -40,38 +56,105 @@ class ByteGNNDataModule(GNNDataModule):
         self.sworker: SWorker | None = None
         self.transport: SocketTransport | None = None
 
-    @override
-    def preprocess(self, world_size: int) -> PartitionedGraph:
-        """Partition once (cached on disk by content hash), relabel, report the balance."""
+    def partition_options(self) -> dict[str, Any]:
+        """The partitioner's options; K-hop blocks get ``hops`` = the model's depth unless set."""
         partition = self.config.partition
         options = dict(partition.options)
         if "hops" in METHOD_OPTIONS[partition.method]:  # K-hop blocks: K = the model's depth
             options.setdefault("hops", len(self.data.fanouts))
+        return options
+
+    @override
+    def preprocess(self, world_size: int) -> PartitionedGraph:
+        """Partition once (cached on disk by content hash), relabel, report the balance."""
         return partition_and_relabel(
             self.graph,
-            partition.method,
+            self.config.partition.method,
             world_size,
             self.seed,
             self.cache_dir,
             label="bytegnn",
-            **options,
+            **self.partition_options(),
         )
 
     @override
-    def setup_rank(self, context: RankContext, prepared: PartitionedGraph) -> None:
-        graph, book, comm = prepared.graph, prepared.book, context.comm
-        rank, world = context.rank, context.world_size
-        if world != book.num_parts:
-            raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
-        assert_same_on_all_ranks(comm, book.new2old, "the ByteGNN partition")
+    def partition_settings(self) -> dict[str, Any]:
+        options = json.loads(json.dumps(self.partition_options(), default=str))  # as stored
+        return {"method": self.config.partition.method, "partition_options": options}
+
+    @override
+    def write_parts(self, world_size: int, writer, log) -> dict:
+        """Per part: its local CSC (core in-edges over core + 1-hop halo), the full-graph
+        degrees of its core and halo, its core's features, labels, masks and original ids, and
+        its rank's chunk of the training ids (the even split) with their degrees."""
+        prepared = self.prepare(world_size)
+        graph, book = prepared.graph, prepared.book
+        degree = graph.in_degree()
+        chunks = SeedSplit.chunks(graph.split_ids("train"), world_size)
+        for k in range(world_size):
+            local = build_local_partition(graph, book, k)
+            lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
+            arrays = {
+                **local.arrays(),
+                "degree": degree[local.local2global],
+                "orig_ids": book.new2old[lo:hi],
+                "trainer_seeds": chunks[k],
+                "trainer_seed_degree": degree[chunks[k]],
+            }
+            sizes = {
+                "nodes": local.num_core,
+                "halo": local.num_halo,
+                "edges": local.num_edges,
+                "trainer_seeds": chunks[k].numel(),
+            }
+            writer.write_part(k, arrays, sizes)
+            log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
+            del local, arrays
+        return {
+            "node_offsets": book.node_offsets.tolist(),
+            "trainer_sizes": [c.numel() for c in chunks],
+            "report": prepared.report,
+        }
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: PartitionedGraph | PartitionDir) -> None:
+        comm, rank, world = context.comm, context.rank, context.world_size
+        batch_size = self.data.batch_size
+        if isinstance(prepared, PartitionDir):  # this rank's part only, no [N] array
+            book = RangeBook(prepared.node_offsets)
+            if world != book.num_parts:
+                raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
+            digest = torch.tensor([int(prepared.digest[:15], 16)])
+            assert_same_on_all_ranks(comm, digest, "the partition directory")
+            part = prepared.load_part(rank)
+            self.local = LocalPartition.from_arrays(part, rank, self._dtype)
+            self.local_degree, self.degree = part["degree"], None
+            sizes = torch.tensor(prepared.meta["trainer_sizes"], dtype=torch.int64)
+            seeds = part["trainer_seeds"]
+            split = SeedSplit.from_chunk(seeds, sizes, rank, batch_size, self.seed)
+            store = GraphStore(
+                self.local,
+                book,
+                None,
+                None,
+                local_degree=self.local_degree,
+                seed_ids=seeds,
+                seed_degree=part["trainer_seed_degree"],
+            )
+        else:
+            graph, book = prepared.graph, prepared.book
+            if world != book.num_parts:
+                raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
+            assert_same_on_all_ranks(comm, book.new2old, "the ByteGNN partition")
+            self.local = build_local_partition(graph, book, rank)
+            self.degree = graph.in_degree()  # replicated metadata
+            self.local_degree = self.degree[self.local.local2global]
+            split = SeedSplit(graph.split_ids("train"), world, rank, batch_size, self.seed)
+            store = GraphStore(self.local, book, self.degree, None)
         self.book = book
-        self.local = build_local_partition(graph, book, rank)
-        self.degree = graph.in_degree()  # replicated metadata
         config = self.config
         timeout_s = comm.timeout.total_seconds() if comm.timeout is not None else 300.0
-        split = SeedSplit(graph.split_ids("train"), world, rank, self.data.batch_size, self.seed)
         config.dag.check_seeds_per_step(max(1, int(split.sizes.min()) // split.steps), "per rank")
-        store = GraphStore(self.local, book, self.degree, None)
         if world > 1:
             host = service_address(config.host)
             self.transport = SocketTransport(rank, context.topology, timeout_s, host)
@@ -158,6 +241,17 @@ class ByteGNNDataModule(GNNDataModule):
 
     # ------------------------------------------------------------------------ evaluation
     @override
+    def predict_rows(
+        self, net: torch.nn.Module, node_ids: torch.Tensor | None, output: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.partition_dir is not None:
+            raise NotImplementedError(
+                "trainer.predict from data.partition_dir is not implemented yet: it runs on "
+                "the whole graph"
+            )
+        return super().predict_rows(net, node_ids, output)
+
+    @override
     @torch.no_grad()
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """Layer-wise full-graph inference over the partitions; counts on this rank's core."""
@@ -169,7 +263,7 @@ class ByteGNNDataModule(GNNDataModule):
             torch.arange(local.num_local),
             local.num_core,
             torch.stack([local.indices, dst]),
-            self.degree[local.local2global],
+            self.local_degree,
         )
         device = next(net.parameters()).device
         route = OwnerRoute.build(comm, halo, self.book.nid2part(halo), category="structure")

@@ -6,6 +6,11 @@ bytes), the others' go through :class:`~lightning_gnnscale.comm.transport.Socket
 (ids as ``structure``; sampled edges back as ``structure``, feature rows and labels back as
 ``feature``). Sampling is keyed by global ids (``graph/sampler.py``), so the owner draws exactly
 the edges the whole graph would give: the blocks equal the reference sampler's.
+
+A rank loaded from a partition directory holds no ``[N]`` degree array: its store knows the
+full-graph degrees of its core and halo (and of its training seeds), and an owner answers a
+sampling request with the degrees of the sources it drew (which lie in its core or halo), 8 B
+more per source (``structure``). So every vertex of a batch arrives with its degree.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ...comm.transport import SocketTransport
-from ...graph.book import LocalPartition, PartitionBook
+from ...graph.book import LocalPartition, RangeBook
 from ...graph.sampler import sample_neighbors, splitmix64_int
 
 NSC, FEATURES, LABELS = 1, 2, 3  # request kinds
@@ -26,47 +31,101 @@ class GraphStore:
     """This rank's core vertices (in-edges, features, labels) and access to the others'.
 
     Args:
-        local: this rank's partition (``graph.book.build_local_partition``).
-        book: vertex ownership.
-        degree: int64 ``[N]`` replicated in-degrees (task costs, GCN normalisation).
+        local: this rank's partition (``graph.book.build_local_partition``, or loaded from a
+            partition directory).
+        book: vertex ownership (a ``RangeBook`` is enough).
+        degree: int64 ``[N]`` replicated in-degrees (task costs, GCN normalisation); ``None``
+            for a rank that holds no ``[N]`` array (from a partition directory): then
+            ``local_degree`` and ``seed_ids`` / ``seed_degree`` are given, and sampling
+            answers carry the sources' degrees.
         transport: the socket transport (``None`` with one rank).
+        local_degree: int64 ``[n_core + n_halo]`` full-graph in-degrees of the core and halo.
+        seed_ids, seed_degree: sorted training gids of this rank's seed chunk and their
+            degrees (a seed need not be in this partition).
     """
 
     def __init__(
         self,
         local: LocalPartition,
-        book: PartitionBook,
-        degree: Tensor,
+        book: RangeBook,
+        degree: Tensor | None,
         transport: SocketTransport | None,
+        *,
+        local_degree: Tensor | None = None,
+        seed_ids: Tensor | None = None,
+        seed_degree: Tensor | None = None,
     ) -> None:
         self.local, self.book, self.degree, self.transport = local, book, degree, transport
         self.rank = local.part_id
         self.first_gid = int(book.node_offsets[self.rank])
-        self.local_src_gid = local.local2global[local.indices]  # [E_k] source gids
+        if degree is not None:
+            self.local_src_gid = local.local2global[local.indices]  # [E_k] source gids
+        elif local_degree is None or seed_ids is None or seed_degree is None:
+            raise ValueError("a store without the [N] degrees needs local_degree and seed_*")
+        self.local_degree, self.seed_ids, self.seed_degree = local_degree, seed_ids, seed_degree
+
+    @property
+    def carries_degrees(self) -> bool:
+        """Whether sampled sources come with their degrees (no ``[N]`` array here)."""
+        return self.degree is None
+
+    def degree_of(self, gids: Tensor) -> Tensor:
+        """Full-graph in-degrees of ``gids``: from the ``[N]`` array, or (without it) of
+        vertices this rank holds a degree of (core, halo, its training seeds)."""
+        if self.degree is not None:
+            return self.degree.index_select(0, gids)
+        lid, held = self.local.find(gids)
+        out = torch.zeros_like(gids)
+        out[held] = self.local_degree[lid[held]]
+        rest = gids[~held]
+        if rest.numel():
+            seeds = self.seed_ids
+            pos = torch.searchsorted(seeds, rest).clamp_(max=max(seeds.numel() - 1, 0))
+            if seeds.numel() == 0 or not bool((seeds[pos] == rest).all()):
+                raise KeyError(f"rank {self.rank} holds no degree of some of {rest[:5].tolist()}")
+            out[~held] = self.seed_degree[pos]
+        return out
 
     # ------------------------------------------------------------------ served locally
-    def _sample_owned(self, gids: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
-        """Sample owned vertices: ``(source gids, positions in gids)`` as ``sample_neighbors``."""
-        return sample_neighbors(
+    def _sample_owned(
+        self, gids: Tensor, fanout: int, key: int
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Sample owned vertices: ``(source gids, positions in gids)`` as ``sample_neighbors``,
+        and the sources' degrees when this store carries them (else ``None``)."""
+        if self.degree is not None:
+            src, dst_pos = sample_neighbors(
+                self.local.indptr,
+                self.local_src_gid,
+                gids - self.first_gid,
+                fanout,
+                key,
+                node_keys=gids,
+            )
+            return src, dst_pos, None
+        # the same edges, drawn as local ids (the CSC order is the same), then mapped
+        lid, dst_pos = sample_neighbors(
             self.local.indptr,
-            self.local_src_gid,
+            self.local.indices,
             gids - self.first_gid,
             fanout,
             key,
             node_keys=gids,
         )
+        return self.local.local2global[lid], dst_pos, self.local_degree[lid]
 
-    def sample_local(self, gids: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
-        """Sample owned vertices: ``(per-vertex counts, source gids)`` in request order."""
-        src, dst_pos = self._sample_owned(gids, fanout, key)
-        return torch.bincount(dst_pos, minlength=gids.numel()), src
+    def sample_local(self, gids: Tensor, fanout: int, key: int) -> list[Tensor]:
+        """Sample owned vertices: ``[per-vertex counts, source gids]`` in request order, plus
+        the sources' degrees when this store carries them."""
+        src, dst_pos, deg = self._sample_owned(gids, fanout, key)
+        counts = torch.bincount(dst_pos, minlength=gids.numel())
+        return [counts, src] if deg is None else [counts, src, deg]
 
     def serve(self, kind: int, tensors: list[Tensor]) -> tuple[list[Tensor], str]:
         """The transport's handler: answer a peer's request and name the answer's category."""
         gids = tensors[0]
         if kind == NSC:
             fanout, key = tensors[1].tolist()
-            return list(self.sample_local(gids, fanout, key)), "structure"
+            return self.sample_local(gids, fanout, key), "structure"
         if kind == FEATURES:
             return [self.local.x.index_select(0, gids - self.first_gid)], "feature"
         if kind == LABELS:
@@ -86,26 +145,38 @@ class GraphStore:
             start += count
         return groups
 
-    def sample(self, gids: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor]:
-        """One hop for ``gids`` (unique, any owners): ``(src gids, dst positions)`` sorted by
-        destination position, each vertex's sources in CSC order (as ``sample_neighbors``)."""
+    def sample(self, gids: Tensor, fanout: int, key: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """One hop for ``gids`` (unique, any owners): ``(src gids, dst positions, src degrees
+        or None)`` sorted by destination position, each vertex's sources in CSC order (as
+        ``sample_neighbors``); the degrees when this store carries them."""
         groups = self._by_owner(gids)
         if len(groups) == 1 and groups[0][0] == self.rank:  # all owned here: no routing
             return self._sample_owned(gids, fanout, key)
         params = torch.tensor([fanout, key], dtype=torch.int64)
-        sources, positions = [gids.new_empty(0)], [gids.new_empty(0)]
+        sources, positions, degrees = [gids.new_empty(0)], [gids.new_empty(0)], [gids.new_empty(0)]
         for owner, where in groups:
             if owner == self.rank:
-                src, dst_pos = self._sample_owned(gids[where], fanout, key)
+                src, dst_pos, deg = self._sample_owned(gids[where], fanout, key)
                 positions.append(where[dst_pos])
             else:
                 request = [gids[where], params]
-                per_vertex, src = self.transport.request(owner, NSC, request, "structure")
+                answer = self.transport.request(owner, NSC, request, "structure")
+                per_vertex, src = answer[0], answer[1]
+                deg = answer[2] if len(answer) > 2 else None
+                if deg is None and self.carries_degrees:
+                    raise RuntimeError(
+                        f"rank {owner} answered a sampling request of rank {self.rank} without "
+                        "the sources' degrees (ranks loaded from a partition directory and "
+                        "ranks holding the whole graph cannot be mixed)"
+                    )
                 positions.append(torch.repeat_interleave(where, per_vertex))
             sources.append(src)
+            if self.carries_degrees:
+                degrees.append(deg)
         dst_pos = torch.cat(positions)
         perm = torch.argsort(dst_pos, stable=True)  # each group is sorted: merge them
-        return torch.cat(sources)[perm], dst_pos[perm]
+        src_deg = torch.cat(degrees)[perm] if self.carries_degrees else None
+        return torch.cat(sources)[perm], dst_pos[perm], src_deg
 
     def _rows(self, gids: Tensor, kind: int, local: Tensor) -> Tensor:
         groups = self._by_owner(gids)
@@ -153,8 +224,29 @@ class SeedSplit:
 
     def __init__(self, train_gids: Tensor, world_size: int, rank: int, batch_size: int, seed: int):
         offsets = even_offsets(train_gids.numel(), world_size)
-        self.sizes = offsets.diff()
-        self.mine = train_gids[offsets[rank] : offsets[rank + 1]]
+        mine = train_gids[offsets[rank] : offsets[rank + 1]]
+        self._init(mine, offsets.diff(), world_size, rank, batch_size, seed)
+
+    @classmethod
+    def from_chunk(
+        cls, mine: Tensor, sizes: Tensor, rank: int, batch_size: int, seed: int
+    ) -> SeedSplit:
+        """The split of a rank that holds only its own chunk ``mine`` and every rank's chunk
+        size ``sizes`` ``[P]`` (what a partition directory stores), not the training ids."""
+        split = cls.__new__(cls)
+        split._init(mine, sizes, sizes.numel(), rank, batch_size, seed)
+        return split
+
+    @staticmethod
+    def chunks(train_gids: Tensor, world_size: int) -> list[Tensor]:
+        """Every rank's chunk of the sorted training gids."""
+        offsets = even_offsets(train_gids.numel(), world_size).tolist()
+        return [train_gids[offsets[r] : offsets[r + 1]] for r in range(world_size)]
+
+    def _init(
+        self, mine: Tensor, sizes: Tensor, world_size: int, rank: int, batch_size: int, seed: int
+    ) -> None:
+        self.sizes, self.mine = sizes, mine
         self.rank, self.seed = rank, seed
         smallest = int(self.sizes.min())
         local_batch = smallest if batch_size == -1 else max(1, batch_size // world_size)

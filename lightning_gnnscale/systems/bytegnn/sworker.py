@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ...graph.batch import Batch
 from ...graph.block import Block
-from ...graph.sampler import BlockBuilder, SampleKey
+from ...graph.sampler import BlockBuilder, SampleKey, build_block_carried
 from .config import DagConfig, SchedulerConfig
 from .dag import Dag, Executor, Task, TaskError
 from .scheduler import CoarseController, CpuMeter, run_coarse_loop
@@ -50,6 +50,14 @@ def chunk_bounds(n: int, parts: int, i: int) -> tuple[int, int]:
 def _frontier(result) -> Tensor:
     """The vertices the next hop expands: the seeds, or a merged block's sources."""
     return result.src_ids if isinstance(result, Block) else result
+
+
+def _frontier_degree(store: GraphStore, result, a: int = 0, b: int | None = None) -> Tensor:
+    """Full-graph in-degrees of :func:`_frontier` ``[a:b]``: a merged block carries its
+    sources'; the seeds' come from the store."""
+    if isinstance(result, Block):
+        return result.src_deg[a:b]
+    return store.degree_of(result[a:b])
 
 
 @dataclass
@@ -145,7 +153,7 @@ class SWorker:
         """The physical DAG of ``(epoch, step)``."""
         store, split, config = self.store, self.split, self.dag_config
         key = SampleKey(self.seed, epoch, step)
-        degree, width = store.degree, max(1, store.local.x.shape[1])
+        width = max(1, store.local.x.shape[1])
 
         seed = Task("seed", lambda: split.seeds(epoch, step), cost_fn=lambda: 1.0)
         label = Task("label", store.labels, [seed], cost_fn=lambda s: s.numel())
@@ -181,23 +189,28 @@ class SWorker:
                 def nsc(result, c=c, fanout=fanout, hop_key=hop_key):
                     frontier = _frontier(result)
                     a, b = chunk_bounds(frontier.numel(), config.nsc_tasks, c)
-                    src, dst_pos = store.sample(frontier[a:b], fanout, hop_key)
-                    return src, dst_pos + a
+                    src, dst_pos, src_deg = store.sample(frontier[a:b], fanout, hop_key)
+                    return src, dst_pos + a, src_deg
 
-                def nsc_cost(result, c=c):
+                def nsc_cost(result, c=c):  # the chunk's degrees, summed (the paper's cost)
                     frontier = _frontier(result)
                     a, b = chunk_bounds(frontier.numel(), config.nsc_tasks, c)
-                    return float(degree.index_select(0, frontier[a:b]).sum())
+                    return float(_frontier_degree(store, result, a, b).sum())
 
                 nscs.append(Task("nsc", nsc, [prev], nsc_cost, hop=hop + 1, chunk=c))
 
             def merge(result, *parts):
                 if len(parts) == 1:
-                    src, dst_pos = parts[0]
+                    src, dst_pos, src_deg = parts[0]
                 else:
                     src = torch.cat([p[0] for p in parts])
                     dst_pos = torch.cat([p[1] for p in parts])
-                return self._builder()(_frontier(result), src, dst_pos)
+                    src_deg = None if parts[0][2] is None else torch.cat([p[2] for p in parts])
+                frontier = _frontier(result)
+                if src_deg is None:  # the [N] degrees: the dense builder
+                    return self._builder()(frontier, src, dst_pos)
+                dst_deg = _frontier_degree(store, result)
+                return build_block_carried(frontier, dst_deg, src, dst_pos, src_deg)
 
             def merge_cost(result, *parts):
                 return float(sum(p[0].numel() for p in parts))

@@ -193,15 +193,8 @@ class DistDGLDataModule(GNNDataModule):
             local = build_local_partition(graph, book, k)
             lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
             arrays = {
-                "indptr": local.indptr,
-                "indices": local.indices,
-                "local2global": local.local2global,
+                **local.arrays(),
                 "degree": degree[local.local2global],
-                "x": local.x,
-                "y": local.y,
-                "train_mask": local.train_mask,
-                "val_mask": local.val_mask,
-                "test_mask": local.test_mask,
                 "orig_ids": book.new2old[lo:hi],
                 "trainer_seeds": chunks[k],
             }
@@ -224,20 +217,7 @@ class DistDGLDataModule(GNNDataModule):
         """This rank's partition and the degrees of its core and halo, from its part's files
         only (memory-mapped; features cast to the run's dtype if they differ)."""
         part = opened.load_part(rank)
-        x = part["x"] if part["x"].dtype == self._dtype else part["x"].to(self._dtype)
-        local = LocalPartition(
-            part_id=rank,
-            num_core=part["y"].numel(),
-            local2global=part["local2global"],
-            indptr=part["indptr"],
-            indices=part["indices"],
-            edge_ids=None,
-            x=x,
-            y=part["y"],
-            train_mask=part["train_mask"],
-            val_mask=part["val_mask"],
-            test_mask=part["test_mask"],
-        )
+        local = LocalPartition.from_arrays(part, rank, self._dtype)
         self._part = part
         return local, part["degree"]
 
@@ -321,17 +301,11 @@ class DistDGLDataModule(GNNDataModule):
         """``blocks`` with their ``src_deg``: every block's sources are a prefix of the input
         layer's, whose degrees come from this rank's core and halo where it has them, and from
         the owners for the rest (one KV pull, collective, ``structure`` bytes)."""
-        ids, local = blocks[0].src_ids, self.local
-        first = int(self.kv.first_gid)
-        halo = local.local2global[local.num_core :]
-        pos = torch.searchsorted(halo, ids).clamp_(max=max(halo.numel() - 1, 0))
-        in_halo = halo[pos] == ids if halo.numel() else torch.zeros_like(ids, dtype=torch.bool)
-        in_core = (ids >= first) & (ids < first + local.num_core)
+        ids = blocks[0].src_ids
+        lid, held = self.local.find(ids)
         degree = torch.empty_like(ids)
-        degree[in_core] = self.local_degree[ids[in_core] - first]
-        degree[in_halo] = self.local_degree[local.num_core + pos[in_halo]]
-        rest = ~(in_core | in_halo)
-        degree[rest] = self.kv.pull("degree", ids[rest], category="structure")
+        degree[held] = self.local_degree[lid[held]]
+        degree[~held] = self.kv.pull("degree", ids[~held], category="structure")
         return [replace(b, src_deg=degree[: b.num_src]) for b in blocks]
 
     # ------------------------------------------------------------------------ checkpoints

@@ -1,0 +1,253 @@
+"""ByteGNN from a partition directory (docs/partitioning.md, docs/systems/bytegnn.md): a rank
+that holds only its own part (the other parts' folders deleted) samples, fetches and evaluates
+exactly what the in-memory rank does; train.py from a directory equals the in-memory run bit
+for bit; a directory that does not fit the run fails before any rank starts."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
+from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder
+from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_carried
+from lightning_gnnscale.run import train
+from lightning_gnnscale.schema import DataConfig
+from lightning_gnnscale.systems.bytegnn import ByteGNNConfig, ByteGNNDataModule
+from lightning_gnnscale.systems.contract import RankContext
+from tests.helpers.config import make_cfg
+from tests.helpers.dist import run_distributed
+from tests.test_partition_dir import SBM, _assert_equal, _steps, _weights
+
+FANOUTS = [5, 3]
+
+
+def make_dm(cache_dir, partition_dir=None, fanouts=FANOUTS, dtype=torch.float64):
+    """A ByteGNN DataModule on the small sbm graph (its K-hop block partitioner, K = 2)."""
+    data = DataConfig(batch_size=64, fanouts=fanouts, partition_dir=partition_dir)
+    return ByteGNNDataModule(
+        "sbm", ByteGNNConfig(), data, seed=3, cache_dir=cache_dir, dtype=dtype, dataset_options=SBM
+    )
+
+
+# ---------------------------------------------------------------- the shared machinery
+def test_the_carried_degree_block_equals_the_dense_builders():
+    """Degrees that travel with the sampled ids give ``BlockBuilder``'s block exactly."""
+    gen = torch.Generator().manual_seed(0)
+    n = 500
+    degree = torch.randint(0, 40, (n,), generator=gen)
+    dense = BlockBuilder(n, degree)
+    for _ in range(20):
+        dst = torch.randperm(n, generator=gen)[:37]
+        src = torch.randint(0, n, (200,), generator=gen)
+        dst_pos = torch.sort(torch.randint(0, 37, (200,), generator=gen)).values
+        want = dense(dst, src, dst_pos)
+        got = build_block_carried(dst, degree[dst], src, dst_pos, degree[src])
+        assert torch.equal(got.src_ids, want.src_ids) and got.num_dst == want.num_dst
+        assert torch.equal(got.edge_index, want.edge_index)
+        assert torch.equal(got.src_deg, want.src_deg)
+
+
+def test_a_partition_finds_the_ids_it_holds():
+    """``LocalPartition.find``: core and halo gids map to their local ids, others are not held;
+    ``arrays`` / ``from_arrays`` round-trip the partition."""
+    graph = sbm(num_nodes=200, num_classes=3, avg_degree=4.0, num_features=2, seed=1)
+    parts = torch.randint(0, 3, (200,), generator=torch.Generator().manual_seed(2))
+    book = PartitionBook.from_parts(parts, 3)
+    graph = relabel_graph(graph, book)
+    for k in range(3):
+        local = build_local_partition(graph, book, k)
+        gids = torch.arange(200)
+        lid, held = local.find(gids)
+        want = torch.full((200,), -1)
+        want[local.local2global] = torch.arange(local.num_local)
+        assert torch.equal(held, want >= 0)
+        assert torch.equal(lid[held], want[held])
+        again = type(local).from_arrays(local.arrays(), k)
+        for name, array in local.arrays().items():
+            assert torch.equal(getattr(again, name), array), name
+
+
+# ------------------------------------------------------------ ranks that hold only their part
+def _run_steps(dm, comm):
+    """:func:`tests.test_partition_dir._steps` on the S-Worker's batches of epoch 1."""
+    dm.sworker.last_epoch = 1
+    dm.sworker.start()
+    try:
+        return _steps(dm, comm)
+    finally:
+        comm.barrier()  # no peer still samples from this rank's store
+        dm.stop_service()
+
+
+def _own_part_rank(rank, world_size, tmp_path):
+    comm = Comm.create()
+    context = RankContext(comm, torch.device("cpu"))
+    in_memory = make_dm(tmp_path / "cache")
+    in_memory.setup_rank(context, in_memory.prepare(world_size))
+    in_memory.context = context  # as setup() sets it (evaluation and the meter read it)
+    # this rank's own copy of the directory, the other parts' folders removed
+    mine = tmp_path / f"rank{rank}"
+    shutil.copytree(tmp_path / "parts", mine)
+    for k in range(world_size):
+        if k != rank:
+            shutil.rmtree(mine / part_folder(k))
+    from_dir = make_dm(tmp_path / "cache", partition_dir=str(mine))
+    from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
+    from_dir.context = context
+    store = from_dir.sworker.store
+    assert from_dir.degree is None and store.degree is None
+    assert not isinstance(store.book, PartitionBook)  # the [P + 1] offsets only
+    structure = []
+    for dm in (in_memory, from_dir):
+        before = comm.meter.snapshot()["bytes"]["structure"]
+        structure.append(_run_steps(dm, comm))
+        structure.append(comm.meter.snapshot()["bytes"]["structure"] - before)
+    want, mem_bytes, got, dir_bytes = structure
+    return want, got, (mem_bytes, dir_bytes)
+
+
+@pytest.mark.dist
+def test_a_bytegnn_rank_with_only_its_part_equals_the_in_memory_rank(tmp_path):
+    """Blocks (with their degrees), input rows, labels, gradients and evaluation counts of
+    every step are equal, exactly, with the other part's folder deleted; the degrees of
+    vertices beyond the halo arrived with the owners' sampling answers."""
+    make_dm(tmp_path / "cache").write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
+    results = run_distributed(_own_part_rank, 2, tmp_path, timeout_s=150)
+    for want, got, structure in results:
+        (want_steps, want_counts), (got_steps, got_counts) = want, got
+        assert len(want_steps) == len(got_steps) > 0
+        for w, g in zip(want_steps, got_steps):
+            for wb, gb in zip(w[0], g[0], strict=True):
+                for a, b in zip(wb, gb, strict=True):
+                    assert torch.equal(a, b)
+            for a, b in zip(w[1:], g[1:], strict=True):
+                assert torch.equal(a, b)
+        assert torch.equal(want_counts, got_counts)
+        mem_bytes, dir_bytes = structure  # the owners' answers carry the sources' degrees
+        assert 0 < mem_bytes < dir_bytes
+
+
+# --------------------------------------------------------------------------------- train.py
+def cfg_overrides(root: Path) -> list[str]:
+    """A small float64 ByteGNN run (the partition command gets the same, plus paths.root)."""
+    return [
+        f"paths.root={root}",
+        "strategy=bytegnn",
+        "dtype=float64",
+        "dataset.num_features=8",
+        "data.fanouts=[5,3]",
+    ]
+
+
+@pytest.mark.e2e
+def test_bytegnn_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
+    """float64, 2 ranks: the final weights from the directory equal the in-memory run's bit
+    for bit (atol 0), and so does every epoch's validation accuracy; the launcher never
+    loads the dataset."""
+    from lightning_gnnscale.partition import partition
+
+    common = cfg_overrides(tmp_path)
+    out = tmp_path / "parts"
+    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
+    mem, _ = train(make_cfg(tmp_path / "mem", *common))
+
+    import lightning_gnnscale.run as run_module
+    import lightning_gnnscale.systems.base as base_module
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the launcher loaded the dataset")
+
+    monkeypatch.setattr(run_module, "load_dataset", no_load)
+    monkeypatch.setattr(base_module, "load_dataset", no_load)
+    got, objects = train(make_cfg(tmp_path / "dir", *common, f"data.partition_dir={out}"))
+    assert objects["graph"] is None
+    _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "dir" / "out"))
+    assert len(got["history"]) == len(mem["history"]) == 2  # trainer.max_epochs=2
+    assert [h["val_acc"] for h in got["history"]] == [h["val_acc"] for h in mem["history"]]
+    assert got["test_acc"] == mem["test_acc"]
+
+
+def test_a_bytegnn_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):
+    """Another part count, another system's directory, another depth (K-hop blocks for
+    K = len(data.fanouts)) and a missing part are refused in the launcher, naming the key or
+    the file."""
+    import lightning_gnnscale.run as run_module
+    from lightning_gnnscale.partition import partition
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(run_module, "launch_local", no_spawn)
+    common = cfg_overrides(tmp_path)
+    out, other = tmp_path / "parts", tmp_path / "distdgl"
+    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
+
+    def run(*extra, parts=out):
+        return train(make_cfg(tmp_path, *common, *extra, f"data.partition_dir={parts}"))
+
+    with pytest.raises(PartitionDirError, match="'num_parts' is 2 but this run has 3") as err:
+        run("trainer.devices=3")
+    assert "partition.json" in str(err.value)
+    with pytest.raises(PartitionDirError, match="'partition_options' is .*'hops': 2"):
+        run("data.fanouts=[5,3,2]", "model.num_layers=3")
+    distdgl = [*common, "strategy=distdgl", "dataset.num_nodes=300"]
+    partition(distdgl, other, log=lambda *_: 0)
+    with pytest.raises(PartitionDirError, match="'system' is 'distdgl' but this run has 'bytegnn'"):
+        run(parts=other)
+    shutil.rmtree(out / part_folder(1))
+    with pytest.raises(PartitionDirError, match=f"part 1 is missing: {out / part_folder(1)}"):
+        run()
+
+
+# ----------------------------------------------------------------------- plain Lightning
+def _plain_lightning_ranks(out: Path) -> None:
+    """Both DataModules under ``L.Trainer(precision="64-true")``: the in-memory one, and one
+    given only ``DataConfig(partition_dir=...)`` (dataset None: the directory's), whose part
+    was written in float32 and is cast on load."""
+    import lightning as L
+
+    import lightning_gnnscale as gs
+
+    results = {}
+    for key in ("memory", "directory"):
+        L.seed_everything(0, verbose=False)
+        if key == "memory":
+            dm = make_dm(out / "cache", dtype=torch.float32)
+        else:
+            data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=str(out / "f32"))
+            dm = ByteGNNDataModule(None, ByteGNNConfig(), data, seed=3)
+        module = gs.GNNModule.from_config(gs.ModelConfig(hidden=8, num_layers=2), dm)
+        trainer = L.Trainer(
+            strategy=gs.ByteGNNStrategy(dm.config),
+            accelerator="cpu",
+            devices=2,
+            max_epochs=2,
+            precision="64-true",
+            callbacks=[gs.StepSeed(0)],
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            num_sanity_val_steps=0,
+        )
+        trainer.fit(module, datamodule=dm)
+        results[key] = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    torch.save(results, out / f"rank{trainer.global_rank}.pt")
+
+
+@pytest.mark.dist
+def test_a_plain_lightning_script_trains_bytegnn_from_a_directory(tmp_path):
+    from lightning_gnnscale.launch import launch_local
+
+    make_dm(tmp_path / "cache", dtype=torch.float32).write_partition_dir(
+        tmp_path / "f32", 2, log=lambda *_: 0
+    )
+    launch_local(_plain_lightning_ranks, (tmp_path,), devices=2, num_nodes=1, timeout_s=300)
+    for rank in (0, 1):
+        results = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert all(v.dtype == torch.float64 for v in results["directory"].values())
+        _assert_equal(results["memory"], results["directory"])
