@@ -17,7 +17,7 @@ from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.systems.contract import ModuleRuntime, RankContext
 from lightning_gnnscale.systems.sancus.emulator import emulate
-from lightning_gnnscale.systems.sancus.layout import check_symmetric, row_blocks
+from lightning_gnnscale.systems.sancus.layout import check_symmetric, every_row_block, row_blocks
 from lightning_gnnscale.systems.sancus.policy import (
     NEVER,
     StalenessPolicy,
@@ -435,6 +435,20 @@ def test_variation_gap_monotone_and_infinite_gap():
     counts = [broadcasts(g) for g in (0.0, 0.01, 0.05, 0.1, 0.3)]
     assert counts == sorted(counts, reverse=True) and counts[0] == len(sequence)
     assert broadcasts(float("inf")) == 1
+
+
+def test_every_row_block_gives_each_ranks_row_blocks():
+    """The partition step's one pass over Â equals building each rank's blocks on its own."""
+    graph, book = setup_graph(3, "contiguous")
+    offsets = book.node_offsets
+    together = list(every_row_block(graph, offsets))
+    assert [layout.rank for layout in together] == [0, 1, 2]
+    for rank, layout in enumerate(together):
+        alone = row_blocks(graph, offsets, rank)
+        assert torch.equal(layout.consumer, alone.consumer)
+        assert torch.equal(layout.seed_rows, alone.seed_rows)
+        for got, expected in zip(layout.blocks, alone.blocks, strict=True):
+            assert torch.equal(got.to_dense(), expected.to_dense())
 
 
 def test_row_blocks_rebuild_the_normalised_adjacency_and_reject_directed_graphs():

@@ -21,7 +21,7 @@ from ..base import GNNDataModule, assert_same_on_all_ranks
 from ..contract import RankContext
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig
-from .layout import RowBlocks, check_symmetric, consumer_matrix, row_blocks
+from .layout import RowBlocks, check_symmetric, consumer_matrix, every_row_block, row_blocks
 from .policy import StalenessPolicy
 from .runtime import SancusGCN
 
@@ -79,8 +79,7 @@ class SancusDataModule(GNNDataModule):
         block, its rows of ``X``, ``y`` and the masks, its training rows and original ids."""
         prepared = self.prepare(world_size)
         graph, offsets = prepared.graph, prepared.offsets
-        for k in range(world_size):
-            layout = row_blocks(graph, offsets, k)
+        for k, layout in enumerate(every_row_block(graph, offsets)):
             lo, hi = int(offsets[k]), int(offsets[k + 1])
             arrays = {
                 "x": graph.x[lo:hi],

@@ -8,6 +8,7 @@ Rank ``i`` keeps ``Â_ij = Â[R_i, R_j]`` for every ``j`` (sparse CSR), where
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -101,8 +102,27 @@ def consumer_matrix(graph: Graph, offsets: Tensor) -> Tensor:
 
 def row_blocks(graph: Graph, offsets: Tensor, rank: int) -> RowBlocks:
     """Rank ``rank``'s :class:`RowBlocks` of a graph already relabelled into row-block order."""
+    adjacency, consumer = normalized_adjacency(graph), consumer_matrix(graph, offsets)
+    return _row_blocks(graph, offsets, rank, adjacency, consumer)
+
+
+def every_row_block(graph: Graph, offsets: Tensor) -> Iterator[RowBlocks]:
+    """Every rank's :class:`RowBlocks` in rank order, ``Â`` and the consumer matrix computed
+    once (the partition step writes them all)."""
+    adjacency, consumer = normalized_adjacency(graph), consumer_matrix(graph, offsets)
+    for rank in range(offsets.numel() - 1):
+        yield _row_blocks(graph, offsets, rank, adjacency, consumer)
+
+
+def _row_blocks(
+    graph: Graph,
+    offsets: Tensor,
+    rank: int,
+    adjacency: tuple[Tensor, Tensor, Tensor],
+    consumer: Tensor,
+) -> RowBlocks:
     lo, hi = int(offsets[rank]), int(offsets[rank + 1])
-    rows, cols, values = normalized_adjacency(graph)
+    rows, cols, values = adjacency
     mine = (rows >= lo) & (rows < hi)
     rows, cols, values = rows[mine] - lo, cols[mine], values[mine]
     blocks = []
@@ -119,4 +139,4 @@ def row_blocks(graph: Graph, offsets: Tensor, rank: int) -> RowBlocks:
             warnings.simplefilter("ignore", UserWarning)
             blocks.append(coo.to_sparse_csr())
     seed_rows = graph.train_mask[lo:hi].nonzero().flatten()
-    return RowBlocks(rank, offsets.clone(), blocks, consumer_matrix(graph, offsets), seed_rows)
+    return RowBlocks(rank, offsets.clone(), blocks, consumer, seed_rows)
