@@ -4,6 +4,7 @@ embeddings, config errors, e2e."""
 
 import os
 from collections import deque
+from dataclasses import replace
 
 import lightning as L
 import pytest
@@ -15,11 +16,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.config import validate
 from lightning_gnnscale.errors import ConfigError
+from lightning_gnnscale.graph.block import Block
 from lightning_gnnscale.graph.book import PartitionBook, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
-from lightning_gnnscale.models.gnn import BlockGNN, layerwise_inference
+from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.module import GNNModule
 from lightning_gnnscale.run import build_datamodule, build_strategy, train
 from lightning_gnnscale.schema import DataConfig
@@ -86,7 +88,27 @@ def _train_rank(rank, world_size):
             )
         counts = dm.eval_counts(net.eval(), ("val", "test"))
         out[kind, "eval"] = comm.all_reduce(counts, category="control")
+        dm.data = replace(dm.data, eval_chunk_size=7)  # layers over 7 core rows at a time
+        counts = dm.eval_counts(net.eval(), ("val", "test"))
+        out[kind, "eval_chunked"] = comm.all_reduce(counts, category="control")
+        dm.data = replace(dm.data, eval_chunk_size=DataConfig().eval_chunk_size)
     return out
+
+
+def _whole_graph_logits(net, g):
+    """Every layer on one block of all in-edges at once: none of the chunking, sampling or
+    block building of layer-wise inference."""
+    dst = torch.repeat_interleave(torch.arange(g.num_nodes), g.indptr.diff())
+    block = Block(
+        src_ids=torch.arange(g.num_nodes),
+        num_dst=g.num_nodes,
+        edge_index=torch.stack([g.indices, dst]),
+        src_deg=g.in_degree(),
+    )
+    h = g.x
+    for i in range(net.num_layers):
+        h = net.layer_output(i, block, h)
+    return h
 
 
 @pytest.mark.dist
@@ -98,7 +120,7 @@ def test_training_and_evaluation_equal_single(world_size):
     g, book = data.graph, data.book
     results = run_distributed(_train_rank, world_size, timeout_s=150)
     sampler = NeighborSampler(g.indptr, g.indices, FANOUTS, seed=3)
-    steps = sum(1 for key in results[0] if key[0] == "gcn" and key[1] != "eval")
+    steps = sum(1 for key in results[0] if key[0] == "gcn" and isinstance(key[1], int))
     for kind in KINDS:
         for step in range(steps):
             seeds = torch.cat([r[kind, step][0] for r in results])
@@ -118,10 +140,11 @@ def test_training_and_evaluation_equal_single(world_size):
             # each rank's meter counts what it sends (the rows it serves); summed over ranks
             assert sum(r[kind, step][2] for r in results) == expected
         net = make_net(kind, data).eval()
-        pred = layerwise_inference(net, g.indptr, g.indices, g.x).argmax(1)
-        for split, got in zip(("val", "test"), results[0][kind, "eval"]):
-            ids = g.split_ids(split)
-            assert got.tolist() == [float((pred[ids] == g.y[ids]).sum()), float(ids.numel())]
+        pred = _whole_graph_logits(net, g).argmax(1)
+        for key in ("eval", "eval_chunked"):
+            for split, got in zip(("val", "test"), results[0][kind, key]):
+                ids = g.split_ids(split)
+                assert got.tolist() == [float((pred[ids] == g.y[ids]).sum()), float(ids.numel())]
     assert sum(r["gcn", 0][2] for r in results) > 0  # some rows were remote
 
 
