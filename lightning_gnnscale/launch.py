@@ -349,7 +349,7 @@ def launch_local(
                 start_method=start_method,
             )
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
-            while not ctx.join(timeout=1.0, grace_period=RANK_EXIT_GRACE_S):
+            while not _join(ctx):
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"run did not finish within launcher.timeout_s={timeout_s}s")
         finally:
@@ -359,6 +359,31 @@ def launch_local(
             if ctx is not None:
                 _reap(ctx)
             del store
+
+
+def _join(ctx) -> bool:
+    """``ctx.join`` with the grace (``RANK_EXIT_GRACE_S``), except that once a rank has failed
+    a stopped rank (SIGSTOP) is killed at once: it can neither exit within the grace nor handle
+    SIGTERM. It leaves torch's sentinels first, so the error raised is still the failed rank's."""
+    import multiprocessing.connection
+
+    multiprocessing.connection.wait(list(ctx.sentinels), timeout=1.0)
+    if any(process.exitcode not in (None, 0) for process in ctx.processes):
+        for sentinel, index in list(ctx.sentinels.items()):
+            process = ctx.processes[index]
+            if process.exitcode is None and _stopped(process.pid):
+                process.kill()
+                process.join()
+                del ctx.sentinels[sentinel]
+    return ctx.join(timeout=0, grace_period=RANK_EXIT_GRACE_S)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped by a signal (state ``T`` in ``/proc``; False elsewhere)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
 
 
 def _reap(ctx) -> None:

@@ -1,6 +1,7 @@
 """Faults and bad inputs: runs never share a folder, checkpoints are what they claim, a stuck
 or orphaned rank never hangs the job (docs/testing.md, "faults and bad inputs")."""
 
+import contextlib
 import inspect
 import json
 import os
@@ -393,6 +394,48 @@ def test_a_stopped_rank_fails_the_job_within_the_collective_timeout(tmp_path):
     assert time.monotonic() - start < bound, "the job outlived its collective timeout"
     assert not any(_alive(pid) for pid in ranks), "a rank outlived its launcher"
     assert not list(tmp_path.glob("pytorch-errorfile-*")), "torch's error files were left behind"
+
+
+@pytest.mark.e2e
+def test_a_stopped_bytegnn_peer_ends_the_job_within_one_collective_timeout(tmp_path):
+    """ByteGNN (sampling threads, socket graph store, gradient all-reduce): a peer stopped with
+    SIGSTOP mid-training ends the survivor within 1.3x the collective timeout, with an error that
+    names the timeout, and the launcher then kills the stopped rank at once (it can neither exit
+    within the grace nor handle SIGTERM): the job ends within 1.3x the timeout plus 4 s, not the
+    timeout plus the 2 x 5 s grace it took before (docs/systems/bytegnn.md)."""
+    import threading
+
+    timeout = 5
+    launcher = _launch(tmp_path, "strategy=bytegnn", f"launcher.collective_timeout_s={timeout}")
+    outputs = []
+    reader = threading.Thread(target=lambda: outputs.append(launcher.communicate()), daemon=True)
+    reader.start()  # drains the pipes while this thread watches the ranks
+    ranks = _rank_pids(launcher)
+    _wait_for_training(tmp_path / "run")
+    os.kill(ranks[1], signal.SIGSTOP)
+    start = time.monotonic()  # measured from the stop: start-up time does not count
+    try:
+        survivor_s = None
+        while launcher.poll() is None and time.monotonic() - start < 120:
+            if survivor_s is None and not _alive(ranks[0]):
+                survivor_s = time.monotonic() - start
+            time.sleep(0.05)
+        job_s = time.monotonic() - start
+        survivor_s = job_s if survivor_s is None else survivor_s
+        reader.join(60)
+        err = outputs[0][1] if outputs else ""
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(ranks[1], signal.SIGKILL)
+    assert launcher.returncode != 0
+    assert "timed out" in err.lower() or "timeout" in err.lower(), err[-3000:]
+    # 2 s for the survivor's exception path on a loaded machine; 2 s more for the launcher's
+    # 1 s poll and the kill. Before, the job ended at the timeout plus 2 x RANK_EXIT_GRACE_S.
+    assert survivor_s <= 1.3 * timeout + 2, f"the survivor ended {survivor_s:.1f} s after the stop"
+    assert job_s <= 1.3 * timeout + 4, (
+        f"the job ended {job_s:.1f} s after the stop (survivor {survivor_s:.1f} s)"
+    )
+    assert not any(_alive(pid) for pid in ranks), "a rank outlived its launcher"
 
 
 @pytest.mark.e2e
