@@ -167,3 +167,122 @@ def test_tree_sampler_counts_shared_pages_once(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+# ------------------------------------------------------------------ bench memory
+def _record(ranks, launcher, node, server=None):
+    return {
+        "status": "ok",
+        "rank_peak_rss_mb": ranks,
+        "launcher_peak_rss_mb": launcher,
+        "rank_server_peak_rss_mb": server,
+        "node_peak_pss_mb": node,
+        "summary": {"launcher_peak_rss_mb": launcher},
+    }
+
+
+def test_memory_rows_hold_each_term_of_the_target():
+    from lightning_gnnscale.bench.memory import Job, assemble_rows, memory_table
+
+    jobs = [
+        Job("single", 1, "graph", 1000),
+        Job("single", 1, "runtime", 10),
+        Job("distdgl", 2, "graph", 1000, source="partition_dir"),
+        Job("distdgl", 2, "runtime", 10, source="partition_dir"),
+        Job("ddp", 4, "graph", 1000),
+        Job("ddp", 4, "runtime", 10),
+        Job("granndis", 1, "graph", 1000, status="refused", message="topology.servers=2 ..."),
+        Job("granndis", 1, "runtime", 10, status="refused", message="topology.servers=2 ..."),
+    ]
+    records = {
+        "single-P1-graph": _record([1400.0], 1400.0, 1300.0),
+        "single-P1-runtime": _record([400.0], 400.0, 350.0),
+        # graph share 1000 / 2 = 500, halo 60, runtime 380: target 940
+        "distdgl-P2-graph": _record([900.0, 1100.0], 450.0, 2600.0, server=420.0),
+        "distdgl-P2-runtime": _record([380.0, 381.0], 455.0, 1200.0, server=420.0),
+        # graph share 250, no halo term, runtime 390: target 640; 1500 is far over it
+        "ddp-P4-graph": _record([1500.0] * 4, 1450.0, 3250.0, server=430.0),
+        "ddp-P4-runtime": _record([390.0] * 4, 470.0, 1800.0, server=430.0),
+    }
+    halo = {"distdgl-P2-graph": {"share_mb": 60.0}}
+    rows = {(r["strategy"], r["parts"]): r for r in assemble_rows(jobs, records, halo)}
+    assert len(rows) == 4  # the graph jobs only
+    single, dist, ddp = rows["single", 1], rows["distdgl", 2], rows["ddp", 4]
+    assert single["graph_share_mb"] == 1000.0 and single["ratio_to_single"] == 1.0
+    assert dist["graph_share_mb"] == 500.0 and dist["halo_share_mb"] == 60.0
+    assert dist["runtime_mb"] == 381.0 and dist["target_mb"] == 941.0
+    assert dist["rank_peak_rss_mb"] == 1100.0 and dist["rank_peak_rss_min_mb"] == 900.0
+    assert dist["over_target_mb"] == pytest.approx(159.0)
+    assert dist["rank_meets"] is False  # 1100 > 941 x 1.1
+    assert dist["ratio_to_single"] == pytest.approx(2.0)
+    assert dist["launcher_meets"] is True  # 450 <= 600 and <= 455 x 1.1
+    assert ddp["halo_share_mb"] is None and ddp["target_mb"] == 640.0
+    assert ddp["rank_meets"] is False and "launcher_meets" not in ddp  # in memory: no target
+    assert rows["granndis", 1]["status"] == "refused"
+    table = memory_table(list(rows.values()))
+    assert len(table) == 2 + 4
+    (dist_line,) = [line for line in table if line.startswith("| distdgl")]
+    cells = [c.strip() for c in dist_line.strip("|").split("|")]
+    assert cells[3:] == ["1100 (900)", "450 (455)", "420", "2600", "2.00", "500", "60", "381"] + [
+        "941",
+        "+159",
+        "**no**",
+        "yes",
+    ]
+    assert "refused: topology.servers=2" in [line for line in table if "granndis" in line][0]
+
+
+def test_memory_launcher_target_fails_when_it_grows_with_the_graph():
+    from lightning_gnnscale.bench.memory import Job, assemble_rows
+
+    jobs = [
+        Job("distdgl", 2, k, n, source="partition_dir") for k, n in (("graph", 9), ("runtime", 1))
+    ]
+    records = {
+        "distdgl-P2-graph": _record([500.0, 500.0], 580.0, 1500.0),  # under 600 but 16 % over
+        "distdgl-P2-runtime": _record([400.0, 400.0], 500.0, 1300.0),  # its tiny-graph peak
+    }
+    (row,) = assemble_rows(jobs, records, {})
+    assert row["launcher_meets"] is False
+    assert row["graph_share_mb"] is None and "target_mb" not in row  # no single: no target
+
+
+@linux_only
+@pytest.mark.e2e
+def test_bench_memory_tiny_end_to_end(tmp_path, capsys):
+    """``bench memory`` on a tiny graph: single and DistDGL (from partition directories) at
+    P = 2, every process of each job sampled, the files written."""
+    from lightning_gnnscale.bench import main
+
+    out = tmp_path / "memory"
+    argv = ["memory", "--strategies", "distdgl", "--parts", "2", "--nodes", "2000"]
+    argv += ["--features", "16", "--runtime-nodes", "300", "--steps", "2", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "[bench memory] 1/4 single P=1 graph (in memory): training" in printed
+    results = json.loads((out / "memory.json").read_text())
+    rows = {(r["strategy"], r["parts"]): r for r in results["rows"]}
+    assert set(rows) == {("single", 1), ("distdgl", 2)}
+    single, dist = rows["single", 1], rows["distdgl", 2]
+    assert single["status"] == dist["status"] == "ok", results["rows"]
+    assert dist["source"] == "partition_dir" and single["source"] == "in memory"
+    (job,) = [j for j in results["jobs"] if j["strategy"] == "distdgl" and j["kind"] == "graph"]
+    record = job["record"]
+    assert len(record["rank_peak_rss_mb"]) == 2  # both ranks seen, apart from the launcher
+    assert record["rank_server_peak_rss_mb"] > 0
+    roles = sorted(p["role"] for p in record["processes"].values())
+    assert roles.count("launcher") == 1 and roles.count("rank server") == 1
+    # the node total counts every process: more than any one's PSS, less than the RSS sum
+    assert record["node_peak_pss_mb"] > max(record["rank_peak_pss_mb"])
+    rss_sum = sum(record["rank_peak_rss_mb"]) + record["launcher_peak_rss_mb"]
+    assert record["node_peak_pss_mb"] < rss_sum + record["rank_server_peak_rss_mb"]
+    # the launcher's sampled peak is the one its summary.json records (sampling may miss the end)
+    assert record["launcher_peak_rss_mb"] <= record["summary"]["launcher_peak_rss_mb"] + SLACK_MB
+    assert dist["halo_share_mb"] > 0 and dist["graph_share_mb"] is not None
+    assert dist["target_mb"] == pytest.approx(
+        dist["graph_share_mb"] + dist["halo_share_mb"] + dist["runtime_mb"]
+    )
+    markdown = (out / "memory.md").read_text()
+    assert "python -m lightning_gnnscale.bench memory --strategies distdgl" in markdown
+    assert [line for line in markdown.splitlines() if line.startswith("| distdgl | 2 |")]
+    assert (out / "memory.png").is_file() == (results["png"] is not None)
