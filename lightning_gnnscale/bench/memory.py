@@ -268,7 +268,7 @@ def run_memory(settings: MemorySettings, out: Path, argv: list[str]) -> dict:
     def log(text: str) -> None:
         print(f"[bench memory] {text}", flush=True)
 
-    log(f"{len(todo)} jobs ({len(jobs) - len(todo)} refused by their config), up to {out}")
+    log(f"{len(todo)} jobs ({len(jobs) - len(todo)} refused by their config), writing into {out}")
     records: dict[str, dict] = {}
     halo: dict[str, dict] = {}
     for i, job in enumerate(todo, 1):
