@@ -247,6 +247,33 @@ def test_memory_launcher_target_fails_when_it_grows_with_the_graph():
     assert row["graph_share_mb"] is None and "target_mb" not in row  # no single: no target
 
 
+def test_memory_rows_count_the_replicated_data_a_run_reports():
+    """SANCUS's staleness caches (``summary.json``: ``system.cache_bytes_by_rank``) join the
+    halo term, in the target and in the table's cell."""
+    from lightning_gnnscale.bench.memory import Job, assemble_rows, memory_table, summary_extract
+
+    jobs = [Job("single", 1, k, n) for k, n in (("graph", 9), ("runtime", 1))]
+    jobs += [
+        Job("sancus", 2, k, n, source="partition_dir") for k, n in (("graph", 9), ("runtime", 1))
+    ]
+    graph = _record([700.0, 650.0], 460.0, 1500.0)
+    graph["summary"] = summary_extract(
+        {"launcher_peak_rss_mb": 460.0, "system": {"cache_bytes_by_rank": [2**20 * 70, 2**20 * 80]}}
+    )
+    records = {
+        "single-P1-graph": _record([800.0], 800.0, 700.0),
+        "single-P1-runtime": _record([400.0], 400.0, 350.0),
+        "sancus-P2-graph": graph,
+        "sancus-P2-runtime": _record([390.0, 390.0], 455.0, 1100.0),
+    }
+    halo = {"sancus-P2-graph": {"share_mb": 1.0}}
+    row = assemble_rows(jobs, records, halo)[1]
+    assert row["replicated_mb"] == 80.0
+    assert row["target_mb"] == 200.0 + 1.0 + 80.0 + 390.0
+    assert row["rank_meets"] is True  # 700 <= 671 x 1.1
+    assert "| 1 + 80 cache |" in memory_table([row])[2]
+
+
 @linux_only
 @pytest.mark.e2e
 def test_bench_memory_tiny_end_to_end(tmp_path, capsys):
@@ -286,3 +313,7 @@ def test_bench_memory_tiny_end_to_end(tmp_path, capsys):
     assert "python -m lightning_gnnscale.bench memory --strategies distdgl" in markdown
     assert [line for line in markdown.splitlines() if line.startswith("| distdgl | 2 |")]
     assert (out / "memory.png").is_file() == (results["png"] is not None)
+    # the report again from the files alone, nothing run: the same table
+    (out / "memory.md").unlink()
+    assert main(["memory", "--report-only", "--out", str(out)]) == 0
+    assert (out / "memory.md").read_text() == markdown

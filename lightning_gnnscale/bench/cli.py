@@ -15,7 +15,7 @@ from .compare import compose_configs, run_compare
 from .e2e import E2ESettings, compose_run, run_e2e
 from .granndis import run_granndis_e4_bench
 from .grappa import run_grappa_bench
-from .memory import MemorySettings, default_strategies, plan_jobs, run_memory
+from .memory import MemorySettings, default_strategies, plan_jobs, rebuild_report, run_memory
 from .partitions import run_partition_bench
 from .sampler import run_sampler_bench
 from .sancus import compose_variants, run_sancus_bench
@@ -373,6 +373,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra train.py override for every job (repeatable)",
     )
     memory.add_argument("--out", type=Path, default=Path("results/memory"))
+    memory.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild memory.md / .json / .png from --out's memory.json and its runs' "
+        "summary.json files, running nothing",
+    )
     return parser
 
 
@@ -405,6 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "cluster":
         return run_cluster_command(parser, args, argv)
     if args.command == "memory":
+        if args.report_only:
+            if not (args.out / "memory.json").is_file():
+                parser.error(f"--report-only: no memory.json in {args.out}")
+            rebuild_report(args.out)
+            return 0
         if args.interval <= 0 or args.timeout <= 0:
             parser.error("--interval and --timeout must be > 0")
         settings = MemorySettings(

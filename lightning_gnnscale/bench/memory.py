@@ -13,9 +13,11 @@ The table splits each rank's peak into the terms of the issue's target:
 
 - **graph share**: single's graph memory / P, where single's graph memory is ``single``'s peak
   RSS on the graph less its peak on a tiny graph;
-- **halo / replication share** (partition directories only): the bytes of the rank's part less
-  1/P of the bytes of the same system's one-part directory (the whole graph in that system's
-  format), the largest over the parts; in memory it is not known ("-"), and counts 0;
+- **halo / replication share**: partition directories: the bytes of the rank's part less 1/P
+  of the bytes of the same system's one-part directory (the whole graph in that system's
+  format), the largest over the parts; in memory it is not known ("-"), and counts 0; plus
+  the data a system replicates by design where its ``summary.json`` reports it (SANCUS's
+  staleness caches, ``system.cache_bytes_by_rank``);
 - **runtime**: the system's rank peak on a tiny graph (``runtime_nodes``), same source and P.
 
 Target: rank peak RSS <= (graph share + halo share + runtime) x (1 + ``TOLERANCE``); the
@@ -222,22 +224,22 @@ def run_job(job: Job, settings: MemorySettings, out: Path, extra: list[str]) -> 
     record.update(wall_s=time.perf_counter() - start, returncode=proc.returncode, log=str(log_path))
     summary_path = run_dir / "summary.json"
     if proc.returncode == 0 and summary_path.is_file():
-        summary = json.loads(summary_path.read_text())
-        record["summary"] = {
-            k: summary.get(k)
-            for k in (
-                "world_size",
-                "peak_rss_mb",
-                "launcher_peak_rss_mb",
-                "rank_server_peak_rss_mb",
-                "train_time_s",
-            )
-        }
+        record["summary"] = summary_extract(json.loads(summary_path.read_text()))
         record["status"] = "ok"
     else:
         record["status"] = "failed"
         record["message"] = _last_line(log_path.read_text()) or f"exit {proc.returncode}"
     return record
+
+
+def summary_extract(summary: dict) -> dict:
+    """What the bench keeps of a job's ``summary.json``: the run's own memory figures, and the
+    data a system replicates by design where its report states it (SANCUS's staleness caches,
+    ``system.cache_bytes_by_rank``)."""
+    keep = ("world_size", "peak_rss_mb", "launcher_peak_rss_mb", "rank_server_peak_rss_mb")
+    extract = {k: summary.get(k) for k in (*keep, "train_time_s")}
+    extract["replicated_bytes_by_rank"] = (summary.get("system") or {}).get("cache_bytes_by_rank")
+    return extract
 
 
 def sampled_record(sampler: TreeSampler) -> dict:
@@ -295,7 +297,6 @@ def run_memory(settings: MemorySettings, out: Path, argv: list[str]) -> dict:
             )
         else:
             log(f"{prefix}: failed: {record['message']}")
-    rows = assemble_rows(jobs, records, halo)
     results = {
         "command": command_line(argv),
         "environment": environment(),
@@ -304,9 +305,16 @@ def run_memory(settings: MemorySettings, out: Path, argv: list[str]) -> dict:
         "targets": {"launcher_mb": LAUNCHER_TARGET_MB, "tolerance": TOLERANCE},
         "jobs": [{**asdict(j), "record": records.get(j.name)} for j in jobs],
         "halo": halo,
-        "rows": rows,
         "wall_s": time.perf_counter() - started,
     }
+    return write_report(results, out, log)
+
+
+def write_report(results: dict, out: Path, log) -> dict:
+    """The rows of ``results``' jobs; ``memory.json``, ``memory.md`` and ``memory.png``."""
+    jobs = [Job(**{k: v for k, v in j.items() if k != "record"}) for j in results["jobs"]]
+    records = {job.name: j["record"] for job, j in zip(jobs, results["jobs"]) if j["record"]}
+    results["rows"] = rows = assemble_rows(jobs, records, results["halo"])
     png = plot_memory(rows, out / "memory.png")
     results["png"] = str(png) if png else None
     write_json_atomic(out / "memory.json", results)
@@ -315,6 +323,20 @@ def run_memory(settings: MemorySettings, out: Path, argv: list[str]) -> dict:
     print(markdown, flush=True)
     log(f"wrote {out / 'memory.md'}, memory.json{' and memory.png' if png else ''}")
     return results
+
+
+def rebuild_report(out: Path) -> dict:
+    """The report of an earlier ``bench memory`` in ``out`` again, from its ``memory.json`` and
+    its jobs' ``summary.json`` files (``--report-only``): nothing runs."""
+    out = out.resolve()
+    results = json.loads((out / "memory.json").read_text())
+    for job in results["jobs"]:
+        record = job["record"]
+        name = f"{job['strategy']}-P{job['parts']}-{job['kind']}"
+        summary = out / "runs" / name / "summary.json"
+        if record and record.get("status") == "ok" and summary.is_file():
+            record["summary"] = summary_extract(json.loads(summary.read_text()))
+    return write_report(results, out, lambda text: print(f"[bench memory] {text}", flush=True))
 
 
 def halo_share(parts: list[int], whole: list[int], num_parts: int) -> dict:
@@ -368,6 +390,7 @@ def assemble_rows(jobs: list[Job], records: dict, halo: dict) -> list[dict]:
             continue
         runtime = _ok(records, find.get((job.strategy, job.parts, "runtime")))
         share = halo.get(job.name)
+        replicated = (record.get("summary") or {}).get("replicated_bytes_by_rank")
         rank_peak = max(record["rank_peak_rss_mb"])
         row.update(
             rank_peak_rss_mb=rank_peak,
@@ -381,12 +404,13 @@ def assemble_rows(jobs: list[Job], records: dict, halo: dict) -> list[dict]:
             else None,
             graph_share_mb=None if single_graph is None else single_graph / job.parts,
             halo_share_mb=share["share_mb"] if share else None,
+            replicated_mb=max(replicated) / 2**20 if replicated else None,
             runtime_mb=max(runtime["rank_peak_rss_mb"]) if runtime else None,
             runtime_launcher_mb=runtime["launcher_peak_rss_mb"] if runtime else None,
         )
         terms = (row["graph_share_mb"], row["runtime_mb"])
         if None not in terms:
-            target = sum(terms) + (row["halo_share_mb"] or 0.0)
+            target = sum(terms) + (row["halo_share_mb"] or 0.0) + (row["replicated_mb"] or 0.0)
             row["target_mb"] = target
             row["over_target_mb"] = rank_peak - target
             row["rank_meets"] = rank_peak <= target * (1 + TOLERANCE)
@@ -396,6 +420,14 @@ def assemble_rows(jobs: list[Job], records: dict, halo: dict) -> list[dict]:
                 tiny is None or launcher <= tiny * (1 + TOLERANCE)
             )
     return rows
+
+
+def _halo_cell(row: dict) -> str:
+    """The halo share (partition metadata) and the replicated data the run reports."""
+    halo, replicated = row.get("halo_share_mb"), row.get("replicated_mb")
+    if replicated is None:
+        return fmt(halo, 3)
+    return f"{fmt(halo, 3)} + {fmt(replicated, 3)} cache"
 
 
 def _yes(value) -> str:
@@ -436,7 +468,7 @@ def memory_table(rows: list[dict]) -> list[str]:
                 f"{r['node_peak_pss_mb']:.0f}",
                 "-" if r["ratio_to_single"] is None else f"{r['ratio_to_single']:.2f}",
                 fmt(r["graph_share_mb"], 3),
-                fmt(r["halo_share_mb"], 3),
+                _halo_cell(r),
                 fmt(r["runtime_mb"], 3),
                 fmt(r.get("target_mb"), 3),
                 "-" if r.get("over_target_mb") is None else f"{r['over_target_mb']:+.0f}",
