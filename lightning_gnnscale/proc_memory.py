@@ -155,9 +155,9 @@ class TreeSampler:
                 continue
             seen = self.processes.get(pid)
             if seen is None:
-                seen = self.processes[pid] = ProcessPeak(
-                    pid, role_of(pid, self.root, parents, self.proc)
-                )
+                seen = self.processes[pid] = ProcessPeak(pid, "other")
+            if seen.role == "other":  # again: a process seen between its fork and its exec
+                seen.role = role_of(pid, self.root, parents, self.proc)
             seen.peak_rss_mb = max(seen.peak_rss_mb, rss)
             seen.peak_pss_mb = max(seen.peak_pss_mb, pss)
             total += pss

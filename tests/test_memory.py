@@ -125,6 +125,20 @@ def test_tree_sampler_on_a_fake_proc(tmp_path):
     assert sampler.by_role("rank")[0].peak_rss_mb == 600.0 and sampler.samples == 3
 
 
+def test_tree_sampler_names_a_process_seen_before_its_exec_later(tmp_path):
+    """The rank server is forked from the launcher, then execs: a sample between the two sees
+    the launcher's command line. The next sample names it."""
+    _fake_process(tmp_path, 10, 1, "python train.py", 400 * 1024, 300 * 1024)
+    _fake_process(tmp_path, 11, 10, "python train.py", 300 * 1024, 10 * 1024)
+    sampler = TreeSampler(10, proc=tmp_path)
+    sampler.sample()
+    assert sampler.processes[11].role == "other"
+    server = "python -c from multiprocessing.forkserver import main; main(3, 4)"
+    (tmp_path / "11" / "cmdline").write_bytes(server.replace(" ", "\0").encode())
+    sampler.sample()
+    assert [p.pid for p in sampler.by_role("rank server")] == [11]
+
+
 def _fake_process_update(proc, pid, hwm_kb, pss_kb):
     (proc / str(pid) / "status").write_text(f"VmHWM:\t{hwm_kb} kB\n")
     (proc / str(pid) / "smaps_rollup").write_text(f"Pss:\t{pss_kb} kB\n")
