@@ -290,6 +290,7 @@ def test_memory_rows_count_the_replicated_data_a_run_reports():
 
 @linux_only
 @pytest.mark.e2e
+@pytest.mark.timeout(900)  # 4 train.py jobs, 3 partition commands: 2 min idle, 7 at load 11
 def test_bench_memory_tiny_end_to_end(tmp_path, capsys):
     """``bench memory`` on a tiny graph: single and DistDGL (from partition directories) at
     P = 2, every process of each job sampled, the files written."""

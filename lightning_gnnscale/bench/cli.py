@@ -431,8 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             overrides=tuple(args.override),
         )
-        _composed(parser, plan_jobs, settings, args.out.resolve())  # a bad override: usage error
-        run_memory(settings, args.out, argv)
+        jobs = _composed(parser, plan_jobs, settings, args.out.resolve())  # bad override: usage
+        run_memory(settings, args.out, argv, jobs)
         return 0
     if args.command == "grappa":
         methods = [m.strip() for m in args.partitioning.split(",") if m.strip()]

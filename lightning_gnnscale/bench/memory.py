@@ -209,11 +209,13 @@ def run_job(job: Job, settings: MemorySettings, out: Path, extra: list[str]) -> 
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
         sampler = TreeSampler(proc.pid)
+        timed_out = False
         try:
             while proc.poll() is None:
                 sampler.sample()
                 if time.perf_counter() - start > settings.timeout_s:
                     proc.kill()  # its ranks die with it (their death signal)
+                    timed_out = True
                     break
                 time.sleep(settings.interval_s)
         finally:
@@ -228,7 +230,12 @@ def run_job(job: Job, settings: MemorySettings, out: Path, extra: list[str]) -> 
         record["status"] = "ok"
     else:
         record["status"] = "failed"
-        record["message"] = _last_line(log_path.read_text()) or f"exit {proc.returncode}"
+        if timed_out:
+            record["message"] = f"stopped after --timeout {settings.timeout_s:g} s"
+        elif proc.returncode < 0:
+            record["message"] = f"killed by signal {-proc.returncode}"
+        else:
+            record["message"] = _last_line(log_path.read_text()) or f"exit {proc.returncode}"
     return record
 
 
@@ -259,18 +266,35 @@ def sampled_record(sampler: TreeSampler) -> dict:
     }
 
 
-def run_memory(settings: MemorySettings, out: Path, argv: list[str]) -> dict:
-    """Run every job; write ``memory.json``, ``memory.md`` and (matplotlib) ``memory.png``."""
+def run_memory(
+    settings: MemorySettings, out: Path, argv: list[str], jobs: list[Job] | None = None
+) -> dict:
+    """Run every job (``jobs``: :func:`plan_jobs`' plan, made here when not given); write
+    ``memory.json``, ``memory.md`` and (matplotlib) ``memory.png``."""
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    jobs = plan_jobs(settings, out)
+    jobs = plan_jobs(settings, out) if jobs is None else jobs
     todo = [j for j in jobs if j.status == "planned"]
 
     def log(text: str) -> None:
         print(f"[bench memory] {text}", flush=True)
 
     log(f"{len(todo)} jobs ({len(jobs) - len(todo)} refused by their config), writing into {out}")
+
+    def results_of(records: dict) -> dict:
+        return {
+            "command": command_line(argv),
+            "environment": environment(),
+            "load_average": os.getloadavg(),
+            "settings": asdict(settings),
+            "targets": {"launcher_mb": LAUNCHER_TARGET_MB, "tolerance": TOLERANCE},
+            "jobs": [{**asdict(j), "record": records.get(j.name)} for j in jobs],
+            "halo": halo,
+            "rows": [],
+            "wall_s": time.perf_counter() - started,
+        }
+
     records: dict[str, dict] = {}
     halo: dict[str, dict] = {}
     for i, job in enumerate(todo, 1):
@@ -280,8 +304,11 @@ def run_memory(settings: MemorySettings, out: Path, argv: list[str]) -> dict:
             if job.source == "partition_dir":
                 folder = ensure_partition(settings, job, job.parts, out, log)
                 extra.append(f"data.partition_dir={folder}")
-                reference = ensure_partition(settings, job, 1, out, log)
-                halo[job.name] = halo_share(part_bytes(folder), part_bytes(reference), job.parts)
+                if job.kind == "graph":  # the tiny graph's runtime has no halo term
+                    reference = ensure_partition(settings, job, 1, out, log)
+                    halo[job.name] = halo_share(
+                        part_bytes(folder), part_bytes(reference), job.parts
+                    )
         except RuntimeError as err:
             records[job.name] = {"status": "failed", "message": str(err)}
             log(f"{prefix}: failed: {err}")
@@ -289,6 +316,8 @@ def run_memory(settings: MemorySettings, out: Path, argv: list[str]) -> dict:
         log(f"{prefix}: training ...")
         record = run_job(job, settings, out, extra)
         records[job.name] = record
+        # so far: an interrupted bench leaves its finished jobs (``--report-only`` shows them)
+        write_json_atomic(out / "memory.json", results_of(records))
         if record["status"] == "ok":
             log(
                 f"{prefix}: rank peak {max(record['rank_peak_rss_mb']):.0f} MB, launcher "
@@ -297,17 +326,7 @@ def run_memory(settings: MemorySettings, out: Path, argv: list[str]) -> dict:
             )
         else:
             log(f"{prefix}: failed: {record['message']}")
-    results = {
-        "command": command_line(argv),
-        "environment": environment(),
-        "load_average": os.getloadavg(),
-        "settings": asdict(settings),
-        "targets": {"launcher_mb": LAUNCHER_TARGET_MB, "tolerance": TOLERANCE},
-        "jobs": [{**asdict(j), "record": records.get(j.name)} for j in jobs],
-        "halo": halo,
-        "wall_s": time.perf_counter() - started,
-    }
-    return write_report(results, out, log)
+    return write_report(results_of(records), out, log)
 
 
 def write_report(results: dict, out: Path, log) -> dict:
