@@ -35,6 +35,7 @@ from .callbacks import (
     StepSeed,
     format_table,
 )
+from .callbacks.summary import record_launcher_memory
 from .checkpoints import (
     CHECKPOINT_KEY,
     BestCheckpoint,
@@ -190,6 +191,11 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
                 )
             node_zero = os.environ.get("NODE_RANK", "0") == "0"  # global rank 0 writes it
             metrics = read_summary(output_dir / "summary.json", run_id) if node_zero else {}
+        if metrics and not external:  # the launcher's own peak, now that its ranks have ended
+            forked = run.world_size > 1 and run.launcher.start_method == "forkserver"
+            metrics = record_launcher_memory(
+                output_dir / "summary.json", metrics, rank_server=forked
+            )
     if metrics:
         print(f"\n{format_table(metrics)}\n\nsummary: {output_dir / 'summary.json'}")
     graph = None if datamodule.partition_dir is not None else datamodule.graph

@@ -15,6 +15,7 @@ from .compare import compose_configs, run_compare
 from .e2e import E2ESettings, compose_run, run_e2e
 from .granndis import run_granndis_e4_bench
 from .grappa import run_grappa_bench
+from .memory import MemorySettings, default_strategies, plan_jobs, rebuild_report, run_memory
 from .partitions import run_partition_bench
 from .sampler import run_sampler_bench
 from .sancus import compose_variants, run_sancus_bench
@@ -52,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command",
         required=True,
-        metavar="{compare,e2e,sampler,sancus,grappa,partitions,bytegnn-partitions,granndis-e4,cluster}",
+        metavar="{compare,e2e,sampler,sancus,grappa,partitions,bytegnn-partitions,granndis-e4,"
+        "cluster,memory}",
     )
 
     compare = commands.add_parser(
@@ -326,6 +328,57 @@ def build_parser() -> argparse.ArgumentParser:
     )
     khop.add_argument("--out", type=Path, default=Path("results/bytegnn_partition"))
     add_cluster_parser(commands)
+    memory = commands.add_parser(
+        "memory",
+        help="peak RSS per rank, of the launcher and the rank server, and the node's PSS "
+        "total, of every system at several world sizes",
+        description="Run every system (python train.py, one process tree per job) at each P "
+        "on one sbm graph, from a partition directory where the system supports one; sample "
+        "every process of each job; write memory.md, memory.json and memory.png into --out.",
+    )
+    memory_defaults = MemorySettings()
+    memory.add_argument(
+        "--strategies",
+        default=",".join(default_strategies()),
+        help="comma-separated strategy names (single, the reference, always runs; default: "
+        "one name per system)",
+    )
+    memory.add_argument(
+        "--parts", type=_int_list, default=list(memory_defaults.parts), help="world sizes"
+    )
+    memory.add_argument("--nodes", type=_positive_int, default=memory_defaults.nodes)
+    memory.add_argument("--features", type=_positive_int, default=memory_defaults.features)
+    memory.add_argument("--avg-degree", type=float, default=memory_defaults.avg_degree)
+    memory.add_argument(
+        "--runtime-nodes",
+        type=_positive_int,
+        default=memory_defaults.runtime_nodes,
+        help="nodes of the tiny graph whose footprint is the runtime term",
+    )
+    memory.add_argument(
+        "--steps", type=_positive_int, default=memory_defaults.steps, help="training steps per job"
+    )
+    memory.add_argument(
+        "--interval", type=float, default=memory_defaults.interval_s, help="sampling period (s)"
+    )
+    memory.add_argument(
+        "--timeout", type=float, default=memory_defaults.timeout_s, help="seconds per job"
+    )
+    memory.add_argument("--seed", type=int, default=0)
+    memory.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra train.py override for every job (repeatable)",
+    )
+    memory.add_argument("--out", type=Path, default=Path("results/memory"))
+    memory.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild memory.md / .json / .png from --out's memory.json and its runs' "
+        "summary.json files, running nothing",
+    )
     return parser
 
 
@@ -357,6 +410,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "cluster":
         return run_cluster_command(parser, args, argv)
+    if args.command == "memory":
+        if args.report_only:
+            if not (args.out / "memory.json").is_file():
+                parser.error(f"--report-only: no memory.json in {args.out}")
+            rebuild_report(args.out)
+            return 0
+        if args.interval <= 0 or args.timeout <= 0:
+            parser.error("--interval and --timeout must be > 0")
+        settings = MemorySettings(
+            strategies=tuple(_strategies(parser, args.strategies)),
+            parts=tuple(dict.fromkeys(args.parts)),
+            nodes=args.nodes,
+            features=args.features,
+            avg_degree=args.avg_degree,
+            runtime_nodes=args.runtime_nodes,
+            steps=args.steps,
+            interval_s=args.interval,
+            timeout_s=args.timeout,
+            seed=args.seed,
+            overrides=tuple(args.override),
+        )
+        jobs = _composed(parser, plan_jobs, settings, args.out.resolve())  # bad override: usage
+        run_memory(settings, args.out, argv, jobs)
+        return 0
     if args.command == "grappa":
         methods = [m.strip() for m in args.partitioning.split(",") if m.strip()]
         if not methods or set(methods) - {"random", "metis"}:

@@ -10,6 +10,7 @@ import time
 import lightning as L
 
 from ..files import write_json_atomic
+from ..proc_memory import peak_rss_mb_of, rank_server_pid
 from .audit import CollectiveAudit
 from .comm_stats import CommStats
 from .epoch_stats import EpochStats, peak_rss_mb
@@ -142,6 +143,10 @@ class RunSummary(L.Callback):
             "modeled_comm_time_s": sum(c["modeled_time_s"] for c in comms) / n,
             "network": self.cfg.network,
             "peak_rss_mb": max((e["peak_rss_mb"] for e in epochs), default=peak_rss_mb()),
+            # the launcher's own numbers: it fills them in once its ranks have ended
+            # (record_launcher_memory); None where no launcher of ours ran (torchrun, srun)
+            "launcher_peak_rss_mb": None,
+            "rank_server_peak_rss_mb": None,
             "config_hash": self.config_hash,
             "run_id": self.run_id,
             "audited_collectives": self.audit.calls if self.audit else None,
@@ -209,9 +214,36 @@ def format_table(summary: dict) -> str:
             _fmt(summary["modeled_comm_time_s"]),
         ),
         ("peak RSS per process (MB)", _fmt(summary["peak_rss_mb"])),
+        ("  launcher's own peak RSS (MB)", _fmt(summary.get("launcher_peak_rss_mb"))),
+        *(
+            [("  rank server's peak RSS (MB)", _fmt(summary["rank_server_peak_rss_mb"]))]
+            if summary.get("rank_server_peak_rss_mb") is not None
+            else []
+        ),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def record_launcher_memory(path: str | os.PathLike, summary: dict, *, rank_server: bool) -> dict:
+    """``summary`` with the launching process's own peak RSS (``launcher_peak_rss_mb``) and,
+    when its ranks were forked from a ``rank_server``, the server's (``rank_server_peak_rss_mb``;
+    otherwise ``None``: one process, or ``launcher.start_method=spawn``), written back to
+    ``path`` atomically.
+
+    Called by the launcher (:func:`lightning_gnnscale.run.train`) after its ranks have ended, so
+    its peak covers the whole job; with one process the launcher is the rank, and the two
+    numbers are one process's. The rank server is shared by the runs of one launching process
+    (a sweep, a bench): its peak is since it started."""
+    launcher = peak_rss_mb()
+    server = rank_server_pid() if rank_server else None
+    updated = {
+        **summary,
+        "launcher_peak_rss_mb": launcher,
+        "rank_server_peak_rss_mb": None if server is None else peak_rss_mb_of(server),
+    }
+    write_json_atomic(path, updated)
+    return updated
 
 
 def _inter_server_rows(by_category: dict | None) -> list[tuple[str, str]]:
