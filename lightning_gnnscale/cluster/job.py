@@ -54,7 +54,7 @@ _LAUNCH_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_R
 
 
 class ClusterJobFailed(RuntimeError):
-    """A host's launcher failed; the message names it and ends with its log's tail."""
+    """A job failed: the message names every host whose launcher failed, with its log's tail."""
 
 
 @dataclass
@@ -278,18 +278,33 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
 def _wait(job: ClusterJob, processes: list[subprocess.Popen], started: float) -> None:
     while True:
         codes = [p.poll() for p in processes]
-        for host, code in enumerate(codes):
-            if code not in (None, 0):
-                log = job.run_dir / f"host{host}.log"
-                time.sleep(0.2)  # let the reader drain the last lines
-                raise ClusterJobFailed(
-                    f"host {host} failed (exit code {code}); its log: {log}\n{_tail(log)}"
-                )
+        if any(code not in (None, 0) for code in codes):
+            _fail(job, processes)
         if all(code == 0 for code in codes):
             return
         if time.monotonic() - started > job.timeout_s:
             raise TimeoutError(f"the cluster job did not finish within {job.timeout_s:g} s")
         time.sleep(0.2)
+
+
+def _fail(job: ClusterJob, processes: list[subprocess.Popen]) -> None:
+    """Raise :class:`ClusterJobFailed` naming every host that failed. A failure on one host
+    fails the others within moments (their peers' connections reset), and which launcher exits
+    first is a race, not the cause: the other hosts get :data:`STOP_GRACE_S` to exit, and each
+    failed host is named with its log's tail."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(0.2)  # let the readers drain the last lines
+    failed = [(h, p.returncode) for h, p in enumerate(processes) if p.poll() not in (None, 0)]
+    raise ClusterJobFailed(
+        "; ".join(f"host {host} failed (exit code {code})" for host, code in failed)
+        + "".join(
+            f"\nhost {host}'s log: {job.run_dir / f'host{host}.log'}\n"
+            + _tail(job.run_dir / f"host{host}.log")
+            for host, _ in failed
+        )
+    )
 
 
 def _collect(
