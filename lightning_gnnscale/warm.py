@@ -225,6 +225,7 @@ class Server:
             if op == "status":
                 client.send(connection, self.status())
             elif op == "stop":
+                self.log(f"stop asked by pid {client.peer_pid(connection)}")
                 self.stop()
                 client.send(connection, self.status())
             elif op == "run":

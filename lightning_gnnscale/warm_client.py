@@ -96,6 +96,10 @@ def _stats(paths) -> str:
     return digest.hexdigest()[:16]
 
 
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def fingerprint(env: dict[str, str] | None = None) -> dict[str, str]:
     """What a server must share with a run, part by part (the part's name says what differs)."""
     env = os.environ if env is None else env
@@ -105,9 +109,9 @@ def fingerprint(env: dict[str, str] | None = None) -> dict[str, str]:
     )
     return {
         "source": _stats(_source_files()),
-        "python": _stats([sys.version, os.path.realpath(sys.executable), *site]),
+        "python": _stats([os.path.realpath(sys.executable), *site]) + _hash(sys.version),
         "flags": repr((tuple(sys.flags), sys.warnoptions, sys._xoptions)),
-        "environment": hashlib.sha256(repr(imported_env).encode()).hexdigest()[:16],
+        "environment": _hash(repr(imported_env)),
     }
 
 
@@ -138,7 +142,8 @@ def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
     data = json.dumps(message).encode()
     data = _HEADER.pack(len(data)) + data
     sent = socket.send_fds(sock, [data], list(fds)) if fds else sock.send(data)
-    sock.sendall(data[sent:])
+    if sent < len(data):
+        sock.sendall(data[sent:])
 
 
 def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
@@ -160,15 +165,24 @@ def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
     return json.loads(data[_HEADER.size : _HEADER.size + size]), fds
 
 
-def peer_uid(sock: socket.socket) -> int:
+def _peer(sock: socket.socket) -> tuple[int, int, int]:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    return struct.unpack("3i", creds)
 
 
-def connect(timeout: float | None = 5.0) -> socket.socket | None:
-    """A connection to this checkout's server, ``None`` when none listens."""
+def peer_uid(sock: socket.socket) -> int:
+    return _peer(sock)[1]
+
+
+def peer_pid(sock: socket.socket) -> int:
+    return _peer(sock)[0]
+
+
+def connect(timeout: float | None = 5.0, folder: Path | None = None) -> socket.socket | None:
+    """A connection to this checkout's server (its socket in ``folder``, default
+    :func:`socket_dir`), ``None`` when none listens."""
     try:
-        folder = socket_dir()
+        folder = folder or socket_dir()
     except PermissionError as error:
         print(f"lightning_gnnscale warm server: not used: {error}", file=sys.stderr)
         return None
@@ -186,9 +200,9 @@ def connect(timeout: float | None = 5.0) -> socket.socket | None:
     return sock
 
 
-def request(message: dict) -> dict | None:
+def request(message: dict, folder: Path | None = None) -> dict | None:
     """``message`` to the server and its answer; ``None`` when no server answers."""
-    sock = connect()
+    sock = connect(folder=folder)
     if sock is None:
         return None
     with sock:
