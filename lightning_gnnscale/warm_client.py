@@ -215,6 +215,7 @@ def request(message: dict, folder: Path | None = None) -> dict | None:
 
 
 # ----------------------------------------------------------------------------- hand-off
+ANSWER_TIMEOUT_S = 30.0
 RESTART = "python -m lightning_gnnscale.warm stop && python -m lightning_gnnscale.warm start"
 
 
@@ -246,8 +247,17 @@ def hand_off(main_file: str) -> None:
         fds = [fd for fd in (0, 1, 2) if _is_open(fd)]
         message["stdio"] = fds
         send(sock, message, fds)
-        sock.settimeout(None)
+        sock.settimeout(ANSWER_TIMEOUT_S)  # a stopped or hung server: run cold
         answer, _fds = receive(sock)
+        sock.settimeout(None)
+    except TimeoutError:
+        print(
+            f"lightning_gnnscale warm server: no answer in {ANSWER_TIMEOUT_S:g} s; running cold",
+            file=sys.stderr,
+            flush=True,
+        )
+        sock.close()  # a run it started after all ends with this connection
+        return
     except OSError:
         sock.close()
         return
