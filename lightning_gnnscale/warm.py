@@ -327,10 +327,11 @@ class Server:
 
     def reap(self, pid: int) -> None:
         connection, pidfd = self.runs.pop(pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)  # what the run left (none, normally), before the
+            # group's id can be reused: the unreaped run holds it
         _, status = os.waitpid(pid, 0)
         code = os.waitstatus_to_exitcode(status)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)  # what the run left (none, normally)
         self.selector.unregister(pidfd)
         os.close(pidfd)
         with contextlib.suppress(KeyError, ValueError):
