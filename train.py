@@ -3,10 +3,33 @@
 See README.md and docs/configuration.md. Multirun: ``python train.py -m strategy=single,ddp``.
 """
 
-import hydra
-from omegaconf import DictConfig
+import os
+import sys
 
-from lightning_gnnscale.launch import (  # light: no Lightning, PyG or system yet
+
+def _hand_off_to_a_warm_server() -> None:
+    """Run in ``python -m lightning_gnnscale.warm``'s server when one matches (and exit with
+    its status), else return and start cold (docs/architecture.md, "Start-up")."""
+    name = "lightning_gnnscale.warm_client"
+    if name not in sys.modules:  # load that file alone: importing the package costs 0.7 s
+        from importlib.util import find_spec, module_from_spec, spec_from_file_location
+
+        package = find_spec("lightning_gnnscale")
+        if package is None or package.origin is None:  # not importable: the imports below say so
+            return
+        path = os.path.join(os.path.dirname(package.origin), "warm_client.py")
+        sys.modules[name] = module = module_from_spec(spec_from_file_location(name, path))
+        module.__spec__.loader.exec_module(module)
+    sys.modules[name].hand_off(__file__)
+
+
+if __name__ == "__main__":
+    _hand_off_to_a_warm_server()
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from lightning_gnnscale.launch import (  # noqa: E402  (light: no Lightning, PyG or system yet)
     exit_without_teardown,
     warm_start,
 )

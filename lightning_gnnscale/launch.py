@@ -110,6 +110,38 @@ def start_rank_server(extra_modules: tuple[str, ...] = ()) -> None:
     forkserver.ensure_running()
 
 
+def serve_forks_from_here() -> int:
+    """Fork this process as its own rank server (what :func:`start_rank_server` then finds
+    running, so it starts no cold one); return the server's pid. For a process that has already
+    imported everything (a run of the warm server, :mod:`lightning_gnnscale.warm`, or of the
+    tests' script helper) and has run no torch operator yet, so no thread pool is forked. The
+    server dies with this process (Linux), as ``rank_server_guard`` makes the cold one do."""
+    from multiprocessing import connection, forkserver
+
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()
+    launcher = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            kill_me_when_my_parent_dies()
+            if os.getppid() == launcher:
+                os.close(alive_w)
+                forkserver.main(listener.fileno(), alive_r, [])
+        finally:
+            os._exit(0)
+    os.close(alive_r)
+    listener.close()
+    server = forkserver._forkserver
+    server._forkserver_address, server._forkserver_alive_fd = address, alive_w
+    server._forkserver_pid = pid
+    return pid
+
+
 def warm_start(cfg: Any) -> bool:
     """Start the rank server (with the chosen system's implementation) when the composed run
     config ``cfg`` will launch local ranks from it; return whether it did. ``train.py`` calls

@@ -1,13 +1,20 @@
 """Session set-up shared by every test module: the warm rank server, and ``gpu``-marked tests
 skipped, with the reason, where no CUDA device is."""
 
+import os
+
 import pytest
 import torch
 
+from lightning_gnnscale.warm_client import DISABLE_ENV
 from tests.helpers.dist import warm_context
 
 
 def pytest_sessionstart(session) -> None:
+    # A warm server a developer started for this checkout (python -m lightning_gnnscale.warm)
+    # must not take the `python train.py` processes of the tests; test_warm_daemon.py starts
+    # its own and turns this back on for its commands.
+    os.environ[DISABLE_ENV] = "0"
     # One warm rank server per pytest run (per xdist worker), started before collection so
     # that its imports overlap the collection's: every test that starts ranks forks them.
     warm_context()

@@ -4,7 +4,8 @@ imports torch, Lightning and PyG again.
 
 Each process adopts the given environment (``OMP_NUM_THREADS`` too, which torch read when the
 server imported it), working directory and ``sys.argv``, then runs the script as ``__main__``
-(``runpy``), its stdout and stderr going to files. It also gets a rank server of its own, a
+(``runpy``), its stdout and stderr going to files: the code of the opt-in warm server
+(:func:`lightning_gnnscale.warm.run_script_here`). It also gets a rank server of its own, a
 fork of itself (warm as well), so a script that launches ranks (``train.py`` with
 ``trainer.devices=2``) forks them from there, and they and their launcher stand as after a cold
 start: the ranks' parent is the server, the server's parent is the launcher. The tests of the
@@ -15,74 +16,26 @@ process.
 from __future__ import annotations
 
 import os
-import runpy
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from lightning_gnnscale.launch import kill_me_when_my_parent_dies
+from lightning_gnnscale.warm import run_script_here
 from tests.helpers.dist import free_port, warm_context
 
 _STREAMS = ("stdout", "stderr")
 
 
-def _serve_forks_from_here() -> int:
-    """Fork this process as its forkserver (what ``start_rank_server`` finds running, so it
-    starts no cold one); return the server's pid."""
-    from multiprocessing import connection, forkserver
-
-    listener = socket.socket(socket.AF_UNIX)
-    address = connection.arbitrary_address("AF_UNIX")
-    listener.bind(address)
-    os.chmod(address, 0o600)
-    listener.listen()
-    alive_r, alive_w = os.pipe()
-    launcher = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            kill_me_when_my_parent_dies()  # as rank_server_guard does for the real server
-            if os.getppid() == launcher:
-                os.close(alive_w)
-                forkserver.main(listener.fileno(), alive_r, [])
-        finally:
-            os._exit(0)
-    os.close(alive_r)
-    listener.close()
-    server = forkserver._forkserver
-    server._forkserver_address, server._forkserver_alive_fd = address, alive_w
-    server._forkserver_pid = pid
-    return pid
-
-
 def _run(script: str, args: list[str], cwd: str, env: dict, out_dir: str) -> None:
-    """One process's job: ``python script *args`` with ``env`` in ``cwd``."""
+    """One process's job: ``python script *args`` with ``env`` in ``cwd``, as the warm server
+    runs one (the same code)."""
     for fd, name in enumerate(_STREAMS, start=1):
         file = os.open(Path(out_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         os.dup2(file, fd)
         os.close(file)
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    if env.get("OMP_NUM_THREADS"):  # torch read it when the server imported it
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    from lightning_gnnscale import launch
-
-    launch._RUN_TOKEN = launch._run_token()  # a fresh interpreter's, from this environment
-    server = _serve_forks_from_here()
-    sys.argv = [script, *args]
-    sys.path.insert(0, str(Path(script).parent))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    finally:
-        os.kill(server, signal.SIGKILL)
-        os.waitpid(server, 0)
+    run_script_here(script, [script, *args], cwd, env)
 
 
 class ScriptRun:

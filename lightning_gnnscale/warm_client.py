@@ -1,0 +1,315 @@
+"""The client side of the warm server (:mod:`lightning_gnnscale.warm`): where its socket is, what
+it must match, the wire format, and :func:`hand_off`, which ``train.py`` calls first.
+
+Standard library only, and nothing of the package: ``train.py`` loads this file on its own,
+since ``import lightning_gnnscale`` alone costs ~0.7 s (Hydra and the registry).
+
+A run is handed to a server only when one is listening on this checkout's socket (the key is
+the interpreter and the package folder) and it imported exactly what this run would import: the
+same source (sizes and modification times of ``lightning_gnnscale/**/*.py``, ``train.py``,
+``conf/**``), the same interpreter and ``site-packages``, the same interpreter flags and the same
+environment variables that are read at import time (:data:`IMPORT_ENV_PREFIXES`). Otherwise the
+run starts cold, saying why in one line when a server was found but does not match.
+``GNNSCALE_WARM=0`` turns the hand-off off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import stat
+import struct
+import sys
+from pathlib import Path
+
+DISABLE_ENV = "GNNSCALE_WARM"  # "0": never hand a run to a warm server
+DIR_ENV = "GNNSCALE_WARM_DIR"  # the socket folder (default: $XDG_RUNTIME_DIR or /tmp, per user)
+# Environment variables that the interpreter, torch, Lightning or PyG read while importing: a
+# server imported with other values than the run's would not behave as a cold start would.
+# OMP_NUM_THREADS is not among them: the run's value is applied with torch.set_num_threads.
+IMPORT_ENV_PREFIXES = ("PYTHON", "LD_", "TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "LC_", "LANG")
+THREADS_ENV = "OMP_NUM_THREADS"
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_DIR = PACKAGE_DIR.parent
+# Set by the process that runs a script as __main__ for a server or a test helper: its
+# ``train.py`` must run here, not be handed off again.
+_IN_WARM_PROCESS = False
+
+
+# ------------------------------------------------------------------------------ where
+def key() -> str:
+    """One server per interpreter and package folder (a checkout, a worktree)."""
+    return hashlib.sha256(f"{sys.executable}\0{PACKAGE_DIR}".encode()).hexdigest()[:12]
+
+
+def socket_dir(create: bool = False) -> Path | None:
+    """The per-user folder of the sockets, mode 0700; ``None`` when it does not exist (and
+    ``create`` is false). Refuses (``PermissionError``) one that another user owns or others
+    can enter, or a symlink."""
+    base = os.environ.get(DIR_ENV)
+    if base:
+        folder = Path(base)
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        folder = Path(os.environ["XDG_RUNTIME_DIR"], "lightning_gnnscale")
+    else:
+        folder = Path(f"/tmp/lightning_gnnscale-{os.getuid()}")
+    if create:
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700, parents=bool(base))
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{folder} must be a folder of uid {os.getuid()} with mode 0700")
+    return folder
+
+
+def socket_path(folder: Path) -> Path:
+    return folder / f"warm-{key()}.sock"
+
+
+# ----------------------------------------------------------------------------- what
+def _source_files() -> list[Path]:
+    files = [REPO_DIR / "train.py"]
+    for root, dirs, names in os.walk(PACKAGE_DIR):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        files += [Path(root, n) for n in sorted(names) if n.endswith(".py")]
+    for root, dirs, names in os.walk(REPO_DIR / "conf"):
+        dirs.sort()
+        files += [Path(root, n) for n in sorted(names)]
+    return files
+
+
+def _stats(paths) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            info = os.stat(path)
+            digest.update(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+        except OSError:
+            digest.update(f"{path}\0missing\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint(env: dict[str, str] | None = None) -> dict[str, str]:
+    """What a server must share with a run, part by part (the part's name says what differs)."""
+    env = os.environ if env is None else env
+    site = [p for p in sys.path if p.endswith("-packages") and os.path.isdir(p)]
+    imported_env = sorted(
+        (k, v) for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES) and k != THREADS_ENV
+    )
+    return {
+        "source": _stats(_source_files()),
+        "python": _stats([os.path.realpath(sys.executable), *site]) + _hash(sys.version),
+        "flags": repr((tuple(sys.flags), sys.warnoptions, sys._xoptions)),
+        "environment": _hash(repr(imported_env)),
+    }
+
+
+MISMATCH = {
+    "source": "the package's source changed since it started",
+    "python": "the interpreter or its site-packages changed since it started",
+    "flags": "it runs with other interpreter flags (-O, -W, -X)",
+    "environment": "it was started with other import-time environment variables "
+    f"({', '.join(p + '*' for p in IMPORT_ENV_PREFIXES)})",
+}
+
+
+def mismatch(mine: dict[str, str], theirs: dict[str, str]) -> str | None:
+    """Why a server with fingerprint ``theirs`` cannot run this run; ``None`` when it can."""
+    for part, reason in MISMATCH.items():
+        if mine.get(part) != theirs.get(part):
+            return reason
+    return None
+
+
+# ------------------------------------------------------------------------------ wire
+_HEADER = struct.Struct("!I")
+MAX_FDS = 3
+
+
+def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
+    """One length-prefixed JSON message, with ``fds`` (SCM_RIGHTS) on its first byte."""
+    data = json.dumps(message).encode()
+    data = _HEADER.pack(len(data)) + data
+    sent = socket.send_fds(sock, [data], list(fds)) if fds else sock.send(data)
+    if sent < len(data):
+        sock.sendall(data[sent:])
+
+
+def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
+    """One message and the descriptors that came with it; ``(None, [])`` at end of stream."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, 65536, MAX_FDS)
+    try:
+        while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack_from(data)[0]:
+            more = sock.recv(1 << 20)
+            if not more:
+                if data:
+                    raise ConnectionError("the message ended early")
+                return None, fds
+            data += more
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    size = _HEADER.unpack_from(data)[0]
+    return json.loads(data[_HEADER.size : _HEADER.size + size]), fds
+
+
+def _peer(sock: socket.socket) -> tuple[int, int, int]:
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)
+
+
+def peer_uid(sock: socket.socket) -> int:
+    return _peer(sock)[1]
+
+
+def peer_pid(sock: socket.socket) -> int:
+    return _peer(sock)[0]
+
+
+def connect(timeout: float | None = 5.0, folder: Path | None = None) -> socket.socket | None:
+    """A connection to this checkout's server (its socket in ``folder``, default
+    :func:`socket_dir`), ``None`` when none listens."""
+    try:
+        folder = folder or socket_dir()
+    except PermissionError as error:
+        print(f"lightning_gnnscale warm server: not used: {error}", file=sys.stderr)
+        return None
+    if folder is None:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(socket_path(folder)))
+        if peer_uid(sock) != os.getuid():
+            raise ConnectionRefusedError
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def request(message: dict, folder: Path | None = None) -> dict | None:
+    """``message`` to the server and its answer; ``None`` when no server answers."""
+    sock = connect(folder=folder)
+    if sock is None:
+        return None
+    with sock:
+        try:
+            send(sock, message)
+            answer, _fds = receive(sock)
+        except OSError:
+            return None
+    return answer
+
+
+# ----------------------------------------------------------------------------- hand-off
+ANSWER_TIMEOUT_S = 30.0
+RESTART = "python -m lightning_gnnscale.warm stop && python -m lightning_gnnscale.warm start"
+
+
+def _externally_launched() -> bool:
+    return "LOCAL_RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1") or 1) > 1
+
+
+def hand_off(main_file: str) -> None:
+    """Run this command (``sys.argv``, the script ``main_file``) in a fork of the warm server
+    when one matches, and end this process with that run's exit status; return when there is
+    none (the caller runs cold). While the run lasts this process forwards SIGINT, SIGTERM and
+    SIGHUP to it; when this process dies, the server kills the run and its ranks."""
+    if _IN_WARM_PROCESS or os.environ.get(DISABLE_ENV) == "0" or _externally_launched():
+        return
+    sock = connect()
+    if sock is None:
+        return
+    try:
+        message = {
+            "op": "run",
+            "main": os.path.abspath(main_file),
+            "argv": sys.argv,
+            "cwd": os.getcwd(),
+            "env": dict(os.environ),
+            "fingerprint": fingerprint(),
+            "umask": _umask(),
+            "affinity": sorted(os.sched_getaffinity(0)),
+        }
+        fds = [fd for fd in (0, 1, 2) if _is_open(fd)]
+        message["stdio"] = fds
+        send(sock, message, fds)
+        sock.settimeout(ANSWER_TIMEOUT_S)  # a stopped or hung server: run cold
+        answer, _fds = receive(sock)
+        sock.settimeout(None)
+    except TimeoutError:
+        print(
+            f"lightning_gnnscale warm server: no answer in {ANSWER_TIMEOUT_S:g} s; running cold",
+            file=sys.stderr,
+            flush=True,
+        )
+        sock.close()  # a run it started after all ends with this connection
+        return
+    except OSError:
+        sock.close()
+        return
+    if answer is None or "pid" not in answer:
+        if answer and answer.get("refused"):
+            print(
+                f"lightning_gnnscale warm server (pid {answer.get('server')}) not used: "
+                f"{answer['refused']}; running cold. Restart it: {RESTART}",
+                file=sys.stderr,
+                flush=True,
+            )
+        sock.close()
+        return
+    _wait_for(sock, answer["pid"])
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _wait_for(sock: socket.socket, pid: int) -> None:
+    """Forward signals to the run ``pid`` until the server reports its end; exit with it."""
+
+    def forward(signum, _frame):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    try:
+        answer, _fds = receive(sock)
+    except OSError:
+        answer = None
+    if answer is None or "exit" not in answer:
+        print("lightning_gnnscale warm server: the server ended during the run", file=sys.stderr)
+        os._exit(1)
+    code = answer["exit"]
+    if code < 0:  # killed by a signal: end the same way, as the shell expects
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL has no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        code = 128 - code
+    os._exit(code)

@@ -1,0 +1,223 @@
+"""The opt-in warm server (``python -m lightning_gnnscale.warm``): ``train.py`` hands its run to
+it, with the same results as a cold start, and the run's end, signals and death follow the
+command that handed it over. One real server for the module (its imports cost ~10 s); the
+commands are real ``python train.py`` processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lightning_gnnscale import warm_client
+from tests.helpers.config import REPO, TINY
+from tests.helpers.scripts import run_script
+
+WARM = [sys.executable, "-m", "lightning_gnnscale.warm"]
+TRAIN = [sys.executable, str(REPO / "train.py")]
+LONG = [*(o for o in TINY if not o.startswith("trainer.max_epochs")), "trainer.max_epochs=100000"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A started server whose socket folder is private to this module: ``(env, folder)``."""
+    folder = tmp_path_factory.mktemp("warm") / "sockets"  # start creates it, mode 0700
+    env = {**os.environ, warm_client.DIR_ENV: str(folder)}
+    env.pop(warm_client.DISABLE_ENV, None)
+    started = subprocess.run(
+        [*WARM, "start", "--idle-minutes", "10"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert started.returncode == 0, started.stderr
+    pid = _status(folder)["server"]
+    yield env, folder
+    subprocess.run([*WARM, "stop"], cwd=REPO, env=env, timeout=60)
+    if Path(f"/proc/{pid}").exists():
+        os.kill(pid, signal.SIGKILL)
+
+
+def _status(folder: Path) -> dict:
+    answer = warm_client.request({"op": "status"}, folder=folder)
+    assert answer is not None, "no warm server answers"
+    return answer
+
+
+def _train(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*TRAIN, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _same_in_every_run(summary):
+    """The summary without what differs between identical runs (times, memory, ids, paths)."""
+    if isinstance(summary, dict):
+        return {
+            key: _same_in_every_run(value)
+            for key, value in summary.items()
+            if not key.endswith("_s") and key not in {"peak_rss_mb", "run_id", "output_dir"}
+        }
+    if isinstance(summary, list):
+        return [_same_in_every_run(value) for value in summary]
+    return summary
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _descendants(pid: int) -> set[int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_warm_runs_match_a_cold_run_and_run_side_by_side(server, tmp_path):
+    env, folder = server
+    served = _status(folder)["served"]
+    args = ["strategy=ddp", "dtype=float64", *TINY]
+    # two runs at once through the server, each in a folder named by its own run token
+    runs = [
+        subprocess.Popen(
+            [*TRAIN, *args, f"hydra.run.dir={tmp_path}/warm{i}/${{run_token:}}"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [run.communicate(timeout=240) for run in runs]
+    for run, (out, err) in zip(runs, outputs):
+        assert run.returncode == 0, err[-3000:]
+        assert "summary:" in out and "not used" not in err
+    assert _status(folder)["served"] == served + 2  # both were handed over
+    warm = [next((tmp_path / f"warm{i}").glob("*/summary.json")) for i in range(2)]
+    assert warm[0].parent.name != warm[1].parent.name  # two tokens, as two cold starts have
+    cold = run_script("train.py", *args, f"hydra.run.dir={tmp_path}/cold", cwd=REPO, timeout=240)
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    expected = _same_in_every_run(json.loads((tmp_path / "cold" / "summary.json").read_text()))
+    for path in warm:
+        assert _same_in_every_run(json.loads(path.read_text())) == expected
+
+
+def test_exit_status_and_error_come_back(server, tmp_path):
+    env, folder = server
+    served = _status(folder)["served"]
+    proc = _train(env, "data.fanouts=[5]", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 1
+    assert "one fanout per layer" in proc.stderr
+    assert _status(folder)["served"] == served + 1
+
+
+def test_a_server_that_does_not_match_is_not_used(server):
+    """Changed source or import-time environment: the run starts cold and says why, once."""
+    env, folder = server
+    served = _status(folder)["served"]
+    config = REPO / "conf" / "config.yaml"
+    before = os.stat(config)
+    os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    try:
+        proc = _train(env, "--help")
+    finally:
+        os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert proc.returncode == 0 and "Powered by Hydra" in proc.stdout  # ran, cold
+    stale = [line for line in proc.stderr.splitlines() if "warm server" in line]
+    assert len(stale) == 1 and "source changed" in stale[0], proc.stderr
+    assert "python -m lightning_gnnscale.warm stop" in stale[0]
+
+    proc = _train({**env, "TORCH_SHOW_CPP_STACKTRACES": "1"}, "--help")
+    assert proc.returncode == 0 and "import-time environment" in proc.stderr
+
+    proc = _train({**env, warm_client.DISABLE_ENV: "0"}, "--help")
+    assert proc.returncode == 0 and "warm server" not in proc.stderr  # off: silent, cold
+    assert _status(folder)["served"] == served  # none of them was handed over
+
+
+def _start_long_run(env: dict, tmp_path: Path, folder: Path):
+    """A client whose run has launched its two ranks; ``(client, run pid, its processes)``."""
+    runs = set(_status(folder)["runs"])
+    client = subprocess.Popen(
+        [*TRAIN, *LONG, f"hydra.run.dir={tmp_path}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pid = _wait_for(lambda: set(_status(folder)["runs"]) - runs, 60, "the run").pop()
+    # the run, its rank server and two ranks (and what torch starts in them)
+    processes = _wait_for(lambda: len(d := _descendants(pid)) >= 3 and d, 120, "the ranks")
+    return client, pid, processes | {pid}
+
+
+def test_the_run_and_its_ranks_die_with_the_client(server, tmp_path):
+    env, folder = server
+    client, pid, processes = _start_long_run(env, tmp_path, folder)
+    client.kill()
+    client.wait()
+    _wait_for(lambda: not any(_alive(p) for p in processes), 30, "the run's processes to end")
+    _wait_for(lambda: pid not in _status(folder)["runs"], 10, "the server to reap the run")
+    assert _alive(_status(folder)["server"])  # the server lives on
+
+
+def test_signals_are_forwarded_to_the_run(server, tmp_path):
+    env, folder = server
+    client, pid, processes = _start_long_run(env, tmp_path, folder)
+    client.send_signal(signal.SIGTERM)
+    # the run ended on the signal (as a cold run does) and the client took its status; a
+    # client that kept SIGTERM for itself would have died of it (-SIGTERM)
+    assert client.wait(timeout=60) not in (0, -signal.SIGTERM)
+    _wait_for(lambda: not any(_alive(p) for p in processes), 30, "the run's processes to end")
+
+
+def test_socket_folder_must_be_private(tmp_path, monkeypatch):
+    folder = tmp_path / "open"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    monkeypatch.setenv(warm_client.DIR_ENV, str(folder))
+    with pytest.raises(PermissionError, match="mode 0700"):
+        warm_client.socket_dir()
+    assert warm_client.connect() is None  # train.py then runs cold
+
+
+def test_stop_ends_the_server_and_removes_its_socket(server):
+    env, folder = server
+    pid = _status(folder)["server"]
+    proc = subprocess.run([*WARM, "stop"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and f"pid {pid} stopped" in proc.stdout
+    assert not warm_client.socket_path(folder).exists()
+    _wait_for(lambda: not _alive(pid), 10, "the server to end")
+    assert warm_client.request({"op": "status"}, folder=folder) is None
