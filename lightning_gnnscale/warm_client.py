@@ -7,8 +7,9 @@ since ``import lightning_gnnscale`` alone costs ~0.7 s (Hydra and the registry).
 A run is handed to a server only when one is listening on this checkout's socket (the key is
 the interpreter and the package folder) and it imported exactly what this run would import: the
 same source (sizes and modification times of ``lightning_gnnscale/**/*.py``, ``train.py``,
-``conf/**``), the same interpreter and ``site-packages``, the same interpreter flags and the same
-environment variables that are read at import time (:data:`IMPORT_ENV_PREFIXES`). Otherwise the
+``conf/**``), the same interpreter and ``site-packages``, the same interpreter flags, the same
+environment variables that are read at import time (:data:`IMPORT_ENV_PREFIXES`) and the same
+Linux namespaces (the run executes in the server's). Otherwise the
 run starts cold, saying why in one line when a server was found but does not match.
 ``GNNSCALE_WARM=0`` turns the hand-off off.
 """
@@ -100,6 +101,20 @@ def _hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _namespaces() -> str:
+    """The Linux namespaces this process runs in (network, mount, ...): a run handed to a
+    server runs in the server's, so they must be the command's (an emulated cluster host runs
+    in a network namespace of its own)."""
+    names = ("net", "mnt", "pid", "ipc", "uts", "user", "cgroup")
+    links = []
+    for name in names:
+        try:
+            links.append(os.readlink(f"/proc/self/ns/{name}"))
+        except OSError:
+            links.append(f"{name}:?")
+    return _hash(repr(links))
+
+
 def fingerprint(env: dict[str, str] | None = None) -> dict[str, str]:
     """What a server must share with a run, part by part (the part's name says what differs)."""
     env = os.environ if env is None else env
@@ -112,6 +127,7 @@ def fingerprint(env: dict[str, str] | None = None) -> dict[str, str]:
         "python": _stats([os.path.realpath(sys.executable), *site]) + _hash(sys.version),
         "flags": repr((tuple(sys.flags), sys.warnoptions, sys._xoptions)),
         "environment": _hash(repr(imported_env)),
+        "namespaces": _namespaces(),
     }
 
 
@@ -121,6 +137,7 @@ MISMATCH = {
     "flags": "it runs with other interpreter flags (-O, -W, -X)",
     "environment": "it was started with other import-time environment variables "
     f"({', '.join(p + '*' for p in IMPORT_ENV_PREFIXES)})",
+    "namespaces": "it runs in other Linux namespaces (network, mount, ...) than this command",
 }
 
 

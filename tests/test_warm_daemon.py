@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def _same_in_every_run(summary):
         return {
             key: _same_in_every_run(value)
             for key, value in summary.items()
-            if not key.endswith("_s") and key not in {"peak_rss_mb", "run_id", "output_dir"}
+            if not key.endswith(("_s", "_rss_mb")) and key not in {"run_id", "output_dir"}
         }
     if isinstance(summary, list):
         return [_same_in_every_run(value) for value in summary]
@@ -161,6 +162,17 @@ def test_a_server_that_does_not_match_is_not_used(server):
 
     proc = _train({**env, "TORCH_SHOW_CPP_STACKTRACES": "1"}, "--help")
     assert proc.returncode == 0 and "import-time environment" in proc.stderr
+
+    if shutil.which("unshare") and os.geteuid() == 0:  # a network namespace of its own
+        proc = subprocess.run(
+            ["unshare", "--net", *TRAIN, "--help"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0 and "other Linux namespaces" in proc.stderr, proc.stderr
 
     proc = _train({**env, warm_client.DISABLE_ENV: "0"}, "--help")
     assert proc.returncode == 0 and "warm server" not in proc.stderr  # off: silent, cold

@@ -44,6 +44,7 @@ from ..errors import ConfigError
 from ..files import write_json_atomic
 from ..proc_memory import TreeSampler
 from ..systems.registry import SYSTEMS
+from ..warm_client import DISABLE_ENV
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,7 +208,11 @@ def run_job(job: Job, settings: MemorySettings, out: Path, extra: list[str]) -> 
     ]
     start = time.perf_counter()
     with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO)
+        # the job's own process tree is what is measured: never one handed to a warm server
+        env = {**os.environ, DISABLE_ENV: "0"}
+        proc = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env=env
+        )
         sampler = TreeSampler(proc.pid)
         timed_out = False
         try:

@@ -34,6 +34,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..files import write_json_atomic
 from ..launch import signals_raise
+from ..warm_client import DISABLE_ENV
 from .network import INTERFACE, EmulatedCluster, default_prefix, preflight
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
@@ -135,6 +136,7 @@ class ClusterJob:
             GLOO_SOCKET_IFNAME=INTERFACE,
             PYTHONUNBUFFERED="1",
         )
+        env[DISABLE_ENV] = "0"  # a host's run stays in its host: never handed to a warm server
         return env
 
 
