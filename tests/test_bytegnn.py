@@ -18,6 +18,7 @@ import torch
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.sampler import NeighborSampler
+from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.systems.bytegnn.config import DagConfig, SchedulerConfig
 from lightning_gnnscale.systems.bytegnn.dag import Dag, Executor, Task
 from lightning_gnnscale.systems.bytegnn.scheduler import (
@@ -29,7 +30,7 @@ from lightning_gnnscale.systems.bytegnn.scheduler import (
     launch_score,
     run_coarse_loop,
 )
-from lightning_gnnscale.systems.bytegnn.store import GraphStore, SeedSplit
+from lightning_gnnscale.systems.bytegnn.store import GraphStore
 from lightning_gnnscale.systems.bytegnn.sworker import SamplingError, SWorker, batch_nbytes
 
 # ------------------------------------------------------------------ 1. f(C)

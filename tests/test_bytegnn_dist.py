@@ -24,12 +24,13 @@ from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, 
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
+from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.models.module import GNNModule
 from lightning_gnnscale.run import build_datamodule, build_strategy, train
 from lightning_gnnscale.schema import DataConfig, RunFacts
 from lightning_gnnscale.systems.bytegnn.address import service_address
 from lightning_gnnscale.systems.bytegnn.config import ByteGNNConfig, DagConfig, SchedulerConfig
-from lightning_gnnscale.systems.bytegnn.store import GraphStore, SeedSplit
+from lightning_gnnscale.systems.bytegnn.store import GraphStore
 from lightning_gnnscale.systems.bytegnn.sworker import SamplingError, SWorker
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed

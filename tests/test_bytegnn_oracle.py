@@ -16,8 +16,9 @@ import torch
 
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.systems.bytegnn.config import DagConfig, SchedulerConfig
-from lightning_gnnscale.systems.bytegnn.store import GraphStore, SeedSplit
+from lightning_gnnscale.systems.bytegnn.store import GraphStore
 from lightning_gnnscale.systems.bytegnn.sworker import SWorker
 
 M64 = (1 << 64) - 1

@@ -8,9 +8,10 @@ from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, 
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
+from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.systems.base import collective_train_loader
 from lightning_gnnscale.systems.distdgl.datamodule import DistDGLDataModule
-from lightning_gnnscale.systems.distdgl.sampler import DistNeighborSampler, TrainerSplit
+from lightning_gnnscale.systems.distdgl.sampler import DistNeighborSampler
 from tests.helpers.dist import run_distributed
 
 FANOUT_CASES = ([4, 3], [-1, -1], [2, 5, 1])
@@ -73,7 +74,7 @@ class _SplitLoaderSource:
     trainer = None
     steps_per_epoch = DistDGLDataModule.steps_per_epoch
 
-    def __init__(self, split: TrainerSplit):
+    def __init__(self, split: SeedSplit):
         self.split = split
 
     def training_batch(self, epoch: int, step: int) -> torch.Tensor:
@@ -100,11 +101,11 @@ def _expected_steps(num_train: int, world: int, batch: int) -> int:
 )
 def test_trainer_split_steps_per_epoch_follow_the_even_split_rule(num_train, world, batch):
     """Every rank's real train loader yields the number of steps the even-split rule gives,
-    computed independently of ``TrainerSplit``, and its steps cover its chunk evenly."""
+    computed independently of ``SeedSplit``, and its steps cover its chunk evenly."""
     train = torch.arange(0, 3 * num_train, 3)
     expected = _expected_steps(num_train, world, batch)
     for rank in range(world):
-        split = TrainerSplit(train, world, rank, batch, seed=4)
+        split = SeedSplit(train, world, rank, batch, seed=4)
         batches = list(collective_train_loader(_SplitLoaderSource(split)))
         assert len(batches) == expected, rank
         chunk = num_train // world + (rank < num_train % world)
@@ -115,7 +116,7 @@ def test_trainer_split_steps_per_epoch_follow_the_even_split_rule(num_train, wor
 def test_trainer_split_covers_every_seed_once_in_lockstep():
     train = torch.arange(0, 1000, 3)  # 334 sorted training gids
     world, batch = 3, 60
-    splits = [TrainerSplit(train, world, r, batch, seed=4) for r in range(world)]
+    splits = [SeedSplit(train, world, r, batch, seed=4) for r in range(world)]
     assert len({s.steps for s in splits}) == 1  # every rank runs the same number of steps
     assert splits[0].steps == _expected_steps(train.numel(), world, batch)
     sizes = [s.mine.numel() for s in splits]

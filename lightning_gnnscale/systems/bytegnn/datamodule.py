@@ -36,12 +36,13 @@ from ...graph.book import (
 )
 from ...graph.partition_config import METHOD_OPTIONS
 from ...graph.partition_dir import PartitionDir
+from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN
 from ..base import GNNDataModule, assert_same_on_all_ranks
 from ..contract import RankContext
 from .address import service_address
 from .config import ByteGNNConfig, available_cores
-from .store import GraphStore, SeedSplit
+from .store import GraphStore
 from .sworker import ByteGNNBatch, SWorker
 
 

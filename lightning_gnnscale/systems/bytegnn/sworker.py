@@ -30,10 +30,11 @@ from torch import Tensor
 from ...graph.batch import Batch
 from ...graph.block import Block
 from ...graph.sampler import BlockBuilder, SampleKey, build_block_carried
+from ...graph.seed_split import SeedSplit
 from .config import DagConfig, SchedulerConfig
 from .dag import Dag, Executor, Task, TaskError
 from .scheduler import CoarseController, CpuMeter, run_coarse_loop
-from .store import GraphStore, SeedSplit
+from .store import GraphStore
 
 
 class SamplingError(RuntimeError):

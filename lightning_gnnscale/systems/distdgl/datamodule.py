@@ -34,12 +34,13 @@ from ...graph.book import (
 )
 from ...graph.partition_dir import PartitionDir
 from ...graph.sampler import BlockBuilder, splitmix64
+from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN, layer_rows
 from ..base import GNNDataModule, assert_same_on_all_ranks
 from ..contract import RankContext
 from .config import DistDGLConfig
 from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
-from .sampler import DistNeighborSampler, TrainerSplit
+from .sampler import DistNeighborSampler
 
 EMBEDDING = "emb"  # KV name of the learnable input table
 
@@ -188,7 +189,7 @@ class DistDGLDataModule(GNNDataModule):
         prepared = self.prepare(world_size)
         graph, book = prepared.graph, prepared.book
         degree = graph.in_degree()
-        chunks = TrainerSplit.chunks(graph.split_ids("train"), world_size)
+        chunks = SeedSplit.chunks(graph.split_ids("train"), world_size)
         for k in range(world_size):
             local = build_local_partition(graph, book, k)
             lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
@@ -234,7 +235,7 @@ class DistDGLDataModule(GNNDataModule):
             self.local, self.local_degree = self.load_part(prepared, rank)
             self.degree = None  # degrees of sampled nodes come from their owners (KV "degree")
             sizes = torch.tensor(prepared.meta["trainer_sizes"], dtype=torch.int64)
-            split_of = lambda batch: TrainerSplit.from_chunk(  # noqa: E731
+            split_of = lambda batch: SeedSplit.from_chunk(  # noqa: E731
                 self._part["trainer_seeds"], sizes, rank, batch, self.seed
             )
             orig_ids = self._part["orig_ids"]
@@ -246,7 +247,7 @@ class DistDGLDataModule(GNNDataModule):
             self.local = build_local_partition(graph, book, rank)
             self.degree = graph.in_degree()  # replicated metadata
             self.local_degree = self.degree[self.local.local2global]
-            split_of = lambda batch: TrainerSplit(  # noqa: E731
+            split_of = lambda batch: SeedSplit(  # noqa: E731
                 graph.split_ids("train"), world, rank, batch, self.seed
             )
         self.kv = KVStore(comm, book)

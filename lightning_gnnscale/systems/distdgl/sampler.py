@@ -22,7 +22,6 @@ from ...graph.sampler import (
     SampleKey,
     build_block_sorted,
     sample_neighbors,
-    splitmix64_int,
 )
 
 
@@ -89,73 +88,3 @@ class DistNeighborSampler:
             blocks.append(block)
             frontier = block.src_ids
         return blocks[::-1]
-
-
-def even_offsets(n: int, parts: int) -> Tensor:
-    """Offsets of ``parts`` contiguous chunks of ``n`` items whose sizes differ by at most 1."""
-    sizes = torch.full((parts,), n // parts, dtype=torch.int64)
-    sizes[: n % parts] += 1
-    return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(sizes, 0)])
-
-
-class TrainerSplit:
-    """DistDGL's even split of the (relabelled, hence partition-sorted) training ids.
-
-    Rank ``r`` gets the ``r``-th of ``P`` contiguous chunks of the sorted training gids; chunk
-    ``r`` overlaps partition ``r`` the most. Every epoch each rank shuffles its chunk with its
-    own generator and cuts it into ``steps`` parts, where ``steps`` is the same on every rank,
-    so every training node is a seed exactly once per epoch and all ranks run in lockstep.
-
-    Args:
-        train_gids: sorted int64 training ids (global, relabelled); replicated metadata.
-        world_size, rank: the trainers.
-        batch_size: global seeds per step (``-1``: one step per epoch).
-        seed: base of the per-rank shuffles.
-    """
-
-    def __init__(self, train_gids: Tensor, world_size: int, rank: int, batch_size: int, seed: int):
-        offsets = even_offsets(train_gids.numel(), world_size)
-        mine = train_gids[offsets[rank] : offsets[rank + 1]]
-        self._init(mine, offsets.diff(), world_size, rank, batch_size, seed)
-
-    @classmethod
-    def from_chunk(
-        cls, mine: Tensor, sizes: Tensor, rank: int, batch_size: int, seed: int
-    ) -> TrainerSplit:
-        """The split of a rank that holds only its own chunk ``mine`` and every rank's chunk
-        size ``sizes`` ``[P]`` (what a partition directory stores), not the training ids."""
-        split = cls.__new__(cls)
-        split._init(mine, sizes, sizes.numel(), rank, batch_size, seed)
-        return split
-
-    @staticmethod
-    def chunks(train_gids: Tensor, world_size: int) -> list[Tensor]:
-        """Every rank's chunk of the sorted training gids."""
-        offsets = even_offsets(train_gids.numel(), world_size).tolist()
-        return [train_gids[offsets[r] : offsets[r + 1]] for r in range(world_size)]
-
-    def _init(
-        self, mine: Tensor, sizes: Tensor, world_size: int, rank: int, batch_size: int, seed: int
-    ) -> None:
-        self.sizes, self.mine = sizes, mine
-        self.rank, self.seed = rank, seed
-        self._epoch, self._steps = None, ()
-        smallest = int(self.sizes.min())
-        if batch_size == -1:
-            self.steps = 1
-        else:
-            local_batch = max(1, batch_size // world_size)
-            self.steps = max(1, -(-smallest // local_batch))
-
-    def seeds(self, epoch: int, step: int) -> Tensor:
-        """This rank's seeds of ``step`` in ``epoch`` (the shuffle is computed once an epoch)."""
-        if epoch != self._epoch:
-            key = splitmix64_int((self.seed << 24) ^ (epoch << 8) ^ self.rank) & ((1 << 63) - 1)
-            perm = torch.randperm(self.mine.numel(), generator=torch.Generator().manual_seed(key))
-            self._epoch, self._steps = epoch, torch.tensor_split(self.mine[perm], self.steps)
-        return self._steps[step]
-
-    def global_seed_count(self, step: int) -> int:
-        """Seeds of ``step`` summed over all ranks (``tensor_split`` sizes, no communication)."""
-        base, extra = self.sizes // self.steps, self.sizes % self.steps
-        return int((base + (step < extra).long()).sum())
