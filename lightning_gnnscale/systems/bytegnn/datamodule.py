@@ -35,7 +35,7 @@ from ...graph.book import (
     partition_and_relabel,
 )
 from ...graph.partition_config import METHOD_OPTIONS
-from ...graph.partition_dir import PartitionDir
+from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN
 from ..base import GNNDataModule, assert_same_on_all_ranks
@@ -85,37 +85,9 @@ class ByteGNNDataModule(GNNDataModule):
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Per part: its local CSC (core in-edges over core + 1-hop halo), the full-graph
-        degrees of its core and halo, its core's features, labels, masks and original ids, and
-        its rank's chunk of the training ids (the even split) with their degrees."""
-        prepared = self.prepare(world_size)
-        graph, book = prepared.graph, prepared.book
-        degree = graph.in_degree()
-        chunks = SeedSplit.chunks(graph.split_ids("train"), world_size)
-        for k in range(world_size):
-            local = build_local_partition(graph, book, k)
-            lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
-            arrays = {
-                **local.arrays(),
-                "degree": degree[local.local2global],
-                "orig_ids": book.new2old[lo:hi],
-                "trainer_seeds": chunks[k],
-                "trainer_seed_degree": degree[chunks[k]],
-            }
-            sizes = {
-                "nodes": local.num_core,
-                "halo": local.num_halo,
-                "edges": local.num_edges,
-                "trainer_seeds": chunks[k].numel(),
-            }
-            writer.write_part(k, arrays, sizes)
-            log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
-            del local, arrays
-        return {
-            "node_offsets": book.node_offsets.tolist(),
-            "trainer_sizes": [c.numel() for c in chunks],
-            "report": prepared.report,
-        }
+        """Per part: what :func:`~...graph.partition_dir.write_halo_parts` writes, with the
+        training ids' degrees (for the task costs and GCN)."""
+        return write_halo_parts(self.prepare(world_size), writer, log, seed_degrees=True)
 
     @override
     def setup_rank(self, context: RankContext, prepared: PartitionedGraph | PartitionDir) -> None:

@@ -32,7 +32,7 @@ from ...graph.book import (
     build_local_partition,
     partition_and_relabel,
 )
-from ...graph.partition_dir import PartitionDir
+from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.sampler import BlockBuilder, splitmix64
 from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN, layer_rows
@@ -183,36 +183,8 @@ class DistDGLDataModule(GNNDataModule):
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Per part: its local CSC (core + 1-hop halo), the full-graph degrees of its core and
-        halo, its core's features, labels, masks and original ids, and its rank's chunk of
-        the training ids (DistDGL's even split)."""
-        prepared = self.prepare(world_size)
-        graph, book = prepared.graph, prepared.book
-        degree = graph.in_degree()
-        chunks = SeedSplit.chunks(graph.split_ids("train"), world_size)
-        for k in range(world_size):
-            local = build_local_partition(graph, book, k)
-            lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
-            arrays = {
-                **local.arrays(),
-                "degree": degree[local.local2global],
-                "orig_ids": book.new2old[lo:hi],
-                "trainer_seeds": chunks[k],
-            }
-            sizes = {
-                "nodes": local.num_core,
-                "halo": local.num_halo,
-                "edges": local.num_edges,
-                "trainer_seeds": chunks[k].numel(),
-            }
-            writer.write_part(k, arrays, sizes)
-            log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
-            del local, arrays
-        return {
-            "node_offsets": book.node_offsets.tolist(),
-            "trainer_sizes": [c.numel() for c in chunks],
-            "report": prepared.report,
-        }
+        """Per part: what :func:`~...graph.partition_dir.write_halo_parts` writes."""
+        return write_halo_parts(self.prepare(world_size), writer, log)
 
     def load_part(self, opened: PartitionDir, rank: int) -> tuple[LocalPartition, Tensor]:
         """This rank's partition and the degrees of its core and halo, from its part's files
