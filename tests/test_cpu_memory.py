@@ -13,11 +13,12 @@ from lightning_gnnscale import cpu_memory
 from lightning_gnnscale.cpu_memory import MALLOC_ENV, retain_freed_memory
 from lightning_gnnscale.errors import ConfigError
 
-# In a fresh process: page faults of 50 rounds that, like a training step, chain 4 MiB tensors
-# (each made from the last, one freed midway, the rest at the end), counted after 10 warm-up
-# rounds, with the settings applied or not. With glibc's defaults freed blocks go back to the
-# kernel and fault in again in every later round; retained, the warm-up rounds' pages serve
-# every later round.
+# In a fresh process: the page faults of the median one of 50 rounds that, like a training
+# step, chain 4 MiB tensors (each made from the last, one freed midway, the rest at the end),
+# after 10 warm-up rounds, with the settings applied or not. With glibc's defaults freed blocks
+# go back to the kernel and fault in again in every round; retained, the warm-up rounds' pages
+# serve the later rounds. The median leaves out a one-off heap step (CI once saw 16 MiB of
+# growth in one of the 50 retained rounds, which a total over the rounds counted).
 _FAULTS = """
 import json, os, resource, sys, torch
 from lightning_gnnscale.cpu_memory import retain_freed_memory
@@ -33,10 +34,12 @@ def step():
     del y, z, w
 for _ in range(10):  # warm up: torch's first-use allocations, and the pages to retain
     step()
-before = faults()
+per_round = []
 for _ in range(50):
+    before = faults()
     step()
-print(json.dumps({"applied": applied, "faults": faults() - before}))
+    per_round.append(faults() - before)
+print(json.dumps({"applied": applied, "faults": sorted(per_round)[25]}))  # the median round
 """
 
 
@@ -60,8 +63,8 @@ def test_retained_memory_serves_later_steps_without_page_faults():
     retained = _faults("retain")
     assert retained["applied"] == "retain"
     pages = (4 << 20) // 4096  # of one tensor
-    assert default["faults"] > 10 * pages  # glibc's defaults fault pages in again every round
-    assert retained["faults"] < 2 * pages  # warm pages serve the 50 rounds, bar a heap step
+    assert default["faults"] > pages  # glibc's defaults fault a tensor's pages in every round
+    assert retained["faults"] < pages // 8  # warm pages serve the rounds
 
 
 def test_env_chooses_system_defaults_or_fails_on_a_bad_value(monkeypatch):
