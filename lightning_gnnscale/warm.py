@@ -23,8 +23,10 @@ import argparse
 import atexit
 import contextlib
 import fcntl
+import logging
 import os
 import runpy
+import select
 import selectors
 import signal
 import socket
@@ -89,6 +91,7 @@ def run_script_here(
     launch._RUN_TOKEN = launch._run_token()  # a fresh interpreter's, from this environment
     launch.serve_forks_from_here()
     client._IN_WARM_PROCESS = True
+    _as_before_logging_is_configured()
     if sys.stdout is not None:  # as Python sets it up for these descriptors and this env
         with contextlib.suppress(Exception):
             sys.stdout.reconfigure(
@@ -130,6 +133,18 @@ def _print_uncaught(error: BaseException, main: str) -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename != main:
         tb = tb.tb_next
     sys.excepthook(type(error), error, tb or error.__traceback__)
+
+
+def _as_before_logging_is_configured() -> None:
+    """Lightning gives its loggers a handler of their own, and stops them propagating, when it
+    is imported before logging is configured, as it was in the server; a cold ``train.py``
+    imports it after Hydra has configured logging, so its lines go to Hydra's handlers (the
+    run's log file). Undo what the server's import did."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
 
 
 def _end(status: int, interrupted: bool) -> None:
@@ -403,7 +418,10 @@ def start(idle_minutes: float) -> int:
     os.wait()
     said = b""
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline and (chunk := os.read(ready_r, 64)):
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([ready_r], [], [], left)
+        if not readable or not (chunk := os.read(ready_r, 64)):
+            break
         said += chunk
     os.close(ready_r)
     if said.startswith(b"ready"):
@@ -411,8 +429,13 @@ def start(idle_minutes: float) -> int:
         print(f"it serves train.py runs of {client.REPO_DIR} with {sys.executable}")
         return 0
     if said == b"running":
-        print("a warm server is starting already")
-        return 0
+        print(
+            "another warm server holds this checkout's lock: one starting, or one stopped that "
+            "waits for its runs to end; none is listening yet (see `python -m "
+            "lightning_gnnscale.warm status`, and start again once its runs have ended)",
+            file=sys.stderr,
+        )
+        return 1
     print(f"the warm server did not start; see {log}", file=sys.stderr)
     return 1
 

@@ -41,6 +41,12 @@ REPO_DIR = PACKAGE_DIR.parent
 _IN_WARM_PROCESS = False
 
 
+def in_warm_process() -> bool:
+    """Whether this process runs a script for the warm server (or a test helper), which ends
+    the process itself after every exit handler (``warm._end``)."""
+    return _IN_WARM_PROCESS
+
+
 # ------------------------------------------------------------------------------ where
 def key() -> str:
     """One server per interpreter and package folder (a checkout, a worktree)."""
@@ -309,8 +315,13 @@ def _wait_for(sock: socket.socket, pid: int) -> None:
     """Forward signals to the run ``pid`` until the server reports its end; exit with it."""
 
     def forward(signum, _frame):
+        # A terminal sends SIGINT and SIGHUP to the whole foreground process group (a cold
+        # run's launcher, rank server and ranks alike): so does this, to the run's group.
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
+            if signum == signal.SIGTERM:
+                os.kill(pid, signum)
+            else:
+                os.killpg(pid, signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)

@@ -191,6 +191,8 @@ def csc_from_edges(
     chunks, so no other temporary grows with the graph (docs/partitioning.md, "Large
     synthetic graphs").
     """
+    if src.shape != dst.shape or src.dim() != 1:
+        raise ValueError(f"src and dst must be 1-D of one length, got {src.shape} and {dst.shape}")
     n = src.numel()
     keys = torch.empty(2 * n if undirected else n, dtype=torch.int64)
     for i in range(0, n, CHUNK):
