@@ -170,11 +170,6 @@ def exit_without_teardown(main: Callable[[], Any]) -> None:
     import atexit
     import logging
 
-    from .warm_client import in_warm_process
-
-    if in_warm_process():  # the warm server's run ends after every exit handler, its own
-        main()  # included (those its imports registered come before this one's)
-        return
     status = [1]
 
     def end_now() -> None:

@@ -41,12 +41,6 @@ REPO_DIR = PACKAGE_DIR.parent
 _IN_WARM_PROCESS = False
 
 
-def in_warm_process() -> bool:
-    """Whether this process runs a script for the warm server (or a test helper), which ends
-    the process itself after every exit handler (``warm._end``)."""
-    return _IN_WARM_PROCESS
-
-
 # ------------------------------------------------------------------------------ where
 def key() -> str:
     """One server per interpreter and package folder (a checkout, a worktree)."""
