@@ -41,6 +41,7 @@ from ..comm import (
 )
 from ..errors import ConfigError
 from ..graph.batch import Batch
+from ..graph.book import LocalPartition, PartitionedGraph, build_local_partition
 from ..graph.cache import tensor_digest
 from ..graph.csc import Graph
 from ..graph.datasets import load_dataset
@@ -365,6 +366,20 @@ class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
             tensor.detach().clone().to(torch.float64), op, category="control"
         )
         return (out / self.world_size if average else out).to(tensor.dtype)
+
+
+def own_partition(
+    prepared: PartitionedGraph, comm: Comm, rank: int, world: int, what: str
+) -> tuple[LocalPartition, torch.Tensor, torch.Tensor]:
+    """This rank's part of an in-memory partitioned graph (checked the same on every rank):
+    ``(local partition, whole-graph in-degrees [N], its core and halo's degrees)``."""
+    graph, book = prepared.graph, prepared.book
+    if world != book.num_parts:
+        raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
+    assert_same_on_all_ranks(comm, book.new2old, what)
+    local = build_local_partition(graph, book, rank)
+    degree = graph.in_degree()  # replicated metadata
+    return local, degree, degree[local.local2global]
 
 
 def assert_same_on_all_ranks(comm: Comm, values: torch.Tensor, what: str) -> None:

@@ -31,14 +31,13 @@ from ...graph.book import (
     LocalPartition,
     PartitionedGraph,
     RangeBook,
-    build_local_partition,
     partition_and_relabel,
 )
 from ...graph.partition_config import METHOD_OPTIONS
 from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN
-from ..base import GNNDataModule, assert_same_on_all_ranks
+from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition
 from ..contract import RankContext
 from .address import service_address
 from .config import ByteGNNConfig, available_cores
@@ -116,12 +115,9 @@ class ByteGNNDataModule(GNNDataModule):
             )
         else:
             graph, book = prepared.graph, prepared.book
-            if world != book.num_parts:
-                raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
-            assert_same_on_all_ranks(comm, book.new2old, "the ByteGNN partition")
-            self.local = build_local_partition(graph, book, rank)
-            self.degree = graph.in_degree()  # replicated metadata
-            self.local_degree = self.degree[self.local.local2global]
+            self.local, self.degree, self.local_degree = own_partition(
+                prepared, comm, rank, world, "the ByteGNN partition"
+            )
             split = SeedSplit(graph.split_ids("train"), world, rank, batch_size, self.seed)
             store = GraphStore(self.local, book, self.degree, None)
         self.book = book

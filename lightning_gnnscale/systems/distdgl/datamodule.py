@@ -29,14 +29,13 @@ from ...graph.book import (
     LocalPartition,
     PartitionedGraph,
     RangeBook,
-    build_local_partition,
     partition_and_relabel,
 )
 from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.sampler import BlockBuilder, splitmix64
 from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN, layer_rows
-from ..base import GNNDataModule, assert_same_on_all_ranks
+from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition
 from ..contract import RankContext
 from .config import DistDGLConfig
 from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
@@ -213,12 +212,9 @@ class DistDGLDataModule(GNNDataModule):
             orig_ids = self._part["orig_ids"]
         else:
             graph, book = prepared.graph, prepared.book
-            if world != book.num_parts:
-                raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
-            assert_same_on_all_ranks(comm, book.new2old, "the DistDGL partition")
-            self.local = build_local_partition(graph, book, rank)
-            self.degree = graph.in_degree()  # replicated metadata
-            self.local_degree = self.degree[self.local.local2global]
+            self.local, self.degree, self.local_degree = own_partition(
+                prepared, comm, rank, world, "the DistDGL partition"
+            )
             split_of = lambda batch: SeedSplit(  # noqa: E731
                 graph.split_ids("train"), world, rank, batch, self.seed
             )
