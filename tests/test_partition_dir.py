@@ -528,3 +528,32 @@ def test_a_node_verifies_the_parts_of_its_own_ranks(monkeypatch):
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_PROCID", "1")
     assert node_ranks(4, 2) == [1]  # a task of a multi-task srun
+
+
+def test_shared_groups_are_written_once_verified_with_their_parts_and_mapped(tmp_path):
+    out = tmp_path / "dir"
+    writer = PartitionDirWriter(out)
+    topology = {"indptr": torch.arange(5), "indices": torch.tensor([3, 2, 1, 0])}
+    writer.write_shared("topology", topology)
+    writer.write_part(0, {"x": torch.ones(2, 3)}, {"nodes": 2}, shared=["topology"])
+    writer.write_part(1, {"x": torch.zeros(2, 3)}, {"nodes": 2})
+    meta = writer.finish({"num_parts": 2, "node_offsets": [0, 2, 4], "system": "t", "dataset": {}})
+    assert meta["parts"][0]["shared"] == ["topology"] and "shared" not in meta["parts"][1]
+    opened = PartitionDir.open(out)
+    loaded = opened.load_shared("topology", 0)
+    assert all(torch.equal(loaded[name], topology[name]) for name in topology)
+    with pytest.raises(PartitionDirError, match="part 1 does not list shared group 'topology'"):
+        opened.load_shared("topology", 1)
+    indices = out / "shared-topology" / "indices.npy"
+    data = indices.read_bytes()
+    indices.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    PartitionDir.open(out).verify_parts([1])  # part 1 does not need the group
+    with pytest.raises(PartitionDirError, match=f"shared group 'topology': {indices} does not"):
+        PartitionDir.open(out).verify_parts([0])
+    shutil.rmtree(out / "shared-topology")
+    with pytest.raises(PartitionDirError, match="shared group 'topology' is missing"):
+        PartitionDir.open(out).verify_parts([0])
+    unwritten = PartitionDirWriter(tmp_path / "other")
+    unwritten.write_part(0, {"x": torch.ones(1)}, {"nodes": 1}, shared=["topology"])
+    with pytest.raises(ValueError, match=r"shared groups \['topology'\] are needed"):
+        unwritten.finish({"num_parts": 1, "node_offsets": [0, 1], "system": "t", "dataset": {}})

@@ -7,6 +7,8 @@ Layout::
                                 system, method, parts, sizes per part, a digest per file
     <dir>/part-00000/<name>.npy one array per file, opened memory-mapped (copy-on-write)
     <dir>/part-00001/...
+    <dir>/shared-<name>/<name>.npy  a group of files several parts use (a system's topology
+                                held once per machine); each part lists the groups it needs
 
 ``partition.json`` is written last (atomically), so a directory without it is unfinished.
 Part ``k`` owns the relabelled node ids ``[node_offsets[k], node_offsets[k+1])``, so the
@@ -59,6 +61,48 @@ def part_folder(k: int) -> str:
     return f"part-{k:05d}"
 
 
+def shared_folder(name: str) -> str:
+    return f"shared-{name}"
+
+
+def _save_arrays(folder: Path, arrays: dict[str, Tensor]) -> dict:
+    """Save ``arrays`` (name -> tensor) as ``folder/<name>.npy``; their ``{bytes, blake2b}``."""
+    files = {}
+    for name, tensor in arrays.items():
+        path = folder / f"{name}.npy"
+        array = tensor.detach().cpu().contiguous().numpy()
+        atomic_write(path, lambda file, array=array: np.save(file, array, allow_pickle=False))
+        files[f"{name}.npy"] = {"bytes": path.stat().st_size, "blake2b": file_digest(path)}
+    return files
+
+
+def _verify_files(folder: Path, files: dict, what: str) -> None:
+    """Every file of ``files`` exists in ``folder`` with its recorded size and digest."""
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise PartitionDirError(f"{what}: file {path} is missing")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise PartitionDirError(
+                f"{what}: {path} has {size} bytes, {entry['bytes']} expected "
+                f"(truncated or replaced); partition again"
+            )
+        if file_digest(path) != entry["blake2b"]:
+            raise PartitionDirError(
+                f"{what}: {path} does not match its digest in {METADATA} "
+                f"(corrupt or replaced); partition again"
+            )
+
+
+def _load_arrays(folder: Path, files: dict) -> dict[str, Tensor]:
+    out = {}
+    for name in files:
+        array = np.load(folder / name, mmap_mode="c", allow_pickle=False)
+        out[name.removesuffix(".npy")] = torch.from_numpy(array)
+    return out
+
+
 def file_digest(path: Path) -> str:
     """blake2b (32 bytes) of a file's bytes, read in 4 MiB chunks."""
     digest = hashlib.blake2b(digest_size=32)
@@ -100,21 +144,35 @@ class PartitionDirWriter:
         self.out = check_writable(out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.parts: dict[int, dict] = {}
+        self.shared: dict[str, dict] = {}
 
-    def write_part(self, k: int, arrays: dict[str, Tensor], sizes: dict[str, int]) -> dict:
+    def write_part(
+        self,
+        k: int,
+        arrays: dict[str, Tensor],
+        sizes: dict[str, int],
+        shared: Iterable[str] = (),
+    ) -> dict:
         """Save ``arrays`` (name -> tensor) as ``part-<k>/<name>.npy``; ``sizes`` (nodes,
-        halo, edges...) go into the metadata. Returns the part's record."""
+        halo, edges...) go into the metadata, with the ``shared`` groups the part needs
+        (written with :meth:`write_shared`). Returns the part's record."""
         folder = self.out / part_folder(k)
         folder.mkdir()
-        files = {}
-        for name, tensor in arrays.items():
-            path = folder / f"{name}.npy"
-            array = tensor.detach().cpu().contiguous().numpy()
-            atomic_write(path, lambda file, array=array: np.save(file, array, allow_pickle=False))
-            files[f"{name}.npy"] = {"bytes": path.stat().st_size, "blake2b": file_digest(path)}
-        record = {**sizes, "files": files}
+        record = {**sizes, "files": _save_arrays(folder, arrays)}
+        if shared := sorted(shared):
+            record["shared"] = shared
         self.parts[k] = record
         return record
+
+    def write_shared(self, name: str, arrays: dict[str, Tensor]) -> dict:
+        """Save a group of files several parts use as ``shared-<name>/<file>.npy`` (a node
+        holds it once, whichever of its ranks need it). Returns the group's record."""
+        if not name.isidentifier() or name in self.shared:
+            raise ValueError(f"shared group {name!r}: a new identifier is needed")
+        folder = self.out / shared_folder(name)
+        folder.mkdir()
+        self.shared[name] = {"files": _save_arrays(folder, arrays)}
+        return self.shared[name]
 
     def finish(self, metadata: dict) -> dict:
         """Write ``partition.json`` (``metadata`` plus format, version and the part records)."""
@@ -122,12 +180,17 @@ class PartitionDirWriter:
         missing = sorted(set(range(num_parts)) - set(self.parts))
         if missing:
             raise ValueError(f"parts {missing} were not written")
+        needed = {name for record in self.parts.values() for name in record.get("shared", ())}
+        if unwritten := sorted(needed - set(self.shared)):
+            raise ValueError(f"shared groups {unwritten} are needed but were not written")
         full = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
             **metadata,
             "parts": [self.parts[k] for k in range(num_parts)],
         }
+        if self.shared:
+            full["shared"] = self.shared
         full["blake2b"] = metadata_digest(full)
         text = json.dumps(full, indent=1, sort_keys=True)
         atomic_write(self.out / METADATA, lambda file: file.write(text.encode()))
@@ -142,12 +205,13 @@ class PartitionDir:
     Attributes:
         path: the directory.
         meta: the content of ``partition.json``.
-        verified: parts whose files were checked against their digests in this process tree.
+        verified: parts (and shared groups, by name) whose files were checked against their
+            digests in this process tree.
     """
 
     path: Path
     meta: dict
-    verified: set[int] = field(default_factory=set)
+    verified: set[int | str] = field(default_factory=set)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> PartitionDir:
@@ -198,6 +262,10 @@ class PartitionDir:
             raise PartitionDirError(
                 f"{meta_path}: 'node_offsets' {offsets} disagree with the parts' node counts"
             )
+        groups = meta.get("shared", {})
+        for k, part in enumerate(parts):
+            if unknown := sorted(set(part.get("shared", ())) - set(groups)):
+                raise PartitionDirError(f"{meta_path}: part {k} needs shared groups {unknown}")
         return cls(path, meta)
 
     @property
@@ -212,7 +280,8 @@ class PartitionDir:
     def digest(self) -> str:
         """One digest of every part file's digest (the same on every rank of a run)."""
         digest = hashlib.blake2b(self.meta["blake2b"].encode(), digest_size=16)
-        for record in self.meta["parts"]:
+        records = [*self.meta["parts"], *self.meta.get("shared", {}).values()]
+        for record in records:
             for name, entry in sorted(record["files"].items()):
                 digest.update(f"{name}:{entry['blake2b']};".encode())
         return digest.hexdigest()
@@ -237,7 +306,8 @@ class PartitionDir:
                 )
 
     def verify_parts(self, parts: Iterable[int]) -> None:
-        """Every file of ``parts`` exists with its recorded size and digest (reads them once)."""
+        """Every file of ``parts``, and of the shared groups they need, exists with its
+        recorded size and digest (reads them once)."""
         for k in parts:
             if k in self.verified:
                 continue
@@ -251,34 +321,41 @@ class PartitionDir:
                 raise PartitionDirError(
                     f"part {k} is missing: {folder} (each node needs the parts of its ranks)"
                 )
-            for name, entry in self.meta["parts"][k]["files"].items():
-                path = folder / name
-                if not path.is_file():
-                    raise PartitionDirError(f"part {k}: file {path} is missing")
-                size = path.stat().st_size
-                if size != entry["bytes"]:
-                    raise PartitionDirError(
-                        f"part {k}: {path} has {size} bytes, {entry['bytes']} expected "
-                        f"(truncated or replaced); partition again"
-                    )
-                if file_digest(path) != entry["blake2b"]:
-                    raise PartitionDirError(
-                        f"part {k}: {path} does not match its digest in {METADATA} "
-                        f"(corrupt or replaced); partition again"
-                    )
+            record = self.meta["parts"][k]
+            _verify_files(folder, record["files"], f"part {k}")
+            for name in record.get("shared", ()):
+                self._verify_shared(name, k)
             self.verified.add(k)
+
+    def _verify_shared(self, name: str, k: int) -> None:
+        if name in self.verified:
+            return
+        folder = self.path / shared_folder(name)
+        if not folder.is_dir():
+            raise PartitionDirError(
+                f"shared group {name!r} is missing: {folder} (part {k} needs it; each node "
+                "needs the shared groups of its ranks' parts)"
+            )
+        _verify_files(folder, self.meta["shared"][name]["files"], f"shared group {name!r}")
+        self.verified.add(name)
 
     def load_part(self, k: int) -> dict[str, Tensor]:
         """Part ``k``'s arrays (name -> tensor), memory-mapped copy-on-write: nothing is read
         until used, and writes stay private to this process. Verifies the part first unless
         this process (or the launcher it came from) already did."""
         self.verify_parts([k])
-        folder = self.path / part_folder(k)
-        out = {}
-        for name in self.meta["parts"][k]["files"]:
-            array = np.load(folder / name, mmap_mode="c", allow_pickle=False)
-            out[name.removesuffix(".npy")] = torch.from_numpy(array)
-        return out
+        return _load_arrays(self.path / part_folder(k), self.meta["parts"][k]["files"])
+
+    def load_shared(self, name: str, k: int) -> dict[str, Tensor]:
+        """Shared group ``name``'s arrays as part ``k`` (which must list it) uses them,
+        memory-mapped like :meth:`load_part`: the ranks of a node map the same file, so
+        its pages are held once per machine."""
+        if name not in self.meta["parts"][k].get("shared", ()):
+            raise PartitionDirError(
+                f"{self.path / METADATA}: part {k} does not list shared group {name!r}"
+            )
+        self.verify_parts([k])
+        return _load_arrays(self.path / shared_folder(name), self.meta["shared"][name]["files"])
 
 
 def write_halo_parts(
@@ -338,14 +415,23 @@ def node_ranks(world_size: int, devices: int | None = None) -> list[int]:
 
 
 def summary_line(meta: dict, seconds: float) -> str:
-    """One line per part and a total: nodes, halo, edges, bytes; and the time taken."""
+    """One line per part and per shared group, and a total: nodes, halo, edges, bytes; and the
+    time taken."""
     lines = []
     total = 0
     for k, record in enumerate(meta["parts"]):
         size = sum(entry["bytes"] for entry in record["files"].values())
         total += size
-        extra = ", ".join(f"{key} {value:,}" for key, value in record.items() if key != "files")
+        extra = ", ".join(
+            f"{key} {value:,}" if isinstance(value, int) else f"{key} {value}"
+            for key, value in record.items()
+            if key != "files"
+        )
         lines.append(f"  part {k}: {extra}, {size / 2**20:,.1f} MiB")
+    for name, record in meta.get("shared", {}).items():
+        size = sum(entry["bytes"] for entry in record["files"].values())
+        total += size
+        lines.append(f"  shared {name}: {size / 2**20:,.1f} MiB")
     lines.append(
         f"  {meta['num_parts']} parts, {total / 2**20:,.1f} MiB in all, {seconds:.1f} s "
         f"({time.strftime('%Y-%m-%d %H:%M:%S')})"
