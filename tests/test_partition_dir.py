@@ -14,6 +14,7 @@ from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.config import validate
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.book import PartitionBook, RangeBook
+from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.graph.partition_dir import (
     METADATA,
     PartitionDir,
@@ -25,15 +26,17 @@ from lightning_gnnscale.graph.partition_dir import (
 from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_sorted
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.run import train
-from lightning_gnnscale.schema import DataConfig
+from lightning_gnnscale.schema import DataConfig, ModelConfig
 from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule, PartitionConfig
 from lightning_gnnscale.systems.gsplit import GSplitConfig, GSplitDataModule
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
+from tests.helpers.predictions import check_predictions, predict_shares
 
 FANOUTS = [5, 3]
 SBM = dict(num_nodes=300, num_classes=4, avg_degree=8.0, num_features=10, seed=5)
+MODEL = ModelConfig(hidden=8, num_layers=2)
 
 
 def make_dm(
@@ -388,7 +391,7 @@ def _plain_lightning_ranks(out: Path) -> None:
 
     import lightning_gnnscale as gs
 
-    results = {}
+    results, predictions = {}, {}
     for key in ("memory", "directory"):
         L.seed_everything(0, verbose=False)
         if key == "memory":
@@ -397,7 +400,7 @@ def _plain_lightning_ranks(out: Path) -> None:
             config = DistDGLConfig(partition=PartitionConfig(method="random"))
             data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=str(out / "f32"))
             dm = DistDGLDataModule(None, config, data, seed=3)
-        module = gs.GNNModule.from_config(gs.ModelConfig(hidden=8, num_layers=2), dm)
+        module = gs.GNNModule.from_config(MODEL, dm)
         trainer = L.Trainer(
             strategy=gs.DistDGLStrategy(dm.config),
             accelerator="cpu",
@@ -413,6 +416,8 @@ def _plain_lightning_ranks(out: Path) -> None:
         )
         trainer.fit(module, datamodule=dm)
         results[key] = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        predictions[key] = predict_shares(trainer, module, dm)
+    results["predictions"] = predictions
     torch.save(results, out / f"rank{trainer.global_rank}.pt")
 
 
@@ -422,10 +427,17 @@ def test_a_plain_lightning_script_trains_from_a_directory(tmp_path):
 
     write_dir(tmp_path, name="f32", dtype=torch.float32)
     launch_local(_plain_lightning_ranks, (tmp_path,), devices=2, num_nodes=1, timeout_s=300)
-    for rank in (0, 1):
-        results = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    for results in ranks:
         assert all(v.dtype == torch.float64 for v in results["directory"].values())
         _assert_equal(results["memory"], results["directory"])
+    for key in ("memory", "directory"):  # trainer.predict: each rank its own nodes' rows
+        shares = [results["predictions"][key] for results in ranks]
+        check_predictions(shares, load_dataset("sbm", **SBM), MODEL, ranks[0][key])
+    for output in ("embeddings", "logits"):
+        for results in ranks:
+            memory, directory = (results["predictions"][k][output] for k in ("memory", "directory"))
+            _assert_equal(memory, directory)
 
 
 def test_the_partition_command_needs_out_and_a_system_that_loads_parts(tmp_path, capsys):

@@ -11,6 +11,7 @@ import torch
 
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
+from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder
 from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_carried
@@ -20,7 +21,8 @@ from lightning_gnnscale.systems.bytegnn import ByteGNNConfig, ByteGNNDataModule
 from lightning_gnnscale.systems.contract import RankContext
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
-from tests.test_partition_dir import SBM, _assert_equal, _steps, _weights
+from tests.helpers.predictions import check_predictions, predict_shares
+from tests.test_partition_dir import MODEL, SBM, _assert_equal, _steps, _weights
 
 FANOUTS = [5, 3]
 
@@ -212,7 +214,7 @@ def _plain_lightning_ranks(out: Path) -> None:
 
     import lightning_gnnscale as gs
 
-    results = {}
+    results, predictions = {}, {}
     for key in ("memory", "directory"):
         L.seed_everything(0, verbose=False)
         if key == "memory":
@@ -220,7 +222,7 @@ def _plain_lightning_ranks(out: Path) -> None:
         else:
             data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=str(out / "f32"))
             dm = ByteGNNDataModule(None, ByteGNNConfig(), data, seed=3)
-        module = gs.GNNModule.from_config(gs.ModelConfig(hidden=8, num_layers=2), dm)
+        module = gs.GNNModule.from_config(MODEL, dm)
         trainer = L.Trainer(
             strategy=gs.ByteGNNStrategy(dm.config),
             accelerator="cpu",
@@ -236,6 +238,8 @@ def _plain_lightning_ranks(out: Path) -> None:
         )
         trainer.fit(module, datamodule=dm)
         results[key] = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        predictions[key] = predict_shares(trainer, module, dm)
+    results["predictions"] = predictions
     torch.save(results, out / f"rank{trainer.global_rank}.pt")
 
 
@@ -247,7 +251,14 @@ def test_a_plain_lightning_script_trains_bytegnn_from_a_directory(tmp_path):
         tmp_path / "f32", 2, log=lambda *_: 0
     )
     launch_local(_plain_lightning_ranks, (tmp_path,), devices=2, num_nodes=1, timeout_s=300)
-    for rank in (0, 1):
-        results = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    for results in ranks:
         assert all(v.dtype == torch.float64 for v in results["directory"].values())
         _assert_equal(results["memory"], results["directory"])
+    for key in ("memory", "directory"):  # trainer.predict: each rank its own nodes' rows
+        shares = [results["predictions"][key] for results in ranks]
+        check_predictions(shares, load_dataset("sbm", **SBM), MODEL, ranks[0][key])
+    for output in ("embeddings", "logits"):
+        for results in ranks:
+            memory, directory = (results["predictions"][k][output] for k in ("memory", "directory"))
+            _assert_equal(memory, directory)

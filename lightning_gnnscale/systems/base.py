@@ -370,16 +370,33 @@ class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
 
 def own_partition(
     prepared: PartitionedGraph, comm: Comm, rank: int, world: int, what: str
-) -> tuple[LocalPartition, torch.Tensor, torch.Tensor]:
+) -> tuple[LocalPartition, torch.Tensor, torch.Tensor, torch.Tensor]:
     """This rank's part of an in-memory partitioned graph (checked the same on every rank):
-    ``(local partition, whole-graph in-degrees [N], its core and halo's degrees)``."""
+    ``(local partition, whole-graph in-degrees [N], its core and halo's degrees, its core's
+    original ids [n_core])``."""
     graph, book = prepared.graph, prepared.book
     if world != book.num_parts:
         raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
     assert_same_on_all_ranks(comm, book.new2old, what)
     local = build_local_partition(graph, book, rank)
     degree = graph.in_degree()  # replicated metadata
-    return local, degree, degree[local.local2global]
+    lo, hi = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
+    return local, degree, degree[local.local2global], book.new2old[lo:hi]
+
+
+def own_predictions(
+    own_ids: torch.Tensor, rows: torch.Tensor, node_ids: torch.Tensor | None, num_nodes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rank's share of ``trainer.predict`` when it computes the rows of the nodes it owns:
+    ``(ids, rows)`` of its own nodes (original ids ``own_ids [n]``, ``rows [n, d]``), kept to
+    the requested ``node_ids`` (all if ``None``; each must be in ``[0, num_nodes)``)."""
+    if node_ids is None:
+        return own_ids, rows
+    node_ids = node_ids.cpu()
+    if node_ids.numel() and (int(node_ids.min()) < 0 or int(node_ids.max()) >= num_nodes):
+        raise ValueError(f"node ids must be in [0, {num_nodes})")
+    keep = torch.isin(own_ids, node_ids)
+    return own_ids[keep], rows[keep.to(rows.device)]
 
 
 def assert_same_on_all_ranks(comm: Comm, values: torch.Tensor, what: str) -> None:

@@ -37,7 +37,7 @@ from ...graph.partition_config import METHOD_OPTIONS
 from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN
-from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition
+from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition, own_predictions
 from ..contract import RankContext
 from .address import service_address
 from .config import ByteGNNConfig, available_cores
@@ -101,6 +101,7 @@ class ByteGNNDataModule(GNNDataModule):
             part = prepared.load_part(rank)
             self.local = LocalPartition.from_arrays(part, rank, self._dtype)
             self.local_degree, self.degree = part["degree"], None
+            self.core_orig_ids = part["orig_ids"]
             sizes = torch.tensor(prepared.meta["trainer_sizes"], dtype=torch.int64)
             seeds = part["trainer_seeds"]
             split = SeedSplit.from_chunk(seeds, sizes, rank, batch_size, self.seed)
@@ -115,7 +116,7 @@ class ByteGNNDataModule(GNNDataModule):
             )
         else:
             graph, book = prepared.graph, prepared.book
-            self.local, self.degree, self.local_degree = own_partition(
+            self.local, self.degree, self.local_degree, self.core_orig_ids = own_partition(
                 prepared, comm, rank, world, "the ByteGNN partition"
             )
             split = SeedSplit(graph.split_ids("train"), world, rank, batch_size, self.seed)
@@ -213,18 +214,18 @@ class ByteGNNDataModule(GNNDataModule):
     def predict_rows(
         self, net: torch.nn.Module, node_ids: torch.Tensor | None, output: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.partition_dir is not None:
-            raise NotImplementedError(
-                "trainer.predict from data.partition_dir is not implemented yet: it runs on "
-                "the whole graph"
-            )
-        return super().predict_rows(net, node_ids, output)
+        """This rank's core rows from the inference evaluation runs, in original node ids."""
+        layers = net.num_layers - (output == "embeddings")
+        rows = self.core_outputs(net, layers)
+        return own_predictions(self.core_orig_ids, rows, node_ids, self.book.num_nodes)
 
-    @override
     @torch.no_grad()
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """Layer-wise full-graph inference over the partitions; counts on this rank's core."""
-        assert isinstance(net, BlockGNN)
+    def core_outputs(self, net: torch.nn.Module, layers: int) -> torch.Tensor:
+        """The core's rows ``[n_core, d]`` after ``layers`` layers of full-neighbourhood,
+        layer-wise inference over the partitions: each layer's halo rows come from their
+        owners (``feature``, then ``activation``)."""
+        if not isinstance(net, BlockGNN):
+            raise TypeError(f"ByteGNN evaluates a BlockGNN net, got {type(net).__name__}")
         local, comm = self.local, self.context.comm
         halo = local.local2global[local.num_core :]
         dst = torch.repeat_interleave(torch.arange(local.num_core), local.indptr.diff())
@@ -238,12 +239,18 @@ class ByteGNNDataModule(GNNDataModule):
         route = OwnerRoute.build(comm, halo, self.book.nid2part(halo), category="structure")
         first = int(self.book.node_offsets[comm.rank])
         rows = local.x.to(device)
-        for i in range(net.num_layers):
+        for i in range(layers):
             served = rows.index_select(0, (route.served - first).to(device)).cpu()
             category = "feature" if i == 0 else "activation"
             halo_rows = route.reply(comm, served, category=category).to(device)
             rows = net.layer_output(i, block.to(device), torch.cat([rows, halo_rows]))
-        pred = rows.argmax(1).cpu()
+        return rows
+
+    @override
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """Counts on this rank's core, from :meth:`core_outputs`."""
+        local = self.local
+        pred = self.core_outputs(net, net.num_layers).argmax(1).cpu()
         masks = {"train": local.train_mask, "val": local.val_mask, "test": local.test_mask}
         counts = torch.zeros(len(splits), 2, dtype=torch.float64)
         for i, split in enumerate(splits):

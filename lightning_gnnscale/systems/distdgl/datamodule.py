@@ -35,7 +35,7 @@ from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.sampler import BlockBuilder, splitmix64
 from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN, layer_rows
-from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition
+from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition, own_predictions
 from ..contract import RankContext
 from .config import DistDGLConfig
 from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
@@ -69,17 +69,11 @@ class LearnableInputs:
     Args:
         embedding: the table (its KV store holds the shards).
         optimizer: the sparse optimiser of ``embedding``.
+        orig_ids: original ids of this rank's rows ``[n_core]``.
     """
 
-    def __init__(
-        self, embedding: DistEmbedding, optimizer: SparseOptimizer, orig_ids: Tensor | None = None
-    ):
-        """``orig_ids``: original ids of this rank's rows (default: from the book's
-        ``new2old``; a rank loaded from a partition directory passes its part's)."""
+    def __init__(self, embedding: DistEmbedding, optimizer: SparseOptimizer, orig_ids: Tensor):
         self.embedding, self.optimizer = embedding, optimizer
-        kv = embedding.kv
-        if orig_ids is None:
-            orig_ids = kv.book.new2old[kv.first_gid : kv.first_gid + kv.num_local]
         self.orig_ids = orig_ids
 
     def lookup(self, batch: DistDGLBatch, device: torch.device | str) -> DistDGLBatch:
@@ -196,7 +190,6 @@ class DistDGLDataModule(GNNDataModule):
     @override
     def setup_rank(self, context: RankContext, prepared: PartitionedGraph | PartitionDir) -> None:
         comm, rank, world = context.comm, context.rank, context.world_size
-        orig_ids = None
         if isinstance(prepared, PartitionDir):  # this rank's part only, no [N] array
             book = RangeBook(prepared.node_offsets)
             if world != book.num_parts:
@@ -209,10 +202,10 @@ class DistDGLDataModule(GNNDataModule):
             split_of = lambda batch: SeedSplit.from_chunk(  # noqa: E731
                 self._part["trainer_seeds"], sizes, rank, batch, self.seed
             )
-            orig_ids = self._part["orig_ids"]
+            self.core_orig_ids = self._part["orig_ids"]
         else:
             graph, book = prepared.graph, prepared.book
-            self.local, self.degree, self.local_degree = own_partition(
+            self.local, self.degree, self.local_degree, self.core_orig_ids = own_partition(
                 prepared, comm, rank, world, "the DistDGL partition"
             )
             split_of = lambda batch: SeedSplit(  # noqa: E731
@@ -233,7 +226,7 @@ class DistDGLDataModule(GNNDataModule):
                 embedding_init(config.embedding_dim, self.seed, self.local.x.dtype),
             )
             optimizer = SPARSE_OPTIMIZERS[config.sparse_optimizer]([embedding], config.sparse_lr)
-            self.inputs = LearnableInputs(embedding, optimizer, orig_ids)
+            self.inputs = LearnableInputs(embedding, optimizer, self.core_orig_ids)
         fanouts = list(self.data.fanouts)
         self.sampler = DistNeighborSampler(comm, book, self.local, self.degree, fanouts, self.seed)
         self.split = split_of(self.data.batch_size)
@@ -298,34 +291,29 @@ class DistDGLDataModule(GNNDataModule):
     def predict_rows(
         self, net: torch.nn.Module, node_ids: torch.Tensor | None, output: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.inputs is not None:
-            raise NotImplementedError(
-                "trainer.predict with learnable input embeddings (strategy.embedding_dim > 0) "
-                "is not implemented: the inputs live in the KV store, not in the graph"
-            )
-        if self.partition_dir is not None:
-            raise NotImplementedError(
-                "trainer.predict from data.partition_dir is not implemented yet: it runs on "
-                "the whole graph"
-            )
-        return super().predict_rows(net, node_ids, output)
+        """This rank's core rows from the inference evaluation runs, in original node ids."""
+        layers = net.num_layers - (output == "embeddings")
+        rows = self.core_outputs(net, layers)
+        return own_predictions(self.core_orig_ids, rows, node_ids, self.kv.book.num_nodes)
 
-    @override
     @torch.no_grad()
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """Layer-wise full-graph inference over the partitions; counts on this rank's core.
+    def core_outputs(self, net: torch.nn.Module, layers: int) -> Tensor:
+        """The core's rows ``[n_core, d]`` after ``layers`` layers of full-neighbourhood,
+        layer-wise inference over the partitions: each layer pulls its halo's rows from their
+        owners (``feature``, then ``activation``).
 
-        Each layer runs over ``data.eval_chunk_size`` core rows at a time: a layer's messages
-        then take memory per chunk, not per local edge (all of them at once peaked at 2.5 GB
-        per rank on a 500k-node graph)."""
-        assert isinstance(net, BlockGNN)
+        A layer runs over ``data.eval_chunk_size`` core rows at a time: its messages then take
+        memory per chunk, not per local edge (all of them at once peaked at 2.5 GB per rank on
+        a 500k-node graph)."""
+        if not isinstance(net, BlockGNN):
+            raise TypeError(f"DistDGL evaluates a BlockGNN net, got {type(net).__name__}")
         local = self.local
         halo = local.local2global[local.num_core :]
         builder = BlockBuilder(local.local2global.numel(), self.local_degree)
         device = next(net.parameters()).device
         core_rows = self.kv.local_shard(EMBEDDING) if self.inputs is not None else local.x
         core_rows = core_rows.to(device)
-        for i in range(net.num_layers):
+        for i in range(layers):
             self.kv.init_data("hidden", core_rows)
             halo_rows = self.kv.pull("hidden", halo, category="feature" if i == 0 else "activation")
             rows = torch.cat([core_rows, halo_rows])
@@ -340,7 +328,13 @@ class DistDGLDataModule(GNNDataModule):
                 local.num_core,
                 self.data.eval_chunk_size,
             )
-        pred = core_rows.argmax(1).cpu()
+        return core_rows
+
+    @override
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """Counts on this rank's core, from :meth:`core_outputs`."""
+        local = self.local
+        pred = self.core_outputs(net, net.num_layers).argmax(1).cpu()
         masks = {"train": local.train_mask, "val": local.val_mask, "test": local.test_mask}
         counts = torch.zeros(len(splits), 2, dtype=torch.float64)
         for i, split in enumerate(splits):

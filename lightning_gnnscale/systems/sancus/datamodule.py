@@ -17,7 +17,7 @@ from ...graph.cache import cached_partition
 from ...graph.csc import Graph
 from ...graph.partition_dir import PartitionDir
 from ...schema import ModelConfig
-from ..base import GNNDataModule, assert_same_on_all_ranks
+from ..base import GNNDataModule, assert_same_on_all_ranks, own_predictions
 from ..contract import RankContext
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig
@@ -203,11 +203,7 @@ class SancusDataModule(GNNDataModule):
         sancus = SancusGCN.of(net)
         layers = sancus.num_layers - (output == "embeddings")
         rows = sancus.exact_logits(self.x, self.layout, layers=layers)
-        ids = self.own_ids
-        if node_ids is not None:  # in row-block order
-            keep = torch.isin(ids, node_ids.cpu())
-            ids, rows = ids[keep], rows[keep.to(rows.device)]
-        return ids, rows
+        return own_predictions(self.own_ids, rows, node_ids, int(self.layout.offsets[-1]))
 
     @override
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
