@@ -293,7 +293,7 @@ def test_memory_rows_count_the_replicated_data_a_run_reports():
 @pytest.mark.timeout(900)  # 4 train.py jobs, 3 partition commands: 2 min idle, 7 at load 11
 def test_bench_memory_tiny_end_to_end(tmp_path, capsys):
     """``bench memory`` on a tiny graph: single and DistDGL (from partition directories) at
-    P = 2, every process of each job sampled, the files written."""
+    P = 2, every process of each job sampled, the files written; run again, it keeps them."""
     from lightning_gnnscale.bench import main
 
     out = tmp_path / "memory"
@@ -332,3 +332,8 @@ def test_bench_memory_tiny_end_to_end(tmp_path, capsys):
     (out / "memory.md").unlink()
     assert main(["memory", "--report-only", "--out", str(out)]) == 0
     assert (out / "memory.md").read_text() == markdown
+    # the same bench again: every finished job is read back, none runs, the same rows
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("kept from an earlier run") == 4 and "training ..." not in printed
+    assert json.loads((out / "memory.json").read_text())["rows"] == results["rows"]

@@ -374,6 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     memory.add_argument("--out", type=Path, default=Path("results/memory"))
     memory.add_argument(
+        "--fresh",
+        action="store_true",
+        help="run every job again (default: a job --out already holds, finished with the same "
+        "command, is read back; so an interrupted or extended bench runs only what is missing)",
+    )
+    memory.add_argument(
         "--report-only",
         action="store_true",
         help="rebuild memory.md / .json / .png from --out's memory.json and its runs' "
@@ -432,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
             overrides=tuple(args.override),
         )
         jobs = _composed(parser, plan_jobs, settings, args.out.resolve())  # bad override: usage
-        run_memory(settings, args.out, argv, jobs)
+        run_memory(settings, args.out, argv, jobs, fresh=args.fresh)
         return 0
     if args.command == "grappa":
         methods = [m.strip() for m in args.partitioning.split(",") if m.strip()]

@@ -272,11 +272,19 @@ def sampled_record(sampler: TreeSampler) -> dict:
 
 
 def run_memory(
-    settings: MemorySettings, out: Path, argv: list[str], jobs: list[Job] | None = None
+    settings: MemorySettings,
+    out: Path,
+    argv: list[str],
+    jobs: list[Job] | None = None,
+    *,
+    fresh: bool = False,
 ) -> dict:
-    """Run every job (``jobs``: :func:`plan_jobs`' plan, made here when not given); write
-    ``memory.json``, ``memory.md`` and (matplotlib) ``memory.png``."""
+    """Run every job (``jobs``: :func:`plan_jobs`' plan, made here when not given) that
+    ``out`` does not already hold finished with the same command (all of them if ``fresh``);
+    write ``memory.json``, ``memory.md`` and (matplotlib) ``memory.png``."""
     out = out.resolve()
+    if fresh:
+        shutil.rmtree(out / "kept", ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     jobs = plan_jobs(settings, out) if jobs is None else jobs
@@ -318,9 +326,18 @@ def run_memory(
             records[job.name] = {"status": "failed", "message": str(err)}
             log(f"{prefix}: failed: {err}")
             continue
+        kept = kept_record(job, settings, out, extra)
+        if kept is not None:
+            records[job.name] = kept
+            log(f"{prefix}: kept from an earlier run of the same command ({kept_path(out, job)})")
+            continue
         log(f"{prefix}: training ...")
         record = run_job(job, settings, out, extra)
         records[job.name] = record
+        if record["status"] == "ok":
+            write_json_atomic(
+                kept_path(out, job), {"command": job_key(job, settings, extra), **record}
+            )
         # so far: an interrupted bench leaves its finished jobs (``--report-only`` shows them)
         write_json_atomic(out / "memory.json", results_of(records))
         if record["status"] == "ok":
@@ -332,6 +349,28 @@ def run_memory(
         else:
             log(f"{prefix}: failed: {record['message']}")
     return write_report(results_of(records), out, log)
+
+
+def kept_path(out: Path, job: Job) -> Path:
+    return out / "kept" / f"{job.name}.json"
+
+
+def job_key(job: Job, settings: MemorySettings, extra: list[str]) -> dict:
+    """What a finished job's record is valid for: its overrides and the sampling period."""
+    return {"overrides": [*job.overrides, *extra], "interval_s": settings.interval_s}
+
+
+def kept_record(job: Job, settings: MemorySettings, out: Path, extra: list[str]) -> dict | None:
+    """A finished job's record from an earlier bench into the same ``--out`` with the same
+    command (an interrupted or extended bench runs only what is missing; ``--fresh`` runs
+    everything again)."""
+    path = kept_path(out, job)
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if record.pop("command", None) != job_key(job, settings, extra):
+        return None
+    return record
 
 
 def write_report(results: dict, out: Path, log) -> dict:
