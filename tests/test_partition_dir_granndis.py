@@ -6,7 +6,6 @@ in-memory run bit for bit; a directory that does not fit the run fails before an
 starts."""
 
 import shutil
-from dataclasses import replace
 
 import pytest
 import torch
@@ -67,60 +66,73 @@ def _run(dm, comm):
     return steps, counts, predicted
 
 
-def _own_part_rank(rank, world_size, tmp_path, label):
-    config, workers = VARIANTS[label]
-    topology = Topology(world_size, workers)
-    comm = Comm.create(CommMeter(), topology)
-    context = RankContext(comm, torch.device("cpu"))
-    in_memory = make_dm(tmp_path / "cache", config)
-    in_memory.setup_rank(context, in_memory.prepare(world_size))
-    in_memory.context = context  # as setup() sets it (evaluation reads its comm)
-    want = _run(in_memory, comm)
-    # this rank's own copy: the other parts, and the shared groups its part does not list, gone
-    mine = tmp_path / f"rank{rank}"
-    shutil.copytree(tmp_path / label, mine)
-    for k in range(world_size):
-        if k != rank:
-            shutil.rmtree(mine / part_folder(k))
-    for server in range(topology.num_servers):
-        if server != topology.server_of(rank):
-            shutil.rmtree(mine / shared_folder(f"server{server}"))
-    from_dir = make_dm(tmp_path / "cache", config, partition_dir=str(mine))
-    from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
-    from_dir.context = context
-    assert from_dir.preload_depth == in_memory.preload_depth
-    return want, _run(from_dir, comm)
+def _own_part_rank(rank, world_size, tmp_path):
+    """Per variant: the in-memory rank's results, then those of a rank given its own copy of
+    the directory with the other parts, and the shared groups its part does not list, gone."""
+    results = {}
+    for label, (config, workers) in VARIANTS.items():
+        topology = Topology(world_size, workers)
+        comm = Comm.create(CommMeter(), topology)
+        context = RankContext(comm, torch.device("cpu"))
+        in_memory = make_dm(tmp_path / "cache", config)
+        in_memory.setup_rank(context, in_memory.prepare(world_size))
+        in_memory.context = context  # as setup() sets it (evaluation reads its comm)
+        want = _run(in_memory, comm)
+        mine = tmp_path / f"{label}-rank{rank}"
+        shutil.copytree(tmp_path / label, mine)
+        for k in range(world_size):
+            if k != rank:
+                shutil.rmtree(mine / part_folder(k))
+        for server in range(topology.num_servers):
+            if server != topology.server_of(rank):
+                shutil.rmtree(mine / shared_folder(f"server{server}"))
+        from_dir = make_dm(tmp_path / "cache", config, partition_dir=str(mine))
+        from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
+        from_dir.context = context
+        depths = (in_memory.preload_depth, from_dir.preload_depth)
+        results[label] = (want, _run(from_dir, comm), depths)
+    return results
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("label", list(VARIANTS))
-def test_a_granndis_rank_with_only_its_part_equals_the_in_memory_rank(tmp_path, label):
-    """Every step's loss, logits and summed gradient, the evaluation counts and the
-    predicted rows of every node are equal, exactly (atol 0), with the other parts deleted."""
-    config, workers = VARIANTS[label]
-    writer = make_dm(tmp_path / "cache", config)
-    writer.launch_topology = Topology(2, workers)
-    writer.write_partition_dir(tmp_path / label, 2, log=lambda *_: 0)
-    results = run_distributed(_own_part_rank, 2, tmp_path, label, timeout_s=120)
-    predicted = {"memory": [], "directory": []}
-    for want, got in results:
-        (want_steps, want_counts, want_rows), (got_steps, got_counts, got_rows) = want, got
-        assert len(want_steps) == len(got_steps) > 0
-        for w, g in zip(want_steps, got_steps):
-            for a, b in zip(w, g, strict=True):
-                assert torch.equal(a, b)
-        assert torch.equal(want_counts, got_counts) and want_counts[:, 1].sum() > 0
-        predicted["memory"].append(want_rows)
-        predicted["directory"].append(got_rows)
-    for output in ("logits", "embeddings"):
-        rows = {}
-        for key, shares in predicted.items():
-            ids = torch.cat([share[output][0] for share in shares])
-            order = torch.argsort(ids)
-            rows[key] = (ids[order], torch.cat([share[output][1] for share in shares])[order])
-        assert torch.equal(rows["memory"][0], torch.arange(SBM["num_nodes"]))
-        assert torch.equal(rows["memory"][0], rows["directory"][0])
-        assert torch.equal(rows["memory"][1], rows["directory"][1]), output
+def test_a_granndis_rank_with_only_its_part_equals_the_in_memory_rank(tmp_path):
+    """In every mode with a layout (FLX-EAS on 2 servers x 1 worker and on 1 x 2, FLX with
+    k < L, FLX with preload_auto, CoB with 2 steps, FB_base): every step's loss, logits and
+    summed gradient, the evaluation counts and the predicted rows (logits, embeddings) of
+    every node are equal, exactly (atol 0), with the other parts deleted."""
+    for label, (config, workers) in VARIANTS.items():
+        writer = make_dm(tmp_path / "cache", config)
+        writer.launch_topology = Topology(2, workers)
+        writer.write_partition_dir(tmp_path / label, 2, log=lambda *_: 0)
+    results = run_distributed(_own_part_rank, 2, tmp_path, timeout_s=240)
+    for label in VARIANTS:
+        predicted = {"memory": [], "directory": []}
+        for by_label in results:
+            (want_steps, want_counts, want_rows), (got_steps, got_counts, got_rows), depths = (
+                by_label[label]
+            )
+            assert depths[0] == depths[1], label
+            assert len(want_steps) == len(got_steps) > 0, label
+            for w, g in zip(want_steps, got_steps):
+                for a, b in zip(w, g, strict=True):
+                    assert torch.equal(a, b), label
+            assert torch.equal(want_counts, got_counts) and want_counts[:, 1].sum() > 0, label
+            predicted["memory"].append(want_rows)
+            predicted["directory"].append(got_rows)
+        for output in ("logits", "embeddings"):
+            rows = {}
+            for key, shares in predicted.items():
+                ids = torch.cat([share[output][0] for share in shares])
+                order = torch.argsort(ids)
+                rows[key] = (ids[order], torch.cat([share[output][1] for share in shares])[order])
+            assert torch.equal(rows["memory"][0], torch.arange(SBM["num_nodes"]))
+            assert torch.equal(rows["memory"][0], rows["directory"][0]), label
+            assert torch.equal(rows["memory"][1], rows["directory"][1]), (label, output)
+    # preload_auto picks k on the ranks: its directory holds every k, and a fixed k's does
+    # not serve it
+    auto = make_dm(tmp_path / "cache", VARIANTS["flx_auto"][0], str(tmp_path / "flx_k1"))
+    with pytest.raises(PartitionDirError, match="'preload_depths': \\[1\\]"):
+        auto.prepare(2, [0])
 
 
 # --------------------------------------------------------------------------------- train.py
@@ -192,17 +204,3 @@ def test_a_granndis_directory_that_does_not_fit_fails_before_any_rank_starts(tmp
         run("strategy=granndis_mb_base")
     with pytest.raises(ConfigError, match="mode=mb_base"):
         partition([*common, "strategy=granndis_mb_base"], tmp_path / "mb", log=lambda *_: 0)
-
-
-def test_the_depths_of_preload_auto_are_all_in_the_directory(tmp_path):
-    """``preload_auto`` picks ``k`` on the ranks: its directory holds the plans of every
-    ``k`` and says so; a directory of one fixed ``k`` does not serve it."""
-    auto = VARIANTS["flx_auto"][0]
-    dm = make_dm(tmp_path / "cache", auto)
-    meta = dm.write_partition_dir(tmp_path / "auto", 2, log=lambda *_: 0)
-    assert meta["partition_options"]["preload_depths"] == list(range(LAYERS + 1))
-    fixed = make_dm(tmp_path / "cache", replace(auto, preload_auto=False, memory_budget_mb=None))
-    fixed.write_partition_dir(tmp_path / "fixed", 2, log=lambda *_: 0)
-    reader = make_dm(tmp_path / "cache", auto, partition_dir=str(tmp_path / "fixed"))
-    with pytest.raises(PartitionDirError, match="'preload_depths': \\[2\\]"):
-        reader.prepare(2, [0])
