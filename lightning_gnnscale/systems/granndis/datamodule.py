@@ -165,21 +165,34 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             f"strategy.cob.num_per_epoch={config.cob.num_per_epoch} exceeds the "
             f"{num_train} training nodes: co-batches past them would be empty on every server",
         )
-        budget = config.memory_budget_mb
-        if config.preload_auto and budget is not None:
-            # for every k the stage that reads the inputs owns every vertex at least once
-            # (k = 0: the base layout; k > 0: the servers' closures cover their partitions),
-            # so the worst rank holds at least N / W input rows of F values
-            floor = -(-graph.num_nodes // world_size) * graph.num_features * graph.x.element_size()
-            require(
-                floor <= budget * 2**20,
-                f"strategy.memory_budget_mb={budget} is below what any preload depth needs: "
-                f"every k holds >= {floor / 2**20:.3f} MB of input rows on the busiest of "
-                f"{world_size} ranks; raise the budget or use strategy.mode=cob",
-            )
+        self.check_budget(world_size)
         if config.mode == "fb_base" and config.partition.fb_base == "flat":
             cached_partition(graph, "metis", world_size, self.seed, self.cache_dir)
         return None
+
+    def check_budget(self, world_size: int) -> None:
+        """``preload_auto``'s budget must fit some depth: for every k the stage that reads the
+        inputs owns every vertex at least once (k = 0: the base layout; k > 0: the servers'
+        closures cover their partitions), so the worst rank holds at least N / W input rows
+        of F values."""
+        budget = self.config.memory_budget_mb
+        if not self.config.preload_auto or budget is None:
+            return
+        floor = -(-self.num_nodes // world_size) * self.input_dim * self.value_bytes
+        require(
+            floor <= budget * 2**20,
+            f"strategy.memory_budget_mb={budget} is below what any preload depth needs: "
+            f"every k holds >= {floor / 2**20:.3f} MB of input rows on the busiest of "
+            f"{world_size} ranks; raise the budget or use strategy.mode=cob",
+        )
+
+    @override
+    def open_partition_dir(self, world_size: int) -> PartitionDir:
+        """The directory, checked (base class), and ``preload_auto``'s budget against its
+        sizes: both before any rank starts."""
+        opened = super().open_partition_dir(world_size)
+        self.check_budget(world_size)
+        return opened
 
     @override
     def prepare_data(self) -> None:
@@ -517,6 +530,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         the server modes the server partition split over its workers (``partition.intra``),
         so server ``s`` owns ``[node_offsets[s W], node_offsets[(s + 1) W])``."""
         self.check_layout_mode()
+        self.prepare(world_size)  # the launcher's checks (preprocess)
         graph, topology = self.graph, self.launch_topology or Topology.from_launch(world_size)
         if topology.world_size != world_size:
             raise ValueError(f"topology {topology} is not for {world_size} ranks")
