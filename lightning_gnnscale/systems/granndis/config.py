@@ -208,6 +208,11 @@ class GraNNDISConfig(SystemConfig):
         )
 
     @classmethod
+    def loads_partition_dir(cls, name: str) -> bool:
+        """Every preset but ``granndis_mb_base`` (no layout: it samples the whole graph)."""
+        return _PRESETS.get(name, (None, {}))[1].get("mode", "flx_eas") in DIRECTORY_MODES
+
+    @classmethod
     def preset(cls, name: str) -> GraNNDISConfig:
         """The settings of a registered name."""
         choice("strategy", name, tuple(_PRESETS))
