@@ -101,7 +101,8 @@ class LayoutSummary:
 
 class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     """One-hop plans per step of this rank; evaluation by full-graph layer-wise inference
-    split across ranks (every rank holds the graph).
+    split across ranks (in memory every rank holds the graph; from a partition directory each
+    holds its share and receives its halo rows, :class:`~.partdir.EvalShare`).
 
     Modes (``config.mode``): ``fb_base`` (one whole-graph layout over all ranks), ``flx``
     (each server's ``L``-hop closure of its targets), ``flx_eas`` (each server's EAS graph
@@ -495,7 +496,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             raise ConfigError(
                 f"strategy.mode={self.config.mode} samples mini-batches from the whole graph on "
                 f"every rank, so it has no partition directory; the GraNNDIS modes that train "
-                f"from one: {DIRECTORY_MODES}"
+                f"from one: {list(DIRECTORY_MODES)}"
             )
 
     @override
