@@ -44,6 +44,7 @@ from .checkpoints import (
     read_checkpoint,
     run_identity,
 )
+from .comm import Topology
 from .comm.rendezvous import end_process_group
 from .config import validate
 from .cpu_memory import malloc_choice, retain_freed_memory
@@ -98,9 +99,13 @@ def build_datamodule(
         named["dataset_options"] = options
     else:
         source, named = (graph if graph is not None else load_graph(run)), {}
-    return spec.datamodule(
+    datamodule = spec.datamodule(
         source, run.strategy, run.data, seed=run.seed, cache_dir=run.paths.cache_dir, **named
     )
+    datamodule.launch_topology = Topology.from_launch(
+        run.world_size, run.trainer.num_nodes, run.topology.servers
+    )
+    return datamodule
 
 
 def build_strategy(run: RunConfig) -> SystemStrategy:

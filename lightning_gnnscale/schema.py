@@ -320,6 +320,12 @@ class SystemConfig:
             )
 
     @classmethod
+    def loads_partition_dir(cls, name: str) -> bool:
+        """Whether the registered name ``name`` trains from ``data.partition_dir`` (default:
+        ``supports_partition_dir``; a system may exclude some of its presets)."""
+        return cls.supports_partition_dir
+
+    @classmethod
     def preset(cls, name: str) -> SystemConfig:
         """The settings of strategy name ``name`` (a preset's defining settings applied)."""
         choice("strategy", name, cls.NAMES or (cls.name,))
@@ -410,7 +416,7 @@ class RunConfig:
 
 def partition_dir_unsupported(name: str) -> str:
     """The error for ``data.partition_dir`` under a system that cannot load from one."""
-    valid = sorted(n for n, c in SYSTEM_SCHEMAS.items() if c.supports_partition_dir)
+    valid = sorted(n for n, c in SYSTEM_SCHEMAS.items() if c.loads_partition_dir(n))
     return (
         f"data.partition_dir is not supported by strategy={name} yet (its ranks start from "
         f"the whole graph); strategies that load from a partition directory: {valid}"

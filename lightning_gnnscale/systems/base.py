@@ -613,6 +613,11 @@ class GNNDataModule(L.LightningDataModule):
         self.context: RankContext | None = None
         self._bound_to: Strategy | None = None
 
+    # servers x workers of the run this module was built for (``run.build_datamodule`` sets
+    # it, so the launcher and ``python -m lightning_gnnscale.partition`` know it before any
+    # rank starts); ``None``: not known before the Trainer's ranks exist
+    launch_topology: Topology | None = None
+
     # ------------------------------------------------------------------------ data, set-up
     @property
     def graph(self) -> Graph:

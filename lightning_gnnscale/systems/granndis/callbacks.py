@@ -137,7 +137,7 @@ class GraNNDISStats(L.Callback):
         self.last = {
             "mode": config.mode,
             "bytes_by_link": by_link,
-            "rho": float(totals[0]) / dm.graph.num_nodes if layout is not None else None,
+            "rho": float(totals[0]) / dm.num_nodes if layout is not None else None,
             "owned_rows": int(totals[1]),
             "halo_rows": int(totals[2]),
             "cobatches": dm.steps_per_epoch,

@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from ...schema import RunFacts, SystemConfig, choice, require
+from ...schema import DataConfig, RunFacts, SystemConfig, choice, require
 
 MODES = ("fb_base", "flx", "flx_eas", "cob", "mb_base")
+DIRECTORY_MODES = ("fb_base", "flx", "flx_eas", "cob")  # those with a layout to write per rank
 SERVER_PARTITIONS = ("metis", "contiguous", "random")
 INTRA_PARTITIONS = ("metis", "contiguous", "random")
 FB_BASE_LAYOUTS = ("flat", "hierarchical")
@@ -156,6 +157,7 @@ class GraNNDISConfig(SystemConfig):
     """
 
     name: str = "granndis"
+    supports_partition_dir: ClassVar[bool] = True
     mode: str = "flx_eas"
     partition: PartitionSettings = field(default_factory=PartitionSettings)
     eas: EASSettings = field(default_factory=EASSettings)
@@ -206,6 +208,11 @@ class GraNNDISConfig(SystemConfig):
         )
 
     @classmethod
+    def loads_partition_dir(cls, name: str) -> bool:
+        """Every preset but ``granndis_mb_base`` (no layout: it samples the whole graph)."""
+        return _PRESETS.get(name, (None, {}))[1].get("mode", "flx_eas") in DIRECTORY_MODES
+
+    @classmethod
     def preset(cls, name: str) -> GraNNDISConfig:
         """The settings of a registered name."""
         choice("strategy", name, tuple(_PRESETS))
@@ -214,6 +221,15 @@ class GraNNDISConfig(SystemConfig):
     def preload_depth(self, num_layers: int) -> int:
         """FLX's ``k`` for a model of ``num_layers`` layers."""
         return num_layers if self.preload_k is None else self.preload_k
+
+    def check_data(self, data: DataConfig) -> None:
+        super().check_data(data)
+        require(
+            data.partition_dir is None or self.mode in DIRECTORY_MODES,
+            f"strategy.mode={self.mode} samples mini-batches from the whole graph on every "
+            f"rank, so it cannot train from data.partition_dir; the GraNNDIS modes that can: "
+            f"{list(DIRECTORY_MODES)}",
+        )
 
     def check_run(self, run: RunFacts) -> None:
         if run.model is not None:  # a plain LightningModule that states no model settings

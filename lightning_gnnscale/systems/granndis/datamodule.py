@@ -1,9 +1,10 @@
 """``GraNNDISDataModule``: server partition, server-graph extraction, one-hop plans per rank
 (docs/systems/granndis.md).
 
-Every rank holds the whole graph (as the artifact assumes a replicated dataset per server), so
-the preloaded rows of a server graph are read locally, once; only halo rows move during
-training. The layouts need the topology (servers x workers), which the strategy knows only
+In memory every rank holds the whole graph (as the artifact assumes a replicated dataset per
+server), so the preloaded rows of a server graph are read locally, once; only halo rows move
+during training. From a partition directory (``write_parts``) a rank holds its plans and its
+server's preloaded rows only (:mod:`.partdir`). The layouts need the topology (servers x workers), which the strategy knows only
 once the process group exists, so they are built in ``prepare_data`` (once per node, before
 any rank's ``setup``): every server graph is extracted and split once, and each rank's plans
 are cached on disk by content hash; each rank then loads only its own. The ranks check that
@@ -15,6 +16,7 @@ import time
 import warnings
 from dataclasses import asdict, astuple, dataclass, replace
 from functools import cached_property
+from typing import Any
 
 import lightning as L
 import torch
@@ -22,7 +24,9 @@ from torch import Tensor
 from typing_extensions import override
 
 from ...comm import Topology
+from ...errors import ConfigError
 from ...graph.batch import Batch
+from ...graph.book import PartitionBook
 from ...graph.cache import (
     CorruptArtifactError,
     artifact_path,
@@ -32,16 +36,35 @@ from ...graph.cache import (
     read_verified,
 )
 from ...graph.partition import partition
+from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError
+from ...models.gnn import BlockGNN
 from ...schema import ModelConfig, require
-from ..base import GNNDataModule, ReplicatedGraphEvaluation, StepBatcher
+from ..base import (
+    GNNDataModule,
+    ReplicatedGraphEvaluation,
+    StepBatcher,
+    assert_same_on_all_ranks,
+)
 from ..contract import RankContext, rank_context
 from .callbacks import GraNNDISStats
-from .config import GraNNDISConfig
+from .config import DIRECTORY_MODES, GraNNDISConfig
 from .costmodel import choose_k, estimate_memory
 from .expand import cobatches, eas_expand, khop_levels, sage_expand
+from .partdir import EvalShare, eval_shares, step_arrays, step_from_arrays
 from .plan import OneHopPlan, StepPlan, build_layout
 
 PLAN_PREFIX = "granndis-plans"  # cache files of one rank's plans
+SPLITS = ("train", "val", "test")
+
+
+def depth_tag(k: int | None) -> str:
+    """The prefix of a preload depth's arrays in a part (``plan``: a mode without ``k``)."""
+    return "plan" if k is None else f"k{k}"
+
+
+def topology_record(topology: Topology) -> dict:
+    """The servers x workers a partition directory was made for (``partition.json``)."""
+    return {"servers": topology.num_servers, "workers_per_server": topology.workers_per_server}
 
 
 @dataclass
@@ -78,7 +101,8 @@ class LayoutSummary:
 
 class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     """One-hop plans per step of this rank; evaluation by full-graph layer-wise inference
-    split across ranks (every rank holds the graph).
+    split across ranks (in memory every rank holds the graph; from a partition directory each
+    holds its share and receives its halo rows, :class:`~.partdir.EvalShare`).
 
     Modes (``config.mode``): ``fb_base`` (one whole-graph layout over all ranks), ``flx``
     (each server's ``L``-hop closure of its targets), ``flx_eas`` (each server's EAS graph
@@ -103,6 +127,23 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.memory_by_k: list[float] | None = None  # preload_auto's estimates, k = 0..L
         self.inputs: list[Tensor] = []  # per step: input rows of plan.input_ids
         self.labels: list[Tensor] = []  # per step: labels of the loss rows
+        # from a partition directory: this rank's part, its server's rows, its inference share
+        self.part: dict[str, Tensor] | None = None
+        self.server_x: Tensor | None = None
+        self.eval_share: EvalShare | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        if self.partition_dir is not None:
+            return int(self.partition_meta()["num_nodes"])
+        return self.graph.num_nodes
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one feature value in this run."""
+        if self.partition_dir is not None:
+            return self._dtype.itemsize
+        return self.graph.x.element_size()
 
     @property
     def num_layers(self) -> int:
@@ -125,21 +166,34 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             f"strategy.cob.num_per_epoch={config.cob.num_per_epoch} exceeds the "
             f"{num_train} training nodes: co-batches past them would be empty on every server",
         )
-        budget = config.memory_budget_mb
-        if config.preload_auto and budget is not None:
-            # for every k the stage that reads the inputs owns every vertex at least once
-            # (k = 0: the base layout; k > 0: the servers' closures cover their partitions),
-            # so the worst rank holds at least N / W input rows of F values
-            floor = -(-graph.num_nodes // world_size) * graph.num_features * graph.x.element_size()
-            require(
-                floor <= budget * 2**20,
-                f"strategy.memory_budget_mb={budget} is below what any preload depth needs: "
-                f"every k holds >= {floor / 2**20:.3f} MB of input rows on the busiest of "
-                f"{world_size} ranks; raise the budget or use strategy.mode=cob",
-            )
+        self.check_budget(world_size)
         if config.mode == "fb_base" and config.partition.fb_base == "flat":
             cached_partition(graph, "metis", world_size, self.seed, self.cache_dir)
         return None
+
+    def check_budget(self, world_size: int) -> None:
+        """``preload_auto``'s budget must fit some depth: for every k the stage that reads the
+        inputs owns every vertex at least once (k = 0: the base layout; k > 0: the servers'
+        closures cover their partitions), so the worst rank holds at least N / W input rows
+        of F values."""
+        budget = self.config.memory_budget_mb
+        if not self.config.preload_auto or budget is None:
+            return
+        floor = -(-self.num_nodes // world_size) * self.input_dim * self.value_bytes
+        require(
+            floor <= budget * 2**20,
+            f"strategy.memory_budget_mb={budget} is below what any preload depth needs: "
+            f"every k holds >= {floor / 2**20:.3f} MB of input rows on the busiest of "
+            f"{world_size} ranks; raise the budget or use strategy.mode=cob",
+        )
+
+    @override
+    def open_partition_dir(self, world_size: int) -> PartitionDir:
+        """The directory, checked (base class), and ``preload_auto``'s budget against its
+        sizes: both before any rank starts."""
+        opened = super().open_partition_dir(world_size)
+        self.check_budget(world_size)
+        return opened
 
     @override
     def prepare_data(self) -> None:
@@ -147,7 +201,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         barrier): every rank's plans for the run's topology, built in this one process and
         cached per rank by content hash, so each rank then loads only its own."""
         super().prepare_data()
-        if self.config.layout_mode and self.trainer is not None:
+        if self.config.layout_mode and self.trainer is not None and self.partition_dir is None:
             self.prepare_layouts(rank_context(self.trainer).topology)
 
     def depths(self) -> list[int | None]:
@@ -205,8 +259,15 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def rank_plans(
         self, topology: Topology, rank: int, k: int | None
     ) -> tuple[list[StepPlan], LayoutSummary]:
-        """This rank's plans from the cache (built, for every rank, if they are not there:
-        a DataModule set up without ``prepare_data``)."""
+        """This rank's plans from its part (from a partition directory), else from the cache
+        (built, for every rank, if they are not there: a DataModule set up without
+        ``prepare_data``)."""
+        if self.part is not None:
+            tag = depth_tag(k)
+            *summary, steps = self.part[f"{tag}_summary"].tolist()
+            world = topology.world_size
+            plans = [step_from_arrays(self.part, f"{tag}_s{i}_", world) for i in range(steps)]
+            return plans, LayoutSummary(*summary)
         key = self.layout_key(topology, k, rank)
         path = artifact_path(key, self.cache_dir, prefix=PLAN_PREFIX)
         state = None
@@ -414,6 +475,12 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         graph, world = self.graph, topology.world_size
         if self.config.partition.fb_base == "flat":
             return cached_partition(graph, "metis", world, self.seed, self.cache_dir)
+        return self.server_owner(topology)
+
+    def server_owner(self, topology: Topology) -> Tensor:
+        """int64 ``[N]``: every server's partition split over its workers by
+        ``partition.intra`` (training nodes balanced)."""
+        graph = self.graph
         servers = self.server_parts(topology.num_servers)
         owner = torch.empty(graph.num_nodes, dtype=torch.int64)
         for s in range(topology.num_servers):
@@ -422,16 +489,162 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             owner[vertices] = self.intra_owner(vertices, is_target, s, topology.workers_per_server)
         return owner
 
+    # ------------------------------------------------------------- partition directories
+    def check_layout_mode(self) -> None:
+        """``mb_base`` samples the whole graph on every rank: it has no part to write."""
+        if not self.config.layout_mode:
+            raise ConfigError(
+                f"strategy.mode={self.config.mode} samples mini-batches from the whole graph on "
+                f"every rank, so it has no partition directory; the GraNNDIS modes that train "
+                f"from one: {list(DIRECTORY_MODES)}"
+            )
+
+    @override
+    def partition_settings(self) -> dict[str, Any]:
+        """Everything the plans depend on: the mode and its settings, the depth(s) laid out
+        (every ``k`` for ``preload_auto``), the number of layers, and the servers x workers
+        (checked before spawn when the launcher knows them, else in :meth:`setup_rank`)."""
+        self.check_layout_mode()
+        config = self.config
+        topology = self.launch_topology
+        return {
+            "method": config.mode,
+            "partition_options": {
+                "partition": asdict(config.partition),
+                "eas": asdict(config.eas) if config.mode in ("flx_eas", "cob") else None,
+                "cob": asdict(config.cob) if config.mode == "cob" else None,
+                "masking": config.masking,
+                "num_layers": self.num_layers,
+                "preload_depths": self.depths(),
+            },
+            "topology": None if topology is None else topology_record(topology),
+        }
+
+    @override
+    def write_parts(self, world_size: int, writer, log) -> dict:
+        """Per rank: its plans of every depth of :meth:`depths` (ids relabelled), the labels of
+        their loss rows and its :class:`~.partdir.EvalShare`; per server, one shared group
+        ``server<s>`` of input rows (each step's ``input_ids`` of each of its ranks, then its
+        ranks' inference rows), which the parts address as ``[start, stop)`` ranges.
+
+        Rank ``r`` owns the relabelled ids of its inference share: FB_base's owners, or in
+        the server modes the server partition split over its workers (``partition.intra``),
+        so server ``s`` owns ``[node_offsets[s W], node_offsets[(s + 1) W])``."""
+        self.check_layout_mode()
+        self.prepare(world_size)  # the launcher's checks (preprocess)
+        graph, topology = self.graph, self.launch_topology or Topology.from_launch(world_size)
+        if topology.world_size != world_size:
+            raise ValueError(f"topology {topology} is not for {world_size} ranks")
+        workers = topology.workers_per_server
+        owner = self.fb_base_owner(topology) if self.config.mode == "fb_base" else None
+        book = PartitionBook.from_parts(
+            self.server_owner(topology) if owner is None else owner, world_size
+        )
+        server_rows: list[list[Tensor]] = [[] for _ in range(topology.num_servers)]
+        server_count = [0] * topology.num_servers
+
+        def server_range(rank: int, ids: Tensor) -> Tensor:
+            """Append the input rows of ``ids`` to the rank's server group: their range."""
+            server = rank // workers
+            start = server_count[server]
+            server_rows[server].append(graph.x.index_select(0, ids))
+            server_count[server] += ids.numel()
+            return torch.tensor([start, server_count[server]], dtype=torch.int64)
+
+        parts: list[dict[str, Tensor]] = [{} for _ in range(world_size)]
+        for k in self.depths():
+            tag = depth_tag(k)
+            for rank, (plans, summary) in enumerate(self.build_all_plans(topology, k)):
+                arrays = parts[rank]
+                arrays[f"{tag}_summary"] = torch.tensor([*astuple(summary), len(plans)])
+                for i, step in enumerate(plans):
+                    prefix = f"{tag}_s{i}_"
+                    arrays |= step_arrays(step, book.old2new, prefix)
+                    arrays[prefix + "x_range"] = server_range(rank, step.input_ids)
+                    loss_rows = step.final.owned[: step.final.num_loss]
+                    arrays[prefix + "y"] = graph.y.index_select(0, loss_rows)
+            log(f"[partition] plans{'' if k is None else f' (k={k})'} built")
+        offsets = book.node_offsets.tolist()
+        for rank, share in enumerate(eval_shares(graph, book)):
+            core = book.new2old[offsets[rank] : offsets[rank + 1]]
+            parts[rank] |= share.arrays()
+            parts[rank]["eval_x_range"] = server_range(rank, core)
+            parts[rank]["eval_y"] = graph.y.index_select(0, core)
+            for split in SPLITS:
+                parts[rank][f"eval_{split}_mask"] = getattr(graph, f"{split}_mask")[core]
+            parts[rank]["orig_ids"] = core
+        for server, rows in enumerate(server_rows):
+            writer.write_shared(f"server{server}", {"x": torch.cat(rows)})
+            log(f"[partition] server {server}: {server_count[server]:,} input rows")
+        for rank, arrays in enumerate(parts):
+            share = EvalShare.from_arrays(arrays)
+            sizes = {
+                "nodes": offsets[rank + 1] - offsets[rank],
+                "halo": share.degree.numel() - share.num_core,
+                "edges": share.indices.numel(),
+            }
+            writer.write_part(rank, arrays, sizes, shared=[f"server{rank // workers}"])
+            log(f"[partition] part {rank + 1}/{world_size} written ({sizes})")
+        return {
+            "node_offsets": offsets,
+            "topology": topology_record(topology),
+            "train_count": int(graph.train_mask.sum()),
+        }
+
+    def open_part(self, context: RankContext, opened: PartitionDir) -> None:
+        """This rank's part and its server's shared rows (memory-mapped), after checking the
+        directory was made for this servers x workers topology."""
+        have, want = opened.meta.get("topology"), topology_record(context.topology)
+        if have != want:
+            raise PartitionDirError(
+                f"{opened.path / METADATA}: 'topology' is {have} but this run has {want}; "
+                "partition for these servers x workers (trainer.num_nodes, trainer.devices, "
+                "topology.servers): python -m lightning_gnnscale.partition <overrides> out=<dir>"
+            )
+        digest = torch.tensor([int(opened.digest[:15], 16)])
+        assert_same_on_all_ranks(context.comm, digest, "the partition directory")
+        self.part = opened.load_part(context.rank)
+        server = context.topology.server_of(context.rank)
+        self.server_x = opened.load_shared(f"server{server}", context.rank)["x"]
+        self.eval_share = EvalShare.from_arrays(self.part)
+        self.train_count = int(opened.meta["train_count"])
+
+    def server_rows(self, name: str) -> Tensor:
+        """The rows of the server group this part addresses as ``<name>_x_range`` (a slice
+        of the mapping, cast to the run's dtype)."""
+        start, stop = self.part[f"{name}_x_range"].tolist()
+        return self.server_x[start:stop].to(self._dtype)
+
+    def step_data(self, plans: list[StepPlan], k: int | None) -> tuple[list, list]:
+        """Per step: the input rows of ``input_ids`` and the labels of the loss rows."""
+        if self.part is not None:
+            prefixes = [f"{depth_tag(k)}_s{i}" for i in range(len(plans))]
+            return (
+                [self.server_rows(p) for p in prefixes],
+                [self.part[f"{p}_y"] for p in prefixes],
+            )
+        graph = self.graph
+        return (
+            [graph.x.index_select(0, p.input_ids) for p in plans],
+            [graph.y.index_select(0, p.final.owned[: p.final.num_loss]) for p in plans],
+        )
+
+    @cached_property
+    def train_count(self) -> int:
+        """Training nodes of the whole graph (from a partition directory: its metadata)."""
+        return self.train_ids.numel()
+
     # ------------------------------------------------------------------------ set-up
     @override
     def setup_rank(self, context: RankContext, prepared) -> None:
         """Load this rank's plans (or, for ``mb_base``, build its sampler) and the global
         loss denominators of every step (one all-reduce, ``control``)."""
         self.rank, self.world_size = context.rank, context.world_size
-        graph = self.graph
+        if isinstance(prepared, PartitionDir):
+            self.open_part(context, prepared)
         if not self.config.layout_mode:
             self.batcher = StepBatcher.on_graph(
-                graph,
+                self.graph,
                 self.data.fanouts,
                 self.train_ids,
                 self.batch_size,
@@ -450,18 +663,16 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.check_server_agreement(context, plans)
         local = torch.tensor([p.final.num_loss for p in plans], dtype=torch.int64)
         self.step_counts = context.comm.all_reduce(local, category="control").tolist()
-        if sum(self.step_counts) != self.train_ids.numel():
+        if sum(self.step_counts) != self.train_count:
             raise RuntimeError(
                 f"the layouts' loss rows cover {sum(self.step_counts)} targets per epoch, but "
-                f"there are {self.train_ids.numel()} training nodes"
+                f"there are {self.train_count} training nodes"
             )
         self.plan_bytes = sum(p.nbytes() for p in plans)
         self.plans = [p.to(context.device) for p in plans]
-        self.inputs = [graph.x.index_select(0, p.input_ids).to(context.device) for p in plans]
-        self.labels = [
-            graph.y.index_select(0, p.final.owned[: p.final.num_loss]).to(context.device)
-            for p in plans
-        ]
+        inputs, labels = self.step_data(plans, self.preload_depth)
+        self.inputs = [x.to(context.device) for x in inputs]
+        self.labels = [y.to(context.device) for y in labels]
 
     @override
     def build_model(self, model: ModelConfig) -> torch.nn.Module:
@@ -491,10 +702,10 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 num_edges=sum(b.num_edges for b in plan.blocks),
                 dims=dims[first : first + layers + 1],
                 num_params=0,
-                value_bytes=self.graph.x.element_size(),
+                value_bytes=self.value_bytes,
             ).total
             first += layers
-        return total + self.model_params * self.graph.x.element_size() * 4
+        return total + self.model_params * self.value_bytes * 4
 
     def choose_preload_depth(
         self, context: RankContext
@@ -580,6 +791,51 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             stats,
             plan=plan,
         )
+
+    # ------------------------------------------------------------------------ evaluation
+    @override
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """In memory: layer-wise inference split across ranks, each holding the graph. From a
+        partition directory: the same inference over the ranks' shares, the halo rows sent
+        by their owners before every layer; counts on this rank's share."""
+        if self.eval_share is None:
+            return super().eval_counts(net, splits)
+        pred = self.share_rows(net, net.num_layers).argmax(1).cpu()
+        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
+        for i, split in enumerate(splits):
+            mask = self.part[f"eval_{split}_mask"]
+            counts[i, 0] = (pred[mask] == self.part["eval_y"][mask]).sum()
+            counts[i, 1] = mask.sum()
+        return counts
+
+    def share_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
+        """The first ``layers`` layers' rows of this rank's inference share."""
+        if not isinstance(net, BlockGNN):
+            raise TypeError(
+                f"inference from a partition directory needs a BlockGNN net, got "
+                f"{type(net).__name__}"
+            )
+        device = next(net.parameters()).device
+        x = self.server_rows("eval").to(device)
+        comm, chunk = self.context.comm, self.data.eval_chunk_size
+        return self.eval_share.rows(net, x, comm, chunk, layers)
+
+    @override
+    def predict_rows(
+        self, net: torch.nn.Module, node_ids: Tensor | None, output: str
+    ) -> tuple[Tensor, Tensor]:
+        """From a partition directory: this rank's share (original ids), as evaluation runs
+        it; in memory: the base class's node ranges."""
+        if self.eval_share is None:
+            return super().predict_rows(net, node_ids, output)
+        if not isinstance(net, BlockGNN):
+            raise TypeError(f"predictions need a BlockGNN net, got {type(net).__name__}")
+        rows = self.share_rows(net, net.num_layers - (output == "embeddings"))
+        ids = self.part["orig_ids"]
+        if node_ids is not None:
+            keep = torch.isin(ids, node_ids.cpu())
+            ids, rows = ids[keep], rows[keep.to(rows.device)]
+        return ids, rows
 
     @override
     def callbacks(self) -> list[L.Callback]:

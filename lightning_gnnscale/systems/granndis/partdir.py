@@ -1,0 +1,179 @@
+"""GraNNDIS's partition directory (docs/systems/granndis.md#from-a-partition-directory).
+
+A rank's part holds its plans (every step's one-hop graphs, ids relabelled), the labels of
+their loss rows, and its share of full-graph inference (:class:`EvalShare`); the input rows
+of every rank of a server (its preloaded set, and its partition's rows for inference) are one
+shared group per server, which each rank reads as contiguous slices. Plans keep the row order
+of the in-memory ones, so a step computes the same values bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ...comm import Comm, exchange_rows
+from ...graph.book import PartitionBook
+from ...graph.csc import Graph
+from ...graph.sampler import BlockBuilder
+from ...models.gnn import BlockGNN, layer_rows
+from .expand import in_edges
+from .plan import OneHopPlan, StepPlan
+
+
+def plan_arrays(plan: OneHopPlan, old2new: Tensor, prefix: str) -> dict[str, Tensor]:
+    """``plan``'s tensors (``owned`` and ``halo`` relabelled by ``old2new``) and its plain
+    values as one int64 array ``values`` ``[2 W + 4]``, named ``<prefix><name>``."""
+    arrays = {name: getattr(plan, name) for name in OneHopPlan.TENSORS}
+    arrays["owned"], arrays["halo"] = old2new[plan.owned], old2new[plan.halo]
+    arrays["values"] = torch.tensor(
+        [*plan.send_splits, *plan.recv_splits, plan.num_layers, plan.num_loss]
+        + [int(plan.masking), int(plan.final)],
+        dtype=torch.int64,
+    )
+    return {prefix + name: tensor for name, tensor in arrays.items()}
+
+
+def plan_from_arrays(part: dict[str, Tensor], prefix: str, world: int) -> OneHopPlan:
+    """The plan :func:`plan_arrays` wrote under ``prefix`` (tensors stay memory-mapped)."""
+    values = part[prefix + "values"].tolist()
+    splits, (layers, loss, masking, final) = values[: 2 * world], values[2 * world :]
+    return OneHopPlan(
+        **{name: part[prefix + name] for name in OneHopPlan.TENSORS},
+        send_splits=tuple(splits[:world]),
+        recv_splits=tuple(splits[world:]),
+        num_layers=layers,
+        num_loss=loss,
+        masking=bool(masking),
+        final=bool(final),
+    )
+
+
+def step_arrays(step: StepPlan, old2new: Tensor, prefix: str) -> dict[str, Tensor]:
+    """A step's plans (``final``, and ``preload`` with ``reshape`` when present)."""
+    arrays = plan_arrays(step.final, old2new, prefix + "final_")
+    if step.preload is not None:
+        arrays |= plan_arrays(step.preload, old2new, prefix + "preload_")
+        arrays[prefix + "reshape"] = step.reshape
+    return arrays
+
+
+def step_from_arrays(part: dict[str, Tensor], prefix: str, world: int) -> StepPlan:
+    final = plan_from_arrays(part, prefix + "final_", world)
+    if prefix + "reshape" not in part:
+        return StepPlan(final)
+    preload = plan_from_arrays(part, prefix + "preload_", world)
+    return StepPlan(final, preload, part[prefix + "reshape"])
+
+
+@dataclass(frozen=True)
+class EvalShare:
+    """One rank's share of full-graph layer-wise inference: it owns the relabelled ids
+    ``[lo, hi)`` (its ``node_offsets`` range) and holds their in-edges.
+
+    Attributes:
+        indptr: int64 ``[n_core + 1]`` CSC of the core's in-edges, each core vertex's
+            sources in the whole graph's order (so a row sums its messages in that order).
+        indices: int64 ``[E]`` sources as local rows ``[core | halo]``.
+        degree: int64 ``[n_core + n_halo]`` whole-graph in-degrees of the local rows (GCN).
+        send_index, send_splits, recv_splits: the halo exchange before every layer (the
+            halo is ascending in relabelled ids, so grouped by owner in rank order).
+    """
+
+    indptr: Tensor
+    indices: Tensor
+    degree: Tensor
+    send_index: Tensor
+    send_splits: tuple[int, ...]
+    recv_splits: tuple[int, ...]
+
+    @property
+    def num_core(self) -> int:
+        return self.indptr.numel() - 1
+
+    def arrays(self) -> dict[str, Tensor]:
+        splits = torch.tensor([self.send_splits, self.recv_splits], dtype=torch.int64)
+        return {
+            "eval_indptr": self.indptr,
+            "eval_indices": self.indices,
+            "eval_degree": self.degree,
+            "eval_send_index": self.send_index,
+            "eval_splits": splits,
+        }
+
+    @classmethod
+    def from_arrays(cls, part: dict[str, Tensor]) -> EvalShare:
+        send, recv = part["eval_splits"].tolist()
+        return cls(
+            part["eval_indptr"],
+            part["eval_indices"],
+            part["eval_degree"],
+            part["eval_send_index"],
+            tuple(send),
+            tuple(recv),
+        )
+
+    @torch.no_grad()
+    def rows(
+        self, net: BlockGNN, x: Tensor, comm: Comm, chunk_size: int, layers: int | None = None
+    ) -> Tensor:
+        """The first ``layers`` (default all) layers' output rows of the core ``[n_core, d]``
+        from its input rows ``x``: before each layer the owners send the halo rows
+        (``feature``, then ``activation``)."""
+        layers = net.num_layers if layers is None else layers
+        builder = BlockBuilder(self.degree.numel(), self.degree)
+        h = x
+        send_index = self.send_index.to(x.device)
+        for i in range(layers):
+            category = "feature" if i == 0 else "activation"
+            halo = exchange_rows(h, send_index, self.send_splits, self.recv_splits, comm, category)
+            rows = torch.cat([h, halo])
+            h = layer_rows(
+                net, i, builder, self.indptr, self.indices, rows, 0, self.num_core, chunk_size
+            )
+        return h
+
+
+def eval_shares(graph: Graph, book: PartitionBook) -> list[EvalShare]:
+    """Every rank's :class:`EvalShare` of ``graph`` (original ids) under ``book``."""
+    offsets, world = book.node_offsets.tolist(), book.num_parts
+    degree = graph.in_degree()
+    csc, halos = [], []
+    for k in range(world):
+        lo, hi = offsets[k], offsets[k + 1]
+        core = book.new2old[lo:hi]
+        src_old, pos = in_edges(graph, core)
+        src = book.old2new[src_old]
+        outside = (src < lo) | (src >= hi)
+        halo = torch.unique(src[outside])
+        local = torch.where(outside, (hi - lo) + torch.searchsorted(halo, src), src - lo)
+        indptr = torch.zeros(hi - lo + 1, dtype=torch.int64)
+        torch.cumsum(torch.bincount(pos, minlength=hi - lo), 0, out=indptr[1:])
+        csc.append((indptr, local))
+        halos.append(halo)
+    shares = []
+    for k in range(world):
+        lo, hi = offsets[k], offsets[k + 1]
+        send_rows, send_splits, recv_splits = [], [0] * world, [0] * world
+        for q in range(world):
+            if q == k:
+                continue
+            wanted = halos[q]  # ascending: rank k's rows are one run
+            a, b = torch.searchsorted(wanted, torch.tensor([lo, hi])).tolist()
+            send_rows.append(wanted[a:b] - lo)
+            send_splits[q] = b - a
+            a, b = torch.searchsorted(halos[k], torch.tensor(offsets[q : q + 2])).tolist()
+            recv_splits[q] = b - a
+        rows = torch.cat([book.new2old[lo:hi], book.new2old[halos[k]]])
+        shares.append(
+            EvalShare(
+                *csc[k],
+                degree[rows],
+                torch.cat([torch.empty(0, dtype=torch.int64), *send_rows]),
+                tuple(send_splits),
+                tuple(recv_splits),
+            )
+        )
+    return shares

@@ -1,0 +1,206 @@
+"""GraNNDIS from a partition directory (docs/partitioning.md, docs/systems/granndis.md): a rank
+that holds only its own part and its server's shared rows (the other parts and server groups
+deleted) computes every step, the evaluation counts and the predictions exactly as the
+in-memory rank does, in every mode with a layout; train.py from a directory equals the
+in-memory run bit for bit; a directory that does not fit the run fails before any rank
+starts."""
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_gnnscale.comm import Comm, CommMeter, Topology
+from lightning_gnnscale.errors import ConfigError
+from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder, shared_folder
+from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.run import train
+from lightning_gnnscale.schema import DataConfig, ModelConfig
+from lightning_gnnscale.systems.contract import RankContext
+from lightning_gnnscale.systems.granndis import GraNNDISConfig, GraNNDISDataModule, halo_hook
+from lightning_gnnscale.systems.granndis.config import CoBSettings
+from tests.helpers.config import make_cfg
+from tests.helpers.dist import run_distributed
+from tests.test_partition_dir import SBM, _assert_equal, _weights
+
+LAYERS = 2
+# mode -> (config, workers per server) for 2 ranks
+VARIANTS = {
+    "flx_eas": (GraNNDISConfig(), 1),
+    "flx_eas_1x2": (GraNNDISConfig(), 2),
+    "flx_k1": (GraNNDISConfig(mode="flx", preload_k=1), 1),
+    "flx_auto": (GraNNDISConfig(mode="flx", preload_auto=True, memory_budget_mb=1.0), 1),
+    "cob": (GraNNDISConfig(mode="cob", cob=CoBSettings(num_per_epoch=2)), 1),
+    "fb_base": (GraNNDISConfig.preset("granndis_fb_base"), 1),
+}
+
+
+def make_dm(cache_dir, config, partition_dir=None):
+    """A GraNNDIS DataModule on the small sbm graph, by name, in float64."""
+    data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS, partition_dir=partition_dir)
+    dm = GraNNDISDataModule(
+        "sbm", config, data, seed=3, cache_dir=cache_dir, dtype=torch.float64, dataset_options=SBM
+    )
+    dm.build_model(ModelConfig(name="sage", hidden=8, num_layers=LAYERS))  # preload_auto's dims
+    return dm
+
+
+def _run(dm, comm):
+    """Per step: loss, logits and summed gradient of a SAGE net; then the evaluation counts
+    and every rank's prediction rows (logits and embeddings)."""
+    torch.manual_seed(0)
+    net = BlockGNN("sage", dm.input_dim, 8, dm.num_classes, LAYERS, dropout=0.0).double()
+    steps = []
+    for step in range(dm.steps_per_epoch):
+        batch = dm.make_batch(1, step)
+        net.zero_grad()
+        logits = net(batch.blocks, batch.x, layer_hook=halo_hook(comm)(batch))
+        loss = F.cross_entropy(logits, batch.y, reduction="sum") / batch.global_seed_count
+        loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in net.parameters()])
+        steps.append((loss.detach(), logits.detach(), comm.all_reduce(grad, category="gradient")))
+    net.eval()
+    counts = comm.all_reduce(dm.eval_counts(net, ("train", "val", "test")), category="control")
+    predicted = {out: dm.predict_rows(net, None, out) for out in ("logits", "embeddings")}
+    return steps, counts, predicted
+
+
+def _own_part_rank(rank, world_size, tmp_path):
+    """Per variant: the in-memory rank's results, then those of a rank given its own copy of
+    the directory with the other parts, and the shared groups its part does not list, gone."""
+    results = {}
+    for label, (config, workers) in VARIANTS.items():
+        topology = Topology(world_size, workers)
+        comm = Comm.create(CommMeter(), topology)
+        context = RankContext(comm, torch.device("cpu"))
+        in_memory = make_dm(tmp_path / "cache", config)
+        in_memory.setup_rank(context, in_memory.prepare(world_size))
+        in_memory.context = context  # as setup() sets it (evaluation reads its comm)
+        want = _run(in_memory, comm)
+        mine = tmp_path / f"{label}-rank{rank}"
+        shutil.copytree(tmp_path / label, mine)
+        for k in range(world_size):
+            if k != rank:
+                shutil.rmtree(mine / part_folder(k))
+        for server in range(topology.num_servers):
+            if server != topology.server_of(rank):
+                shutil.rmtree(mine / shared_folder(f"server{server}"))
+        from_dir = make_dm(tmp_path / "cache", config, partition_dir=str(mine))
+        from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
+        from_dir.context = context
+        depths = (in_memory.preload_depth, from_dir.preload_depth)
+        results[label] = (want, _run(from_dir, comm), depths)
+    return results
+
+
+@pytest.mark.dist
+def test_a_granndis_rank_with_only_its_part_equals_the_in_memory_rank(tmp_path):
+    """In every mode with a layout (FLX-EAS on 2 servers x 1 worker and on 1 x 2, FLX with
+    k < L, FLX with preload_auto, CoB with 2 steps, FB_base): every step's loss, logits and
+    summed gradient, the evaluation counts and the predicted rows (logits, embeddings) of
+    every node are equal, exactly (atol 0), with the other parts deleted."""
+    for label, (config, workers) in VARIANTS.items():
+        writer = make_dm(tmp_path / "cache", config)
+        writer.launch_topology = Topology(2, workers)
+        writer.write_partition_dir(tmp_path / label, 2, log=lambda *_: 0)
+    results = run_distributed(_own_part_rank, 2, tmp_path, timeout_s=240)
+    for label in VARIANTS:
+        predicted = {"memory": [], "directory": []}
+        for by_label in results:
+            (want_steps, want_counts, want_rows), (got_steps, got_counts, got_rows), depths = (
+                by_label[label]
+            )
+            assert depths[0] == depths[1], label
+            assert len(want_steps) == len(got_steps) > 0, label
+            for w, g in zip(want_steps, got_steps):
+                for a, b in zip(w, g, strict=True):
+                    assert torch.equal(a, b), label
+            assert torch.equal(want_counts, got_counts) and want_counts[:, 1].sum() > 0, label
+            predicted["memory"].append(want_rows)
+            predicted["directory"].append(got_rows)
+        for output in ("logits", "embeddings"):
+            rows = {}
+            for key, shares in predicted.items():
+                ids = torch.cat([share[output][0] for share in shares])
+                order = torch.argsort(ids)
+                rows[key] = (ids[order], torch.cat([share[output][1] for share in shares])[order])
+            assert torch.equal(rows["memory"][0], torch.arange(SBM["num_nodes"]))
+            assert torch.equal(rows["memory"][0], rows["directory"][0]), label
+            assert torch.equal(rows["memory"][1], rows["directory"][1]), (label, output)
+    # preload_auto picks k on the ranks: its directory holds every k, and a fixed k's does
+    # not serve it
+    auto = make_dm(tmp_path / "cache", VARIANTS["flx_auto"][0], str(tmp_path / "flx_k1"))
+    with pytest.raises(PartitionDirError, match="'preload_depths': \\[1\\]"):
+        auto.prepare(2, [0])
+
+
+# --------------------------------------------------------------------------------- train.py
+def cfg_overrides(root, *extra) -> list[str]:
+    """A small float64 GraNNDIS run on 2 simulated servers x 1 worker."""
+    return [
+        f"paths.root={root}",
+        "strategy=granndis",
+        "dtype=float64",
+        "dataset.num_features=8",
+        "topology.servers=2",
+        *extra,
+    ]
+
+
+@pytest.mark.e2e
+def test_granndis_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
+    """float64, 2 ranks: the final weights from the directory equal the in-memory run's bit
+    for bit (atol 0), and so do every epoch's validation accuracy and the test accuracy; the
+    launcher never loads the dataset."""
+    from lightning_gnnscale.partition import partition
+
+    common = cfg_overrides(tmp_path)
+    out = tmp_path / "parts"
+    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
+    mem, _ = train(make_cfg(tmp_path / "mem", *common))
+
+    import lightning_gnnscale.run as run_module
+    import lightning_gnnscale.systems.base as base_module
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the launcher loaded the dataset")
+
+    monkeypatch.setattr(run_module, "load_dataset", no_load)
+    monkeypatch.setattr(base_module, "load_dataset", no_load)
+    got, objects = train(make_cfg(tmp_path / "dir", *common, f"data.partition_dir={out}"))
+    assert objects["graph"] is None
+    _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "dir" / "out"))
+    assert len(got["history"]) == len(mem["history"]) == 2  # trainer.max_epochs=2
+    assert [h["val_acc"] for h in got["history"]] == [h["val_acc"] for h in mem["history"]]
+    assert got["test_acc"] == mem["test_acc"]
+
+
+def test_a_granndis_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):
+    """Other EAS settings, another mode, another servers x workers split and ``mb_base`` are
+    refused in the launcher, naming the key (or the modes that can train from a directory)."""
+    import lightning_gnnscale.run as run_module
+    from lightning_gnnscale.partition import partition
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(run_module, "launch_local", no_spawn)
+    common = cfg_overrides(tmp_path)
+    out = tmp_path / "parts"
+    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
+
+    def run(*extra):
+        return train(make_cfg(tmp_path, *common, *extra, f"data.partition_dir={out}"))
+
+    with pytest.raises(PartitionDirError, match="'partition_options' is .*'fanout': 15") as err:
+        run("strategy.eas.fanout=5")
+    assert "partition.json" in str(err.value)
+    with pytest.raises(PartitionDirError, match="'method' is 'flx_eas' but this run has 'flx'"):
+        run("strategy.mode=flx")
+    with pytest.raises(PartitionDirError, match="'topology' is .*'servers': 2.*'servers': 1"):
+        run("topology.servers=1")
+    with pytest.raises(ConfigError, match="mode=mb_base .*'fb_base', 'flx', 'flx_eas', 'cob'"):
+        run("strategy=granndis_mb_base")
+    with pytest.raises(ConfigError, match="mode=mb_base"):
+        partition([*common, "strategy=granndis_mb_base"], tmp_path / "mb", log=lambda *_: 0)
