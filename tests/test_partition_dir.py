@@ -233,7 +233,9 @@ def test_missing_truncated_and_corrupt_parts_are_named(tmp_path):
 
 def test_systems_without_partition_dirs_refuse_the_setting(tmp_path):
     with pytest.raises(
-        ConfigError, match=r"strategy=gsplit.*: \['bytegnn', 'cagnet', 'distdgl', 'sancus'\]"
+        ConfigError,
+        match=r"strategy=gsplit.*: \['bytegnn', 'cagnet', 'distdgl', 'grappa', 'grappa_50s', "
+        r"'grappa_fp', 'grappa_naive', 'grappa_uw', 'sancus'\]",
     ):
         validate(make_cfg(tmp_path, "strategy=gsplit", f"data.partition_dir={tmp_path}"))
     with pytest.raises(ConfigError, match=r"not supported by strategy=gsplit"):
