@@ -159,7 +159,7 @@ def test_parts_list_the_chunks_their_schedule_reads(tmp_path):
     assert all(part["shared"] == [chunk_group(c) for c in range(8)] for part in meta["parts"])
     assert meta["node_offsets"][-1] == SBM["num_nodes"]
     fixed = GrappaConfig(num_chunks=8, schedule="fixed", halo_hops=0, chunking="metis")
-    communities = {**SBM, "num_classes": 8, "homophily": 1.0}
+    communities = {**SBM, "num_classes": 8, "homophily": 0.99}  # few edges between them
     meta = make_dm(tmp_path / "cache", config=fixed, options=communities).write_partition_dir(
         tmp_path / "fixed", 4, log=lambda *_: 0
     )
@@ -169,7 +169,9 @@ def test_parts_list_the_chunks_their_schedule_reads(tmp_path):
         want = {k, k + 1, k + 4, (k + 5) % 8} | {s for c in home for s in sources[c]}
         assert part["shared"] == [chunk_group(c) for c in sorted(want)]
         assert part["nodes"] == sum(meta["chunk_sizes"][c] for c in home)
-    unlisted = {chunk_group(c) for c in range(8)} - set(meta["parts"][0]["shared"])
+    listed = set(meta["parts"][0]["shared"])
+    assert listed - {chunk_group(c) for c in (0, 1, 4, 5)}, "the home chunks' halo adds none"
+    unlisted = {chunk_group(c) for c in range(8)} - listed
     assert unlisted, "every chunk is listed: the graph's chunks are not its communities"
     name = min(unlisted)
     dm = make_dm(tmp_path / "cache", str(tmp_path / "fixed"), config=fixed, options=communities)

@@ -153,6 +153,11 @@ def build_partition(
             hx[hit], hy[hit], hdeg[hit] = record["x"][rows], record["y"][rows], record["deg"][rows]
             hchunk[hit] = c
             del record
+        if (hchunk < 0).any():  # a chunk list that misses some (a directory's, say)
+            lost = halo[hchunk < 0][:5].tolist()
+            raise ValueError(
+                f"halo nodes {lost}... of chunks {spec.owned_chunks} are in no chunk read"
+            )
         io += _nbytes(halo, hx, hy, hdeg)
     part = IsolatedPartition(
         spec=spec,
