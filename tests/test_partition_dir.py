@@ -438,7 +438,8 @@ def test_the_partition_command_needs_out_and_a_system_that_loads_parts(tmp_path,
     out = tmp_path / "parts"
     assert main([f"paths.root={tmp_path}", "strategy=gsplit", f"out={out}"]) == 1
     assert (
-        "strategies that load from a partition directory: ['bytegnn', 'cagnet', 'distdgl', 'sancus']"
+        "strategies that load from a partition directory: ['bytegnn', 'cagnet', 'distdgl', "
+        "'grappa', 'grappa_50s', 'grappa_fp', 'grappa_naive', 'grappa_uw', 'sancus']"
         in capsys.readouterr().err
     )
     assert not out.exists()
