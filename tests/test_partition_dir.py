@@ -238,7 +238,8 @@ def test_systems_without_partition_dirs_refuse_the_setting(tmp_path):
     with pytest.raises(
         ConfigError,
         match=r"strategy=gsplit.*: \['bytegnn', 'cagnet', 'distdgl', 'granndis', 'granndis_cob', "
-        r"'granndis_fb_base', 'granndis_flx', 'sancus'\]",
+        r"'granndis_fb_base', 'granndis_flx', 'grappa', 'grappa_50s', 'grappa_fp', 'grappa_naive', "
+        r"'grappa_uw', 'sancus'\]",
     ):
         validate(make_cfg(tmp_path, "strategy=gsplit", f"data.partition_dir={tmp_path}"))
     with pytest.raises(ConfigError, match=r"not supported by strategy=gsplit"):
@@ -451,8 +452,8 @@ def test_the_partition_command_needs_out_and_a_system_that_loads_parts(tmp_path,
     assert main([f"paths.root={tmp_path}", "strategy=gsplit", f"out={out}"]) == 1
     assert (
         "strategies that load from a partition directory: ['bytegnn', 'cagnet', 'distdgl', "
-        "'granndis', 'granndis_cob', 'granndis_fb_base', 'granndis_flx', 'sancus']"
-        in capsys.readouterr().err
+        "'granndis', 'granndis_cob', 'granndis_fb_base', 'granndis_flx', 'grappa', 'grappa_50s', "
+        "'grappa_fp', 'grappa_naive', 'grappa_uw', 'sancus']" in capsys.readouterr().err
     )
     assert not out.exists()
 

@@ -103,8 +103,42 @@ def chunk_payload(graph: Graph, nodes: Tensor) -> dict:
     }
 
 
+class ChunkReader:
+    """What partitions are built from: ``num_chunks``, the small replicated ``meta`` (per chunk
+    ``train_counts`` and ``sizes``, and ``num_nodes``...) and :meth:`load`. Two kinds: the
+    chunk store of an in-memory run (:class:`ChunkStore`) and the chunk groups of a partition
+    directory (:class:`~.directory.DirChunks`)."""
+
+    meta: dict
+
+    @property
+    def num_chunks(self) -> int:
+        return int(self.meta["num_chunks"])
+
+    @property
+    def key(self) -> str:
+        """The chunking's content key (what a checkpoint's super-epoch ``t`` indexes)."""
+        raise NotImplementedError
+
+    def load(self, chunk: int) -> dict:
+        """Chunk ``chunk``'s record (``chunk_payload``'s keys), memory-mapped."""
+        raise NotImplementedError
+
+    def halo_sources(self, owned: tuple[int, ...]) -> list[int]:
+        """The chunks that may hold the halo of the nodes of ``owned`` (default: every other
+        chunk)."""
+        return [c for c in range(self.num_chunks) if c not in owned]
+
+    def chunk_ids(self) -> Tensor:
+        """int64 ``[N]`` chunk of every node (reads every chunk's node list: O(N) int64)."""
+        out = torch.empty(int(self.meta["num_nodes"]), dtype=torch.int64)
+        for c in range(self.num_chunks):
+            out[self.load(c)["nodes"]] = c
+        return out
+
+
 @dataclass(frozen=True)
-class ChunkStore:
+class ChunkStore(ChunkReader):
     """A written chunk store: its folder and the small replicated metadata.
 
     ``meta`` holds ``format``, ``num_chunks``, ``num_nodes``, ``num_edges``, ``num_features``,
@@ -116,8 +150,8 @@ class ChunkStore:
     meta: dict
 
     @property
-    def num_chunks(self) -> int:
-        return int(self.meta["num_chunks"])
+    def key(self) -> str:
+        return Path(self.path).name
 
     def chunk_path(self, chunk: int) -> Path:
         return Path(self.path) / f"chunk_{chunk}.pt"
@@ -156,13 +190,6 @@ class ChunkStore:
             return torch.load(path, mmap=mmap, weights_only=True)
         except Exception as err:  # a file changed after its check, or torch cannot read it
             raise ChunkStoreError(self._fix(path, f"cannot be loaded ({err})")) from err
-
-    def chunk_ids(self) -> Tensor:
-        """int64 ``[N]`` chunk of every node (reads every chunk's node list: O(N) int64)."""
-        out = torch.empty(int(self.meta["num_nodes"]), dtype=torch.int64)
-        for c in range(self.num_chunks):
-            out[self.load(c)["nodes"]] = c
-        return out
 
 
 def chunk_store_key(graph: Graph, num_chunks: int, method: str, seed: int) -> dict:

@@ -117,6 +117,7 @@ class GrappaConfig(SystemConfig):
     PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
     # the paper's setting: L2 is added after the coverage-scaled all-reduce, unscaled
     MODEL_SETTINGS: ClassVar[dict] = {"weight_decay": 0.0}
+    supports_partition_dir: ClassVar[bool] = True  # its chunks as shared groups (directory.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -6,6 +6,10 @@ steps (computed from the replicated per-chunk training counts, no communication)
 sampled inside the partition only and carries its coverage factor ``c`` and deficit
 (:class:`GrappaBatch`). The DataModule owns the :class:`~.superepochs.SuperEpochClock` that
 decides ``t``, advances it while it builds training batches and saves it in checkpoints.
+
+With ``data.partition_dir`` the chunks are the directory's shared groups (``directory.py``):
+a rank maps each chunk only while it builds a partition from it, and the full-graph evaluation
+and ``trainer.predict`` run on the ranks' home chunks, exchanging the halo's hidden rows.
 """
 
 from __future__ import annotations
@@ -13,22 +17,24 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from torch import Tensor
 from typing_extensions import override
 
-from ...comm import Comm
+from ...comm import Comm, OwnerRoute
 from ...graph.batch import Batch
 from ...graph.order import EpochOrder
-from ...models.gnn import BlockGNN, layerwise_inference
+from ...graph.partition_dir import PartitionDir
+from ...models.gnn import BlockGNN, inference_builder, layer_rows, layerwise_inference
 from ..base import GNNDataModule, replicated_eval_counts
 from ..contract import RankContext
 from .callbacks import GradientOnlyAudit, GrappaStats
-from .chunking import ChunkStore, write_chunk_store
+from .chunking import ChunkReader, ChunkStore, write_chunk_store
 from .config import GrappaConfig
+from .directory import DirChunks, home_chunks, write_chunk_parts
 from .estimators import batch_factor, c_uniform, gcn_kappa, kappa, seed_sample_counts
 from .partition import IsolatedPartition, PartitionSampler, build_partition
 from .remote import RemoteSampler
@@ -77,7 +83,7 @@ class GrappaDataModule(GNNDataModule):
         super().__init__(dataset, config or GrappaConfig(), data, **kwargs)
         self.rank, self.world_size = 0, 1
         self.comm: Comm | None = None
-        self.store: ChunkStore | None = None
+        self.store: ChunkReader | None = None
         self.schedule: Schedule | None = None
         self.clock: SuperEpochClock | None = None
         self.phases = 1  # k, the config's partitions_per_rank resolved for the world size
@@ -109,9 +115,34 @@ class GrappaDataModule(GNNDataModule):
         return store
 
     @override
-    def setup_rank(self, context: RankContext, prepared: ChunkStore) -> None:
+    def partition_settings(self) -> dict[str, Any]:
+        """The chunking, and what decides which chunks each part lists (checked against a
+        partition directory)."""
+        cfg = self.config
+        return {
+            "method": cfg.chunking,
+            "partition_options": {
+                "num_chunks": cfg.num_chunks,
+                "partitions_per_rank": cfg.partitions_per_rank,
+                "schedule": cfg.schedule,
+                "halo_hops": cfg.halo_hops,
+                "remote_sampling": cfg.remote_sample_frac > 0,
+            },
+        }
+
+    @override
+    def write_parts(self, world_size: int, writer, log) -> dict:
+        """Each chunk of the chunk store as a shared group, each part listing the chunks its
+        rank reads (:func:`~.directory.write_chunk_parts`)."""
+        store = self.prepare(world_size)
+        return write_chunk_parts(self.config, store, self.seed, world_size, writer, log)
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: ChunkStore | PartitionDir) -> None:
         cfg = self.config
         self.rank, self.world_size, self.comm = context.rank, context.world_size, context.comm
+        if isinstance(prepared, PartitionDir):
+            prepared = DirChunks(prepared, self.rank, self._dtype)
         self.store = prepared
         self.schedule = Schedule(cfg.schedule, prepared.num_chunks, cfg.sweep_order, self.seed)
         max_epochs = self.trainer.max_epochs if self.trainer is not None else None
@@ -135,7 +166,7 @@ class GrappaDataModule(GNNDataModule):
     def _layout(self) -> dict:
         """What ``t`` means: the chunking (content key), schedule, sweep order and phases."""
         return {
-            "chunking": Path(self.store.path).name,
+            "chunking": self.store.key,
             "schedule": self.schedule.kind,
             "sweep_order": self.schedule.sweep_order,
             "sweep_seed": self.schedule.seed,
@@ -368,6 +399,14 @@ class GrappaDataModule(GNNDataModule):
         mode = self.config.eval_mode
         if mode == "none":
             return counts
+        if mode == "global_fullgraph" and self.partition_dir is not None:
+            part, logits = self.home_rows(net, net.num_layers)
+            pred, core = logits.argmax(1).cpu(), part.num_core
+            for i, split in enumerate(splits):
+                mask = getattr(part, f"{split}_mask")[:core]
+                counts[i, 0] = (pred[mask] == part.y[:core][mask]).sum()
+                counts[i, 1] = mask.sum()
+            return counts
         if mode == "global_fullgraph":
             comm = self.context.comm if self.context is not None else None
             return replicated_eval_counts(
@@ -383,3 +422,52 @@ class GrappaDataModule(GNNDataModule):
                 counts[i, 0] += (pred[mask] == part.y[:core][mask]).sum()
                 counts[i, 1] += mask.sum()
         return counts
+
+    # ------------------------------------------------------ from a partition directory
+    @torch.no_grad()
+    def home_rows(self, net: BlockGNN, layers: int) -> tuple[IsolatedPartition, Tensor]:
+        """Full-neighbourhood rows ``[n_home, d]`` after ``layers`` layers of this rank's home
+        chunks' nodes (:func:`~.directory.home_chunks`), with the partition they were computed
+        on (home nodes, sorted, then their halo). The halo's input rows are read from the
+        chunks (storage, as a training partition's); its hidden rows come from their home
+        ranks, one exchange per hidden layer (``activation``). Collective."""
+        home = home_chunks(self.rank, self.world_size, self.store.num_chunks)
+        part = build_partition(self.store, PartitionSpec(home, home), halo_hops=1)
+        core, device = part.num_core, next(net.parameters()).device
+        halo = part.local2global[core:]
+        owners = part.halo_chunk % self.world_size
+        route = OwnerRoute.build(self.comm, halo, owners, category="structure")
+        served = part.local_of(route.served)
+        builder = inference_builder(part.indptr, part.deg)
+        h = part.x.to(device)
+        for i in range(layers):
+            rows = layer_rows(
+                net, i, builder, part.indptr, part.indices, h, 0, core, self.data.eval_chunk_size
+            )
+            if i == layers - 1:
+                return part, rows
+            remote = route.reply(self.comm, rows.cpu()[served], category="activation")
+            h = torch.cat([rows, remote.to(device)])
+        return part, h[:core]
+
+    @override
+    def predict_rows(
+        self, net: torch.nn.Module, node_ids: Tensor | None, output: str
+    ) -> tuple[Tensor, Tensor]:
+        """From a partition directory: the rows of this rank's home chunks' nodes
+        (:meth:`home_rows`), in the dataset's ids; in memory: the base class's."""
+        if self.partition_dir is None:
+            return super().predict_rows(net, node_ids, output)
+        if not isinstance(net, BlockGNN):
+            raise TypeError(f"predictions need a BlockGNN net, got {type(net).__name__}")
+        part, rows = self.home_rows(net, net.num_layers - (output == "embeddings"))
+        ids = part.local2global[: part.num_core]
+        if node_ids is None:
+            return ids, rows
+        node_ids = node_ids.cpu()
+        num_nodes = int(self.store.meta["num_nodes"])
+        if node_ids.numel() and (int(node_ids.min()) < 0 or int(node_ids.max()) >= num_nodes):
+            raise ValueError(f"node ids must be in [0, {num_nodes})")
+        local = part.local_of(node_ids)
+        keep = (local >= 0) & (local < part.num_core)
+        return node_ids[keep], rows[local[keep].to(rows.device)]

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ...graph.block import Block
 from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors
-from .chunking import ChunkStore
+from .chunking import ChunkReader
 from .schedule import PartitionSpec
 
 
@@ -42,6 +42,7 @@ class IsolatedPartition:
         seeds: int64, local ids of the training nodes of the seed chunks.
         seed_owned: bool ``[n_core]``, the node is in a seed chunk.
         io_bytes: bytes read from the store to build it.
+        halo_chunk: int64 ``[n - n_core]``, the chunk of each halo node.
     """
 
     spec: PartitionSpec
@@ -59,6 +60,7 @@ class IsolatedPartition:
     seeds: Tensor
     seed_owned: Tensor
     io_bytes: int
+    halo_chunk: Tensor
 
     @property
     def num_nodes(self) -> int:
@@ -86,7 +88,7 @@ def _nbytes(*tensors: Tensor) -> int:
 
 
 def build_partition(
-    store: ChunkStore,
+    store: ChunkReader,
     spec: PartitionSpec,
     halo_hops: int = 1,
     count_halo_as_local: bool = False,
@@ -141,16 +143,21 @@ def build_partition(
     hx = cat["x"].new_zeros((halo.numel(), cat["x"].shape[1]))
     hy = torch.full((halo.numel(),), -1, dtype=torch.int64)
     hdeg = torch.zeros(halo.numel(), dtype=torch.int64)
+    hchunk = torch.full((halo.numel(),), -1, dtype=torch.int64)
     if halo.numel():
-        for c in range(store.num_chunks):
-            if c in chunks:
-                continue
+        for c in store.halo_sources(spec.owned_chunks):
             record = store.load(c)
             pos = torch.searchsorted(record["nodes"], halo).clamp(max=record["nodes"].numel() - 1)
             hit = (record["nodes"][pos] == halo).nonzero().flatten()
             rows = pos[hit]
             hx[hit], hy[hit], hdeg[hit] = record["x"][rows], record["y"][rows], record["deg"][rows]
+            hchunk[hit] = c
             del record
+        if (hchunk < 0).any():  # a chunk list that misses some (a directory's, say)
+            lost = halo[hchunk < 0][:5].tolist()
+            raise ValueError(
+                f"halo nodes {lost}... of chunks {spec.owned_chunks} are in no chunk read"
+            )
         io += _nbytes(halo, hx, hy, hdeg)
     part = IsolatedPartition(
         spec=spec,
@@ -168,6 +175,7 @@ def build_partition(
         seeds=(cat["train_mask"] & seed_owned).nonzero().flatten(),
         seed_owned=seed_owned,
         io_bytes=io,
+        halo_chunk=hchunk,
     )
     part.indices = part.local_of(src)
     local_src_owned = part.indices < part.num_core

@@ -1,0 +1,128 @@
+"""Grappa's partition directory (docs/systems/grappa.md, "From a partition directory").
+
+Grappa's unit of storage is the chunk, and its partitions change every super-epoch: partition
+``p`` (rank ``p mod W``) owns base chunk ``p`` and a variable chunk that the pinned sweep moves
+over every other chunk, and it reads its halo rows from the other chunks' files. So each chunk
+is one shared group ``chunk<c>`` (the chunk store's record, as ``.npy``), and part ``k`` lists
+the chunks rank ``k`` reads over a whole schedule cycle: its partitions' owned chunks and the
+chunks holding their halo, plus its home chunks (``c mod W = k``, evaluated and predicted by
+``k``) and their halo's. Under the pinned sweep and the tournament that is every chunk; a rank
+maps a chunk only while it builds a partition from it (the partition is a copy).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ...graph.partition_dir import PartitionDir
+from .chunking import ChunkReader, ChunkStore
+from .config import GrappaConfig
+from .schedule import Schedule
+
+CHUNK_FILES = ("nodes", "indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask")
+
+
+def chunk_group(chunk: int) -> str:
+    """The shared group of chunk ``chunk``."""
+    return f"chunk{chunk:05d}"
+
+
+def home_chunks(rank: int, world_size: int, num_chunks: int) -> tuple[int, ...]:
+    """The chunks rank ``rank`` evaluates and predicts (and serves under Grappa-50S): ``c mod
+    W = rank``, the base chunks of its pinned-sweep partitions."""
+    return tuple(range(rank, num_chunks, world_size))
+
+
+def chunk_sources(store: ChunkStore) -> list[list[int]]:
+    """Per chunk, the other chunks its nodes' in-neighbours lie in (where its halo is)."""
+    owner = store.chunk_ids()
+    return [
+        [s for s in torch.unique(owner[store.load(c)["indices"]]).tolist() if s != c]
+        for c in range(store.num_chunks)
+    ]
+
+
+def rank_chunks(
+    cfg: GrappaConfig, schedule: Schedule, sources: list[list[int]], rank: int, world_size: int
+) -> list[int]:
+    """The chunks rank ``rank`` reads in a run: the owned chunks of its partitions over one
+    schedule cycle (the rounds repeat after it; ``fixed`` has one) and its home chunks, each
+    with the chunks of its halo; every chunk under Grappa-50S (its owners' degrees)."""
+    if cfg.remote_sample_frac > 0:
+        return list(range(schedule.num_chunks))
+    home = home_chunks(rank, world_size, schedule.num_chunks)
+    owned = set(home)
+    for p in range(rank, schedule.num_partitions, world_size):
+        for t in range(1 if schedule.kind == "fixed" else schedule.cycle):
+            owned.update(schedule.partition(p, t).owned_chunks)
+    needed = set(owned)
+    for c in owned if cfg.halo_hops else home:
+        needed.update(sources[c])
+    return sorted(needed)
+
+
+def write_chunk_parts(
+    cfg: GrappaConfig, store: ChunkStore, seed: int, world_size: int, writer, log
+) -> dict:
+    """Write every chunk as a shared group and every rank's part (its home chunks, and the
+    groups it reads); returns the metadata the ranks share."""
+    schedule = Schedule(cfg.schedule, store.num_chunks, cfg.sweep_order, seed)
+    for c in range(store.num_chunks):
+        record = store.load(c)
+        writer.write_shared(chunk_group(c), {k: record[k] for k in CHUNK_FILES})
+        log(f"[partition] chunk {c + 1}/{store.num_chunks} written")
+        del record
+    sources = chunk_sources(store)
+    sizes = store.meta["sizes"]
+    home_sizes = []
+    for k in range(world_size):
+        home = home_chunks(k, world_size, store.num_chunks)
+        needed = rank_chunks(cfg, schedule, sources, k, world_size)
+        home_sizes.append(sum(sizes[c] for c in home))
+        writer.write_part(
+            k,
+            {"home_chunks": torch.tensor(home, dtype=torch.int64)},
+            {"nodes": home_sizes[-1], "chunks": len(needed)},
+            shared=[chunk_group(c) for c in needed],
+        )
+        log(f"[partition] part {k + 1}/{world_size} written (reads {len(needed)} chunks)")
+    offsets = torch.tensor([0, *home_sizes]).cumsum(0)
+    return {
+        "node_offsets": offsets.tolist(),
+        "chunk_store": store.key,
+        "num_chunks": store.num_chunks,
+        "chunk_sizes": sizes,
+        "train_counts": store.meta["train_counts"],
+        "chunk_sources": sources,
+    }
+
+
+class DirChunks(ChunkReader):
+    """The chunks of a partition directory as part ``part`` reads them: each one memory-mapped
+    when loaded (:meth:`~...graph.partition_dir.PartitionDir.load_shared`), features cast to
+    ``dtype``. A chunk its part does not list cannot be loaded (``PartitionDirError``)."""
+
+    def __init__(self, opened: PartitionDir, part: int, dtype: torch.dtype):
+        meta = opened.meta
+        self.opened, self.part, self.dtype = opened, part, dtype
+        self.meta = {
+            "num_chunks": meta["num_chunks"],
+            "num_nodes": meta["num_nodes"],
+            "sizes": meta["chunk_sizes"],
+            "train_counts": meta["train_counts"],
+        }
+        self.sources = meta["chunk_sources"]
+
+    @property
+    def key(self) -> str:
+        return self.opened.meta["chunk_store"]
+
+    def load(self, chunk: int) -> dict[str, Tensor]:
+        record = self.opened.load_shared(chunk_group(chunk), self.part)
+        record["x"] = record["x"].to(self.dtype)
+        record["deg"] = record["indptr"].diff()
+        return record
+
+    def halo_sources(self, owned: tuple[int, ...]) -> list[int]:
+        return sorted({s for c in owned for s in self.sources[c]} - set(owned))
