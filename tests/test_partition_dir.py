@@ -27,8 +27,8 @@ from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.run import train
 from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.contract import RankContext
+from lightning_gnnscale.systems.ddp import DataParallelDataModule, DDPConfig
 from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule, PartitionConfig
-from lightning_gnnscale.systems.gsplit import GSplitConfig, GSplitDataModule
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
 
@@ -233,11 +233,12 @@ def test_missing_truncated_and_corrupt_parts_are_named(tmp_path):
 
 def test_systems_without_partition_dirs_refuse_the_setting(tmp_path):
     with pytest.raises(
-        ConfigError, match=r"strategy=gsplit.*: \['bytegnn', 'cagnet', 'distdgl', 'sancus'\]"
+        ConfigError,
+        match=r"strategy=ddp.*: \['bytegnn', 'cagnet', 'distdgl', 'gsplit', 'sancus'\]",
     ):
-        validate(make_cfg(tmp_path, "strategy=gsplit", f"data.partition_dir={tmp_path}"))
-    with pytest.raises(ConfigError, match=r"not supported by strategy=gsplit"):
-        GSplitDataModule("sbm", GSplitConfig(), DataConfig(partition_dir=str(tmp_path)))
+        validate(make_cfg(tmp_path, "strategy=ddp", f"data.partition_dir={tmp_path}"))
+    with pytest.raises(ConfigError, match=r"not supported by strategy=ddp"):
+        DataParallelDataModule("sbm", DDPConfig(), DataConfig(partition_dir=str(tmp_path)))
 
 
 def test_train_checks_the_directory_before_any_rank_starts(tmp_path, monkeypatch):
@@ -434,10 +435,10 @@ def test_the_partition_command_needs_out_and_a_system_that_loads_parts(tmp_path,
     assert main(["strategy=distdgl"]) == 2  # no out=
     assert "usage" in capsys.readouterr().err
     out = tmp_path / "parts"
-    assert main([f"paths.root={tmp_path}", "strategy=gsplit", f"out={out}"]) == 1
+    assert main([f"paths.root={tmp_path}", "strategy=ddp", f"out={out}"]) == 1
     assert (
-        "strategies that load from a partition directory: ['bytegnn', 'cagnet', 'distdgl', 'sancus']"
-        in capsys.readouterr().err
+        "strategies that load from a partition directory: "
+        "['bytegnn', 'cagnet', 'distdgl', 'gsplit', 'sancus']" in capsys.readouterr().err
     )
     assert not out.exists()
 

@@ -338,3 +338,16 @@ def partition_and_relabel(
     )
     book = PartitionBook.from_parts(parts, num_parts)
     return PartitionedGraph(relabel_graph(graph, book), book, report)
+
+
+def relabel_csc(indptr: Tensor, indices: Tensor, book: PartitionBook) -> tuple[Tensor, Tensor]:
+    """A CSC in gids that keeps every segment's edge order (unlike :func:`relabel_graph`,
+    which re-sorts by source gid): position ``i`` of node ``v``'s segment is the same
+    neighbour in both, so a hash-keyed sampler that picks positions draws the same edges.
+    Returns ``(indptr [N + 1], indices [E])``; vectorised, ``O(N + E)``."""
+    degree = (indptr[1:] - indptr[:-1])[book.new2old]
+    new_indptr = torch.zeros_like(indptr)
+    torch.cumsum(degree, 0, out=new_indptr[1:])
+    shift = torch.repeat_interleave(indptr[:-1][book.new2old] - new_indptr[:-1], degree)
+    shift += torch.arange(shift.numel())  # the old edge id of every new edge id
+    return new_indptr, book.old2new[indices[shift]]
