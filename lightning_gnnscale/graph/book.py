@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_gnnscale.graph.block import Block
 from lightning_gnnscale.graph.cache import cached_partition
 from lightning_gnnscale.graph.csc import Graph, csc_from_edges
 from lightning_gnnscale.graph.partition import partition_report
@@ -351,3 +352,17 @@ def relabel_csc(indptr: Tensor, indices: Tensor, book: PartitionBook) -> tuple[T
     shift = torch.repeat_interleave(indptr[:-1][book.new2old] - new_indptr[:-1], degree)
     shift += torch.arange(shift.numel())  # the old edge id of every new edge id
     return new_indptr, book.old2new[indices[shift]]
+
+
+def sort_sources(block: Block, key: Tensor) -> Block:
+    """``block`` with its non-destination sources reordered by ``key`` (one value per source,
+    stable: ties keep their order), rows, edges and degrees alike. A rank whose graph is
+    relabelled builds its blocks in its own ids' order; sorting by the original ids, or the
+    in-memory path by the owner (the relabelled order), makes both paths' blocks equal row
+    for row."""
+    n_dst = block.num_dst
+    order = torch.cat([torch.arange(n_dst), torch.argsort(key[n_dst:], stable=True) + n_dst])
+    position = torch.empty_like(order)
+    position[order] = torch.arange(order.numel())
+    edge_index = torch.stack([position[block.edge_index[0]], block.edge_index[1]])
+    return Block(block.src_ids[order], n_dst, edge_index, block.src_deg[order])

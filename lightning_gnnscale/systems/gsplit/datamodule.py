@@ -25,13 +25,16 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from ...comm import OwnerRoute
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, RangeBook, relabel_csc
 from ...graph.partition_dir import PartitionDir
-from ...graph.sampler import NeighborSampler, build_block_sorted, sample_neighbors
-from ...models.gnn import BlockGNN
-from ..base import GNNDataModule, ReplicatedGraphEvaluation, assert_same_on_all_ranks
+from ...graph.sampler import NeighborSampler
+from ..base import (
+    GNNDataModule,
+    ReplicatedGraphEvaluation,
+    assert_same_on_all_ranks,
+    owned_range_rows,
+)
 from ..contract import RankContext
 from .callbacks import GSplitStats, RedundancyProbe
 from .config import GSplitConfig
@@ -383,37 +386,18 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         mine = orig_ids[position] == ids if orig_ids.numel() else ids < 0
         return ids[mine], rows[position[mine].to(rows.device)]
 
-    @torch.no_grad()
     def own_rows(self, net: torch.nn.Module, layers: int) -> torch.Tensor:
-        """The first ``layers`` layers' full-neighbourhood output rows of this rank's own
-        vertices ``[n_own, d]`` (a partition directory's rank). Before each layer the rows of
-        the in-neighbours owned elsewhere come from their owners (``feature`` before layer 0,
-        ``activation`` after); each layer runs over ``data.eval_chunk_size`` vertices at a
-        time. Rows equal the in-memory inference's."""
-        if not isinstance(net, BlockGNN):
-            raise TypeError(f"GSplit evaluates a BlockGNN net, got {type(net).__name__}")
-        comm, sampler = self.context.comm, self.sampler
-        first = self.cache.first_id
-        num_own = self.labels.numel()
-        stop = first + num_own
-        neighbours = sampler.indices[sampler.indptr[first] : sampler.indptr[stop]]
-        halo = torch.unique(neighbours[(neighbours < first) | (neighbours >= stop)])
-        route = OwnerRoute.build(comm, halo, sampler.owner(halo), category="structure")
-        device = next(net.parameters()).device
-        h = self.cache.x.to(device)
-        chunk = self.data.eval_chunk_size
-        for i in range(layers):
-            served = h.index_select(0, (route.served - first).to(device)).cpu()
-            category = "feature" if i == 0 else "activation"
-            table = torch.cat([h, route.reply(comm, served, category=category).to(device)])
-            outs = []
-            for lo in range(first, stop, chunk) or [first]:
-                dst = torch.arange(lo, min(lo + chunk, stop))
-                src, dst_pos = sample_neighbors(sampler.indptr, sampler.indices, dst, -1, 0)
-                block = build_block_sorted(dst, src, dst_pos, sampler.degree)
-                ids = block.src_ids
-                own = (ids >= first) & (ids < stop)
-                rows = torch.where(own, ids - first, num_own + torch.searchsorted(halo, ids))
-                outs.append(net.layer_output(i, block.to(device), table[rows.to(device)]))
-            h = torch.cat(outs)
-        return h
+        """The first ``layers`` layers' full-neighbourhood rows ``[n_own, d]`` of this rank's
+        own vertices (a partition directory's rank; :func:`~..base.owned_range_rows`: the
+        in-neighbours' rows come from their owners)."""
+        sampler = self.sampler
+        return owned_range_rows(
+            net,
+            self.context.comm,
+            self.parts,
+            sampler.indptr,
+            sampler.indices,
+            self.cache.x,
+            layers,
+            self.data.eval_chunk_size,
+        )

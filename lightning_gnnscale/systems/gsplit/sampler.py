@@ -15,14 +15,14 @@ docs/systems/gsplit.md#shuffle).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ...comm import Comm, OwnerRoute, exchange_rows
 from ...graph.block import Block
-from ...graph.book import RangeBook
+from ...graph.book import RangeBook, sort_sources
 from ...graph.sampler import BlockBuilder, SampleKey, build_block_sorted, sample_neighbors
 
 
@@ -79,25 +79,6 @@ def shuffle(h: Tensor, plan: LayerPlan, comm: Comm, layer: int) -> Tensor:
     inverse = torch.empty_like(plan.recv_order)
     inverse[plan.recv_order] = torch.arange(plan.recv_order.numel(), device=inverse.device)
     return received.index_select(0, inverse)
-
-
-def sources_by_owner(block: Block, owner: Tensor) -> Block:
-    """``block`` with its non-destination sources grouped by ``owner`` (int64, one per source),
-    by id within an owner: the order of sorted ids once every owner's vertices are one
-    contiguous id range, so a rank whose graph is relabelled that way (a partition directory)
-    builds the same blocks, row for row."""
-    n_dst = block.num_dst
-    order = torch.argsort(owner[n_dst:], stable=True) + n_dst  # sources come sorted by id
-    order = torch.cat([torch.arange(n_dst), order])
-    position = torch.empty_like(order)
-    position[order] = torch.arange(order.numel())
-    edge_index = torch.stack([position[block.edge_index[0]], block.edge_index[1]])
-    return replace(
-        block,
-        src_ids=block.src_ids[order],
-        edge_index=edge_index,
-        src_deg=block.src_deg[order],
-    )
 
 
 class SplitSampler:
@@ -168,7 +149,8 @@ class SplitSampler:
                 self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
             )
             block = self.build_block(frontier, src, dst_pos)
-            block = sources_by_owner(block, self.owner(block.src_ids))
+            # non-destination sources by owner, by id within one: a relabelled rank's order
+            block = sort_sources(block, self.owner(block.src_ids))
             frontier, plan = self.split(block.src_ids)
             blocks.append(block)
             plans.append(plan)
