@@ -234,7 +234,8 @@ def test_missing_truncated_and_corrupt_parts_are_named(tmp_path):
 def test_systems_without_partition_dirs_refuse_the_setting(tmp_path):
     with pytest.raises(
         ConfigError,
-        match=r"strategy=ddp.*: \['bytegnn', 'cagnet', 'distdgl', 'gsplit', 'sancus'\]",
+        match=r"strategy=ddp.*: \['bytegnn', 'cagnet', 'distdgl', 'gsplit', 'hopgnn', 'hopgnn_mc', "
+        r"'sancus'\]",
     ):
         validate(make_cfg(tmp_path, "strategy=ddp", f"data.partition_dir={tmp_path}"))
     with pytest.raises(ConfigError, match=r"not supported by strategy=ddp"):
@@ -438,7 +439,8 @@ def test_the_partition_command_needs_out_and_a_system_that_loads_parts(tmp_path,
     assert main([f"paths.root={tmp_path}", "strategy=ddp", f"out={out}"]) == 1
     assert (
         "strategies that load from a partition directory: "
-        "['bytegnn', 'cagnet', 'distdgl', 'gsplit', 'sancus']" in capsys.readouterr().err
+        "['bytegnn', 'cagnet', 'distdgl', 'gsplit', 'hopgnn', 'hopgnn_mc', 'sancus']"
+        in capsys.readouterr().err
     )
     assert not out.exists()
 
