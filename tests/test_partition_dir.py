@@ -3,6 +3,7 @@ block builder and range book a rank uses, DistDGL ranks that hold only their own
 to the in-memory path step for step), and train.py from a directory (bit for bit, resume)."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -28,13 +29,35 @@ from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.run import train
 from lightning_gnnscale.schema import DataConfig, ModelConfig
 from lightning_gnnscale.systems.contract import RankContext
+from lightning_gnnscale.systems.ddp import DataParallelDataModule, DDPConfig
 from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule, PartitionConfig
-from lightning_gnnscale.systems.gsplit import GSplitConfig, GSplitDataModule
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
 from tests.helpers.predictions import check_predictions, predict_shares
 
 FANOUTS = [5, 3]
+# every strategy that loads from a partition directory, as its refusal lists them
+SUPPORTING = ", ".join(
+    repr(name)
+    for name in (
+        "bytegnn",
+        "cagnet",
+        "distdgl",
+        "granndis",
+        "granndis_cob",
+        "granndis_fb_base",
+        "granndis_flx",
+        "grappa",
+        "grappa_50s",
+        "grappa_fp",
+        "grappa_naive",
+        "grappa_uw",
+        "gsplit",
+        "hopgnn",
+        "hopgnn_mc",
+        "sancus",
+    )
+)
 SBM = dict(num_nodes=300, num_classes=4, avg_degree=8.0, num_features=10, seed=5)
 MODEL = ModelConfig(hidden=8, num_layers=2)
 
@@ -237,13 +260,11 @@ def test_missing_truncated_and_corrupt_parts_are_named(tmp_path):
 def test_systems_without_partition_dirs_refuse_the_setting(tmp_path):
     with pytest.raises(
         ConfigError,
-        match=r"strategy=gsplit.*: \['bytegnn', 'cagnet', 'distdgl', 'granndis', 'granndis_cob', "
-        r"'granndis_fb_base', 'granndis_flx', 'grappa', 'grappa_50s', 'grappa_fp', 'grappa_naive', "
-        r"'grappa_uw', 'sancus'\]",
+        match=r"strategy=ddp.*: \[" + re.escape(SUPPORTING) + r"\]",
     ):
-        validate(make_cfg(tmp_path, "strategy=gsplit", f"data.partition_dir={tmp_path}"))
-    with pytest.raises(ConfigError, match=r"not supported by strategy=gsplit"):
-        GSplitDataModule("sbm", GSplitConfig(), DataConfig(partition_dir=str(tmp_path)))
+        validate(make_cfg(tmp_path, "strategy=ddp", f"data.partition_dir={tmp_path}"))
+    with pytest.raises(ConfigError, match=r"not supported by strategy=ddp"):
+        DataParallelDataModule("sbm", DDPConfig(), DataConfig(partition_dir=str(tmp_path)))
 
 
 def test_train_checks_the_directory_before_any_rank_starts(tmp_path, monkeypatch):
@@ -449,11 +470,10 @@ def test_the_partition_command_needs_out_and_a_system_that_loads_parts(tmp_path,
     assert main(["strategy=distdgl"]) == 2  # no out=
     assert "usage" in capsys.readouterr().err
     out = tmp_path / "parts"
-    assert main([f"paths.root={tmp_path}", "strategy=gsplit", f"out={out}"]) == 1
+    assert main([f"paths.root={tmp_path}", "strategy=ddp", f"out={out}"]) == 1
     assert (
-        "strategies that load from a partition directory: ['bytegnn', 'cagnet', 'distdgl', "
-        "'granndis', 'granndis_cob', 'granndis_fb_base', 'granndis_flx', 'grappa', 'grappa_50s', "
-        "'grappa_fp', 'grappa_naive', 'grappa_uw', 'sancus']" in capsys.readouterr().err
+        f"strategies that load from a partition directory: [{SUPPORTING}]"
+        in capsys.readouterr().err
     )
     assert not out.exists()
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_gnnscale.graph.block import Block
 from lightning_gnnscale.graph.cache import cached_partition
 from lightning_gnnscale.graph.csc import Graph, csc_from_edges
 from lightning_gnnscale.graph.partition import partition_report
@@ -338,3 +339,30 @@ def partition_and_relabel(
     )
     book = PartitionBook.from_parts(parts, num_parts)
     return PartitionedGraph(relabel_graph(graph, book), book, report)
+
+
+def relabel_csc(indptr: Tensor, indices: Tensor, book: PartitionBook) -> tuple[Tensor, Tensor]:
+    """A CSC in gids that keeps every segment's edge order (unlike :func:`relabel_graph`,
+    which re-sorts by source gid): position ``i`` of node ``v``'s segment is the same
+    neighbour in both, so a hash-keyed sampler that picks positions draws the same edges.
+    Returns ``(indptr [N + 1], indices [E])``; vectorised, ``O(N + E)``."""
+    degree = (indptr[1:] - indptr[:-1])[book.new2old]
+    new_indptr = torch.zeros_like(indptr)
+    torch.cumsum(degree, 0, out=new_indptr[1:])
+    shift = torch.repeat_interleave(indptr[:-1][book.new2old] - new_indptr[:-1], degree)
+    shift += torch.arange(shift.numel())  # the old edge id of every new edge id
+    return new_indptr, book.old2new[indices[shift]]
+
+
+def sort_sources(block: Block, key: Tensor) -> Block:
+    """``block`` with its non-destination sources reordered by ``key`` (one value per source,
+    stable: ties keep their order), rows, edges and degrees alike. A rank whose graph is
+    relabelled builds its blocks in its own ids' order; sorting by the original ids, or the
+    in-memory path by the owner (the relabelled order), makes both paths' blocks equal row
+    for row."""
+    n_dst = block.num_dst
+    order = torch.cat([torch.arange(n_dst), torch.argsort(key[n_dst:], stable=True) + n_dst])
+    position = torch.empty_like(order)
+    position[order] = torch.arange(order.numel())
+    edge_index = torch.stack([position[block.edge_index[0]], block.edge_index[1]])
+    return Block(block.src_ids[order], n_dst, edge_index, block.src_deg[order])

@@ -36,17 +36,18 @@ from ..comm import (
     Comm,
     CommMeter,
     GradientHookState,
+    OwnerRoute,
     Topology,
     register_metered_ddp_hook,
 )
 from ..errors import ConfigError
 from ..graph.batch import Batch
-from ..graph.book import LocalPartition, PartitionedGraph, build_local_partition
+from ..graph.book import LocalPartition, PartitionedGraph, RangeBook, build_local_partition
 from ..graph.cache import tensor_digest
 from ..graph.csc import Graph
 from ..graph.datasets import load_dataset
 from ..graph.order import EpochOrder
-from ..graph.sampler import NeighborSampler
+from ..graph.sampler import NeighborSampler, build_block_sorted, sample_neighbors
 from ..models.gnn import (
     BlockGNN,
     SubgraphModel,
@@ -1072,3 +1073,55 @@ def replicated_eval_counts(
         counts[i, 0] = (pred[ids] == graph.y[ids]).sum()
         counts[i, 1] = ids.numel()
     return counts
+
+
+@torch.no_grad()
+def owned_range_rows(
+    net: torch.nn.Module,
+    comm: Comm,
+    book: RangeBook,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    x: torch.Tensor,
+    layers: int,
+    chunk_size: int,
+) -> torch.Tensor:
+    """Full-neighbourhood output rows ``[n_own, d]`` of the first ``layers`` layers for this
+    rank's own vertices, the contiguous range ``book`` gives it, from the whole CSC
+    (``indptr``, ``indices``, a topology every rank holds) and its own input rows ``x``
+    (``[n_own, F]``): what a rank that loaded its part of a partition directory evaluates and
+    predicts with, no rank holding another's rows.
+
+    Before each layer the rows of the in-neighbours owned elsewhere come from their owners in
+    one exchange (``feature`` before layer 0, ``activation`` after); each layer runs over
+    ``chunk_size`` vertices at a time. A row depends only on its own and its in-neighbours'
+    rows and the segment order of its in-edges, so rows equal the whole-graph inference's (to
+    the rounding of matrix products over other row sets). Collective."""
+    if not isinstance(net, BlockGNN):
+        raise TypeError(f"inference over owned rows needs a BlockGNN net, got {type(net).__name__}")
+    first, stop = int(book.node_offsets[comm.rank]), int(book.node_offsets[comm.rank + 1])
+    num_own = stop - first
+    neighbours = indices[indptr[first] : indptr[stop]]
+    halo = torch.unique(neighbours[(neighbours < first) | (neighbours >= stop)])
+    route = OwnerRoute.build(comm, halo, book.nid2part(halo), category="structure")
+
+    def degree(ids: torch.Tensor) -> torch.Tensor:
+        return indptr.index_select(0, ids + 1) - indptr.index_select(0, ids)
+
+    device = next(net.parameters()).device
+    h = x.to(device)
+    for i in range(layers):
+        served = h.index_select(0, (route.served - first).to(device)).cpu()
+        category = "feature" if i == 0 else "activation"
+        table = torch.cat([h, route.reply(comm, served, category=category).to(device)])
+        outs = []
+        for lo in range(first, stop, chunk_size) or [first]:
+            dst = torch.arange(lo, min(lo + chunk_size, stop))
+            src, dst_pos = sample_neighbors(indptr, indices, dst, -1, 0)
+            block = build_block_sorted(dst, src, dst_pos, degree)
+            ids = block.src_ids
+            own = (ids >= first) & (ids < stop)
+            rows = torch.where(own, ids - first, num_own + torch.searchsorted(halo, ids))
+            outs.append(net.layer_output(i, block.to(device), table[rows.to(device)]))
+        h = torch.cat(outs)
+    return h

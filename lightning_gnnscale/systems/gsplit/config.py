@@ -75,6 +75,7 @@ class GSplitConfig(SystemConfig):
     redundancy_probe_steps: int = 0
 
     NAMES = ("gsplit",)
+    supports_partition_dir = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -5,20 +5,36 @@ the targets it owns, samples split-parallel (collective, so in the main process)
 input features only for the vertices it owns, through a partition-aligned cache ranked by
 pre-sampled input frequency (hit / miss counters; on CPU both are RAM, only the counts mean
 anything). Evaluation is full-graph layer-wise inference (the topology is replicated).
+
+With ``data.partition_dir`` (``write_parts``) the vertices are relabelled so that each rank
+owns one contiguous id range (the split function becomes the ``[P + 1]`` offsets). The
+topology, in those ids with every in-edge segment in its original order, and the training ids
+are one shared group every rank of a machine maps once; a rank's part holds its own vertices'
+features, labels, masks, original ids (the sampling keys) and pre-sampled input counts.
+Evaluation and prediction then compute each rank's own rows layer by layer, the rows of
+in-neighbours it does not own pulled from their owners (docs/systems/gsplit.md#from-a-partition-directory).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import lightning as L
 import torch
 from typing_extensions import override
 
 from ...graph.batch import Batch
+from ...graph.book import PartitionBook, RangeBook, relabel_csc
+from ...graph.partition_dir import PartitionDir
 from ...graph.sampler import NeighborSampler
-from ..base import GNNDataModule, ReplicatedGraphEvaluation, assert_same_on_all_ranks
+from ..base import (
+    GNNDataModule,
+    ReplicatedGraphEvaluation,
+    assert_same_on_all_ranks,
+    owned_range_rows,
+)
 from ..contract import RankContext
 from .callbacks import GSplitStats, RedundancyProbe
 from .config import GSplitConfig
@@ -83,7 +99,15 @@ class PartitionedFeatureCache:
     """Rank ``r`` caches the ``capacity`` of its own vertices most often in pre-sampled input
     layers (``policy=presample_freq``) or the lowest ids (``id_order``); no row is cached twice.
 
-    ``load(ids)`` returns ``x[ids]`` and counts hits, misses and host bytes.
+    ``load(ids)`` returns the rows of ``ids`` and counts hits, misses and host bytes.
+
+    Args:
+        x: feature rows; vertex ``v``'s is row ``v - first_id`` (the whole graph's, or a
+            partition directory's part).
+        owned: this rank's vertex ids, sorted.
+        frequency: pre-sampled input counts, indexed like ``x``'s rows.
+        fraction, policy: as :class:`~.config.FeatureCacheConfig`.
+        first_id: the id of row 0.
     """
 
     def __init__(
@@ -93,22 +117,23 @@ class PartitionedFeatureCache:
         frequency: torch.Tensor,
         fraction: float,
         policy: str,
+        first_id: int = 0,
     ):
         capacity = round(fraction * owned.numel())
+        rows = owned - first_id
         if policy == "presample_freq":
-            ranked = owned[torch.argsort(frequency[owned], descending=True, stable=True)]
-        else:
-            ranked = owned
+            rows = rows[torch.argsort(frequency[rows], descending=True, stable=True)]
         self.cached = torch.zeros(x.shape[0], dtype=torch.bool)
-        self.cached[ranked[:capacity]] = True
-        self.x, self.capacity = x, capacity
+        self.cached[rows[:capacity]] = True
+        self.x, self.capacity, self.first_id = x, capacity, first_id
         self.hits = self.misses = 0
 
     def load(self, ids: torch.Tensor) -> torch.Tensor:
-        hit = int(self.cached[ids].sum())
+        rows = ids - self.first_id
+        hit = int(self.cached[rows].sum())
         self.hits += hit
         self.misses += ids.numel() - hit
-        return self.x.index_select(0, ids)
+        return self.x.index_select(0, rows)
 
     @property
     def row_bytes(self) -> int:
@@ -161,14 +186,66 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         }
         return GSplitPrepared(artifact["parts"], artifact["k0_v"], report)
 
+    # ------------------------------------------------------------- partition directories
     @override
-    def setup_rank(self, context: RankContext, prepared: GSplitPrepared) -> None:
+    def partition_settings(self) -> dict[str, Any]:
+        """The partitioner and what pre-sampling runs (the training schedule's fanouts and
+        batch size); the topology is replicated (held once per machine)."""
+        p = self.config.partition
+        options = {
+            "presample_epochs": p.presample_epochs,
+            "ufactor": p.ufactor,
+            "zero_edge_policy": p.zero_edge_policy,
+            "fanouts": list(self.data.fanouts),
+            "batch_size": self.data.batch_size,
+            "topology": "replicated",
+        }
+        return {"method": p.method, "partition_options": options}
+
+    @override
+    def write_parts(self, world_size: int, writer, log) -> dict:
+        """Relabel so that each rank owns one contiguous id range; write the topology (CSC,
+        segments in their original order) and the training ids as the shared group
+        ``topology``, and per part its vertices' ``x``, ``y``, masks, ``orig_ids`` and
+        pre-sampled ``input_frequency``."""
+        prepared, graph = self.prepare(world_size), self.graph
+        book = PartitionBook.from_parts(prepared.parts, world_size)
+        indptr, indices = relabel_csc(graph.indptr, graph.indices, book)
+        train_ids = book.old2new[graph.split_ids("train")]  # in original id order
+        writer.write_shared(
+            "topology", {"indptr": indptr, "indices": indices, "train_ids": train_ids}
+        )
+        del indices
+        for k in range(world_size):
+            lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
+            own = book.new2old[lo:hi]
+            arrays = {
+                "x": graph.x[own],
+                "y": graph.y[own],
+                "train_mask": graph.train_mask[own],
+                "val_mask": graph.val_mask[own],
+                "test_mask": graph.test_mask[own],
+                "orig_ids": own,
+                "input_frequency": prepared.input_frequency[own],
+            }
+            sizes = {"nodes": hi - lo, "edges": int(indptr[hi] - indptr[lo])}
+            writer.write_part(k, arrays, sizes, shared=["topology"])
+            log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
+        return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
+
+    # ------------------------------------------------------------------------ rank set-up
+    @override
+    def setup_rank(self, context: RankContext, prepared: GSplitPrepared | PartitionDir) -> None:
+        self.rank, self.world_size = context.rank, context.world_size
+        if isinstance(prepared, PartitionDir):
+            self._setup_from_dir(context, prepared)
+            return
         graph, parts = self.graph, prepared.parts
         assert_same_on_all_ranks(context.comm, parts, "the GSplit split function")
         if int(parts.max()) >= context.world_size:
             raise ValueError(f"split function has parts >= world size {context.world_size}")
-        self.rank, self.world_size = context.rank, context.world_size
         self.parts, self.report = parts, prepared.report
+        self.labels = graph.y
         self.sampler = SplitSampler(
             context.comm, parts, graph.indptr, graph.indices, list(self.data.fanouts), self.seed
         )
@@ -181,26 +258,66 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             cache.policy,
         )
 
+    def _setup_from_dir(self, context: RankContext, prepared: PartitionDir) -> None:
+        """This rank's part and the shared topology, memory-mapped; no ``[N]`` array but the
+        topology's ``indptr``."""
+        book = RangeBook(prepared.node_offsets)
+        if context.world_size != book.num_parts:
+            raise ValueError(
+                f"partitioned into {book.num_parts} parts for {context.world_size} ranks"
+            )
+        digest = torch.tensor([int(prepared.digest[:15], 16)])
+        assert_same_on_all_ranks(context.comm, digest, "the partition directory")
+        part = prepared.load_part(self.rank)
+        topology = prepared.load_shared("topology", self.rank)
+        self.parts, self.report, self.part = book, prepared.meta["report"], part
+        self.train_ids = topology["train_ids"]
+        first = int(book.node_offsets[self.rank])
+        orig_ids = part["orig_ids"]
+        self.labels = part["y"]
+        self.sampler = SplitSampler(
+            context.comm,
+            book,
+            topology["indptr"],
+            topology["indices"],
+            list(self.data.fanouts),
+            self.seed,
+            node_keys=lambda ids: orig_ids.index_select(0, ids - first),
+        )
+        x = part["x"] if part["x"].dtype == self._dtype else part["x"].to(self._dtype)
+        cache = self.config.cache
+        self.cache = PartitionedFeatureCache(
+            x,
+            book.part_nodes(self.rank),
+            part["input_frequency"],
+            cache.fraction,
+            cache.policy,
+            first_id=first,
+        )
+
     # --------------------------------------------------------------------------- training
     def step_seeds(self, epoch: int, step: int) -> torch.Tensor:
         """The global mini-batch of a step: exactly ``single``'s."""
         return self.order.step(epoch, step, self.batch_size)
 
     def whole_batch_sampler(self) -> NeighborSampler:
-        """The sampler ``single`` draws whole mini-batches with (same keys as the split one)."""
-        graph = self.graph
-        return NeighborSampler(graph.indptr, graph.indices, list(self.data.fanouts), self.seed)
+        """The sampler ``single`` draws whole mini-batches with (same keys as the split one;
+        from a partition directory keyed by the relabelled ids: equally distributed samples,
+        not the same ones)."""
+        sampler = self.sampler
+        return NeighborSampler(sampler.indptr, sampler.indices, list(self.data.fanouts), self.seed)
 
     @override
     def make_batch(self, epoch: int, step: int) -> SplitBatch:
         seeds = self.step_seeds(epoch, step)
-        targets = seeds[self.parts[seeds] == self.rank]
+        owner = self.sampler.owner
+        targets = seeds[owner(seeds) == self.rank]
         start = time.perf_counter()
         blocks, plans, inputs = self.sampler.sample(targets, epoch, step)
         sampled = time.perf_counter()
         hits, misses = self.cache.hits, self.cache.misses
         x = self.cache.load(inputs)
-        y = self.graph.y.index_select(0, blocks[-1].dst_ids)
+        y = self.labels.index_select(0, blocks[-1].dst_ids - self.cache.first_id)
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
@@ -209,7 +326,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             "cache_misses": self.cache.misses - misses,
             "edges": [b.num_edges for b in blocks],
             "cross_edges": [
-                int((self.parts[b.src_ids[b.edge_index[0]]] != self.rank).sum()) for b in blocks
+                int((owner(b.src_ids[b.edge_index[0]]) != self.rank).sum()) for b in blocks
             ],
         }
         return SplitBatch(
@@ -233,3 +350,54 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if not steps:
             return [stats]
         return [stats, RedundancyProbe(steps, self.step_seeds, self.whole_batch_sampler)]
+
+    # ------------------------------------------------------------------------ evaluation
+    @override
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """In memory: layer-wise inference over the replicated graph. From a partition
+        directory: this rank's own rows (:meth:`own_rows`), counted on its own vertices."""
+        if self.partition_dir is None:
+            return super().eval_counts(net, splits)
+        pred = self.own_rows(net, net.num_layers).argmax(1).cpu()
+        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
+        for i, split in enumerate(splits):
+            mask = self.part[f"{split}_mask"]
+            counts[i, 0] = (pred[mask] == self.labels[mask]).sum()
+            counts[i, 1] = mask.sum()
+        return counts
+
+    @override
+    def predict_rows(
+        self, net: torch.nn.Module, node_ids: torch.Tensor | None, output: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """From a partition directory: the requested (original) ids this rank owns, and their
+        rows; in memory, the base's node-range split."""
+        if self.partition_dir is None:
+            return super().predict_rows(net, node_ids, output)
+        rows = self.own_rows(net, net.num_layers - (output == "embeddings"))
+        orig_ids = self.part["orig_ids"]  # sorted: the relabelling keeps the original order
+        if node_ids is None:
+            return orig_ids.clone(), rows
+        num_nodes = int(self.partition_meta()["num_nodes"])
+        ids = node_ids.cpu()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_nodes):
+            raise ValueError(f"node ids must be in [0, {num_nodes})")
+        position = torch.searchsorted(orig_ids, ids).clamp_(max=max(orig_ids.numel() - 1, 0))
+        mine = orig_ids[position] == ids if orig_ids.numel() else ids < 0
+        return ids[mine], rows[position[mine].to(rows.device)]
+
+    def own_rows(self, net: torch.nn.Module, layers: int) -> torch.Tensor:
+        """The first ``layers`` layers' full-neighbourhood rows ``[n_own, d]`` of this rank's
+        own vertices (a partition directory's rank; :func:`~..base.owned_range_rows`: the
+        in-neighbours' rows come from their owners)."""
+        sampler = self.sampler
+        return owned_range_rows(
+            net,
+            self.context.comm,
+            self.parts,
+            sampler.indptr,
+            sampler.indices,
+            self.cache.x,
+            layers,
+            self.data.eval_chunk_size,
+        )

@@ -14,6 +14,7 @@ docs/systems/gsplit.md#shuffle).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +22,8 @@ from torch import Tensor
 
 from ...comm import Comm, OwnerRoute, exchange_rows
 from ...graph.block import Block
-from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors
+from ...graph.book import RangeBook, sort_sources
+from ...graph.sampler import BlockBuilder, SampleKey, build_block_sorted, sample_neighbors
 
 
 @dataclass(frozen=True)
@@ -84,30 +86,51 @@ class SplitSampler:
 
     Args:
         comm: the data-exchange ``Comm``.
-        parts: int64 ``[N]`` owner rank of every vertex (the split function ``f``).
+        parts: the split function ``f``: int64 ``[N]`` owner rank of every vertex, or a
+            :class:`RangeBook` when every rank's vertices are one contiguous id range (a
+            partition directory).
         indptr, indices: the graph's CSC (replicated topology).
         fanouts: by hop from the targets.
         seed: base of the sampling keys (the same keys as ``single``).
+        node_keys: ``ids -> ids`` the sampling hash is keyed on, for a frontier of this rank's
+            vertices (a relabelled graph passes the original ids); default the ids themselves.
     """
 
     def __init__(
         self,
         comm: Comm,
-        parts: Tensor,
+        parts: Tensor | RangeBook,
         indptr: Tensor,
         indices: Tensor,
         fanouts: list[int],
         seed: int,
+        node_keys: Callable[[Tensor], Tensor] | None = None,
     ):
         self.comm, self.parts = comm, parts
         self.indptr, self.indices = indptr, indices
         self.fanouts, self.seed = list(fanouts), seed
-        self.build_block = BlockBuilder(indptr.numel() - 1, indptr[1:] - indptr[:-1])
+        self.node_keys = node_keys
+        if isinstance(parts, RangeBook):  # no [N] table: sources deduplicated by a sort
+            self.build_block = lambda dst, src, dst_pos: build_block_sorted(
+                dst, src, dst_pos, self.degree
+            )
+        else:
+            self.build_block = BlockBuilder(indptr.numel() - 1, indptr[1:] - indptr[:-1])
+
+    def degree(self, ids: Tensor) -> Tensor:
+        """In-degrees of ``ids`` (read from the CSC)."""
+        return self.indptr.index_select(0, ids + 1) - self.indptr.index_select(0, ids)
+
+    def owner(self, ids: Tensor) -> Tensor:
+        """The rank that owns each of ``ids``."""
+        if isinstance(self.parts, RangeBook):
+            return self.parts.nid2part(ids)
+        return self.parts.index_select(0, ids)
 
     def split(self, mixed: Tensor) -> tuple[Tensor, LayerPlan]:
         """Owner split of the mixed frontier ``mixed``: ``(D, plan)``, ``D`` this rank's sorted
         vertices that some rank needs."""
-        route = OwnerRoute.build(self.comm, mixed, self.parts[mixed], category="structure")
+        route = OwnerRoute.build(self.comm, mixed, self.owner(mixed), category="structure")
         local, send_index = torch.unique(route.served, sorted=True, return_inverse=True)
         return local, LayerPlan(send_index, route.recv_splits, route.send_splits, route.order)
 
@@ -121,10 +144,13 @@ class SplitSampler:
         frontier = torch.sort(targets.to(torch.int64)).values
         blocks, plans = [], []
         for hop, fanout in enumerate(self.fanouts):
+            keys = None if self.node_keys is None else self.node_keys(frontier)
             src, dst_pos = sample_neighbors(
-                self.indptr, self.indices, frontier, fanout, key.hop_key(hop)
+                self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
             )
             block = self.build_block(frontier, src, dst_pos)
+            # non-destination sources by owner, by id within one: a relabelled rank's order
+            block = sort_sources(block, self.owner(block.src_ids))
             frontier, plan = self.split(block.src_ids)
             blocks.append(block)
             plans.append(plan)

@@ -90,6 +90,7 @@ class HopGNNConfig(SystemConfig):
     step_overhead_s: float = 1e-3
 
     NAMES: ClassVar[tuple[str, ...]] = tuple(_PRESETS)
+    supports_partition_dir: ClassVar[bool] = True
     PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
 
     def __post_init__(self) -> None:

@@ -10,10 +10,21 @@ owners through :class:`~lightning_gnnscale.comm.OwnerRoute` (``structure`` for t
 ``feature`` for the rows): once per iteration, deduplicated over all kept steps, with
 ``pregather``; once per kept step without it (every rank takes part in each fetch). Both happen
 while the batch is built, in the main process, in step order.
+
+With ``data.partition_dir`` (``write_parts``) the nodes are relabelled so that each server owns
+one contiguous id range (the partition becomes the ``[P + 1]`` offsets). What every server
+replicates is one shared group a machine maps once: the topology (CSC in those ids, each
+in-edge segment in its original order), the labels, the training ids and the original id of
+every node (the sampling keys, so a run samples what ``single`` samples; the paper's servers
+hold the ``[N]`` partition array in its place). A rank's part is its feature shard and its
+nodes' masks; it holds no other rank's feature row, and evaluates and predicts its own nodes
+with its in-neighbours' rows fetched from their owners
+(docs/systems/hopgnn.md#from-a-partition-directory).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,15 +36,30 @@ from typing_extensions import override
 
 from ...comm import Comm, OwnerRoute
 from ...graph.batch import Batch
+from ...graph.block import Block
+from ...graph.book import PartitionBook, RangeBook, relabel_csc, sort_sources
 from ...graph.cache import cached_partition
 from ...graph.partition import partition_report
-from ...graph.sampler import NeighborSampler
-from ..base import GNNDataModule, ReplicatedGraphEvaluation, assert_same_on_all_ranks
+from ...graph.partition_dir import PartitionDir
+from ...graph.sampler import NeighborSampler, SampleKey, build_block_sorted, sample_neighbors
+from ..base import (
+    GNNDataModule,
+    ReplicatedGraphEvaluation,
+    assert_same_on_all_ranks,
+    owned_range_rows,
+)
 from ..contract import RankContext
 from .callbacks import HopGNNStats
 from .config import HopGNNConfig
 from .merging import MergeController, modeled_epoch_seconds
-from .planner import IterationPlan, micrograph_plan, model_centric_plan, remote_inputs, sample_steps
+from .planner import (
+    IterationPlan,
+    micrograph_plan,
+    model_centric_plan,
+    owners_of,
+    remote_inputs,
+    sample_steps,
+)
 
 
 @dataclass
@@ -95,11 +121,27 @@ class FeatureShard:
         self.local_row[mine] = torch.arange(mine.numel())
         self.fetches = 0  # exchanges this rank took part in (for reports)
 
+    @classmethod
+    def from_part(cls, comm: Comm, rows: Tensor, book: RangeBook) -> FeatureShard:
+        """The shard of a contiguously relabelled graph: ``rows`` are this rank's nodes' in
+        id order (a partition directory's part); no ``[N]`` table."""
+        shard = cls.__new__(cls)
+        shard.comm, shard.part, shard.rows = comm, book, rows
+        shard.local_row, shard.fetches = None, 0
+        return shard
+
+    def local(self, ids: Tensor) -> Tensor:
+        """This shard's row of each of ``ids``, ``-1`` where another rank owns it."""
+        if self.local_row is not None:
+            return self.local_row.index_select(0, ids)
+        first, stop = (int(v) for v in self.part.node_offsets[self.comm.rank : self.comm.rank + 2])
+        return torch.where((ids >= first) & (ids < stop), ids - first, -1)
+
     def fetch(self, ids: Tensor) -> Tensor:
         """Rows ``[len(ids), F]`` of ``ids`` (none owned by this rank) from their owners.
         Collective: every rank calls it the same number of times (possibly with no ids)."""
-        route = OwnerRoute.build(self.comm, ids, self.part.index_select(0, ids))
-        served = self.rows.index_select(0, self.local_row.index_select(0, route.served))
+        route = OwnerRoute.build(self.comm, ids, owners_of(self.part, ids))
+        served = self.rows.index_select(0, self.local(route.served))
         self.fetches += 1
         return route.reply(self.comm, served, category="feature")
 
@@ -107,13 +149,49 @@ class FeatureShard:
         """Rows of ``ids``: local ones from the shard, the others from ``table`` (rows of the
         sorted ``table_ids``)."""
         out = self.rows.new_empty((ids.numel(), self.rows.shape[1]))
-        local = self.local_row.index_select(0, ids)
+        local = self.local(ids)
         mine = local >= 0
         out[mine] = self.rows.index_select(0, local[mine])
         if bool((~mine).any()):
             other = ids[~mine]
             out[~mine] = table.index_select(0, torch.searchsorted(table_ids, other))
         return out
+
+
+class RelabelledSampler:
+    """A :class:`NeighborSampler` twin over a relabelled graph that draws and orders exactly
+    what the original graph's sampler does: the hash is keyed on the original ids
+    ``orig_ids`` and every block's new sources are ordered by original id (blocks come out in
+    relabelled ids). No ``[N]`` scratch table: sources are deduplicated by a sort.
+
+    Args:
+        indptr, indices: the relabelled CSC, each segment in its original order.
+        orig_ids: int64 ``[N]`` original id of every node.
+        fanouts, seed: as :class:`NeighborSampler`.
+    """
+
+    def __init__(self, indptr: Tensor, indices: Tensor, orig_ids: Tensor, fanouts, seed: int):
+        self.indptr, self.indices, self.orig_ids = indptr, indices, orig_ids
+        self.fanouts, self.seed = list(fanouts), seed
+
+    def degree(self, ids: Tensor) -> Tensor:
+        return self.indptr.index_select(0, ids + 1) - self.indptr.index_select(0, ids)
+
+    def sample(self, seeds: Tensor, epoch: int = 0, step: int = 0, salt: int = 0) -> list[Block]:
+        """The blocks of one mini-batch, input layer first (``blocks[-1].dst_ids == seeds``)."""
+        key = SampleKey(self.seed, epoch, step, salt)
+        frontier = seeds.to(torch.int64)
+        blocks = []
+        for hop, fanout in enumerate(self.fanouts):
+            keys = self.orig_ids.index_select(0, frontier)
+            src, dst_pos = sample_neighbors(
+                self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
+            )
+            block = build_block_sorted(frontier, src, dst_pos, self.degree)
+            block = sort_sources(block, self.orig_ids.index_select(0, block.src_ids))
+            blocks.append(block)
+            frontier = block.src_ids
+        return blocks[::-1]
 
 
 class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
@@ -136,6 +214,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self._epoch: int | None = None  # the epoch whose time is being measured
         self._window_open = False
         self._epoch_start: tuple[dict, float] = ({}, 0.0)
+        self._untimed_bytes: dict[str, int] = {}  # evaluation's bytes in the open window
         self._iterations = 0
         self._fixed_trajectory: list[int] = []  # T of every epoch begun, without the controller
         self._trained: tuple[int, int] | None = None  # (epoch, step) of the last trained batch
@@ -155,18 +234,68 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         )
         return HopGNNPrepared(parts.to(torch.int64), report)
 
+    # ------------------------------------------------------------- partition directories
     @override
-    def setup_rank(self, context: RankContext, prepared: HopGNNPrepared) -> None:
+    def partition_settings(self) -> dict[str, Any]:
+        """The feature partitioner and its options; the topology is replicated."""
+        partition = self.config.partition
+        options = json.loads(json.dumps(partition.options(), default=str))  # as stored
+        return {
+            "method": partition.method,
+            "partition_options": {**options, "topology": "replicated"},
+        }
+
+    @override
+    def write_parts(self, world_size: int, writer, log) -> dict:
+        """Relabel so that each server owns one contiguous id range; write what every server
+        replicates (CSC with segments in their original order, labels, training ids,
+        original ids) as the shared group ``topology``, and per part its feature shard and its
+        nodes' masks."""
+        prepared, graph = self.prepare(world_size), self.graph
+        book = PartitionBook.from_parts(prepared.part, world_size)
+        indptr, indices = relabel_csc(graph.indptr, graph.indices, book)
+        replicated = {
+            "indptr": indptr,
+            "indices": indices,
+            "y": graph.y[book.new2old],
+            "train_ids": book.old2new[graph.split_ids("train")],  # in original id order
+            "orig_ids": book.new2old,
+        }
+        writer.write_shared("topology", replicated)
+        del replicated, indices
+        for k in range(world_size):
+            lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
+            own = book.new2old[lo:hi]
+            arrays = {
+                "x": graph.x[own],
+                "train_mask": graph.train_mask[own],
+                "val_mask": graph.val_mask[own],
+                "test_mask": graph.test_mask[own],
+            }
+            sizes = {"nodes": hi - lo, "edges": int(indptr[hi] - indptr[lo])}
+            writer.write_part(k, arrays, sizes, shared=["topology"])
+            log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
+        return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
+
+    # ------------------------------------------------------------------------ rank set-up
+    @override
+    def setup_rank(self, context: RankContext, prepared: HopGNNPrepared | PartitionDir) -> None:
         self.rank, self.world_size = context.rank, context.world_size
         self.config.check_world(self.world_size)
-        part = prepared.part
-        if part.numel() and int(part.max()) >= self.world_size:
-            raise ValueError(f"the partition has more parts than the {self.world_size} ranks")
-        assert_same_on_all_ranks(context.comm, part, "the HopGNN partition")
-        graph = self.graph
-        self.part = part
-        self.shard = FeatureShard(context.comm, graph.x, part)
         self.comm = context.comm
+        if isinstance(prepared, PartitionDir):
+            self._setup_from_dir(context, prepared)
+        else:
+            part = prepared.part
+            if part.numel() and int(part.max()) >= self.world_size:
+                raise ValueError(f"the partition has more parts than the {self.world_size} ranks")
+            assert_same_on_all_ranks(context.comm, part, "the HopGNN partition")
+            graph = self.graph
+            self.part, self.labels = part, graph.y
+            self.shard = FeatureShard(context.comm, graph.x, part)
+            self.sampler = NeighborSampler(
+                graph.indptr, graph.indices, list(self.data.fanouts), self.seed
+            )
         config = self.config
         if config.merge_adaptive:
             self.controller = MergeController(
@@ -177,9 +306,88 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             )
             if self._pending_state is not None:
                 self.controller.load_state_dict(self._pending_state)
-        self.sampler = NeighborSampler(
-            graph.indptr, graph.indices, list(self.data.fanouts), self.seed
+
+    def _setup_from_dir(self, context: RankContext, prepared: PartitionDir) -> None:
+        """The replicated group (memory-mapped, held once per machine) and this rank's part:
+        its feature shard and masks."""
+        book = RangeBook(prepared.node_offsets)
+        if self.world_size != book.num_parts:
+            raise ValueError(f"partitioned into {book.num_parts} parts for {self.world_size} ranks")
+        digest = torch.tensor([int(prepared.digest[:15], 16)])
+        assert_same_on_all_ranks(context.comm, digest, "the partition directory")
+        replicated = prepared.load_shared("topology", self.rank)
+        self.own = prepared.load_part(self.rank)
+        x = self.own["x"]
+        x = x if x.dtype == self._dtype else x.to(self._dtype)
+        self.part, self.labels = book, replicated["y"]
+        self.train_ids = replicated["train_ids"]
+        self.orig_ids = replicated["orig_ids"]
+        self.shard = FeatureShard.from_part(context.comm, x, book)
+        self.sampler = RelabelledSampler(
+            replicated["indptr"],
+            replicated["indices"],
+            self.orig_ids,
+            list(self.data.fanouts),
+            self.seed,
         )
+
+    # ------------------------------------------------------------------------ evaluation
+    @override
+    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """In memory: layer-wise inference over the replicated graph. From a partition
+        directory: this rank's own nodes (:meth:`own_rows`), counted on them."""
+        if self.partition_dir is None:
+            return super().eval_counts(net, splits)
+        pred = self.own_rows(net, net.num_layers).argmax(1).cpu()
+        first = int(self.part.node_offsets[self.rank])
+        labels = self.labels[first : first + pred.numel()]
+        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
+        for i, split in enumerate(splits):
+            mask = self.own[f"{split}_mask"]
+            counts[i, 0] = (pred[mask] == labels[mask]).sum()
+            counts[i, 1] = mask.sum()
+        return counts
+
+    @override
+    def predict_rows(
+        self, net: torch.nn.Module, node_ids: Tensor | None, output: str
+    ) -> tuple[Tensor, Tensor]:
+        """From a partition directory: the requested (original) ids this rank owns and their
+        rows; in memory, the base's node-range split."""
+        if self.partition_dir is None:
+            return super().predict_rows(net, node_ids, output)
+        rows = self.own_rows(net, net.num_layers - (output == "embeddings"))
+        offsets = self.part.node_offsets
+        own_ids = self.orig_ids[int(offsets[self.rank]) : int(offsets[self.rank + 1])]  # sorted
+        if node_ids is None:
+            return own_ids.clone(), rows
+        ids = node_ids.cpu()
+        num_nodes = self.orig_ids.numel()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_nodes):
+            raise ValueError(f"node ids must be in [0, {num_nodes})")
+        position = torch.searchsorted(own_ids, ids).clamp_(max=max(own_ids.numel() - 1, 0))
+        mine = own_ids[position] == ids if own_ids.numel() else ids < 0
+        return ids[mine], rows[position[mine].to(rows.device)]
+
+    def own_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
+        """The first ``layers`` layers' full-neighbourhood rows of this rank's own nodes
+        (:func:`~..base.owned_range_rows`: in-neighbours' rows come from their owners). Its
+        ``feature`` and ``structure`` bytes are kept out of the merging controller's modelled
+        epoch time, which counts training bytes (in memory evaluation sends neither)."""
+        before = self.comm.meter.snapshot()
+        rows = owned_range_rows(
+            net,
+            self.comm,
+            self.part,
+            self.sampler.indptr,
+            self.sampler.indices,
+            self.shard.rows,
+            layers,
+            self.data.eval_chunk_size,
+        )
+        for category, sent in self.comm.meter.delta(before)["bytes"].items():
+            self._untimed_bytes[category] = self._untimed_bytes.get(category, 0) + sent
+        return rows
 
     # ------------------------------------------------------------------ merging controller
     def steps_for_epoch(self, epoch: int) -> int:
@@ -198,6 +406,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.controller.begin_epoch()
             self._epoch, self._window_open, self._iterations = epoch, True, 0
             self._epoch_start = (self.comm.meter.snapshot(), time.perf_counter())
+            self._untimed_bytes = {}
         return self.controller.steps
 
     def _close_window(self) -> None:
@@ -207,6 +416,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             local = time.perf_counter() - self._epoch_start[1]
         else:
             delta = self.comm.meter.delta(self._epoch_start[0])["bytes"]
+            delta = {c: n - self._untimed_bytes.get(c, 0) for c, n in delta.items()}
             local = modeled_epoch_seconds(
                 delta,
                 self._iterations,
@@ -256,7 +466,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         else:
             tables = [(ids, shard.fetch(ids)) for ids in remote]
             fetched_rows = sum(ids.numel() for ids in remote)
-        y = self.graph.y
+        y = self.labels
         steps: list[Batch | None] = []
         for blocks, (ids, table) in zip(sampled, tables):
             if blocks is None:
@@ -274,7 +484,11 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             "input_nodes": sum(b[0].num_src for b in sampled if b is not None),
             "remote_rows": fetched_rows,
             "local_rows": int(
-                sum((self.part[b[0].src_ids] == rank).sum() for b in sampled if b is not None)
+                sum(
+                    (owners_of(self.part, b[0].src_ids) == rank).sum()
+                    for b in sampled
+                    if b is not None
+                )
             ),
             "time_steps": plan.num_steps,
             "migrations": len(plan.kept) - 1,

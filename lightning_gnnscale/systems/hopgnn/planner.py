@@ -14,7 +14,18 @@ import torch
 from torch import Tensor
 
 from ...graph.block import Block
+from ...graph.book import RangeBook
 from ...graph.sampler import NeighborSampler
+
+Part = Tensor | RangeBook  # int64 [N] home server of every node, or the [P + 1] offsets
+
+
+def owners_of(part: Part, ids: Tensor) -> Tensor:
+    """The home server of each of ``ids``: a lookup in the ``[N]`` partition, or a binary
+    search in the offsets of a contiguously relabelled graph (a partition directory)."""
+    if isinstance(part, RangeBook):
+        return part.nid2part(ids)
+    return part.index_select(0, ids)
 
 
 def model_batches(global_seeds: Tensor, world_size: int) -> list[Tensor]:
@@ -23,11 +34,11 @@ def model_batches(global_seeds: Tensor, world_size: int) -> list[Tensor]:
     return list(torch.tensor_split(global_seeds, world_size))
 
 
-def redistribute(batches: list[Tensor], part: Tensor, world_size: int) -> list[list[Tensor]]:
+def redistribute(batches: list[Tensor], part: Part, world_size: int) -> list[list[Tensor]]:
     """``R[d][s]``: the roots of ``B_d`` whose home server is ``s`` (batch order kept)."""
     out = []
     for seeds in batches:
-        owners = part.index_select(0, seeds)
+        owners = owners_of(part, seeds)
         order = torch.argsort(owners, stable=True)
         sizes = torch.bincount(owners, minlength=world_size).tolist()
         out.append(list(torch.split(seeds[order], sizes)))
@@ -95,7 +106,7 @@ def model_centric_plan(global_seeds: Tensor, world_size: int) -> IterationPlan:
 
 def micrograph_plan(
     global_seeds: Tensor,
-    part: Tensor,
+    part: Part,
     world_size: int,
     steps: int | None = None,
     *,
@@ -181,12 +192,12 @@ def sample_steps(
     ]
 
 
-def remote_inputs(blocks: list[Block] | None, part: Tensor, rank: int) -> Tensor:
+def remote_inputs(blocks: list[Block] | None, part: Part, rank: int) -> Tensor:
     """Sorted unique input ids of a micrograph set that ``rank`` does not own."""
     if blocks is None:
         return torch.empty(0, dtype=torch.int64)
     ids = blocks[0].src_ids
-    return torch.unique(ids[part.index_select(0, ids) != rank])
+    return torch.unique(ids[owners_of(part, ids) != rank])
 
 
 def remote_row_counts(

@@ -1,0 +1,202 @@
+"""HopGNN from a partition directory (docs/partitioning.md, docs/systems/hopgnn.md): a rank
+that holds only its feature shard and the replicated group (the other parts' folders deleted)
+plans, samples, fetches, evaluates and predicts exactly what the in-memory rank does, under
+``hopgnn`` and ``hopgnn_mc``; train.py from a directory equals the in-memory run bit for bit;
+a directory made with other settings fails before any rank starts."""
+
+import shutil
+
+import pytest
+import torch
+
+from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.graph.book import RangeBook
+from lightning_gnnscale.graph.partition_dir import PartitionDir, PartitionDirError, part_folder
+from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.run import train
+from lightning_gnnscale.schema import DataConfig
+from lightning_gnnscale.systems.contract import RankContext
+from lightning_gnnscale.systems.hopgnn import HopGNNConfig, HopGNNDataModule
+from tests.helpers.config import make_cfg
+from tests.helpers.dist import run_distributed
+from tests.test_partition_dir import SBM, _assert_equal, _weights
+
+FANOUTS = [5, 3]
+
+
+def make_dm(cache_dir, name, partition_dir=None):
+    """A float64 ``hopgnn`` / ``hopgnn_mc`` DataModule on the small sbm graph (METIS)."""
+    data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=partition_dir)
+    return HopGNNDataModule(
+        "sbm",
+        HopGNNConfig.preset(name),
+        data,
+        seed=3,
+        cache_dir=cache_dir,
+        dtype=torch.float64,
+        dataset_options=SBM,
+    )
+
+
+def _iterations(dm, new2old=None):
+    """Per iteration of epoch 1: every kept step's blocks (in original ids), input rows and
+    labels, and the migrations; then evaluation counts and predictions."""
+    torch.manual_seed(0)
+    net = BlockGNN("gat", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
+    out = []
+    for step in range(dm.steps_per_epoch):
+        batch = dm.make_batch(1, step)
+        steps = []
+        for s in batch.steps:
+            if s is None:
+                steps.append(None)
+                continue
+            ids = [b.src_ids if new2old is None else new2old[b.src_ids] for b in s.blocks]
+            blocks = [(i, b.edge_index, b.src_deg) for i, b in zip(ids, s.blocks)]
+            steps.append((blocks, s.x, s.y))
+        out.append((steps, batch.y, batch.hops, batch.stats["remote_rows"]))
+    comm = dm.comm
+    counts = comm.all_reduce(
+        dm.eval_counts(net.eval(), ("train", "val", "test")), category="control"
+    )
+    predictions = [dm.predict_rows(net, None, "logits")]
+    predictions.append(dm.predict_rows(net, torch.tensor([299, 0, 150, 7]), "embeddings"))
+    return out, counts, predictions
+
+
+def _own_part_rank(rank, world_size, tmp_path):
+    comm = Comm.create()
+    context = RankContext(comm, torch.device("cpu"))
+    results = {}
+    for name in ("hopgnn", "hopgnn_mc"):
+        in_memory = make_dm(tmp_path / "cache", name)
+        in_memory.setup_rank(context, in_memory.prepare(world_size))
+        in_memory.context = context  # as setup() sets it (evaluation reads it)
+        want = _iterations(in_memory)
+        # this rank's own copy of the directory, the other parts' folders removed
+        mine = tmp_path / f"{name}-rank{rank}"
+        shutil.copytree(tmp_path / name, mine)
+        for k in range(world_size):
+            if k != rank:
+                shutil.rmtree(mine / part_folder(k))
+        from_dir = make_dm(tmp_path / "cache", name, partition_dir=str(mine))
+        from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
+        from_dir.context = context
+        assert isinstance(from_dir.part, RangeBook)  # the [P + 1] offsets, no [N] partition
+        assert from_dir.shard.rows.shape[0] < 300  # its own feature rows only
+        results[name] = (want, _iterations(from_dir, from_dir.orig_ids))
+    return results
+
+
+def _gathered(predictions):
+    ids = torch.cat([p[0] for p in predictions])
+    rows = torch.cat([p[1] for p in predictions])
+    order = torch.argsort(ids)
+    return ids[order], rows[order]
+
+
+@pytest.mark.dist
+def test_a_hopgnn_rank_with_only_its_part_equals_the_in_memory_rank(tmp_path):
+    """``hopgnn`` and ``hopgnn_mc``: every iteration's micrograph sets (blocks in original
+    ids, with degrees; input rows, local and fetched; labels), migrations and fetched row
+    counts, the evaluation counts and the predictions are equal, with the other part's folder
+    deleted (predicted rows to rounding: see the GSplit test)."""
+    for name in ("hopgnn", "hopgnn_mc"):
+        dm = make_dm(tmp_path / "cache", name)
+        dm.write_partition_dir(tmp_path / name, 2, log=lambda *_: 0)
+    results = run_distributed(_own_part_rank, 2, tmp_path, timeout_s=150)
+    for name in ("hopgnn", "hopgnn_mc"):
+        for by_rank in results:
+            (want, want_counts, _), (got, got_counts, _) = by_rank[name]
+            assert len(want) == len(got) > 0
+            for w, g in zip(want, got, strict=True):
+                assert w[2:] == g[2:] and torch.equal(w[1], g[1])
+                for w_step, g_step in zip(w[0], g[0], strict=True):
+                    assert (w_step is None) == (g_step is None)
+                    if w_step is None:
+                        continue
+                    for wb, gb in zip(w_step[0], g_step[0], strict=True):
+                        assert all(torch.equal(a, b) for a, b in zip(wb, gb, strict=True))
+                    assert torch.equal(w_step[1], g_step[1]) and torch.equal(w_step[2], g_step[2])
+            assert torch.equal(want_counts, got_counts)
+        for output in (0, 1):  # every node's logits; four nodes' embeddings
+            want_ids, want_rows = _gathered([r[name][0][2][output] for r in results])
+            got_ids, got_rows = _gathered([r[name][1][2][output] for r in results])
+            assert torch.equal(want_ids, got_ids)
+            torch.testing.assert_close(got_rows, want_rows, rtol=0, atol=1e-12)
+        assert want_ids.tolist() == [0, 7, 150, 299]
+    opened = PartitionDir.open(tmp_path / "hopgnn")
+    assert opened.meta["parts"][0]["shared"] == ["topology"]
+
+
+# --------------------------------------------------------------------------------- train.py
+def cfg_overrides(root, name="hopgnn") -> list[str]:
+    """A small float64 HopGNN GAT run (the partition command gets the same, plus the size)."""
+    return [
+        f"paths.root={root}",
+        f"strategy={name}",
+        "model=gat",
+        "dtype=float64",
+        "dataset.num_features=8",
+        "data.fanouts=[5,3]",
+    ]
+
+
+@pytest.mark.e2e
+def test_hopgnn_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
+    """float64, 2 ranks, the merging controller on: the final weights from the directory
+    equal the in-memory run's bit for bit (atol 0), and so do every epoch's loss and
+    validation accuracy and the test accuracy; the launcher never loads the dataset."""
+    from lightning_gnnscale.partition import partition
+
+    common = cfg_overrides(tmp_path)
+    out = tmp_path / "parts"
+    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
+    mem, _ = train(make_cfg(tmp_path / "mem", *common))
+
+    import lightning_gnnscale.run as run_module
+    import lightning_gnnscale.systems.base as base_module
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the launcher loaded the dataset")
+
+    monkeypatch.setattr(run_module, "load_dataset", no_load)
+    monkeypatch.setattr(base_module, "load_dataset", no_load)
+    got, objects = train(make_cfg(tmp_path / "dir", *common, f"data.partition_dir={out}"))
+    assert objects["graph"] is None
+    _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "dir" / "out"))
+    assert len(got["history"]) == len(mem["history"]) == 2  # trainer.max_epochs=2
+    for key in ("train_loss", "val_acc"):
+        assert [h[key] for h in got["history"]] == [h[key] for h in mem["history"]], key
+    assert got["test_acc"] == mem["test_acc"]
+
+
+def test_a_hopgnn_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):
+    """Another part count, partitioner or option, the other HopGNN preset, and a missing
+    replicated group are refused in the launcher, naming the key or the file."""
+    import lightning_gnnscale.run as run_module
+    from lightning_gnnscale.partition import partition
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(run_module, "launch_local", no_spawn)
+    common = cfg_overrides(tmp_path)
+    out = tmp_path / "parts"
+    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
+
+    def run(*extra):
+        return train(make_cfg(tmp_path, *common, *extra, f"data.partition_dir={out}"))
+
+    with pytest.raises(PartitionDirError, match="'num_parts' is 2 but this run has 3") as err:
+        run("trainer.devices=3")
+    assert "partition.json" in str(err.value)
+    with pytest.raises(PartitionDirError, match="'method' is 'metis' but this run has 'random'"):
+        run("strategy.partition.method=random")
+    with pytest.raises(
+        PartitionDirError, match="'system' is 'hopgnn' but this run has 'hopgnn_mc'"
+    ):
+        run("strategy=hopgnn_mc")
+    shutil.rmtree(out / "shared-topology")
+    with pytest.raises(PartitionDirError, match="shared group 'topology' is missing"):
+        run()
