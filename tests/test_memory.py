@@ -337,3 +337,20 @@ def test_bench_memory_tiny_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.count("kept from an earlier run") == 4 and "training ..." not in printed
     assert json.loads((out / "memory.json").read_text())["rows"] == results["rows"]
+
+
+def test_a_rank_maps_its_part_and_the_shared_groups_it_lists(tmp_path):
+    """``part_bytes``: a part's files plus the shared groups it lists (RSS counts them whole)."""
+    from lightning_gnnscale.bench.memory import part_bytes
+    from lightning_gnnscale.graph.partition_dir import PartitionDirWriter
+
+    writer = PartitionDirWriter(tmp_path / "dir")
+    group = writer.write_shared("topology", {"indices": torch.arange(1000)})
+    first = writer.write_part(0, {"x": torch.ones(10, 4)}, {"nodes": 10}, shared=["topology"])
+    second = writer.write_part(1, {"x": torch.ones(20, 4)}, {"nodes": 20})
+    writer.finish({"num_parts": 2, "node_offsets": [0, 10, 30], "system": "t", "dataset": {}})
+
+    def size(record):
+        return sum(entry["bytes"] for entry in record["files"].values())
+
+    assert part_bytes(tmp_path / "dir") == [size(first) + size(group), size(second)]

@@ -181,9 +181,18 @@ def ensure_partition(settings: MemorySettings, job: Job, parts: int, out: Path, 
 
 
 def part_bytes(folder: Path) -> list[int]:
-    """Bytes of each part of a partition directory (its files), from ``partition.json``."""
+    """Bytes each rank of a partition directory maps, from ``partition.json``: its part's files
+    and those of the shared groups its part lists (a rank's RSS counts shared pages whole)."""
     meta = json.loads((folder / "partition.json").read_text())
-    return [sum(f["bytes"] for f in part["files"].values()) for part in meta["parts"]]
+    shared = {
+        name: sum(f["bytes"] for f in group["files"].values())
+        for name, group in meta.get("shared", {}).items()
+    }
+    return [
+        sum(f["bytes"] for f in part["files"].values())
+        + sum(shared[name] for name in part.get("shared", ()))
+        for part in meta["parts"]
+    ]
 
 
 def _last_line(text: str) -> str:
