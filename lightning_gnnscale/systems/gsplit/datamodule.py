@@ -33,6 +33,7 @@ from ..base import (
     GNNDataModule,
     ReplicatedGraphEvaluation,
     assert_same_on_all_ranks,
+    own_predictions,
     owned_range_rows,
 )
 from ..contract import RankContext
@@ -375,16 +376,8 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if self.partition_dir is None:
             return super().predict_rows(net, node_ids, output)
         rows = self.own_rows(net, net.num_layers - (output == "embeddings"))
-        orig_ids = self.part["orig_ids"]  # sorted: the relabelling keeps the original order
-        if node_ids is None:
-            return orig_ids.clone(), rows
         num_nodes = int(self.partition_meta()["num_nodes"])
-        ids = node_ids.cpu()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_nodes):
-            raise ValueError(f"node ids must be in [0, {num_nodes})")
-        position = torch.searchsorted(orig_ids, ids).clamp_(max=max(orig_ids.numel() - 1, 0))
-        mine = orig_ids[position] == ids if orig_ids.numel() else ids < 0
-        return ids[mine], rows[position[mine].to(rows.device)]
+        return own_predictions(self.part["orig_ids"].clone(), rows, node_ids, num_nodes)
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> torch.Tensor:
         """The first ``layers`` layers' full-neighbourhood rows ``[n_own, d]`` of this rank's

@@ -46,6 +46,7 @@ from ..base import (
     GNNDataModule,
     ReplicatedGraphEvaluation,
     assert_same_on_all_ranks,
+    own_predictions,
     owned_range_rows,
 )
 from ..contract import RankContext
@@ -358,16 +359,8 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             return super().predict_rows(net, node_ids, output)
         rows = self.own_rows(net, net.num_layers - (output == "embeddings"))
         offsets = self.part.node_offsets
-        own_ids = self.orig_ids[int(offsets[self.rank]) : int(offsets[self.rank + 1])]  # sorted
-        if node_ids is None:
-            return own_ids.clone(), rows
-        ids = node_ids.cpu()
-        num_nodes = self.orig_ids.numel()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_nodes):
-            raise ValueError(f"node ids must be in [0, {num_nodes})")
-        position = torch.searchsorted(own_ids, ids).clamp_(max=max(own_ids.numel() - 1, 0))
-        mine = own_ids[position] == ids if own_ids.numel() else ids < 0
-        return ids[mine], rows[position[mine].to(rows.device)]
+        own_ids = self.orig_ids[int(offsets[self.rank]) : int(offsets[self.rank + 1])].clone()
+        return own_predictions(own_ids, rows, node_ids, self.orig_ids.numel())
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
         """The first ``layers`` layers' full-neighbourhood rows of this rank's own nodes
