@@ -15,14 +15,14 @@ from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder
 from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_carried
-from lightning_gnnscale.run import train
+from lightning_gnnscale.partition import partition
 from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.bytegnn import ByteGNNConfig, ByteGNNDataModule
 from lightning_gnnscale.systems.contract import RankContext
-from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
+from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
 from tests.helpers.predictions import check_predictions, predict_shares
-from tests.test_partition_dir import MODEL, SBM, _assert_equal, _steps, _weights
+from tests.test_partition_dir import MODEL, SBM, _assert_equal, _steps
 
 FANOUTS = [5, 3]
 
@@ -150,46 +150,16 @@ def test_bytegnn_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
     """float64, 2 ranks: the final weights from the directory equal the in-memory run's bit
     for bit (atol 0), and so does every epoch's validation accuracy; the launcher never
     loads the dataset."""
-    from lightning_gnnscale.partition import partition
-
-    common = cfg_overrides(tmp_path)
-    out = tmp_path / "parts"
-    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
-    mem, _ = train(make_cfg(tmp_path / "mem", *common))
-
-    import lightning_gnnscale.run as run_module
-    import lightning_gnnscale.systems.base as base_module
-
-    def no_load(*args, **kwargs):
-        raise AssertionError("the launcher loaded the dataset")
-
-    monkeypatch.setattr(run_module, "load_dataset", no_load)
-    monkeypatch.setattr(base_module, "load_dataset", no_load)
-    got, objects = train(make_cfg(tmp_path / "dir", *common, f"data.partition_dir={out}"))
-    assert objects["graph"] is None
-    _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "dir" / "out"))
-    assert len(got["history"]) == len(mem["history"]) == 2  # trainer.max_epochs=2
-    assert [h["val_acc"] for h in got["history"]] == [h["val_acc"] for h in mem["history"]]
-    assert got["test_acc"] == mem["test_acc"]
+    train_both_ways(tmp_path, monkeypatch, cfg_overrides(tmp_path))
 
 
 def test_a_bytegnn_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):
     """Another part count, another system's directory, another depth (K-hop blocks for
     K = len(data.fanouts)) and a missing part are refused in the launcher, naming the key or
     the file."""
-    import lightning_gnnscale.run as run_module
-    from lightning_gnnscale.partition import partition
-
-    def no_spawn(*args, **kwargs):
-        raise AssertionError("a rank was started")
-
-    monkeypatch.setattr(run_module, "launch_local", no_spawn)
     common = cfg_overrides(tmp_path)
-    out, other = tmp_path / "parts", tmp_path / "distdgl"
-    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
-
-    def run(*extra, parts=out):
-        return train(make_cfg(tmp_path, *common, *extra, f"data.partition_dir={parts}"))
+    out, run = launcher_without_ranks(tmp_path, monkeypatch, common)
+    other = tmp_path / "distdgl"
 
     with pytest.raises(PartitionDirError, match="'num_parts' is 2 but this run has 3") as err:
         run("trainer.devices=3")

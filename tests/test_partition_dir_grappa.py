@@ -20,15 +20,14 @@ from lightning_gnnscale.graph.partition_dir import (
     shared_folder,
 )
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.run import train
 from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.base import node_rows
 from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.grappa import GrappaConfig, GrappaDataModule
 from lightning_gnnscale.systems.grappa.directory import DirChunks, chunk_group
-from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
-from tests.test_partition_dir import SBM, _assert_equal, _weights
+from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
+from tests.test_partition_dir import SBM, _assert_equal
 
 
 def make_dm(cache_dir, partition_dir=None, config=None, dtype=torch.float64, options=SBM):
@@ -191,45 +190,14 @@ def test_grappa_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
     """The default run (float64, 2 ranks, eval_mode=global_fullgraph): the final weights
     from the directory equal the in-memory run's bit for bit, and so does every epoch's
     validation accuracy; the launcher never loads the dataset."""
-    from lightning_gnnscale.partition import partition
-
-    common = cfg_overrides(tmp_path)
-    out = tmp_path / "parts"
-    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
-    mem, _ = train(make_cfg(tmp_path / "mem", *common))
-
-    import lightning_gnnscale.run as run_module
-    import lightning_gnnscale.systems.base as base_module
-
-    def no_load(*args, **kwargs):
-        raise AssertionError("the launcher loaded the dataset")
-
-    monkeypatch.setattr(run_module, "load_dataset", no_load)
-    monkeypatch.setattr(base_module, "load_dataset", no_load)
-    got, objects = train(make_cfg(tmp_path / "dir", *common, f"data.partition_dir={out}"))
-    assert objects["graph"] is None
-    _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "dir" / "out"))
-    assert len(got["history"]) == len(mem["history"]) == 2  # trainer.max_epochs=2
-    assert [h["val_acc"] for h in got["history"]] == [h["val_acc"] for h in mem["history"]]
-    assert got["test_acc"] == mem["test_acc"]
+    train_both_ways(tmp_path, monkeypatch, cfg_overrides(tmp_path))
 
 
 def test_a_grappa_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):
     """Another chunking, another schedule (which decides the chunks each part lists) and a
     missing chunk group are refused in the launcher, naming the key or the file."""
-    import lightning_gnnscale.run as run_module
-    from lightning_gnnscale.partition import partition
-
-    def no_spawn(*args, **kwargs):
-        raise AssertionError("a rank was started")
-
-    monkeypatch.setattr(run_module, "launch_local", no_spawn)
     common = cfg_overrides(tmp_path)
-    out = tmp_path / "parts"
-    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
-
-    def run(*extra):
-        return train(make_cfg(tmp_path, *common, *extra, f"data.partition_dir={out}"))
+    out, run = launcher_without_ranks(tmp_path, monkeypatch, common)
 
     with pytest.raises(PartitionDirError, match="'method' is 'random' but this run has 'metis'"):
         run("strategy.chunking=metis")

@@ -16,14 +16,14 @@ from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition_dir import PartitionDir, PartitionDirError, part_folder
 from lightning_gnnscale.graph.sampler import sample_neighbors
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.run import train
+from lightning_gnnscale.partition import partition
 from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.gsplit import GSplitConfig, GSplitDataModule
 from lightning_gnnscale.systems.gsplit.strategy import shuffle_hook
-from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
-from tests.test_partition_dir import SBM, _assert_equal, _weights
+from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
+from tests.test_partition_dir import SBM
 
 FANOUTS = [5, 3]
 
@@ -156,47 +156,16 @@ def test_gsplit_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
     """float64, 2 ranks: the final weights from the directory equal the in-memory run's bit
     for bit (atol 0), and so does every epoch's loss and validation accuracy and the test
     accuracy; the launcher never loads the dataset."""
-    from lightning_gnnscale.partition import partition
-
-    common = cfg_overrides(tmp_path)
-    out = tmp_path / "parts"
-    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
-    mem, _ = train(make_cfg(tmp_path / "mem", *common))
-
-    import lightning_gnnscale.run as run_module
-    import lightning_gnnscale.systems.base as base_module
-
-    def no_load(*args, **kwargs):
-        raise AssertionError("the launcher loaded the dataset")
-
-    monkeypatch.setattr(run_module, "load_dataset", no_load)
-    monkeypatch.setattr(base_module, "load_dataset", no_load)
-    got, objects = train(make_cfg(tmp_path / "dir", *common, f"data.partition_dir={out}"))
-    assert objects["graph"] is None
-    _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "dir" / "out"))
-    assert len(got["history"]) == len(mem["history"]) == 2  # trainer.max_epochs=2
-    for key in ("train_loss", "val_acc"):
-        assert [h[key] for h in got["history"]] == [h[key] for h in mem["history"]], key
-    assert got["test_acc"] == mem["test_acc"]
+    train_both_ways(tmp_path, monkeypatch, cfg_overrides(tmp_path), keys=("train_loss", "val_acc"))
 
 
 def test_a_gsplit_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):
     """Another part count, partitioner, pre-sampling schedule (fanouts, batch size) or
     system, and a missing shared topology, are refused in the launcher, naming the key or
     the file."""
-    import lightning_gnnscale.run as run_module
-    from lightning_gnnscale.partition import partition
-
-    def no_spawn(*args, **kwargs):
-        raise AssertionError("a rank was started")
-
-    monkeypatch.setattr(run_module, "launch_local", no_spawn)
     common = cfg_overrides(tmp_path)
-    out, other = tmp_path / "parts", tmp_path / "distdgl"
-    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
-
-    def run(*extra, parts=out):
-        return train(make_cfg(tmp_path, *common, *extra, f"data.partition_dir={parts}"))
+    out, run = launcher_without_ranks(tmp_path, monkeypatch, common)
+    other = tmp_path / "distdgl"
 
     with pytest.raises(PartitionDirError, match="'num_parts' is 2 but this run has 3") as err:
         run("trainer.devices=3")

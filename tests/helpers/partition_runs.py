@@ -1,0 +1,64 @@
+"""``train.py`` from a partition directory against the same run in memory, and the launcher
+checks a misfit directory meets; shared by the per-system partition-directory tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning_gnnscale.run import train
+from tests.helpers.config import make_cfg
+
+NODES = "dataset.num_nodes=300"
+
+
+def _silent(*_):
+    return 0
+
+
+def train_both_ways(tmp_path: Path, monkeypatch, common: list[str], keys=("val_acc",)):
+    """Partition with ``common`` (300 nodes), train in memory, then from the directory with
+    the dataset loader replaced by one that fails (so the launcher never loads it). Asserts
+    the final weights equal bit for bit, each epoch's ``keys`` and the test accuracy equal;
+    returns both runs' metrics."""
+    import lightning_gnnscale.run as run_module
+    import lightning_gnnscale.systems.base as base_module
+    from lightning_gnnscale.partition import partition
+    from tests.test_partition_dir import _assert_equal, _weights
+
+    out = tmp_path / "parts"
+    partition([NODES, *common], out, log=_silent)
+    mem, _ = train(make_cfg(tmp_path / "mem", *common))
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the launcher loaded the dataset")
+
+    monkeypatch.setattr(run_module, "load_dataset", no_load)
+    monkeypatch.setattr(base_module, "load_dataset", no_load)
+    got, objects = train(make_cfg(tmp_path / "dir", *common, f"data.partition_dir={out}"))
+    assert objects["graph"] is None
+    _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "dir" / "out"))
+    assert len(got["history"]) == len(mem["history"]) == 2  # trainer.max_epochs=2
+    for key in keys:
+        assert [h[key] for h in got["history"]] == [h[key] for h in mem["history"]], key
+    assert got["test_acc"] == mem["test_acc"]
+    return mem, got
+
+
+def launcher_without_ranks(tmp_path: Path, monkeypatch, common: list[str]):
+    """Partition with ``common`` (300 nodes) into ``tmp_path / "parts"``; return
+    ``(out, run)``: ``run(*extra, parts=out)`` trains from a directory with starting a rank
+    replaced by a failure, so what it raises was raised before any rank started."""
+    import lightning_gnnscale.run as run_module
+    from lightning_gnnscale.partition import partition
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(run_module, "launch_local", no_spawn)
+    out = tmp_path / "parts"
+    partition([NODES, *common], out, log=_silent)
+
+    def run(*extra, parts=out):
+        return train(make_cfg(tmp_path, *common, *extra, f"data.partition_dir={parts}"))
+
+    return out, run
