@@ -47,8 +47,9 @@ def make_dm(cache_dir, config, partition_dir=None):
 
 
 def _run(dm, comm):
-    """Per step: loss, logits and summed gradient of a SAGE net; then the evaluation counts
-    and every rank's prediction rows (logits and embeddings)."""
+    """Per step: loss, logits and summed gradient of a SAGE net; then the evaluation
+    counts, every rank's prediction rows (logits and embeddings), its rows of a few requested
+    ids, and what asking for an id past the graph raises."""
     torch.manual_seed(0)
     net = BlockGNN("sage", dm.input_dim, 8, dm.num_classes, LAYERS, dropout=0.0).double()
     steps = []
@@ -63,6 +64,12 @@ def _run(dm, comm):
     net.eval()
     counts = comm.all_reduce(dm.eval_counts(net, ("train", "val", "test")), category="control")
     predicted = {out: dm.predict_rows(net, None, out) for out in ("logits", "embeddings")}
+    predicted["some"] = dm.predict_rows(net, torch.tensor([7, 0, 299, 150]), "logits")
+    try:
+        dm.predict_rows(net, torch.tensor([0, 10**6]), "logits")
+        predicted["past_the_graph"] = None
+    except ValueError as err:
+        predicted["past_the_graph"] = str(err)
     return steps, counts, predicted
 
 
@@ -119,13 +126,18 @@ def test_a_granndis_rank_with_only_its_part_equals_the_in_memory_rank(tmp_path):
             assert torch.equal(want_counts, got_counts) and want_counts[:, 1].sum() > 0, label
             predicted["memory"].append(want_rows)
             predicted["directory"].append(got_rows)
-        for output in ("logits", "embeddings"):
+            # ids past the graph are refused from a directory as in memory
+            assert want_rows["past_the_graph"] == "node ids must be in [0, 300)", label
+            assert got_rows["past_the_graph"] == want_rows["past_the_graph"], label
+        for output in ("logits", "embeddings", "some"):
             rows = {}
             for key, shares in predicted.items():
                 ids = torch.cat([share[output][0] for share in shares])
                 order = torch.argsort(ids)
                 rows[key] = (ids[order], torch.cat([share[output][1] for share in shares])[order])
-            assert torch.equal(rows["memory"][0], torch.arange(SBM["num_nodes"]))
+            everything = torch.arange(SBM["num_nodes"])
+            wanted = torch.tensor([0, 7, 150, 299]) if output == "some" else everything
+            assert torch.equal(rows["memory"][0], wanted)
             assert torch.equal(rows["memory"][0], rows["directory"][0]), label
             assert torch.equal(rows["memory"][1], rows["directory"][1]), (label, output)
     # preload_auto picks k on the ranks: its directory holds every k, and a fixed k's does

@@ -44,6 +44,7 @@ from ..base import (
     ReplicatedGraphEvaluation,
     StepBatcher,
     assert_same_on_all_ranks,
+    own_predictions,
 )
 from ..contract import RankContext, rank_context
 from .callbacks import GraNNDISStats
@@ -831,11 +832,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if not isinstance(net, BlockGNN):
             raise TypeError(f"predictions need a BlockGNN net, got {type(net).__name__}")
         rows = self.share_rows(net, net.num_layers - (output == "embeddings"))
-        ids = self.part["orig_ids"]
-        if node_ids is not None:
-            keep = torch.isin(ids, node_ids.cpu())
-            ids, rows = ids[keep], rows[keep.to(rows.device)]
-        return ids, rows
+        return own_predictions(self.part["orig_ids"], rows, node_ids, self.num_nodes)
 
     @override
     def callbacks(self) -> list[L.Callback]:
