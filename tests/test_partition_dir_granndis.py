@@ -36,6 +36,11 @@ VARIANTS = {
 }
 
 
+# labels whose directory is also run with GCN (whole-graph degrees in the plans and in the
+# evaluation shares) and GAT, besides SAGE: FB_base and a 2-server mode
+OTHER_MODELS = {"flx_eas": ("gcn", "gat"), "fb_base": ("gcn", "gat")}
+
+
 def make_dm(cache_dir, config, partition_dir=None):
     """A GraNNDIS DataModule on the small sbm graph, by name, in float64."""
     data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS, partition_dir=partition_dir)
@@ -46,12 +51,12 @@ def make_dm(cache_dir, config, partition_dir=None):
     return dm
 
 
-def _run(dm, comm):
-    """Per step: loss, logits and summed gradient of a SAGE net; then the evaluation
+def _run(dm, comm, kind="sage"):
+    """Per step: loss, logits and summed gradient of a ``kind`` net; then the evaluation
     counts, every rank's prediction rows (logits and embeddings), its rows of a few requested
     ids, and what asking for an id past the graph raises."""
     torch.manual_seed(0)
-    net = BlockGNN("sage", dm.input_dim, 8, dm.num_classes, LAYERS, dropout=0.0).double()
+    net = BlockGNN(kind, dm.input_dim, 8, dm.num_classes, LAYERS, dropout=0.0).double()
     steps = []
     for step in range(dm.steps_per_epoch):
         batch = dm.make_batch(1, step)
@@ -98,21 +103,30 @@ def _own_part_rank(rank, world_size, tmp_path):
         from_dir.context = context
         depths = (in_memory.preload_depth, from_dir.preload_depth)
         results[label] = (want, _run(from_dir, comm), depths)
+        for kind in OTHER_MODELS.get(label, ()):
+            results[f"{label}_{kind}"] = (
+                _run(in_memory, comm, kind),
+                _run(from_dir, comm, kind),
+                depths,
+            )
     return results
 
 
 @pytest.mark.dist
 def test_a_granndis_rank_with_only_its_part_equals_the_in_memory_rank(tmp_path):
     """In every mode with a layout (FLX-EAS on 2 servers x 1 worker and on 1 x 2, FLX with
-    k < L, FLX with preload_auto, CoB with 2 steps, FB_base): every step's loss, logits and
-    summed gradient, the evaluation counts and the predicted rows (logits, embeddings) of
-    every node are equal, exactly (atol 0), with the other parts deleted."""
+    k < L, FLX with preload_auto, CoB with 2 steps, FB_base; SAGE, and GCN and GAT on FLX-EAS
+    2 x 1 and FB_base, whose degrees come from the plans and the inference shares): every
+    step's loss, logits and summed gradient, the evaluation counts and the predicted rows
+    (logits, embeddings) of every node and of a few requested ones are equal, exactly (atol
+    0), with the other parts deleted; an id past the graph is refused as in memory."""
     for label, (config, workers) in VARIANTS.items():
         writer = make_dm(tmp_path / "cache", config)
         writer.launch_topology = Topology(2, workers)
         writer.write_partition_dir(tmp_path / label, 2, log=lambda *_: 0)
     results = run_distributed(_own_part_rank, 2, tmp_path, timeout_s=240)
-    for label in VARIANTS:
+    labels = [*VARIANTS, *(f"{v}_{kind}" for v, kinds in OTHER_MODELS.items() for kind in kinds)]
+    for label in labels:
         predicted = {"memory": [], "directory": []}
         for by_label in results:
             (want_steps, want_counts, want_rows), (got_steps, got_counts, got_rows), depths = (
