@@ -199,3 +199,21 @@ def test_a_granndis_directory_that_does_not_fit_fails_before_any_rank_starts(tmp
         run("strategy=granndis_mb_base")
     with pytest.raises(ConfigError, match="mode=mb_base"):
         partition([*common, "strategy=granndis_mb_base"], tmp_path / "mb", log=lambda *_: 0)
+
+
+def test_a_rank_refuses_a_directory_of_another_topology_when_the_launcher_did_not_know_it(
+    tmp_path,
+):
+    """A plain Lightning script's launcher does not know the servers x workers
+    (``launch_topology`` is ``None``), so the directory's topology is checked in the rank's
+    ``setup_rank``: a 2 x 1 directory is refused on 1 x 2 ranks, naming 'topology', before
+    any collective."""
+    writer = make_dm(tmp_path / "cache", GraNNDISConfig())
+    writer.launch_topology = Topology(2, 1)
+    writer.write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
+    dm = make_dm(tmp_path / "cache", GraNNDISConfig(), partition_dir=str(tmp_path / "parts"))
+    assert dm.launch_topology is None
+    prepared = dm.prepare(2, [0])  # the launcher's checks pass: it knows no topology
+    context = RankContext(Comm(CommMeter(), Topology(2, 2), rank=0), torch.device("cpu"))
+    with pytest.raises(PartitionDirError, match="'topology' is .*'workers_per_server': 1.* but"):
+        dm.setup_rank(context, prepared)
