@@ -217,3 +217,17 @@ def test_a_rank_refuses_a_directory_of_another_topology_when_the_launcher_did_no
     context = RankContext(Comm(CommMeter(), Topology(2, 2), rank=0), torch.device("cpu"))
     with pytest.raises(PartitionDirError, match="'topology' is .*'workers_per_server': 1.* but"):
         dm.setup_rank(context, prepared)
+
+
+def test_partitioning_without_a_topology_is_refused(tmp_path):
+    """A DataModule built directly knows no servers x workers: ``write_partition_dir`` fails
+    naming how to set them, and writes nothing; a topology for another world size fails too."""
+    dm = make_dm(tmp_path / "cache", GraNNDISConfig())
+    with pytest.raises(
+        ConfigError, match="launch_topology = Topology.*lightning_gnnscale.partition"
+    ):
+        dm.write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
+    assert not (tmp_path / "parts" / "partition.json").exists()
+    dm.launch_topology = Topology(4, 2)
+    with pytest.raises(ConfigError, match="not for 2 ranks"):
+        dm.write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)

@@ -530,12 +530,24 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
         Rank ``r`` owns the relabelled ids of its inference share: FB_base's owners, or in
         the server modes the server partition split over its workers (``partition.intra``),
-        so server ``s`` owns ``[node_offsets[s W], node_offsets[(s + 1) W])``."""
+        so server ``s`` owns ``[node_offsets[s W], node_offsets[(s + 1) W])``.
+
+        The servers x workers must be known (``launch_topology``: the partition command sets
+        it from the overrides); nothing defaults."""
         self.check_layout_mode()
-        self.prepare(world_size)  # the launcher's checks (preprocess)
-        graph, topology = self.graph, self.launch_topology or Topology.from_launch(world_size)
+        topology = self.launch_topology
+        if topology is None:
+            raise ConfigError(
+                "GraNNDIS's plans depend on the servers x workers, which this DataModule does "
+                "not know: set datamodule.launch_topology = Topology(world_size, "
+                "workers_per_server) before write_partition_dir, or partition with python -m "
+                "lightning_gnnscale.partition <overrides> out=<dir> (trainer.num_nodes, "
+                "trainer.devices, topology.servers)"
+            )
         if topology.world_size != world_size:
-            raise ValueError(f"topology {topology} is not for {world_size} ranks")
+            raise ConfigError(f"topology {topology} is not for {world_size} ranks")
+        self.prepare(world_size)  # the launcher's checks (preprocess)
+        graph = self.graph
         workers = topology.workers_per_server
         owner = self.fb_base_owner(topology) if self.config.mode == "fb_base" else None
         book = PartitionBook.from_parts(
