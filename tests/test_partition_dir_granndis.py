@@ -231,3 +231,15 @@ def test_partitioning_without_a_topology_is_refused(tmp_path):
     dm.launch_topology = Topology(4, 2)
     with pytest.raises(ConfigError, match="not for 2 ranks"):
         dm.write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
+
+
+def test_the_parts_store_no_row_ids(tmp_path):
+    """The parts store no ids of the plans' owned and halo rows (no rank reads them: a step's
+    input rows and labels are in the part), only their numbers."""
+    dm = make_dm(tmp_path / "cache", GraNNDISConfig(mode="flx", preload_k=1))
+    dm.launch_topology = Topology(4, 2)
+    dm.write_partition_dir(tmp_path / "parts", 4, log=lambda *_: 0)
+    files = [p.name for p in (tmp_path / "parts").glob("part-*/*.npy")]
+    assert any(name.endswith("_final_values.npy") for name in files)
+    assert any(name.endswith("_preload_values.npy") for name in files)
+    assert not [name for name in files if name.endswith(("_owned.npy", "_halo.npy"))]

@@ -523,10 +523,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Per rank: its plans of every depth of :meth:`depths` (ids relabelled), the labels of
-        their loss rows and its :class:`~.partdir.EvalShare`; per server, one shared group
-        ``server<s>`` of input rows (each step's ``input_ids`` of each of its ranks, then its
-        ranks' inference rows), which the parts address as ``[start, stop)`` ranges.
+        """Per rank: its plans of every depth of :meth:`depths` (without the ids of their
+        rows), the labels of their loss rows and its :class:`~.partdir.EvalShare`; per
+        server, one shared group ``server<s>`` of input rows (each step's ``input_ids`` of
+        each of its ranks, then its ranks' inference rows), which the parts address as
+        ``[start, stop)`` ranges.
 
         Rank ``r`` owns the relabelled ids of its inference share: FB_base's owners, or in
         the server modes the server partition split over its workers (``partition.intra``),
@@ -572,7 +573,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 arrays[f"{tag}_summary"] = torch.tensor([*astuple(summary), len(plans)])
                 for i, step in enumerate(plans):
                     prefix = f"{tag}_s{i}_"
-                    arrays |= step_arrays(step, book.old2new, prefix)
+                    arrays |= step_arrays(step, prefix)
                     arrays[prefix + "x_range"] = server_range(rank, step.input_ids)
                     loss_rows = step.final.owned[: step.final.num_loss]
                     arrays[prefix + "y"] = graph.y.index_select(0, loss_rows)

@@ -1,10 +1,11 @@
 """GraNNDIS's partition directory (docs/systems/granndis.md#from-a-partition-directory).
 
-A rank's part holds its plans (every step's one-hop graphs, ids relabelled), the labels of
-their loss rows, and its share of full-graph inference (:class:`EvalShare`); the input rows
-of every rank of a server (its preloaded set, and its partition's rows for inference) are one
-shared group per server, which each rank reads as contiguous slices. Plans keep the row order
-of the in-memory ones, so a step computes the same values bit for bit.
+A rank's part holds its plans (every step's one-hop graphs over local rows: the ids of the
+rows are not kept, only their numbers), the labels of their loss rows, and its share of
+full-graph inference (:class:`EvalShare`); the input rows of every rank of a server (its
+preloaded set, and its partition's rows for inference) are one shared group per server,
+which each rank reads as contiguous slices. Plans keep the row order of the in-memory ones,
+so a step computes the same values bit for bit.
 """
 
 from __future__ import annotations
@@ -22,26 +23,35 @@ from ...models.gnn import BlockGNN, layer_rows
 from .expand import in_edges
 from .plan import OneHopPlan, StepPlan
 
+# a plan's tensors a part stores: everything but the ids of its owned and halo rows
+LOCAL_TENSORS = tuple(name for name in OneHopPlan.TENSORS if name not in ("owned", "halo"))
 
-def plan_arrays(plan: OneHopPlan, old2new: Tensor, prefix: str) -> dict[str, Tensor]:
-    """``plan``'s tensors (``owned`` and ``halo`` relabelled by ``old2new``) and its plain
-    values as one int64 array ``values`` ``[2 W + 4]``, named ``<prefix><name>``."""
-    arrays = {name: getattr(plan, name) for name in OneHopPlan.TENSORS}
-    arrays["owned"], arrays["halo"] = old2new[plan.owned], old2new[plan.halo]
+
+def plan_arrays(plan: OneHopPlan, prefix: str) -> dict[str, Tensor]:
+    """``plan``'s tensors but ``owned`` and ``halo``, and its plain values with the numbers of
+    owned and halo rows as one int64 array ``values`` ``[2 W + 6]``, named
+    ``<prefix><name>``. The ids of the rows are not stored: a rank reads its input rows and
+    labels from the part, and everything else addresses rows by local position."""
+    arrays = {name: getattr(plan, name) for name in LOCAL_TENSORS}
     arrays["values"] = torch.tensor(
         [*plan.send_splits, *plan.recv_splits, plan.num_layers, plan.num_loss]
-        + [int(plan.masking), int(plan.final)],
+        + [int(plan.masking), int(plan.final), plan.owned.numel(), plan.halo.numel()],
         dtype=torch.int64,
     )
     return {prefix + name: tensor for name, tensor in arrays.items()}
 
 
 def plan_from_arrays(part: dict[str, Tensor], prefix: str, world: int) -> OneHopPlan:
-    """The plan :func:`plan_arrays` wrote under ``prefix`` (tensors stay memory-mapped)."""
+    """The plan :func:`plan_arrays` wrote under ``prefix`` (tensors stay memory-mapped); its
+    ``owned`` and ``halo`` are the local row positions ``[0, n_owned)`` and ``[n_owned,
+    n_owned + n_halo)`` (the directory keeps no ids of them)."""
     values = part[prefix + "values"].tolist()
-    splits, (layers, loss, masking, final) = values[: 2 * world], values[2 * world :]
+    splits, rest = values[: 2 * world], values[2 * world :]
+    layers, loss, masking, final, n_owned, n_halo = rest
     return OneHopPlan(
-        **{name: part[prefix + name] for name in OneHopPlan.TENSORS},
+        owned=torch.arange(n_owned),
+        halo=torch.arange(n_owned, n_owned + n_halo),
+        **{name: part[prefix + name] for name in LOCAL_TENSORS},
         send_splits=tuple(splits[:world]),
         recv_splits=tuple(splits[world:]),
         num_layers=layers,
@@ -51,11 +61,11 @@ def plan_from_arrays(part: dict[str, Tensor], prefix: str, world: int) -> OneHop
     )
 
 
-def step_arrays(step: StepPlan, old2new: Tensor, prefix: str) -> dict[str, Tensor]:
+def step_arrays(step: StepPlan, prefix: str) -> dict[str, Tensor]:
     """A step's plans (``final``, and ``preload`` with ``reshape`` when present)."""
-    arrays = plan_arrays(step.final, old2new, prefix + "final_")
+    arrays = plan_arrays(step.final, prefix + "final_")
     if step.preload is not None:
-        arrays |= plan_arrays(step.preload, old2new, prefix + "preload_")
+        arrays |= plan_arrays(step.preload, prefix + "preload_")
         arrays[prefix + "reshape"] = step.reshape
     return arrays
 

@@ -37,8 +37,10 @@ class OneHopPlan:
     them in.
 
     Attributes:
-        owned: int64 ``[n_owned]`` global ids of the owned rows.
-        halo: int64 ``[n_halo]`` global ids of the halo rows.
+        owned: int64 ``[n_owned]`` global ids of the owned rows (from a partition directory,
+            which keeps no ids of them: the local rows ``[0, n_owned)``).
+        halo: int64 ``[n_halo]`` global ids of the halo rows (from a partition directory: the
+            local rows ``[n_owned, n_owned + n_halo)``).
         level: int64 ``[n_owned + n_halo]`` hop at which the extraction reached each row.
         send_index: int64 local owned rows to send, grouped by destination rank.
         send_splits, recv_splits: rows sent to / received from every rank (world size).
