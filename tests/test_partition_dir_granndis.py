@@ -233,12 +233,30 @@ def test_partitioning_without_a_topology_is_refused(tmp_path):
         dm.write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
 
 
-def test_the_parts_store_no_row_ids(tmp_path):
-    """The parts store no ids of the plans' owned and halo rows (no rank reads them: a step's
-    input rows and labels are in the part), only their numbers."""
+def test_partitioning_writes_one_server_at_a_time_and_no_row_ids(tmp_path, monkeypatch):
+    """2 servers x 2 workers: each server's group of input rows is written, then its ranks'
+    parts, before the next server's rows are gathered (what partitioning holds at once is one
+    server's output); the parts store no ids of the plans' owned and halo rows (no rank reads
+    them), only their numbers."""
+    from lightning_gnnscale.graph.partition_dir import PartitionDirWriter
+
+    order = []
+    write_shared, write_part = PartitionDirWriter.write_shared, PartitionDirWriter.write_part
+
+    def shared(self, name, arrays):
+        order.append(name)
+        return write_shared(self, name, arrays)
+
+    def part(self, k, arrays, sizes, shared=()):
+        order.append(k)
+        return write_part(self, k, arrays, sizes, shared)
+
+    monkeypatch.setattr(PartitionDirWriter, "write_shared", shared)
+    monkeypatch.setattr(PartitionDirWriter, "write_part", part)
     dm = make_dm(tmp_path / "cache", GraNNDISConfig(mode="flx", preload_k=1))
     dm.launch_topology = Topology(4, 2)
     dm.write_partition_dir(tmp_path / "parts", 4, log=lambda *_: 0)
+    assert order == ["server0", 0, 1, "server1", 2, 3]
     files = [p.name for p in (tmp_path / "parts").glob("part-*/*.npy")]
     assert any(name.endswith("_final_values.npy") for name in files)
     assert any(name.endswith("_preload_values.npy") for name in files)

@@ -51,7 +51,7 @@ from .callbacks import GraNNDISStats
 from .config import DIRECTORY_MODES, GraNNDISConfig
 from .costmodel import choose_k, estimate_memory
 from .expand import cobatches, eas_expand, khop_levels, sage_expand
-from .partdir import EvalShare, eval_shares, step_arrays, step_from_arrays
+from .partdir import EvalShare, eval_halos, eval_share, step_arrays, step_from_arrays
 from .plan import OneHopPlan, StepPlan, build_layout
 
 PLAN_PREFIX = "granndis-plans"  # cache files of one rank's plans
@@ -534,7 +534,10 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         so server ``s`` owns ``[node_offsets[s W], node_offsets[(s + 1) W])``.
 
         The servers x workers must be known (``launch_topology``: the partition command sets
-        it from the overrides); nothing defaults."""
+        it from the overrides); nothing defaults. Every rank's plans are built one depth at
+        a time into the plan cache (as ``prepare_data`` does in memory), then each server is
+        written in turn, its group and then its ranks' parts, so what is held at once is one
+        server's output."""
         self.check_layout_mode()
         topology = self.launch_topology
         if topology is None:
@@ -549,61 +552,76 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             raise ConfigError(f"topology {topology} is not for {world_size} ranks")
         self.prepare(world_size)  # the launcher's checks (preprocess)
         graph = self.graph
-        workers = topology.workers_per_server
+        self.prepare_layouts(topology)  # every rank's plans of every depth, cached
+        log("[partition] plans built")
         owner = self.fb_base_owner(topology) if self.config.mode == "fb_base" else None
         book = PartitionBook.from_parts(
             self.server_owner(topology) if owner is None else owner, world_size
         )
-        server_rows: list[list[Tensor]] = [[] for _ in range(topology.num_servers)]
-        server_count = [0] * topology.num_servers
+        offsets, halos = book.node_offsets.tolist(), eval_halos(graph, book)
+        for server in range(topology.num_servers):
+            self.write_server(server, topology, book, halos, writer, log)
+        return {
+            "node_offsets": offsets,
+            "topology": topology_record(topology),
+            "train_count": int(graph.train_mask.sum()),
+        }
 
-        def server_range(rank: int, ids: Tensor) -> Tensor:
-            """Append the input rows of ``ids`` to the rank's server group: their range."""
-            server = rank // workers
-            start = server_count[server]
-            server_rows[server].append(graph.x.index_select(0, ids))
-            server_count[server] += ids.numel()
-            return torch.tensor([start, server_count[server]], dtype=torch.int64)
+    def write_server(
+        self, server: int, topology: Topology, book: PartitionBook, halos, writer, log
+    ) -> None:
+        """Write server ``server``'s group of input rows, then its ranks' parts
+        (:meth:`write_parts`); ``halos``: every rank's inference halo."""
+        graph, offsets = self.graph, book.node_offsets.tolist()
+        workers = topology.workers_per_server
+        ranks = range(server * workers, (server + 1) * workers)
+        parts: dict[int, dict[str, Tensor]] = {rank: {} for rank in ranks}
+        row_ids: list[Tensor] = []  # the group's rows, in order, as original ids
+        count = 0
 
-        parts: list[dict[str, Tensor]] = [{} for _ in range(world_size)]
+        def server_range(ids: Tensor) -> Tensor:
+            """Append ``ids``'s rows to the server's group: their ``[start, stop)``."""
+            nonlocal count
+            row_ids.append(ids)
+            count += ids.numel()
+            return torch.tensor([count - ids.numel(), count], dtype=torch.int64)
+
         for k in self.depths():
             tag = depth_tag(k)
-            for rank, (plans, summary) in enumerate(self.build_all_plans(topology, k)):
+            for rank in ranks:
+                plans, summary = self.rank_plans(topology, rank, k)
                 arrays = parts[rank]
                 arrays[f"{tag}_summary"] = torch.tensor([*astuple(summary), len(plans)])
                 for i, step in enumerate(plans):
                     prefix = f"{tag}_s{i}_"
                     arrays |= step_arrays(step, prefix)
-                    arrays[prefix + "x_range"] = server_range(rank, step.input_ids)
+                    arrays[prefix + "x_range"] = server_range(step.input_ids)
                     loss_rows = step.final.owned[: step.final.num_loss]
                     arrays[prefix + "y"] = graph.y.index_select(0, loss_rows)
-            log(f"[partition] plans{'' if k is None else f' (k={k})'} built")
-        offsets = book.node_offsets.tolist()
-        for rank, share in enumerate(eval_shares(graph, book)):
+        for rank in ranks:
             core = book.new2old[offsets[rank] : offsets[rank + 1]]
-            parts[rank] |= share.arrays()
-            parts[rank]["eval_x_range"] = server_range(rank, core)
+            parts[rank] |= eval_share(graph, book, halos, rank).arrays()
+            parts[rank]["eval_x_range"] = server_range(core)
             parts[rank]["eval_y"] = graph.y.index_select(0, core)
             for split in SPLITS:
                 parts[rank][f"eval_{split}_mask"] = getattr(graph, f"{split}_mask")[core]
             parts[rank]["orig_ids"] = core
-        for server, rows in enumerate(server_rows):
-            writer.write_shared(f"server{server}", {"x": torch.cat(rows)})
-            log(f"[partition] server {server}: {server_count[server]:,} input rows")
-        for rank, arrays in enumerate(parts):
+        # the group's rows gathered once, into one tensor
+        x = graph.x.index_select(0, torch.cat([torch.empty(0, dtype=torch.int64), *row_ids]))
+        row_ids.clear()
+        writer.write_shared(f"server{server}", {"x": x})
+        log(f"[partition] server {server}: {count:,} input rows")
+        del x
+        for rank in ranks:
+            arrays = parts.pop(rank)
             share = EvalShare.from_arrays(arrays)
             sizes = {
                 "nodes": offsets[rank + 1] - offsets[rank],
                 "halo": share.degree.numel() - share.num_core,
                 "edges": share.indices.numel(),
             }
-            writer.write_part(rank, arrays, sizes, shared=[f"server{rank // workers}"])
-            log(f"[partition] part {rank + 1}/{world_size} written ({sizes})")
-        return {
-            "node_offsets": offsets,
-            "topology": topology_record(topology),
-            "train_count": int(graph.train_mask.sum()),
-        }
+            writer.write_part(rank, arrays, sizes, shared=[f"server{server}"])
+            log(f"[partition] part {rank + 1}/{topology.world_size} written ({sizes})")
 
     def open_part(self, context: RankContext, opened: PartitionDir) -> None:
         """This rank's part and its server's shared rows (memory-mapped), after checking the

@@ -146,44 +146,50 @@ class EvalShare:
         return h
 
 
-def eval_shares(graph: Graph, book: PartitionBook) -> list[EvalShare]:
-    """Every rank's :class:`EvalShare` of ``graph`` (original ids) under ``book``."""
+def core_in_edges(graph: Graph, book: PartitionBook, rank: int) -> tuple[Tensor, Tensor]:
+    """``(src, pos)``: the in-edges of rank ``rank``'s core (its ``node_offsets`` range), the
+    sources as relabelled ids, ``pos`` the destination's position in the core."""
+    lo, hi = book.node_offsets[rank : rank + 2].tolist()
+    src_old, pos = in_edges(graph, book.new2old[lo:hi])
+    return book.old2new[src_old], pos
+
+
+def eval_halos(graph: Graph, book: PartitionBook) -> list[Tensor]:
+    """Every rank's inference halo: the relabelled ids, ascending, of the sources of its
+    core's in-edges that other ranks own (grouped by owner in rank order)."""
+    offsets, halos = book.node_offsets.tolist(), []
+    for k in range(book.num_parts):
+        src, _ = core_in_edges(graph, book, k)
+        halos.append(torch.unique(src[(src < offsets[k]) | (src >= offsets[k + 1])]))
+    return halos
+
+
+def eval_share(graph: Graph, book: PartitionBook, halos: list[Tensor], k: int) -> EvalShare:
+    """Rank ``k``'s :class:`EvalShare` of ``graph`` (original ids) under ``book``, given every
+    rank's halo (:func:`eval_halos`)."""
     offsets, world = book.node_offsets.tolist(), book.num_parts
-    degree = graph.in_degree()
-    csc, halos = [], []
-    for k in range(world):
-        lo, hi = offsets[k], offsets[k + 1]
-        core = book.new2old[lo:hi]
-        src_old, pos = in_edges(graph, core)
-        src = book.old2new[src_old]
-        outside = (src < lo) | (src >= hi)
-        halo = torch.unique(src[outside])
-        local = torch.where(outside, (hi - lo) + torch.searchsorted(halo, src), src - lo)
-        indptr = torch.zeros(hi - lo + 1, dtype=torch.int64)
-        torch.cumsum(torch.bincount(pos, minlength=hi - lo), 0, out=indptr[1:])
-        csc.append((indptr, local))
-        halos.append(halo)
-    shares = []
-    for k in range(world):
-        lo, hi = offsets[k], offsets[k + 1]
-        send_rows, send_splits, recv_splits = [], [0] * world, [0] * world
-        for q in range(world):
-            if q == k:
-                continue
-            wanted = halos[q]  # ascending: rank k's rows are one run
-            a, b = torch.searchsorted(wanted, torch.tensor([lo, hi])).tolist()
-            send_rows.append(wanted[a:b] - lo)
-            send_splits[q] = b - a
-            a, b = torch.searchsorted(halos[k], torch.tensor(offsets[q : q + 2])).tolist()
-            recv_splits[q] = b - a
-        rows = torch.cat([book.new2old[lo:hi], book.new2old[halos[k]]])
-        shares.append(
-            EvalShare(
-                *csc[k],
-                degree[rows],
-                torch.cat([torch.empty(0, dtype=torch.int64), *send_rows]),
-                tuple(send_splits),
-                tuple(recv_splits),
-            )
-        )
-    return shares
+    lo, hi = offsets[k], offsets[k + 1]
+    src, pos = core_in_edges(graph, book, k)
+    outside = (src < lo) | (src >= hi)
+    local = torch.where(outside, (hi - lo) + torch.searchsorted(halos[k], src), src - lo)
+    indptr = torch.zeros(hi - lo + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(pos, minlength=hi - lo), 0, out=indptr[1:])
+    send_rows, send_splits, recv_splits = [], [0] * world, [0] * world
+    for q in range(world):
+        if q == k:
+            continue
+        wanted = halos[q]  # ascending: rank k's rows are one run
+        a, b = torch.searchsorted(wanted, torch.tensor([lo, hi])).tolist()
+        send_rows.append(wanted[a:b] - lo)
+        send_splits[q] = b - a
+        a, b = torch.searchsorted(halos[k], torch.tensor(offsets[q : q + 2])).tolist()
+        recv_splits[q] = b - a
+    rows = torch.cat([book.new2old[lo:hi], book.new2old[halos[k]]])
+    return EvalShare(
+        indptr,
+        local,
+        graph.indptr[rows + 1] - graph.indptr[rows],  # whole-graph in-degrees
+        torch.cat([torch.empty(0, dtype=torch.int64), *send_rows]),
+        tuple(send_splits),
+        tuple(recv_splits),
+    )
