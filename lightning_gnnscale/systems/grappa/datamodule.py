@@ -97,6 +97,11 @@ class GrappaDataModule(GNNDataModule):
         self._parts: dict[tuple, tuple[IsolatedPartition, EpochOrder, PartitionSampler]] = {}
         self._batch_t: int | None = None  # super-epoch of the last batch built
         self.remote: RemoteSampler | None = None  # Grappa-50S only
+        self.home: tuple[int, ...] = ()  # the chunks this rank evaluates and predicts
+        # the home chunks' partition (with their 1-hop halo) and the route its halo's hidden
+        # rows come by: built on first use, kept (evaluation, prediction, Grappa-50S)
+        self._home_part: IsolatedPartition | None = None
+        self._home_route: tuple[OwnerRoute, Tensor] | None = None
 
     # ------------------------------------------------------------------------ set-up, state
     @override
@@ -117,18 +122,29 @@ class GrappaDataModule(GNNDataModule):
     @override
     def partition_settings(self) -> dict[str, Any]:
         """The chunking, and what decides which chunks each part lists (checked against a
-        partition directory)."""
+        partition directory); :meth:`partition_expectation` adds the chunk and phase counts."""
         cfg = self.config
         return {
             "method": cfg.chunking,
             "partition_options": {
-                "num_chunks": cfg.num_chunks,
-                "partitions_per_rank": cfg.partitions_per_rank,
                 "schedule": cfg.schedule,
                 "halo_hops": cfg.halo_hops,
                 "remote_sampling": cfg.remote_sample_frac > 0,
             },
         }
+
+    @override
+    def partition_expectation(self, world_size: int) -> dict[str, Any]:
+        """The generic expectation, with ``num_chunks`` and ``partitions_per_rank`` as resolved
+        for ``world_size`` (``chunk_count``, ``phases``) in ``partition_options``: a default
+        and the explicit value it resolves to are the same directory."""
+        cfg, expected = self.config, super().partition_expectation(world_size)
+        expected["partition_options"] = {
+            "num_chunks": cfg.chunk_count(world_size),
+            "partitions_per_rank": cfg.phases(world_size),
+            **expected["partition_options"],
+        }
+        return expected
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
@@ -144,6 +160,11 @@ class GrappaDataModule(GNNDataModule):
         if isinstance(prepared, PartitionDir):
             prepared = DirChunks(prepared, self.rank, self._dtype)
         self.store = prepared
+        if isinstance(prepared, DirChunks):
+            self.home = prepared.home  # the part's list (checked against home_chunks)
+        else:
+            self.home = home_chunks(self.rank, self.world_size, prepared.num_chunks)
+        self._home_part = self._home_route = None
         self.schedule = Schedule(cfg.schedule, prepared.num_chunks, cfg.sweep_order, self.seed)
         max_epochs = self.trainer.max_epochs if self.trainer is not None else None
         length = super_epoch_len(cfg.super_epoch_len, max_epochs, self.schedule.cycle)
@@ -164,9 +185,11 @@ class GrappaDataModule(GNNDataModule):
         return self.clock.e_in
 
     def _layout(self) -> dict:
-        """What ``t`` means: the chunking (content key), schedule, sweep order and phases."""
+        """What ``t`` means: the chunking (content key, the same from a partition directory),
+        schedule, sweep order and phases; and the features' dtype in this run."""
         return {
             "chunking": self.store.key,
+            "dtype": str(self.store.dtype),
             "schedule": self.schedule.kind,
             "sweep_order": self.schedule.sweep_order,
             "sweep_seed": self.schedule.seed,
@@ -187,8 +210,8 @@ class GrappaDataModule(GNNDataModule):
         if differ:
             raise ValueError(
                 "the checkpoint's Grappa layout differs from this run's (checkpoint, run): "
-                f"{differ}; same dataset, chunking, num_chunks, seed, schedule, sweep_order and "
-                "partitions_per_rank needed"
+                f"{differ}; same dataset, chunking, num_chunks, seed, schedule, sweep_order, "
+                "partitions_per_rank and dtype needed"
             )
         self.clock.load_state_dict(state_dict)
 
@@ -423,21 +446,31 @@ class GrappaDataModule(GNNDataModule):
                 counts[i, 1] += mask.sum()
         return counts
 
-    # ------------------------------------------------------ from a partition directory
+    # ------------------------------------------------------ full-graph inference by home chunk
+    def home_partition(self) -> IsolatedPartition:
+        """This rank's home chunks (:attr:`home`) with their 1-hop halo, built on first use and
+        kept: the full-graph evaluation and predictions run on it, and Grappa-50S serves its
+        owners' in-edges and rows from it. Not counted in ``builds`` / ``io_bytes``."""
+        if self._home_part is None:
+            spec = PartitionSpec(self.home, self.home)
+            self._home_part = build_partition(self.store, spec, halo_hops=1)
+        return self._home_part
+
     @torch.no_grad()
     def home_rows(self, net: BlockGNN, layers: int) -> tuple[IsolatedPartition, Tensor]:
         """Full-neighbourhood rows ``[n_home, d]`` after ``layers`` layers of this rank's home
         chunks' nodes (:func:`~.directory.home_chunks`), with the partition they were computed
-        on (home nodes, sorted, then their halo). The halo's input rows are read from the
-        chunks (storage, as a training partition's); its hidden rows come from their home
-        ranks, one exchange per hidden layer (``activation``). Collective."""
-        home = home_chunks(self.rank, self.world_size, self.store.num_chunks)
-        part = build_partition(self.store, PartitionSpec(home, home), halo_hops=1)
+        on (:meth:`home_partition`: home nodes, sorted, then their halo). The halo's input rows
+        are read from the chunks (storage, as a training partition's); its hidden rows come
+        from their home ranks, one exchange per hidden layer (``activation``), by a route
+        built on the first call (``structure``, the halo's ids) and kept. Collective."""
+        part = self.home_partition()
         core, device = part.num_core, next(net.parameters()).device
-        halo = part.local2global[core:]
-        owners = part.halo_chunk % self.world_size
-        route = OwnerRoute.build(self.comm, halo, owners, category="structure")
-        served = part.local_of(route.served)
+        if self._home_route is None and layers > 1:
+            halo = part.local2global[core:]
+            owners = part.halo_chunk % self.world_size
+            route = OwnerRoute.build(self.comm, halo, owners, category="structure")
+            self._home_route = (route, part.local_of(route.served))
         builder = inference_builder(part.indptr, part.deg)
         h = part.x.to(device)
         for i in range(layers):
@@ -446,6 +479,7 @@ class GrappaDataModule(GNNDataModule):
             )
             if i == layers - 1:
                 return part, rows
+            route, served = self._home_route
             remote = route.reply(self.comm, rows.cpu()[served], category="activation")
             h = torch.cat([rows, remote.to(device)])
         return part, h[:core]
