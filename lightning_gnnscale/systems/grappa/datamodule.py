@@ -8,8 +8,9 @@ sampled inside the partition only and carries its coverage factor ``c`` and defi
 decides ``t``, advances it while it builds training batches and saves it in checkpoints.
 
 With ``data.partition_dir`` the chunks are the directory's shared groups (``directory.py``):
-a rank maps each chunk only while it builds a partition from it, and the full-graph evaluation
-and ``trainer.predict`` run on the ranks' home chunks, exchanging the halo's hidden rows.
+a rank maps each chunk only while it builds a partition from it. The full-graph evaluation
+and ``trainer.predict`` run on the ranks' home chunks, exchanging the halo's hidden rows, in
+memory and from a directory alike (one kernel, so the two agree bit for bit).
 """
 
 from __future__ import annotations
@@ -422,15 +423,15 @@ class GrappaDataModule(GNNDataModule):
         mode = self.config.eval_mode
         if mode == "none":
             return counts
-        if mode == "global_fullgraph" and self.partition_dir is not None:
-            part, logits = self.home_rows(net, net.num_layers)
+        if mode == "global_fullgraph" and isinstance(net, BlockGNN):
+            part, logits = self.home_rows(net, net.num_layers)  # in memory too: one kernel
             pred, core = logits.argmax(1).cpu(), part.num_core
             for i, split in enumerate(splits):
                 mask = getattr(part, f"{split}_mask")[:core]
                 counts[i, 0] = (pred[mask] == part.y[:core][mask]).sum()
                 counts[i, 1] = mask.sum()
             return counts
-        if mode == "global_fullgraph":
+        if mode == "global_fullgraph":  # another net runs on the whole graph
             comm = self.context.comm if self.context is not None else None
             return replicated_eval_counts(
                 self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size, comm
@@ -466,7 +467,7 @@ class GrappaDataModule(GNNDataModule):
         built on the first call (``structure``, the halo's ids) and kept. Collective."""
         part = self.home_partition()
         core, device = part.num_core, next(net.parameters()).device
-        if self._home_route is None and layers > 1:
+        if self._home_route is None and layers > 1 and self.world_size > 1:
             halo = part.local2global[core:]
             owners = part.halo_chunk % self.world_size
             route = OwnerRoute.build(self.comm, halo, owners, category="structure")
@@ -479,19 +480,23 @@ class GrappaDataModule(GNNDataModule):
             )
             if i == layers - 1:
                 return part, rows
-            route, served = self._home_route
-            remote = route.reply(self.comm, rows.cpu()[served], category="activation")
-            h = torch.cat([rows, remote.to(device)])
+            h = torch.cat([rows, self._halo_rows(rows).to(device)])
         return part, h[:core]
+
+    def _halo_rows(self, rows: Tensor) -> Tensor:
+        """The home partition's halo rows of a hidden layer, from their home ranks (one rank:
+        its home chunks are every chunk, so there is no halo)."""
+        if self.world_size == 1:
+            return rows.new_empty((0, *rows.shape[1:]))
+        route, served = self._home_route
+        return route.reply(self.comm, rows.cpu()[served], category="activation")
 
     @override
     def predict_rows(
         self, net: torch.nn.Module, node_ids: Tensor | None, output: str
     ) -> tuple[Tensor, Tensor]:
-        """From a partition directory: the rows of this rank's home chunks' nodes
-        (:meth:`home_rows`), in the dataset's ids; in memory: the base class's."""
-        if self.partition_dir is None:
-            return super().predict_rows(net, node_ids, output)
+        """The rows of this rank's home chunks' nodes (:meth:`home_rows`; from a partition
+        directory and in memory alike), in the dataset's ids."""
         if not isinstance(net, BlockGNN):
             raise TypeError(f"predictions need a BlockGNN net, got {type(net).__name__}")
         part, rows = self.home_rows(net, net.num_layers - (output == "embeddings"))
