@@ -155,6 +155,14 @@ def test_chunk_store_key_covers_everything_the_chunks_hold(tmp_path):
     for c in range(4):
         record = new.load(c)
         assert torch.equal(record["x"], flat.x[record["nodes"]])
+    # the chunking's key (a checkpoint's layout) is the same for the float64 store, and
+    # changes with the features' values
+    f64, changed = (
+        write_chunk_store(variants[name][0], 4, "random", 0, str(tmp_path))
+        for name in ("dtype", "x")
+    )
+    assert f64.path != old.path and f64.key == old.key != changed.key != new.key
+    assert (old.dtype, f64.dtype) == (torch.float32, torch.float64)
 
 
 def _fresh_rank(monkeypatch, store):
@@ -576,6 +584,7 @@ def test_state_round_trip_rebuilds_identical_partitions(store):
     fresh_ctrl = fresh.clock
     for key, other in (
         ("chunking", "grappa-chunks-other"),
+        ("dtype", "torch.float64"),
         ("schedule", "tournament"),
         ("sweep_order", "shuffled"),
         ("sweep_seed", 7),

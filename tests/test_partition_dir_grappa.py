@@ -25,9 +25,13 @@ from lightning_gnnscale.systems.base import node_rows
 from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.grappa import GrappaConfig, GrappaDataModule
 from lightning_gnnscale.systems.grappa.directory import DirChunks, chunk_group
+from lightning_gnnscale.systems.grappa.partition import build_partition
+from lightning_gnnscale.systems.grappa.schedule import PartitionSpec
 from tests.helpers.dist import run_distributed
 from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
 from tests.test_partition_dir import SBM, _assert_equal
+
+F32_F64 = (torch.float32, torch.float64)
 
 
 def make_dm(cache_dir, partition_dir=None, config=None, dtype=torch.float64, options=SBM):
@@ -89,18 +93,21 @@ def _epochs(dm, comm, config):
     return out, counts, (ids, logits), picked, net
 
 
-def _rank(rank, world_size, tmp_path, config):
+def _rank(rank, world_size, tmp_path, config, options):
     comm = Comm.create()
     context = RankContext(comm, torch.device("cpu"))
-    in_memory = make_dm(tmp_path / "cache", config=config)
+    in_memory = make_dm(tmp_path / "cache", config=config, options=options)
     in_memory.setup_rank(context, in_memory.prepare(world_size))
     in_memory.context = context  # as setup() sets it (the replicated evaluation reads it)
     want = _epochs(in_memory, comm, config)
     mine = _own_rank_copy(tmp_path, rank, world_size)
-    from_dir = make_dm(tmp_path / "cache", partition_dir=str(mine), config=config)
+    from_dir = make_dm(tmp_path / "cache", str(mine), config=config, options=options)
     from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
     from_dir.context = context
     got = _epochs(from_dir, comm, config)
+    assert from_dir.state_dict() == in_memory.state_dict()  # a checkpoint of either resumes
+    home = from_dir.home_partition()  # built once: every evaluation and prediction reused it
+    assert home is (from_dir.remote.base if from_dir.remote is not None else home)
     # the in-memory predictions: layer-wise inference over the whole graph
     net = want[-1]
     oracle = node_rows(in_memory.graph, net, None, "logits", 1 << 16)
@@ -110,21 +117,41 @@ def _rank(rank, world_size, tmp_path, config):
     return want[:-1], got[:-1], (full, some), in_memory.graph.num_nodes
 
 
+# Grappa-FP without halo on 3 ranks, on a graph whose METIS chunks are its 6 communities: the
+# parts of ranks 0 and 1 leave a chunk out (a rank's copy lacks that chunk group)
+FEW_CROSS = ({**SBM, "num_classes": 6, "homophily": 0.995}, 3)
+FIXED = dict(num_chunks=6, schedule="fixed", halo_hops=0, chunking="metis")
+
+
 @pytest.mark.dist
-@pytest.mark.parametrize("preset", ["grappa", "grappa_50s"])
-def test_a_grappa_rank_with_only_its_chunks_equals_the_in_memory_rank(tmp_path, preset):
+@pytest.mark.parametrize(
+    ("preset", "settings", "options", "world_size"),
+    [("grappa", {}, SBM, 2), ("grappa_50s", {}, SBM, 2), ("grappa", FIXED, *FEW_CROSS)],
+    ids=["grappa", "grappa_50s", "fixed-unlisted-chunks"],
+)
+def test_a_grappa_rank_with_only_its_chunks_equals_the_in_memory_rank(
+    tmp_path, preset, settings, options, world_size
+):
     """Over three super-epochs, every batch (blocks with degrees, input rows, labels, coverage)
-    and gradient, and both evaluation modes' counts are equal, exactly, with the other part's
-    folder and every chunk group the rank does not list deleted; the predicted logits of
-    every node equal whole-graph inference's, and each node is predicted by one rank."""
-    config = dataclasses.replace(GrappaConfig.preset(preset), super_epoch_len=1)
-    make_dm(tmp_path / "cache", config=config).write_partition_dir(
-        tmp_path / "parts", 2, log=lambda *_: 0
+    and gradient, and both evaluation modes' counts are equal, exactly, with the other parts'
+    folders and every chunk group the rank does not list deleted (under the pinned sweep each
+    part lists every chunk; under ``fixed`` without halo some lists leave chunks out); the
+    predictions equal the in-memory rank's bit for bit, and whole-graph inference's to
+    1e-12, and each node is predicted by one rank; the DataModule's checkpoint state is the
+    in-memory one."""
+    config = dataclasses.replace(GrappaConfig.preset(preset), super_epoch_len=1, **settings)
+    meta = make_dm(tmp_path / "cache", config=config, options=options).write_partition_dir(
+        tmp_path / "parts", world_size, log=lambda *_: 0
     )
-    results = run_distributed(_rank, 2, tmp_path, config, timeout_s=150)
+    if settings:
+        listed = [len(part["shared"]) for part in meta["parts"]]
+        assert min(listed) < meta["num_chunks"], f"no chunk group is left out: {listed}"
+    results = run_distributed(_rank, world_size, tmp_path, config, options, timeout_s=150)
     requested = []
     for want, got, oracle, num_nodes in results:
-        (w_steps, w_counts, _, _), (g_steps, g_counts, g_pred, g_some) = want, got
+        (w_steps, w_counts, w_pred, w_some), (g_steps, g_counts, g_pred, g_some) = want, got
+        for a, b in zip([*w_pred, *w_some], [*g_pred, *g_some], strict=True):
+            assert torch.equal(a, b)  # the in-memory predictions run the same kernel
         assert len(w_steps) == len(g_steps) > 0
         for w, g in zip(w_steps, g_steps, strict=True):
             for wb, gb in zip(w[0], g[0], strict=True):
@@ -146,6 +173,45 @@ def test_a_grappa_rank_with_only_its_chunks_equals_the_in_memory_rank(tmp_path, 
             torch.testing.assert_close(row, rows[i], rtol=0, atol=1e-12)
         requested += g_ids.tolist()
     assert sorted(requested) == [0, 5, 5, 17]  # every requested id by one rank
+
+
+def test_a_part_whose_home_chunks_file_disagrees_is_refused(tmp_path, monkeypatch):
+    """``part-k/home_chunks.npy`` is what a rank evaluates and predicts: a file that is not
+    ``c mod W = k`` (written by another rule) is refused, naming it."""
+    import lightning_gnnscale.systems.grappa.directory as directory
+
+    rule = directory.home_chunks
+    monkeypatch.setattr(directory, "home_chunks", lambda k, w, c: rule(k, w, c)[:1])
+    make_dm(tmp_path / "cache").write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
+    monkeypatch.setattr(directory, "home_chunks", rule)
+    opened = make_dm(tmp_path / "cache", str(tmp_path / "parts")).prepare(2, [1])
+    with pytest.raises(PartitionDirError, match=r"home_chunks.npy is \[1\], but rank 1 .*\[1, 3\]"):
+        DirChunks(opened, 1, torch.float64)
+
+
+def test_partitions_from_a_float32_directory_cast_only_their_rows(tmp_path):
+    """A float64 rank on a float32 directory: a chunk loads with its float32 features (the
+    memory-mapped file, not a converted copy), ``index`` reads node lists and degrees only,
+    and a partition equals the in-memory float64 one (features cast row by row) with the
+    I/O bytes of the float32 chunk store's partition (the bytes read)."""
+    config = GrappaConfig(super_epoch_len=1)
+    f32 = make_dm(tmp_path / "cache", config=config, dtype=torch.float32)
+    f32.write_partition_dir(tmp_path / "f32", 2, log=lambda *_: 0)
+    opened = make_dm(tmp_path / "cache", str(tmp_path / "f32"), config=config).prepare(2, [0])
+    chunks = DirChunks(opened, 0, torch.float64)
+    assert chunks.load(1)["x"].dtype == torch.float32
+    assert set(chunks.index(1)) == {"nodes", "deg"}
+    stores = {dtype: make_dm(tmp_path / "cache", dtype=dtype).prepare(2) for dtype in F32_F64}
+    assert chunks.key == stores[torch.float32].key == stores[torch.float64].key
+    spec = PartitionSpec((0, 1), (0, 1))
+    got = build_partition(chunks, spec)
+    want, stored = (
+        build_partition(stores[dtype], spec) for dtype in (torch.float64, torch.float32)
+    )
+    for name in ("local2global", "indptr", "indices", "x", "y", "deg", "halo_chunk"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert got.x.dtype == torch.float64
+    assert got.io_bytes == stored.io_bytes < want.io_bytes
 
 
 def test_parts_list_the_chunks_their_schedule_reads(tmp_path):
@@ -193,9 +259,36 @@ def test_grappa_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
     train_both_ways(tmp_path, monkeypatch, cfg_overrides(tmp_path))
 
 
+@pytest.mark.e2e
+def test_a_run_from_a_float32_directory_resumes_in_memory_as_the_uninterrupted_run(
+    tmp_path, monkeypatch
+):
+    """float64, 2 ranks, a directory written in float32: one epoch from the directory, then
+    its checkpoint resumed in memory for the second, ends with the weights (and DataModule
+    state) of two uninterrupted in-memory epochs, bit for bit: the checkpoint's layout names
+    the chunking whatever dtype holds the features."""
+    from lightning_gnnscale.partition import partition
+    from lightning_gnnscale.run import train
+    from tests.helpers.config import make_cfg
+    from tests.helpers.partition_runs import NODES
+    from tests.test_partition_dir import _weights
+
+    common = cfg_overrides(tmp_path)
+    out = tmp_path / "parts"
+    f32 = [NODES, *(o.replace("float64", "float32") for o in common)]
+    partition(f32, out, log=lambda *_: 0)
+    train(make_cfg(tmp_path / "mem", *common))
+    first = make_cfg(tmp_path / "dir", *common, f"data.partition_dir={out}", "trainer.max_epochs=1")
+    train(first)
+    last = tmp_path / "dir" / "out" / "checkpoints" / "last.ckpt"
+    train(make_cfg(tmp_path / "resumed", *common, f"ckpt_path={last}"))
+    _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "resumed" / "out"))
+
+
 def test_a_grappa_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):
-    """Another chunking, another schedule (which decides the chunks each part lists) and a
-    missing chunk group are refused in the launcher, naming the key or the file."""
+    """Another chunking, another schedule (which decides the chunks each part lists), another
+    chunk count and a missing chunk group are refused in the launcher, naming the key or the
+    file; the counts the defaults resolve to, set explicitly, are accepted (a rank starts)."""
     common = cfg_overrides(tmp_path)
     out, run = launcher_without_ranks(tmp_path, monkeypatch, common)
 
@@ -203,6 +296,10 @@ def test_a_grappa_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_p
         run("strategy.chunking=metis")
     with pytest.raises(PartitionDirError, match="'partition_options' is .*'schedule': 'pinned"):
         run("strategy.schedule=fixed")
+    with pytest.raises(PartitionDirError, match="'partition_options' is .*'num_chunks': 4"):
+        run("strategy.num_chunks=6")
+    with pytest.raises(AssertionError, match="a rank was started"):
+        run("strategy.num_chunks=4", "strategy.partitions_per_rank=2")  # the defaults' values
     group = out / shared_folder(chunk_group(3))
     shutil.rmtree(group)
     with pytest.raises(PartitionDirError, match=f"shared group 'chunk00003' is missing: {group}"):
@@ -243,7 +340,7 @@ def _plain_lightning_ranks(out: Path) -> None:
         trainer.fit(module, datamodule=dm)
         (share,) = trainer.predict(module, datamodule=dm.predict_on(output="logits"))
         weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        results[key] = (weights, share["node_ids"], share["logits"])
+        results[key] = (weights, share["node_ids"], share["logits"], dm.state_dict())
     torch.save(results, out / f"rank{trainer.global_rank}.pt")
 
 
@@ -251,7 +348,7 @@ def _plain_lightning_ranks(out: Path) -> None:
 def test_trainer_predict_from_a_directory_gives_the_in_memory_rows(tmp_path):
     """A plain Lightning script: the weights after one epoch from the directory equal the
     in-memory ones bit for bit, and ``trainer.predict``'s shares of the two ranks cover every
-    node once, with the in-memory logits (to 1e-12)."""
+    node once, with the in-memory logits (bit for bit: both infer by home chunk)."""
     from lightning_gnnscale.launch import launch_local
 
     make_dm(tmp_path / "cache", dtype=torch.float32).write_partition_dir(
@@ -267,5 +364,7 @@ def test_trainer_predict_from_a_directory_gives_the_in_memory_rows(tmp_path):
         rows[key] = logits[ids.argsort()]
     for r in ranks:
         _assert_equal(r["memory"][0], r["directory"][0])
+        assert r["memory"][3] == r["directory"][3]  # the checkpointed layout: float64 both
+        assert r["directory"][3]["dtype"] == "torch.float64"
     assert rows["directory"].dtype == torch.float64
-    torch.testing.assert_close(rows["directory"], rows["memory"], rtol=0, atol=1e-12)
+    assert torch.equal(rows["directory"], rows["memory"])  # one kernel: bit for bit

@@ -346,16 +346,21 @@ class PartitionDir:
         self.verify_parts([k])
         return _load_arrays(self.path / part_folder(k), self.meta["parts"][k]["files"])
 
-    def load_shared(self, name: str, k: int) -> dict[str, Tensor]:
-        """Shared group ``name``'s arrays as part ``k`` (which must list it) uses them,
-        memory-mapped like :meth:`load_part`: the ranks of a node map the same file, so
-        its pages are held once per machine."""
+    def load_shared(
+        self, name: str, k: int, arrays: Iterable[str] | None = None
+    ) -> dict[str, Tensor]:
+        """Shared group ``name``'s arrays (or only those named in ``arrays``) as part ``k``
+        (which must list it) uses them, memory-mapped like :meth:`load_part`: the ranks of a
+        node map the same file, so its pages are held once per machine."""
         if name not in self.meta["parts"][k].get("shared", ()):
             raise PartitionDirError(
                 f"{self.path / METADATA}: part {k} does not list shared group {name!r}"
             )
         self.verify_parts([k])
-        return _load_arrays(self.path / shared_folder(name), self.meta["shared"][name]["files"])
+        files = self.meta["shared"][name]["files"]
+        if arrays is not None:
+            files = {f"{a}.npy": files[f"{a}.npy"] for a in arrays}
+        return _load_arrays(self.path / shared_folder(name), files)
 
 
 def write_halo_parts(

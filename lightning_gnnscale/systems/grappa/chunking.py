@@ -28,13 +28,14 @@ import torch
 from torch import Tensor
 
 from ...files import atomic_write
-from ...graph.cache import cache_key, graph_fingerprint, tensor_digest
+from ...graph.cache import cache_key, graph_fingerprint
 from ...graph.csc import Graph
 from ...graph.partition import partition
 from .config import CHUNKINGS
 
 # Bump when the store's layout or the meaning of a field changes: old stores are then ignored.
-STORE_FORMAT = 2
+STORE_FORMAT = 3
+_DIGEST_ROWS = 1 << 16  # feature rows digested at a time by ``features_digest``
 _READ_BLOCK = 1 << 24
 # versions (``_version``) of the chunk files this process has checked against their digest
 _VERIFIED: set[tuple] = set()
@@ -117,12 +118,25 @@ class ChunkReader:
 
     @property
     def key(self) -> str:
-        """The chunking's content key (what a checkpoint's super-epoch ``t`` indexes)."""
+        """The chunking's content key (what a checkpoint's super-epoch ``t`` indexes):
+        :func:`chunking_key`, the same for a chunk store and for a partition directory
+        written from it, whatever dtype either holds the features in."""
+        raise NotImplementedError
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype partitions hold the features in (the run's)."""
         raise NotImplementedError
 
     def load(self, chunk: int) -> dict:
-        """Chunk ``chunk``'s record (``chunk_payload``'s keys), memory-mapped."""
+        """Chunk ``chunk``'s record (``chunk_payload``'s keys), memory-mapped; ``x`` in the
+        dtype it is stored in (a partition casts the rows it copies to :attr:`dtype`)."""
         raise NotImplementedError
+
+    def index(self, chunk: int) -> dict[str, Tensor]:
+        """Chunk ``chunk``'s ``nodes`` and ``deg`` only (no feature is read or cast)."""
+        record = self.load(chunk)
+        return {"nodes": record["nodes"], "deg": record["deg"]}
 
     def halo_sources(self, owned: tuple[int, ...]) -> list[int]:
         """The chunks that may hold the halo of the nodes of ``owned`` (default: every other
@@ -133,7 +147,7 @@ class ChunkReader:
         """int64 ``[N]`` chunk of every node (reads every chunk's node list: O(N) int64)."""
         out = torch.empty(int(self.meta["num_nodes"]), dtype=torch.int64)
         for c in range(self.num_chunks):
-            out[self.load(c)["nodes"]] = c
+            out[self.index(c)["nodes"]] = c
         return out
 
 
@@ -151,7 +165,11 @@ class ChunkStore(ChunkReader):
 
     @property
     def key(self) -> str:
-        return Path(self.path).name
+        return self.meta["chunking_key"]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return getattr(torch, self.meta["dtype"].removeprefix("torch."))
 
     def chunk_path(self, chunk: int) -> Path:
         return Path(self.path) / f"chunk_{chunk}.pt"
@@ -192,21 +210,47 @@ class ChunkStore(ChunkReader):
             raise ChunkStoreError(self._fix(path, f"cannot be loaded ({err})")) from err
 
 
-def chunk_store_key(graph: Graph, num_chunks: int, method: str, seed: int) -> dict:
-    """Everything a chunk store's files depend on: structure, labels and the three masks
-    (``graph_fingerprint``, every byte), the features (``tensor_digest``, every byte; the
-    fingerprint leaves them out), the dtype, and the chunking's method, seed and count. Halo
-    settings are not in it: the files hold no halo (partitions build theirs when read)."""
+def features_digest(x: Tensor) -> str:
+    """blake2b of the feature values, whatever dtype holds them: ``_DIGEST_ROWS`` rows at a
+    time, each block's bytes as float32 where float32 holds its values exactly (any float32,
+    float16 or bfloat16 block, and a float64 block upcast from one), else as float64. So the
+    features of a float32 dataset digest the same held in float32 or in float64, at the cost
+    of one pass over float32 bytes."""
+    digest = hashlib.blake2b(digest_size=32)
+    digest.update(f"features{tuple(x.shape)}".encode())
+    for block in x.split(_DIGEST_ROWS):
+        narrow = block.to(torch.float32)
+        exact = block.dtype == torch.float32 or torch.allclose(
+            narrow.to(block.dtype), block, rtol=0, atol=0, equal_nan=True
+        )
+        canonical = narrow if exact else block.to(torch.float64)
+        digest.update(b"f" if exact else b"d")
+        digest.update(canonical.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def chunking_key(graph: Graph, num_chunks: int, method: str, seed: int) -> dict:
+    """What the chunks hold, whatever dtype: structure, labels and the three masks
+    (``graph_fingerprint``, every byte), the features' values (:func:`features_digest`, every
+    value; the fingerprint leaves them out), and the chunking's method, seed and count. A
+    checkpoint's layout names it (with the run's dtype apart), so a run from a partition
+    directory and the in-memory run agree. Halo settings are not in it: the chunks hold no
+    halo (partitions build theirs when read)."""
     return {
         "kind": "grappa_chunks",
         "format": STORE_FORMAT,
         "graph": graph_fingerprint(graph),
-        "features": tensor_digest(graph.x),
+        "features": features_digest(graph.x),
         "num_chunks": num_chunks,
         "method": method,
         "seed": seed,
-        "dtype": str(graph.x.dtype),
     }
+
+
+def chunk_store_key(graph: Graph, num_chunks: int, method: str, seed: int) -> dict:
+    """Everything a chunk store's files depend on: :func:`chunking_key` and the dtype the
+    features are stored in (the run's)."""
+    return {**chunking_key(graph, num_chunks, method, seed), "dtype": str(graph.x.dtype)}
 
 
 def chunk_store_path(graph: Graph, num_chunks: int, method: str, seed: int, cache_dir) -> Path:
@@ -258,7 +302,9 @@ def write_chunk_store(
 
     An existing store is reused after every chunk file has been checked against its digest;
     a missing or corrupt file is rewritten (the chunking is a pure function of the key)."""
-    folder = chunk_store_path(graph, num_chunks, method, seed, cache_dir)
+    key = chunking_key(graph, num_chunks, method, seed)
+    store_key = cache_key({**key, "dtype": str(graph.x.dtype)})
+    folder = Path(cache_dir) / f"grappa-chunks-{store_key[:24]}"
     meta = _read_meta(folder)
     todo = list(range(num_chunks)) if meta is None else _bad_chunks(folder, meta)
     if not todo:
@@ -295,6 +341,8 @@ def write_chunk_store(
         "sizes": sizes,
         "method": method,
         "digests": digests,
+        "chunking_key": cache_key(key),
+        "dtype": str(graph.x.dtype),
     }
     atomic_write(folder / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
     return ChunkStore(str(folder), meta)

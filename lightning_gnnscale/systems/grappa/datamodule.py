@@ -8,8 +8,9 @@ sampled inside the partition only and carries its coverage factor ``c`` and defi
 decides ``t``, advances it while it builds training batches and saves it in checkpoints.
 
 With ``data.partition_dir`` the chunks are the directory's shared groups (``directory.py``):
-a rank maps each chunk only while it builds a partition from it, and the full-graph evaluation
-and ``trainer.predict`` run on the ranks' home chunks, exchanging the halo's hidden rows.
+a rank maps each chunk only while it builds a partition from it. The full-graph evaluation
+and ``trainer.predict`` run on the ranks' home chunks, exchanging the halo's hidden rows, in
+memory and from a directory alike (one kernel, so the two agree bit for bit).
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ class GrappaDataModule(GNNDataModule):
         self._parts: dict[tuple, tuple[IsolatedPartition, EpochOrder, PartitionSampler]] = {}
         self._batch_t: int | None = None  # super-epoch of the last batch built
         self.remote: RemoteSampler | None = None  # Grappa-50S only
+        self.home: tuple[int, ...] = ()  # the chunks this rank evaluates and predicts
+        # the home chunks' partition (with their 1-hop halo) and the route its halo's hidden
+        # rows come by: built on first use, kept (evaluation, prediction, Grappa-50S)
+        self._home_part: IsolatedPartition | None = None
+        self._home_route: tuple[OwnerRoute, Tensor] | None = None
 
     # ------------------------------------------------------------------------ set-up, state
     @override
@@ -117,18 +123,29 @@ class GrappaDataModule(GNNDataModule):
     @override
     def partition_settings(self) -> dict[str, Any]:
         """The chunking, and what decides which chunks each part lists (checked against a
-        partition directory)."""
+        partition directory); :meth:`partition_expectation` adds the chunk and phase counts."""
         cfg = self.config
         return {
             "method": cfg.chunking,
             "partition_options": {
-                "num_chunks": cfg.num_chunks,
-                "partitions_per_rank": cfg.partitions_per_rank,
                 "schedule": cfg.schedule,
                 "halo_hops": cfg.halo_hops,
                 "remote_sampling": cfg.remote_sample_frac > 0,
             },
         }
+
+    @override
+    def partition_expectation(self, world_size: int) -> dict[str, Any]:
+        """The generic expectation, with ``num_chunks`` and ``partitions_per_rank`` as resolved
+        for ``world_size`` (``chunk_count``, ``phases``) in ``partition_options``: a default
+        and the explicit value it resolves to are the same directory."""
+        cfg, expected = self.config, super().partition_expectation(world_size)
+        expected["partition_options"] = {
+            "num_chunks": cfg.chunk_count(world_size),
+            "partitions_per_rank": cfg.phases(world_size),
+            **expected["partition_options"],
+        }
+        return expected
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
@@ -144,6 +161,11 @@ class GrappaDataModule(GNNDataModule):
         if isinstance(prepared, PartitionDir):
             prepared = DirChunks(prepared, self.rank, self._dtype)
         self.store = prepared
+        if isinstance(prepared, DirChunks):
+            self.home = prepared.home  # the part's list (checked against home_chunks)
+        else:
+            self.home = home_chunks(self.rank, self.world_size, prepared.num_chunks)
+        self._home_part = self._home_route = None
         self.schedule = Schedule(cfg.schedule, prepared.num_chunks, cfg.sweep_order, self.seed)
         max_epochs = self.trainer.max_epochs if self.trainer is not None else None
         length = super_epoch_len(cfg.super_epoch_len, max_epochs, self.schedule.cycle)
@@ -164,9 +186,11 @@ class GrappaDataModule(GNNDataModule):
         return self.clock.e_in
 
     def _layout(self) -> dict:
-        """What ``t`` means: the chunking (content key), schedule, sweep order and phases."""
+        """What ``t`` means: the chunking (content key, the same from a partition directory),
+        schedule, sweep order and phases; and the features' dtype in this run."""
         return {
             "chunking": self.store.key,
+            "dtype": str(self.store.dtype),
             "schedule": self.schedule.kind,
             "sweep_order": self.schedule.sweep_order,
             "sweep_seed": self.schedule.seed,
@@ -187,8 +211,8 @@ class GrappaDataModule(GNNDataModule):
         if differ:
             raise ValueError(
                 "the checkpoint's Grappa layout differs from this run's (checkpoint, run): "
-                f"{differ}; same dataset, chunking, num_chunks, seed, schedule, sweep_order and "
-                "partitions_per_rank needed"
+                f"{differ}; same dataset, chunking, num_chunks, seed, schedule, sweep_order, "
+                "partitions_per_rank and dtype needed"
             )
         self.clock.load_state_dict(state_dict)
 
@@ -399,15 +423,15 @@ class GrappaDataModule(GNNDataModule):
         mode = self.config.eval_mode
         if mode == "none":
             return counts
-        if mode == "global_fullgraph" and self.partition_dir is not None:
-            part, logits = self.home_rows(net, net.num_layers)
+        if mode == "global_fullgraph" and isinstance(net, BlockGNN):
+            part, logits = self.home_rows(net, net.num_layers)  # in memory too: one kernel
             pred, core = logits.argmax(1).cpu(), part.num_core
             for i, split in enumerate(splits):
                 mask = getattr(part, f"{split}_mask")[:core]
                 counts[i, 0] = (pred[mask] == part.y[:core][mask]).sum()
                 counts[i, 1] = mask.sum()
             return counts
-        if mode == "global_fullgraph":
+        if mode == "global_fullgraph":  # another net runs on the whole graph
             comm = self.context.comm if self.context is not None else None
             return replicated_eval_counts(
                 self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size, comm
@@ -423,21 +447,31 @@ class GrappaDataModule(GNNDataModule):
                 counts[i, 1] += mask.sum()
         return counts
 
-    # ------------------------------------------------------ from a partition directory
+    # ------------------------------------------------------ full-graph inference by home chunk
+    def home_partition(self) -> IsolatedPartition:
+        """This rank's home chunks (:attr:`home`) with their 1-hop halo, built on first use and
+        kept: the full-graph evaluation and predictions run on it, and Grappa-50S serves its
+        owners' in-edges and rows from it. Not counted in ``builds`` / ``io_bytes``."""
+        if self._home_part is None:
+            spec = PartitionSpec(self.home, self.home)
+            self._home_part = build_partition(self.store, spec, halo_hops=1)
+        return self._home_part
+
     @torch.no_grad()
     def home_rows(self, net: BlockGNN, layers: int) -> tuple[IsolatedPartition, Tensor]:
         """Full-neighbourhood rows ``[n_home, d]`` after ``layers`` layers of this rank's home
         chunks' nodes (:func:`~.directory.home_chunks`), with the partition they were computed
-        on (home nodes, sorted, then their halo). The halo's input rows are read from the
-        chunks (storage, as a training partition's); its hidden rows come from their home
-        ranks, one exchange per hidden layer (``activation``). Collective."""
-        home = home_chunks(self.rank, self.world_size, self.store.num_chunks)
-        part = build_partition(self.store, PartitionSpec(home, home), halo_hops=1)
+        on (:meth:`home_partition`: home nodes, sorted, then their halo). The halo's input rows
+        are read from the chunks (storage, as a training partition's); its hidden rows come
+        from their home ranks, one exchange per hidden layer (``activation``), by a route
+        built on the first call (``structure``, the halo's ids) and kept. Collective."""
+        part = self.home_partition()
         core, device = part.num_core, next(net.parameters()).device
-        halo = part.local2global[core:]
-        owners = part.halo_chunk % self.world_size
-        route = OwnerRoute.build(self.comm, halo, owners, category="structure")
-        served = part.local_of(route.served)
+        if self._home_route is None and layers > 1 and self.world_size > 1:
+            halo = part.local2global[core:]
+            owners = part.halo_chunk % self.world_size
+            route = OwnerRoute.build(self.comm, halo, owners, category="structure")
+            self._home_route = (route, part.local_of(route.served))
         builder = inference_builder(part.indptr, part.deg)
         h = part.x.to(device)
         for i in range(layers):
@@ -446,18 +480,23 @@ class GrappaDataModule(GNNDataModule):
             )
             if i == layers - 1:
                 return part, rows
-            remote = route.reply(self.comm, rows.cpu()[served], category="activation")
-            h = torch.cat([rows, remote.to(device)])
+            h = torch.cat([rows, self._halo_rows(rows).to(device)])
         return part, h[:core]
+
+    def _halo_rows(self, rows: Tensor) -> Tensor:
+        """The home partition's halo rows of a hidden layer, from their home ranks (one rank:
+        its home chunks are every chunk, so there is no halo)."""
+        if self.world_size == 1:
+            return rows.new_empty((0, *rows.shape[1:]))
+        route, served = self._home_route
+        return route.reply(self.comm, rows.cpu()[served], category="activation")
 
     @override
     def predict_rows(
         self, net: torch.nn.Module, node_ids: Tensor | None, output: str
     ) -> tuple[Tensor, Tensor]:
-        """From a partition directory: the rows of this rank's home chunks' nodes
-        (:meth:`home_rows`), in the dataset's ids; in memory: the base class's."""
-        if self.partition_dir is None:
-            return super().predict_rows(net, node_ids, output)
+        """The rows of this rank's home chunks' nodes (:meth:`home_rows`; from a partition
+        directory and in memory alike), in the dataset's ids."""
         if not isinstance(net, BlockGNN):
             raise TypeError(f"predictions need a BlockGNN net, got {type(net).__name__}")
         part, rows = self.home_rows(net, net.num_layers - (output == "embeddings"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...graph.partition_dir import PartitionDir
+from ...graph.partition_dir import PartitionDir, PartitionDirError
 from .chunking import ChunkReader, ChunkStore
 from .config import GrappaConfig
 from .schedule import Schedule
@@ -90,7 +90,7 @@ def write_chunk_parts(
     offsets = torch.tensor([0, *home_sizes]).cumsum(0)
     return {
         "node_offsets": offsets.tolist(),
-        "chunk_store": store.key,
+        "chunking_key": store.key,
         "num_chunks": store.num_chunks,
         "chunk_sizes": sizes,
         "train_counts": store.meta["train_counts"],
@@ -100,12 +100,14 @@ def write_chunk_parts(
 
 class DirChunks(ChunkReader):
     """The chunks of a partition directory as part ``part`` reads them: each one memory-mapped
-    when loaded (:meth:`~...graph.partition_dir.PartitionDir.load_shared`), features cast to
-    ``dtype``. A chunk its part does not list cannot be loaded (``PartitionDirError``)."""
+    when loaded (:meth:`~...graph.partition_dir.PartitionDir.load_shared`), features in the
+    directory's dtype (a partition casts the rows it copies to ``dtype``, the run's). A chunk
+    its part does not list cannot be loaded (``PartitionDirError``). ``home`` is the part's
+    ``home_chunks.npy``, checked against :func:`home_chunks`."""
 
     def __init__(self, opened: PartitionDir, part: int, dtype: torch.dtype):
         meta = opened.meta
-        self.opened, self.part, self.dtype = opened, part, dtype
+        self.opened, self.part, self._dtype = opened, part, dtype
         self.meta = {
             "num_chunks": meta["num_chunks"],
             "num_nodes": meta["num_nodes"],
@@ -113,16 +115,37 @@ class DirChunks(ChunkReader):
             "train_counts": meta["train_counts"],
         }
         self.sources = meta["chunk_sources"]
+        stored = opened.load_part(part)["home_chunks"].tolist()
+        want = list(home_chunks(part, opened.num_parts, self.num_chunks))
+        if stored != want:
+            raise PartitionDirError(
+                f"{opened.path}: part {part}'s home_chunks.npy is {stored}, but rank {part} of "
+                f"{opened.num_parts} evaluates chunks {want}; partition again"
+            )
+        self.home = tuple(stored)
 
     @property
     def key(self) -> str:
-        return self.opened.meta["chunk_store"]
+        key = self.opened.meta.get("chunking_key")
+        if key is None:
+            raise PartitionDirError(
+                f"{self.opened.path}: no 'chunking_key' (written by an older version); "
+                "partition again"
+            )
+        return key
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
 
     def load(self, chunk: int) -> dict[str, Tensor]:
         record = self.opened.load_shared(chunk_group(chunk), self.part)
-        record["x"] = record["x"].to(self.dtype)
         record["deg"] = record["indptr"].diff()
         return record
+
+    def index(self, chunk: int) -> dict[str, Tensor]:
+        record = self.opened.load_shared(chunk_group(chunk), self.part, ("nodes", "indptr"))
+        return {"nodes": record["nodes"], "deg": record["indptr"].diff()}
 
     def halo_sources(self, owned: tuple[int, ...]) -> list[int]:
         return sorted({s for c in owned for s in self.sources[c]} - set(owned))

@@ -41,7 +41,8 @@ class IsolatedPartition:
             in-neighbours of each owned node.
         seeds: int64, local ids of the training nodes of the seed chunks.
         seed_owned: bool ``[n_core]``, the node is in a seed chunk.
-        io_bytes: bytes read from the store to build it.
+        io_bytes: bytes read from the store to build it (features in the dtype they are
+            stored in).
         halo_chunk: int64 ``[n - n_core]``, the chunk of each halo node.
     """
 
@@ -103,6 +104,8 @@ def build_partition(
         k: torch.cat([chunks[c][k] for c in spec.owned_chunks])[order]
         for k in ("x", "y", "train_mask", "val_mask", "test_mask", "deg")
     }
+    stored = cat["x"]  # as the chunks hold it; the partition holds the run's dtype
+    cat["x"] = stored.to(store.dtype)
     seed_owned = torch.cat(
         [
             torch.full((chunks[c]["nodes"].numel(),), c in spec.seed_chunks)
@@ -122,7 +125,7 @@ def build_partition(
     )
     src = all_src[torch.repeat_interleave(starts, deg_local) + offs]
     owned_src = torch.isin(src, own)
-    io = _nbytes(own, *cat.values(), src)
+    io = _nbytes(own, stored, *(cat[k] for k in cat if k != "x"), src)
     if halo_hops == 0:
         keep = owned_src
         halo = own.new_empty(0)
@@ -150,7 +153,8 @@ def build_partition(
             pos = torch.searchsorted(record["nodes"], halo).clamp(max=record["nodes"].numel() - 1)
             hit = (record["nodes"][pos] == halo).nonzero().flatten()
             rows = pos[hit]
-            hx[hit], hy[hit], hdeg[hit] = record["x"][rows], record["y"][rows], record["deg"][rows]
+            hx[hit] = record["x"][rows].to(hx.dtype)
+            hy[hit], hdeg[hit] = record["y"][rows], record["deg"][rows]
             hchunk[hit] = c
             del record
         if (hchunk < 0).any():  # a chunk list that misses some (a directory's, say)
@@ -158,7 +162,7 @@ def build_partition(
             raise ValueError(
                 f"halo nodes {lost}... of chunks {spec.owned_chunks} are in no chunk read"
             )
-        io += _nbytes(halo, hx, hy, hdeg)
+        io += _nbytes(halo, hy, hdeg) + hx.numel() * stored.element_size()
     part = IsolatedPartition(
         spec=spec,
         local2global=local2global,

@@ -18,8 +18,7 @@ from torch import Tensor
 from ...comm import OwnerRoute
 from ...graph.block import Block
 from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors, splitmix64, uniform_below
-from .partition import IsolatedPartition, build_partition
-from .schedule import PartitionSpec
+from .partition import IsolatedPartition
 
 _COIN_RESOLUTION = 1 << 20
 
@@ -31,15 +30,16 @@ class RemoteSampler:
     def __init__(self, dm, frac: float):
         self.dm, self.frac = dm, frac
         store = dm.store
-        self.chunk = store.chunk_ids()
+        self.chunk = torch.empty(int(store.meta["num_nodes"]), dtype=torch.int64)
         deg = torch.zeros(int(store.meta["num_nodes"]), dtype=torch.int64)
-        for c in range(store.num_chunks):
-            record = store.load(c)
-            deg[record["nodes"]] = record["deg"]
+        for c in range(store.num_chunks):  # node lists and degrees only
+            index = store.index(c)
+            self.chunk[index["nodes"]] = c
+            deg[index["nodes"]] = index["deg"]
         self.build_block = BlockBuilder(deg.numel(), deg)
-        # this rank's base chunks with every in-edge of their nodes (the halo holds the sources)
-        mine = tuple(range(dm.rank, store.num_chunks, dm.world_size))
-        self.base = build_partition(store, PartitionSpec(mine, mine), halo_hops=1)
+        # this rank's base (home) chunks with every in-edge of their nodes (the halo holds the
+        # sources): the partition full-graph evaluation runs on too, built once
+        self.base = dm.home_partition()
 
     def _coin(self, gids: Tensor, key: int) -> Tensor:
         draw = uniform_below(splitmix64(gids ^ key), torch.tensor(_COIN_RESOLUTION))
