@@ -216,3 +216,22 @@ def test_evaluation_bytes_stay_out_of_the_controllers_modelled_epoch_time(tmp_pa
         (plain, _, plain_steps), (evaluated, sent, evaluated_steps) = by_rank[False], by_rank[True]
         assert sent > 0 and len(plain) == 1 and plain[0] > 0
         assert evaluated == plain and evaluated_steps == plain_steps
+
+
+def test_a_directory_without_training_nodes_is_refused(tmp_path, monkeypatch):
+    """As in memory (the base's ``train_ids``): no training node is an error at set-up."""
+    make_dm(tmp_path / "cache", "hopgnn").write_partition_dir(
+        tmp_path / "parts", 1, log=lambda *_: 0
+    )
+    load_shared = PartitionDir.load_shared
+
+    def no_train_ids(self, name, rank):
+        arrays = dict(load_shared(self, name, rank))
+        arrays["train_ids"] = arrays["train_ids"][:0]
+        return arrays
+
+    monkeypatch.setattr(PartitionDir, "load_shared", no_train_ids)
+    dm = make_dm(tmp_path / "cache", "hopgnn", partition_dir=str(tmp_path / "parts"))
+    context = RankContext(Comm.create(), torch.device("cpu"))
+    with pytest.raises(ValueError, match="no training nodes"):
+        dm.setup_rank(context, dm.prepare(1, [0]))
