@@ -235,3 +235,26 @@ def test_a_directory_without_training_nodes_is_refused(tmp_path, monkeypatch):
     context = RankContext(Comm.create(), torch.device("cpu"))
     with pytest.raises(ValueError, match="no training nodes"):
         dm.setup_rank(context, dm.prepare(1, [0]))
+
+
+@pytest.mark.e2e
+def test_hopgnn_from_a_directory_resumes_as_the_uninterrupted_run(tmp_path, monkeypatch):
+    """float64, 2 ranks, the merging controller on, 3 epochs (so it takes a decision against
+    a measured best): a directory run stopped after epoch 0 and resumed from its checkpoint
+    ends with the uninterrupted in-memory run's weights bit for bit, and the same test
+    accuracy."""
+    from lightning_gnnscale.partition import partition
+    from lightning_gnnscale.run import train
+    from tests.helpers.config import make_cfg
+    from tests.test_partition_dir import _assert_equal, _weights
+
+    common, three = cfg_overrides(tmp_path), "trainer.max_epochs=3"
+    out = tmp_path / "parts"
+    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
+    want, _ = train(make_cfg(tmp_path / "mem", *common, three))
+    directory = [*common, f"data.partition_dir={out}"]
+    train(make_cfg(tmp_path / "dir", *directory, "trainer.max_epochs=1"))
+    last = tmp_path / "dir" / "out" / "checkpoints" / "last.ckpt"
+    got, _ = train(make_cfg(tmp_path / "resumed", *directory, three, f"ckpt_path={last}"))
+    _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "resumed" / "out"))
+    assert got["test_acc"] == want["test_acc"]
