@@ -8,8 +8,9 @@ anything). Evaluation is full-graph layer-wise inference (the topology is replic
 
 With ``data.partition_dir`` (``write_parts``) the vertices are relabelled so that each rank
 owns one contiguous id range (the split function becomes the ``[P + 1]`` offsets). The
-topology, in those ids with every in-edge segment in its original order, and the training ids
-are one shared group every rank of a machine maps once; a rank's part holds its own vertices'
+topology, in those ids with every in-edge segment in its original order, the training ids and
+every vertex's original id (the redundancy probe's sampling keys) are one shared group every
+rank of a machine maps once; a rank's part holds its own vertices'
 features, labels, masks, original ids (the sampling keys) and pre-sampled input counts.
 Evaluation and prediction then compute each rank's own rows layer by layer, the rows of
 in-neighbours it does not own pulled from their owners (docs/systems/gsplit.md#from-a-partition-directory).
