@@ -446,3 +446,29 @@ def test_plain_lightning_script_equals_single(tmp_path):
         for name in ref:
             torch.testing.assert_close(state[name], ref[name], rtol=0, atol=1e-9)
         assert acc == pytest.approx(ref_acc, abs=1e-12)
+
+
+def test_owner_order_builder_equals_a_sort_by_owner():
+    """GSplit's in-memory builder gives the non-destination sources in (owner, id) order (a
+    relabelled rank's order) with no sort: equal to the id-ordered block sorted by owner."""
+    from lightning_gnnscale.graph.book import sort_sources
+    from lightning_gnnscale.graph.sampler import BlockBuilder, SampleKey, sample_neighbors
+    from lightning_gnnscale.systems.gsplit.sampler import OwnerOrderBuilder
+
+    graph, parts, seeds = setup_graph(3)
+    degree = graph.indptr[1:] - graph.indptr[:-1]
+    plain, ordered = BlockBuilder(graph.num_nodes, degree), OwnerOrderBuilder(parts, degree)
+    frontier = torch.sort(seeds).values
+    for hop in range(3):
+        src, dst_pos = sample_neighbors(
+            graph.indptr, graph.indices, frontier, 5, SampleKey(1, 0, 0).hop_key(hop)
+        )
+        want = sort_sources(
+            plain(frontier, src, dst_pos), parts[plain(frontier, src, dst_pos).src_ids]
+        )
+        got = ordered(frontier, src, dst_pos)
+        assert torch.equal(got.src_ids, want.src_ids)
+        assert torch.equal(got.edge_index, want.edge_index)
+        assert torch.equal(got.src_deg, want.src_deg)
+        assert not torch.equal(got.src_ids, plain(frontier, src, dst_pos).src_ids)  # not id order
+        frontier = got.src_ids

@@ -76,7 +76,12 @@ def _steps(dm, comm):
     counts = comm.all_reduce(dm.eval_counts(net, ("train", "val", "test")), category="control")
     predictions = [dm.predict_rows(net, None, "logits")]
     predictions.append(dm.predict_rows(net, torch.tensor([299, 0, 150, 7]), "embeddings"))
-    return out, counts, predictions
+    # the redundancy probe's samples of epoch 0's first step: whole, and rank-salted halves
+    probe, seeds = dm.whole_batch_sampler(), dm.step_seeds(0, 0)
+    samples = [probe.sample(seeds, 0, 0)]
+    samples += [probe.sample(h, 0, 0, salt=r) for r, h in enumerate(torch.tensor_split(seeds, 2))]
+    probed = [[(b.src_ids, b.edge_index, b.src_deg) for b in blocks] for blocks in samples]
+    return out, counts, predictions, probed
 
 
 def _own_part_rank(rank, world_size, tmp_path):
@@ -99,6 +104,13 @@ def _own_part_rank(rank, world_size, tmp_path):
     return want, _steps(from_dir, comm)
 
 
+def _edge_set(src_ids, edge_index, src_deg):
+    """A block as the set of its (source, destination, source degree) id triples and its
+    sources."""
+    edges = torch.stack([src_ids[edge_index[0]], src_ids[edge_index[1]], src_deg[edge_index[0]]])
+    return set(map(tuple, edges.T.tolist())), sorted(src_ids.tolist())
+
+
 def _gathered(predictions):
     """The ranks' prediction shares as one ``{id: row}`` table."""
     ids = torch.cat([p[0] for p in predictions])
@@ -110,14 +122,14 @@ def _gathered(predictions):
 @pytest.mark.dist
 def test_a_gsplit_rank_with_only_its_part_equals_the_in_memory_rank(tmp_path):
     """Every step's blocks (in original ids, with degrees), input rows, labels, loss and
-    gradient, the evaluation counts and the predictions are equal, exactly, with the other
-    part's folder deleted."""
+    gradient, the evaluation counts, the predictions and the redundancy probe's samples are
+    equal, exactly, with the other part's folder deleted."""
     make_dm(tmp_path / "cache").write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
     opened = PartitionDir.open(tmp_path / "parts")
     new2old = torch.cat([opened.load_part(k)["orig_ids"] for k in range(2)])
     results = run_distributed(_own_part_rank, 2, tmp_path, timeout_s=150)
     for want, got in results:
-        (want_steps, want_counts, _), (got_steps, got_counts, _) = want, got
+        (want_steps, want_counts, _, want_probe), (got_steps, got_counts, _, got_probe) = want, got
         assert len(want_steps) == len(got_steps) > 0
         for w, g in zip(want_steps, got_steps, strict=True):
             for (w_ids, w_edges, w_deg), (g_ids, g_edges, g_deg) in zip(w[0], g[0], strict=True):
@@ -126,6 +138,9 @@ def test_a_gsplit_rank_with_only_its_part_equals_the_in_memory_rank(tmp_path):
             for a, b in zip(w[1:], g[1:], strict=True):
                 assert torch.equal(a, b)
         assert torch.equal(want_counts, got_counts)
+        for w_blocks, g_blocks in zip(want_probe, got_probe, strict=True):  # the same samples
+            for w, g in zip(w_blocks, g_blocks, strict=True):  # (sources in another order)
+                assert _edge_set(*w) == _edge_set(new2old[g[0]], *g[1:])
     # Predictions: the same ids, rows equal to rounding. Layer-wise inference multiplies
     # other row sets (the in-memory rank's node range against the part's vertices), and a
     # matrix product's rounding of a row may depend on the rows beside it.
@@ -182,3 +197,20 @@ def test_a_gsplit_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_p
     shutil.rmtree(out / "shared-topology")
     with pytest.raises(PartitionDirError, match="shared group 'topology' is missing"):
         run()
+
+
+def test_a_directory_without_training_nodes_is_refused(tmp_path, monkeypatch):
+    """As in memory (the base's ``train_ids``): no training node is an error at set-up."""
+    make_dm(tmp_path / "cache").write_partition_dir(tmp_path / "parts", 1, log=lambda *_: 0)
+    load_shared = PartitionDir.load_shared
+
+    def no_train_ids(self, name, rank):
+        arrays = dict(load_shared(self, name, rank))
+        arrays["train_ids"] = arrays["train_ids"][:0]
+        return arrays
+
+    monkeypatch.setattr(PartitionDir, "load_shared", no_train_ids)
+    dm = make_dm(tmp_path / "cache", partition_dir=str(tmp_path / "parts"))
+    context = RankContext(Comm.create(), torch.device("cpu"))
+    with pytest.raises(ValueError, match="no training nodes"):
+        dm.setup_rank(context, dm.prepare(1, [0]))

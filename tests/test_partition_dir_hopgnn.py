@@ -167,3 +167,94 @@ def test_a_hopgnn_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_p
     shutil.rmtree(out / "shared-topology")
     with pytest.raises(PartitionDirError, match="shared group 'topology' is missing"):
         run()
+
+
+# ------------------------------------------------------------------- merging controller
+def _recording(end_epoch, seconds):
+    def record(s):
+        seconds.append(s)
+        end_epoch(s)
+
+    return record
+
+
+def _modelled_epoch_rank(rank, world_size, tmp_path):
+    """The seconds the controller is given for epoch 0 from a directory, with and without an
+    evaluation (``own_rows``: ``feature`` and ``structure`` bytes) inside the open window."""
+    comm = Comm.create()
+    context = RankContext(comm, torch.device("cpu"))
+    out = {}
+    for evaluate in (False, True):
+        dm = make_dm(tmp_path / "cache", "hopgnn", partition_dir=str(tmp_path / "hopgnn"))
+        dm.setup_rank(context, dm.prepare(world_size, [rank]))
+        dm.context = context
+        seconds = []
+        dm.controller.end_epoch = _recording(dm.controller.end_epoch, seconds)
+        for step in range(dm.steps_per_epoch):
+            dm.make_batch(0, step)
+        sent = 0
+        if evaluate:
+            torch.manual_seed(0)
+            net = BlockGNN("gat", dm.input_dim, 16, dm.num_classes, num_layers=2).double()
+            before = comm.meter.snapshot()
+            dm.own_rows(net.eval(), net.num_layers)
+            sent = sum(comm.meter.delta(before)["bytes"].values())
+        dm.make_batch(1, 0)  # closes epoch 0's window
+        out[evaluate] = (seconds, sent, dm.controller.steps)
+    return out
+
+
+@pytest.mark.dist
+def test_evaluation_bytes_stay_out_of_the_controllers_modelled_epoch_time(tmp_path):
+    """From a directory evaluation pulls in-neighbours' rows from their owners (in memory it
+    sends nothing); an evaluation inside the controller's open window leaves the modelled
+    epoch seconds, and the next ``T``, exactly as without it."""
+    make_dm(tmp_path / "cache", "hopgnn").write_partition_dir(
+        tmp_path / "hopgnn", 2, log=lambda *_: 0
+    )
+    for by_rank in run_distributed(_modelled_epoch_rank, 2, tmp_path, timeout_s=150):
+        (plain, _, plain_steps), (evaluated, sent, evaluated_steps) = by_rank[False], by_rank[True]
+        assert sent > 0 and len(plain) == 1 and plain[0] > 0
+        assert evaluated == plain and evaluated_steps == plain_steps
+
+
+def test_a_directory_without_training_nodes_is_refused(tmp_path, monkeypatch):
+    """As in memory (the base's ``train_ids``): no training node is an error at set-up."""
+    make_dm(tmp_path / "cache", "hopgnn").write_partition_dir(
+        tmp_path / "parts", 1, log=lambda *_: 0
+    )
+    load_shared = PartitionDir.load_shared
+
+    def no_train_ids(self, name, rank):
+        arrays = dict(load_shared(self, name, rank))
+        arrays["train_ids"] = arrays["train_ids"][:0]
+        return arrays
+
+    monkeypatch.setattr(PartitionDir, "load_shared", no_train_ids)
+    dm = make_dm(tmp_path / "cache", "hopgnn", partition_dir=str(tmp_path / "parts"))
+    context = RankContext(Comm.create(), torch.device("cpu"))
+    with pytest.raises(ValueError, match="no training nodes"):
+        dm.setup_rank(context, dm.prepare(1, [0]))
+
+
+@pytest.mark.e2e
+def test_hopgnn_from_a_directory_resumes_as_the_uninterrupted_run(tmp_path, monkeypatch):
+    """float64, 2 ranks, the merging controller on, 3 epochs (so it takes a decision against
+    a measured best): a directory run stopped after epoch 0 and resumed from its checkpoint
+    ends with the uninterrupted in-memory run's weights bit for bit, and the same test
+    accuracy."""
+    from lightning_gnnscale.partition import partition
+    from lightning_gnnscale.run import train
+    from tests.helpers.config import make_cfg
+    from tests.test_partition_dir import _assert_equal, _weights
+
+    common, three = cfg_overrides(tmp_path), "trainer.max_epochs=3"
+    out = tmp_path / "parts"
+    partition(["dataset.num_nodes=300", *common], out, log=lambda *_: 0)
+    want, _ = train(make_cfg(tmp_path / "mem", *common, three))
+    directory = [*common, f"data.partition_dir={out}"]
+    train(make_cfg(tmp_path / "dir", *directory, "trainer.max_epochs=1"))
+    last = tmp_path / "dir" / "out" / "checkpoints" / "last.ckpt"
+    got, _ = train(make_cfg(tmp_path / "resumed", *directory, three, f"ckpt_path={last}"))
+    _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "resumed" / "out"))
+    assert got["test_acc"] == want["test_acc"]

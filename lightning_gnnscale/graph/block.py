@@ -14,10 +14,15 @@ class Block:
 
     Attributes:
         src_ids: int64 ``[n_src]`` global ids of the source nodes; ``src_ids[:n_dst]`` are the
-            destinations, the rest are new nodes in increasing id order.
+            destinations, the rest are new nodes, each once, in the builder's order (increasing
+            id for :class:`~.sampler.BlockBuilder` and :func:`~.sampler.build_block_sorted`;
+            GSplit's builder gives (owner, id) order, HopGNN from a partition directory
+            reorders them by original id).
         num_dst: number of destination nodes.
         edge_index: int64 ``[2, E_b]`` local positions (row 0 into ``src_ids``, row 1 into the
-            dst prefix), sorted by (dst, src id).
+            dst prefix), grouped by destination in increasing position, and within one
+            destination in the order the sampler returned them (its CSC segment's order for
+            :func:`~.sampler.sample_neighbors`; not necessarily by source id).
         src_deg: int64 ``[n_src]`` full-graph in-degree of every source node (used by GCN's
             symmetric normalisation, which must not depend on what was sampled).
     """

@@ -356,10 +356,12 @@ def relabel_csc(indptr: Tensor, indices: Tensor, book: PartitionBook) -> tuple[T
 
 def sort_sources(block: Block, key: Tensor) -> Block:
     """``block`` with its non-destination sources reordered by ``key`` (one value per source,
-    stable: ties keep their order), rows, edges and degrees alike. A rank whose graph is
-    relabelled builds its blocks in its own ids' order; sorting by the original ids, or the
-    in-memory path by the owner (the relabelled order), makes both paths' blocks equal row
-    for row."""
+    stable: ties keep their order), rows and degrees alike; the edges keep their order, their
+    source positions remapped. A rank whose graph is relabelled builds its blocks in its own
+    ids' order; sorting by the original ids (HopGNN from a partition directory) makes its
+    blocks equal to the in-memory path's row for row. ``O(n log n)`` per block: where the
+    relabelled order can be the in-memory order too, build in it instead (GSplit's
+    ``OwnerOrderBuilder``)."""
     n_dst = block.num_dst
     order = torch.cat([torch.arange(n_dst), torch.argsort(key[n_dst:], stable=True) + n_dst])
     position = torch.empty_like(order)

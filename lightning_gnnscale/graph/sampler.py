@@ -97,7 +97,9 @@ def sample_neighbors(
 
     Returns:
         ``(src, dst_pos)``: int64 ``[E_s]`` source ids (as stored in ``indices``) and the position
-        in ``dst`` of each edge's destination, sorted by ``(dst_pos, src)``.
+        in ``dst`` of each edge's destination, sorted by ``dst_pos``, and within one destination
+        in the order of its CSC segment (by source id only where ``indices`` is sorted so, as
+        ``Graph`` builds it; a relabelled CSC keeps the original segment order).
     """
     start = indptr.index_select(0, dst)
     deg = indptr.index_select(0, dst + 1) - start
@@ -161,7 +163,8 @@ class BlockBuilder:
         self._seen = torch.zeros(num_nodes, dtype=torch.bool)
 
     def __call__(self, dst: Tensor, src: Tensor, dst_pos: Tensor) -> Block:
-        """Sources are ``dst`` followed by the ids new in ``src``, in increasing id order."""
+        """Sources are ``dst`` followed by the ids new in ``src``, in increasing id order;
+        edges in ``src``'s order."""
         slot, seen = self._slot, self._seen
         n_dst = dst.numel()
         slot.index_copy_(0, dst, torch.arange(n_dst))

@@ -8,8 +8,9 @@ anything). Evaluation is full-graph layer-wise inference (the topology is replic
 
 With ``data.partition_dir`` (``write_parts``) the vertices are relabelled so that each rank
 owns one contiguous id range (the split function becomes the ``[P + 1]`` offsets). The
-topology, in those ids with every in-edge segment in its original order, and the training ids
-are one shared group every rank of a machine maps once; a rank's part holds its own vertices'
+topology, in those ids with every in-edge segment in its original order, the training ids and
+every vertex's original id (the redundancy probe's sampling keys) are one shared group every
+rank of a machine maps once; a rank's part holds its own vertices'
 features, labels, masks, original ids (the sampling keys) and pre-sampled input counts.
 Evaluation and prediction then compute each rank's own rows layer by layer, the rows of
 in-neighbours it does not own pulled from their owners (docs/systems/gsplit.md#from-a-partition-directory).
@@ -28,7 +29,7 @@ from typing_extensions import override
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, RangeBook, relabel_csc
 from ...graph.partition_dir import PartitionDir
-from ...graph.sampler import NeighborSampler
+from ...graph.sampler import NeighborSampler, SampleKey, sample_neighbors
 from ..base import (
     GNNDataModule,
     ReplicatedGraphEvaluation,
@@ -141,6 +142,31 @@ class PartitionedFeatureCache:
         return self.x.shape[1] * self.x.element_size()
 
 
+class OrigKeyedSampler(NeighborSampler):
+    """:class:`NeighborSampler` over a relabelled CSC whose hash is keyed on the original ids
+    (``orig_ids``, ``[N]``: new id -> original id): the same samples as the in-memory graph's,
+    in relabelled ids (GSplit's redundancy probe from a partition directory)."""
+
+    def __init__(self, indptr, indices, fanouts: list[int], seed: int, orig_ids: torch.Tensor):
+        super().__init__(indptr, indices, fanouts, seed)
+        self.orig_ids = orig_ids
+
+    @override
+    def sample(self, seeds, epoch: int = 0, step: int = 0, salt: int = 0):
+        key = SampleKey(self.seed, epoch, step, salt)
+        frontier = seeds.to(torch.int64)
+        blocks = []
+        for hop, fanout in enumerate(self.fanouts):
+            keys = self.orig_ids.index_select(0, frontier)
+            src, dst_pos = sample_neighbors(
+                self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
+            )
+            block = self.build_block(frontier, src, dst_pos)
+            blocks.append(block)
+            frontier = block.src_ids
+        return blocks[::-1]
+
+
 class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     """Split-parallel mini-batches: rank ``r`` samples, loads and computes the vertices it
     owns of every step's global mini-batch (``single``'s).
@@ -206,16 +232,16 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
         """Relabel so that each rank owns one contiguous id range; write the topology (CSC,
-        segments in their original order) and the training ids as the shared group
+        segments in their original order), the training ids and every vertex's original id
+        (``orig_ids``, ``[N]``: the redundancy probe's sampling keys) as the shared group
         ``topology``, and per part its vertices' ``x``, ``y``, masks, ``orig_ids`` and
         pre-sampled ``input_frequency``."""
         prepared, graph = self.prepare(world_size), self.graph
         book = PartitionBook.from_parts(prepared.parts, world_size)
         indptr, indices = relabel_csc(graph.indptr, graph.indices, book)
         train_ids = book.old2new[graph.split_ids("train")]  # in original id order
-        writer.write_shared(
-            "topology", {"indptr": indptr, "indices": indices, "train_ids": train_ids}
-        )
+        shared = {"indptr": indptr, "indices": indices, "train_ids": train_ids}
+        writer.write_shared("topology", {**shared, "orig_ids": book.new2old})
         del indices
         for k in range(world_size):
             lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
@@ -272,7 +298,9 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         part = prepared.load_part(self.rank)
         topology = prepared.load_shared("topology", self.rank)
         self.parts, self.report, self.part = book, prepared.meta["report"], part
-        self.train_ids = topology["train_ids"]
+        if topology["train_ids"].numel() == 0:  # as the base's train_ids
+            raise ValueError(f"partition directory {self.partition_dir}: no training nodes")
+        self.train_ids, self.orig_ids = topology["train_ids"], topology["orig_ids"]
         first = int(book.node_offsets[self.rank])
         orig_ids = part["orig_ids"]
         self.labels = part["y"]
@@ -303,10 +331,12 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     def whole_batch_sampler(self) -> NeighborSampler:
         """The sampler ``single`` draws whole mini-batches with (same keys as the split one;
-        from a partition directory keyed by the relabelled ids: equally distributed samples,
-        not the same ones)."""
-        sampler = self.sampler
-        return NeighborSampler(sampler.indptr, sampler.indices, list(self.data.fanouts), self.seed)
+        from a partition directory keyed on the original ids, so it draws the same samples,
+        in relabelled ids)."""
+        sampler, fanouts = self.sampler, list(self.data.fanouts)
+        if self.partition_dir is None:
+            return NeighborSampler(sampler.indptr, sampler.indices, fanouts, self.seed)
+        return OrigKeyedSampler(sampler.indptr, sampler.indices, fanouts, self.seed, self.orig_ids)
 
     @override
     def make_batch(self, epoch: int, step: int) -> SplitBatch:

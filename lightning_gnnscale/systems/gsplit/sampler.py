@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ...comm import Comm, OwnerRoute, exchange_rows
 from ...graph.block import Block
-from ...graph.book import RangeBook, sort_sources
+from ...graph.book import RangeBook
 from ...graph.sampler import BlockBuilder, SampleKey, build_block_sorted, sample_neighbors
 
 
@@ -81,6 +81,40 @@ def shuffle(h: Tensor, plan: LayerPlan, comm: Comm, layer: int) -> Tensor:
     return received.index_select(0, inverse)
 
 
+class OwnerOrderBuilder(BlockBuilder):
+    """:class:`~...graph.sampler.BlockBuilder` whose non-destination sources come in
+    (owner, id) order: the order a partition directory's relabelled ids have, so both paths
+    build the same blocks with no per-hop sort. The seen-mask is indexed by each vertex's
+    position in that order (``rank``, an ``[N]`` permutation computed once), so its scan yields
+    the new sources already ordered; two gathers replace the sort.
+
+    Args:
+        parts: int64 ``[N]`` owner of every vertex.
+        degree: int64 ``[N]`` in-degrees.
+    """
+
+    def __init__(self, parts: Tensor, degree: Tensor):
+        super().__init__(parts.numel(), degree)
+        self.unrank = torch.argsort(parts, stable=True)  # position -> id: (owner, id) order
+        self.rank = torch.empty_like(self.unrank)
+        self.rank[self.unrank] = torch.arange(self.unrank.numel())
+
+    def __call__(self, dst: Tensor, src: Tensor, dst_pos: Tensor) -> Block:
+        slot, seen = self._slot, self._seen
+        n_dst = dst.numel()
+        slot.index_copy_(0, dst, torch.arange(n_dst))
+        seen.index_fill_(0, self.rank.index_select(0, src), True)
+        seen.index_fill_(0, self.rank.index_select(0, dst), False)
+        new_pos = seen.nonzero().flatten()
+        seen.index_fill_(0, new_pos, False)
+        new_ids = self.unrank.index_select(0, new_pos)
+        slot.index_copy_(0, new_ids, torch.arange(n_dst, n_dst + new_ids.numel()))
+        edge_index = torch.stack([slot.index_select(0, src), dst_pos])
+        src_ids = torch.cat([dst, new_ids])
+        slot.index_fill_(0, src_ids, -1)
+        return Block(src_ids, n_dst, edge_index, self.degree.index_select(0, src_ids))
+
+
 class SplitSampler:
     """Split-parallel sampler (collective: all ranks call ``sample`` for every step).
 
@@ -110,12 +144,14 @@ class SplitSampler:
         self.indptr, self.indices = indptr, indices
         self.fanouts, self.seed = list(fanouts), seed
         self.node_keys = node_keys
+        # Both builders give the non-destination sources in (owner, id) order: the relabelled
+        # ids' own order from a directory, the owner-ranked seen-mask's in memory.
         if isinstance(parts, RangeBook):  # no [N] table: sources deduplicated by a sort
             self.build_block = lambda dst, src, dst_pos: build_block_sorted(
                 dst, src, dst_pos, self.degree
             )
         else:
-            self.build_block = BlockBuilder(indptr.numel() - 1, indptr[1:] - indptr[:-1])
+            self.build_block = OwnerOrderBuilder(parts, indptr[1:] - indptr[:-1])
 
     def degree(self, ids: Tensor) -> Tensor:
         """In-degrees of ``ids`` (read from the CSC)."""
@@ -148,9 +184,7 @@ class SplitSampler:
             src, dst_pos = sample_neighbors(
                 self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
             )
-            block = self.build_block(frontier, src, dst_pos)
-            # non-destination sources by owner, by id within one: a relabelled rank's order
-            block = sort_sources(block, self.owner(block.src_ids))
+            block = self.build_block(frontier, src, dst_pos)  # sources in (owner, id) order
             frontier, plan = self.split(block.src_ids)
             blocks.append(block)
             plans.append(plan)

@@ -321,6 +321,8 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         x = self.own["x"]
         x = x if x.dtype == self._dtype else x.to(self._dtype)
         self.part, self.labels = book, replicated["y"]
+        if replicated["train_ids"].numel() == 0:  # as the base's train_ids
+            raise ValueError(f"partition directory {self.partition_dir}: no training nodes")
         self.train_ids = replicated["train_ids"]
         self.orig_ids = replicated["orig_ids"]
         self.shard = FeatureShard.from_part(context.comm, x, book)
