@@ -593,3 +593,22 @@ def test_shared_groups_are_written_once_verified_with_their_parts_and_mapped(tmp
     unwritten.write_part(0, {"x": torch.ones(1)}, {"nodes": 1}, shared=["topology"])
     with pytest.raises(ValueError, match=r"shared groups \['topology'\] are needed"):
         unwritten.finish({"num_parts": 1, "node_offsets": [0, 1], "system": "t", "dataset": {}})
+
+
+def test_own_predictions_keep_the_requested_order_and_repeats():
+    """A rank's share: the requested ids it owns, in the requested order with repeats (as the
+    one-process split returns them), each with its own row; bad ids are refused."""
+    from lightning_gnnscale.systems.base import own_predictions
+
+    own = torch.tensor([40, 7, 19, 3])
+    rows = torch.tensor([[0.0], [1.0], [2.0], [3.0]])
+    requested = torch.tensor([19, 5, 3, 19, 40])
+    ids, got = own_predictions(own, rows, requested, 50)
+    row_of = {int(i): float(r) for i, r in zip(own, rows[:, 0])}
+    assert ids.tolist() == [i for i in requested.tolist() if i in row_of]
+    assert got[:, 0].tolist() == [row_of[i] for i in ids.tolist()]
+    assert own_predictions(own, rows, None, 50)[0] is own
+    with pytest.raises(ValueError, match=r"must be in \[0, 50\)"):
+        own_predictions(own, rows, torch.tensor([3, 50]), 50)
+    with pytest.raises(ValueError, match="must be 1-D"):
+        own_predictions(own, rows, requested.reshape(1, -1), 50)

@@ -389,15 +389,20 @@ def own_predictions(
     own_ids: torch.Tensor, rows: torch.Tensor, node_ids: torch.Tensor | None, num_nodes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A rank's share of ``trainer.predict`` when it computes the rows of the nodes it owns:
-    ``(ids, rows)`` of its own nodes (original ids ``own_ids [n]``, ``rows [n, d]``), kept to
-    the requested ``node_ids`` (all if ``None``; each must be in ``[0, num_nodes)``)."""
+    ``(ids, rows)`` of its own nodes (original ids ``own_ids [n]``, ``rows [n, d]``); with
+    ``node_ids`` (1-D, each in ``[0, num_nodes)``) the requested ids it owns, in the requested
+    order and with repeats, as the one-process split (:func:`node_rows`) returns them."""
     if node_ids is None:
         return own_ids, rows
     node_ids = node_ids.cpu()
+    if node_ids.dim() != 1:
+        raise ValueError(f"node ids must be 1-D, got shape {tuple(node_ids.shape)}")
     if node_ids.numel() and (int(node_ids.min()) < 0 or int(node_ids.max()) >= num_nodes):
         raise ValueError(f"node ids must be in [0, {num_nodes})")
-    keep = torch.isin(own_ids, node_ids)
-    return own_ids[keep], rows[keep.to(rows.device)]
+    sorted_ids, order = torch.sort(own_ids)
+    position = torch.searchsorted(sorted_ids, node_ids).clamp_(max=max(own_ids.numel() - 1, 0))
+    mine = sorted_ids[position] == node_ids if own_ids.numel() else node_ids < 0
+    return node_ids[mine], rows[order[position[mine]].to(rows.device)]
 
 
 def assert_same_on_all_ranks(comm: Comm, values: torch.Tensor, what: str) -> None:

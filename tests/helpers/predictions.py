@@ -7,7 +7,7 @@ import torch
 
 import lightning_gnnscale as gs
 
-REQUESTED = torch.tensor([3, 290, 150, 0, 149])  # logits of these (original ids)
+REQUESTED = torch.tensor([3, 290, 150, 3, 0, 149])  # logits of these (original ids, a repeat)
 
 
 def predict_shares(trainer, module, datamodule) -> dict[str, dict]:
@@ -19,11 +19,16 @@ def predict_shares(trainer, module, datamodule) -> dict[str, dict]:
 
 def gather(shares: list[dict], output: str, num_nodes: int, requested=None) -> torch.Tensor:
     """The ranks' shares of ``output`` as one ``[n, d]`` table in ``requested`` order (every
-    node if ``None``); each node must come from exactly one rank."""
+    node if ``None``). Each rank's ids must be the requested ids it owns, in the requested
+    order with repeats (a subsequence), and the shares together every requested id."""
     ids = torch.cat([share[output]["node_ids"] for share in shares])
     rows = torch.cat([share[output][output] for share in shares])
     want = torch.arange(num_nodes) if requested is None else requested
     assert sorted(ids.tolist()) == sorted(want.tolist()), "the shares do not partition the nodes"
+    if requested is not None:
+        for share in shares:
+            got = share[output]["node_ids"]
+            assert got.tolist() == [i for i in want.tolist() if i in set(got.tolist())]
     out = torch.empty(num_nodes, rows.shape[1], dtype=rows.dtype)
     out[ids] = rows
     return out[want]

@@ -238,7 +238,7 @@ class ByteGNNDataModule(GNNDataModule):
         device = next(net.parameters()).device
         route = OwnerRoute.build(comm, halo, self.book.nid2part(halo), category="structure")
         first = int(self.book.node_offsets[comm.rank])
-        rows = local.x.to(device)
+        rows = local.x.to(device, copy=layers == 0)  # never the partition's own rows
         for i in range(layers):
             served = rows.index_select(0, (route.served - first).to(device)).cpu()
             category = "feature" if i == 0 else "activation"

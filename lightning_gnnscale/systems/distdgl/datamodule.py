@@ -312,7 +312,7 @@ class DistDGLDataModule(GNNDataModule):
         builder = BlockBuilder(local.local2global.numel(), self.local_degree)
         device = next(net.parameters()).device
         core_rows = self.kv.local_shard(EMBEDDING) if self.inputs is not None else local.x
-        core_rows = core_rows.to(device)
+        core_rows = core_rows.to(device, copy=layers == 0)  # never the live table itself
         for i in range(layers):
             self.kv.init_data("hidden", core_rows)
             halo_rows = self.kv.pull("hidden", halo, category="feature" if i == 0 else "activation")
