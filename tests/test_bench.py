@@ -274,3 +274,12 @@ def test_bench_cluster_reports_steady_and_whole_run_speedups(tmp_path, monkeypat
     again = bench_cluster.run_cluster_bench(settings, tmp_path, ["cluster"])
     assert calls == ["strategy=distdgl"]
     assert again["rows"][0]["run_speedup"] == pytest.approx(row["run_speedup"])
+    # a failed run is kept as failed: not run again on every call
+    run_dir = tmp_path / "runs" / "bytegnn@unlimited"
+    record = json.loads((run_dir / "record.json").read_text())
+    record.update(error="timed out", epoch_s=None, run_epoch_s=None)
+    del record["run_epoch_s"]
+    (run_dir / "record.json").write_text(json.dumps(record))
+    calls.clear()
+    failed = bench_cluster.run_cluster_bench(settings, tmp_path, ["cluster"])
+    assert calls == [] and failed["rows"][0]["error"] == "timed out"

@@ -354,3 +354,31 @@ def test_a_rank_maps_its_part_and_the_shared_groups_it_lists(tmp_path):
         return sum(entry["bytes"] for entry in record["files"].values())
 
     assert part_bytes(tmp_path / "dir") == [size(first) + size(group), size(second)]
+
+
+def test_a_kept_job_is_valid_for_its_command_and_its_partition_directory(tmp_path):
+    """``kept_record``: a finished job is read back (marked kept) for the same overrides,
+    sampling period and partition directory content; another period or a rebuilt directory
+    (another digest) runs it again."""
+    from lightning_gnnscale.bench.memory import (
+        Job,
+        MemorySettings,
+        job_key,
+        kept_path,
+        kept_record,
+    )
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    (folder / "partition.json").write_text(json.dumps({"blake2b": "one"}))
+    settings, job = MemorySettings(), Job("distdgl", 2, "graph", 300, overrides=["seed=0"])
+    extra = [f"data.partition_dir={folder}"]
+    kept_path(tmp_path, job).parent.mkdir()
+    record = {"status": "ok", "rank_peak_rss_mb": [1.0]}
+    command = job_key(job, settings, extra)
+    kept_path(tmp_path, job).write_text(json.dumps({"command": command, **record}))
+    assert kept_record(job, settings, tmp_path, extra) == {**record, "kept": True}
+    other = MemorySettings(interval_s=settings.interval_s * 2)
+    assert kept_record(job, other, tmp_path, extra) is None
+    (folder / "partition.json").write_text(json.dumps({"blake2b": "two"}))
+    assert kept_record(job, settings, tmp_path, extra) is None

@@ -593,6 +593,11 @@ def test_shared_groups_are_written_once_verified_with_their_parts_and_mapped(tmp
     unwritten.write_part(0, {"x": torch.ones(1)}, {"nodes": 1}, shared=["topology"])
     with pytest.raises(ValueError, match=r"shared groups \['topology'\] are needed"):
         unwritten.finish({"num_parts": 1, "node_offsets": [0, 1], "system": "t", "dataset": {}})
+    unlisted = PartitionDirWriter(tmp_path / "third")
+    unlisted.write_shared("topology", topology)
+    unlisted.write_part(0, {"x": torch.ones(1)}, {"nodes": 1})
+    with pytest.raises(ValueError, match=r"shared groups \['topology'\] were written but no part"):
+        unlisted.finish({"num_parts": 1, "node_offsets": [0, 1], "system": "t", "dataset": {}})
 
 
 def test_own_predictions_keep_the_requested_order_and_repeats():

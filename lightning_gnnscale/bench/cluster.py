@@ -127,9 +127,11 @@ def measure(settings: ClusterBenchSettings, variant: str, rate, out: Path) -> di
         if "run_epoch_s" not in record and not record.get("error") and summary_path.is_file():
             # recorded before the whole-run figure existed: its kept summary.json has it
             summary = json.loads(summary_path.read_text())
-            record["run_epoch_s"] = run_epoch_time(summary)
-            write_json_atomic(record_path, record)
-        if record.get("overrides") == overrides and "run_epoch_s" in record:
+            if summary.get("epochs"):
+                record["run_epoch_s"] = run_epoch_time(summary)
+                write_json_atomic(record_path, record)
+        complete = "run_epoch_s" in record or record.get("error")  # a failure is kept too
+        if record.get("overrides") == overrides and complete:
             print(f"[bench cluster] {variant} @ {rate_label(rate)}: kept from {run_dir}")
             return record
     print(f"[bench cluster] {variant} @ {rate_label(rate)} ...", flush=True)

@@ -343,6 +343,7 @@ def run_memory(
         log(f"{prefix}: training ...")
         record = run_job(job, settings, out, extra)
         records[job.name] = record
+        record["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         if record["status"] == "ok":
             write_json_atomic(
                 kept_path(out, job), {"command": job_key(job, settings, extra), **record}
@@ -365,8 +366,18 @@ def kept_path(out: Path, job: Job) -> Path:
 
 
 def job_key(job: Job, settings: MemorySettings, extra: list[str]) -> dict:
-    """What a finished job's record is valid for: its overrides and the sampling period."""
-    return {"overrides": [*job.overrides, *extra], "interval_s": settings.interval_s}
+    """What a finished job's record is valid for: its overrides, the sampling period and the
+    digest of the partition directory it trained from (a rebuilt directory is another job)."""
+    digests = [
+        json.loads((Path(e.split("=", 1)[1]) / "partition.json").read_text())["blake2b"]
+        for e in extra
+        if e.startswith("data.partition_dir=")
+    ]
+    return {
+        "overrides": [*job.overrides, *extra],
+        "interval_s": settings.interval_s,
+        "partition_digests": digests,
+    }
 
 
 def kept_record(job: Job, settings: MemorySettings, out: Path, extra: list[str]) -> dict | None:
@@ -379,7 +390,7 @@ def kept_record(job: Job, settings: MemorySettings, out: Path, extra: list[str])
     record = json.loads(path.read_text())
     if record.pop("command", None) != job_key(job, settings, extra):
         return None
-    return record
+    return {**record, "kept": True}
 
 
 def write_report(results: dict, out: Path, log) -> dict:

@@ -183,6 +183,8 @@ class PartitionDirWriter:
         needed = {name for record in self.parts.values() for name in record.get("shared", ())}
         if unwritten := sorted(needed - set(self.shared)):
             raise ValueError(f"shared groups {unwritten} are needed but were not written")
+        if unlisted := sorted(set(self.shared) - needed):
+            raise ValueError(f"shared groups {unlisted} were written but no part lists them")
         full = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
