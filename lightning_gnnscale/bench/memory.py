@@ -180,6 +180,18 @@ def ensure_partition(settings: MemorySettings, job: Job, parts: int, out: Path, 
     return folder
 
 
+def one_part_reference(settings: MemorySettings, job: Job, out: Path, log) -> Path | None:
+    """The system's one-part directory of the job's graph (the whole graph in its format), or
+    ``None`` when its config refuses one part (GraNNDIS: its servers must divide the world
+    size); the halo share is then unknown, and said so."""
+    try:
+        compose_job(job_overrides(settings, job.strategy, 1, job.nodes), out)
+    except (ConfigError, ValueError) as err:
+        log(f"{job.strategy}: no one-part directory ({str(err).splitlines()[0]}): halo unknown")
+        return None
+    return ensure_partition(settings, job, 1, out, log)
+
+
 def part_bytes(folder: Path) -> list[int]:
     """Bytes each rank of a partition directory maps, from ``partition.json``: its part's files
     and those of the shared groups its part lists (a rank's RSS counts shared pages whole)."""
@@ -327,10 +339,9 @@ def run_memory(
                 folder = ensure_partition(settings, job, job.parts, out, log)
                 extra.append(f"data.partition_dir={folder}")
                 if job.kind == "graph":  # the tiny graph's runtime has no halo term
-                    reference = ensure_partition(settings, job, 1, out, log)
-                    halo[job.name] = halo_share(
-                        part_bytes(folder), part_bytes(reference), job.parts
-                    )
+                    reference = one_part_reference(settings, job, out, log)
+                    whole = part_bytes(reference) if reference is not None else None
+                    halo[job.name] = halo_share(part_bytes(folder), whole, job.parts)
         except RuntimeError as err:
             records[job.name] = {"status": "failed", "message": str(err)}
             log(f"{prefix}: failed: {err}")
@@ -422,11 +433,13 @@ def rebuild_report(out: Path) -> dict:
     return write_report(results, out, lambda text: print(f"[bench memory] {text}", flush=True))
 
 
-def halo_share(parts: list[int], whole: list[int], num_parts: int) -> dict:
+def halo_share(parts: list[int], whole: list[int] | None, num_parts: int) -> dict:
     """The halo / replication share of a partition: the largest part's bytes beyond 1/P of the
-    one-part directory's (MiB), with both sizes."""
-    whole_mb = sum(whole) / 2**20
+    one-part directory's (MiB), with both sizes; ``None`` without a one-part directory."""
     largest = max(parts) / 2**20
+    if whole is None:
+        return {"largest_part_mb": largest, "whole_mb": None, "share_mb": None}
+    whole_mb = sum(whole) / 2**20
     return {
         "largest_part_mb": largest,
         "whole_mb": whole_mb,
@@ -583,8 +596,9 @@ def memory_markdown(results: dict) -> str:
             "Node PSS: the largest sum of PSS over the job's processes while sampling "
             f"(every {s['interval_s']} s), shared pages counted once. × single: node PSS over "
             "`single`'s. Graph share: (single's peak − single's peak on the tiny graph) / P. "
-            "Halo / repl. share: the largest part's bytes beyond 1/P of the one-part "
-            "directory's (partition directories only; '-' in memory, counted 0). Runtime: the "
+            "Halo / repl. share: the largest rank's mapped bytes (its part and the shared groups "
+            "it lists) beyond 1/P of the one-part directory's (partition directories only; '-' "
+            "in memory or where the system refuses one part, counted 0). Runtime: the "
             "system's rank peak on the "
             f"tiny graph at the same P. Target: graph share + halo share + runtime, met within "
             f"{TOLERANCE:.0%}; launcher (partition_dir, P > 1; at P = 1 it is the rank): "
