@@ -382,3 +382,21 @@ def test_a_kept_job_is_valid_for_its_command_and_its_partition_directory(tmp_pat
     assert kept_record(job, other, tmp_path, extra) is None
     (folder / "partition.json").write_text(json.dumps({"blake2b": "two"}))
     assert kept_record(job, settings, tmp_path, extra) is None
+
+
+def test_a_system_that_refuses_one_part_has_an_unknown_halo_share(tmp_path):
+    """GraNNDIS's servers must divide the world size: no one-part directory is written, the
+    halo share is unknown (``None``, shown '-') rather than the job failing."""
+    from lightning_gnnscale.bench.memory import (
+        Job,
+        MemorySettings,
+        halo_share,
+        one_part_reference,
+    )
+
+    settings, lines = MemorySettings(), []
+    job = Job("granndis", 2, "graph", 300)
+    assert one_part_reference(settings, job, tmp_path, lines.append) is None
+    assert "no one-part directory" in lines[0] and not (tmp_path / "parts").exists()
+    assert halo_share([3 * 2**20, 2**20], None, 2)["share_mb"] is None
+    assert halo_share([3 * 2**20, 2**20], [2**20, 2**20], 2)["share_mb"] == 2.0
