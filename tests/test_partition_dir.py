@@ -33,6 +33,7 @@ from lightning_gnnscale.systems.ddp import DataParallelDataModule, DDPConfig
 from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule, PartitionConfig
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
+from tests.helpers.partition_runs import float64_trainer
 from tests.helpers.predictions import check_predictions, predict_shares
 
 FANOUTS = [5, 3]
@@ -425,19 +426,7 @@ def _plain_lightning_ranks(out: Path) -> None:
             data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=str(out / "f32"))
             dm = DistDGLDataModule(None, config, data, seed=3)
         module = gs.GNNModule.from_config(MODEL, dm)
-        trainer = L.Trainer(
-            strategy=gs.DistDGLStrategy(dm.config),
-            accelerator="cpu",
-            devices=2,
-            max_epochs=2,
-            precision="64-true",
-            callbacks=[gs.StepSeed(0)],
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            num_sanity_val_steps=0,
-        )
+        trainer = float64_trainer(gs.DistDGLStrategy(dm.config), max_epochs=2)
         trainer.fit(module, datamodule=dm)
         results[key] = {k: v.detach().clone() for k, v in module.state_dict().items()}
         predictions[key] = predict_shares(trainer, module, dm)

@@ -20,7 +20,7 @@ from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.bytegnn import ByteGNNConfig, ByteGNNDataModule
 from lightning_gnnscale.systems.contract import RankContext
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
+from tests.helpers.partition_runs import float64_trainer, launcher_without_ranks, train_both_ways
 from tests.helpers.predictions import check_predictions, predict_shares
 from tests.test_partition_dir import MODEL, SBM, _assert_equal, _steps
 
@@ -193,19 +193,7 @@ def _plain_lightning_ranks(out: Path) -> None:
             data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=str(out / "f32"))
             dm = ByteGNNDataModule(None, ByteGNNConfig(), data, seed=3)
         module = gs.GNNModule.from_config(MODEL, dm)
-        trainer = L.Trainer(
-            strategy=gs.ByteGNNStrategy(dm.config),
-            accelerator="cpu",
-            devices=2,
-            max_epochs=2,
-            precision="64-true",
-            callbacks=[gs.StepSeed(0)],
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            num_sanity_val_steps=0,
-        )
+        trainer = float64_trainer(gs.ByteGNNStrategy(dm.config), max_epochs=2)
         trainer.fit(module, datamodule=dm)
         results[key] = {k: v.detach().clone() for k, v in module.state_dict().items()}
         predictions[key] = predict_shares(trainer, module, dm)

@@ -28,7 +28,7 @@ from lightning_gnnscale.systems.grappa.directory import DirChunks, chunk_group
 from lightning_gnnscale.systems.grappa.partition import build_partition
 from lightning_gnnscale.systems.grappa.schedule import PartitionSpec
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
+from tests.helpers.partition_runs import float64_trainer, launcher_without_ranks, train_both_ways
 from tests.test_partition_dir import SBM, _assert_equal
 
 F32_F64 = (torch.float32, torch.float64)
@@ -324,19 +324,7 @@ def _plain_lightning_ranks(out: Path) -> None:
             data = DataConfig(batch_size=64, fanouts=[5, 3], partition_dir=str(out / "f32"))
             dm = GrappaDataModule(None, GrappaConfig(super_epoch_len=1), data, seed=3)
         module = gs.GNNModule.from_config(gs.ModelConfig(hidden=8, num_layers=2), dm)
-        trainer = L.Trainer(
-            strategy=gs.GrappaStrategy(dm.config),
-            accelerator="cpu",
-            devices=2,
-            max_epochs=1,
-            precision="64-true",
-            callbacks=[gs.StepSeed(0)],
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            num_sanity_val_steps=0,
-        )
+        trainer = float64_trainer(gs.GrappaStrategy(dm.config), max_epochs=1)
         trainer.fit(module, datamodule=dm)
         (share,) = trainer.predict(module, datamodule=dm.predict_on(output="logits"))
         weights = {k: v.detach().clone() for k, v in module.state_dict().items()}

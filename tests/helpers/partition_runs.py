@@ -62,3 +62,25 @@ def launcher_without_ranks(tmp_path: Path, monkeypatch, common: list[str]):
         return train(make_cfg(tmp_path, *common, *extra, f"data.partition_dir={parts}"))
 
     return out, run
+
+
+def float64_trainer(strategy, max_epochs: int):
+    """The plain-Lightning trainer the directory tests compare under: 2 CPU ranks,
+    ``precision="64-true"``, step-seeded, nothing logged, saved or sanity-checked."""
+    import lightning as L
+
+    import lightning_gnnscale as gs
+
+    return L.Trainer(
+        strategy=strategy,
+        accelerator="cpu",
+        devices=2,
+        max_epochs=max_epochs,
+        precision="64-true",
+        callbacks=[gs.StepSeed(0)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+    )
