@@ -123,6 +123,7 @@ def build_strategy(run: RunConfig) -> SystemStrategy:
 
 
 THREADS_ENV = "GNNSCALE_NUM_THREADS"
+OMP_THREADS_ENV = "OMP_NUM_THREADS"  # what Lightning's launchers respect
 
 
 def rank_threads(devices: int) -> int:
@@ -151,6 +152,19 @@ def rank_threads(devices: int) -> int:
     return max(1, min(share, int(cores - load + 0.5)))
 
 
+def use_rank_threads(devices: int) -> int:
+    """Set this rank's torch threads to :func:`rank_threads` and keep them through ``fit``.
+
+    Lightning's launchers set ``cores // local ranks`` threads unless ``$OMP_NUM_THREADS`` is
+    set, which would override ``$GNNSCALE_NUM_THREADS`` and the load cap (two emulated hosts
+    of one rank each then ran two spinning OpenMP threads each on two cores). So this process
+    sets it too. Returns the count."""
+    threads = rank_threads(devices)
+    torch.set_num_threads(threads)
+    os.environ[OMP_THREADS_ENV] = str(threads)
+    return threads
+
+
 def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     """Run one training job; return ``(metrics, objects)``.
 
@@ -164,7 +178,7 @@ def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
     check_writable(output_dir)
     external = externally_launched()  # this process is one rank; the ranks share the folder
     if external:  # every rank loads and prepares: share the cores from the start
-        torch.set_num_threads(rank_threads(run.trainer.devices))
+        use_rank_threads(run.trainer.devices)
     with contextlib.nullcontext() if external else claimed(output_dir):
         datamodule = build_datamodule(run)
         # once, here; the ranks receive the result (a partition directory: checked, and the
@@ -310,7 +324,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
     # Epoch values are reduced through the metered comm before logging; Lightning's advice to
     # add sync_dist (an unmetered all-reduce) does not apply.
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed")
-    torch.set_num_threads(rank_threads(run.trainer.devices))
+    use_rank_threads(run.trainer.devices)
     cpu_allocator = retain_freed_memory()
     L.seed_everything(run.seed, workers=True, verbose=False)
     output_dir = str(run.paths.output_dir)

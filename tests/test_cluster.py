@@ -28,6 +28,7 @@ from lightning_gnnscale.cluster import (
     preflight,
     run_job,
 )
+from lightning_gnnscale.cluster.job import host_cpus
 from lightning_gnnscale.cluster.network import namespace_pids
 from lightning_gnnscale.run import train
 from tests.helpers.config import TINY, make_cfg
@@ -96,6 +97,15 @@ import socket, sys
 with socket.create_connection((sys.argv[1], 5001), timeout=30) as s:
     s.sendall(b"x" * int(sys.argv[2]))
 """
+
+
+def test_hosts_get_disjoint_equal_shares_of_the_cores():
+    assert host_cpus(2, [0, 1]) == [[0], [1]]
+    assert host_cpus(2, [7, 2, 3, 5, 4]) == [[2, 3], [4, 5]]  # the remainder stays out
+    assert host_cpus(3, [0, 1]) == [[0], [1], [0]]  # fewer cores than hosts: shared
+    assert host_cpus(1, [0, 1]) == [[0, 1]]
+    with pytest.raises(ValueError, match="hosts"):
+        host_cpus(0, [0, 1])
 
 
 def _transfer_seconds(cluster: EmulatedCluster, size: int) -> float:
@@ -264,6 +274,9 @@ def test_two_hosts_equal_one_host(two_hosts, num, strategy):
     summary = summaries[num]
     assert summary["strategy"] == strategy
     assert summary["world_size"] == 2 and summary["inter_server_bytes_per_epoch"] > 0
+    # host 0 runs on its own share of the cores, and its one rank keeps to them
+    assert summary["rank_cpus"] == len(host_cpus(2)[0])
+    assert summary["torch_threads"] <= summary["rank_cpus"]
     reference = _final_weights(references[strategy])
     got = _final_weights(job.output_dir(0, num))
     assert reference.keys() == got.keys()

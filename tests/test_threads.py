@@ -5,6 +5,7 @@ import os
 import pytest
 
 from lightning_gnnscale import run
+from tests.helpers.config import make_cfg
 
 
 @pytest.fixture
@@ -43,3 +44,12 @@ def test_the_environment_pins_the_threads(machine, monkeypatch):
         monkeypatch.setenv(run.THREADS_ENV, bad)
         with pytest.raises(ValueError, match=run.THREADS_ENV):
             run.rank_threads(1)
+
+
+def test_a_rank_fits_with_the_threads_it_chose(tmp_path, monkeypatch):
+    """Lightning's launcher would set ``cores // devices`` threads (1 here with 2 ranks on 2
+    cores); the rank keeps ``$GNNSCALE_NUM_THREADS`` through the fit instead."""
+    monkeypatch.setenv(run.THREADS_ENV, "3")
+    metrics, _ = run.train(make_cfg(tmp_path, "strategy=ddp", "trainer.devices=2"))
+    assert metrics["torch_threads"] == 3
+    assert metrics["rank_cpus"] == len(os.sched_getaffinity(0))

@@ -8,6 +8,7 @@ import sys
 import time
 
 import lightning as L
+import torch
 
 from ..files import write_json_atomic
 from ..proc_memory import peak_rss_mb_of, rank_server_pid
@@ -66,6 +67,9 @@ class RunSummary(L.Callback):
 
     def on_fit_start(self, trainer, pl_module):
         self._fit_start = time.perf_counter()
+        # after Lightning's launcher chose its threads: what the fit really runs with
+        self._threads = torch.get_num_threads()
+        self._cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
     def on_validation_epoch_end(self, trainer, pl_module):
         if trainer.sanity_checking:
@@ -116,6 +120,8 @@ class RunSummary(L.Callback):
             "dataset": self.cfg.dataset["name"],
             "world_size": trainer.world_size,
             "cpu_allocator": self.cpu_allocator,
+            "torch_threads": self._threads,
+            "rank_cpus": self._cpus,
             "epochs": len(epochs),
             "val_acc": self.evals[-1]["val_acc"] if self.evals else None,
             "test_acc": best["test_acc"] if best else None,

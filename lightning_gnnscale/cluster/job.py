@@ -54,6 +54,22 @@ _RUN_DIR = ("hydra.run.dir", "hydra.sweep.dir")
 _LAUNCH_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID")
 
 
+def host_cpus(hosts: int, cpus: list[int] | None = None) -> list[list[int]]:
+    """The cores each emulated host runs on: ``cpus`` (default: the cores this process may use)
+    in ``hosts`` disjoint equal shares, the first cores to host 0, as separate machines have
+    cores of their own; the remainder stays with this process. With fewer cores than hosts,
+    host ``i`` gets core ``i mod cores``: hosts then share cores, as no real cluster does."""
+    if hosts < 1:
+        raise ValueError(f"hosts must be >= 1, got {hosts}")
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if not cpus:
+        raise ValueError("no cores to share between the hosts")
+    if len(cpus) < hosts:
+        return [[cpus[host % len(cpus)]] for host in range(hosts)]
+    share = len(cpus) // hosts
+    return [cpus[host * share : (host + 1) * share] for host in range(hosts)]
+
+
 class ClusterJobFailed(RuntimeError):
     """A job failed: the message names every host whose launcher failed, with its log's tail."""
 
@@ -242,6 +258,7 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
     jobs = check_overrides(job)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     cluster = EmulatedCluster(job.hosts, job.rate_mbit, prefix=job.prefix)
+    cores = host_cpus(job.hosts)
     processes: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
     started = time.monotonic()
@@ -251,7 +268,12 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
                 job.host_dir(host).mkdir(parents=True, exist_ok=True)
                 process = cluster.popen(
                     host,
-                    job.host_argv(host),
+                    [
+                        "taskset",
+                        "--cpu-list",
+                        ",".join(map(str, cores[host])),
+                        *job.host_argv(host),
+                    ],
                     env=job.host_env(cluster, host),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -274,7 +296,7 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
             _stop(processes)
             for reader in readers:
                 reader.join(timeout=STOP_GRACE_S)
-    return _collect(job, jobs, cluster, time.monotonic() - started)
+    return _collect(job, jobs, cluster, cores, time.monotonic() - started)
 
 
 def _wait(job: ClusterJob, processes: list[subprocess.Popen], started: float) -> None:
@@ -310,7 +332,11 @@ def _fail(job: ClusterJob, processes: list[subprocess.Popen]) -> None:
 
 
 def _collect(
-    job: ClusterJob, jobs: list[list[str]], cluster: EmulatedCluster, wall_s: float
+    job: ClusterJob,
+    jobs: list[list[str]],
+    cluster: EmulatedCluster,
+    cores: list[list[int]],
+    wall_s: float,
 ) -> list[dict]:
     sources = [job.output_dir(0, num) / "summary.json" for num in range(len(jobs))]
     for source in sources:
@@ -329,6 +355,7 @@ def _collect(
             "master": f"{cluster.address(0)}:{MASTER_PORT}",
             "prefix": job.prefix,
             "host_dirs": [str(job.host_dir(h)) for h in range(job.hosts)],
+            "host_cpus": cores,
             "overrides": job.overrides,
             "multirun": job.multirun,
             "jobs": [

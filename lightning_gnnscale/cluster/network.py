@@ -53,7 +53,7 @@ def preflight(rate_mbit: float | None) -> None:
     """
     if os.geteuid() != 0:
         raise ClusterUnavailable("emulating hosts needs root (network namespaces, veth, tc)")
-    missing = [tool for tool in ("ip", "tc", "unshare") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "tc", "unshare", "taskset") if shutil.which(tool) is None]
     if missing:
         raise ClusterUnavailable(f"missing tools: {', '.join(missing)} (iproute2, util-linux)")
     probe = "ip link add p0 type veth peer name p1 && ip link add b0 type bridge"
