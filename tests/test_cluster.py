@@ -8,6 +8,7 @@ reason is printed (a warning in pytest's summary) so a skip is never mistaken fo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -256,10 +257,41 @@ def two_hosts(tmp_path_factory):
         prefix=prefix,
         echo=False,
         timeout_s=900,
+        memory_mb=4096,  # machines of 4 GiB: what each host holds is charged to it
     )
     summaries = run_job(job)
     _assert_nothing_left(prefix, before)
     return references, job, summaries
+
+
+@needs_cluster
+def test_each_host_is_charged_its_own_memory(two_hosts):
+    """Every process of a host is charged to its cgroup: both hosts' peaks hold at least a
+    launcher and a rank (each over 200 MiB with torch imported), and none was killed."""
+    _, job, _ = two_hosts
+    usage = json.loads((job.run_dir / "cluster.json").read_text())["host_memory"]
+    assert [u["limit_mb"] for u in usage] == [4096, 4096]
+    assert all(u["peak_mb"] > 400 and u["oom_kills"] == 0 for u in usage)
+
+
+@needs_cluster
+def test_a_host_over_its_memory_cap_fails_naming_the_oom_killer(tmp_path):
+    """A launcher cannot import torch and Lightning within 200 MiB: the kernel kills it inside
+    its host, the job fails saying so, and the cgroups go with the cluster."""
+    prefix, before = _prefix("m"), _state()
+    job = ClusterJob(
+        2,
+        None,
+        ["strategy=ddp", *TINY],
+        run_dir=tmp_path,
+        prefix=prefix,
+        echo=False,
+        timeout_s=300,
+        memory_mb=200,
+    )
+    with pytest.raises(ClusterJobFailed, match="OOM killer at the host's memory cap of 200 MiB"):
+        run_job(job)
+    _assert_nothing_left(prefix, before)
 
 
 @needs_cluster

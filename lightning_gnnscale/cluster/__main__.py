@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 3600)",
     )
     parser.add_argument(
+        "--memory-mb",
+        type=_positive(int),
+        metavar="MIB",
+        help="each host's memory cap in MiB (a cgroup per host: the host is a machine of that "
+        "size); default: no cap",
+    )
+    parser.add_argument(
         "--prefix", help="name prefix of the namespaces and links (default lgc<pid>, unique)"
     )
     parser.add_argument(
@@ -86,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             list(args.overrides),
             run_dir=args.run_dir,
             timeout_s=args.timeout_s,
+            memory_mb=args.memory_mb,
             **({"prefix": args.prefix} if args.prefix else {}),
         )
         summaries = run_job(job)

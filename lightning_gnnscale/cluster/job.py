@@ -87,10 +87,13 @@ class ClusterJob:
     prefix: str = field(default_factory=default_prefix)
     echo: bool = True  # stream host 0's output to this process's stdout
     multirun: bool = False
+    memory_mb: int | None = None  # each host's memory cap (a cgroup); None: no cap
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.memory_mb is not None and self.memory_mb < 64:
+            raise ValueError(f"memory_mb must be at least 64 (MiB), got {self.memory_mb}")
         overrides = []
         for item in self.overrides:
             key = item.split("=", 1)[0].lstrip("+~")
@@ -257,7 +260,7 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
     preflight(job.rate_mbit)
     jobs = check_overrides(job)
     job.run_dir.mkdir(parents=True, exist_ok=True)
-    cluster = EmulatedCluster(job.hosts, job.rate_mbit, prefix=job.prefix)
+    cluster = EmulatedCluster(job.hosts, job.rate_mbit, prefix=job.prefix, memory_mb=job.memory_mb)
     cores = host_cpus(job.hosts)
     processes: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
@@ -291,19 +294,22 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
                 readers.append(reader)
             if on_started is not None:
                 on_started(cluster, processes)
-            _wait(job, processes, started)
+            _wait(job, processes, started, cluster)
         finally:
             _stop(processes)
             for reader in readers:
                 reader.join(timeout=STOP_GRACE_S)
-    return _collect(job, jobs, cluster, cores, time.monotonic() - started)
+        usage = [cluster.memory_usage(host) for host in range(job.hosts)]  # before removal
+    return _collect(job, jobs, cluster, cores, usage, time.monotonic() - started)
 
 
-def _wait(job: ClusterJob, processes: list[subprocess.Popen], started: float) -> None:
+def _wait(
+    job: ClusterJob, processes: list[subprocess.Popen], started: float, cluster: EmulatedCluster
+) -> None:
     while True:
         codes = [p.poll() for p in processes]
         if any(code not in (None, 0) for code in codes):
-            _fail(job, processes)
+            _fail(job, processes, cluster)
         if all(code == 0 for code in codes):
             return
         if time.monotonic() - started > job.timeout_s:
@@ -311,7 +317,7 @@ def _wait(job: ClusterJob, processes: list[subprocess.Popen], started: float) ->
         time.sleep(0.2)
 
 
-def _fail(job: ClusterJob, processes: list[subprocess.Popen]) -> None:
+def _fail(job: ClusterJob, processes: list[subprocess.Popen], cluster: EmulatedCluster) -> None:
     """Raise :class:`ClusterJobFailed` naming every host that failed. A failure on one host
     fails the others within moments (their peers' connections reset), and which launcher exits
     first is a race, not the cause: the other hosts get :data:`STOP_GRACE_S` to exit, and each
@@ -321,8 +327,15 @@ def _fail(job: ClusterJob, processes: list[subprocess.Popen]) -> None:
         time.sleep(0.2)
     time.sleep(0.2)  # let the readers drain the last lines
     failed = [(h, p.returncode) for h, p in enumerate(processes) if p.poll() not in (None, 0)]
+    usage = [cluster.memory_usage(host) for host in range(job.hosts)]
     raise ClusterJobFailed(
         "; ".join(f"host {host} failed (exit code {code})" for host, code in failed)
+        + "".join(
+            f"\nhost {host}: {u['oom_kills']} process(es) killed by the kernel's OOM killer at "
+            f"the host's memory cap of {u['limit_mb']} MiB (--memory-mb)"
+            for host, u in enumerate(usage)
+            if u and u["oom_kills"]
+        )
         + "".join(
             f"\nhost {host}'s log: {job.run_dir / f'host{host}.log'}\n"
             + _tail(job.run_dir / f"host{host}.log")
@@ -336,6 +349,7 @@ def _collect(
     jobs: list[list[str]],
     cluster: EmulatedCluster,
     cores: list[list[int]],
+    usage: list[dict | None],
     wall_s: float,
 ) -> list[dict]:
     sources = [job.output_dir(0, num) / "summary.json" for num in range(len(jobs))]
@@ -356,6 +370,7 @@ def _collect(
             "prefix": job.prefix,
             "host_dirs": [str(job.host_dir(h)) for h in range(job.hosts)],
             "host_cpus": cores,
+            "host_memory": usage,  # per host: cap, peak charge (RSS + page cache), OOM kills
             "overrides": job.overrides,
             "multirun": job.multirun,
             "jobs": [

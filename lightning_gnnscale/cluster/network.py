@@ -10,7 +10,8 @@ full-duplex link of that rate per host. Ranks on one host talk over the host's o
 Names carry a per-invocation prefix (``lgc<pid>`` by default), so concurrent clusters never
 collide; each has its own bridge, so their equal addresses never meet. Everything created is
 removed by :meth:`EmulatedCluster.close` (also on errors and signals in the caller), processes
-still inside a host first.
+still inside a host first. With ``memory_mb`` each host is also a memory cgroup of that size
+(``memory.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import memory
 
 SUBNET = "198.18.0.{}/24"  # RFC 2544 benchmarking range: never routed
 INTERFACE = "eth0"  # the host's interface, as on a real machine
@@ -87,6 +91,7 @@ class EmulatedCluster:
     hosts: int
     rate_mbit: float | None = None
     prefix: str = field(default_factory=default_prefix)
+    memory_mb: int | None = None  # each host's memory cap (docs/cluster.md); None: no cap
     _created: list[tuple[str, str]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +99,10 @@ class EmulatedCluster:
             raise ValueError(f"hosts must be in [1, 200], got {self.hosts}")
         if self.rate_mbit is not None and self.rate_mbit <= 0:
             raise ValueError(f"rate must be positive (Mbit/s), got {self.rate_mbit}")
+        if self.memory_mb is not None and (
+            not isinstance(self.memory_mb, int) or self.memory_mb < 64
+        ):
+            raise ValueError(f"memory cap must be an integer >= 64 (MiB), got {self.memory_mb}")
         if not _PREFIX.match(self.prefix):
             raise ValueError(
                 f"prefix {self.prefix!r}: 2-9 lowercase letters/digits, starting with a letter"
@@ -109,8 +118,17 @@ class EmulatedCluster:
     def address(self, host: int) -> str:
         return SUBNET.format(host + 1).split("/")[0]
 
+    def cgroup(self, host: int) -> Path:
+        """Host ``host``'s memory cgroup (with ``memory_mb``)."""
+        return memory.ROOT / self.namespace(host)
+
     def open(self) -> EmulatedCluster:
         preflight(self.rate_mbit)
+        if self.memory_mb is not None:
+            try:
+                memory.check_available()
+            except memory.MemoryCapUnavailable as err:
+                raise ClusterUnavailable(str(err)) from None
         try:
             self._add("link", self.bridge, "ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "link", "set", self.bridge, "up")
@@ -131,6 +149,9 @@ class EmulatedCluster:
                 if self.rate_mbit is not None:
                     tbf = tbf_arguments(self.rate_mbit)
                     _run(*inside, "tc", "qdisc", "add", "dev", INTERFACE, "root", *tbf)
+            for host in range(self.hosts if self.memory_mb is not None else 0):
+                self._created.append(("cgroup", str(self.cgroup(host))))  # before: half-made too
+                memory.create(self.namespace(host), self.memory_mb)
         except BaseException:
             self.close()
             raise
@@ -141,16 +162,26 @@ class EmulatedCluster:
         _run(*argv)
 
     def popen(self, host: int, argv: list[str], **kwargs) -> subprocess.Popen:
-        """Start ``argv`` inside ``host`` in its own session (so one kill reaches its tree)."""
-        return subprocess.Popen(
-            ["ip", "netns", "exec", self.namespace(host), *argv], start_new_session=True, **kwargs
-        )
+        """Start ``argv`` inside ``host`` in its own session (so one kill reaches its tree),
+        charged to the host's memory cgroup when there is a cap."""
+        argv = ["ip", "netns", "exec", self.namespace(host), *argv]
+        if self.memory_mb is not None:  # joined outside: ip netns exec mounts its own /sys
+            argv = memory.joined(self.cgroup(host), argv)
+        return subprocess.Popen(argv, start_new_session=True, **kwargs)
+
+    def memory_usage(self, host: int) -> dict | None:
+        """``{"limit_mb", "peak_mb", "oom_kills"}`` of host ``host`` so far (``None``: no cap)."""
+        if self.memory_mb is None:
+            return None
+        return {"limit_mb": self.memory_mb, **memory.usage(self.cgroup(host))}
 
     def close(self) -> None:
         """Kill what still runs in the hosts, then remove the links and namespaces (the
         qdiscs go with their links). Never raises for what is already gone."""
         for kind, name in reversed(self._created):
-            if kind == "netns":
+            if kind == "cgroup":
+                memory.remove(Path(name))
+            elif kind == "netns":
                 kill_namespace_processes(name)
                 _run("ip", "netns", "del", name, check=False)
             else:
@@ -180,9 +211,11 @@ def kill_namespace_processes(namespace: str, timeout_s: float = 5.0) -> None:
 
 
 def leftovers(prefix: str) -> list[str]:
-    """Namespaces and links whose names start with ``prefix`` (what a cluster would leave)."""
+    """Namespaces, links and memory cgroups whose names start with ``prefix`` (what a cluster
+    would leave)."""
     names = _run("ip", "netns", "list").stdout.split()
     links = [
         line.split()[0].split("@")[0] for line in _run("ip", "-br", "link").stdout.splitlines()
     ]
-    return sorted(n for n in names + links if n.startswith(prefix))
+    found = [n for n in names + links if n.startswith(prefix)]
+    return sorted(found + [f"cgroup:{n}" for n in memory.leftovers(prefix)])
