@@ -283,3 +283,11 @@ def test_bench_cluster_reports_steady_and_whole_run_speedups(tmp_path, monkeypat
     calls.clear()
     failed = bench_cluster.run_cluster_bench(settings, tmp_path, ["cluster"])
     assert calls == [] and failed["rows"][0]["error"] == "timed out"
+    # a run measured before each host had cores of its own (no host_cpus) is run again
+    run_dir = tmp_path / "runs" / "distdgl_metis@unlimited"
+    record = json.loads((run_dir / "record.json").read_text())
+    del record["host_cpus"]
+    (run_dir / "record.json").write_text(json.dumps(record))
+    calls.clear()
+    bench_cluster.run_cluster_bench(settings, tmp_path, ["cluster"])
+    assert calls == ["strategy=distdgl"]

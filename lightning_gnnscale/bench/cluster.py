@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..cluster import ClusterJob, ClusterJobFailed, run_job
+from ..cluster.job import host_cpus
 from ..errors import ConfigError
 from ..files import write_json_atomic
 from .report import command_line, environment, environment_lines, fmt, markdown_table
@@ -120,6 +121,7 @@ def measure(settings: ClusterBenchSettings, variant: str, rate, out: Path) -> di
     """One run (or its kept result): time per epoch, modelled comm time, bytes, or the error."""
     run_dir = out / "runs" / run_name(variant, rate)
     overrides = variant_overrides(settings, variant, rate, out)
+    cores = host_cpus(settings.hosts)
     record_path = run_dir / "record.json"
     if record_path.exists():
         record = json.loads(record_path.read_text())
@@ -131,13 +133,14 @@ def measure(settings: ClusterBenchSettings, variant: str, rate, out: Path) -> di
                 record["run_epoch_s"] = run_epoch_time(summary)
                 write_json_atomic(record_path, record)
         complete = "run_epoch_s" in record or record.get("error")  # a failure is kept too
-        if record.get("overrides") == overrides and complete:
+        same = record.get("overrides") == overrides and record.get("host_cpus") == cores
+        if same and complete:  # a run from before hosts had cores of their own is run again
             print(f"[bench cluster] {variant} @ {rate_label(rate)}: kept from {run_dir}")
             return record
     print(f"[bench cluster] {variant} @ {rate_label(rate)} ...", flush=True)
     shutil.rmtree(run_dir / "job", ignore_errors=True)  # an interrupted attempt's files
     started = time.monotonic()
-    record = {"variant": variant, "rate_mbit": rate, "overrides": overrides}
+    record = {"variant": variant, "rate_mbit": rate, "overrides": overrides, "host_cpus": cores}
     try:
         job = ClusterJob(
             settings.hosts, rate, overrides, run_dir=run_dir / "job", timeout_s=settings.timeout_s
@@ -265,7 +268,8 @@ def report_lines(result: dict, rows: list[dict], settings: ClusterBenchSettings)
         "",
         f"sbm, {settings.nodes} nodes, model {settings.model} ({models}), "
         f"{settings.epochs} epochs, "
-        f"seed {settings.seed}; {settings.hosts} hosts x 1 rank ({ranks} ranks per host). "
+        f"seed {settings.seed}; {settings.hosts} hosts x 1 rank ({ranks} ranks per host), "
+        f"cores per host (taskset): {host_cpus(settings.hosts)} (docs/cluster.md). "
         f"Epoch time: median of the training part of epochs {settings.warmup + 1}.."
         f"{settings.epochs} (epoch 1 is warm-up; evaluation excluded). Speed-up = baseline / "
         f"system at the same rate. Whole run: the fit's train_time_s / epochs (warm-up, "
