@@ -28,12 +28,12 @@ from tests.test_partition_dir import SBM
 FANOUTS = [5, 3]
 
 
-def make_dm(cache_dir, partition_dir=None):
-    """A float64 GSplit DataModule on the small sbm graph (its default partitioner)."""
+def make_dm(cache_dir, partition_dir=None, config=None):
+    """A float64 GSplit DataModule on the small sbm graph (default: its default config)."""
     data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=partition_dir)
     return GSplitDataModule(
         "sbm",
-        GSplitConfig(),
+        config or GSplitConfig(),
         data,
         seed=3,
         cache_dir=cache_dir,
@@ -55,9 +55,10 @@ def test_the_relabelled_csc_keeps_every_segments_order():
 
 
 # ------------------------------------------------------------ ranks that hold only their part
-def _steps(dm, comm):
+def _steps(dm, comm, probe=True):
     """Per step of epoch 1: blocks, input rows, labels and a GCN's loss and gradient (the
-    shuffle hook moving rows); then evaluation counts and predictions."""
+    shuffle hook moving rows); then evaluation counts, predictions and (if ``probe``) the
+    redundancy probe's samples."""
     torch.manual_seed(0)
     net = BlockGNN("gcn", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
     make_hook = shuffle_hook(comm)
@@ -76,6 +77,8 @@ def _steps(dm, comm):
     counts = comm.all_reduce(dm.eval_counts(net, ("train", "val", "test")), category="control")
     predictions = [dm.predict_rows(net, None, "logits")]
     predictions.append(dm.predict_rows(net, torch.tensor([299, 0, 150, 7]), "embeddings"))
+    if not probe:
+        return out, counts, predictions
     # the redundancy probe's samples of epoch 0's first step: whole, and rank-salted halves
     probe, seeds = dm.whole_batch_sampler(), dm.step_seeds(0, 0)
     samples = [probe.sample(seeds, 0, 0)]
