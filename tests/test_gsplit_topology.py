@@ -222,17 +222,18 @@ def test_a_directory_of_the_other_topology_is_refused_before_any_rank_starts(tmp
 
 
 @pytest.mark.e2e
-def test_a_run_from_a_partitioned_directory_resumes_as_the_uninterrupted_run(tmp_path, monkeypatch):
-    """float64, 2 ranks: one epoch of train.py from a partitioned directory, then its
+@pytest.mark.parametrize("topology", ["replicated", "partitioned"])
+def test_a_run_from_a_directory_resumes_as_the_uninterrupted_run(tmp_path, topology):
+    """float64, 2 ranks, GAT: one epoch of train.py from a partition directory, then its
     checkpoint resumed from the directory for the second, ends with the weights of two
-    uninterrupted epochs from the directory, bit for bit."""
+    uninterrupted epochs from the directory, bit for bit (either topology)."""
     from lightning_gnnscale.partition import partition
     from lightning_gnnscale.run import train
     from tests.helpers.config import make_cfg
     from tests.helpers.partition_runs import NODES
     from tests.test_partition_dir import _assert_equal, _weights
 
-    common = [*cfg_overrides(tmp_path), "strategy.topology=partitioned"]
+    common = [*cfg_overrides(tmp_path), f"strategy.topology={topology}"]
     out = tmp_path / "parts"
     partition([NODES, *common], out, log=lambda *_: 0)
     from_dir = [*common, f"data.partition_dir={out}"]
@@ -241,3 +242,59 @@ def test_a_run_from_a_partitioned_directory_resumes_as_the_uninterrupted_run(tmp
     last = tmp_path / "first" / "out" / "checkpoints" / "last.ckpt"
     train(make_cfg(tmp_path / "resumed", *from_dir, f"ckpt_path={last}"))
     _assert_equal(_weights(tmp_path / "whole" / "out"), _weights(tmp_path / "resumed" / "out"))
+
+
+# ----------------------------------------------------------------------- plain Lightning
+def _plain_lightning_ranks(out) -> None:
+    """One epoch, then ``trainer.predict``, under ``L.Trainer(precision="64-true")``: the
+    replicated in-memory DataModule, and partitioned ones in memory and from the directory."""
+    import lightning as L
+
+    import lightning_gnnscale as gs
+    from tests.helpers.partition_runs import float64_trainer
+    from tests.helpers.predictions import predict_shares
+    from tests.test_partition_dir import MODEL
+
+    results = {}
+    for key in ("replicated", "memory", "directory"):
+        L.seed_everything(0, verbose=False)
+        config = GSplitConfig() if key == "replicated" else PARTITIONED
+        parts = str(out / "parts") if key == "directory" else None
+        dm = make_dm(out / "cache", parts, config)
+        module = gs.GNNModule.from_config(MODEL, dm)
+        trainer = float64_trainer(gs.GSplitStrategy(dm.config), max_epochs=1)
+        trainer.fit(module, datamodule=dm)
+        weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        results[key] = (weights, predict_shares(trainer, module, dm))
+    torch.save(results, out / f"rank{trainer.global_rank}.pt")
+
+
+@pytest.mark.dist
+def test_trainer_predict_under_a_partitioned_topology_gives_the_replicated_rows(tmp_path):
+    """A plain Lightning script: one epoch with ``topology: partitioned`` (in memory, and from
+    a directory) trains the replicated run's weights bit for bit; ``trainer.predict``'s shares
+    (each rank its own vertices) cover every requested node once, equal the oracle's
+    full-neighbourhood rows and the replicated run's to 1e-12."""
+    from lightning_gnnscale.graph.datasets import load_dataset
+    from lightning_gnnscale.launch import launch_local
+    from tests.helpers.predictions import REQUESTED, check_predictions, gather
+    from tests.test_partition_dir import MODEL, SBM, _assert_equal
+
+    make_dm(tmp_path / "cache", config=PARTITIONED).write_partition_dir(
+        tmp_path / "parts", 2, log=lambda *_: 0
+    )
+    launch_local(_plain_lightning_ranks, (tmp_path,), devices=2, num_nodes=1, timeout_s=300)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
+    graph = load_dataset("sbm", **SBM)
+    replicated = [r["replicated"][1] for r in ranks]
+    for key in ("memory", "directory"):
+        _assert_equal(ranks[0]["replicated"][0], ranks[0][key][0])
+        shares = [r[key][1] for r in ranks]
+        check_predictions(shares, graph, MODEL, ranks[0][key][0])
+        for output, requested in (("embeddings", None), ("logits", REQUESTED)):
+            torch.testing.assert_close(
+                gather(shares, output, graph.num_nodes, requested),
+                gather(replicated, output, graph.num_nodes, requested),
+                rtol=0,
+                atol=1e-12,
+            )
