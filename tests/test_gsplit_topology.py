@@ -15,7 +15,11 @@ from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.gsplit import GSplitConfig
 from lightning_gnnscale.systems.gsplit.sampler import SplitSampler
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
+from tests.helpers.partition_runs import (
+    launcher_without_ranks,
+    resume_from_directory,
+    train_both_ways,
+)
 from tests.test_gsplit import FANOUTS, setup_graph
 from tests.test_partition_dir_gsplit import _gathered, _steps, cfg_overrides, make_dm
 
@@ -181,16 +185,16 @@ def test_partitioned_ranks_equal_replicated_in_memory_and_from_a_directory(tmp_p
 def test_partitioned_trains_as_replicated_in_memory_and_from_a_directory(tmp_path, monkeypatch):
     """float64, 2 ranks, GAT: ``topology: partitioned`` in memory and from a directory give
     the replicated run's final weights bit for bit, and its every epoch's loss and validation
-    accuracy and its test accuracy."""
+    accuracy and its test accuracy; a directory run stopped after one epoch and resumed from
+    its checkpoint ends with the uninterrupted run's weights bit for bit."""
     from lightning_gnnscale.run import train
     from tests.helpers.config import make_cfg
     from tests.test_partition_dir import _assert_equal, _weights
 
-    common = cfg_overrides(tmp_path)
-    replicated, _ = train(make_cfg(tmp_path / "replicated", *common))
-    partitioned, _ = train_both_ways(
-        tmp_path, monkeypatch, [*common, "strategy.topology=partitioned"], keys=("train_loss",)
-    )
+    replicated, _ = train(make_cfg(tmp_path / "replicated", *cfg_overrides(tmp_path)))
+    common = [*cfg_overrides(tmp_path), "strategy.topology=partitioned"]
+    partitioned, from_dir = train_both_ways(tmp_path, monkeypatch, common, keys=("train_loss",))
+    resume_from_directory(tmp_path, common, from_dir)
     _assert_equal(_weights(tmp_path / "replicated" / "out"), _weights(tmp_path / "mem" / "out"))
     for key in ("train_loss", "val_acc"):
         assert [h[key] for h in partitioned["history"]] == [
@@ -219,29 +223,6 @@ def test_a_directory_of_the_other_topology_is_refused_before_any_rank_starts(tmp
         run(parts=other)
     with pytest.raises(AssertionError, match="a rank was started"):  # the fitting run starts
         run("strategy.topology=partitioned", parts=other)
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("topology", ["replicated", "partitioned"])
-def test_a_run_from_a_directory_resumes_as_the_uninterrupted_run(tmp_path, topology):
-    """float64, 2 ranks, GAT: one epoch of train.py from a partition directory, then its
-    checkpoint resumed from the directory for the second, ends with the weights of two
-    uninterrupted epochs from the directory, bit for bit (either topology)."""
-    from lightning_gnnscale.partition import partition
-    from lightning_gnnscale.run import train
-    from tests.helpers.config import make_cfg
-    from tests.helpers.partition_runs import NODES
-    from tests.test_partition_dir import _assert_equal, _weights
-
-    common = [*cfg_overrides(tmp_path), f"strategy.topology={topology}"]
-    out = tmp_path / "parts"
-    partition([NODES, *common], out, log=lambda *_: 0)
-    from_dir = [*common, f"data.partition_dir={out}"]
-    train(make_cfg(tmp_path / "whole", *from_dir))
-    train(make_cfg(tmp_path / "first", *from_dir, "trainer.max_epochs=1"))
-    last = tmp_path / "first" / "out" / "checkpoints" / "last.ckpt"
-    train(make_cfg(tmp_path / "resumed", *from_dir, f"ckpt_path={last}"))
-    _assert_equal(_weights(tmp_path / "whole" / "out"), _weights(tmp_path / "resumed" / "out"))
 
 
 # ----------------------------------------------------------------------- plain Lightning

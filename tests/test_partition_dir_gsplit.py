@@ -22,7 +22,11 @@ from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.gsplit import GSplitConfig, GSplitDataModule
 from lightning_gnnscale.systems.gsplit.strategy import shuffle_hook
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
+from tests.helpers.partition_runs import (
+    launcher_without_ranks,
+    resume_from_directory,
+    train_both_ways,
+)
 from tests.test_partition_dir import SBM
 
 FANOUTS = [5, 3]
@@ -170,11 +174,14 @@ def cfg_overrides(root) -> list[str]:
 
 
 @pytest.mark.e2e
-def test_gsplit_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
+def test_gsplit_trains_from_a_directory_as_in_memory_and_resumes(tmp_path, monkeypatch):
     """float64, 2 ranks: the final weights from the directory equal the in-memory run's bit
     for bit (atol 0), and so does every epoch's loss and validation accuracy and the test
-    accuracy; the launcher never loads the dataset."""
-    train_both_ways(tmp_path, monkeypatch, cfg_overrides(tmp_path), keys=("train_loss", "val_acc"))
+    accuracy; the launcher never loads the dataset. A directory run stopped after one epoch
+    and resumed from its checkpoint ends with the uninterrupted run's weights bit for bit."""
+    common = cfg_overrides(tmp_path)
+    _, got = train_both_ways(tmp_path, monkeypatch, common, keys=("train_loss", "val_acc"))
+    resume_from_directory(tmp_path, common, got)
 
 
 def test_a_gsplit_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):
