@@ -47,6 +47,25 @@ def test_bad_topology_settings_are_refused_at_validation(tmp_path, overrides, me
         validate(make_cfg(tmp_path, "strategy=gsplit", *overrides))
 
 
+@pytest.mark.parametrize("copy_edges", [7, 1 << 20])
+def test_owned_rows_are_the_whole_csc_rows_in_order(monkeypatch, copy_edges):
+    """``CSCRows.owned`` copies each own row's segment in order (in chunks of ``copy_edges``
+    entries, or in one): row ``i`` is vertex ``ids[i]``'s segment of the whole CSC, its
+    degrees the whole graph's."""
+    from lightning_gnnscale.graph import csc_rows
+
+    monkeypatch.setattr(csc_rows, "COPY_EDGES", copy_edges)
+    graph, parts, _ = setup_graph(3)
+    for rank in range(3):
+        own = (parts == rank).nonzero().flatten()
+        held = CSCRows.owned(graph.indptr, graph.indices, own)
+        assert held.num_rows == own.numel()
+        for i, v in enumerate(own.tolist()):
+            segment = held.indices[held.indptr[i] : held.indptr[i + 1]]
+            assert torch.equal(segment, graph.indices[graph.indptr[v] : graph.indptr[v + 1]])
+        assert torch.equal(held.degree(torch.arange(graph.num_nodes)), graph.in_degree())
+
+
 # ------------------------------------------------------------------ sampling (invariant 7)
 class ReadLog(CSCRows):
     """:class:`CSCRows` that records the ids of every row read."""

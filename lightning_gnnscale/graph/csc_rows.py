@@ -16,6 +16,8 @@ from torch import Tensor
 
 from .sampler import sample_neighbors
 
+COPY_EDGES = 1 << 20  # entries per gather when CSCRows.owned copies rows
+
 
 class CSCRows:
     """The CSC rows of the vertices ``ids``: row ``i`` (``indptr[i]..indptr[i + 1]`` into
@@ -53,12 +55,20 @@ class CSCRows:
     def owned(cls, indptr: Tensor, indices: Tensor, ids: Tensor) -> CSCRows:
         """A copy of the rows of ``ids`` (sorted) out of the whole CSC, segments in their
         order, and the whole graph's in-degrees ``[N]``: what a rank keeps of an in-memory
-        graph under ``topology: partitioned``."""
-        src, _ = sample_neighbors(indptr, indices, ids, -1, 0)
+        graph under ``topology: partitioned``. Copied about ``COPY_EDGES`` entries at a time,
+        so the gather's temporaries stay small next to the copy."""
         deg = indptr[1:] - indptr[:-1]
         own_indptr = torch.zeros(ids.numel() + 1, dtype=torch.int64)
         torch.cumsum(deg.index_select(0, ids), 0, out=own_indptr[1:])
-        return cls(own_indptr, src, lambda v: deg.index_select(0, v), ids)
+        own_indices = torch.empty(int(own_indptr[-1]), dtype=torch.int64)
+        # chunk bounds (vertex positions): a chunk holds at most COPY_EDGES + one row's entries
+        firsts = torch.arange(0, own_indices.numel(), COPY_EDGES)
+        starts = torch.searchsorted(own_indptr, firsts, right=True) - 1
+        bounds = torch.cat([torch.tensor([0]), starts, torch.tensor([ids.numel()])]).unique()
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            src, _ = sample_neighbors(indptr, indices, ids[lo:hi], -1, 0)
+            own_indices[own_indptr[lo] : own_indptr[hi]] = src
+        return cls(own_indptr, own_indices, lambda v: deg.index_select(0, v), ids)
 
     @property
     def num_rows(self) -> int:
