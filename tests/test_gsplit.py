@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.graph.csc_rows import CSCRows
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.order import epoch_permutation
 from lightning_gnnscale.graph.sampler import NeighborSampler
@@ -43,7 +44,7 @@ def make_net(kind, graph):
 def _split_rank(rank, world_size):
     graph, parts, seeds = setup_graph(world_size)
     comm = Comm.create()
-    sampler = SplitSampler(comm, parts, graph.indptr, graph.indices, FANOUTS, seed=5)
+    sampler = SplitSampler(comm, parts, CSCRows.whole(graph.indptr, graph.indices), FANOUTS, 5)
     targets = seeds[parts[seeds] == rank]
     blocks, plans, inputs = sampler.sample(targets, EPOCH, STEP)
     out = {"layers": [b.dst_ids for b in blocks], "inputs": inputs, "bytes": {}}

@@ -22,18 +22,22 @@ from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.gsplit import GSplitConfig, GSplitDataModule
 from lightning_gnnscale.systems.gsplit.strategy import shuffle_hook
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
+from tests.helpers.partition_runs import (
+    launcher_without_ranks,
+    resume_from_directory,
+    train_both_ways,
+)
 from tests.test_partition_dir import SBM
 
 FANOUTS = [5, 3]
 
 
-def make_dm(cache_dir, partition_dir=None):
-    """A float64 GSplit DataModule on the small sbm graph (its default partitioner)."""
+def make_dm(cache_dir, partition_dir=None, config=None):
+    """A float64 GSplit DataModule on the small sbm graph (default: its default config)."""
     data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=partition_dir)
     return GSplitDataModule(
         "sbm",
-        GSplitConfig(),
+        config or GSplitConfig(),
         data,
         seed=3,
         cache_dir=cache_dir,
@@ -55,9 +59,10 @@ def test_the_relabelled_csc_keeps_every_segments_order():
 
 
 # ------------------------------------------------------------ ranks that hold only their part
-def _steps(dm, comm):
+def _steps(dm, comm, probe=True):
     """Per step of epoch 1: blocks, input rows, labels and a GCN's loss and gradient (the
-    shuffle hook moving rows); then evaluation counts and predictions."""
+    shuffle hook moving rows); then evaluation counts, predictions and (if ``probe``) the
+    redundancy probe's samples."""
     torch.manual_seed(0)
     net = BlockGNN("gcn", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
     make_hook = shuffle_hook(comm)
@@ -76,6 +81,8 @@ def _steps(dm, comm):
     counts = comm.all_reduce(dm.eval_counts(net, ("train", "val", "test")), category="control")
     predictions = [dm.predict_rows(net, None, "logits")]
     predictions.append(dm.predict_rows(net, torch.tensor([299, 0, 150, 7]), "embeddings"))
+    if not probe:
+        return out, counts, predictions
     # the redundancy probe's samples of epoch 0's first step: whole, and rank-salted halves
     probe, seeds = dm.whole_batch_sampler(), dm.step_seeds(0, 0)
     samples = [probe.sample(seeds, 0, 0)]
@@ -167,11 +174,14 @@ def cfg_overrides(root) -> list[str]:
 
 
 @pytest.mark.e2e
-def test_gsplit_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
+def test_gsplit_trains_from_a_directory_as_in_memory_and_resumes(tmp_path, monkeypatch):
     """float64, 2 ranks: the final weights from the directory equal the in-memory run's bit
     for bit (atol 0), and so does every epoch's loss and validation accuracy and the test
-    accuracy; the launcher never loads the dataset."""
-    train_both_ways(tmp_path, monkeypatch, cfg_overrides(tmp_path), keys=("train_loss", "val_acc"))
+    accuracy; the launcher never loads the dataset. A directory run stopped after one epoch
+    and resumed from its checkpoint ends with the uninterrupted run's weights bit for bit."""
+    common = cfg_overrides(tmp_path)
+    _, got = train_both_ways(tmp_path, monkeypatch, common, keys=("train_loss", "val_acc"))
+    resume_from_directory(tmp_path, common, got)
 
 
 def test_a_gsplit_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):

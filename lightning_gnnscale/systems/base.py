@@ -17,6 +17,7 @@ import io
 import os
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
@@ -45,9 +46,10 @@ from ..graph.batch import Batch
 from ..graph.book import LocalPartition, PartitionedGraph, RangeBook, build_local_partition
 from ..graph.cache import tensor_digest
 from ..graph.csc import Graph
+from ..graph.csc_rows import CSCRows
 from ..graph.datasets import load_dataset
 from ..graph.order import EpochOrder
-from ..graph.sampler import NeighborSampler, build_block_sorted, sample_neighbors
+from ..graph.sampler import NeighborSampler, build_block_sorted
 from ..models.gnn import (
     BlockGNN,
     SubgraphModel,
@@ -1080,7 +1082,6 @@ def replicated_eval_counts(
     return counts
 
 
-@torch.no_grad()
 def owned_range_rows(
     net: torch.nn.Module,
     comm: Comm,
@@ -1091,42 +1092,60 @@ def owned_range_rows(
     layers: int,
     chunk_size: int,
 ) -> torch.Tensor:
+    """:func:`owned_rows` for a rank whose own vertices are the contiguous range ``book``
+    gives it, from the whole CSC (``indptr``, ``indices``, a topology every rank holds) and its
+    own input rows ``x`` (``[n_own, F]``): what a rank that loaded its part of a partition
+    directory evaluates and predicts with, no rank holding another's rows. Collective."""
+    first, stop = int(book.node_offsets[comm.rank]), int(book.node_offsets[comm.rank + 1])
+    whole = CSCRows.whole(indptr, indices)
+    own = CSCRows(indptr[first : stop + 1], indices, whole.degree, torch.arange(first, stop))
+    return owned_rows(net, comm, book.nid2part, own, x, layers, chunk_size)
+
+
+@torch.no_grad()
+def owned_rows(
+    net: torch.nn.Module,
+    comm: Comm,
+    owner: Callable[[torch.Tensor], torch.Tensor],
+    topology: CSCRows,
+    x: torch.Tensor,
+    layers: int,
+    chunk_size: int,
+) -> torch.Tensor:
     """Full-neighbourhood output rows ``[n_own, d]`` of the first ``layers`` layers for this
-    rank's own vertices, the contiguous range ``book`` gives it, from the whole CSC
-    (``indptr``, ``indices``, a topology every rank holds) and its own input rows ``x``
-    (``[n_own, F]``): what a rank that loaded its part of a partition directory evaluates and
-    predicts with, no rank holding another's rows.
+    rank's own vertices ``topology.ids`` (sorted; ``owner`` maps ids to ranks), from their CSC
+    rows (all the topology it needs) and their input rows ``x`` (``[n_own, F]``, in
+    ``topology.ids`` order).
 
     Before each layer the rows of the in-neighbours owned elsewhere come from their owners in
-    one exchange (``feature`` before layer 0, ``activation`` after); each layer runs over
-    ``chunk_size`` vertices at a time. A row depends only on its own and its in-neighbours'
-    rows and the segment order of its in-edges, so rows equal the whole-graph inference's (to
-    the rounding of matrix products over other row sets). Collective."""
+    one exchange (``feature`` before layer 0, ``activation`` after; the route is built once,
+    ``structure``); each layer runs over ``chunk_size`` vertices at a time. A row depends only
+    on its own and its in-neighbours' rows and the segment order of its in-edges, so rows equal
+    the whole-graph inference's (to the rounding of matrix products over other row sets).
+    Collective."""
     if not isinstance(net, BlockGNN):
         raise TypeError(f"inference over owned rows needs a BlockGNN net, got {type(net).__name__}")
-    first, stop = int(book.node_offsets[comm.rank]), int(book.node_offsets[comm.rank + 1])
-    num_own = stop - first
-    neighbours = indices[indptr[first] : indptr[stop]]
-    halo = torch.unique(neighbours[(neighbours < first) | (neighbours >= stop)])
-    route = OwnerRoute.build(comm, halo, book.nid2part(halo), category="structure")
-
-    def degree(ids: torch.Tensor) -> torch.Tensor:
-        return indptr.index_select(0, ids + 1) - indptr.index_select(0, ids)
-
+    own_ids = topology.ids
+    num_own = own_ids.numel()
+    neighbours = topology.indices[topology.indptr[0] : topology.indptr[-1]]
+    halo = torch.unique(neighbours[owner(neighbours) != comm.rank])
+    route = OwnerRoute.build(comm, halo, owner(halo), category="structure")
+    served_rows = topology.rows(route.served)
     device = next(net.parameters()).device
     h = x.to(device)
     for i in range(layers):
-        served = h.index_select(0, (route.served - first).to(device)).cpu()
+        served = h.index_select(0, served_rows.to(device)).cpu()
         category = "feature" if i == 0 else "activation"
         table = torch.cat([h, route.reply(comm, served, category=category).to(device)])
         outs = []
-        for lo in range(first, stop, chunk_size) or [first]:
-            dst = torch.arange(lo, min(lo + chunk_size, stop))
-            src, dst_pos = sample_neighbors(indptr, indices, dst, -1, 0)
-            block = build_block_sorted(dst, src, dst_pos, degree)
+        for lo in range(0, num_own, chunk_size) or [0]:
+            dst = own_ids[lo : lo + chunk_size]
+            src, dst_pos = topology.sample(dst, -1, 0)
+            block = build_block_sorted(dst, src, dst_pos, topology.degree)
             ids = block.src_ids
-            own = (ids >= first) & (ids < stop)
-            rows = torch.where(own, ids - first, num_own + torch.searchsorted(halo, ids))
+            own = owner(ids) == comm.rank
+            rows = num_own + torch.searchsorted(halo, ids)
+            rows[own] = topology.rows(ids[own])
             outs.append(net.layer_output(i, block.to(device), table[rows.to(device)]))
         h = torch.cat(outs)
     return h

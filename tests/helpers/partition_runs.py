@@ -84,3 +84,17 @@ def float64_trainer(strategy, max_epochs: int):
         enable_checkpointing=False,
         num_sanity_val_steps=0,
     )
+
+
+def resume_from_directory(tmp_path: Path, common: list[str], want: dict) -> None:
+    """After :func:`train_both_ways`: one epoch from its directory, then that run's
+    ``last.ckpt`` resumed from the directory for the rest; asserts the final weights equal
+    the uninterrupted directory run's bit for bit, and its test accuracy (``want``'s)."""
+    from tests.test_partition_dir import _assert_equal, _weights
+
+    directory = [*common, f"data.partition_dir={tmp_path / 'parts'}"]
+    train(make_cfg(tmp_path / "first", *directory, "trainer.max_epochs=1"))
+    last = tmp_path / "first" / "out" / "checkpoints" / "last.ckpt"
+    got, _ = train(make_cfg(tmp_path / "resumed", *directory, f"ckpt_path={last}"))
+    _assert_equal(_weights(tmp_path / "dir" / "out"), _weights(tmp_path / "resumed" / "out"))
+    assert got["test_acc"] == want["test_acc"]

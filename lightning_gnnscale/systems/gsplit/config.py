@@ -9,6 +9,7 @@ from ...schema import SystemConfig, choice, require
 PARTITION_METHODS = ("gsplit", "node", "edge", "naive", "random")
 ZERO_EDGE_POLICIES = ("auto", "drop", "epsilon")
 CACHE_POLICIES = ("presample_freq", "id_order")
+TOPOLOGIES = ("replicated", "partitioned")
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,15 @@ class GSplitConfig(SystemConfig):
         cache: each rank's feature cache (:class:`FeatureCacheConfig`).
         redundancy_probe_steps: ``> 0``: measure the paper's Table 1 ratios on this many steps
             of the first epoch (rank 0 pays the extra sampling); ``0``: off.
+        topology: ``replicated`` (every rank holds the whole CSC) | ``partitioned`` (a rank
+            holds only the CSC rows of the vertices it owns, about ``|E| / P``).
     """
 
     name: str = "gsplit"
     partition: GSplitPartitionConfig = field(default_factory=GSplitPartitionConfig)
     cache: FeatureCacheConfig = field(default_factory=FeatureCacheConfig)
     redundancy_probe_steps: int = 0
+    topology: str = "replicated"
 
     NAMES = ("gsplit",)
     supports_partition_dir = True
@@ -82,4 +86,11 @@ class GSplitConfig(SystemConfig):
         require(
             self.redundancy_probe_steps >= 0,
             f"strategy.redundancy_probe_steps={self.redundancy_probe_steps} must be >= 0",
+        )
+        choice("strategy.topology", self.topology, TOPOLOGIES)
+        require(
+            self.topology == "replicated" or self.redundancy_probe_steps == 0,
+            "strategy.redundancy_probe_steps > 0 samples whole mini-batches on rank 0, which "
+            "needs the whole topology; set strategy.topology=replicated or "
+            "strategy.redundancy_probe_steps=0",
         )

@@ -4,16 +4,21 @@ Every rank draws the same global seeds as ``single`` (the shared epoch permutati
 the targets it owns, samples split-parallel (collective, so in the main process), and loads
 input features only for the vertices it owns, through a partition-aligned cache ranked by
 pre-sampled input frequency (hit / miss counters; on CPU both are RAM, only the counts mean
-anything). Evaluation is full-graph layer-wise inference (the topology is replicated).
+anything). With ``topology: replicated`` every rank holds the whole CSC and evaluation is
+full-graph layer-wise inference; with ``partitioned`` a rank holds only its own vertices' CSC
+rows and evaluates them layer by layer, the rows of in-neighbours owned elsewhere pulled from
+their owners (docs/systems/gsplit.md#topology).
 
 With ``data.partition_dir`` (``write_parts``) the vertices are relabelled so that each rank
 owns one contiguous id range (the split function becomes the ``[P + 1]`` offsets). The
-topology, in those ids with every in-edge segment in its original order, the training ids and
-every vertex's original id (the redundancy probe's sampling keys) are one shared group every
-rank of a machine maps once; a rank's part holds its own vertices'
-features, labels, masks, original ids (the sampling keys) and pre-sampled input counts.
-Evaluation and prediction then compute each rank's own rows layer by layer, the rows of
-in-neighbours it does not own pulled from their owners (docs/systems/gsplit.md#from-a-partition-directory).
+topology, in those ids with every in-edge segment in its original order, is one shared group
+every rank of a machine maps once (``replicated``, with the training ids and every vertex's
+original id, the redundancy probe's sampling keys) or split into the parts, each holding its
+own vertices' rows (``partitioned``; the shared group then holds the training ids and the
+in-degrees). A rank's part holds its own vertices' features, labels, masks, original ids (the
+sampling keys) and pre-sampled input counts. Evaluation and prediction then compute each
+rank's own rows layer by layer, the rows of in-neighbours it does not own pulled from their
+owners (docs/systems/gsplit.md#from-a-partition-directory).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing_extensions import override
 
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, RangeBook, relabel_csc
+from ...graph.csc_rows import CSCRows
 from ...graph.partition_dir import PartitionDir
 from ...graph.sampler import NeighborSampler, SampleKey, sample_neighbors
 from ..base import (
@@ -35,7 +41,7 @@ from ..base import (
     ReplicatedGraphEvaluation,
     assert_same_on_all_ranks,
     own_predictions,
-    owned_range_rows,
+    owned_rows,
 )
 from ..contract import RankContext
 from .callbacks import GSplitStats, RedundancyProbe
@@ -216,8 +222,9 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     # ------------------------------------------------------------- partition directories
     @override
     def partition_settings(self) -> dict[str, Any]:
-        """The partitioner and what pre-sampling runs (the training schedule's fanouts and
-        batch size); the topology is replicated (held once per machine)."""
+        """The partitioner, what pre-sampling runs (the training schedule's fanouts and batch
+        size) and the topology (``replicated``: one shared copy per machine; ``partitioned``:
+        each part holds its own vertices' rows)."""
         p = self.config.partition
         options = {
             "presample_epochs": p.presample_epochs,
@@ -225,24 +232,31 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             "zero_edge_policy": p.zero_edge_policy,
             "fanouts": list(self.data.fanouts),
             "batch_size": self.data.batch_size,
-            "topology": "replicated",
+            "topology": self.config.topology,
         }
         return {"method": p.method, "partition_options": options}
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Relabel so that each rank owns one contiguous id range; write the topology (CSC,
-        segments in their original order), the training ids and every vertex's original id
-        (``orig_ids``, ``[N]``: the redundancy probe's sampling keys) as the shared group
-        ``topology``, and per part its vertices' ``x``, ``y``, masks, ``orig_ids`` and
-        pre-sampled ``input_frequency``."""
+        """Relabel so that each rank owns one contiguous id range; per part write its
+        vertices' ``x``, ``y``, masks, ``orig_ids`` and pre-sampled ``input_frequency``. The
+        topology (CSC, segments in their original order) is, with ``replicated``, the shared
+        group ``topology`` (with the training ids and every vertex's original id, ``orig_ids``
+        ``[N]``: the redundancy probe's sampling keys); with ``partitioned``, each part's own
+        rows (``indptr`` ``[n_k + 1]`` from 0, ``indices``), next to a shared group
+        ``vertices`` of the training ids and the in-degrees ``degree`` ``[N]``."""
         prepared, graph = self.prepare(world_size), self.graph
         book = PartitionBook.from_parts(prepared.parts, world_size)
         indptr, indices = relabel_csc(graph.indptr, graph.indices, book)
         train_ids = book.old2new[graph.split_ids("train")]  # in original id order
-        shared = {"indptr": indptr, "indices": indices, "train_ids": train_ids}
-        writer.write_shared("topology", {**shared, "orig_ids": book.new2old})
-        del indices
+        partitioned = self.config.topology == "partitioned"
+        if partitioned:
+            group = "vertices"
+            writer.write_shared(group, {"train_ids": train_ids, "degree": indptr[1:] - indptr[:-1]})
+        else:
+            group = "topology"
+            shared = {"indptr": indptr, "indices": indices, "train_ids": train_ids}
+            writer.write_shared(group, {**shared, "orig_ids": book.new2old})
         for k in range(world_size):
             lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
             own = book.new2old[lo:hi]
@@ -255,8 +269,11 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 "orig_ids": own,
                 "input_frequency": prepared.input_frequency[own],
             }
+            if partitioned:
+                arrays["indptr"] = indptr[lo : hi + 1] - indptr[lo]
+                arrays["indices"] = indices[indptr[lo] : indptr[hi]]
             sizes = {"nodes": hi - lo, "edges": int(indptr[hi] - indptr[lo])}
-            writer.write_part(k, arrays, sizes, shared=["topology"])
+            writer.write_part(k, arrays, sizes, shared=[group])
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
         return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
 
@@ -273,21 +290,23 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             raise ValueError(f"split function has parts >= world size {context.world_size}")
         self.parts, self.report = parts, prepared.report
         self.labels = graph.y
-        self.sampler = SplitSampler(
-            context.comm, parts, graph.indptr, graph.indices, list(self.data.fanouts), self.seed
-        )
+        own = (parts == self.rank).nonzero().flatten()
+        if self.config.topology == "partitioned":
+            topology = CSCRows.owned(graph.indptr, graph.indices, own)
+            self.own_topology = topology
+        else:
+            topology = CSCRows.whole(graph.indptr, graph.indices)
+        fanouts = list(self.data.fanouts)
+        self.sampler = SplitSampler(context.comm, parts, topology, fanouts, self.seed)
         cache = self.config.cache
         self.cache = PartitionedFeatureCache(
-            graph.x,
-            (parts == self.rank).nonzero().flatten(),
-            prepared.input_frequency,
-            cache.fraction,
-            cache.policy,
+            graph.x, own, prepared.input_frequency, cache.fraction, cache.policy
         )
 
     def _setup_from_dir(self, context: RankContext, prepared: PartitionDir) -> None:
-        """This rank's part and the shared topology, memory-mapped; no ``[N]`` array but the
-        topology's ``indptr``."""
+        """This rank's part and the shared group, memory-mapped: with ``replicated`` the whole
+        topology (no ``[N]`` array but its ``indptr``), with ``partitioned`` the part's own
+        rows and the in-degrees ``[N]``."""
         book = RangeBook(prepared.node_offsets)
         if context.world_size != book.num_parts:
             raise ValueError(
@@ -296,19 +315,32 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         digest = torch.tensor([int(prepared.digest[:15], 16)])
         assert_same_on_all_ranks(context.comm, digest, "the partition directory")
         part = prepared.load_part(self.rank)
-        topology = prepared.load_shared("topology", self.rank)
+        own = book.part_nodes(self.rank)
+        first, stop = int(book.node_offsets[self.rank]), int(book.node_offsets[self.rank + 1])
+        if self.config.topology == "partitioned":
+            shared = prepared.load_shared("vertices", self.rank)
+            degree = shared["degree"]
+            topology = CSCRows(
+                part["indptr"], part["indices"], lambda ids: degree.index_select(0, ids), own
+            )
+            self.own_topology = topology
+        else:
+            shared = prepared.load_shared("topology", self.rank)
+            topology = CSCRows.whole(shared["indptr"], shared["indices"])
+            self.orig_ids = shared["orig_ids"]
+            self.own_topology = CSCRows(
+                topology.indptr[first : stop + 1], topology.indices, topology.degree, own
+            )
         self.parts, self.report, self.part = book, prepared.meta["report"], part
-        if topology["train_ids"].numel() == 0:  # as the base's train_ids
+        if shared["train_ids"].numel() == 0:  # as the base's train_ids
             raise ValueError(f"partition directory {self.partition_dir}: no training nodes")
-        self.train_ids, self.orig_ids = topology["train_ids"], topology["orig_ids"]
-        first = int(book.node_offsets[self.rank])
+        self.train_ids = shared["train_ids"]
         orig_ids = part["orig_ids"]
         self.labels = part["y"]
         self.sampler = SplitSampler(
             context.comm,
             book,
-            topology["indptr"],
-            topology["indices"],
+            topology,
             list(self.data.fanouts),
             self.seed,
             node_keys=lambda ids: orig_ids.index_select(0, ids - first),
@@ -317,7 +349,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         cache = self.config.cache
         self.cache = PartitionedFeatureCache(
             x,
-            book.part_nodes(self.rank),
+            own,
             part["input_frequency"],
             cache.fraction,
             cache.policy,
@@ -333,10 +365,13 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """The sampler ``single`` draws whole mini-batches with (same keys as the split one;
         from a partition directory keyed on the original ids, so it draws the same samples,
         in relabelled ids)."""
-        sampler, fanouts = self.sampler, list(self.data.fanouts)
+        topology, fanouts = self.sampler.topology, list(self.data.fanouts)
+        if topology.ids is not None:
+            raise RuntimeError("whole mini-batches need the whole topology (topology: replicated)")
+        indptr, indices = topology.indptr, topology.indices
         if self.partition_dir is None:
-            return NeighborSampler(sampler.indptr, sampler.indices, fanouts, self.seed)
-        return OrigKeyedSampler(sampler.indptr, sampler.indices, fanouts, self.seed, self.orig_ids)
+            return NeighborSampler(indptr, indices, fanouts, self.seed)
+        return OrigKeyedSampler(indptr, indices, fanouts, self.seed, self.orig_ids)
 
     @override
     def make_batch(self, epoch: int, step: int) -> SplitBatch:
@@ -383,17 +418,29 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         return [stats, RedundancyProbe(steps, self.step_seeds, self.whole_batch_sampler)]
 
     # ------------------------------------------------------------------------ evaluation
+    own_topology: CSCRows | None = None  # own vertices' CSC rows; None: replicated evaluation
+
+    def own_array(self, name: str) -> torch.Tensor:
+        """``name`` (``x``, ``y``, a mask or ``orig_ids``) of this rank's own vertices, in id
+        order: its part's array from a directory, else the in-memory graph's rows."""
+        if self.partition_dir is not None:
+            return self.cache.x if name == "x" else self.part[name]
+        own = self.own_topology.ids
+        return own if name == "orig_ids" else getattr(self.graph, name).index_select(0, own)
+
     @override
     def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """In memory: layer-wise inference over the replicated graph. From a partition
-        directory: this rank's own rows (:meth:`own_rows`), counted on its own vertices."""
-        if self.partition_dir is None:
+        """Replicated in memory: layer-wise inference over the whole graph. Otherwise (a
+        partition directory, or ``topology: partitioned``): this rank's own rows
+        (:meth:`own_rows`), counted on its own vertices."""
+        if self.own_topology is None:
             return super().eval_counts(net, splits)
         pred = self.own_rows(net, net.num_layers).argmax(1).cpu()
+        labels = self.own_array("y")
         counts = torch.zeros(len(splits), 2, dtype=torch.float64)
         for i, split in enumerate(splits):
-            mask = self.part[f"{split}_mask"]
-            counts[i, 0] = (pred[mask] == self.labels[mask]).sum()
+            mask = self.own_array(f"{split}_mask")
+            counts[i, 0] = (pred[mask] == labels[mask]).sum()
             counts[i, 1] = mask.sum()
         return counts
 
@@ -401,26 +448,27 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def predict_rows(
         self, net: torch.nn.Module, node_ids: torch.Tensor | None, output: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """From a partition directory: the requested (original) ids this rank owns, and their
-        rows; in memory, the base's node-range split."""
-        if self.partition_dir is None:
+        """The requested (original) ids this rank owns, and their rows (:meth:`own_rows`);
+        replicated in memory, the base's node-range split."""
+        if self.own_topology is None:
             return super().predict_rows(net, node_ids, output)
         rows = self.own_rows(net, net.num_layers - (output == "embeddings"))
-        num_nodes = int(self.partition_meta()["num_nodes"])
-        return own_predictions(self.part["orig_ids"].clone(), rows, node_ids, num_nodes)
+        if self.partition_dir is None:
+            num_nodes = self.graph.num_nodes
+        else:
+            num_nodes = int(self.partition_meta()["num_nodes"])
+        return own_predictions(self.own_array("orig_ids").clone(), rows, node_ids, num_nodes)
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> torch.Tensor:
         """The first ``layers`` layers' full-neighbourhood rows ``[n_own, d]`` of this rank's
-        own vertices (a partition directory's rank; :func:`~..base.owned_range_rows`: the
-        in-neighbours' rows come from their owners)."""
-        sampler = self.sampler
-        return owned_range_rows(
+        own vertices, from their CSC rows (:func:`~..base.owned_rows`: the in-neighbours'
+        rows come from their owners)."""
+        return owned_rows(
             net,
             self.context.comm,
-            self.parts,
-            sampler.indptr,
-            sampler.indices,
-            self.cache.x,
+            self.sampler.owner,
+            self.own_topology,
+            self.own_array("x"),
             layers,
             self.data.eval_chunk_size,
         )

@@ -23,7 +23,8 @@ from torch import Tensor
 from ...comm import Comm, OwnerRoute, exchange_rows
 from ...graph.block import Block
 from ...graph.book import RangeBook
-from ...graph.sampler import BlockBuilder, SampleKey, build_block_sorted, sample_neighbors
+from ...graph.csc_rows import CSCRows
+from ...graph.sampler import BlockBuilder, SampleKey, build_block_sorted
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,8 @@ class SplitSampler:
         parts: the split function ``f``: int64 ``[N]`` owner rank of every vertex, or a
             :class:`RangeBook` when every rank's vertices are one contiguous id range (a
             partition directory).
-        indptr, indices: the graph's CSC (replicated topology).
+        topology: the CSC rows this rank holds: every vertex's (``topology: replicated``) or
+            only its own (``partitioned``); only own rows are ever read.
         fanouts: by hop from the targets.
         seed: base of the sampling keys (the same keys as ``single``).
         node_keys: ``ids -> ids`` the sampling hash is keyed on, for a frontier of this rank's
@@ -134,28 +136,23 @@ class SplitSampler:
         self,
         comm: Comm,
         parts: Tensor | RangeBook,
-        indptr: Tensor,
-        indices: Tensor,
+        topology: CSCRows,
         fanouts: list[int],
         seed: int,
         node_keys: Callable[[Tensor], Tensor] | None = None,
     ):
-        self.comm, self.parts = comm, parts
-        self.indptr, self.indices = indptr, indices
+        self.comm, self.parts, self.topology = comm, parts, topology
         self.fanouts, self.seed = list(fanouts), seed
         self.node_keys = node_keys
         # Both builders give the non-destination sources in (owner, id) order: the relabelled
         # ids' own order from a directory, the owner-ranked seen-mask's in memory.
         if isinstance(parts, RangeBook):  # no [N] table: sources deduplicated by a sort
             self.build_block = lambda dst, src, dst_pos: build_block_sorted(
-                dst, src, dst_pos, self.degree
+                dst, src, dst_pos, topology.degree
             )
         else:
-            self.build_block = OwnerOrderBuilder(parts, indptr[1:] - indptr[:-1])
-
-    def degree(self, ids: Tensor) -> Tensor:
-        """In-degrees of ``ids`` (read from the CSC)."""
-        return self.indptr.index_select(0, ids + 1) - self.indptr.index_select(0, ids)
+            degree = topology.degree(torch.arange(parts.numel()))
+            self.build_block = OwnerOrderBuilder(parts, degree)
 
     def owner(self, ids: Tensor) -> Tensor:
         """The rank that owns each of ``ids``."""
@@ -181,9 +178,7 @@ class SplitSampler:
         blocks, plans = [], []
         for hop, fanout in enumerate(self.fanouts):
             keys = None if self.node_keys is None else self.node_keys(frontier)
-            src, dst_pos = sample_neighbors(
-                self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
-            )
+            src, dst_pos = self.topology.sample(frontier, fanout, key.hop_key(hop), keys)
             block = self.build_block(frontier, src, dst_pos)  # sources in (owner, id) order
             frontier, plan = self.split(block.src_ids)
             blocks.append(block)
