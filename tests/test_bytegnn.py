@@ -5,11 +5,13 @@ test_bytegnn_dist.py)."""
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import statistics
 import threading
 import time
+import weakref
 from collections import Counter
 
 import pytest
@@ -432,6 +434,51 @@ def test_every_task_runs_once_after_its_parents_with_two_threads_and_random_dela
                 assert parent.finished <= task.started
         end = dag.sink
         assert end.kind == "end" and all(t.finished <= end.started for t in dag.tasks[:-1])
+
+
+def test_a_tasks_result_is_dropped_once_its_children_ran_without_the_cycle_collector():
+    """Tasks and their DAG form reference cycles: every result (the hops' sampled edges and
+    fetched rows) stayed alive until Python's cycle collector ran, and a DAG that lived long
+    reached its oldest generation. Now a result goes once every child has run, and the sink's
+    once handed over."""
+
+    class Rows:  # a stand-in for a tensor, weakly referenceable
+        pass
+
+    made = {}
+
+    def make(name):
+        def fn(*parents):
+            made[name] = weakref.ref(rows := Rows())
+            return rows
+
+        return fn
+
+    a = Task("a", make("a"))
+    b = Task("b", make("b"), [a])
+    c = Task("c", make("c"), [a, b])
+    end = Task("end", make("end"), [b, c])
+    alive_when = {}
+
+    def record(task):
+        alive_when[task.kind] = sorted(k for k, ref in made.items() if ref() is not None)
+
+    delivered = []
+    executor = Executor(1, lambda dag: delivered.append(dag.sink.result), lambda e: None, record)
+    gc.disable()
+    try:
+        executor.start()
+        executor.submit(Dag(0, [a, b, c, end]))
+        deadline = time.monotonic() + 10
+        while not delivered and time.monotonic() < deadline:
+            time.sleep(0.01)
+        executor.stop()
+        assert alive_when == {"a": [], "b": ["a"], "c": ["a", "b"], "end": ["b", "c"]}
+        assert [k for k, ref in made.items() if ref() is not None] == ["end"]
+        delivered.clear()
+        assert all(ref() is None for ref in made.values())
+    finally:
+        gc.enable()
 
 
 def test_task_and_dag_reprs_stay_short():
