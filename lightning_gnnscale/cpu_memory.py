@@ -56,6 +56,16 @@ def retain_freed_memory() -> str:
     )
 
 
+def apply_malloc_settings(share: bool) -> str:
+    """A rank's settings at its start: :func:`retain_freed_memory`, then :func:`share_arenas`
+    where ``share`` (``SystemConfig.shares_malloc_arenas``: before the rank's threads start,
+    so none has an arena of its own). What :func:`retain_freed_memory` applied."""
+    applied = retain_freed_memory()
+    if share:
+        share_arenas()
+    return applied
+
+
 def share_arenas() -> str:
     """Under ``retain``, threads started from now on allocate from the arenas already there
     (``M_ARENA_MAX`` = 1) rather than one arena each: retained, every arena keeps the most it

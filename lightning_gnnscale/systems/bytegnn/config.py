@@ -189,6 +189,7 @@ class ByteGNNConfig(SystemConfig):
 
     NAMES: ClassVar[tuple[str, ...]] = ("bytegnn",)
     supports_partition_dir: ClassVar[bool] = True
+    shares_malloc_arenas: ClassVar[bool] = True  # the S-Worker's batches (docs/systems/bytegnn.md)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,8 +1,7 @@
 """``ByteGNNDataModule``: partitioned graph store, socket service and the S-Worker's batches.
 
 ``preprocess`` partitions (``bytegnn`` by default, cached) and relabels the graph. On every rank
-``setup_rank`` has the threads it starts share the existing malloc arenas
-(:func:`~...cpu_memory.share_arenas`), keeps its partition in a :class:`GraphStore`, starts serving it to the other
+``setup_rank`` keeps its partition in a :class:`GraphStore`, starts serving it to the other
 ranks over the socket transport (on the address :func:`.address.service_address` chooses) and
 builds the :class:`SWorker`. The DataModule owns both: ``train_dataloader`` starts the S-Worker,
 ``teardown`` (after a fit) and ``on_exception`` (Lightning calls it when a fit fails) stop them.
@@ -27,7 +26,6 @@ from typing_extensions import override
 
 from ...comm import OwnerRoute
 from ...comm.transport import SocketTransport
-from ...cpu_memory import share_arenas
 from ...graph.block import Block
 from ...graph.book import (
     LocalPartition,
@@ -92,7 +90,6 @@ class ByteGNNDataModule(GNNDataModule):
 
     @override
     def setup_rank(self, context: RankContext, prepared: PartitionedGraph | PartitionDir) -> None:
-        share_arenas()  # before the service and sampling threads (docs/systems/bytegnn.md)
         comm, rank, world = context.comm, context.rank, context.world_size
         batch_size = self.data.batch_size
         if isinstance(prepared, PartitionDir):  # this rank's part only, no [N] array
