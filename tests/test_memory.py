@@ -290,28 +290,30 @@ def test_memory_rows_count_the_replicated_data_a_run_reports():
 
 def test_memory_rows_count_the_prefetch_budget_a_run_reports():
     """ByteGNN's prefetch budget (``summary.json``: ``system.prefetch_budget_bytes``) joins
-    the halo term, in the target and in the table's cell, beside no cache term."""
+    the halo term, in the target and in the table's cell, beside no cache term; a target past
+    1,000 MB reads in whole MB (3 significant digits wrote ``1e+03``)."""
     from lightning_gnnscale.bench.memory import Job, assemble_rows, memory_table, summary_extract
 
     jobs = [Job("single", 1, k, n) for k, n in (("graph", 9), ("runtime", 1))]
     jobs += [
         Job("bytegnn", 2, k, n, source="partition_dir") for k, n in (("graph", 9), ("runtime", 1))
     ]
-    graph = _record([900.0, 880.0], 460.0, 2000.0)
+    graph = _record([1050.0, 880.0], 460.0, 2000.0)
     graph["summary"] = summary_extract(
         {"launcher_peak_rss_mb": 460.0, "system": {"prefetch_budget_bytes": 2.0**20 * 256}}
     )
     records = {
-        "single-P1-graph": _record([800.0], 800.0, 700.0),
+        "single-P1-graph": _record([1000.0], 1000.0, 700.0),
         "single-P1-runtime": _record([400.0], 400.0, 350.0),
         "bytegnn-P2-graph": graph,
-        "bytegnn-P2-runtime": _record([410.0, 410.0], 455.0, 1100.0),
+        "bytegnn-P2-runtime": _record([450.0, 450.0], 455.0, 1100.0),
     }
     row = assemble_rows(jobs, records, {"bytegnn-P2-graph": {"share_mb": 1.0}})[1]
     assert row["prefetch_mb"] == 256.0 and row["replicated_mb"] is None
-    assert row["target_mb"] == 200.0 + 1.0 + 256.0 + 410.0
-    assert row["rank_meets"] is True  # 900 <= 867 x 1.1; without the budget, 611 x 1.1
-    assert "| 1 + 256 prefetch |" in memory_table([row])[2]
+    assert row["target_mb"] == 300.0 + 1.0 + 256.0 + 450.0
+    assert row["rank_meets"] is True  # 1050 <= 1007 x 1.1; without the budget, 751 x 1.1
+    cells = [c.strip() for c in memory_table([row])[2].strip("|").split("|")]
+    assert cells[8:13] == ["300", "1 + 256 prefetch", "450", "1007", "+43"]
 
 
 def test_memory_rank_peak_is_the_ranks_own_where_the_samples_ended_early():

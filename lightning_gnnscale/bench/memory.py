@@ -535,13 +535,18 @@ def assemble_rows(jobs: list[Job], records: dict, halo: dict) -> list[dict]:
     return rows
 
 
+def _mb(value: float | None) -> str:
+    """MiB to 3 significant digits, whole MiB from 100 on (``1e+03`` is no table cell)."""
+    return fmt(value, 3) if value is None or abs(value) < 100 else f"{value:.0f}"
+
+
 def _halo_cell(row: dict) -> str:
     """The halo share (partition metadata), and the replicated data and the prefetch budget
     the run reports."""
-    cell = fmt(row.get("halo_share_mb"), 3)
+    cell = _mb(row.get("halo_share_mb"))
     for key, label in (("replicated_mb", "cache"), ("prefetch_mb", "prefetch")):
         if row.get(key) is not None:
-            cell += f" + {fmt(row[key], 3)} {label}"
+            cell += f" + {_mb(row[key])} {label}"
     return cell
 
 
@@ -578,14 +583,14 @@ def memory_table(rows: list[dict]) -> list[str]:
             [
                 *head,
                 f"{r['rank_peak_rss_mb']:.0f} ({r['rank_peak_rss_min_mb']:.0f})",
-                f"{r['launcher_peak_rss_mb']:.0f} ({fmt(r['runtime_launcher_mb'], 3)})",
-                fmt(r["rank_server_peak_rss_mb"], 3),
+                f"{r['launcher_peak_rss_mb']:.0f} ({_mb(r['runtime_launcher_mb'])})",
+                _mb(r["rank_server_peak_rss_mb"]),
                 f"{r['node_peak_pss_mb']:.0f}",
                 "-" if r["ratio_to_single"] is None else f"{r['ratio_to_single']:.2f}",
-                fmt(r["graph_share_mb"], 3),
+                _mb(r["graph_share_mb"]),
                 _halo_cell(r),
-                fmt(r["runtime_mb"], 3),
-                fmt(r.get("target_mb"), 3),
+                _mb(r["runtime_mb"]),
+                _mb(r.get("target_mb")),
                 "-" if r.get("over_target_mb") is None else f"{r['over_target_mb']:+.0f}",
                 _yes(r.get("rank_meets")),
                 _yes(r.get("launcher_meets")),
