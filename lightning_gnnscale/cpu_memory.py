@@ -28,6 +28,7 @@ from .errors import ConfigError
 MALLOC_ENV = "GNNSCALE_MALLOC"
 _M_TRIM_THRESHOLD = -1  # mallopt parameter numbers, from glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 MMAP_THRESHOLD_BYTES = 32 * 1024 * 1024  # glibc's maximum on 64-bit (HEAP_MAX_SIZE / 2)
 TRIM_THRESHOLD_BYTES = (1 << 31) - 1  # the largest ``int`` mallopt takes: trim above 2 GiB only
 
@@ -46,6 +47,36 @@ def retain_freed_memory() -> str:
     ``mallopt``) or ``"refused"`` (glibc rejected a value, e.g. 32-bit builds; with a warning).
 
     Raises ``ConfigError`` for another value of ``$GNNSCALE_MALLOC``."""
+    return _apply(
+        (
+            ("M_MMAP_THRESHOLD", _M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+            ("M_TRIM_THRESHOLD", _M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
+        ),
+        "training runs slower",
+    )
+
+
+def apply_malloc_settings(share: bool) -> str:
+    """A rank's settings at its start: :func:`retain_freed_memory`, then :func:`share_arenas`
+    where ``share`` (``SystemConfig.shares_malloc_arenas``: before the rank's threads start,
+    so none has an arena of its own). What :func:`retain_freed_memory` applied."""
+    applied = retain_freed_memory()
+    if share:
+        share_arenas()
+    return applied
+
+
+def share_arenas() -> str:
+    """Under ``retain``, threads started from now on allocate from the arenas already there
+    (``M_ARENA_MAX`` = 1) rather than one arena each: retained, every arena keeps the most it
+    ever held, so blocks built by helper threads and freed by the trainer (ByteGNN's batches)
+    would stay in their threads' arenas, out of the trainer's reach. Returns what applies, as
+    :func:`retain_freed_memory`."""
+    return _apply((("M_ARENA_MAX", _M_ARENA_MAX, 1),), "each thread keeps its own arena")
+
+
+def _apply(settings, consequence: str) -> str:
+    """``mallopt`` each ``(name, parameter, value)`` under ``retain``; what applies."""
     if malloc_choice() == "system":
         return "system"
     if not sys.platform.startswith("linux"):
@@ -55,12 +86,8 @@ def retain_freed_memory() -> str:
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return "unavailable"
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    for name, param, value in (
-        ("M_MMAP_THRESHOLD", _M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
-        ("M_TRIM_THRESHOLD", _M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
-    ):
+    for name, param, value in settings:
         if not mallopt(param, value):
-            message = f"glibc refused mallopt({name}, {value}); training runs slower"
-            warnings.warn(message, stacklevel=2)
+            warnings.warn(f"glibc refused mallopt({name}, {value}); {consequence}", stacklevel=3)
             return "refused"
     return "retain"

@@ -47,7 +47,7 @@ from .checkpoints import (
 from .comm import Topology
 from .comm.rendezvous import end_process_group
 from .config import validate
-from .cpu_memory import malloc_choice, retain_freed_memory
+from .cpu_memory import apply_malloc_settings, malloc_choice
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
 from .graph.partition_dir import node_ranks
@@ -325,7 +325,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
     # add sync_dist (an unmetered all-reduce) does not apply.
     warnings.filterwarnings("ignore", message=".*when logging on epoch level in distributed")
     use_rank_threads(run.trainer.devices)
-    cpu_allocator = retain_freed_memory()
+    cpu_allocator = apply_malloc_settings(run.strategy.shares_malloc_arenas)
     L.seed_everything(run.seed, workers=True, verbose=False)
     output_dir = str(run.paths.output_dir)
     module = build_module(run, datamodule)

@@ -302,6 +302,8 @@ class SystemConfig:
     accepts_custom_models: ClassVar[bool] = False  # can train a user model(x, edge_index)
     batches_in_main_process: ClassVar[bool] = True  # batches may run collectives: no workers
     supports_partition_dir: ClassVar[bool] = False  # ranks can load from data.partition_dir
+    # the rank's threads build blocks the trainer frees: one malloc arena (cpu_memory.py)
+    shares_malloc_arenas: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.NAMES and self.name not in self.NAMES:

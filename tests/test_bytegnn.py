@@ -5,11 +5,13 @@ test_bytegnn_dist.py)."""
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import statistics
 import threading
 import time
+import weakref
 from collections import Counter
 
 import pytest
@@ -79,7 +81,7 @@ def test_decide_launches_at_a_score_equal_to_sigma_and_not_below():
     score = 5 * (101 - math.exp(50 * math.log(101) / 100)) * 40 / 20
     for sigma, launch in ((score, True), (score * (1 + 1e-9), False)):
         controller = CoarseController(sigma, t_sample_ms=40.0, t_train_ms=20.0)
-        assert controller.decide(5.0, 50.0, queue_len=1, inflight=0) is launch
+        assert controller.decide(5.0, 50.0, queue_len=1, inflight=0, queued_bytes=0.0) is launch
         assert controller.last_launch_ms == (5.0 if launch else 0.0)
 
 
@@ -90,14 +92,14 @@ class FakeEnv:
     """A simulated S-Worker: every DAG takes ``dag_ms``, the trainer takes ``train_ms`` per
     batch; time moves only when the loop sleeps or launches (a launch costs ``launch_ms``)."""
 
-    def __init__(self, controller, steps, dag_ms, train_ms, cpu, launch_ms=1.0):
+    def __init__(self, controller, steps, dag_ms, train_ms, cpu, launch_ms=1.0, batch=None):
         self.controller, self.steps, self.dag_ms, self.train_ms = (
             controller,
             steps,
             dag_ms,
             train_ms,
         )
-        self.cpu, self.launch_ms = cpu, launch_ms
+        self.cpu, self.launch_ms, self.batch = cpu, launch_ms, batch  # batch: bytes of each
         self.t = 0.0
         self.running_dags: list[float] = []  # finish times
         self.queue = 0
@@ -123,7 +125,7 @@ class FakeEnv:
             else:
                 self.running_dags.remove(dag_done)
                 self.queue += 1
-                self.controller.observe_sample(self.dag_ms)
+                self.controller.observe_sample(self.dag_ms, self.batch)
         self.t = end
 
     def now_ms(self):
@@ -134,6 +136,9 @@ class FakeEnv:
 
     def queue_len(self):
         return self.queue
+
+    def queued_bytes(self):
+        return self.queue * (self.batch or self.controller.batch_bytes or 0.0)
 
     def inflight(self):
         return len(self.running_dags)
@@ -193,12 +198,12 @@ def test_coarse_loop_score_inputs_match_the_formula():
     env = FakeEnv(controller, steps=10, dag_ms=30.0, train_ms=10.0, cpu=lambda e: 70.0)
     original = controller.decide
 
-    def decide(now, c, q, inflight):
+    def decide(now, c, q, inflight, queued_bytes):
         seen.append(
             (now, c, q + inflight, controller.t_sample_ms, controller.t_train_ms)
             + (controller.last_launch_ms,)
         )
-        return original(now, c, q, inflight)
+        return original(now, c, q, inflight, queued_bytes)
 
     controller.decide = decide
     run_coarse_loop(controller, env, sleep_ms=5.0)
@@ -243,6 +248,22 @@ def test_prefetch_memory_bound_holds_except_when_idle():
     assert max(d.queue_len + d.inflight for d in launched) == 2  # + the new one = 3 batches
     held = [d for d in controller.trace if not d.launched and d.queue_len + d.inflight == 3]
     assert any(d.score >= controller.sigma for d in held)  # the score said go; memory said no
+
+
+@pytest.mark.parametrize("bound", [1000.0, None])
+def test_cold_start_reserves_the_a_priori_bound_until_a_batch_is_seen(bound):
+    """Before any batch has finished, a DAG in flight is reserved at the a-priori bound of a
+    batch (one DAG at a time without one); then at the largest batch seen. With no size
+    known the bound did not apply: 12-19 DAGs of 29 MB were in flight on the bench graph
+    against a 256 MB budget."""
+    controller = CoarseController(default_sigma(), max_prefetch_bytes=3000.0, batch_bound=bound)
+    env = FakeEnv(controller, steps=40, dag_ms=500.0, train_ms=50.0, cpu=lambda e: 0.0, batch=600.0)
+    run_coarse_loop(controller, env, sleep_ms=5.0)
+    cold = [inflight for t, inflight in env.launches if t < env.dag_ms]  # none finished yet
+    assert len(cold) == (3 if bound else 1)
+    launched = [d for d in controller.trace if d.launched and d.queue_len + d.inflight]
+    assert max(d.prefetch_bytes for d in launched) <= 3000.0
+    assert max(d.queue_len + d.inflight for d in launched) == 4  # + the new one: 5 x 600
 
 
 def test_cpu_meter_reads_tick_counters_over_its_window_not_per_poll():
@@ -296,7 +317,7 @@ def test_launch_score_on_a_recorded_cpu_trace():
     controller = CoarseController(default_sigma(), t_sample_ms=20.0, t_train_ms=10.0)
     for point in it:
         sample[0] = point
-        controller.decide((point[0] - t0) * 1e3, meter(), queue_len=1, inflight=0)
+        controller.decide((point[0] - t0) * 1e3, meter(), 1, 0, 0.0)
     measured = [d for d in controller.trace if d.now_ms >= 100.0]
     assert measured and all(0.0 < d.c_util < 100.0 for d in measured)
     assert statistics.median(d.c_util for d in measured) == pytest.approx(mean, abs=25.0)
@@ -413,6 +434,51 @@ def test_every_task_runs_once_after_its_parents_with_two_threads_and_random_dela
                 assert parent.finished <= task.started
         end = dag.sink
         assert end.kind == "end" and all(t.finished <= end.started for t in dag.tasks[:-1])
+
+
+def test_a_tasks_result_is_dropped_once_its_children_ran_without_the_cycle_collector():
+    """Tasks and their DAG form reference cycles: every result (the hops' sampled edges and
+    fetched rows) stayed alive until Python's cycle collector ran, and a DAG that lived long
+    reached its oldest generation. Now a result goes once every child has run, and the sink's
+    once handed over."""
+
+    class Rows:  # a stand-in for a tensor, weakly referenceable
+        pass
+
+    made = {}
+
+    def make(name):
+        def fn(*parents):
+            made[name] = weakref.ref(rows := Rows())
+            return rows
+
+        return fn
+
+    a = Task("a", make("a"))
+    b = Task("b", make("b"), [a])
+    c = Task("c", make("c"), [a, b])
+    end = Task("end", make("end"), [b, c])
+    alive_when = {}
+
+    def record(task):
+        alive_when[task.kind] = sorted(k for k, ref in made.items() if ref() is not None)
+
+    delivered = []
+    executor = Executor(1, lambda dag: delivered.append(dag.sink.result), lambda e: None, record)
+    gc.disable()
+    try:
+        executor.start()
+        executor.submit(Dag(0, [a, b, c, end]))
+        deadline = time.monotonic() + 10
+        while not delivered and time.monotonic() < deadline:
+            time.sleep(0.01)
+        executor.stop()
+        assert alive_when == {"a": [], "b": ["a"], "c": ["a", "b"], "end": ["b", "c"]}
+        assert [k for k, ref in made.items() if ref() is not None] == ["end"]
+        delivered.clear()
+        assert all(ref() is None for ref in made.values())
+    finally:
+        gc.enable()
 
 
 def test_task_and_dag_reprs_stay_short():
@@ -533,6 +599,37 @@ def test_sample_time_is_the_dags_work_not_its_latency():
     batch = worker._done[(0, 0)]
     assert worker.controller.batch_bytes == batch_nbytes(batch) > batch.x.numel()
     assert batch.stats["dag_s"] >= 5.0
+
+
+def test_prefetched_batches_stay_within_the_budget_from_the_first_launch():
+    """A real S-Worker (one thread) whose first DAG is slow: the DAGs launched meanwhile fit
+    the budget at the a-priori bound (no size known, every DAG of the epoch was launched);
+    every batch is within that bound, and every launch keeps the queued batches' exact bytes
+    plus the reservations in flight within the budget."""
+    graph, book = _graph()
+    worker, seen = None, []
+
+    def slow_first_dag(task):
+        if task.kind == "end" and task.dag.dag_id == 0:
+            time.sleep(0.3)
+            seen.append(worker.launched)  # launched while no batch had finished
+
+    worker = _sworker(graph, book, [4, 3], 1, 2, 2, batch_size=16, before_task=slow_first_dag)
+    bound = worker.controller.batch_bound
+    budget = worker.controller.max_prefetch_bytes = 2.5 * bound
+    worker.last_epoch = 0
+    worker.start()
+    try:
+        sizes = []
+        for step in range(worker.split.steps):
+            sizes.append(batch_nbytes(worker.take(0, step)))
+            time.sleep(0.02)  # a trainer slower than sampling: the queue fills
+    finally:
+        worker.stop()
+    assert worker.split.steps >= 8 and seen == [2]
+    assert max(sizes) <= bound
+    launched = [d for d in worker.controller.trace if d.launched and d.queue_len + d.inflight]
+    assert launched and max(d.prefetch_bytes for d in launched) <= budget
 
 
 def test_a_failing_task_ends_the_take_with_the_task_and_dag_named():

@@ -67,6 +67,55 @@ def test_retained_memory_serves_later_steps_without_page_faults():
     assert retained["faults"] < pages // 8  # warm pages serve the rounds
 
 
+# In a fresh process: four threads, alive together, each allocating; then glibc's arenas.
+_ARENAS = """
+import ctypes, sys, threading
+from lightning_gnnscale.cpu_memory import apply_malloc_settings
+print(apply_malloc_settings(sys.argv[1] == "share"), flush=True)
+barrier = threading.Barrier(4)
+def work():
+    blocks = [bytearray(1 << 20) for _ in range(4)]
+    barrier.wait()
+threads = [threading.Thread(target=work) for _ in range(4)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ctypes.CDLL(None).malloc_stats()  # one "Arena <i>:" line per arena, on stderr
+"""
+
+
+def _arenas(mode: str, **env: str) -> tuple[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", _ARENAS, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **env},
+    )
+    return out.stdout.strip(), out.stderr.count("Arena ")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_shared_arenas_keep_new_threads_in_the_existing_arena():
+    """Retained, every arena keeps the most it held: ByteGNN's sampling threads, one arena
+    each, kept the batches the trainer had freed (a full epoch of the bench graph peaked
+    1324 MB against 1046 MB in one arena). A rank of a system that shares arenas starts with
+    them shared, before its threads; others keep glibc's arena per thread."""
+    assert _arenas("own") == ("retain", 5)  # glibc's default: an arena per thread
+    assert _arenas("share") == ("retain", 1)
+    assert _arenas("share", **{MALLOC_ENV: "system"}) == ("system", 5)
+
+
+def test_only_bytegnn_shares_malloc_arenas():
+    """The S-Worker's threads build the batches the trainer frees; no other system's threads
+    hand the trainer what they allocate."""
+    from lightning_gnnscale.systems.registry import SYSTEMS
+
+    sharing = {n for n, spec in SYSTEMS.items() if spec.config_type.shares_malloc_arenas}
+    assert sharing == {"bytegnn"}
+
+
 def test_env_chooses_system_defaults_or_fails_on_a_bad_value(monkeypatch):
     monkeypatch.setenv(MALLOC_ENV, "system")
     assert retain_freed_memory() == "system"

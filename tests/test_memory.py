@@ -288,6 +288,60 @@ def test_memory_rows_count_the_replicated_data_a_run_reports():
     assert "| 1 + 80 cache |" in memory_table([row])[2]
 
 
+def test_memory_rows_count_the_prefetch_budget_a_run_reports():
+    """ByteGNN's prefetch budget (``summary.json``: ``system.prefetch_budget_bytes``) joins
+    the halo term, in the target and in the table's cell, beside no cache term; a target past
+    1,000 MB reads in whole MB (3 significant digits wrote ``1e+03``)."""
+    from lightning_gnnscale.bench.memory import Job, assemble_rows, memory_table, summary_extract
+
+    jobs = [Job("single", 1, k, n) for k, n in (("graph", 9), ("runtime", 1))]
+    jobs += [
+        Job("bytegnn", 2, k, n, source="partition_dir") for k, n in (("graph", 9), ("runtime", 1))
+    ]
+    graph = _record([1050.0, 880.0], 460.0, 2000.0)
+    graph["summary"] = summary_extract(
+        {"launcher_peak_rss_mb": 460.0, "system": {"prefetch_budget_bytes": 2.0**20 * 256}}
+    )
+    records = {
+        "single-P1-graph": _record([1000.0], 1000.0, 700.0),
+        "single-P1-runtime": _record([400.0], 400.0, 350.0),
+        "bytegnn-P2-graph": graph,
+        "bytegnn-P2-runtime": _record([450.0, 450.0], 455.0, 1100.0),
+    }
+    row = assemble_rows(jobs, records, {"bytegnn-P2-graph": {"share_mb": 1.0}})[1]
+    assert row["prefetch_mb"] == 256.0 and row["replicated_mb"] is None
+    assert row["target_mb"] == 300.0 + 1.0 + 256.0 + 450.0
+    assert row["rank_meets"] is True  # 1050 <= 1007 x 1.1; without the budget, 751 x 1.1
+    cells = [c.strip() for c in memory_table([row])[2].strip("|").split("|")]
+    assert cells[8:13] == ["300", "1 + 256 prefetch", "450", "1007", "+43"]
+
+
+def test_memory_rank_peak_is_the_ranks_own_where_the_samples_ended_early():
+    """A short job can end between two samples after its last growth: the ranks' own peak in
+    ``summary.json`` (their ``VmHWM`` at the epoch's end) is the rank peak where it is larger,
+    in the row and in the runtime term (SANCUS at P = 2: sampled 368 MB, its own 394 MB)."""
+    from lightning_gnnscale.bench.memory import Job, assemble_rows
+
+    jobs = [Job("single", 1, k, n) for k, n in (("graph", 9), ("runtime", 1))]
+    jobs += [
+        Job("sancus", 2, k, n, source="partition_dir") for k, n in (("graph", 9), ("runtime", 1))
+    ]
+    runtime = _record([368.0, 366.0], 455.0, 1100.0)
+    runtime["summary"]["peak_rss_mb"] = 394.0
+    graph = _record([619.0, 594.0], 460.0, 1300.0)
+    graph["summary"]["peak_rss_mb"] = 612.0  # read before the sampler's last sample: lower
+    records = {
+        "single-P1-graph": _record([780.0], 780.0, 700.0),
+        "single-P1-runtime": _record([480.0], 480.0, 350.0),
+        "sancus-P2-graph": graph,
+        "sancus-P2-runtime": runtime,
+    }
+    row = assemble_rows(jobs, records, {})[1]
+    assert row["runtime_mb"] == 394.0 and row["rank_peak_rss_mb"] == 619.0
+    assert row["target_mb"] == 150.0 + 394.0
+    assert row["rank_peak_rss_min_mb"] == 594.0
+
+
 @linux_only
 @pytest.mark.e2e
 @pytest.mark.timeout(900)  # 4 train.py jobs, 3 partition commands: 2 min idle, 7 at load 11

@@ -17,8 +17,13 @@ The table splits each rank's peak into the terms of the issue's target:
   of the bytes of the same system's one-part directory (the whole graph in that system's
   format), the largest over the parts; in memory it is not known ("-"), and counts 0; plus
   the data a system replicates by design where its ``summary.json`` reports it (SANCUS's
-  staleness caches, ``system.cache_bytes_by_rank``);
+  staleness caches, ``system.cache_bytes_by_rank``) and the batches it prefetches by design
+  (ByteGNN's budget, ``system.prefetch_budget_bytes``);
 - **runtime**: the system's rank peak on a tiny graph (``runtime_nodes``), same source and P.
+
+A job's largest rank peak is the larger of the sampled one and the ``peak_rss_mb`` its ranks
+report in ``summary.json`` (their ``VmHWM`` at the epoch's end): a short job can end between
+two samples after its last growth.
 
 Target: rank peak RSS <= (graph share + halo share + runtime) x (1 + ``TOLERANCE``); the
 launcher's peak with a partition directory and P > 1 (at P = 1 the launcher is the rank) <=
@@ -266,12 +271,15 @@ def run_job(job: Job, settings: MemorySettings, out: Path, extra: list[str]) -> 
 
 
 def summary_extract(summary: dict) -> dict:
-    """What the bench keeps of a job's ``summary.json``: the run's own memory figures, and the
-    data a system replicates by design where its report states it (SANCUS's staleness caches,
-    ``system.cache_bytes_by_rank``)."""
+    """What the bench keeps of a job's ``summary.json``: the run's own memory figures, the data
+    a system replicates by design where its report states it (SANCUS's staleness caches,
+    ``system.cache_bytes_by_rank``) and its prefetch budget (ByteGNN's
+    ``system.prefetch_budget_bytes``)."""
     keep = ("world_size", "peak_rss_mb", "launcher_peak_rss_mb", "rank_server_peak_rss_mb")
     extract = {k: summary.get(k) for k in (*keep, "train_time_s")}
-    extract["replicated_bytes_by_rank"] = (summary.get("system") or {}).get("cache_bytes_by_rank")
+    system = summary.get("system") or {}
+    extract["replicated_bytes_by_rank"] = system.get("cache_bytes_by_rank")
+    extract["prefetch_budget_bytes"] = system.get("prefetch_budget_bytes")
     return extract
 
 
@@ -363,7 +371,7 @@ def run_memory(
         write_json_atomic(out / "memory.json", results_of(records))
         if record["status"] == "ok":
             log(
-                f"{prefix}: rank peak {max(record['rank_peak_rss_mb']):.0f} MB, launcher "
+                f"{prefix}: rank peak {largest_rank_peak(record):.0f} MB, launcher "
                 f"{record['launcher_peak_rss_mb']:.0f} MB, node PSS "
                 f"{record['node_peak_pss_mb']:.0f} MB ({record['wall_s']:.0f} s)"
             )
@@ -454,6 +462,13 @@ def _ok(records: dict, job: Job | None) -> dict | None:
     return record if record and record.get("status") == "ok" else None
 
 
+def largest_rank_peak(record: dict) -> float:
+    """The largest rank's peak RSS: sampled, or the ranks' own (``summary.json``'s
+    ``peak_rss_mb``, their ``VmHWM`` at the epoch's end) where the last sample came earlier."""
+    reported = (record.get("summary") or {}).get("peak_rss_mb")
+    return max(max(record["rank_peak_rss_mb"]), reported or 0.0)
+
+
 def assemble_rows(jobs: list[Job], records: dict, halo: dict) -> list[dict]:
     """One row per (system, P) of the graph: the measured peaks, the ratio to single's node
     total and the target's terms. Pure: reads only its arguments."""
@@ -461,9 +476,7 @@ def assemble_rows(jobs: list[Job], records: dict, halo: dict) -> list[dict]:
     single = _ok(records, find.get((REFERENCE, 1, "graph")))
     single_rt = _ok(records, find.get((REFERENCE, 1, "runtime")))
     single_graph = (
-        max(single["rank_peak_rss_mb"]) - max(single_rt["rank_peak_rss_mb"])
-        if single and single_rt
-        else None
+        largest_rank_peak(single) - largest_rank_peak(single_rt) if single and single_rt else None
     )
     rows = []
     for job in jobs:
@@ -486,13 +499,15 @@ def assemble_rows(jobs: list[Job], records: dict, halo: dict) -> list[dict]:
             continue
         runtime = _ok(records, find.get((job.strategy, job.parts, "runtime")))
         share = halo.get(job.name)
-        replicated = (record.get("summary") or {}).get("replicated_bytes_by_rank")
-        rank_peak = max(record["rank_peak_rss_mb"])
+        summary = record.get("summary") or {}
+        replicated = summary.get("replicated_bytes_by_rank")
+        prefetch = summary.get("prefetch_budget_bytes")
+        rank_peak = largest_rank_peak(record)
         row.update(
             rank_peak_rss_mb=rank_peak,
             rank_peak_rss_min_mb=min(record["rank_peak_rss_mb"]),
             launcher_peak_rss_mb=record["launcher_peak_rss_mb"],
-            launcher_summary_mb=(record.get("summary") or {}).get("launcher_peak_rss_mb"),
+            launcher_summary_mb=summary.get("launcher_peak_rss_mb"),
             rank_server_peak_rss_mb=record["rank_server_peak_rss_mb"],
             node_peak_pss_mb=record["node_peak_pss_mb"],
             ratio_to_single=record["node_peak_pss_mb"] / single["node_peak_pss_mb"]
@@ -501,12 +516,14 @@ def assemble_rows(jobs: list[Job], records: dict, halo: dict) -> list[dict]:
             graph_share_mb=None if single_graph is None else single_graph / job.parts,
             halo_share_mb=share["share_mb"] if share else None,
             replicated_mb=max(replicated) / 2**20 if replicated else None,
-            runtime_mb=max(runtime["rank_peak_rss_mb"]) if runtime else None,
+            prefetch_mb=prefetch / 2**20 if prefetch else None,
+            runtime_mb=largest_rank_peak(runtime) if runtime else None,
             runtime_launcher_mb=runtime["launcher_peak_rss_mb"] if runtime else None,
         )
         terms = (row["graph_share_mb"], row["runtime_mb"])
         if None not in terms:
-            target = sum(terms) + (row["halo_share_mb"] or 0.0) + (row["replicated_mb"] or 0.0)
+            held = ("halo_share_mb", "replicated_mb", "prefetch_mb")
+            target = sum(terms) + sum(row[k] or 0.0 for k in held)
             row["target_mb"] = target
             row["over_target_mb"] = rank_peak - target
             row["rank_meets"] = rank_peak <= target * (1 + TOLERANCE)
@@ -518,12 +535,19 @@ def assemble_rows(jobs: list[Job], records: dict, halo: dict) -> list[dict]:
     return rows
 
 
+def _mb(value: float | None) -> str:
+    """MiB to 3 significant digits, whole MiB from 100 on (``1e+03`` is no table cell)."""
+    return fmt(value, 3) if value is None or abs(value) < 100 else f"{value:.0f}"
+
+
 def _halo_cell(row: dict) -> str:
-    """The halo share (partition metadata) and the replicated data the run reports."""
-    halo, replicated = row.get("halo_share_mb"), row.get("replicated_mb")
-    if replicated is None:
-        return fmt(halo, 3)
-    return f"{fmt(halo, 3)} + {fmt(replicated, 3)} cache"
+    """The halo share (partition metadata), and the replicated data and the prefetch budget
+    the run reports."""
+    cell = _mb(row.get("halo_share_mb"))
+    for key, label in (("replicated_mb", "cache"), ("prefetch_mb", "prefetch")):
+        if row.get(key) is not None:
+            cell += f" + {_mb(row[key])} {label}"
+    return cell
 
 
 def _yes(value) -> str:
@@ -559,14 +583,14 @@ def memory_table(rows: list[dict]) -> list[str]:
             [
                 *head,
                 f"{r['rank_peak_rss_mb']:.0f} ({r['rank_peak_rss_min_mb']:.0f})",
-                f"{r['launcher_peak_rss_mb']:.0f} ({fmt(r['runtime_launcher_mb'], 3)})",
-                fmt(r["rank_server_peak_rss_mb"], 3),
+                f"{r['launcher_peak_rss_mb']:.0f} ({_mb(r['runtime_launcher_mb'])})",
+                _mb(r["rank_server_peak_rss_mb"]),
                 f"{r['node_peak_pss_mb']:.0f}",
                 "-" if r["ratio_to_single"] is None else f"{r['ratio_to_single']:.2f}",
-                fmt(r["graph_share_mb"], 3),
+                _mb(r["graph_share_mb"]),
                 _halo_cell(r),
-                fmt(r["runtime_mb"], 3),
-                fmt(r.get("target_mb"), 3),
+                _mb(r["runtime_mb"]),
+                _mb(r.get("target_mb")),
                 "-" if r.get("over_target_mb") is None else f"{r['over_target_mb']:+.0f}",
                 _yes(r.get("rank_meets")),
                 _yes(r.get("launcher_meets")),
@@ -598,7 +622,10 @@ def memory_markdown(results: dict) -> str:
             "`single`'s. Graph share: (single's peak − single's peak on the tiny graph) / P. "
             "Halo / repl. share: the largest rank's mapped bytes (its part and the shared groups "
             "it lists) beyond 1/P of the one-part directory's (partition directories only; '-' "
-            "in memory or where the system refuses one part, counted 0). Runtime: the "
+            "in memory or where the system refuses one part, counted 0), plus what the run "
+            "reports it holds by design: `cache` (SANCUS's staleness caches) and `prefetch` "
+            "(ByteGNN's prefetch budget). Rank peaks: sampled, or the ranks' own `summary.json` "
+            "peak where larger (a short job can end between samples). Runtime: the "
             "system's rank peak on the "
             f"tiny graph at the same P. Target: graph share + halo share + runtime, met within "
             f"{TOLERANCE:.0%}; launcher (partition_dir, P > 1; at P = 1 it is the rank): "

@@ -35,14 +35,17 @@ class ByteGNNStats(L.Callback):
     the training batches only), ``wait_fraction`` (share of training time the trainer waited
     for batches: sampling not hidden), ``epochs`` (per epoch: both rates, epoch and training
     seconds, wait and DAG times, launches, mean queue length, DAGs in flight, CPU %, launch
-    score, ``T_avg_sample`` / ``T_avg_train`` in ms) and ``trajectory`` (up to 200 of the run's
-    decisions, evenly spaced: ``[t_ms, score, queue, inflight, cpu, launched]``).
+    score, ``T_avg_sample`` / ``T_avg_train`` in ms), ``trajectory`` (up to 200 of the run's
+    decisions, evenly spaced: ``[t_ms, score, queue, inflight, cpu, launched]``),
+    ``prefetch_budget_bytes`` (``scheduler.prefetch_mb``) and ``prefetch_peak_bytes_by_rank``
+    (the most each rank's prefetched batches were counted at: queued bytes + reservations).
     """
 
     def __init__(self, sworker: Callable[[], SWorker | None]) -> None:
         self._sworker = sworker
         self.epochs: list[dict] = []
         self.controller = None
+        self.prefetch_peak: list[float] = []  # by rank, over the epochs
 
     @override
     def on_train_epoch_start(self, trainer, pl_module):
@@ -88,6 +91,7 @@ class ByteGNNStats(L.Callback):
                 _mean([d.score for d in trace]),
                 controller.t_sample_ms or 0.0,
                 controller.t_train_ms or 0.0,
+                max((d.prefetch_bytes for d in trace), default=0.0),
             ],
             dtype=torch.float64,
         )
@@ -95,6 +99,8 @@ class ByteGNNStats(L.Callback):
         every = every.view(-1, mine.numel())
         slowest_epoch, slowest_train = float(every[:, 0].max()), float(every[:, 1].max())
         avg = every.mean(0).tolist()
+        peaks = every[:, 11].tolist()
+        self.prefetch_peak = [max(a, b) for a, b in zip(self.prefetch_peak, peaks)] or peaks
         record = {
             "epoch": trainer.current_epoch,
             "seeds": self._seeds,
@@ -128,6 +134,8 @@ class ByteGNNStats(L.Callback):
             "seeds_per_s": seeds / wall if wall else 0.0,
             "train_seeds_per_s": seeds / train if train else 0.0,
             "wait_fraction": sum(e["wait_s"] for e in self.epochs) / train if train else 0.0,
+            "prefetch_budget_bytes": self.controller.max_prefetch_bytes,
+            "prefetch_peak_bytes_by_rank": self.prefetch_peak,
             "epochs": self.epochs,
             "trajectory": [
                 [d.now_ms, d.score, d.queue_len, d.inflight, d.c_util, float(d.launched)]

@@ -68,8 +68,9 @@ class SchedulerConfig:
         q_floor: lower bound of the supply (queued + in-flight DAGs) in the balance term.
         ema_alpha: weight of a new sample in the sample / train time averages.
         max_inflight: most DAGs in flight at once; ``None``: no limit (the paper's).
-        prefetch_mb: most memory the prefetched batches (queued and in flight, estimated from
-            the finished ones' size) may take; the paper's memory-footprint bound.
+        prefetch_mb: most memory the prefetched batches may take, the queued ones at their
+            bytes and each DAG in flight at the largest batch seen (before any, an a-priori
+            bound); the paper's memory-footprint bound.
         cpu_window_ms: the CPU meter's window (utilisation of this rank over at least that
             long; kernel accounting cannot resolve a 5 ms poll).
         prefetch_next_epoch: launch the next epoch's DAGs once this epoch's are all launched;
@@ -188,6 +189,7 @@ class ByteGNNConfig(SystemConfig):
 
     NAMES: ClassVar[tuple[str, ...]] = ("bytegnn",)
     supports_partition_dir: ClassVar[bool] = True
+    shares_malloc_arenas: ClassVar[bool] = True  # the S-Worker's batches (docs/systems/bytegnn.md)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -2,7 +2,9 @@
 
 A :class:`Task` runs ``fn(*parent_results)`` once all its parents have finished; its cost
 (``cost_fn(*parent_results)``, known only then) orders it in the :class:`Executor`'s ready heap
-behind every ready task of an older DAG. A DAG is finished when its ``end`` task has run.
+behind every ready task of an older DAG. A DAG is finished when its ``end`` task has run. A
+task's result is dropped once every child has run (the tasks and their DAG form reference
+cycles, which would keep every intermediate tensor until Python's cyclic collector ran).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Task:
     chunk: int = 0
     children: list[Task] = field(default_factory=list)
     pending: int = 0
+    unread: int = 0
     result: Any = None
     started: float | None = None
     finished: float | None = None
@@ -77,6 +80,8 @@ class Dag:
             task.pending = len(task.parents)
             task.dag = self
             known.add(id(task))
+        for task in self.tasks:
+            task.unread = len(task.children)
 
     @property
     def sink(self) -> Task:
@@ -95,7 +100,8 @@ class Executor:
 
     Args:
         num_threads: worker threads.
-        on_finished: called (from a worker thread) with each DAG whose sink has run.
+        on_finished: called (from a worker thread) with each DAG whose sink has run; the
+            sink's result is dropped from the DAG when it returns.
         on_error: called once with the first :class:`TaskError`; the pool then stops taking
             tasks.
         before_task: called with every task just before it runs (tests inject delays or
@@ -158,6 +164,10 @@ class Executor:
                 self._fail(task, exc)
                 return
             with self._cond:
+                for parent in task.parents:  # a result every child has read is not needed
+                    parent.unread -= 1
+                    if parent.unread == 0:
+                        parent.result = None
                 for child in task.children:
                     child.pending -= 1
                     if child.pending == 0:
@@ -169,6 +179,7 @@ class Executor:
                 self._cond.notify_all()
             if task is task.dag.sink:
                 self.on_finished(task.dag)
+                task.result = None  # handed over: the consumer's reference is the only one
 
     def _fail(self, task: Task, exc: Exception) -> None:
         error = TaskError(

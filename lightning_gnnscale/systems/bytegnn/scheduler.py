@@ -4,8 +4,9 @@
   DAG from the launch score ``T_gap_ms * f(C_util) * balance`` against ``sigma``, within a
   memory bound on the prefetched batches; :func:`run_coarse_loop` is the loop around it, with
   the clock, the CPU meter and the sleep injected so that a fake clock drives it
-  deterministically in tests. :class:`CpuMeter` measures ``C_util`` over a window the kernel's
-  CPU accounting resolves.
+  deterministically in tests. The memory bound counts the queued batches at their bytes and
+  reserves each DAG in flight at the largest batch seen (before any: an a-priori bound).
+  :class:`CpuMeter` measures ``C_util`` over a window the kernel's CPU accounting resolves.
 - Fine: :class:`ReadyHeap`, the ready tasks ordered by ``(dag_id, cost, seq)``: older DAG
   first, then cheaper task first, then FIFO.
 """
@@ -113,6 +114,7 @@ class Decision:
     queue_len: int
     inflight: int
     launched: bool
+    prefetch_bytes: float = 0.0  # the queued batches' bytes + the in-flight DAGs' reservations
 
 
 @dataclass
@@ -125,10 +127,13 @@ class CoarseController:
         ema_alpha: weight of a new sample in ``T_avg_sample`` / ``T_avg_train`` and the
             batch size.
         max_inflight: never launch while this many DAGs run (``None``: no limit).
-        max_prefetch_bytes: never launch a DAG whose batch would take the prefetched batches
-            (queued and in flight, at the finished ones' mean size) past this (``None``: no
-            bound).
+        max_prefetch_bytes: never launch a DAG whose reservation would take the prefetched
+            batches past this (``None``: no bound): the queued ones at their exact bytes, each
+            DAG in flight at :attr:`reserve_bytes`.
+        batch_bound: the most bytes one batch can take, known before any has finished
+            (``None``: not known, e.g. a full-neighbourhood hop); the reservation until then.
         keep_trace: how many recent decisions to keep (the trajectory).
+        batch_bytes: the largest finished batch so far.
     """
 
     sigma: float
@@ -136,6 +141,7 @@ class CoarseController:
     ema_alpha: float = 0.1
     max_inflight: int | None = None
     max_prefetch_bytes: float | None = None
+    batch_bound: float | None = None
     keep_trace: int = 100_000
     t_sample_ms: float | None = None
     t_train_ms: float | None = None
@@ -148,21 +154,38 @@ class CoarseController:
         the DAGs queued beside it) and its batch takes ``batch_bytes``."""
         self.t_sample_ms = ema(self.t_sample_ms, work_ms, self.ema_alpha)
         if batch_bytes is not None:
-            self.batch_bytes = ema(self.batch_bytes, batch_bytes, self.ema_alpha)
+            self.batch_bytes = max(self.batch_bytes or 0.0, batch_bytes)
 
     def observe_train(self, step_ms: float) -> None:
         """The T-Worker spent ``step_ms`` on one step."""
         self.t_train_ms = ema(self.t_train_ms, step_ms, self.ema_alpha)
 
-    def memory_room(self, queue_len: int, inflight: int) -> bool:
-        """One more prefetched batch stays within ``max_prefetch_bytes``."""
-        if self.max_prefetch_bytes is None or self.batch_bytes is None:
-            return True
-        return (queue_len + inflight + 1) * self.batch_bytes <= self.max_prefetch_bytes
+    @property
+    def reserve_bytes(self) -> float | None:
+        """What a DAG in flight is counted at: the largest finished batch, else the a-priori
+        bound (``None``: neither is known)."""
+        return self.batch_bytes if self.batch_bytes is not None else self.batch_bound
 
-    def decide(self, now_ms: float, c_util: float, queue_len: int, inflight: int) -> bool:
+    def prefetch_bytes(self, queued_bytes: float, inflight: int) -> float:
+        """The prefetched batches' bytes: the queued ones' plus the reservations in flight."""
+        return queued_bytes + inflight * (self.reserve_bytes or 0.0)
+
+    def memory_room(self, queued_bytes: float, inflight: int) -> bool:
+        """One more DAG's reservation stays within ``max_prefetch_bytes``; never while no size
+        is known (only the idle launch then)."""
+        if self.max_prefetch_bytes is None:
+            return True
+        reserve = self.reserve_bytes
+        if reserve is None:
+            return False
+        return self.prefetch_bytes(queued_bytes, inflight + 1) <= self.max_prefetch_bytes
+
+    def decide(
+        self, now_ms: float, c_util: float, queue_len: int, inflight: int, queued_bytes: float
+    ) -> bool:
         """Launch now? ``score >= sigma``, ``inflight < max_inflight`` and memory room; or
-        nothing runs and nothing waits (``min_inflight = 1``: the system cannot stall)."""
+        nothing runs and nothing waits (``min_inflight = 1``: the system cannot stall).
+        ``queued_bytes``: the exact bytes of the ``queue_len`` finished batches."""
         score = launch_score(
             now_ms - self.last_launch_ms,
             c_util,
@@ -174,12 +197,13 @@ class CoarseController:
         )
         idle = inflight == 0 and queue_len == 0
         room = (self.max_inflight is None or inflight < self.max_inflight) and self.memory_room(
-            queue_len, inflight
+            queued_bytes, inflight
         )
         launch = idle or (room and score >= self.sigma)
         if len(self.trace) >= self.keep_trace:
             del self.trace[: self.keep_trace // 2]
-        self.trace.append(Decision(now_ms, score, c_util, queue_len, inflight, launch))
+        held = self.prefetch_bytes(queued_bytes, inflight + launch)
+        self.trace.append(Decision(now_ms, score, c_util, queue_len, inflight, launch, held))
         if launch:
             self.last_launch_ms = now_ms
         return launch
@@ -191,6 +215,7 @@ class CoarseEnv(Protocol):
     def now_ms(self) -> float: ...
     def cpu_percent(self) -> float: ...
     def queue_len(self) -> int: ...
+    def queued_bytes(self) -> float: ...
     def inflight(self) -> int: ...
     def has_next(self) -> bool: ...
     def launch_next(self) -> None: ...
@@ -204,7 +229,7 @@ def run_coarse_loop(controller: CoarseController, env: CoarseEnv, sleep_ms: floa
     while env.running():
         c_util = env.cpu_percent()
         if env.has_next() and controller.decide(
-            env.now_ms(), c_util, env.queue_len(), env.inflight()
+            env.now_ms(), c_util, env.queue_len(), env.inflight(), env.queued_bytes()
         ):
             env.launch_next()
         else:

@@ -76,6 +76,22 @@ def batch_nbytes(batch: Batch) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def batch_bytes_bound(
+    seeds: int, fanouts: list[int], num_nodes: int, row_bytes: int, label_bytes: int
+) -> int | None:
+    """The most :func:`batch_nbytes` of a batch of ``seeds`` seeds: every hop's sources are at
+    most ``min(N, dst * (1 + fanout))``, its edges ``dst * fanout`` (int64 ids, degrees and
+    edge index); ``None`` with a full-neighbourhood hop (``-1``: no bound without the degrees)."""
+    if any(f < 0 for f in fanouts):
+        return None
+    dst, total = seeds, seeds * label_bytes
+    for fanout in fanouts:
+        src = min(num_nodes, dst * (1 + fanout))
+        total += 8 * (2 * src + 2 * dst * fanout)
+        dst = src
+    return total + dst * row_bytes
+
+
 def dag_work_s(dag: Dag) -> float:
     """Seconds the DAG's tasks ran, summed (its latency less the time it waited)."""
     return sum(t.finished - t.started for t in dag.tasks if t.finished is not None)
@@ -117,17 +133,26 @@ class SWorker:
         self.timeout_s = timeout_s
         self._cpu = cpu_percent
         self.cores = cores
+        x, y = store.local.x, store.local.y
         self.controller = CoarseController(
             scheduler.threshold,
             scheduler.q_floor,
             scheduler.ema_alpha,
             scheduler.max_inflight,
             scheduler.prefetch_mb * 2**20,
+            batch_bytes_bound(
+                -(-split.mine.numel() // split.steps),  # the most seeds of a step here
+                self.fanouts,
+                store.book.num_nodes,
+                x.shape[1] * x.element_size(),
+                y.element_size(),
+            ),
         )
         self.executor = Executor(num_threads, self._finished, self._failed, before_task)
         self._cond = threading.Condition()
         self._builders = threading.local()
         self._done: dict[tuple[int, int], ByteGNNBatch] = {}
+        self._done_bytes: dict[tuple[int, int], int] = {}  # batch_nbytes of each queued batch
         self._cursor: tuple[int, int] | None = None  # next (epoch, step) to launch
         self._last_taken: tuple[int, int] | None = None
         self._consuming_epoch = -1
@@ -245,6 +270,10 @@ class SWorker:
     def queue_len(self) -> int:
         return len(self._done)
 
+    def queued_bytes(self) -> float:
+        with self._cond:
+            return float(sum(self._done_bytes.values()))
+
     def inflight(self) -> int:
         return len(self._inflight)
 
@@ -279,6 +308,7 @@ class SWorker:
         work_s, nbytes = dag_work_s(dag), batch_nbytes(batch)
         with self._cond:
             self._done[(batch.epoch, batch.step)] = batch
+            self._done_bytes[(batch.epoch, batch.step)] = nbytes
             self._inflight.discard((batch.epoch, batch.step))
             self.finished += 1
             self.controller.observe_sample(work_s * 1e3, nbytes)
@@ -345,7 +375,7 @@ class SWorker:
                 raise SamplingError(f"batch {key} was never launched or was dropped")
             self._consuming_epoch = max(self._consuming_epoch, epoch)
             for old in [k for k in self._done if k < key]:
-                del self._done[old]
+                del self._done[old], self._done_bytes[old]
             progress, last_finished = time.monotonic(), self.finished
             while key not in self._done:
                 if self._error is not None:
@@ -359,6 +389,7 @@ class SWorker:
                     )
                 self._cond.wait(0.05)
             batch = self._done.pop(key)
+            del self._done_bytes[key]
             self._last_taken = key
             if step == self.split.steps - 1:
                 self._consuming_epoch = epoch + 1
