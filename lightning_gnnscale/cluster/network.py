@@ -26,7 +26,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import memory
+from .memory import (
+    ROOT,
+    MemoryCapUnavailable,
+    check_available,
+    create,
+    joined,
+    remove,
+    usage,
+)
+from .memory import leftovers as cgroup_leftovers
 
 SUBNET = "198.18.0.{}/24"  # RFC 2544 benchmarking range: never routed
 INTERFACE = "eth0"  # the host's interface, as on a real machine
@@ -120,14 +129,14 @@ class EmulatedCluster:
 
     def cgroup(self, host: int) -> Path:
         """Host ``host``'s memory cgroup (with ``memory_mb``)."""
-        return memory.ROOT / self.namespace(host)
+        return ROOT / self.namespace(host)
 
     def open(self) -> EmulatedCluster:
         preflight(self.rate_mbit)
         if self.memory_mb is not None:
             try:
-                memory.check_available()
-            except memory.MemoryCapUnavailable as err:
+                check_available()
+            except MemoryCapUnavailable as err:
                 raise ClusterUnavailable(str(err)) from None
         try:
             self._add("link", self.bridge, "ip", "link", "add", self.bridge, "type", "bridge")
@@ -151,7 +160,7 @@ class EmulatedCluster:
                     _run(*inside, "tc", "qdisc", "add", "dev", INTERFACE, "root", *tbf)
             for host in range(self.hosts if self.memory_mb is not None else 0):
                 self._created.append(("cgroup", str(self.cgroup(host))))  # before: half-made too
-                memory.create(self.namespace(host), self.memory_mb)
+                create(self.namespace(host), self.memory_mb)
         except BaseException:
             self.close()
             raise
@@ -166,21 +175,21 @@ class EmulatedCluster:
         charged to the host's memory cgroup when there is a cap."""
         argv = ["ip", "netns", "exec", self.namespace(host), *argv]
         if self.memory_mb is not None:  # joined outside: ip netns exec mounts its own /sys
-            argv = memory.joined(self.cgroup(host), argv)
+            argv = joined(self.cgroup(host), argv)
         return subprocess.Popen(argv, start_new_session=True, **kwargs)
 
     def memory_usage(self, host: int) -> dict | None:
         """``{"limit_mb", "peak_mb", "oom_kills"}`` of host ``host`` so far (``None``: no cap)."""
         if self.memory_mb is None:
             return None
-        return {"limit_mb": self.memory_mb, **memory.usage(self.cgroup(host))}
+        return {"limit_mb": self.memory_mb, **usage(self.cgroup(host))}
 
     def close(self) -> None:
         """Kill what still runs in the hosts, then remove the links and namespaces (the
         qdiscs go with their links). Never raises for what is already gone."""
         for kind, name in reversed(self._created):
             if kind == "cgroup":
-                memory.remove(Path(name))
+                remove(Path(name))
             elif kind == "netns":
                 kill_namespace_processes(name)
                 _run("ip", "netns", "del", name, check=False)
@@ -218,4 +227,4 @@ def leftovers(prefix: str) -> list[str]:
         line.split()[0].split("@")[0] for line in _run("ip", "-br", "link").stdout.splitlines()
     ]
     found = [n for n in names + links if n.startswith(prefix)]
-    return sorted(found + [f"cgroup:{n}" for n in memory.leftovers(prefix)])
+    return sorted(found + [f"cgroup:{n}" for n in cgroup_leftovers(prefix)])
