@@ -43,14 +43,19 @@ print(json.dumps({"applied": applied, "faults": sorted(per_round)[25]}))  # the 
 """
 
 
-def _faults(mode: str, **env: str) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", _FAULTS, mode],
+def _run(script: str, mode: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``python -c script mode`` in a fresh process with ``env`` added to this one's."""
+    return subprocess.run(
+        [sys.executable, "-c", script, mode],
         capture_output=True,
         text=True,
         check=True,
         env={**os.environ, **env},
     )
+
+
+def _faults(mode: str, **env: str) -> dict:
+    out = _run(_FAULTS, mode, env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -86,13 +91,7 @@ ctypes.CDLL(None).malloc_stats()  # one "Arena <i>:" line per arena, on stderr
 
 
 def _arenas(mode: str, **env: str) -> tuple[str, int]:
-    out = subprocess.run(
-        [sys.executable, "-c", _ARENAS, mode],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, **env},
-    )
+    out = _run(_ARENAS, mode, env)
     return out.stdout.strip(), out.stderr.count("Arena ")
 
 
