@@ -257,7 +257,7 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
     multirun: at a host's first failed job), ``TimeoutError`` past ``job.timeout_s`` (all jobs
     together); the cluster is removed in every case.
     """
-    preflight(job.rate_mbit)
+    preflight(job.rate_mbit, memory_cap=job.memory_mb is not None)
     jobs = check_overrides(job)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     cluster = EmulatedCluster(job.hosts, job.rate_mbit, prefix=job.prefix, memory_mb=job.memory_mb)

@@ -58,7 +58,7 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
     )
 
 
-def preflight(rate_mbit: float | None) -> None:
+def preflight(rate_mbit: float | None, memory_cap: bool = False) -> None:
     """Raise :class:`ClusterUnavailable` with the reason unless hosts can be emulated here.
 
     Creates nothing that outlives it: the probe runs in an anonymous network namespace
@@ -79,6 +79,11 @@ def preflight(rate_mbit: float | None) -> None:
     if result.returncode != 0:
         what = "network namespaces, veth and bridges" + (" and tc tbf" if rate_mbit else "")
         raise ClusterUnavailable(f"this kernel lacks {what}: {result.stderr.strip()}")
+    if memory_cap:  # before the caller creates its run folder
+        try:
+            check_available()
+        except MemoryCapUnavailable as err:
+            raise ClusterUnavailable(str(err)) from None
 
 
 def tbf_arguments(rate_mbit: float) -> list[str]:
@@ -132,12 +137,7 @@ class EmulatedCluster:
         return ROOT / self.namespace(host)
 
     def open(self) -> EmulatedCluster:
-        preflight(self.rate_mbit)
-        if self.memory_mb is not None:
-            try:
-                check_available()
-            except MemoryCapUnavailable as err:
-                raise ClusterUnavailable(str(err)) from None
+        preflight(self.rate_mbit, memory_cap=self.memory_mb is not None)
         try:
             self._add("link", self.bridge, "ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "link", "set", self.bridge, "up")
