@@ -246,6 +246,14 @@ def test_partitions_seeds_locality_and_degrees(store, halo_hops):
             expected = both if halo_hops == 0 else into_own
             assert edges == set(zip(src_g[expected].tolist(), dst_g[expected].tolist()))  # P5
             assert int(part.n_avail[part.num_core :].sum()) == 0  # halo nodes: no in-edges
+            # each owned node's in-edges in the whole graph's order (the sampler keys on it)
+            local_src = part.local2global[part.indices]
+            for i in range(0, part.num_core, 7):
+                v = int(part.local2global[i])
+                whole = g.indices[g.indptr[v] : g.indptr[v + 1]]
+                if halo_hops == 0:
+                    whole = whole[torch.isin(whole, own)]
+                assert torch.equal(local_src[part.indptr[i] : part.indptr[i + 1]], whole)
             owned_in = torch.zeros(g.num_nodes, dtype=torch.int64).index_add_(
                 0, dst_g[both], torch.ones(int(both.sum()), dtype=torch.int64)
             )

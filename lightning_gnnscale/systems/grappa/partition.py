@@ -95,55 +95,74 @@ def build_partition(
     count_halo_as_local: bool = False,
 ) -> IsolatedPartition:
     """Read the owned chunks, then the halo rows, and assemble the local graph
-    (docs/systems/grappa.md, "Partitions")."""
+    (docs/systems/grappa.md, "Partitions").
+
+    Peak memory is the partition plus about three ``[E]`` int64 arrays: the features are
+    written once into the partition's ``x`` (owned rows straight from each chunk's mapping),
+    and the owned sources' local ids come from the same search that finds them."""
+    if halo_hops not in (0, 1):
+        raise ValueError(f"halo_hops={halo_hops} is not supported; valid: 0, 1")
     chunks = {c: store.load(c) for c in spec.owned_chunks}
+    sizes = [chunks[c]["nodes"].numel() for c in spec.owned_chunks]
     own = torch.cat([chunks[c]["nodes"] for c in spec.owned_chunks])
     order = own.argsort()
     own = own[order]
+    n_own = own.numel()
     cat = {
         k: torch.cat([chunks[c][k] for c in spec.owned_chunks])[order]
-        for k in ("x", "y", "train_mask", "val_mask", "test_mask", "deg")
+        for k in ("y", "train_mask", "val_mask", "test_mask", "deg")
     }
-    stored = cat["x"]  # as the chunks hold it; the partition holds the run's dtype
-    cat["x"] = stored.to(store.dtype)
     seed_owned = torch.cat(
+        [torch.full((n,), c in spec.seed_chunks) for c, n in zip(spec.owned_chunks, sizes)]
+    )[order]
+    # in-edges of the owned nodes, in the new (sorted) node order: node i's segment starts at
+    # starts[i] in the chunks' concatenated indices and lands at ptr[i]
+    deg_local = cat["deg"]
+    starts = torch.cat(
         [
-            torch.full((chunks[c]["nodes"].numel(),), c in spec.seed_chunks)
-            for c in spec.owned_chunks
+            chunks[c]["indptr"][:-1] + off
+            for c, off in zip(spec.owned_chunks, _edge_offsets(chunks, spec))
         ]
     )[order]
-    # in-edges of the owned nodes, in the new (sorted) node order
-    seg_ptr, seg_src = [], []
-    for c in spec.owned_chunks:
-        seg_ptr.append(chunks[c]["indptr"])
-        seg_src.append(chunks[c]["indices"])
-    starts = torch.cat([p[:-1] + off for p, off in zip(seg_ptr, _offsets(seg_src))])[order]
-    deg_local = cat["deg"]
-    all_src = torch.cat(seg_src)
-    offs = torch.arange(int(deg_local.sum())) - torch.repeat_interleave(
-        torch.cumsum(deg_local, 0) - deg_local, deg_local
-    )
-    src = all_src[torch.repeat_interleave(starts, deg_local) + offs]
-    owned_src = torch.isin(src, own)
-    io = _nbytes(own, stored, *(cat[k] for k in cat if k != "x"), src)
+    ptr = torch.zeros(n_own + 1, dtype=torch.int64)
+    torch.cumsum(deg_local, 0, out=ptr[1:])
+    gather = torch.arange(int(ptr[-1]))
+    gather += torch.repeat_interleave(starts - ptr[:-1], deg_local)
+    src = torch.cat([chunks[c]["indices"] for c in spec.owned_chunks])[gather]
+    del gather, starts
+    stored = chunks[spec.owned_chunks[0]]["x"]
+    width = stored.shape[1]
+    io = _nbytes(own, *cat.values(), src) + n_own * width * stored.element_size()
+    # owned sources' local ids from one search in the sorted owned ids
+    pos = torch.searchsorted(own, src).clamp_(max=max(n_own - 1, 0))
+    owned_src = own[pos] == src if n_own else torch.zeros_like(src, dtype=torch.bool)
     if halo_hops == 0:
-        keep = owned_src
         halo = own.new_empty(0)
-    elif halo_hops == 1:
-        keep = torch.ones_like(owned_src)
-        halo = torch.unique(src[~owned_src])
+        keep_ptr = torch.zeros(src.numel() + 1, dtype=torch.int64)
+        torch.cumsum(owned_src, 0, out=keep_ptr[1:])
+        kept_deg = keep_ptr[ptr[1:]] - keep_ptr[ptr[:-1]]
+        del keep_ptr
+        src, indices = src[owned_src], pos[owned_src]
+        local_src_owned = torch.ones_like(src, dtype=torch.bool)
     else:
-        raise ValueError(f"halo_hops={halo_hops} is not supported; valid: 0, 1")
-    kept_deg = torch.zeros(own.numel(), dtype=torch.int64).index_add_(
-        0, torch.repeat_interleave(torch.arange(own.numel()), deg_local), keep.long()
-    )
-    indptr = torch.zeros(own.numel() + halo.numel() + 1, dtype=torch.int64)
-    torch.cumsum(kept_deg, 0, out=indptr[1 : own.numel() + 1])
-    indptr[own.numel() + 1 :] = indptr[own.numel()]
-    local2global = torch.cat([own, halo])
-    src = src[keep]
-    # halo rows from the other chunks' files
-    hx = cat["x"].new_zeros((halo.numel(), cat["x"].shape[1]))
+        halo = torch.unique(src[~owned_src])
+        kept_deg = deg_local
+        indices = pos
+        indices[~owned_src] = n_own + torch.searchsorted(halo, src[~owned_src])
+        local_src_owned = owned_src
+    del pos
+    indptr = torch.zeros(n_own + halo.numel() + 1, dtype=torch.int64)
+    torch.cumsum(kept_deg, 0, out=indptr[1 : n_own + 1])
+    indptr[n_own + 1 :] = indptr[n_own]
+    # features: owned rows from each chunk's mapping, then halo rows from the other chunks
+    x = torch.empty((n_own + halo.numel(), width), dtype=store.dtype)
+    new_pos = torch.empty_like(order)
+    new_pos[order] = torch.arange(n_own)
+    offset = 0
+    for c, n in zip(spec.owned_chunks, sizes):
+        x[new_pos[offset : offset + n]] = chunks[c]["x"].to(store.dtype)
+        offset += n
+    del chunks, new_pos
     hy = torch.full((halo.numel(),), -1, dtype=torch.int64)
     hdeg = torch.zeros(halo.numel(), dtype=torch.int64)
     hchunk = torch.full((halo.numel(),), -1, dtype=torch.int64)
@@ -153,7 +172,7 @@ def build_partition(
             pos = torch.searchsorted(record["nodes"], halo).clamp(max=record["nodes"].numel() - 1)
             hit = (record["nodes"][pos] == halo).nonzero().flatten()
             rows = pos[hit]
-            hx[hit] = record["x"][rows].to(hx.dtype)
+            x[n_own + hit] = record["x"][rows].to(store.dtype)
             hy[hit], hdeg[hit] = record["y"][rows], record["deg"][rows]
             hchunk[hit] = c
             del record
@@ -162,38 +181,38 @@ def build_partition(
             raise ValueError(
                 f"halo nodes {lost}... of chunks {spec.owned_chunks} are in no chunk read"
             )
-        io += _nbytes(halo, hy, hdeg) + hx.numel() * stored.element_size()
-    part = IsolatedPartition(
+        io += _nbytes(halo, hy, hdeg) + halo.numel() * width * stored.element_size()
+    counted = torch.ones_like(local_src_owned) if count_halo_as_local else local_src_owned
+    counted_ptr = torch.zeros(counted.numel() + 1, dtype=torch.int64)
+    torch.cumsum(counted, 0, out=counted_ptr[1:])
+    ell = counted_ptr[indptr[1 : n_own + 1]] - counted_ptr[indptr[:n_own]]
+    no_halo = torch.zeros(halo.numel(), dtype=torch.bool)
+    return IsolatedPartition(
         spec=spec,
-        local2global=local2global,
-        num_core=own.numel(),
+        local2global=torch.cat([own, halo]),
+        num_core=n_own,
         indptr=indptr,
-        indices=src,  # mapped to local ids below
-        x=torch.cat([cat["x"], hx]),
+        indices=indices,
+        x=x,
         y=torch.cat([cat["y"], hy]),
-        train_mask=torch.cat([cat["train_mask"], torch.zeros(halo.numel(), dtype=torch.bool)]),
-        val_mask=torch.cat([cat["val_mask"], torch.zeros(halo.numel(), dtype=torch.bool)]),
-        test_mask=torch.cat([cat["test_mask"], torch.zeros(halo.numel(), dtype=torch.bool)]),
+        train_mask=torch.cat([cat["train_mask"], no_halo]),
+        val_mask=torch.cat([cat["val_mask"], no_halo]),
+        test_mask=torch.cat([cat["test_mask"], no_halo]),
         deg=torch.cat([deg_local, hdeg]),
-        ell=torch.zeros(0, dtype=torch.int64),
+        ell=ell,
         seeds=(cat["train_mask"] & seed_owned).nonzero().flatten(),
         seed_owned=seed_owned,
         io_bytes=io,
         halo_chunk=hchunk,
     )
-    part.indices = part.local_of(src)
-    local_src_owned = part.indices < part.num_core
-    dst = torch.repeat_interleave(torch.arange(own.numel()), kept_deg)
-    counted = torch.ones_like(local_src_owned) if count_halo_as_local else local_src_owned
-    part.ell = torch.zeros(own.numel(), dtype=torch.int64).index_add_(0, dst, counted.long())
-    return part
 
 
-def _offsets(segments: list[Tensor]) -> list[int]:
+def _edge_offsets(chunks: dict[int, dict], spec: PartitionSpec) -> list[int]:
+    """Where each owned chunk's ``indices`` start in their concatenation."""
     out, total = [], 0
-    for s in segments:
+    for c in spec.owned_chunks:
         out.append(total)
-        total += s.numel()
+        total += chunks[c]["indices"].numel()
     return out
 
 
