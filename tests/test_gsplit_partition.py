@@ -121,9 +121,10 @@ def test_presample_closed_form_when_sampling_is_deterministic():
     assert torch.equal(counts.k0_v, torch.tensor(is_input) * 2)
 
 
-def test_presample_drop_last_and_bad_arguments():
+def test_presample_drop_last_and_bad_arguments(capsys):
     graph = tiny_graph()  # 6 training nodes
     assert presample(graph, [2], 4, epochs=2, seed=0).num_batches == 4
+    assert "pre-sampled 1/2 epochs of 2 mini-batches" in capsys.readouterr().out  # progress
     assert presample(graph, [2], 4, epochs=2, seed=0, drop_last=True).num_batches == 2
     with pytest.raises(ValueError, match="drop_last"):
         presample(graph, [2], 8, epochs=1, seed=0, drop_last=True)

@@ -11,6 +11,7 @@ The steps and the ablations: docs/systems/gsplit.md#partitioning.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -90,7 +91,14 @@ def presample(
     k_v = torch.zeros(num_nodes, dtype=torch.int64)
     k_e = torch.zeros(graph.num_edges, dtype=torch.int64)
     k0_v = torch.zeros(num_nodes, dtype=torch.int64)
+    started = time.monotonic()
     for epoch in range(epochs):
+        if epoch:  # long on large graphs: one line per pre-sampled epoch
+            print(
+                f"[gsplit] pre-sampled {epoch}/{epochs} epochs of {steps} mini-batches "
+                f"({time.monotonic() - started:.0f} s)",
+                flush=True,
+            )
         order = epoch_permutation(train_ids, seed, epoch)
         for step in range(steps):
             blocks = sampler.sample(order[step * batch : (step + 1) * batch], epoch, step)
