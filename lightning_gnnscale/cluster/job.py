@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from ..files import write_json_atomic
 from ..launch import signals_raise
 from ..warm_client import DISABLE_ENV
+from .memory import check_cap
 from .network import INTERFACE, EmulatedCluster, default_prefix, preflight
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
@@ -92,8 +93,8 @@ class ClusterJob:
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
-        if self.memory_mb is not None and self.memory_mb < 64:
-            raise ValueError(f"memory_mb must be at least 64 (MiB), got {self.memory_mb}")
+        if self.memory_mb is not None:
+            check_cap(self.memory_mb)
         overrides = []
         for item in self.overrides:
             key = item.split("=", 1)[0].lstrip("+~")
