@@ -152,17 +152,16 @@ def rank_threads(devices: int) -> int:
     return max(1, min(share, int(cores - load + 0.5)))
 
 
-def use_rank_threads(devices: int) -> int:
+def use_rank_threads(devices: int) -> None:
     """Set this rank's torch threads to :func:`rank_threads` and keep them through ``fit``.
 
     Lightning's launchers set ``cores // local ranks`` threads unless ``$OMP_NUM_THREADS`` is
     set, which would override ``$GNNSCALE_NUM_THREADS`` and the load cap (two emulated hosts
     of one rank each then ran two spinning OpenMP threads each on two cores). So this process
-    sets it too. Returns the count."""
+    sets it too."""
     threads = rank_threads(devices)
     torch.set_num_threads(threads)
     os.environ[OMP_THREADS_ENV] = str(threads)
-    return threads
 
 
 def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:

@@ -23,15 +23,19 @@ import torch
 from lightning_gnnscale.cluster import (
     ClusterJob,
     ClusterJobFailed,
+    ClusterLeftovers,
     ClusterUnavailable,
     EmulatedCluster,
     leftovers,
+    memory,
+    network,
     preflight,
     run_job,
 )
-from lightning_gnnscale.cluster.job import host_cpus
+from lightning_gnnscale.cluster.__main__ import build_parser
+from lightning_gnnscale.cluster.job import host_cpus, host_threads, warn_if_shared
 from lightning_gnnscale.cluster.network import namespace_pids
-from lightning_gnnscale.run import train
+from lightning_gnnscale.run import THREADS_ENV, train
 from tests.helpers.config import TINY, make_cfg
 
 pytestmark = pytest.mark.cluster
@@ -50,6 +54,20 @@ if UNAVAILABLE:
     warnings.warn(f"tests/test_cluster.py skipped: {UNAVAILABLE}", stacklevel=1)
 needs_cluster = pytest.mark.skipif(
     UNAVAILABLE is not None, reason=f"emulated cluster unavailable: {UNAVAILABLE}"
+)
+
+
+def _memory_unavailable() -> str | None:
+    try:
+        memory.check_available()
+    except memory.MemoryCapUnavailable as err:
+        return str(err)
+    return None
+
+
+MEMORY_UNAVAILABLE = UNAVAILABLE or _memory_unavailable()
+needs_memory_cap = pytest.mark.skipif(
+    MEMORY_UNAVAILABLE is not None, reason=f"memory caps unavailable: {MEMORY_UNAVAILABLE}"
 )
 
 
@@ -109,6 +127,114 @@ def test_hosts_get_disjoint_equal_shares_of_the_cores():
         host_cpus(0, [0, 1])
 
 
+def test_hosts_that_share_cores_are_warned_about(capsys):
+    assert warn_if_shared(host_cpus(3, [0, 1])) is True
+    err = capsys.readouterr().err
+    assert "3 emulated hosts share 2 core(s)" in err
+    assert "times are not those of separate machines" in err
+    assert warn_if_shared(host_cpus(2, [0, 1])) is False
+    assert capsys.readouterr().err == ""
+
+
+def test_each_host_s_ranks_share_its_own_cores_whatever_the_load(monkeypatch, tmp_path):
+    """Not capped by the machine's load average (which the other hosts raise); the user's
+    ``$GNNSCALE_NUM_THREADS`` is kept; each launcher gets its host's count."""
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (100.0, 100.0, 100.0))
+    cores = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
+    assert host_threads(cores, 1) == [4, 4, 3]
+    assert host_threads(cores, 2) == [2, 2, 1]
+    assert host_threads(cores, 8) == [1, 1, 1]
+    monkeypatch.setenv(THREADS_ENV, "3")
+    assert host_threads(cores, 2) == [3, 3, 3]
+    job = ClusterJob(2, None, [], run_dir=tmp_path)
+    assert job.host_env(EmulatedCluster(2, prefix="tenv"), 1, 5)[THREADS_ENV] == "5"
+
+
+def test_the_memory_cap_has_one_rule_and_message(capsys):
+    message = "memory cap must be an integer >= 64 (MiB), got 63"
+    for make in (
+        lambda: ClusterJob(2, None, [], memory_mb=63),
+        lambda: EmulatedCluster(2, memory_mb=63),
+    ):
+        with pytest.raises(ValueError) as err:
+            make()
+        assert str(err.value) == message
+    for text, shown in (("63", "63"), ("big", "'big'")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--hosts", "2", "--bandwidth", "1", "--memory-mb", text])
+        assert message.replace("63", shown) in capsys.readouterr().err
+    assert (
+        build_parser().parse_args(["--hosts=2", "--bandwidth=1", "--memory-mb=64"]).memory_mb == 64
+    )
+
+
+def _own_memory_cgroup() -> Path:
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+    raise AssertionError("no memory cgroup in /proc/self/cgroup")
+
+
+@needs_memory_cap
+def test_host_cgroups_nest_in_the_callers_own_and_cap_swap_too():
+    """Inside the caller's memory cgroup (whose limits then bound the hosts); with swap
+    accounting, memory plus swap is capped at the same size; leftovers() looks there."""
+    prefix, before = _prefix("g"), _state()
+    with EmulatedCluster(1, prefix=prefix, memory_mb=64) as cluster:
+        path = cluster.cgroup(0)
+        assert path.is_dir() and path.parent == _own_memory_cgroup()
+        assert int((path / "memory.limit_in_bytes").read_text()) == 64 * 2**20
+        memsw = path / "memory.memsw.limit_in_bytes"
+        if memsw.exists():
+            assert int(memsw.read_text()) == 64 * 2**20
+        assert f"cgroup:{cluster.namespace(0)}" in leftovers(prefix)
+    assert not path.exists()
+    _assert_nothing_left(prefix, before)
+
+
+@needs_memory_cap
+def test_a_cgroup_that_cannot_be_removed_is_named_with_its_pids(monkeypatch):
+    path = memory.create(_prefix("r"), 64)
+    member = subprocess.Popen(memory.joined(path, ["sleep", "60"]))
+    try:
+        deadline = time.monotonic() + 10
+        while str(member.pid) not in (path / "cgroup.procs").read_text().split():
+            assert time.monotonic() < deadline, "sleep did not join its cgroup"
+            time.sleep(0.01)
+        monkeypatch.setattr(memory, "REMOVE_TIMEOUT_S", 0.2)
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "kill", lambda pid, sig: None)  # a process that will not die
+            with pytest.raises(memory.CgroupNotRemoved) as err:
+                memory.remove(path)
+        assert str(path) in str(err.value) and str(member.pid) in str(err.value)
+    finally:
+        member.kill()
+        member.wait()
+        memory.remove(path)
+    assert not path.exists()
+
+
+@needs_memory_cap
+def test_a_cgroup_left_behind_still_removes_the_network_and_is_reported(monkeypatch):
+    prefix, before = _prefix("l"), _state()
+    cluster = EmulatedCluster(2, prefix=prefix, memory_mb=64).open()
+    cgroups = [cluster.cgroup(h) for h in range(2)]
+
+    def stuck(path):
+        raise memory.CgroupNotRemoved(f"cannot remove the memory cgroup {path}")
+
+    monkeypatch.setattr(network, "remove", stuck)
+    with pytest.raises(ClusterLeftovers) as err:
+        cluster.close()
+    assert all(str(path) in str(err.value) for path in cgroups)
+    assert leftovers(prefix) == sorted(f"cgroup:{path.name}" for path in cgroups)
+    for path in cgroups:
+        memory.remove(path)
+    _assert_nothing_left(prefix, before)
+
+
 def _transfer_seconds(cluster: EmulatedCluster, size: int) -> float:
     """Seconds host 1 takes to receive ``size`` bytes that host 0 sends over a plain socket."""
     receiver = cluster.popen(
@@ -145,9 +271,17 @@ def test_shaping_is_real():
     _assert_nothing_left(_prefix("un"), before)
 
 
-def _long_job(tmp_path: Path, prefix: str) -> ClusterJob:
+def _long_job(tmp_path: Path, prefix: str, memory_mb: int | None = None) -> ClusterJob:
     overrides = [*TINY, "strategy=ddp", "trainer.devices=1", "trainer.max_epochs=1000"]
-    return ClusterJob(2, 100.0, overrides, run_dir=tmp_path / "run", prefix=prefix, echo=False)
+    return ClusterJob(
+        2,
+        100.0,
+        overrides,
+        run_dir=tmp_path / "run",
+        prefix=prefix,
+        echo=False,
+        memory_mb=memory_mb,
+    )
 
 
 def _cmdline(pid: int) -> bytes:
@@ -180,19 +314,25 @@ def _rank_pid(namespace: str, timeout_s: float = 180.0) -> int:
 
 @needs_cluster
 def test_teardown_after_a_rank_is_killed(tmp_path):
-    """SIGKILL one rank of host 1 mid-run: the job fails at once with that host named, and the
-    namespaces, links and qdiscs are all gone."""
-    prefix, before, launchers = _prefix("k"), _state(), []
+    """SIGKILL one rank of host 1 mid-run, hosts with memory caps (where cgroups can be made):
+    the job fails at once with that host named, and the namespaces, links, qdiscs and cgroups
+    are all gone."""
+    prefix, before, launchers, cgroups = _prefix("k"), _state(), [], []
+    capped = MEMORY_UNAVAILABLE is None
 
     def kill_a_rank(cluster, processes):
         launchers.extend(processes)
+        cgroups.extend(cluster.cgroup(h) for h in range(2) if capped)
+        assert all(path.is_dir() for path in cgroups)
         os.kill(_rank_pid(cluster.namespace(1)), signal.SIGKILL)
 
     started = time.monotonic()
     with pytest.raises(ClusterJobFailed, match="host 1 failed"):
-        run_job(_long_job(tmp_path, prefix), on_started=kill_a_rank)
+        run_job(_long_job(tmp_path, prefix, 4096 if capped else None), on_started=kill_a_rank)
     assert time.monotonic() - started < 240  # not the 1000 epochs, nor a collective time-out
     assert all(p.poll() is not None for p in launchers)
+    assert len(cgroups) == (2 if capped else 0) and not any(p.exists() for p in cgroups)
+    assert memory.leftovers(prefix) == []
     _assert_nothing_left(prefix, before)
 
 
@@ -275,6 +415,17 @@ def test_each_host_is_charged_its_own_memory(two_hosts):
 
 
 @needs_cluster
+def test_each_host_s_ranks_run_the_threads_the_cluster_chose(two_hosts):
+    """Every job's rank 0 runs the torch threads the cluster set for its host (its cores per
+    rank, not capped by the machine's load), recorded in cluster.json."""
+    _, job, summaries = two_hosts
+    record = json.loads((job.run_dir / "cluster.json").read_text())
+    assert record["host_cpus"] == host_cpus(2) and record["shared_cores"] is False
+    assert record["host_threads"] == host_threads(host_cpus(2), 1)
+    assert [s["torch_threads"] for s in summaries] == [record["host_threads"][0]] * len(STRATEGIES)
+
+
+@needs_cluster
 def test_a_host_over_its_memory_cap_fails_naming_the_oom_killer(tmp_path):
     """A launcher cannot import torch and Lightning within 200 MiB: the kernel kills it inside
     its host, the job fails saying so, and the cgroups go with the cluster."""
@@ -308,7 +459,6 @@ def test_two_hosts_equal_one_host(two_hosts, num, strategy):
     assert summary["world_size"] == 2 and summary["inter_server_bytes_per_epoch"] > 0
     # host 0 runs on its own share of the cores, and its one rank keeps to them
     assert summary["rank_cpus"] == len(host_cpus(2)[0])
-    assert summary["torch_threads"] <= summary["rank_cpus"]
     reference = _final_weights(references[strategy])
     got = _final_weights(job.output_dir(0, num))
     assert reference.keys() == got.keys()

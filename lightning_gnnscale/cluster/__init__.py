@@ -6,11 +6,12 @@ docs/cluster.md.
 """
 
 from .job import ClusterJob, ClusterJobFailed, run_job
-from .network import ClusterUnavailable, EmulatedCluster, leftovers, preflight
+from .network import ClusterLeftovers, ClusterUnavailable, EmulatedCluster, leftovers, preflight
 
 __all__ = [
     "ClusterJob",
     "ClusterJobFailed",
+    "ClusterLeftovers",
     "ClusterUnavailable",
     "EmulatedCluster",
     "leftovers",

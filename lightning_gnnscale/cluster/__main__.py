@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .job import ClusterJob, ClusterJobFailed, StopRequested, run_job
-from .network import ClusterUnavailable
+from .memory import check_cap
+from .network import ClusterLeftovers, ClusterUnavailable
 
 
 def parse_rate(text: str) -> float | None:
@@ -37,6 +38,18 @@ def _positive(kind):
         return value
 
     return parse
+
+
+def parse_memory_cap(text: str) -> int:
+    """``--memory-mb``: checked by :func:`memory.check_cap`, the cluster's one rule for it."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = text  # not an integer: check_cap's message names it
+    try:
+        return check_cap(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--memory-mb",
-        type=_positive(int),
+        type=parse_memory_cap,
         metavar="MIB",
-        help="each host's memory cap in MiB (a cgroup per host: the host is a machine of that "
+        help="each host's memory cap in MiB, at least 64 (a cgroup per host: the host is a machine of that "
         "size); default: no cap",
     )
     parser.add_argument(
@@ -100,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ClusterUnavailable, ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except (ClusterJobFailed, TimeoutError, StopRequested) as err:
+    except (ClusterJobFailed, ClusterLeftovers, TimeoutError, StopRequested) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

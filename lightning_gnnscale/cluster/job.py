@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from ..files import write_json_atomic
 from ..launch import signals_raise
 from ..warm_client import DISABLE_ENV
+from .memory import check_cap
 from .network import INTERFACE, EmulatedCluster, default_prefix, preflight
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
@@ -70,6 +71,32 @@ def host_cpus(hosts: int, cpus: list[int] | None = None) -> list[list[int]]:
     return [cpus[host * share : (host + 1) * share] for host in range(hosts)]
 
 
+def warn_if_shared(cores: list[list[int]]) -> bool:
+    """Whether hosts share cores (:func:`host_cpus` with fewer cores than hosts); if so, say
+    on stderr that the times are not those of separate machines."""
+    distinct = {core for share in cores for core in share}
+    shared = len(distinct) < sum(map(len, cores))
+    if shared:
+        print(
+            f"warning: {len(cores)} emulated hosts share {len(distinct)} core(s) "
+            f"(host cores {cores}): hosts compete for cores, so times are not those of "
+            "separate machines",
+            file=sys.stderr,
+        )
+    return shared
+
+
+def host_threads(cores: list[list[int]], ranks_per_host: int) -> list[int]:
+    """Torch threads of each host's ranks: ``$GNNSCALE_NUM_THREADS`` when set, else the
+    host's cores shared by its ranks (at least 1). Not capped by the machine's load, which
+    the other hosts' ranks raise on cores that are not this host's."""
+    from ..run import THREADS_ENV, rank_threads
+
+    if os.environ.get(THREADS_ENV):  # the user's, checked as the ranks will
+        return [rank_threads(ranks_per_host)] * len(cores)
+    return [max(1, len(share) // ranks_per_host) for share in cores]
+
+
 class ClusterJobFailed(RuntimeError):
     """A job failed: the message names every host whose launcher failed, with its log's tail."""
 
@@ -92,8 +119,8 @@ class ClusterJob:
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
-        if self.memory_mb is not None and self.memory_mb < 64:
-            raise ValueError(f"memory_mb must be at least 64 (MiB), got {self.memory_mb}")
+        if self.memory_mb is not None:
+            check_cap(self.memory_mb)
         overrides = []
         for item in self.overrides:
             key = item.split("=", 1)[0].lstrip("+~")
@@ -146,7 +173,10 @@ class ClusterJob:
             *folders,
         ]
 
-    def host_env(self, cluster: EmulatedCluster, host: int) -> dict[str, str]:
+    def host_env(self, cluster: EmulatedCluster, host: int, threads: int) -> dict[str, str]:
+        """Host ``host``'s launcher environment; its ranks run ``threads`` torch threads."""
+        from ..run import THREADS_ENV
+
         env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_ENV}
         env.update(
             NODE_RANK=str(host),
@@ -155,14 +185,16 @@ class ClusterJob:
             GLOO_SOCKET_IFNAME=INTERFACE,
             PYTHONUNBUFFERED="1",
         )
+        env[THREADS_ENV] = str(threads)
         env[DISABLE_ENV] = "0"  # a host's run stays in its host: never handed to a warm server
         return env
 
 
-def check_overrides(job: ClusterJob) -> list[list[str]]:
+def check_overrides(job: ClusterJob) -> tuple[list[list[str]], int]:
     """Each job's overrides (one job unless a multirun), its run config composed and validated
     as the hosts will, so a bad setting fails before anything is created (as ``train.py``
-    itself does before spawning ranks)."""
+    itself does before spawning ranks); and the ranks per host (``trainer.devices``; of a
+    multirun, its jobs' largest)."""
     from hydra import compose, initialize_config_dir
 
     from ..config import validate
@@ -174,9 +206,11 @@ def check_overrides(job: ClusterJob) -> list[list[str]]:
     try:
         with initialize_config_dir(config_dir=str(TRAIN_PY.parent / "conf"), version_base="1.3"):
             jobs = _sweep(job.overrides) if job.multirun else [job.overrides]
+            ranks = 1
             for num, overrides in enumerate(jobs):
                 output_dir = f"paths.output_dir={job.output_dir(0, num)}"
-                validate(compose("config", overrides=[*overrides, *cluster, output_dir]))
+                run = validate(compose("config", overrides=[*overrides, *cluster, output_dir]))
+                ranks = max(ranks, run.trainer.devices)
     except ConfigError:
         raise
     except Exception as err:  # Hydra's override and composition errors
@@ -187,7 +221,7 @@ def check_overrides(job: ClusterJob) -> list[list[str]]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return jobs
+    return jobs, ranks
 
 
 def _sweep(overrides: list[str]) -> list[list[str]]:
@@ -258,10 +292,12 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
     together); the cluster is removed in every case.
     """
     preflight(job.rate_mbit, memory_cap=job.memory_mb is not None)
-    jobs = check_overrides(job)
+    jobs, ranks_per_host = check_overrides(job)
+    cores = host_cpus(job.hosts)
+    threads = host_threads(cores, ranks_per_host)
+    shared = warn_if_shared(cores)
     job.run_dir.mkdir(parents=True, exist_ok=True)
     cluster = EmulatedCluster(job.hosts, job.rate_mbit, prefix=job.prefix, memory_mb=job.memory_mb)
-    cores = host_cpus(job.hosts)
     processes: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
     started = time.monotonic()
@@ -277,7 +313,7 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
                         ",".join(map(str, cores[host])),
                         *job.host_argv(host),
                     ],
-                    env=job.host_env(cluster, host),
+                    env=job.host_env(cluster, host, threads[host]),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -300,7 +336,8 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
             for reader in readers:
                 reader.join(timeout=STOP_GRACE_S)
         usage = [cluster.memory_usage(host) for host in range(job.hosts)]  # before removal
-    return _collect(job, jobs, cluster, cores, usage, time.monotonic() - started)
+    hosts = {"host_cpus": cores, "shared_cores": shared, "host_threads": threads}
+    return _collect(job, jobs, cluster, hosts, usage, time.monotonic() - started)
 
 
 def _wait(
@@ -348,7 +385,7 @@ def _collect(
     job: ClusterJob,
     jobs: list[list[str]],
     cluster: EmulatedCluster,
-    cores: list[list[int]],
+    hosts: dict,
     usage: list[dict | None],
     wall_s: float,
 ) -> list[dict]:
@@ -369,7 +406,7 @@ def _collect(
             "master": f"{cluster.address(0)}:{MASTER_PORT}",
             "prefix": job.prefix,
             "host_dirs": [str(job.host_dir(h)) for h in range(job.hosts)],
-            "host_cpus": cores,
+            **hosts,  # each host's cores, whether hosts share them, its ranks' threads
             "host_memory": usage,  # per host: cap, peak charge (RSS + page cache), OOM kills
             "overrides": job.overrides,
             "multirun": job.multirun,

@@ -1,9 +1,12 @@
 """A memory cap per emulated host: one cgroup (v1 ``memory`` controller) per host.
 
-A host's launcher joins its cgroup before it execs (:func:`joined`), so everything the host
-starts (its rank server, its ranks) is charged to it, as to a machine of that size. The kernel
-reclaims the host's page cache first, then kills inside the host when its charge would pass
-the cap (the OOM killer, counted in ``memory.oom_control``). The peak charge
+The hosts' cgroups nest inside this process's own memory cgroup (``/proc/self/cgroup``), so
+whatever limits this process already has (a CI slice, a container) bounds the hosts too. A
+host's launcher joins its cgroup before it execs (:func:`joined`), so everything the host
+starts (its rank server, its ranks) is charged to it, as to a machine of that size. With swap
+accounting (``memory.memsw.*``) the cap holds memory and swap together. The kernel reclaims
+the host's page cache first, then kills inside the host when its charge would pass the cap
+(the OOM killer, counted in ``memory.oom_control``). The peak charge
 (``memory.max_usage_in_bytes``) is resident memory plus the page cache the host read.
 """
 
@@ -15,7 +18,9 @@ import signal
 import time
 from pathlib import Path
 
-ROOT = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory controller
+MOUNT = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory controller
+MIN_MB = 64
+REMOVE_TIMEOUT_S = 5.0
 _JOIN = 'echo $$ > "$0" && exec "$@"'  # sh: move this shell into the cgroup, then exec
 
 
@@ -23,12 +28,38 @@ class MemoryCapUnavailable(RuntimeError):
     """No writable cgroup v1 memory controller here."""
 
 
-def check_available(root: Path = ROOT) -> None:
+class CgroupNotRemoved(RuntimeError):
+    """A host's cgroup could not be removed: the message names it and the pids still in it."""
+
+
+def check_cap(limit_mb) -> int:
+    """``limit_mb`` if it is a valid cap (an integer number of MiB, at least :data:`MIN_MB`);
+    ``ValueError`` otherwise. The one rule of ``--memory-mb``, ``ClusterJob`` and
+    ``EmulatedCluster``."""
+    if isinstance(limit_mb, bool) or not isinstance(limit_mb, int) or limit_mb < MIN_MB:
+        raise ValueError(f"memory cap must be an integer >= {MIN_MB} (MiB), got {limit_mb!r}")
+    return limit_mb
+
+
+def parent() -> Path:
+    """This process's own memory cgroup (``/proc/self/cgroup``), where the hosts' cgroups go."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return MOUNT / path.lstrip("/")
+    raise MemoryCapUnavailable(
+        "a memory cap per host needs cgroup v1's memory controller; /proc/self/cgroup names "
+        "no memory cgroup of this process"
+    )
+
+
+def check_available() -> None:
     """Raise :class:`MemoryCapUnavailable` with the reason unless caps can be set here."""
+    root = parent()
     if not (root / "memory.limit_in_bytes").is_file():
         raise MemoryCapUnavailable(
-            f"a memory cap per host needs cgroup v1's memory controller at {root} "
-            "(not mounted here)"
+            f"a memory cap per host needs cgroup v1's memory controller: this process's "
+            f"memory cgroup {root} is not there (not mounted at {MOUNT})"
         )
     probe = root / f"lgcprobe{os.getpid()}"
     try:
@@ -38,11 +69,16 @@ def check_available(root: Path = ROOT) -> None:
         raise MemoryCapUnavailable(f"cannot create a cgroup under {root}: {err}") from None
 
 
-def create(name: str, limit_mb: int, root: Path = ROOT) -> Path:
-    """A new cgroup ``root/name`` capped at ``limit_mb`` MiB; returns its folder."""
-    path = root / name
+def create(name: str, limit_mb: int) -> Path:
+    """A new cgroup ``name`` under :func:`parent`, capped at ``limit_mb`` MiB (with swap
+    accounting: memory and swap together); returns its folder."""
+    path = parent() / name
     path.mkdir()
-    (path / "memory.limit_in_bytes").write_text(str(limit_mb * 1024 * 1024))
+    limit = str(limit_mb * 2**20)
+    (path / "memory.limit_in_bytes").write_text(limit)
+    memsw = path / "memory.memsw.limit_in_bytes"
+    if memsw.is_file():  # after the memory limit: the kernel keeps memsw >= it
+        memsw.write_text(limit)
     return path
 
 
@@ -58,22 +94,40 @@ def usage(path: Path) -> dict:
     return {"peak_mb": round(peak, 1), "oom_kills": int(fields.get("oom_kill", 0))}
 
 
-def remove(path: Path, timeout_s: float = 5.0) -> None:
-    """SIGKILL what is left in the cgroup, then remove it; never raises for what is gone."""
-    deadline = time.monotonic() + timeout_s
-    while path.is_dir():
-        with contextlib.suppress(OSError):
-            for pid in (path / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
+def remove(path: Path) -> None:
+    """SIGKILL what is left in the cgroup, then remove it (nothing to do if it is gone).
+
+    Raises :class:`CgroupNotRemoved`, naming the cgroup and the pids still in it, when it
+    cannot be removed within :data:`REMOVE_TIMEOUT_S`."""
+    deadline = time.monotonic() + REMOVE_TIMEOUT_S
+    while True:
+        pids: list[str] = []
+        with contextlib.suppress(FileNotFoundError):
+            pids = (path / "cgroup.procs").read_text().split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        try:
             path.rmdir()
-        if time.monotonic() > deadline:
             return
+        except FileNotFoundError:
+            return
+        except OSError as err:
+            if time.monotonic() > deadline:
+                raise CgroupNotRemoved(
+                    f"cannot remove the memory cgroup {path} ({err.strerror}); pids still in "
+                    f"it: {' '.join(pids) or 'none'}; remove it with rmdir once they exit"
+                ) from None
         time.sleep(0.05)
 
 
-def leftovers(prefix: str, root: Path = ROOT) -> list[str]:
-    """Cgroups whose names start with ``prefix`` (what a cluster would leave)."""
+def leftovers(prefix: str) -> list[str]:
+    """Cgroups under :func:`parent` whose names start with ``prefix`` (what a cluster would
+    leave); none without a memory controller."""
+    try:
+        root = parent()
+    except MemoryCapUnavailable:
+        return []
     if not root.is_dir():
         return []
     return sorted(p.name for p in root.iterdir() if p.is_dir() and p.name.startswith(prefix))

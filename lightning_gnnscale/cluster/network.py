@@ -10,8 +10,8 @@ full-duplex link of that rate per host. Ranks on one host talk over the host's o
 Names carry a per-invocation prefix (``lgc<pid>`` by default), so concurrent clusters never
 collide; each has its own bridge, so their equal addresses never meet. Everything created is
 removed by :meth:`EmulatedCluster.close` (also on errors and signals in the caller), processes
-still inside a host first. With ``memory_mb`` each host is also a memory cgroup of that size
-(``memory.py``).
+still inside a host first; what cannot be removed is named in the error it then raises. With
+``memory_mb`` each host is also a memory cgroup of that size (``memory.py``).
 """
 
 from __future__ import annotations
@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .memory import (
-    ROOT,
+    CgroupNotRemoved,
     MemoryCapUnavailable,
     check_available,
+    check_cap,
     create,
     joined,
+    parent,
     remove,
     usage,
 )
@@ -45,6 +47,11 @@ _PREFIX = re.compile(r"^[a-z][a-z0-9]{1,8}$")
 
 class ClusterUnavailable(RuntimeError):
     """This machine cannot emulate hosts (not root, no ``ip``/``tc``, no namespaces or tbf)."""
+
+
+class ClusterLeftovers(RuntimeError):
+    """Part of a cluster could not be removed: the message names each part and how to remove
+    it."""
 
 
 def default_prefix() -> str:
@@ -113,10 +120,8 @@ class EmulatedCluster:
             raise ValueError(f"hosts must be in [1, 200], got {self.hosts}")
         if self.rate_mbit is not None and self.rate_mbit <= 0:
             raise ValueError(f"rate must be positive (Mbit/s), got {self.rate_mbit}")
-        if self.memory_mb is not None and (
-            not isinstance(self.memory_mb, int) or self.memory_mb < 64
-        ):
-            raise ValueError(f"memory cap must be an integer >= 64 (MiB), got {self.memory_mb}")
+        if self.memory_mb is not None:
+            check_cap(self.memory_mb)
         if not _PREFIX.match(self.prefix):
             raise ValueError(
                 f"prefix {self.prefix!r}: 2-9 lowercase letters/digits, starting with a letter"
@@ -133,8 +138,8 @@ class EmulatedCluster:
         return SUBNET.format(host + 1).split("/")[0]
 
     def cgroup(self, host: int) -> Path:
-        """Host ``host``'s memory cgroup (with ``memory_mb``)."""
-        return ROOT / self.namespace(host)
+        """Host ``host``'s memory cgroup (with ``memory_mb``), inside this process's own."""
+        return parent() / self.namespace(host)
 
     def open(self) -> EmulatedCluster:
         preflight(self.rate_mbit, memory_cap=self.memory_mb is not None)
@@ -185,17 +190,31 @@ class EmulatedCluster:
         return {"limit_mb": self.memory_mb, **usage(self.cgroup(host))}
 
     def close(self) -> None:
-        """Kill what still runs in the hosts, then remove the links and namespaces (the
-        qdiscs go with their links). Never raises for what is already gone."""
-        for kind, name in reversed(self._created):
+        """Kill what still runs in the hosts, then remove the cgroups, links and namespaces
+        (the qdiscs go with their links); what is already gone is fine. Every removal is
+        tried; then :class:`ClusterLeftovers` names whatever is still there."""
+        created, self._created = self._created, []
+        problems = []
+        for kind, name in reversed(created):
             if kind == "cgroup":
-                remove(Path(name))
+                try:
+                    remove(Path(name))
+                except CgroupNotRemoved as err:
+                    problems.append(str(err))
             elif kind == "netns":
                 kill_namespace_processes(name)
                 _run("ip", "netns", "del", name, check=False)
             else:
                 _run("ip", "link", "del", name, check=False)
-        self._created.clear()
+        netns, links = _names() if created else ([], [])
+        present = {"netns": netns, "link": links}
+        problems += [
+            f"{kind} {name} is still there (ip {kind} del {name})"
+            for kind, name in created
+            if name in present.get(kind, ())
+        ]
+        if problems:
+            raise ClusterLeftovers("the cluster was not fully removed: " + "; ".join(problems))
 
     def __enter__(self) -> EmulatedCluster:
         return self.open()
@@ -219,12 +238,18 @@ def kill_namespace_processes(namespace: str, timeout_s: float = 5.0) -> None:
         time.sleep(0.05)
 
 
-def leftovers(prefix: str) -> list[str]:
-    """Namespaces, links and memory cgroups whose names start with ``prefix`` (what a cluster
-    would leave)."""
-    names = _run("ip", "netns", "list").stdout.split()
+def _names() -> tuple[list[str], list[str]]:
+    """The machine's network namespaces and links."""
+    netns = [line.split()[0] for line in _run("ip", "netns", "list").stdout.splitlines() if line]
     links = [
         line.split()[0].split("@")[0] for line in _run("ip", "-br", "link").stdout.splitlines()
     ]
+    return netns, links
+
+
+def leftovers(prefix: str) -> list[str]:
+    """Namespaces, links and memory cgroups whose names start with ``prefix`` (what a cluster
+    would leave)."""
+    names, links = _names()
     found = [n for n in names + links if n.startswith(prefix)]
     return sorted(found + [f"cgroup:{n}" for n in cgroup_leftovers(prefix)])
