@@ -386,6 +386,9 @@ def test_meter_and_cache_match_the_formulas(runs, k):
         formula = cache_bytes_formula(graph.num_nodes, sizes[rank], widths, es, policy)
         cache = res["cache_bytes"]
         assert cache["embedding_cache"] + cache["own_last"] == formula
+        if policy.name in ("none", "skipg"):  # every hidden block is broadcast: X alone is kept
+            x_rows = (graph.num_nodes - sizes[rank]) * widths[0] * es
+            assert cache["embedding_cache"] == x_rows
         assert (cache["gradient_cache"] > 0) == (policy.name == "skipg")
 
 

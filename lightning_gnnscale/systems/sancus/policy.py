@@ -84,6 +84,14 @@ class StalenessPolicy:
         flags need an ``all_gather`` and the root keeps the copy the others hold."""
         return self.name == "variation" and not (layer == 0 and self.input_policy == "once")
 
+    def stores_blocks(self, layer: int) -> bool:
+        """Whether received blocks of layer input ``layer`` are kept: a later epoch may read
+        them stale. X always (it never changes, and evaluation reads it); hidden blocks not
+        under ``none`` (CAGNET) and SkipG's forward, which broadcast them every epoch."""
+        if layer == 0:
+            return True
+        return self.name not in ("none", "skipg")
+
     def local_flags(
         self, layer: int, epoch: int, last_bcast: Tensor, consumer: Tensor
     ) -> Tensor | None:

@@ -141,7 +141,11 @@ class SkipBroadcast:
         flags = self._decide(layer, h) if train else self._eval_flags(layer)
         category = "feature" if layer == 0 else "activation"
         # Evaluation never stores: it reads a copy of the cache row so the originals stay.
-        cache = self.cache[layer] if train else list(self.cache[layer])
+        # Blocks nobody reads stale are not kept (every one broadcast now).
+        if train:
+            cache = self.cache[layer] if self.policy.stores_blocks(layer) else None
+        else:
+            cache = None if bool(flags.all()) else list(self.cache[layer])
         out = self._broadcast_and_multiply(h, flags, cache, category)
         if train:
             self.last_bcast[layer][flags] = self.epoch
@@ -181,10 +185,14 @@ def cache_bytes_formula(
     policy: StalenessPolicy,
 ) -> int:
     """Cache bytes of rank ``i`` (docs/systems/sancus.md#cache-memory):
-    ``sum_l element_size * (N - n_i) * F_l`` over layer inputs ``l = 0..L-1``, plus
-    ``element_size * n_i * F_l`` for every layer input whose root keeps its own last copy
-    (SCS-H; not X under ``input_policy=once``)."""
-    total = sum(element_size * (num_nodes - own_rows) * f for f in widths)
+    ``sum_l element_size * (N - n_i) * F_l`` over the layer inputs ``l`` whose blocks are kept
+    (:meth:`StalenessPolicy.stores_blocks`), plus ``element_size * n_i * F_l`` for every layer
+    input whose root keeps its own last copy (SCS-H; not X under ``input_policy=once``)."""
+    total = sum(
+        element_size * (num_nodes - own_rows) * f
+        for layer, f in enumerate(widths)
+        if policy.stores_blocks(layer)
+    )
     own = [f for layer, f in enumerate(widths) if policy.root_decides(layer)]
     return total + sum(element_size * own_rows * f for f in own)
 
