@@ -121,10 +121,11 @@ def test_presample_closed_form_when_sampling_is_deterministic():
     assert torch.equal(counts.k0_v, torch.tensor(is_input) * 2)
 
 
-def test_presample_drop_last_and_bad_arguments(capsys):
+def test_presample_drop_last_and_bad_arguments(capsys, monkeypatch):
     graph = tiny_graph()  # 6 training nodes
+    monkeypatch.setattr(gsplit_partition, "PROGRESS_EVERY_S", 0.0)  # a line every step
     assert presample(graph, [2], 4, epochs=2, seed=0).num_batches == 4
-    assert "pre-sampled 1/2 epochs of 2 mini-batches" in capsys.readouterr().out  # progress
+    assert "pre-sampling: epoch 2/2, mini-batch 2/2" in capsys.readouterr().out
     assert presample(graph, [2], 4, epochs=2, seed=0, drop_last=True).num_batches == 2
     with pytest.raises(ValueError, match="drop_last"):
         presample(graph, [2], 8, epochs=1, seed=0, drop_last=True)

@@ -29,6 +29,7 @@ _METIS_NITER = 10  # what graph.partition's "metis" uses, so all methods search 
 # Bump when pre-sampling, the METIS weights or the artifact's content change for the same
 # inputs (the shared graph.cache.CODE_VERSION covers the partitioners themselves).
 ARTIFACT_VERSION = 1
+PROGRESS_EVERY_S = 30.0  # pre-sampling prints a progress line this often
 
 
 def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
@@ -91,16 +92,17 @@ def presample(
     k_v = torch.zeros(num_nodes, dtype=torch.int64)
     k_e = torch.zeros(graph.num_edges, dtype=torch.int64)
     k0_v = torch.zeros(num_nodes, dtype=torch.int64)
-    started = time.monotonic()
+    started = said = time.monotonic()
     for epoch in range(epochs):
-        if epoch:  # long on large graphs: one line per pre-sampled epoch
-            print(
-                f"[gsplit] pre-sampled {epoch}/{epochs} epochs of {steps} mini-batches "
-                f"({time.monotonic() - started:.0f} s)",
-                flush=True,
-            )
         order = epoch_permutation(train_ids, seed, epoch)
         for step in range(steps):
+            if time.monotonic() - said >= PROGRESS_EVERY_S:  # minutes on large graphs
+                said = time.monotonic()
+                print(
+                    f"[gsplit] pre-sampling: epoch {epoch + 1}/{epochs}, mini-batch "
+                    f"{step + 1}/{steps} ({said - started:.0f} s)",
+                    flush=True,
+                )
             blocks = sampler.sample(order[step * batch : (step + 1) * batch], epoch, step)
             k0_v[blocks[0].src_ids] += 1  # ids, like the dst ids and edges below, are unique
             for block in blocks:
