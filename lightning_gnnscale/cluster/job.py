@@ -36,7 +36,7 @@ from ..files import write_json_atomic
 from ..launch import signals_raise
 from ..warm_client import DISABLE_ENV
 from .memory import check_cap
-from .network import INTERFACE, EmulatedCluster, default_prefix, preflight
+from .network import INTERFACE, ClusterLeftovers, EmulatedCluster, default_prefix, preflight
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 MASTER_PORT = 29500  # each host has its own port space: concurrent clusters never collide
@@ -301,43 +301,55 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
     processes: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
     started = time.monotonic()
-    with signals_raise(StopRequested), cluster:
-        try:
-            for host in range(job.hosts):
-                job.host_dir(host).mkdir(parents=True, exist_ok=True)
-                process = cluster.popen(
-                    host,
-                    [
-                        "taskset",
-                        "--cpu-list",
-                        ",".join(map(str, cores[host])),
-                        *job.host_argv(host),
-                    ],
-                    env=job.host_env(cluster, host, threads[host]),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    text=True,
-                    errors="replace",
-                )
-                processes.append(process)
-                reader = threading.Thread(
-                    target=_copy_output,
-                    args=(process.stdout, job.run_dir / f"host{host}.log", job.echo and host == 0),
-                    daemon=True,
-                )
-                reader.start()
-                readers.append(reader)
-            if on_started is not None:
-                on_started(cluster, processes)
-            _wait(job, processes, started, cluster)
-        finally:
-            _stop(processes)
-            for reader in readers:
-                reader.join(timeout=STOP_GRACE_S)
-        usage = [cluster.memory_usage(host) for host in range(job.hosts)]  # before removal
+    left_behind = None
+    try:
+        with signals_raise(StopRequested), cluster:
+            try:
+                for host in range(job.hosts):
+                    job.host_dir(host).mkdir(parents=True, exist_ok=True)
+                    process = cluster.popen(
+                        host,
+                        [
+                            "taskset",
+                            "--cpu-list",
+                            ",".join(map(str, cores[host])),
+                            *job.host_argv(host),
+                        ],
+                        env=job.host_env(cluster, host, threads[host]),
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        text=True,
+                        errors="replace",
+                    )
+                    processes.append(process)
+                    reader = threading.Thread(
+                        target=_copy_output,
+                        args=(
+                            process.stdout,
+                            job.run_dir / f"host{host}.log",
+                            job.echo and host == 0,
+                        ),
+                        daemon=True,
+                    )
+                    reader.start()
+                    readers.append(reader)
+                if on_started is not None:
+                    on_started(cluster, processes)
+                _wait(job, processes, started, cluster)
+            finally:
+                _stop(processes)
+                for reader in readers:
+                    reader.join(timeout=STOP_GRACE_S)
+            usage = [cluster.memory_usage(host) for host in range(job.hosts)]  # before removal
+    except ClusterLeftovers as err:  # the job succeeded: keep its results, then say so
+        left_behind = err
     hosts = {"host_cpus": cores, "shared_cores": shared, "host_threads": threads}
-    return _collect(job, jobs, cluster, hosts, usage, time.monotonic() - started)
+    wall_s = time.monotonic() - started
+    summaries = _collect(job, jobs, cluster, hosts, usage, wall_s, left_behind)
+    if left_behind is not None:
+        raise left_behind
+    return summaries
 
 
 def _wait(
@@ -388,6 +400,7 @@ def _collect(
     hosts: dict,
     usage: list[dict | None],
     wall_s: float,
+    left_behind: Exception | None,
 ) -> list[dict]:
     sources = [job.output_dir(0, num) / "summary.json" for num in range(len(jobs))]
     for source in sources:
@@ -415,6 +428,7 @@ def _collect(
                 for overrides, source in zip(jobs, sources)
             ],
             "wall_s": wall_s,
+            "leftovers": None if left_behind is None else str(left_behind),
         },
     )
     return [json.loads(source.read_text()) for source in sources]

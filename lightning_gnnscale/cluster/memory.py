@@ -18,7 +18,6 @@ import signal
 import time
 from pathlib import Path
 
-MOUNT = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory controller
 MIN_MB = 64
 REMOVE_TIMEOUT_S = 5.0
 _JOIN = 'echo $$ > "$0" && exec "$@"'  # sh: move this shell into the cgroup, then exec
@@ -41,15 +40,48 @@ def check_cap(limit_mb) -> int:
     return limit_mb
 
 
-def parent() -> Path:
-    """This process's own memory cgroup (``/proc/self/cgroup``), where the hosts' cgroups go."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return MOUNT / path.lstrip("/")
+def cgroup_folder(proc_cgroup: str, mountinfo: str) -> Path:
+    """The folder of the memory cgroup named in ``proc_cgroup`` (``/proc/<pid>/cgroup``'s
+    text), as mounted per ``mountinfo`` (``/proc/<pid>/mountinfo``'s): the v1 ``memory``
+    mount's point plus the cgroup's path below the mount's root (a container without its own
+    cgroup namespace mounts its own cgroup, ``/docker/<id>``, as the root)."""
+    path = next(
+        (
+            line.split(":", 2)[2]
+            for line in proc_cgroup.splitlines()
+            if "memory" in line.split(":", 2)[1].split(",")
+        ),
+        None,
+    )
+    if path is None:
+        raise MemoryCapUnavailable(
+            "a memory cap per host needs cgroup v1's memory controller; /proc/self/cgroup names "
+            "no memory cgroup of this process"
+        )
+    for line in mountinfo.splitlines():
+        mount, _, fs = line.partition(" - ")
+        mount, fs = mount.split(), fs.split()
+        if len(fs) >= 3 and fs[0] == "cgroup" and "memory" in fs[2].split(","):
+            root, point = mount[3], Path(mount[4])
+            relative = os.path.relpath(path, root)
+            if relative == ".":
+                return point
+            if relative.startswith(".."):
+                raise MemoryCapUnavailable(
+                    f"this process's memory cgroup {path} is outside the memory mount at "
+                    f"{point} (its root: {root})"
+                )
+            return point / relative
     raise MemoryCapUnavailable(
-        "a memory cap per host needs cgroup v1's memory controller; /proc/self/cgroup names "
-        "no memory cgroup of this process"
+        "a memory cap per host needs cgroup v1's memory controller; /proc/self/mountinfo has "
+        "no cgroup mount with 'memory'"
+    )
+
+
+def parent() -> Path:
+    """This process's own memory cgroup folder, where the hosts' cgroups go."""
+    return cgroup_folder(
+        Path("/proc/self/cgroup").read_text(), Path("/proc/self/mountinfo").read_text()
     )
 
 
@@ -59,7 +91,7 @@ def check_available() -> None:
     if not (root / "memory.limit_in_bytes").is_file():
         raise MemoryCapUnavailable(
             f"a memory cap per host needs cgroup v1's memory controller: this process's "
-            f"memory cgroup {root} is not there (not mounted at {MOUNT})"
+            f"memory cgroup {root} has no memory.limit_in_bytes"
         )
     probe = root / f"lgcprobe{os.getpid()}"
     try:
@@ -102,7 +134,7 @@ def remove(path: Path) -> None:
     deadline = time.monotonic() + REMOVE_TIMEOUT_S
     while True:
         pids: list[str] = []
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # gone, or unreadable: rmdir below says which
             pids = (path / "cgroup.procs").read_text().split()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):

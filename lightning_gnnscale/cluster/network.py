@@ -22,6 +22,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,7 @@ class EmulatedCluster:
     prefix: str = field(default_factory=default_prefix)
     memory_mb: int | None = None  # each host's memory cap (docs/cluster.md); None: no cap
     _created: list[tuple[str, str]] = field(default_factory=list, init=False, repr=False)
+    _cgroups: Path | None = field(default=None, init=False, repr=False)  # where, once opened
 
     def __post_init__(self) -> None:
         if not 1 <= self.hosts <= 200:
@@ -138,8 +140,11 @@ class EmulatedCluster:
         return SUBNET.format(host + 1).split("/")[0]
 
     def cgroup(self, host: int) -> Path:
-        """Host ``host``'s memory cgroup (with ``memory_mb``), inside this process's own."""
-        return parent() / self.namespace(host)
+        """Host ``host``'s memory cgroup (with ``memory_mb``), inside this process's own (as it
+        was when the cluster opened)."""
+        if self._cgroups is None:
+            self._cgroups = parent()
+        return self._cgroups / self.namespace(host)
 
     def open(self) -> EmulatedCluster:
         preflight(self.rate_mbit, memory_cap=self.memory_mb is not None)
@@ -166,8 +171,8 @@ class EmulatedCluster:
             for host in range(self.hosts if self.memory_mb is not None else 0):
                 self._created.append(("cgroup", str(self.cgroup(host))))  # before: half-made too
                 create(self.namespace(host), self.memory_mb)
-        except BaseException:
-            self.close()
+        except BaseException as err:
+            self.__exit__(type(err), err, err.__traceback__)
             raise
         return self
 
@@ -192,8 +197,9 @@ class EmulatedCluster:
     def close(self) -> None:
         """Kill what still runs in the hosts, then remove the cgroups, links and namespaces
         (the qdiscs go with their links); what is already gone is fine. Every removal is
-        tried; then :class:`ClusterLeftovers` names whatever is still there."""
-        created, self._created = self._created, []
+        tried; then :class:`ClusterLeftovers` names whatever is still there. An interrupted
+        close forgets nothing: a second one tries again."""
+        created = list(self._created)
         problems = []
         for kind, name in reversed(created):
             if kind == "cgroup":
@@ -206,6 +212,7 @@ class EmulatedCluster:
                 _run("ip", "netns", "del", name, check=False)
             else:
                 _run("ip", "link", "del", name, check=False)
+        self._created = []
         netns, links = _names() if created else ([], [])
         present = {"netns": netns, "link": links}
         problems += [
@@ -219,8 +226,17 @@ class EmulatedCluster:
     def __enter__(self) -> EmulatedCluster:
         return self.open()
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        """Close; when an error is already on its way out, leftovers are said beside it (on
+        stderr, and as a note on it) rather than replacing it."""
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except ClusterLeftovers as leftovers:
+            print(f"error: {leftovers}", file=sys.stderr)
+            exc.add_note(str(leftovers))
 
 
 def namespace_pids(namespace: str) -> list[int]:

@@ -142,8 +142,8 @@ def build_partition(
         torch.cumsum(owned_src, 0, out=keep_ptr[1:])
         kept_deg = keep_ptr[ptr[1:]] - keep_ptr[ptr[:-1]]
         del keep_ptr
-        src, indices = src[owned_src], pos[owned_src]
-        local_src_owned = torch.ones_like(src, dtype=torch.bool)
+        indices = pos[owned_src]
+        local_src_owned = torch.ones_like(indices, dtype=torch.bool)
     else:
         halo = torch.unique(src[~owned_src])
         kept_deg = deg_local
