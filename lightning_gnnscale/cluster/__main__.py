@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-mb",
         type=parse_memory_cap,
         metavar="MIB",
-        help="each host's memory cap in MiB, at least 64 (a cgroup per host: the host is a machine of that "
-        "size); default: no cap",
+        help="each host's memory cap in MiB, at least 64 (a cgroup per host: the host is a "
+        "machine of that size); default: no cap",
     )
     parser.add_argument(
         "--prefix", help="name prefix of the namespaces and links (default lgc<pid>, unique)"

@@ -306,34 +306,7 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
         with signals_raise(StopRequested), cluster:
             try:
                 for host in range(job.hosts):
-                    job.host_dir(host).mkdir(parents=True, exist_ok=True)
-                    process = cluster.popen(
-                        host,
-                        [
-                            "taskset",
-                            "--cpu-list",
-                            ",".join(map(str, cores[host])),
-                            *job.host_argv(host),
-                        ],
-                        env=job.host_env(cluster, host, threads[host]),
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        text=True,
-                        errors="replace",
-                    )
-                    processes.append(process)
-                    reader = threading.Thread(
-                        target=_copy_output,
-                        args=(
-                            process.stdout,
-                            job.run_dir / f"host{host}.log",
-                            job.echo and host == 0,
-                        ),
-                        daemon=True,
-                    )
-                    reader.start()
-                    readers.append(reader)
+                    _start_host(job, cluster, host, cores[host], threads[host], processes, readers)
                 if on_started is not None:
                     on_started(cluster, processes)
                 _wait(job, processes, started, cluster)
@@ -350,6 +323,37 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
     if left_behind is not None:
         raise left_behind
     return summaries
+
+
+def _start_host(
+    job: ClusterJob,
+    cluster: EmulatedCluster,
+    host: int,
+    cores: list[int],
+    threads: int,
+    processes: list[subprocess.Popen],
+    readers: list[threading.Thread],
+) -> None:
+    """Start host ``host``'s launcher on its ``cores`` (its ranks run ``threads`` threads),
+    its output copied to ``host<i>.log``; appends to ``processes`` and ``readers``."""
+    job.host_dir(host).mkdir(parents=True, exist_ok=True)
+    process = cluster.popen(
+        host,
+        ["taskset", "--cpu-list", ",".join(map(str, cores)), *job.host_argv(host)],
+        env=job.host_env(cluster, host, threads),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+    )
+    processes.append(process)
+    log = job.run_dir / f"host{host}.log"
+    reader = threading.Thread(
+        target=_copy_output, args=(process.stdout, log, job.echo and host == 0), daemon=True
+    )
+    reader.start()
+    readers.append(reader)
 
 
 def _wait(
