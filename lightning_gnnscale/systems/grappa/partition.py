@@ -138,17 +138,16 @@ def build_partition(
     owned_src = own[pos] == src if n_own else torch.zeros_like(src, dtype=torch.bool)
     if halo_hops == 0:
         halo = own.new_empty(0)
-        keep_ptr = torch.zeros(src.numel() + 1, dtype=torch.int64)
-        torch.cumsum(owned_src, 0, out=keep_ptr[1:])
-        kept_deg = keep_ptr[ptr[1:]] - keep_ptr[ptr[:-1]]
-        del keep_ptr
+        kept_deg = _segment_counts(owned_src, ptr)
         indices = pos[owned_src]
         local_src_owned = torch.ones_like(indices, dtype=torch.bool)
     else:
-        halo = torch.unique(src[~owned_src])
+        remote = src[~owned_src]
+        halo = torch.unique(remote)
         kept_deg = deg_local
         indices = pos
-        indices[~owned_src] = n_own + torch.searchsorted(halo, src[~owned_src])
+        indices[~owned_src] = n_own + torch.searchsorted(halo, remote)
+        del remote
         local_src_owned = owned_src
     del pos
     indptr = torch.zeros(n_own + halo.numel() + 1, dtype=torch.int64)
@@ -183,9 +182,7 @@ def build_partition(
             )
         io += _nbytes(halo, hy, hdeg) + halo.numel() * width * stored.element_size()
     counted = torch.ones_like(local_src_owned) if count_halo_as_local else local_src_owned
-    counted_ptr = torch.zeros(counted.numel() + 1, dtype=torch.int64)
-    torch.cumsum(counted, 0, out=counted_ptr[1:])
-    ell = counted_ptr[indptr[1 : n_own + 1]] - counted_ptr[indptr[:n_own]]
+    ell = _segment_counts(counted, indptr[: n_own + 1])
     no_halo = torch.zeros(halo.numel(), dtype=torch.bool)
     return IsolatedPartition(
         spec=spec,
@@ -205,6 +202,14 @@ def build_partition(
         io_bytes=io,
         halo_chunk=hchunk,
     )
+
+
+def _segment_counts(flags: Tensor, ptr: Tensor) -> Tensor:
+    """Number of true ``flags`` in each segment ``[ptr[i], ptr[i + 1])``; int64
+    ``[len(ptr) - 1]``."""
+    running = torch.zeros(flags.numel() + 1, dtype=torch.int64)
+    torch.cumsum(flags, 0, out=running[1:])
+    return running[ptr[1:]] - running[ptr[:-1]]
 
 
 def _edge_offsets(chunks: dict[int, dict], spec: PartitionSpec) -> list[int]:
