@@ -44,17 +44,17 @@ from omegaconf import OmegaConf
 from .schema import START_METHODS
 from .systems.registry import SYSTEMS
 
-# What the rank server imports before its first fork: everything a rank of ``train()`` uses
-# except the chosen system, which the launcher adds (``start_rank_server(extra_modules)``).
+# A process forked after the CUDA driver was initialised cannot use CUDA ("initialization
+# error" at its first CUDA call, even Lightning's RNG snapshot in a CPU run). Importing PyG
+# initialises it (torch_geometric 2.8 with torch 2.11+cu130, on an H100); torch and Lightning
+# do not. On a machine with an NVIDIA GPU the server imports only these, and each rank the rest.
 # The guard comes first (after the package's own imports, which it needs), so the server dies
 # with its launcher while it imports the rest.
-RANK_SERVER_PRELOAD = (
-    "lightning_gnnscale.rank_server_guard",
-    "torch",
-    "lightning",
-    "torch_geometric",
-    "lightning_gnnscale.run",
-)
+CUDA_SAFE_PRELOAD = ("lightning_gnnscale.rank_server_guard", "torch", "lightning")
+# What the rank server imports before its first fork elsewhere: everything a rank of
+# ``train()`` uses except the chosen system, which the launcher adds
+# (``start_rank_server(extra_modules)``).
+RANK_SERVER_PRELOAD = (*CUDA_SAFE_PRELOAD, "torch_geometric", "lightning_gnnscale.run")
 
 
 def _run_token() -> str:
@@ -95,17 +95,27 @@ _PR_SET_PDEATHSIG = 1
 RANK_EXIT_GRACE_S = 5.0
 
 
+def nvidia_gpu_present() -> bool:
+    """Whether this machine has an NVIDIA GPU that CUDA may use (its driver is loaded and
+    ``CUDA_VISIBLE_DEVICES`` hides not every device); standard library only."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1"):
+        return False
+    return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl"))
+
+
 def start_rank_server(extra_modules: tuple[str, ...] = ()) -> None:
     """Start the warm process that ranks fork from, importing :data:`RANK_SERVER_PRELOAD` and
-    ``extra_modules`` in the background; idempotent (a running server keeps its modules).
+    ``extra_modules`` (:data:`CUDA_SAFE_PRELOAD` alone where an NVIDIA GPU is present) in the
+    background; idempotent (a running server keeps its modules).
 
     Call it as early as possible (``train.py`` does, before its own heavy imports) so that the
     server's imports overlap the launcher's work. Uses only the standard library."""
     import multiprocessing
     from multiprocessing import forkserver
 
+    modules = (*RANK_SERVER_PRELOAD, *extra_modules)
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        list(dict.fromkeys((*RANK_SERVER_PRELOAD, *extra_modules)))
+        list(CUDA_SAFE_PRELOAD if nvidia_gpu_present() else dict.fromkeys(modules))
     )
     forkserver.ensure_running()
 
@@ -309,7 +319,26 @@ def _rank_main(
     adopt_launcher_state(state["env"], state["stdio"])
     os.environ["LOCAL_RANK"] = str(local_rank)
     fn, args = load_payload(payloads[local_rank], inherited)
+    if state["forked"]:
+        check_cuda_after_fork()
     fn(*args)
+
+
+def check_cuda_after_fork() -> None:
+    """Raise a clear error when this forked rank cannot use the machine's CUDA GPU (its parent
+    had initialised the driver), rather than Lightning's "initialization error" later on."""
+    import torch
+
+    if torch.cuda.device_count() == 0:  # NVML where it can: initialises nothing
+        return
+    try:
+        torch.cuda.init()
+    except Exception as error:
+        raise RuntimeError(
+            f"this rank, forked from the rank server, cannot use CUDA ({error}): something the "
+            f"server imported had initialised the CUDA driver. Start ranks as fresh "
+            f"interpreters with launcher.start_method=spawn"
+        ) from error
 
 
 class LauncherSignal(RuntimeError):
@@ -369,7 +398,11 @@ def launch_local(
         env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # ranks connect to it as clients
     if start_method == "forkserver":
         start_rank_server()
-    state = {"env": env, "stdio": (InheritedFd(1), InheritedFd(2))}
+    state = {
+        "env": env,
+        "stdio": (InheritedFd(1), InheritedFd(2)),
+        "forked": start_method == "forkserver",
+    }
     ctx = None
     with signals_raise():
         try:

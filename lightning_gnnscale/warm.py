@@ -43,13 +43,18 @@ READY_TIMEOUT_S = 300.0
 
 
 def preload() -> tuple[str, ...]:
-    """What the server imports: what a rank needs, every system's, and Hydra (``train.py``).
-    Not ``rank_server_guard``, which ties a process to its parent."""
-    from .launch import RANK_SERVER_PRELOAD
+    """What the server imports: what a rank needs, every system's, and Hydra (``train.py``);
+    where an NVIDIA GPU is present, only what leaves CUDA usable after a fork
+    (``launch.CUDA_SAFE_PRELOAD``). Not ``rank_server_guard``, which ties a process to its
+    parent."""
+    from .launch import CUDA_SAFE_PRELOAD, RANK_SERVER_PRELOAD, nvidia_gpu_present
     from .systems.registry import SYSTEMS
 
-    systems = (module for spec in SYSTEMS.values() for module in spec.implementation)
-    modules = ("hydra", "hydra.main", *RANK_SERVER_PRELOAD, *systems)
+    if nvidia_gpu_present():
+        modules = ("hydra", "hydra.main", *CUDA_SAFE_PRELOAD)
+    else:
+        systems = (module for spec in SYSTEMS.values() for module in spec.implementation)
+        modules = ("hydra", "hydra.main", *RANK_SERVER_PRELOAD, *systems)
     return tuple(m for m in dict.fromkeys(modules) if not m.endswith("rank_server_guard"))
 
 

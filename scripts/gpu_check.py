@@ -64,9 +64,17 @@ def error_line(log: str) -> str:
     return (lines[-1] if lines else "no output")[:400]
 
 
-def run_job(strategy: str, accelerator: str, ranks: int, out: Path, timeout_s: float) -> dict:
-    """One ``train.py`` run (two launchers for 2 ranks); its result row."""
-    name = f"{strategy}-{accelerator}-{ranks}r"
+def run_job(
+    strategy: str,
+    accelerator: str,
+    ranks: int,
+    out: Path,
+    timeout_s: float,
+    extra: tuple[str, ...] = (),
+    tag: str = "",
+) -> dict:
+    """One ``train.py`` run (two launchers for 2 ranks) with ``extra`` overrides; its row."""
+    name = f"{strategy}-{accelerator}-{ranks}r{tag}"
     run_dir = out / "runs" / name
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = [
@@ -84,6 +92,7 @@ def run_job(strategy: str, accelerator: str, ranks: int, out: Path, timeout_s: f
         "launcher.collective_timeout_s=60",
         f"hydra.run.dir={run_dir}",
         f"paths.cache_dir={out / 'cache'}",
+        *extra,
     ]
     env = {**os.environ, "GNNSCALE_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("LOCAL_RANK", None)

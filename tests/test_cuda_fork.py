@@ -1,0 +1,146 @@
+"""Ranks forked from the rank server can use CUDA: where an NVIDIA GPU is present the server
+imports nothing that initialises the CUDA driver (PyG does), and a rank that still cannot
+initialise CUDA says how to start ranks instead (docs/architecture.md, "Start-up").
+
+This machine has no GPU: the tests pin the rule (which modules, when) and run the reduced
+server's ranks; scripts/gpu_check.sh runs the same ranks on a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from multiprocessing import forkserver
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_gnnscale import launch, warm
+from tests.helpers.config import REPO
+
+IMPORTS_OF = r"""
+import importlib, json, sys
+for module in sys.argv[1:]:
+    importlib.import_module(module)
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("torch_geometric",
+      "torch", "lightning") or m == "lightning_gnnscale.run")))
+"""
+
+
+def _imported_by(modules: tuple[str, ...]) -> set[str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORTS_OF, *modules],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return set(json.loads(proc.stdout))
+
+
+@pytest.mark.e2e
+def test_the_cuda_safe_server_imports_neither_pyg_nor_the_suites_runtime():
+    imported = _imported_by(launch.CUDA_SAFE_PRELOAD)
+    assert {"torch", "lightning"} <= {m.split(".")[0] for m in imported}
+    assert not any(m.startswith("torch_geometric") for m in imported), sorted(imported)
+    assert "lightning_gnnscale.run" not in imported
+
+
+@pytest.fixture
+def preload_asked(monkeypatch) -> list:
+    """What ``start_rank_server`` asks the forkserver to import (none is started)."""
+    asked = []
+    monkeypatch.setattr(forkserver, "set_forkserver_preload", asked.append)
+    monkeypatch.setattr(forkserver, "ensure_running", lambda: None)
+    return asked
+
+
+def test_with_an_nvidia_gpu_the_server_imports_only_the_cuda_safe_modules(
+    monkeypatch, preload_asked
+):
+    monkeypatch.setattr(launch, "nvidia_gpu_present", lambda: True)
+    launch.start_rank_server(("lightning_gnnscale.systems.distdgl.strategy",))
+    assert preload_asked == [list(launch.CUDA_SAFE_PRELOAD)]
+    assert not {"torch_geometric", "lightning_gnnscale.run"} & set(warm.preload())
+
+
+def test_without_one_the_server_imports_everything_a_rank_needs(monkeypatch, preload_asked):
+    monkeypatch.setattr(launch, "nvidia_gpu_present", lambda: False)
+    launch.start_rank_server(("lightning_gnnscale.systems.distdgl.strategy",))
+    expected = [*launch.RANK_SERVER_PRELOAD, "lightning_gnnscale.systems.distdgl.strategy"]
+    assert preload_asked == [expected]
+    assert {"torch_geometric", "lightning_gnnscale.run"} <= set(warm.preload())
+
+
+@pytest.mark.parametrize(
+    ("visible", "driver", "expected"),
+    [
+        (None, True, True),
+        ("0", True, True),
+        ("", True, False),
+        ("-1", True, False),
+        (None, False, False),
+    ],
+)
+def test_an_nvidia_gpu_is_present_when_a_driver_shows_and_a_device_is_visible(
+    monkeypatch, visible, driver, expected
+):
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(launch.os.path, "exists", lambda path: driver and "nvidia" in path)
+    assert launch.nvidia_gpu_present() is expected
+
+
+def test_a_forked_rank_that_cannot_initialise_cuda_says_how_to_start_ranks(monkeypatch):
+    def broken_init():
+        raise RuntimeError("CUDA error: initialization error")
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "init", broken_init)
+    with pytest.raises(RuntimeError, match=r"initialization error.*launcher.start_method=spawn"):
+        launch.check_cuda_after_fork()
+
+
+def test_without_a_cuda_device_the_rank_initialises_nothing(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "init", lambda: pytest.fail("CUDA initialised"))
+    launch.check_cuda_after_fork()
+
+
+def report_modules_at_start(out_dir: str) -> None:
+    """One rank's view: whether its server had imported PyG; then that it imports it."""
+    had_pyg = "torch_geometric" in sys.modules
+    import torch_geometric  # noqa: F401  (what each rank now imports itself)
+
+    Path(out_dir, f"rank{os.environ['LOCAL_RANK']}.json").write_text(json.dumps(had_pyg))
+
+
+LAUNCH_AS_ON_A_GPU_MACHINE = r"""
+import sys
+from lightning_gnnscale import launch
+from tests.test_cuda_fork import report_modules_at_start
+launch.nvidia_gpu_present = lambda: True
+launch.launch_local(report_modules_at_start, (sys.argv[1],), 2, 1, 300, "forkserver")
+"""
+
+
+@pytest.mark.e2e
+def test_ranks_forked_from_the_cuda_safe_server_import_the_rest_themselves(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", LAUNCH_AS_ON_A_GPU_MACHINE, str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)] == [
+        False,
+        False,
+    ]
