@@ -2,6 +2,10 @@
 
 Run through ``scripts/gpu_check.sh OUT`` (which installs what is missing). Steps:
 
+0. the fork probe: a fresh interpreter imports the rank server's modules, forks, and the child
+   initialises CUDA. The server's modules on a GPU machine (``launch.CUDA_SAFE_PRELOAD``) must
+   leave the child able to; the full list (``RANK_SERVER_PRELOAD``, PyG included) is probed
+   for the record (docs/architecture.md, "Launching");
 1. every strategy for 2 epochs on a small ``sbm`` in float64 with dropout 0, on CUDA with 1 rank
    and with 2 ranks, and the same 2-rank run on the CPU: a CUDA run must give the CPU run's
    losses (relative difference <= ``--rtol``), which extends the suite's CPU exactness tests
@@ -64,17 +68,9 @@ def error_line(log: str) -> str:
     return (lines[-1] if lines else "no output")[:400]
 
 
-def run_job(
-    strategy: str,
-    accelerator: str,
-    ranks: int,
-    out: Path,
-    timeout_s: float,
-    extra: tuple[str, ...] = (),
-    tag: str = "",
-) -> dict:
-    """One ``train.py`` run (two launchers for 2 ranks) with ``extra`` overrides; its row."""
-    name = f"{strategy}-{accelerator}-{ranks}r{tag}"
+def run_job(strategy: str, accelerator: str, ranks: int, out: Path, timeout_s: float) -> dict:
+    """One ``train.py`` run (two launchers for 2 ranks); its result row."""
+    name = f"{strategy}-{accelerator}-{ranks}r"
     run_dir = out / "runs" / name
     run_dir.mkdir(parents=True, exist_ok=True)
     overrides = [
@@ -92,7 +88,6 @@ def run_job(
         "launcher.collective_timeout_s=60",
         f"hydra.run.dir={run_dir}",
         f"paths.cache_dir={out / 'cache'}",
-        *extra,
     ]
     env = {**os.environ, "GNNSCALE_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("LOCAL_RANK", None)
@@ -159,6 +154,49 @@ def run_job(
         row["error"] = " | ".join(dict.fromkeys(error_line(log) for log in logs))
     print(f"[gpu-check] {name}: {'ok' if row['ok'] else row.get('error')}", flush=True)
     return row
+
+
+FORK_PROBE = r"""
+import importlib, os, sys
+import torch
+for module in sys.argv[1:]:
+    importlib.import_module(module)
+pid = os.fork()
+if pid == 0:
+    try:
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")
+    except Exception as error:
+        print(f"{type(error).__name__}: {str(error).splitlines()[0]}", flush=True)
+        os._exit(3)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def fork_probe() -> dict:
+    """Whether a child forked after importing each preload list can initialise CUDA."""
+    from lightning_gnnscale.launch import CUDA_SAFE_PRELOAD, RANK_SERVER_PRELOAD
+
+    def probe(modules: tuple[str, ...]) -> dict:
+        proc = subprocess.run(
+            [sys.executable, "-c", FORK_PROBE, *modules],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        row = {"modules": list(modules), "child_uses_cuda": proc.returncode == 0}
+        if proc.returncode != 0:
+            row["error"] = error_line(proc.stdout + proc.stderr)
+        return row
+
+    with futures.ThreadPoolExecutor(2) as pool:
+        safe, full = pool.map(probe, (CUDA_SAFE_PRELOAD, RANK_SERVER_PRELOAD))
+    for name, row in (("CUDA_SAFE_PRELOAD", safe), ("RANK_SERVER_PRELOAD", full)):
+        print(f"[gpu-check] fork probe, {name}: {row.get('error', 'child uses CUDA')}", flush=True)
+    return {"cuda_safe_preload": safe, "rank_server_preload": full}
 
 
 def compare(gpu: dict, cpu: dict | None, rtol: float) -> str:
@@ -248,6 +286,9 @@ def markdown(result: dict) -> str:
         "| strategy | CUDA, 1 rank | CUDA, 2 ranks | 1 rank vs CPU | 2 ranks vs CPU |",
         "|---|---|---|---|---|",
     ]
+    for key, row in result["fork_probe"].items():
+        verdict = "the child uses CUDA" if row["child_uses_cuda"] else f"fails: {row['error']}"
+        lines.insert(-3, f"Fork probe, {key} ({', '.join(row['modules'])}): {verdict}.\n")
     for r in result["strategies"]:
         lines.append(
             f"| {r['strategy']} | {cell(r['gpu_1_rank'])} | {cell(r['gpu_2_ranks'])} "
@@ -282,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=150, help="per run")
     parser.add_argument("--budget-s", type=float, default=300, help="for all strategy runs")
     parser.add_argument("--rtol", type=float, default=1e-8)
-    parser.add_argument("--skip", nargs="*", default=[], choices=["matrix", "pytest", "e2e"])
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["fork-probe", "matrix", "pytest", "e2e"]
+    )
     args = parser.parse_args(argv)
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -294,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"[gpu-check] {result['environment']}", flush=True)
     skip = set(args.skip)
+    result["fork_probe"] = {} if "fork-probe" in skip else fork_probe()
     result["strategies"] = (
         []
         if "matrix" in skip
