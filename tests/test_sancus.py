@@ -39,7 +39,18 @@ POLICIES = [
     StalenessPolicy("adaptive", epoch_bound=1),
     StalenessPolicy("variation", variation_gap=GAP),
     StalenessPolicy("skipg", epoch_bound=1),
+    StalenessPolicy("epoch_fixed", epoch_bound=0),  # broadcasts every read block every epoch
+    StalenessPolicy("adaptive", epoch_bound=0),
 ]
+POLICY_IDS = [f"{p.name}-{p.epoch_bound}-{p.input_policy}" for p in POLICIES]
+# Policies under which no hidden block is ever read stale, so none is kept: X alone is cached.
+KEEP_X_ONLY = {
+    "none-1-once",
+    "none-1-same_as_hidden",
+    "skipg-1-once",
+    "epoch_fixed-0-once",
+    "adaptive-0-once",
+}
 
 
 def original_graph():
@@ -75,49 +86,49 @@ def sancus_net(graph, policy, comm):
     return net
 
 
-def _train_rank(rank, world_size, rows):
-    graph, book = setup_graph(world_size, rows)
-    comm = Comm.create()
+def _train(graph, book, rank, comm, policy) -> dict:
+    """``EPOCHS`` full-graph steps of ``policy`` on this rank's row block, and what they did."""
     layout = row_blocks(graph, book.node_offsets, rank)
     lo, hi = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
     x, y = graph.x[lo:hi], graph.y[lo:hi]
     n_train = int(graph.train_mask.sum())
-    out = []
-    for policy in POLICIES:
-        net = sancus_net(graph, policy, comm)
-        runtime = net.runtime
-        optimizer = torch.optim.Adam(net.parameters(), lr=LR)
-        before = comm.meter.snapshot()
-        losses, logits0, grads0 = [], None, None
-        for _ in range(EPOCHS):
-            optimizer.zero_grad()
-            logits = net([layout], x)
-            loss_sum = F.cross_entropy(logits, y[layout.seed_rows], reduction="sum")
-            (loss_sum / n_train).backward()
-            sum_gradients(comm, list(net.parameters()))
-            losses.append(comm.all_reduce(loss_sum.detach().clone(), category="control"))
-            if logits0 is None:
-                logits0 = logits.detach()
-                grads0 = [p.grad.clone() for p in net.parameters()]
-            optimizer.step()
-        training_bytes = comm.meter.delta(before)
-        out.append(
-            {
-                "losses": torch.stack(losses),
-                "logits0": logits0,
-                "grads0": grads0,
-                "params": [p.detach().clone() for p in net.parameters()],
-                "forward_flags": runtime.forward_flags,
-                "backward_flags": runtime.backward_flags,
-                "bytes": {
-                    c: sum(links.values())
-                    for c, links in training_bytes["category_link_bytes"].items()
-                },
-                "cache_bytes": runtime.cache_bytes(),
-                "eval_logits": net.exact_logits(x, layout),
-            }
-        )
-    return out
+    net = sancus_net(graph, policy, comm)
+    runtime = net.runtime
+    optimizer = torch.optim.Adam(net.parameters(), lr=LR)
+    before = comm.meter.snapshot()
+    losses, logits0, grads0 = [], None, None
+    for _ in range(EPOCHS):
+        optimizer.zero_grad()
+        logits = net([layout], x)
+        loss_sum = F.cross_entropy(logits, y[layout.seed_rows], reduction="sum")
+        (loss_sum / n_train).backward()
+        sum_gradients(comm, list(net.parameters()))
+        losses.append(comm.all_reduce(loss_sum.detach().clone(), category="control"))
+        if logits0 is None:
+            logits0 = logits.detach()
+            grads0 = [p.grad.clone() for p in net.parameters()]
+        optimizer.step()
+    training_bytes = comm.meter.delta(before)
+    return {
+        "losses": torch.stack(losses),
+        "logits0": logits0,
+        "grads0": grads0,
+        "params": [p.detach().clone() for p in net.parameters()],
+        "forward_flags": runtime.forward_flags,
+        "backward_flags": runtime.backward_flags,
+        "bytes": {
+            c: sum(links.values()) for c, links in training_bytes["category_link_bytes"].items()
+        },
+        "cache_bytes": runtime.cache_bytes(),
+        "eval_logits": net.exact_logits(x, layout),
+        "consumer": layout.consumer,
+    }
+
+
+def _train_rank(rank, world_size, rows):
+    graph, book = setup_graph(world_size, rows)
+    comm = Comm.create()
+    return [_train(graph, book, rank, comm, policy) for policy in POLICIES]
 
 
 def reference(graph, epochs):
@@ -183,7 +194,7 @@ def test_bound_zero_equals_single(runs):
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("k", range(len(POLICIES)), ids=[p.name for p in POLICIES])
+@pytest.mark.parametrize("k", range(len(POLICIES)), ids=POLICY_IDS)
 def test_distributed_run_equals_the_emulator(runs, k):
     world_size, rows, results = runs
     graph, book = setup_graph(world_size, rows)
@@ -213,7 +224,44 @@ def test_distributed_run_equals_the_emulator(runs, k):
         assert bool((hidden_d[stale] <= GAP).all())
     hidden = [f for (_, layer), f in trace.forward_flags.items() if layer > 0]
     skipped = any(not bool(f.all()) for f in [*hidden, *trace.backward_flags.values()])
-    assert skipped == (policy.name != "none")  # every staleness policy really skips here
+    # every staleness policy really skips here, except CAGNET's schedule (none, or bound 0)
+    cagnet_schedule = policy.name == "none" or (
+        policy.name in ("epoch_fixed", "adaptive") and policy.epoch_bound == 0
+    )
+    assert skipped == (not cagnet_schedule)
+
+
+def one_way_graph():
+    """The 2-block contiguous SBM without its edges from block 1 into block 0: block 0's rows
+    read nothing of block 1, so nobody consumes block 1."""
+    graph, book = setup_graph(2, "contiguous")
+    src, dst = graph.edge_index()
+    cut = int(book.node_offsets[1])
+    keep = ~((dst < cut) & (src >= cut))
+    return graph.with_structure(*csc_from_edges(src[keep], dst[keep], graph.num_nodes)), book
+
+
+def _train_one_way(rank, world_size):
+    graph, book = one_way_graph()
+    comm = Comm.create()
+    policies = (StalenessPolicy("none"), StalenessPolicy("adaptive", epoch_bound=0))
+    return [_train(graph, book, rank, comm, policy) for policy in policies]
+
+
+@pytest.mark.dist
+def test_a_block_nobody_reads_is_neither_sent_nor_kept():
+    """SCS-A with bound 0 sends every read block every epoch and keeps none; a block nobody
+    reads is never sent, and its readers' absence must not make a rank look it up."""
+    graph, book = one_way_graph()
+    (none0, adaptive0), (none1, adaptive1) = run_distributed(_train_one_way, 2, timeout_s=120)
+    assert not bool(none0["consumer"][0, 1]) and bool(none1["consumer"][1, 0])  # the setting
+    for rank, (none, adaptive) in enumerate(((none0, adaptive0), (none1, adaptive1))):
+        torch.testing.assert_close(adaptive["losses"], none["losses"], atol=1e-12, rtol=0)
+        for (_, layer), flags in adaptive["forward_flags"].items():
+            if layer > 0:
+                assert flags.tolist() == [True, False], (rank, layer)
+        x_rows = graph.num_nodes - int(book.node_offsets[rank + 1] - book.node_offsets[rank])
+        assert adaptive["cache_bytes"]["embedding_cache"] == x_rows * graph.num_features * 8
 
 
 # --------------------------------------------------------- independent flag oracle
@@ -357,7 +405,7 @@ def test_emulator_flags_match_the_oracle_with_a_block_nobody_reads(policy):
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("k", range(len(POLICIES)), ids=[p.name for p in POLICIES])
+@pytest.mark.parametrize("k", range(len(POLICIES)), ids=POLICY_IDS)
 def test_meter_and_cache_match_the_formulas(runs, k):
     """Bytes each rank sends = docs/systems/sancus.md's per-epoch formulas for the recorded
     flags; cache bytes = Σ es (N - n_i) F_l."""
@@ -386,7 +434,7 @@ def test_meter_and_cache_match_the_formulas(runs, k):
         formula = cache_bytes_formula(graph.num_nodes, sizes[rank], widths, es, policy)
         cache = res["cache_bytes"]
         assert cache["embedding_cache"] + cache["own_last"] == formula
-        if policy.name in ("none", "skipg"):  # every hidden block is broadcast: X alone is kept
+        if POLICY_IDS[k] in KEEP_X_ONLY:  # every hidden block read is broadcast: X alone kept
             x_rows = (graph.num_nodes - sizes[rank]) * widths[0] * es
             assert cache["embedding_cache"] == x_rows
         assert (cache["gradient_cache"] > 0) == (policy.name == "skipg")

@@ -87,10 +87,13 @@ class StalenessPolicy:
     def stores_blocks(self, layer: int) -> bool:
         """Whether received blocks of layer input ``layer`` are kept: a later epoch may read
         them stale. X always (it never changes, and evaluation reads it); hidden blocks not
-        under ``none`` (CAGNET) and SkipG's forward, which broadcast them every epoch."""
+        under ``none`` (CAGNET), SkipG's forward, and ``epoch_fixed``/``adaptive`` with bound
+        0, which broadcast every block that is read every epoch."""
         if layer == 0:
             return True
-        return self.name not in ("none", "skipg")
+        if self.name in ("epoch_fixed", "adaptive"):
+            return self.epoch_bound > 0
+        return self.name == "variation"
 
     def local_flags(
         self, layer: int, epoch: int, last_bcast: Tensor, consumer: Tensor

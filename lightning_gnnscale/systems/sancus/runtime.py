@@ -124,6 +124,8 @@ class SkipBroadcast:
                 if flags[j]:
                     self.comm.broadcast(own.detach().contiguous(), j, category=category)
                 continue
+            if not flags[j] and not layout.consumer[rank, j]:
+                continue  # neither sent nor read (SCS-A skips blocks nobody consumes)
             if flags[j]:
                 block = own.new_empty(size, own.shape[1])
                 self.comm.broadcast(block, j, category=category)
