@@ -7,8 +7,9 @@ its jobs in one process and each job spawns its own ranks (docs/architecture.md,
 SLURM (``LOCAL_RANK`` set, or ``srun`` with one task per rank) the job function runs directly.
 
 Ranks start warm: they are forked from a *rank server* (multiprocessing's ``forkserver``), a
-process that imported torch, Lightning, PyG and the suite once, while the launcher was still
-composing the config and preparing the data (:func:`start_rank_server`). The server runs no torch
+process that imported torch, Lightning, PyG and the suite once (torch and Lightning alone where
+an NVIDIA GPU is present: :data:`CUDA_SAFE_PRELOAD`), while the launcher was still composing
+the config and preparing the data (:func:`start_rank_server`). The server runs no torch
 operator, so no thread pool exists when it forks. ``launcher.start_method=spawn`` starts each rank
 as a fresh interpreter instead (every rank imports everything again). Either way a rank gets the
 launcher's environment, working directory, stdout and stderr as they are at launch.
@@ -44,10 +45,11 @@ from omegaconf import OmegaConf
 from .schema import START_METHODS
 from .systems.registry import SYSTEMS
 
-# A process forked after the CUDA driver was initialised cannot use CUDA ("initialization
-# error" at its first CUDA call, even Lightning's RNG snapshot in a CPU run). Importing PyG
-# initialises it (torch_geometric 2.8 with torch 2.11+cu130, on an H100); torch and Lightning
-# do not. On a machine with an NVIDIA GPU the server imports only these, and each rank the rest.
+# A process forked from one whose CUDA driver is initialised cannot use CUDA ("initialization
+# error" at its first CUDA call, even Lightning's RNG snapshot in a CPU run). Measured on an
+# H100 (torch 2.11+cu130, PyG 2.8): a child forked after importing torch and Lightning can,
+# after importing PyG it cannot (likely a native extension's driver call). On a machine with an
+# NVIDIA GPU the server imports only these, and each rank the rest.
 # The guard comes first (after the package's own imports, which it needs), so the server dies
 # with its launcher while it imports the rest.
 CUDA_SAFE_PRELOAD = ("lightning_gnnscale.rank_server_guard", "torch", "lightning")
@@ -95,12 +97,24 @@ _PR_SET_PDEATHSIG = 1
 RANK_EXIT_GRACE_S = 5.0
 
 
+# Where an NVIDIA driver shows itself: Linux (module loaded, device nodes) and WSL2.
+NVIDIA_DRIVER_PATHS = (
+    "/proc/driver/nvidia/version",
+    "/sys/module/nvidia",
+    "/dev/nvidiactl",
+    "/dev/nvidia0",
+    "/dev/dxg",
+)
+
+
 def nvidia_gpu_present() -> bool:
-    """Whether this machine has an NVIDIA GPU that CUDA may use (its driver is loaded and
-    ``CUDA_VISIBLE_DEVICES`` hides not every device); standard library only."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1"):
+    """Whether this machine has an NVIDIA GPU that CUDA may use: a driver shows
+    (:data:`NVIDIA_DRIVER_PATHS`) and ``CUDA_VISIBLE_DEVICES`` does not hide every device
+    (empty, or ``-1`` first); standard library only."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0")
+    if visible.split(",")[0].strip() in ("", "-1"):
         return False
-    return any(os.path.exists(p) for p in ("/proc/driver/nvidia/version", "/dev/nvidiactl"))
+    return any(os.path.exists(path) for path in NVIDIA_DRIVER_PATHS)
 
 
 def start_rank_server(extra_modules: tuple[str, ...] = ()) -> None:
@@ -113,10 +127,11 @@ def start_rank_server(extra_modules: tuple[str, ...] = ()) -> None:
     import multiprocessing
     from multiprocessing import forkserver
 
-    modules = (*RANK_SERVER_PRELOAD, *extra_modules)
-    multiprocessing.get_context("forkserver").set_forkserver_preload(
-        list(CUDA_SAFE_PRELOAD if nvidia_gpu_present() else dict.fromkeys(modules))
-    )
+    if nvidia_gpu_present():
+        modules = CUDA_SAFE_PRELOAD
+    else:
+        modules = tuple(dict.fromkeys((*RANK_SERVER_PRELOAD, *extra_modules)))
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
     forkserver.ensure_running()
 
 
@@ -318,15 +333,16 @@ def _rank_main(
     _die_with_parent(launcher_pid)
     adopt_launcher_state(state["env"], state["stdio"])
     os.environ["LOCAL_RANK"] = str(local_rank)
-    fn, args = load_payload(payloads[local_rank], inherited)
-    if state["forked"]:
+    if state["forked"]:  # before the payload, whose unpickling imports PyG
         check_cuda_after_fork()
+    fn, args = load_payload(payloads[local_rank], inherited)
     fn(*args)
 
 
 def check_cuda_after_fork() -> None:
-    """Raise a clear error when this forked rank cannot use the machine's CUDA GPU (its parent
-    had initialised the driver), rather than Lightning's "initialization error" later on."""
+    """Raise a clear error when this forked rank cannot use the machine's CUDA GPU because its
+    parent had initialised the driver, rather than Lightning's "initialization error" later on.
+    Any other CUDA failure (driver too old, say) is left to Lightning, as in a spawned rank."""
     import torch
 
     if torch.cuda.device_count() == 0:  # NVML where it can: initialises nothing
@@ -334,6 +350,8 @@ def check_cuda_after_fork() -> None:
     try:
         torch.cuda.init()
     except Exception as error:
+        if "initialization error" not in str(error):
+            return
         raise RuntimeError(
             f"this rank, forked from the rank server, cannot use CUDA ({error}): something the "
             f"server imported had initialised the CUDA driver. Start ranks as fresh "

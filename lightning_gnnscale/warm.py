@@ -3,7 +3,8 @@
 A fresh interpreter spends ~9 s here importing torch, Lightning, PyG and the suite before a run
 of ~1 s can start. ``start`` leaves a server that has imported all of it once (what a rank
 imports, :data:`lightning_gnnscale.launch.RANK_SERVER_PRELOAD`, every system's implementation,
-and Hydra); ``train.py`` then hands its run to it (:func:`lightning_gnnscale.warm_client.hand_off`):
+and Hydra; where an NVIDIA GPU is present only Hydra and ``launch.CUDA_SAFE_PRELOAD``, so that
+its forks can use CUDA); ``train.py`` then hands its run to it (:func:`lightning_gnnscale.warm_client.hand_off`):
 the server forks one process per run, which takes the run's command line, working directory,
 environment, umask, CPU affinity, thread count and standard streams, forks its own rank server
 from itself, and runs ``train.py`` as ``__main__``, as a cold start would. The server runs no

@@ -32,7 +32,20 @@ DIR_ENV = "GNNSCALE_WARM_DIR"  # the socket folder (default: $XDG_RUNTIME_DIR or
 # Environment variables that the interpreter, torch, Lightning or PyG read while importing: a
 # server imported with other values than the run's would not behave as a cold start would.
 # OMP_NUM_THREADS is not among them: the run's value is applied with torch.set_num_threads.
-IMPORT_ENV_PREFIXES = ("PYTHON", "LD_", "TORCH", "PYTORCH", "OMP_", "KMP_", "MKL_", "LC_", "LANG")
+# CUDA_/NVIDIA_: which GPUs are visible decides what the server imports (``warm.preload``).
+IMPORT_ENV_PREFIXES = (
+    "PYTHON",
+    "LD_",
+    "TORCH",
+    "PYTORCH",
+    "OMP_",
+    "KMP_",
+    "MKL_",
+    "LC_",
+    "LANG",
+    "CUDA_",
+    "NVIDIA_",
+)
 THREADS_ENV = "OMP_NUM_THREADS"
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent

@@ -3,9 +3,9 @@
 Run through ``scripts/gpu_check.sh OUT`` (which installs what is missing). Steps:
 
 0. the fork probe: a fresh interpreter imports the rank server's modules, forks, and the child
-   initialises CUDA. The server's modules on a GPU machine (``launch.CUDA_SAFE_PRELOAD``) must
-   leave the child able to; the full list (``RANK_SERVER_PRELOAD``, PyG included) is probed
-   for the record (docs/architecture.md, "Launching");
+   initialises CUDA. The servers' modules on a GPU machine (``launch.CUDA_SAFE_PRELOAD``, and
+   ``warm.preload()``) must leave the child able to; the full list (``RANK_SERVER_PRELOAD``,
+   PyG included) is probed for the record (docs/architecture.md, "Launching");
 1. every strategy for 2 epochs on a small ``sbm`` in float64 with dropout 0, on CUDA with 1 rank
    and with 2 ranks, and the same 2-rank run on the CPU: a CUDA run must give the CPU run's
    losses (relative difference <= ``--rtol``), which extends the suite's CPU exactness tests
@@ -176,27 +176,38 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 def fork_probe() -> dict:
-    """Whether a child forked after importing each preload list can initialise CUDA."""
+    """Whether a child forked after importing each preload list can initialise CUDA: the rank
+    server's and the warm server's on a GPU machine (both must), and the full list."""
+    from lightning_gnnscale import warm
     from lightning_gnnscale.launch import CUDA_SAFE_PRELOAD, RANK_SERVER_PRELOAD
 
     def probe(modules: tuple[str, ...]) -> dict:
-        proc = subprocess.run(
-            [sys.executable, "-c", FORK_PROBE, *modules],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        row = {"modules": list(modules), "child_uses_cuda": proc.returncode == 0}
+        row = {"modules": list(modules)}
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", FORK_PROBE, *modules],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        except subprocess.TimeoutExpired:
+            return {**row, "child_uses_cuda": False, "error": "did not finish within 120 s"}
+        row["child_uses_cuda"] = proc.returncode == 0
         if proc.returncode != 0:
             row["error"] = error_line(proc.stdout + proc.stderr)
         return row
 
-    with futures.ThreadPoolExecutor(2) as pool:
-        safe, full = pool.map(probe, (CUDA_SAFE_PRELOAD, RANK_SERVER_PRELOAD))
-    for name, row in (("CUDA_SAFE_PRELOAD", safe), ("RANK_SERVER_PRELOAD", full)):
+    lists = {
+        "cuda_safe_preload": CUDA_SAFE_PRELOAD,
+        "warm_server_preload": warm.preload(),
+        "rank_server_preload": RANK_SERVER_PRELOAD,
+    }
+    with futures.ThreadPoolExecutor(len(lists)) as pool:
+        rows = dict(zip(lists, pool.map(probe, lists.values())))
+    for name, row in rows.items():
         print(f"[gpu-check] fork probe, {name}: {row.get('error', 'child uses CUDA')}", flush=True)
-    return {"cuda_safe_preload": safe, "rank_server_preload": full}
+    return rows
 
 
 def compare(gpu: dict, cpu: dict | None, rtol: float) -> str:
@@ -286,9 +297,12 @@ def markdown(result: dict) -> str:
         "| strategy | CUDA, 1 rank | CUDA, 2 ranks | 1 rank vs CPU | 2 ranks vs CPU |",
         "|---|---|---|---|---|",
     ]
-    for key, row in result["fork_probe"].items():
-        verdict = "the child uses CUDA" if row["child_uses_cuda"] else f"fails: {row['error']}"
-        lines.insert(-3, f"Fork probe, {key} ({', '.join(row['modules'])}): {verdict}.\n")
+    probes = [
+        f"- fork probe, {key} ({', '.join(row['modules'])}): "
+        + ("the child uses CUDA" if row["child_uses_cuda"] else f"**fails**: {row['error']}")
+        for key, row in result["fork_probe"].items()
+    ]
+    lines[-3:-3] = [*probes, ""] if probes else []
     for r in result["strategies"]:
         lines.append(
             f"| {r['strategy']} | {cell(r['gpu_1_rank'])} | {cell(r['gpu_2_ranks'])} "

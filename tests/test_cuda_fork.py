@@ -1,9 +1,10 @@
 """Ranks forked from the rank server can use CUDA: where an NVIDIA GPU is present the server
-imports nothing that initialises the CUDA driver (PyG does), and a rank that still cannot
-initialise CUDA says how to start ranks instead (docs/architecture.md, "Start-up").
+imports only torch and Lightning (a child forked after PyG's import could not use CUDA on an
+H100), and a rank that still cannot initialise CUDA says how to start ranks instead
+(docs/architecture.md, "Launching").
 
 This machine has no GPU: the tests pin the rule (which modules, when) and run the reduced
-server's ranks; scripts/gpu_check.sh runs the same ranks on a GPU."""
+server's ranks; scripts/gpu_check.sh probes the modules and runs 2-rank jobs on a GPU."""
 
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ def test_without_one_the_server_imports_everything_a_rank_needs(monkeypatch, pre
         ("0", True, True),
         ("", True, False),
         ("-1", True, False),
+        (" ", True, False),
+        ("-1,0", True, False),
+        ("GPU-8c6bd1a2", True, True),
         (None, False, False),
     ],
 )
@@ -76,6 +80,29 @@ def test_a_forked_rank_that_cannot_initialise_cuda_says_how_to_start_ranks(monke
     monkeypatch.setattr(torch.cuda, "init", broken_init)
     with pytest.raises(RuntimeError, match=r"initialization error.*launcher.start_method=spawn"):
         launch.check_cuda_after_fork()
+
+
+def test_another_cuda_failure_is_left_to_lightning(monkeypatch):
+    def old_driver():
+        raise RuntimeError("The NVIDIA driver on your system is too old")
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "init", old_driver)
+    launch.check_cuda_after_fork()  # no advice to spawn: a spawned rank would fail alike
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_a_rank_checks_cuda_first_when_it_was_forked(monkeypatch, forked):
+    """``_rank_main``: the check runs before the payload is loaded, and only for forked ranks."""
+    calls = []
+    monkeypatch.setenv("LOCAL_RANK", "0")  # restored afterwards; _rank_main sets it
+    monkeypatch.setattr(launch, "_die_with_parent", lambda pid: None)
+    monkeypatch.setattr(launch, "adopt_launcher_state", lambda env, stdio: None)
+    monkeypatch.setattr(launch, "check_cuda_after_fork", lambda: calls.append("check"))
+    payload = (lambda: calls.append("job"), ())
+    monkeypatch.setattr(launch, "load_payload", lambda *a: calls.append("load") or payload)
+    launch._rank_main(0, {"env": {}, "stdio": (1, 2), "forked": forked}, 0, [b""], [])
+    assert calls == (["check", "load", "job"] if forked else ["load", "job"])
 
 
 def test_without_a_cuda_device_the_rank_initialises_nothing(monkeypatch):

@@ -23,7 +23,7 @@ from tests.helpers.dist import run_distributed
 IMPORT_FREE_CPU_S = 1.0
 # Where an NVIDIA GPU is present the server imports only torch and Lightning, and each rank
 # the rest (tests/test_cuda_fork.py checks that path).
-imports_everything = pytest.mark.skipif(
+skip_where_ranks_import_pyg = pytest.mark.skipif(
     nvidia_gpu_present(), reason="an NVIDIA GPU is present: ranks import PyG themselves"
 )
 
@@ -59,7 +59,9 @@ def test_launched_ranks_start_warm_with_the_launchers_state(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     reports = _launch_and_read(tmp_path, 2, "forkserver")
     for report in reports:
-        if not nvidia_gpu_present():  # else the rank imports PyG itself (imports_everything)
+        if (
+            not nvidia_gpu_present()
+        ):  # else the rank imports PyG itself (skip_where_ranks_import_pyg)
             assert report["cpu_s"] < IMPORT_FREE_CPU_S, report  # nothing was imported again
         # the server had no thread pool when it forked (torch ran no parallel operator there)
         assert report["parent_threads"] == 1, report
@@ -73,7 +75,7 @@ def _cpu_at_start(rank: int, world_size: int) -> float:
     return _cpu_s()
 
 
-@imports_everything
+@skip_where_ranks_import_pyg
 def test_test_helper_ranks_start_warm():
     for cpu in run_distributed(_cpu_at_start, 2):
         assert cpu < IMPORT_FREE_CPU_S
