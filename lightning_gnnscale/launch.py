@@ -117,21 +117,25 @@ def nvidia_gpu_present() -> bool:
     return any(os.path.exists(path) for path in NVIDIA_DRIVER_PATHS)
 
 
+def server_preload(extra_modules: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """What a process that ranks fork from may import: :data:`RANK_SERVER_PRELOAD` and
+    ``extra_modules``, or :data:`CUDA_SAFE_PRELOAD` alone where an NVIDIA GPU is present."""
+    if nvidia_gpu_present():
+        return CUDA_SAFE_PRELOAD
+    return tuple(dict.fromkeys((*RANK_SERVER_PRELOAD, *extra_modules)))
+
+
 def start_rank_server(extra_modules: tuple[str, ...] = ()) -> None:
-    """Start the warm process that ranks fork from, importing :data:`RANK_SERVER_PRELOAD` and
-    ``extra_modules`` (:data:`CUDA_SAFE_PRELOAD` alone where an NVIDIA GPU is present) in the
-    background; idempotent (a running server keeps its modules).
+    """Start the warm process that ranks fork from, importing :func:`server_preload`'s modules
+    in the background; idempotent (a running server keeps its modules).
 
     Call it as early as possible (``train.py`` does, before its own heavy imports) so that the
     server's imports overlap the launcher's work. Uses only the standard library."""
     import multiprocessing
     from multiprocessing import forkserver
 
-    if nvidia_gpu_present():
-        modules = CUDA_SAFE_PRELOAD
-    else:
-        modules = tuple(dict.fromkeys((*RANK_SERVER_PRELOAD, *extra_modules)))
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
+    preload = list(server_preload(extra_modules))
+    multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
     forkserver.ensure_running()
 
 

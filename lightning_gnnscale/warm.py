@@ -48,14 +48,11 @@ def preload() -> tuple[str, ...]:
     where an NVIDIA GPU is present, only what leaves CUDA usable after a fork
     (``launch.CUDA_SAFE_PRELOAD``). Not ``rank_server_guard``, which ties a process to its
     parent."""
-    from .launch import CUDA_SAFE_PRELOAD, RANK_SERVER_PRELOAD, nvidia_gpu_present
+    from .launch import server_preload
     from .systems.registry import SYSTEMS
 
-    if nvidia_gpu_present():
-        modules = ("hydra", "hydra.main", *CUDA_SAFE_PRELOAD)
-    else:
-        systems = (module for spec in SYSTEMS.values() for module in spec.implementation)
-        modules = ("hydra", "hydra.main", *RANK_SERVER_PRELOAD, *systems)
+    systems = tuple(module for spec in SYSTEMS.values() for module in spec.implementation)
+    modules = ("hydra", "hydra.main", *server_preload(systems))
     return tuple(m for m in dict.fromkeys(modules) if not m.endswith("rank_server_guard"))
 
 
