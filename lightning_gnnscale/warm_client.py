@@ -110,6 +110,21 @@ def _stats(paths) -> str:
     return digest.hexdigest()[:16]
 
 
+def _contents(paths) -> str:
+    """A hash of the files' bytes (and names): an edit that keeps a file's size and
+    modification time still shows. ~10 ms for the ~190 files (1.2 MB) of this checkout."""
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            data = Path(path).read_bytes()
+        except OSError:
+            digest.update(f"{path}\0missing\n".encode())
+            continue
+        digest.update(f"{path}\0{len(data)}\n".encode())
+        digest.update(data)
+    return digest.hexdigest()[:16]
+
+
 def _hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -136,7 +151,7 @@ def fingerprint(env: dict[str, str] | None = None) -> dict[str, str]:
         (k, v) for k, v in env.items() if k.startswith(IMPORT_ENV_PREFIXES) and k != THREADS_ENV
     )
     return {
-        "source": _stats(_source_files()),
+        "source": _contents(_source_files()),
         "python": _stats([os.path.realpath(sys.executable), *site]) + _hash(sys.version),
         "flags": repr((tuple(sys.flags), sys.warnoptions, sys._xoptions)),
         "environment": _hash(repr(imported_env)),

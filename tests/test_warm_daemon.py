@@ -162,11 +162,16 @@ def test_a_server_that_does_not_match_is_not_used(server):
     env, folder = server
     served = _status(folder)["served"]
     config = REPO / "conf" / "config.yaml"
-    before = os.stat(config)
-    os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
-    try:
+    before, text = os.stat(config), config.read_bytes()
+    assert text.startswith(b"# lightning_gnnscale")
+    try:  # an edit in a comment that keeps the size and the modification time
+        with open(config, "r+b") as file:
+            file.write(b"# L")
+        os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
         proc = _train(env, "--help")
     finally:
+        with open(config, "r+b") as file:
+            file.write(text[:3])
         os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert proc.returncode == 0 and "Powered by Hydra" in proc.stdout  # ran, cold
     stale = [line for line in proc.stderr.splitlines() if "warm server" in line]
@@ -236,6 +241,26 @@ def test_socket_folder_must_be_private(tmp_path, monkeypatch):
     with pytest.raises(PermissionError, match="mode 0700"):
         warm_client.socket_dir()
     assert warm_client.connect() is None  # train.py then runs cold
+
+
+def test_a_source_edit_that_keeps_size_and_mtime_shows(tmp_path, monkeypatch):
+    """The source part of the fingerprint hashes the files' bytes, not their stat."""
+    package = tmp_path / "lightning_gnnscale"
+    (tmp_path / "conf").mkdir()
+    package.mkdir()
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "conf" / "config.yaml").write_text("seed: 0\n")
+    module = package / "module.py"
+    module.write_text("VALUE = 1\n")
+    monkeypatch.setattr(warm_client, "PACKAGE_DIR", package)
+    monkeypatch.setattr(warm_client, "REPO_DIR", tmp_path)
+    before, stat_before = warm_client.fingerprint(), os.stat(module)
+    module.write_text("VALUE = 2\n")  # same size
+    os.utime(module, ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns))
+    assert os.stat(module).st_size == stat_before.st_size
+    assert os.stat(module).st_mtime_ns == stat_before.st_mtime_ns
+    after = warm_client.fingerprint()
+    assert warm_client.mismatch(after, before) == warm_client.MISMATCH["source"]
 
 
 def test_stop_ends_the_server_and_removes_its_socket(server):
