@@ -390,10 +390,10 @@ def _serve(folder: Path, idle_s: float, ready_fd: int) -> None:
 
 
 def start(idle_minutes: float) -> int:
-    if (answer := client.request({"op": "status"})) is not None:
+    folder = client.socket_dir(create=True)
+    if (answer := client.request({"op": "status"}, folder=folder)) is not None:
         print(f"a warm server is running already: pid {answer['server']} ({answer['socket']})")
         return 0
-    folder = client.socket_dir(create=True)
     log = folder / f"warm-{client.key()}.log"
     ready_r, ready_w = os.pipe()
     if os.fork() == 0:  # detach: a new session, then a grandchild that init adopts
@@ -444,7 +444,7 @@ def start(idle_minutes: float) -> int:
 
 
 def stop() -> int:
-    answer = client.request({"op": "stop"})
+    answer = client.request({"op": "stop"}, folder=client.socket_dir())
     if answer is None:
         print("no warm server is running")
         return 0
@@ -462,7 +462,7 @@ def stop() -> int:
 
 
 def status() -> int:
-    answer = client.request({"op": "status"})
+    answer = client.request({"op": "status"}, folder=client.socket_dir())
     if answer is None:
         print("no warm server is running")
         return 3
@@ -496,9 +496,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"start: end after this long without a run (default {IDLE_MINUTES:g})",
     )
     args = parser.parse_args(argv)
-    if args.command == "start":
-        return start(args.idle_minutes)
-    return stop() if args.command == "stop" else status()
+    try:
+        if args.command == "start":
+            return start(args.idle_minutes)
+        return stop() if args.command == "stop" else status()
+    except PermissionError as error:  # the socket folder is not this user's alone
+        print(f"{parser.prog} {args.command}: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

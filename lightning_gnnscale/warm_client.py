@@ -25,10 +25,11 @@ import socket
 import stat
 import struct
 import sys
+import tempfile
 from pathlib import Path
 
 DISABLE_ENV = "GNNSCALE_WARM"  # "0": never hand a run to a warm server
-DIR_ENV = "GNNSCALE_WARM_DIR"  # the socket folder (default: $XDG_RUNTIME_DIR or /tmp, per user)
+DIR_ENV = "GNNSCALE_WARM_DIR"  # the socket folder (default: $XDG_RUNTIME_DIR or $TMPDIR, per user)
 # Environment variables that the interpreter, torch, Lightning or PyG read while importing: a
 # server imported with other values than the run's would not behave as a cold start would.
 # OMP_NUM_THREADS is not among them: the run's value is applied with torch.set_num_threads.
@@ -62,15 +63,15 @@ def key() -> str:
 
 def socket_dir(create: bool = False) -> Path | None:
     """The per-user folder of the sockets, mode 0700; ``None`` when it does not exist (and
-    ``create`` is false). Refuses (``PermissionError``) one that another user owns or others
-    can enter, or a symlink."""
+    ``create`` is false). Refuses (``PermissionError``, naming the folder and what is wrong)
+    one that another user owns or others can enter, or a symlink or file in its place."""
     base = os.environ.get(DIR_ENV)
     if base:
         folder = Path(base)
     elif os.environ.get("XDG_RUNTIME_DIR"):
         folder = Path(os.environ["XDG_RUNTIME_DIR"], "lightning_gnnscale")
     else:
-        folder = Path(f"/tmp/lightning_gnnscale-{os.getuid()}")
+        folder = Path(tempfile.gettempdir(), f"lightning_gnnscale-{os.getuid()}")
     if create:
         with contextlib.suppress(FileExistsError):
             folder.mkdir(mode=0o700, parents=bool(base))
@@ -78,9 +79,25 @@ def socket_dir(create: bool = False) -> Path | None:
         info = os.lstat(folder)
     except FileNotFoundError:
         return None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{folder} must be a folder of uid {os.getuid()} with mode 0700")
+    if problem := _not_private(info):
+        raise PermissionError(
+            f"the warm server's folder {folder} {problem}: it must be a folder of yours (uid "
+            f"{os.getuid()}) with mode 0700; remove it, or set {DIR_ENV} to a folder of yours"
+        )
     return folder
+
+
+def _not_private(info: os.stat_result) -> str | None:
+    """What makes the folder with ``info`` (``lstat``) unfit for this user's sockets."""
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    if info.st_uid != os.getuid():
+        return f"is owned by uid {info.st_uid}, not by you"
+    if info.st_mode & 0o077:
+        return f"has mode {stat.S_IMODE(info.st_mode):04o} (others can enter it)"
+    return None
 
 
 def socket_path(folder: Path) -> Path:

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -261,6 +262,32 @@ def test_a_source_edit_that_keeps_size_and_mtime_shows(tmp_path, monkeypatch):
     assert os.stat(module).st_mtime_ns == stat_before.st_mtime_ns
     after = warm_client.fingerprint()
     assert warm_client.mismatch(after, before) == warm_client.MISMATCH["source"]
+
+
+def test_a_foreign_socket_folder_is_named_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """Another user's ``lightning_gnnscale-<uid>`` folder in the temporary directory: start,
+    status and stop say which folder and what is wrong (owner or mode), and train.py's
+    hand-off runs cold saying the same."""
+    from lightning_gnnscale import warm
+
+    monkeypatch.delenv(warm_client.DIR_ENV, raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    folder = tmp_path / f"lightning_gnnscale-{os.getuid()}"
+    folder.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(folder, 65534, 65534)
+        wrong = "is owned by uid 65534, not by you"
+    else:  # a loose mode is all a non-root user can make here
+        folder.chmod(0o755)
+        wrong = "has mode 0755 (others can enter it)"
+    for command in ("start", "status", "stop"):
+        assert warm.main([command]) == 1
+        err = capsys.readouterr().err
+        assert f"{folder} {wrong}" in err and "Traceback" not in err, err
+    assert warm_client.connect() is None
+    assert f"not used: the warm server's folder {folder} {wrong}" in capsys.readouterr().err
 
 
 def test_stop_ends_the_server_and_removes_its_socket(server):
