@@ -203,11 +203,16 @@ class Server:
             "socket": str(self.path),
             "package": str(client.PACKAGE_DIR),
             "python": sys.executable,
-            "fingerprint": self.fingerprint,
+            "fingerprint": self.current_fingerprint(),
             "idle_left_s": None if idle_left is None else round(idle_left, 1),
             "runs": sorted(self.runs),
             "served": self.served,
         }
+
+    def current_fingerprint(self) -> dict:
+        """The fingerprint taken at start, with the cgroups the server is in now (where its
+        runs would be)."""
+        return {**self.fingerprint, "cgroup": client.cgroups()}
 
     def serve(self) -> None:
         while True:
@@ -267,7 +272,12 @@ class Server:
             self.log(f"stop: ending after {len(self.runs)} running run(s)")
 
     def start_run(self, connection: socket.socket, message: dict, fds: list[int]) -> None:
-        reason = client.mismatch(message.get("fingerprint", {}), self.fingerprint)
+        """Fork the run, or refuse it (the command then runs cold) when the command would not
+        run here as it would cold. Its cgroups are read from the kernel (the connection's
+        peer), not taken from the message."""
+        claimed = message.get("fingerprint", {})
+        caller = {**claimed, "cgroup": client.cgroups(client.peer_pid(connection))}
+        reason = client.mismatch(caller, self.current_fingerprint())
         if reason is not None:
             client.send(connection, {"refused": reason, "server": os.getpid()})
             self.log(f"refused a run: {reason}")
@@ -468,12 +478,15 @@ def status() -> int:
         return 3
     reason = client.mismatch(client.fingerprint(), answer["fingerprint"])
     idle = answer["idle_left_s"]
-    fingerprint = " ".join(f"{k}={v}" for k, v in answer["fingerprint"].items() if k != "flags")
+    parts = answer["fingerprint"].items()
+    fingerprint = " ".join(f"{k}={v}" for k, v in parts if k not in ("flags", "cgroup"))
+    cgroups = " ".join(answer["fingerprint"].get("cgroup", "?").splitlines())
     print(f"pid:          {answer['server']}")
     print(f"age:          {answer['age_s']:.0f} s")
     print(f"key:          {answer['key']} ({answer['socket']})")
     print(f"serves:       {answer['package']} with {answer['python']}")
     print(f"fingerprint:  {fingerprint}")
+    print(f"cgroups:      {cgroups}")
     print(f"matches:      {'yes' if reason is None else 'no: ' + reason}")
     print(
         f"runs:         {len(answer['runs'])} running {answer['runs']}, {answer['served']} served"

@@ -6,11 +6,11 @@ since ``import lightning_gnnscale`` alone costs ~0.7 s (Hydra and the registry).
 
 A run is handed to a server only when one is listening on this checkout's socket (the key is
 the interpreter and the package folder) and it imported exactly what this run would import: the
-same source (sizes and modification times of ``lightning_gnnscale/**/*.py``, ``train.py``,
-``conf/**``), the same interpreter and ``site-packages``, the same interpreter flags, the same
-environment variables that are read at import time (:data:`IMPORT_ENV_PREFIXES`) and the same
-Linux namespaces (the run executes in the server's). Otherwise the
-run starts cold, saying why in one line when a server was found but does not match.
+same source (the bytes of ``lightning_gnnscale/**/*.py``, ``train.py``, ``conf/**``), the same
+interpreter and ``site-packages``, the same interpreter flags, the same environment variables
+that are read at import time (:data:`IMPORT_ENV_PREFIXES`), the same Linux namespaces and the
+same cgroups (the run executes in the server's, under its limits). Otherwise the run starts
+cold, saying why in one line when a server was found but does not match.
 ``GNNSCALE_WARM=0`` turns the hand-off off.
 """
 
@@ -160,6 +160,16 @@ def _namespaces() -> str:
     return _hash(repr(links))
 
 
+def cgroups(pid: int | str = "self") -> str:
+    """The cgroups process ``pid`` is a member of (``/proc/<pid>/cgroup``: one
+    ``id:controllers:path`` line per hierarchy, ``0::path`` for cgroup v2): a run handed to a
+    server runs in the server's, under its memory, CPU and pids limits, not the command's."""
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text().strip()
+    except OSError as error:
+        return f"(unreadable: {error.strerror})"
+
+
 def fingerprint(env: dict[str, str] | None = None) -> dict[str, str]:
     """What a server must share with a run, part by part (the part's name says what differs)."""
     env = os.environ if env is None else env
@@ -173,6 +183,7 @@ def fingerprint(env: dict[str, str] | None = None) -> dict[str, str]:
         "flags": repr((tuple(sys.flags), sys.warnoptions, sys._xoptions)),
         "environment": _hash(repr(imported_env)),
         "namespaces": _namespaces(),
+        "cgroup": cgroups(),
     }
 
 
@@ -191,7 +202,36 @@ def mismatch(mine: dict[str, str], theirs: dict[str, str]) -> str | None:
     for part, reason in MISMATCH.items():
         if mine.get(part) != theirs.get(part):
             return reason
+    if mine.get("cgroup") != theirs.get("cgroup"):
+        return _cgroup_mismatch(str(mine.get("cgroup")), str(theirs.get("cgroup")))
     return None
+
+
+def _cgroup_mismatch(mine: str, theirs: str) -> str:
+    """Which of this command's cgroups (:func:`cgroups`' text) differ from the server's."""
+    own, server = _by_hierarchy(mine), _by_hierarchy(theirs)
+    differ = [
+        f"{hierarchy} {own.get(hierarchy, '(none)')} (the server's: "
+        f"{server.get(hierarchy, '(none)')})"
+        for hierarchy in dict.fromkeys([*own, *server])
+        if own.get(hierarchy) != server.get(hierarchy)
+    ]
+    return (
+        f"this command's cgroups differ from the server's, {'; '.join(differ)}: the run would "
+        "escape this command's limits (start the server from this cgroup)"
+    )
+
+
+def _by_hierarchy(text: str) -> dict[str, str]:
+    """``{hierarchy: path}`` of :func:`cgroups`' text; a hierarchy is named by its controllers
+    (``memory``, ``cpu,cpuacct``), ``v2`` for cgroup v2's."""
+    paths = {}
+    for line in text.splitlines():
+        number, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        hierarchy = controllers or ("v2" if number == "0" else f"hierarchy {number}")
+        paths[hierarchy] = path
+    return paths
 
 
 # ------------------------------------------------------------------------------ wire

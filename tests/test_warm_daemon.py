@@ -264,6 +264,78 @@ def test_a_source_edit_that_keeps_size_and_mtime_shows(tmp_path, monkeypatch):
     assert warm_client.mismatch(after, before) == warm_client.MISMATCH["source"]
 
 
+def _cgroup_v2_child(name: str) -> Path:
+    """A new cgroup v2 child of this process's cgroup (its folder), or a skip saying why."""
+    own = next(
+        (
+            line[3:]
+            for line in Path("/proc/self/cgroup").read_text().splitlines()
+            if line[:3] == "0::"
+        ),
+        None,
+    )
+    mounts = [
+        line.split(" - ")[0].split()
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.partition(" - ")[2].startswith("cgroup2 ")
+    ]
+    if own is None or not mounts:
+        pytest.skip("no cgroup v2 here (/proc/self/cgroup has no 0:: line or no cgroup2 mount)")
+    root, point = mounts[0][3], Path(mounts[0][4])
+    relative = os.path.relpath(own, root)
+    if relative.startswith(".."):
+        pytest.skip(f"this process's cgroup v2 {own} is outside the cgroup2 mount at {point}")
+    child = (point / relative / name).resolve()
+    try:
+        child.mkdir()
+    except OSError as error:
+        reason = f"cannot create a cgroup v2 child {child}: {error}"
+        print(reason)
+        pytest.skip(reason)
+    return child
+
+
+# ``python -c`` that hands the script argv[1] off as train.py does, and prints "cold" if none took it
+_HAND_OFF = f"""import importlib.util, sys
+spec = importlib.util.spec_from_file_location("warm_client", {warm_client.__file__!r})
+client = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(client)
+client.hand_off(sys.argv[1])
+print("cold")
+"""
+
+
+def test_a_command_in_another_cgroup_runs_cold(server, tmp_path):
+    """A run handed to the server would run in the server's cgroups, under its limits: a
+    command in a child cgroup runs cold and says which cgroups differ."""
+    from lightning_gnnscale.cluster import memory
+
+    env, folder = server
+    served = _status(folder)["served"]
+    script = tmp_path / "script.py"
+    script.write_text("print('handed over')\n")
+    command = [sys.executable, "-c", _HAND_OFF, str(script)]
+    here = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert here.stdout == "handed over\n", here.stderr  # from this cgroup: the server runs it
+    child = _cgroup_v2_child(f"lgc-warm-test-{os.getpid()}")
+    try:
+        proc = subprocess.run(
+            memory.joined(child, command),
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        memory.remove(child)
+    assert proc.returncode == 0 and proc.stdout == "cold\n", proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "warm server" in line]
+    assert len(said) == 1 and "cgroups differ" in said[0], proc.stderr
+    assert f"/{child.name} (the server's: " in said[0], said[0]
+    assert _status(folder)["served"] == served + 1
+
+
 def test_a_foreign_socket_folder_is_named_not_a_traceback(tmp_path, monkeypatch, capsys):
     """Another user's ``lightning_gnnscale-<uid>`` folder in the temporary directory: start,
     status and stop say which folder and what is wrong (owner or mode), and train.py's
