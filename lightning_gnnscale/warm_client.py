@@ -237,6 +237,7 @@ def _by_hierarchy(text: str) -> dict[str, str]:
 # ------------------------------------------------------------------------------ wire
 _HEADER = struct.Struct("!I")
 MAX_FDS = 3
+MAX_MESSAGE = 16 << 20  # bytes: a command line and an environment are far less
 
 
 def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
@@ -248,23 +249,61 @@ def send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
         sock.sendall(data[sent:])
 
 
+class Incoming:
+    """One message arriving in pieces: :meth:`feed` after each read a socket allows (a
+    non-blocking one never blocks), then :attr:`message` and :attr:`fds`. Refuses
+    (``ValueError``) a message over :data:`MAX_MESSAGE` bytes or one that is not a JSON object."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.fds: list[int] = []
+        self.message: dict | None = None
+
+    def feed(self, sock: socket.socket) -> bool:
+        """Read what has arrived; ``True`` once the message is whole. ``EOFError`` when the
+        stream ends before (``data`` says whether any of it came)."""
+        data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, MAX_FDS)
+        self.fds += fds
+        if len(self.fds) > MAX_FDS:
+            raise ValueError(f"more than {MAX_FDS} file descriptors")
+        if not data:
+            raise EOFError("the message ended early" if self.data else "no message")
+        self.data += data
+        if len(self.data) < _HEADER.size:
+            return False
+        size = _HEADER.unpack_from(self.data)[0]
+        if size > MAX_MESSAGE:
+            raise ValueError(f"a message of {size} bytes (at most {MAX_MESSAGE})")
+        if len(self.data) < _HEADER.size + size:
+            return False
+        message = json.loads(self.data[_HEADER.size : _HEADER.size + size])
+        if not isinstance(message, dict):
+            raise ValueError(f"a message that is a {type(message).__name__}, not an object")
+        self.message = message
+        return True
+
+    def close_fds(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+
+
 def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
     """One message and the descriptors that came with it; ``(None, [])`` at end of stream."""
-    data, fds, _flags, _addr = socket.recv_fds(sock, 65536, MAX_FDS)
+    incoming = Incoming()
     try:
-        while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack_from(data)[0]:
-            more = sock.recv(1 << 20)
-            if not more:
-                if data:
-                    raise ConnectionError("the message ended early")
-                return None, fds
-            data += more
+        while not incoming.feed(sock):
+            pass
+    except EOFError:
+        incoming.close_fds()
+        if incoming.data:
+            raise ConnectionError("the message ended early") from None
+        return None, []
     except BaseException:
-        for fd in fds:
-            os.close(fd)
+        incoming.close_fds()
         raise
-    size = _HEADER.unpack_from(data)[0]
-    return json.loads(data[_HEADER.size : _HEADER.size + size]), fds
+    return incoming.message, incoming.fds
 
 
 def _peer(sock: socket.socket) -> tuple[int, int, int]:

@@ -10,9 +10,12 @@ import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -336,6 +339,20 @@ def test_a_command_in_another_cgroup_runs_cold(server, tmp_path):
     assert _status(folder)["served"] == served + 1
 
 
+def test_a_malformed_run_request_leaves_the_server_serving(server):
+    """A request that matches the fingerprint but lacks the run's fields is refused, and the
+    server serves on (it once forked, then failed on the missing command line)."""
+    _env, folder = server
+    served = _status(folder)["served"]
+    sock = warm_client.connect(folder=folder)
+    assert sock is not None
+    with sock:
+        fingerprint = _status(folder)["fingerprint"]  # what it accepts
+        warm_client.send(sock, {"op": "run", "fingerprint": fingerprint, "stdio": []})
+        assert warm_client.receive(sock) == (None, [])  # closed, nothing started
+    assert _status(folder)["served"] == served
+
+
 def test_a_foreign_socket_folder_is_named_not_a_traceback(tmp_path, monkeypatch, capsys):
     """Another user's ``lightning_gnnscale-<uid>`` folder in the temporary directory: start,
     status and stop say which folder and what is wrong (owner or mode), and train.py's
@@ -360,6 +377,53 @@ def test_a_foreign_socket_folder_is_named_not_a_traceback(tmp_path, monkeypatch,
         assert f"{folder} {wrong}" in err and "Traceback" not in err, err
     assert warm_client.connect() is None
     assert f"not used: the warm server's folder {folder} {wrong}" in capsys.readouterr().err
+
+
+def test_a_silent_client_holds_no_one_up(tmp_path_factory, monkeypatch, capsys):
+    """A client that connects and sends nothing (or half a request) holds no one up: the
+    server answers ``warm status`` meanwhile (it once waited 10 s for the first, so status said
+    no server was running), and drops such a client at its deadline."""
+    from lightning_gnnscale import warm
+
+    folder = tmp_path_factory.mktemp("ws")
+    folder.chmod(0o700)
+    monkeypatch.setenv(warm_client.DIR_ENV, str(folder))
+    lock_fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    server = warm.Server(folder, 600.0, warm_client.fingerprint(), lock_fd)
+    serving = threading.Thread(target=server.serve, daemon=True)
+    serving.start()
+    clients = []
+
+    def connect(partial: bytes) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        clients.append(sock)
+        sock.connect(str(server.path))
+        sock.sendall(partial)
+        return sock
+
+    try:
+        # accepted before status's connection (the listen queue is first come, first served)
+        early = [connect(b""), connect(struct.pack("!I", 100) + b'{"op": ')]
+        assert warm.main(["status"]) == 0
+        out = capsys.readouterr().out
+        assert f"pid:          {os.getpid()}" in out, out
+        for sock in early:
+            sock.close()
+        monkeypatch.setattr(warm, "REQUEST_DEADLINE_S", 0.2)  # for the connections below
+        for late in (connect(b""), connect(struct.pack("!I", 100) + b'{"op": ')):
+            late.settimeout(60)
+            assert late.recv(1) == b""  # dropped
+        assert warm_client.request({"op": "stop"}, folder=folder) is not None
+        serving.join(timeout=60)
+        assert not serving.is_alive()
+        out += capsys.readouterr().out
+        assert out.count("no whole request within 0.2 s") == 2, out
+    finally:
+        for sock in clients:
+            sock.close()
+        if serving.is_alive():
+            server.stop()
+        os.close(lock_fd)
 
 
 def test_stop_ends_the_server_and_removes_its_socket(server):
