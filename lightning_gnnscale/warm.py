@@ -41,6 +41,9 @@ from . import warm_client as client
 
 IDLE_MINUTES = 30.0
 READY_TIMEOUT_S = 300.0
+REQUEST_DEADLINE_S = 10.0  # a connection's request must have arrived whole by then
+SEND_TIMEOUT_S = 10.0  # an answer must have left by then (a client that never reads)
+MAX_PENDING = 32  # connections whose request is still arriving; past it, the oldest is dropped
 
 
 def preload() -> tuple[str, ...]:
@@ -168,6 +171,10 @@ def _end(status: int, interrupted: bool) -> None:
 
 # --------------------------------------------------------------------------- the server
 class Server:
+    """One thread and one selector: each connection's request is read as it arrives (a client
+    that sends nothing, or sends slowly, holds no one up and is dropped at its deadline); a
+    whole request is answered at once, a run forked."""
+
     def __init__(self, folder: Path, idle_s: float, fingerprint: dict, lock_fd: int) -> None:
         self.folder, self.idle_s, self.fingerprint, self.lock_fd = (
             folder,
@@ -179,6 +186,8 @@ class Server:
         self.started = self.last_active = time.time()
         self.selector = selectors.DefaultSelector()
         self.runs: dict[int, tuple[socket.socket, int]] = {}  # pid -> (connection, pidfd)
+        # connections whose request is arriving -> (what came, monotonic deadline), oldest first
+        self.pending: dict[socket.socket, tuple[client.Incoming, float]] = {}
         self.served = 0
         self.stopping = False
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -203,43 +212,95 @@ class Server:
             "socket": str(self.path),
             "package": str(client.PACKAGE_DIR),
             "python": sys.executable,
-            "fingerprint": self.fingerprint,
+            "fingerprint": self.current_fingerprint(),
             "idle_left_s": None if idle_left is None else round(idle_left, 1),
             "runs": sorted(self.runs),
             "served": self.served,
         }
 
+    def current_fingerprint(self) -> dict:
+        """The fingerprint taken at start, with the cgroups the server is in now (where its
+        runs would be)."""
+        return {**self.fingerprint, "cgroup": client.cgroups()}
+
     def serve(self) -> None:
         while True:
             if self.stopping and not self.runs:
                 return
+            now = time.monotonic()
+            self.drop_late(now)
             timeout = None
             if not self.runs:
                 timeout = self.idle_s - (time.time() - self.last_active)
                 if timeout <= 0:
                     self.log("idle: ending")
                     return
+            if self.pending:
+                first_deadline = min(deadline for _, deadline in self.pending.values())
+                timeout = max(0.0, min(first_deadline - now, timeout or float("inf")))
             for selected, _events in self.selector.select(timeout):
                 kind, data = selected.data
-                if kind != "accept" and data not in self.runs:  # ended earlier in this batch
-                    continue
                 if kind == "accept":
-                    with contextlib.suppress(OSError):
-                        connection, _ = self.listener.accept()
-                        self.handle(connection)
+                    self.accept()
+                elif kind == "request":
+                    if data in self.pending:  # not dropped earlier in this batch
+                        self.read_request(data)
+                elif data not in self.runs:  # ended earlier in this batch
+                    continue
                 elif kind == "client":  # the command that handed the run over: only EOF comes
                     self.client_gone(data, selected.fileobj)
                 elif kind == "run":
                     self.reap(data)
 
-    def handle(self, connection: socket.socket) -> None:
-        fds: list[int] = []
+    def accept(self) -> None:
         try:
-            connection.settimeout(10)
-            if client.peer_uid(connection) != os.getuid():
-                return connection.close()
-            message, fds = client.receive(connection)
-            op = (message or {}).get("op")
+            connection, _ = self.listener.accept()
+        except OSError:
+            return
+        if client.peer_uid(connection) != os.getuid():
+            return connection.close()
+        if len(self.pending) >= MAX_PENDING:
+            oldest = next(iter(self.pending))
+            self.drop(oldest, f"{MAX_PENDING} requests arriving at once, this the oldest")
+        connection.setblocking(False)
+        self.pending[connection] = (client.Incoming(), time.monotonic() + REQUEST_DEADLINE_S)
+        self.selector.register(connection, selectors.EVENT_READ, ("request", connection))
+
+    def read_request(self, connection: socket.socket) -> None:
+        incoming, _deadline = self.pending[connection]
+        try:
+            if not incoming.feed(connection):
+                return
+        except BlockingIOError:
+            return
+        except EOFError as error:
+            return self.drop(connection, str(error) if incoming.data else None)
+        except (OSError, ValueError) as error:
+            return self.drop(connection, f"a bad request: {error!r}")
+        self.selector.unregister(connection)
+        del self.pending[connection]
+        self.handle(connection, incoming.message, incoming.fds)
+
+    def drop_late(self, now: float) -> None:
+        for connection, (_incoming, deadline) in list(self.pending.items()):
+            if deadline <= now:
+                self.drop(connection, f"no whole request within {REQUEST_DEADLINE_S:g} s")
+
+    def drop(self, connection: socket.socket, why: str | None) -> None:
+        """Close a connection whose request did not come (``why``: logged, when not ``None``)."""
+        incoming, _deadline = self.pending.pop(connection)
+        if why is not None:
+            with contextlib.suppress(OSError):
+                why = f"pid {client.peer_pid(connection)}: {why}"
+            self.log(f"request dropped: {why}")
+        self.selector.unregister(connection)
+        incoming.close_fds()
+        connection.close()
+
+    def handle(self, connection: socket.socket, message: dict, fds: list[int]) -> None:
+        try:
+            connection.settimeout(SEND_TIMEOUT_S)
+            op = message.get("op")
             if op == "status":
                 client.send(connection, self.status())
             elif op == "stop":
@@ -267,7 +328,15 @@ class Server:
             self.log(f"stop: ending after {len(self.runs)} running run(s)")
 
     def start_run(self, connection: socket.socket, message: dict, fds: list[int]) -> None:
-        reason = client.mismatch(message.get("fingerprint", {}), self.fingerprint)
+        """Fork the run, or refuse it (the command then runs cold): while stopping, or when the
+        command would not run here as it would cold. Its cgroups are read from the kernel
+        (the connection's peer), not taken from the message."""
+        _check_run_request(message, fds)
+        claimed = message["fingerprint"]
+        caller = {**claimed, "cgroup": client.cgroups(client.peer_pid(connection))}
+        reason = client.mismatch(caller, self.current_fingerprint())
+        if self.stopping:
+            reason = "it is stopping"
         if reason is not None:
             client.send(connection, {"refused": reason, "server": os.getpid()})
             self.log(f"refused a run: {reason}")
@@ -312,7 +381,6 @@ class Server:
         self.runs[pid] = (connection, pidfd)
         self.served += 1
         self.last_active = time.time()
-        connection.settimeout(None)
         self.selector.register(connection, selectors.EVENT_READ, ("client", pid))
         self.selector.register(pidfd, selectors.EVENT_READ, ("run", pid))
         self.log(f"run {pid}: {' '.join(message['argv'])} (in {message['cwd']})")
@@ -322,7 +390,7 @@ class Server:
     def close_in_child(self, connection: socket.socket) -> None:
         """What a run must not hold: the server's socket and lock, the connections."""
         self.selector.close()
-        sockets = [connection, *(c for c, _ in self.runs.values())]
+        sockets = [connection, *(c for c, _ in self.runs.values()), *self.pending]
         if not self.stopping:
             sockets.append(self.listener)
         fds = [self.lock_fd, *(pidfd for _, pidfd in self.runs.values())]
@@ -361,6 +429,34 @@ class Server:
         self.log(f"run {pid}: exit {code}")
 
 
+def _check_run_request(message: dict, fds: list[int]) -> None:
+    """``ValueError`` naming the field unless ``message`` is a run request as
+    :func:`lightning_gnnscale.warm_client.hand_off` sends it (its ``stdio`` naming the
+    descriptors that came)."""
+
+    def check(field: str, valid: bool, what: str) -> None:
+        if not valid:
+            raise ValueError(f"run request: {field!r} must be {what}")
+
+    def strings(value) -> bool:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+    def numbers(value) -> bool:
+        return isinstance(value, list) and all(type(v) is int for v in value)
+
+    env, stdio = message.get("env"), message.get("stdio")
+    check("main", isinstance(message.get("main"), str), "a path")
+    check("argv", strings(message.get("argv")), "a list of strings")
+    check("cwd", isinstance(message.get("cwd"), str), "a path")
+    check("env", isinstance(env, dict) and strings([*env, *env.values()]), "strings to strings")
+    check("fingerprint", isinstance(message.get("fingerprint"), dict), "an object")
+    check("umask", type(message.get("umask", 0)) is int, "an integer")
+    check("affinity", numbers(message.get("affinity", [])), "a list of CPU numbers")
+    valid_stdio = numbers(stdio) and set(stdio) <= {0, 1, 2}
+    valid_stdio = valid_stdio and len(set(stdio)) == len(stdio) == len(fds)
+    check("stdio", valid_stdio, "the 0/1/2 of the descriptors sent")
+
+
 def _serve(folder: Path, idle_s: float, ready_fd: int) -> None:
     """The daemon's body: take the lock, import, listen, report ready, serve."""
     lock_fd = os.open(folder / f"warm-{client.key()}.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -390,10 +486,10 @@ def _serve(folder: Path, idle_s: float, ready_fd: int) -> None:
 
 
 def start(idle_minutes: float) -> int:
-    if (answer := client.request({"op": "status"})) is not None:
+    folder = client.socket_dir(create=True)
+    if (answer := client.request({"op": "status"}, folder=folder)) is not None:
         print(f"a warm server is running already: pid {answer['server']} ({answer['socket']})")
         return 0
-    folder = client.socket_dir(create=True)
     log = folder / f"warm-{client.key()}.log"
     ready_r, ready_w = os.pipe()
     if os.fork() == 0:  # detach: a new session, then a grandchild that init adopts
@@ -444,7 +540,7 @@ def start(idle_minutes: float) -> int:
 
 
 def stop() -> int:
-    answer = client.request({"op": "stop"})
+    answer = client.request({"op": "stop"}, folder=client.socket_dir())
     if answer is None:
         print("no warm server is running")
         return 0
@@ -462,18 +558,21 @@ def stop() -> int:
 
 
 def status() -> int:
-    answer = client.request({"op": "status"})
+    answer = client.request({"op": "status"}, folder=client.socket_dir())
     if answer is None:
         print("no warm server is running")
         return 3
     reason = client.mismatch(client.fingerprint(), answer["fingerprint"])
     idle = answer["idle_left_s"]
-    fingerprint = " ".join(f"{k}={v}" for k, v in answer["fingerprint"].items() if k != "flags")
+    parts = answer["fingerprint"].items()
+    fingerprint = " ".join(f"{k}={v}" for k, v in parts if k not in ("flags", "cgroup"))
+    cgroups = " ".join(answer["fingerprint"].get("cgroup", "?").splitlines())
     print(f"pid:          {answer['server']}")
     print(f"age:          {answer['age_s']:.0f} s")
     print(f"key:          {answer['key']} ({answer['socket']})")
     print(f"serves:       {answer['package']} with {answer['python']}")
     print(f"fingerprint:  {fingerprint}")
+    print(f"cgroups:      {cgroups}")
     print(f"matches:      {'yes' if reason is None else 'no: ' + reason}")
     print(
         f"runs:         {len(answer['runs'])} running {answer['runs']}, {answer['served']} served"
@@ -496,9 +595,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"start: end after this long without a run (default {IDLE_MINUTES:g})",
     )
     args = parser.parse_args(argv)
-    if args.command == "start":
-        return start(args.idle_minutes)
-    return stop() if args.command == "stop" else status()
+    try:
+        if args.command == "start":
+            return start(args.idle_minutes)
+        return stop() if args.command == "stop" else status()
+    except PermissionError as error:  # the socket folder is not this user's alone
+        print(f"{parser.prog} {args.command}: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

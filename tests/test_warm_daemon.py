@@ -10,8 +10,12 @@ import json
 import os
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -162,11 +166,16 @@ def test_a_server_that_does_not_match_is_not_used(server):
     env, folder = server
     served = _status(folder)["served"]
     config = REPO / "conf" / "config.yaml"
-    before = os.stat(config)
-    os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
-    try:
+    before, text = os.stat(config), config.read_bytes()
+    assert text.startswith(b"# lightning_gnnscale")
+    try:  # an edit in a comment that keeps the size and the modification time
+        with open(config, "r+b") as file:
+            file.write(b"# L")
+        os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
         proc = _train(env, "--help")
     finally:
+        with open(config, "r+b") as file:
+            file.write(text[:3])
         os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert proc.returncode == 0 and "Powered by Hydra" in proc.stdout  # ran, cold
     stale = [line for line in proc.stderr.splitlines() if "warm server" in line]
@@ -236,6 +245,185 @@ def test_socket_folder_must_be_private(tmp_path, monkeypatch):
     with pytest.raises(PermissionError, match="mode 0700"):
         warm_client.socket_dir()
     assert warm_client.connect() is None  # train.py then runs cold
+
+
+def test_a_source_edit_that_keeps_size_and_mtime_shows(tmp_path, monkeypatch):
+    """The source part of the fingerprint hashes the files' bytes, not their stat."""
+    package = tmp_path / "lightning_gnnscale"
+    (tmp_path / "conf").mkdir()
+    package.mkdir()
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "conf" / "config.yaml").write_text("seed: 0\n")
+    module = package / "module.py"
+    module.write_text("VALUE = 1\n")
+    monkeypatch.setattr(warm_client, "PACKAGE_DIR", package)
+    monkeypatch.setattr(warm_client, "REPO_DIR", tmp_path)
+    before, stat_before = warm_client.fingerprint(), os.stat(module)
+    module.write_text("VALUE = 2\n")  # same size
+    os.utime(module, ns=(stat_before.st_atime_ns, stat_before.st_mtime_ns))
+    assert os.stat(module).st_size == stat_before.st_size
+    assert os.stat(module).st_mtime_ns == stat_before.st_mtime_ns
+    after = warm_client.fingerprint()
+    assert warm_client.mismatch(after, before) == warm_client.MISMATCH["source"]
+
+
+def _cgroup_v2_child(name: str) -> Path:
+    """A new cgroup v2 child of this process's cgroup (its folder), or a skip saying why."""
+    own = next(
+        (
+            line[3:]
+            for line in Path("/proc/self/cgroup").read_text().splitlines()
+            if line[:3] == "0::"
+        ),
+        None,
+    )
+    mounts = [
+        line.split(" - ")[0].split()
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if line.partition(" - ")[2].startswith("cgroup2 ")
+    ]
+    if own is None or not mounts:
+        pytest.skip("no cgroup v2 here (/proc/self/cgroup has no 0:: line or no cgroup2 mount)")
+    root, point = mounts[0][3], Path(mounts[0][4])
+    relative = os.path.relpath(own, root)
+    if relative.startswith(".."):
+        pytest.skip(f"this process's cgroup v2 {own} is outside the cgroup2 mount at {point}")
+    child = (point / relative / name).resolve()
+    try:
+        child.mkdir()
+    except OSError as error:
+        reason = f"cannot create a cgroup v2 child {child}: {error}"
+        print(reason)
+        pytest.skip(reason)
+    return child
+
+
+# ``python -c`` that hands the script argv[1] off as train.py does, and prints "cold" if none took it
+_HAND_OFF = f"""import importlib.util, sys
+spec = importlib.util.spec_from_file_location("warm_client", {warm_client.__file__!r})
+client = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(client)
+client.hand_off(sys.argv[1])
+print("cold")
+"""
+
+
+def test_a_command_in_another_cgroup_runs_cold(server, tmp_path):
+    """A run handed to the server would run in the server's cgroups, under its limits: a
+    command in a child cgroup runs cold and says which cgroups differ."""
+    from lightning_gnnscale.cluster import memory
+
+    env, folder = server
+    served = _status(folder)["served"]
+    script = tmp_path / "script.py"
+    script.write_text("print('handed over')\n")
+    command = [sys.executable, "-c", _HAND_OFF, str(script)]
+    here = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert here.stdout == "handed over\n", here.stderr  # from this cgroup: the server runs it
+    child = _cgroup_v2_child(f"lgc-warm-test-{os.getpid()}")
+    try:
+        proc = subprocess.run(
+            memory.joined(child, command),
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        memory.remove(child)
+    assert proc.returncode == 0 and proc.stdout == "cold\n", proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "warm server" in line]
+    assert len(said) == 1 and "cgroups differ" in said[0], proc.stderr
+    assert f"/{child.name} (the server's: " in said[0], said[0]
+    assert _status(folder)["served"] == served + 1
+
+
+def test_a_malformed_run_request_leaves_the_server_serving(server):
+    """A request that matches the fingerprint but lacks the run's fields is refused, and the
+    server serves on (it once forked, then failed on the missing command line)."""
+    _env, folder = server
+    served = _status(folder)["served"]
+    sock = warm_client.connect(folder=folder)
+    assert sock is not None
+    with sock:
+        fingerprint = _status(folder)["fingerprint"]  # what it accepts
+        warm_client.send(sock, {"op": "run", "fingerprint": fingerprint, "stdio": []})
+        assert warm_client.receive(sock) == (None, [])  # closed, nothing started
+    assert _status(folder)["served"] == served
+
+
+def test_a_foreign_socket_folder_is_named_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """Another user's ``lightning_gnnscale-<uid>`` folder in the temporary directory: start,
+    status and stop say which folder and what is wrong (owner or mode), and train.py's
+    hand-off runs cold saying the same."""
+    from lightning_gnnscale import warm
+
+    monkeypatch.delenv(warm_client.DIR_ENV, raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    folder = tmp_path / f"lightning_gnnscale-{os.getuid()}"
+    folder.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(folder, 65534, 65534)
+        wrong = "is owned by uid 65534, not by you"
+    else:  # a loose mode is all a non-root user can make here
+        folder.chmod(0o755)
+        wrong = "has mode 0755 (others can enter it)"
+    for command in ("start", "status", "stop"):
+        assert warm.main([command]) == 1
+        err = capsys.readouterr().err
+        assert f"{folder} {wrong}" in err and "Traceback" not in err, err
+    assert warm_client.connect() is None
+    assert f"not used: the warm server's folder {folder} {wrong}" in capsys.readouterr().err
+
+
+def test_a_silent_client_holds_no_one_up(tmp_path_factory, monkeypatch, capsys):
+    """A client that connects and sends nothing (or half a request) holds no one up: the
+    server answers ``warm status`` meanwhile (it once waited 10 s for the first, so status said
+    no server was running), and drops such a client at its deadline."""
+    from lightning_gnnscale import warm
+
+    folder = tmp_path_factory.mktemp("ws")
+    folder.chmod(0o700)
+    monkeypatch.setenv(warm_client.DIR_ENV, str(folder))
+    lock_fd = os.open(folder / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    server = warm.Server(folder, 600.0, warm_client.fingerprint(), lock_fd)
+    serving = threading.Thread(target=server.serve, daemon=True)
+    serving.start()
+    clients = []
+
+    def connect(partial: bytes) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        clients.append(sock)
+        sock.connect(str(server.path))
+        sock.sendall(partial)
+        return sock
+
+    try:
+        # accepted before status's connection (the listen queue is first come, first served)
+        early = [connect(b""), connect(struct.pack("!I", 100) + b'{"op": ')]
+        assert warm.main(["status"]) == 0
+        out = capsys.readouterr().out
+        assert f"pid:          {os.getpid()}" in out, out
+        for sock in early:
+            sock.close()
+        monkeypatch.setattr(warm, "REQUEST_DEADLINE_S", 0.2)  # for the connections below
+        for late in (connect(b""), connect(struct.pack("!I", 100) + b'{"op": ')):
+            late.settimeout(60)
+            assert late.recv(1) == b""  # dropped
+        assert warm_client.request({"op": "stop"}, folder=folder) is not None
+        serving.join(timeout=60)
+        assert not serving.is_alive()
+        out += capsys.readouterr().out
+        assert out.count("no whole request within 0.2 s") == 2, out
+    finally:
+        for sock in clients:
+            sock.close()
+        if serving.is_alive():
+            server.stop()
+        os.close(lock_fd)
 
 
 def test_stop_ends_the_server_and_removes_its_socket(server):
