@@ -14,7 +14,9 @@ operator, so no thread pool exists when it forks. ``launcher.start_method=spawn`
 as a fresh interpreter instead (every rank imports everything again). Either way a rank gets the
 launcher's environment, working directory, stdout and stderr as they are at launch.
 
-Tensors passed to the ranks (the graph) travel through shared memory, not copies.
+Tensors passed to the ranks (the graph) travel through shared memory, not copies. With every
+rank on this node the environment they get holds a fresh store secret for the job
+(``store_secret.py``), passed in the process start's pipe, never through ``exec``.
 
 No rank outlives its launcher: the launcher kills its ranks on every way out (return, error,
 time-out, SIGINT, SIGTERM, SIGHUP), and on Linux the kernel kills the rank server when the
@@ -43,6 +45,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from .schema import START_METHODS
+from .store_secret import give_local_ranks_a_secret
 from .systems.registry import SYSTEMS
 
 # A process forked from one whose CUDA driver is initialised cannot use CUDA ("initialization
@@ -410,6 +413,8 @@ def launch_local(
         "MASTER_PORT": os.environ.get("MASTER_PORT", str(free_port())),
         "WORLD_SIZE": str(devices * num_nodes),
     }
+    if num_nodes == 1:  # every rank is ours: a fresh store secret per job, in the process start
+        give_local_ranks_a_secret(env)
     # Every rank local: the launcher hosts the rendezvous store on loopback only (torch's own
     # listens on every interface); held in this frame until the ranks are reaped.
     store = None

@@ -666,6 +666,9 @@ def test_seed_split_answers_any_epoch_in_any_order():
 # ------------------------------------------------------------------ transport
 
 
+SECRET = b"the job's store secret, 32 bytes"
+
+
 class _OneRankComm:
     """Stands in for ``Comm`` in ``SocketTransport.start``: both ranks get this rank's address."""
 
@@ -681,9 +684,9 @@ def test_a_large_answer_to_a_slow_reader_arrives_whole(monkeypatch):
     from lightning_gnnscale.comm import transport as tr
 
     rows = torch.arange(8 << 20, dtype=torch.int64)  # 64 MiB answer
-    server = tr.SocketTransport(0, Topology(2, 2), timeout_s=20.0)
-    server.start(lambda kind, tensors: ([rows], "feature"), _OneRankComm())
-    client = tr.SocketTransport(1, Topology(2, 2), timeout_s=20.0)
+    server = tr.SocketTransport(0, Topology(2, 2), timeout_s=20.0, secret=SECRET)
+    server.start(lambda kind, tensors: ([rows], "feature"), _OneRankComm(), lambda kind: 8)
+    client = tr.SocketTransport(1, Topology(2, 2), timeout_s=20.0, secret=SECRET)
     client._addresses = server._addresses
     exact = tr._Reader.exact
 
@@ -694,7 +697,7 @@ def test_a_large_answer_to_a_slow_reader_arrives_whole(monkeypatch):
 
     monkeypatch.setattr(tr._Reader, "exact", busy_then_read)
     try:
-        (answer,) = client.request(0, 2, [torch.tensor([1])], "structure")
+        (answer,) = client.request(0, 2, [torch.tensor([1])], "structure", rows.numel() * 8)
         assert torch.equal(answer, rows)
     finally:
         client.close()
@@ -716,8 +719,8 @@ def test_teardown_with_a_request_stuck_on_a_silent_peer_is_prompt_and_clean():
     book = PartitionBook.from_parts(partition(graph, "random", 2, seed=1), 2)
     graph = relabel_graph(graph, book)
     silent = sk.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
-    transport = SocketTransport(0, Topology(2, 2), timeout_s=60.0)
-    transport.start(lambda kind, tensors: ([], "control"), _OneRankComm())
+    transport = SocketTransport(0, Topology(2, 2), timeout_s=60.0, secret=SECRET)
+    transport.start(lambda kind, tensors: ([], "control"), _OneRankComm(), lambda kind: 0)
     transport._addresses = [transport._addresses[0], silent.getsockname()]
     store = GraphStore(build_local_partition(graph, book, 0), book, graph.in_degree(), transport)
     worker = SWorker(

@@ -28,6 +28,7 @@ from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.models.module import GNNModule
 from lightning_gnnscale.run import build_datamodule, build_strategy, train
 from lightning_gnnscale.schema import DataConfig, RunFacts
+from lightning_gnnscale.store_secret import read_secret
 from lightning_gnnscale.systems.bytegnn.address import service_address
 from lightning_gnnscale.systems.bytegnn.config import ByteGNNConfig, DagConfig, SchedulerConfig
 from lightning_gnnscale.systems.bytegnn.store import GraphStore
@@ -50,8 +51,8 @@ def _service(rank, world_size, threads, before_task=None, timeout_s=30.0):
     meter = CommMeter()
     comm = Comm.create(meter, Topology(world_size, world_size), timeout_s=timeout_s)
     store = GraphStore(build_local_partition(graph, book, rank), book, graph.in_degree(), None)
-    transport = SocketTransport(rank, comm.topology, timeout_s)
-    transport.start(store.serve, comm)
+    transport = SocketTransport(rank, comm.topology, timeout_s, read_secret())
+    transport.start(store.serve, comm, store.request_bytes, store.max_in_degree)
     store.transport = transport
     split = SeedSplit(graph.split_ids("train"), world_size, rank, 60, SEED)
     worker = SWorker(
@@ -294,8 +295,9 @@ def test_bad_settings_fail_at_config_time_naming_the_key(tmp_path, override, mes
         validate(make_cfg(tmp_path, "strategy=bytegnn", "data.batch_size=64", override))
 
 
-def test_an_explicit_host_is_refused_for_several_nodes():
+def test_an_explicit_host_is_refused_for_several_nodes(monkeypatch):
     """One address cannot be every node's: a multi-node run leaves strategy.host null."""
+    monkeypatch.setenv("GNNSCALE_STORE_SECRET", "the user's secret on every node")
     config = ByteGNNConfig(host="127.0.0.1")
     run = RunFacts(world_size=4, devices=2, num_nodes=2, data=DataConfig(batch_size=64))
     with pytest.raises(ConfigError, match="one address for ranks on 2 nodes"):

@@ -34,6 +34,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..files import write_json_atomic
 from ..launch import signals_raise
+from ..store_secret import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from ..warm_client import DISABLE_ENV
 from .memory import check_cap
 from .network import INTERFACE, ClusterLeftovers, EmulatedCluster, default_prefix, preflight
@@ -115,6 +116,7 @@ class ClusterJob:
     echo: bool = True  # stream host 0's output to this process's stdout
     multirun: bool = False
     memory_mb: int | None = None  # each host's memory cap (a cgroup); None: no cap
+    store_secret: str = field(default_factory=new_secret, repr=False)  # one per job, every host
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0:
@@ -186,6 +188,8 @@ class ClusterJob:
             PYTHONUNBUFFERED="1",
         )
         env[THREADS_ENV] = str(threads)
+        env.pop(SECRET_FILE_ENV, None)
+        env[SECRET_ENV] = self.store_secret  # the hosts' launchers share it (store_secret.py)
         env[DISABLE_ENV] = "0"  # a host's run stays in its host: never handed to a warm server
         return env
 
@@ -200,9 +204,19 @@ def check_overrides(job: ClusterJob) -> tuple[list[list[str]], int]:
     from ..config import validate
 
     cluster = [f"trainer.num_nodes={job.hosts}", f"paths.root={Path.cwd()}"]
-    launch_env = {"MASTER_ADDR": "198.18.0.1", "MASTER_PORT": str(MASTER_PORT), "NODE_RANK": "0"}
+    launch_env = {
+        "MASTER_ADDR": "198.18.0.1",
+        "MASTER_PORT": str(MASTER_PORT),
+        "NODE_RANK": "0",
+        SECRET_ENV: job.store_secret,
+        SECRET_FILE_ENV: None,
+    }
     saved = {k: os.environ.get(k) for k in launch_env}
-    os.environ.update(launch_env)  # what each host's launcher will see
+    for key, value in launch_env.items():  # what each host's launcher will see
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     try:
         with initialize_config_dir(config_dir=str(TRAIN_PY.parent / "conf"), version_base="1.3"):
             jobs = _sweep(job.overrides) if job.multirun else [job.overrides]

@@ -13,11 +13,25 @@ ranks. The counts go to a private :class:`CommMeter` under a lock (threads count
 
 Every blocking call has a deadline (the run's collective timeout): a dead peer shows up as a
 :class:`TransportError` that names it, never as a hang.
+
+Nobody is served before they prove they hold the job's secret (``store_secret.py``): at connect
+both sides send a fresh nonce and prove, by an HMAC-SHA256 of both nonces and both ranks under
+the secret, that they know it (the requester only after the server has); a peer that fails, or
+says nothing for :data:`HANDSHAKE_TIMEOUT_S`, is dropped with a logged reason. Every frame is
+checked against what the protocol can carry before anything is allocated: at most
+:data:`MAX_TENSORS` tensors of at most :data:`MAX_NDIM` dimensions, a byte count that matches
+the shape, and in all at most the caller's bound (a request: what the handler's
+``request_bytes(kind)`` allows; an answer: what the requester said it can be). A frame past them
+closes its connection (docs/systems/bytegnn.md, "Who may connect").
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
+import logging
+import secrets
 import socket
 import struct
 import threading
@@ -39,12 +53,49 @@ _TENSOR = struct.Struct("!BB")  # dtype code, ndim
 _DIM = struct.Struct("!Q")
 _OK, _ERROR = 0, 1
 _POLL_S = 0.2  # how often idle serving threads look at the close flag
+MAX_TENSORS = 8  # most tensors in one frame (ByteGNN's largest: 3)
+MAX_NDIM = 4  # most dimensions of one tensor (ByteGNN's: 2)
+MAX_ERROR_BYTES = 4096  # longest error message an answer carries
+HANDSHAKE_TIMEOUT_S = 10.0  # a connection that has not authenticated by then is dropped
+MAX_PENDING_HANDSHAKES = 64  # connections still authenticating at once; more are refused
+DROP_LOG_INTERVAL_S = 1.0  # at most one warning a second about dropped connections
+_MAGIC, _VERSION = b"GNST", 1
+_HELLO = struct.Struct("!4sBHH32s")  # magic, version, rank, world size, nonce
+_MAC_BYTES = hashlib.sha256().digest_size
+_ACCEPTED = b"\x01"
+HANDSHAKE_BYTES = 2 * _HELLO.size + 2 * _MAC_BYTES + len(_ACCEPTED)  # both ways, per connection
 
 Handler = Callable[[int, list[Tensor]], tuple[list[Tensor], str]]
+RequestBound = Callable[[int], "int | None"]  # request kind -> most payload bytes; None: unknown
+
+log = logging.getLogger(__name__)
 
 
 class TransportError(RuntimeError):
     """A request could not be sent, answered or served; the message names both ranks."""
+
+
+class FrameRefused(ValueError):
+    """A frame, or a handshake, that the protocol cannot legitimately carry."""
+
+
+def _proof(secret: bytes, role: bytes, client_hello: bytes, server_hello: bytes) -> bytes:
+    """HMAC-SHA256 under ``secret`` of ``role`` and both hellos (both nonces, both ranks)."""
+    return hmac.new(secret, role + client_hello + server_hello, hashlib.sha256).digest()
+
+
+def _hello(rank: int, world: int) -> bytes:
+    return _HELLO.pack(_MAGIC, _VERSION, rank, world, secrets.token_bytes(32))
+
+
+def _check_hello(data: bytes, world: int) -> int:
+    """The rank a peer's hello claims; :class:`FrameRefused` if it is not one of this job's."""
+    magic, version, rank, peer_world, _ = _HELLO.unpack(data)
+    if magic != _MAGIC or version != _VERSION:
+        raise FrameRefused(f"not a graph-store hello (magic {magic!r}, version {version})")
+    if peer_world != world or rank >= world:
+        raise FrameRefused(f"hello from rank {rank} of {peer_world}, but this job has {world}")
+    return rank
 
 
 def _send_frame(
@@ -94,95 +145,224 @@ class _Reader:
             got += k
         return buf
 
-    def frame(self, first_deadline: float | None, timeout_s: float) -> tuple[tuple, list[Tensor]]:
-        """One frame; ``first_deadline`` applies to its first byte, ``timeout_s`` to the rest."""
+    def frame(
+        self, first_deadline: float | None, timeout_s: float, bound: Callable[[tuple], int]
+    ) -> tuple[tuple, list[Tensor]]:
+        """One frame; ``first_deadline`` applies to its first byte, ``timeout_s`` to the rest.
+        ``bound(header)`` is the most payload bytes it may carry: every size is checked
+        against it (and :func:`check_tensor_meta`) before its bytes are allocated."""
         header = _HEADER.unpack(self.exact(_HEADER.size, first_deadline))
+        if header[1] > MAX_TENSORS:
+            raise FrameRefused(f"a frame of {header[1]} tensors (at most {MAX_TENSORS})")
+        budget = bound(header)
         deadline = time.monotonic() + timeout_s
         tensors = []
         for _ in range(header[1]):
             code, ndim = _TENSOR.unpack(self.exact(_TENSOR.size, deadline))
+            if ndim > MAX_NDIM:
+                raise FrameRefused(f"a tensor of {ndim} dimensions (at most {MAX_NDIM})")
             shape = [_DIM.unpack(self.exact(_DIM.size, deadline))[0] for _ in range(ndim)]
             (nbytes,) = _DIM.unpack(self.exact(_DIM.size, deadline))
+            dtype = check_tensor_meta(code, shape, nbytes, budget)
+            budget -= nbytes
             data = self.exact(nbytes, deadline)
-            dtype = _DTYPES[code]
             flat = torch.frombuffer(data, dtype=dtype) if nbytes else torch.empty(0, dtype=dtype)
             tensors.append(flat.reshape(shape))
         return header, tensors
 
 
+def check_tensor_meta(code: int, shape: list[int], nbytes: int, budget: int) -> torch.dtype:
+    """The dtype of an announced tensor whose ``nbytes`` match its ``shape`` and fit in
+    ``budget`` bytes; :class:`FrameRefused` otherwise (nothing is allocated before this)."""
+    if code >= len(_DTYPES):
+        raise FrameRefused(f"unknown dtype code {code}")
+    dtype = _DTYPES[code]
+    if nbytes > budget:
+        raise FrameRefused(f"a tensor of {nbytes} bytes announced; this frame may carry {budget}")
+    count = 1
+    for size in shape:
+        count *= size
+    if count * dtype.itemsize != nbytes:
+        raise FrameRefused(f"shape {shape} of {dtype} does not take {nbytes} bytes")
+    return dtype
+
+
 class SocketTransport:
     """Each rank serves ``handler(kind, tensors) -> (answer tensors, answer category)`` on a
-    TCP socket; :meth:`request` asks a peer from any thread.
+    TCP socket to the peers that prove they hold ``secret``; :meth:`request` asks a peer from
+    any thread.
 
     Args:
         rank, topology: this rank and the ranks' servers (link classes for the meter).
         timeout_s: deadline of every blocking call (connect, send, answer).
+        secret: the job's store secret (``store_secret.py``), the same on every rank.
         host: the address to listen on and to publish to the peers.
     """
 
     def __init__(
-        self, rank: int, topology: Topology, timeout_s: float, host: str = "127.0.0.1"
+        self,
+        rank: int,
+        topology: Topology,
+        timeout_s: float,
+        secret: bytes,
+        host: str = "127.0.0.1",
     ) -> None:
+        if not isinstance(secret, bytes) or not secret:
+            raise ValueError("the transport needs the job's store secret (non-empty bytes)")
         self.rank, self.topology, self.timeout_s, self.host = rank, topology, timeout_s, host
+        self._secret = secret
         self.pending = CommMeter()  # counted, not yet flushed into the run's meter
         self._meter_lock = threading.Lock()
         self._closed = threading.Event()
         self._listener: socket.socket | None = None
         self._addresses: list[tuple[str, int]] = []
+        self._advertised: list[int] = []
         self._idle: dict[int, list[socket.socket]] = {}
         self._pool_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._connections: list[socket.socket] = []
         self._handler: Handler | None = None
+        self._request_bytes: RequestBound | None = None
+        self._handshaking = 0  # connections accepted and not yet authenticated (pool lock)
+        self._last_drop_log, self._drops_unlogged = -DROP_LOG_INTERVAL_S, 0
 
     # ---------------------------------------------------------------------------- set-up
-    def start(self, handler: Handler, comm: Comm) -> None:
-        """Listen, then learn every peer's address (one all-gather through ``comm``,
-        ``control``). Collective: every rank calls it."""
-        self._handler = handler
+    def start(
+        self, handler: Handler, comm: Comm, request_bytes: RequestBound, advertise: int = 0
+    ) -> None:
+        """Listen, then learn every peer's address and advertised number (one all-gather
+        through ``comm``, ``control``). ``request_bytes(kind)`` bounds the payload of a
+        request of ``kind`` that this rank serves (``None``: no such kind); ``advertise`` is a
+        number the peers read with :meth:`advertised` (ByteGNN: the rank's largest in-degree,
+        which bounds its sampling answers). Collective: every rank calls it."""
+        self._handler, self._request_bytes = handler, request_bytes
         self._listener = socket.create_server((self.host, 0))
         self._listener.settimeout(_POLL_S)
         port = self._listener.getsockname()[1]
         ip = struct.unpack("!I", socket.inet_aton(self.host))[0]
-        mine = torch.tensor([[ip, port]], dtype=torch.int64)
-        every = comm.all_gather_tensor(mine, category="control").view(-1, 2)
+        mine = torch.tensor([[ip, port, advertise]], dtype=torch.int64)
+        every = comm.all_gather_tensor(mine, category="control").view(-1, 3)
         self._addresses = [
-            (socket.inet_ntoa(struct.pack("!I", int(a))), int(p)) for a, p in every.tolist()
+            (socket.inet_ntoa(struct.pack("!I", int(a))), int(p)) for a, p, _ in every.tolist()
         ]
+        self._advertised = [int(n) for _, _, n in every.tolist()]
         self._spawn(self._accept, "bytegnn-transport-accept")
+
+    def advertised(self, peer: int) -> int:
+        """The number ``peer`` advertised in :meth:`start`."""
+        return self._advertised[peer]
 
     def _spawn(self, target, name: str, *args) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         thread.start()
-        self._threads.append(thread)
+        with self._pool_lock:  # finished threads go: many short connections leave no trail
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
 
     # ---------------------------------------------------------------------------- serving
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
-                conn, _ = self._listener.accept()
+                conn, address = self._listener.accept()
             except TimeoutError:
                 continue
             except OSError:
                 return  # listener closed
-            conn.settimeout(_POLL_S)
             with self._pool_lock:
-                self._connections.append(conn)
-            self._spawn(self._serve, "bytegnn-transport-serve", conn)
+                crowded = self._handshaking >= MAX_PENDING_HANDSHAKES
+                if not crowded:
+                    self._handshaking += 1
+                    self._connections.append(conn)
+            if crowded:
+                self._drop(conn, address, f"{MAX_PENDING_HANDSHAKES} connections authenticating")
+                continue
+            conn.settimeout(_POLL_S)
+            try:
+                self._spawn(self._serve, "bytegnn-transport-serve", conn, address)
+            except RuntimeError as exc:  # no thread to be had: refuse this one, keep serving
+                self._authenticated(conn, None)
+                self._drop(conn, address, f"no serving thread ({exc})")
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _drop(self, conn: socket.socket, address, reason: str) -> None:
+        """Close ``conn`` and log why (at most one line per :data:`DROP_LOG_INTERVAL_S`, with
+        the count of drops not logged since: a flood of connections floods no log)."""
+        now = time.monotonic()
+        with self._pool_lock:
+            quiet = now - self._last_drop_log < DROP_LOG_INTERVAL_S
+            if quiet:
+                self._drops_unlogged += 1
+            else:
+                unlogged, self._drops_unlogged, self._last_drop_log = self._drops_unlogged, 0, now
+        if not quiet:
+            more = f" ({unlogged} more dropped since the last line)" if unlogged else ""
+            log.warning(
+                "rank %d: graph-store connection from %s dropped: %s%s",
+                self.rank,
+                address,
+                reason,
+                more,
+            )
+        with self._pool_lock, contextlib.suppress(ValueError):
+            self._connections.remove(conn)
+        conn.close()
+
+    def _authenticated(self, conn: socket.socket, peer: int | None) -> None:
+        """End ``conn``'s handshake (``peer``: the rank it proved to be, ``None``: failed)."""
+        with self._pool_lock:
+            self._handshaking -= 1
+        if peer is not None:
+            self._count("control", peer, _HELLO.size + _MAC_BYTES + len(_ACCEPTED))
+
+    def _server_handshake(self, reader: _Reader, conn: socket.socket) -> int:
+        """The rank the peer on ``conn`` proves to be; raises ``FrameRefused``, ``OSError``
+        or ``ConnectionError`` otherwise, all within :data:`HANDSHAKE_TIMEOUT_S`."""
+        deadline = time.monotonic() + min(HANDSHAKE_TIMEOUT_S, self.timeout_s)
+        client_hello = bytes(reader.exact(_HELLO.size, deadline))
+        peer = _check_hello(client_hello, self.topology.world_size)
+        server_hello = _hello(self.rank, self.topology.world_size)
+        mine = _proof(self._secret, b"server", client_hello, server_hello)
+        conn.settimeout(max(0.0, deadline - time.monotonic()))
+        conn.sendall(server_hello + mine)
+        conn.settimeout(_POLL_S)
+        theirs = bytes(reader.exact(_MAC_BYTES, deadline))
+        if not hmac.compare_digest(
+            theirs, _proof(self._secret, b"client", client_hello, server_hello)
+        ):
+            raise FrameRefused(f"a wrong proof from a peer claiming rank {peer} (another secret)")
+        conn.sendall(_ACCEPTED)
+        return peer
+
+    def _serve(self, conn: socket.socket, address) -> None:
         reader = _Reader(conn, self._closed)
+        try:
+            peer = self._server_handshake(reader, conn)
+        except (FrameRefused, OSError, ConnectionError) as exc:
+            self._authenticated(conn, None)
+            if not self._closed.is_set():
+                self._drop(conn, address, f"not authenticated ({type(exc).__name__}: {exc})")
+            conn.close()
+            return
+        self._authenticated(conn, peer)
         with conn:
             while not self._closed.is_set():
                 try:
-                    (kind, _, peer, _), tensors = reader.frame(None, self.timeout_s)
+                    (kind, _, sender, _), tensors = reader.frame(
+                        None, self.timeout_s, self._request_bound
+                    )
+                    if sender != peer:
+                        raise FrameRefused(
+                            f"a frame from rank {sender} on rank {peer}'s connection"
+                        )
+                except FrameRefused as exc:
+                    self._drop(conn, address, f"rank {peer} sent a bad frame: {exc}")
+                    return
                 except (OSError, ConnectionError):
                     return  # the requester went away or we are closing
                 try:
                     answer, category = self._handler(kind, tensors)
                     header, body = (_OK, len(answer), self.rank, 0), answer
                 except Exception as exc:  # the requester raises it, naming this rank
-                    message = f"{type(exc).__name__}: {exc}".encode()
+                    message = f"{type(exc).__name__}: {exc}".encode()[:MAX_ERROR_BYTES]
                     header = (_ERROR, 1, self.rank, 0)
                     body, category = [torch.frombuffer(bytearray(message), dtype=torch.uint8)], None
                 try:
@@ -192,25 +372,43 @@ class SocketTransport:
                 if category is not None:
                     self._count(category, peer, sent)
 
+    def _request_bound(self, header: tuple) -> int:
+        bound = self._request_bytes(header[0])
+        if bound is None:
+            raise FrameRefused(f"unknown request kind {header[0]}")
+        return bound
+
     # ---------------------------------------------------------------------------- requests
     def request(
-        self, peer: int, kind: int, tensors: Sequence[Tensor], category: str
+        self,
+        peer: int,
+        kind: int,
+        tensors: Sequence[Tensor],
+        category: str,
+        answer_bytes: int,
     ) -> list[Tensor]:
         """Send ``tensors`` to ``peer``'s handler as request ``kind`` (counted under
-        ``category``) and return its answer. Thread-safe; raises :class:`TransportError`."""
+        ``category``) and return its answer, whose payload may be at most ``answer_bytes``
+        (a larger one is refused before it is read). Thread-safe; raises
+        :class:`TransportError`."""
         if peer == self.rank:
             raise ValueError("a rank serves its own requests locally, not through the transport")
         check_category(category)
         if self._closed.is_set():
             raise TransportError(f"rank {self.rank}: the transport is closed")
+
+        def bound(header: tuple) -> int:
+            return MAX_ERROR_BYTES if header[0] == _ERROR else answer_bytes
+
         sock = None
         try:
             sock = self._connection(peer)
             sent = _send_frame(sock, (kind, len(tensors), self.rank, 0), tensors, self.timeout_s)
             self._count(category, peer, sent)
             deadline = time.monotonic() + self.timeout_s
-            (status, _, _, _), answer = _Reader(sock, self._closed).frame(deadline, self.timeout_s)
-        except (OSError, ConnectionError) as exc:
+            reader = _Reader(sock, self._closed)
+            (status, _, _, _), answer = reader.frame(deadline, self.timeout_s, bound)
+        except (OSError, ConnectionError, FrameRefused) as exc:
             if sock is not None:
                 sock.close()
             raise TransportError(
@@ -234,11 +432,44 @@ class SocketTransport:
             if idle:
                 return idle.pop()
         sock = socket.create_connection(self._addresses[peer], timeout=self.timeout_s)
-        sock.settimeout(_POLL_S)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self._pool_lock:
             self._connections.append(sock)
+        sock.settimeout(_POLL_S)
+        self._client_handshake(sock, peer)
         return sock
+
+    def _client_handshake(self, sock: socket.socket, peer: int) -> None:
+        """Prove this rank holds the secret to ``peer``, after ``peer`` has proved it."""
+        deadline = time.monotonic() + self.timeout_s
+        reader = _Reader(sock, self._closed)
+        client_hello = _hello(self.rank, self.topology.world_size)
+        sock.settimeout(self.timeout_s)
+        sock.sendall(client_hello)
+        sock.settimeout(_POLL_S)
+        server_hello = bytes(reader.exact(_HELLO.size + _MAC_BYTES, deadline))
+        server_hello, theirs = server_hello[: _HELLO.size], server_hello[_HELLO.size :]
+        if _check_hello(server_hello, self.topology.world_size) != peer:
+            raise FrameRefused(f"the server at rank {peer}'s address says it is another rank")
+        if not hmac.compare_digest(
+            theirs, _proof(self._secret, b"server", client_hello, server_hello)
+        ):
+            raise FrameRefused(
+                f"rank {peer}'s server did not prove it holds this job's store secret"
+            )
+        sock.settimeout(self.timeout_s)
+        sock.sendall(_proof(self._secret, b"client", client_hello, server_hello))
+        sock.settimeout(_POLL_S)
+        try:
+            accepted = bytes(reader.exact(len(_ACCEPTED), deadline))
+        except ConnectionError as exc:
+            raise ConnectionError(
+                f"rank {peer} refused this rank's proof (do the ranks hold different store "
+                f"secrets?): {exc}"
+            ) from exc
+        if accepted != _ACCEPTED:
+            raise FrameRefused(f"rank {peer} answered the handshake with {accepted!r}")
+        self._count("control", peer, _HELLO.size + _MAC_BYTES)
 
     # ---------------------------------------------------------------------------- metering
     def _count(self, category: str, peer: int, nbytes: int) -> None:

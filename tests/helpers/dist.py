@@ -28,6 +28,7 @@ from lightning_gnnscale.launch import (
     rank_payloads,
     start_rank_server,
 )
+from lightning_gnnscale.store_secret import give_local_ranks_a_secret
 from lightning_gnnscale.systems.registry import SYSTEMS
 
 # What the tests' rank server preloads on top of the launcher's list: every system.
@@ -119,6 +120,7 @@ def run_distributed(
     results = context.Queue()
     port = free_port()
     state = launcher_state()
+    give_local_ranks_a_secret(state["env"])  # as the launcher does: one per run
     payloads, inherited = rank_payloads((fn, args), world_size)
     processes = [
         context.Process(

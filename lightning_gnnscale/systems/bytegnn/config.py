@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ...errors import ConfigError
 from ...graph.partition_config import METHOD_OPTIONS, PARTITION_METHODS, check_partition_options
 from ...schema import DataConfig, SystemConfig, choice, require
+from ...store_secret import require_secret
 from .address import check_host
 from .scheduler import default_sigma
 
@@ -20,6 +21,11 @@ DAG_MODES = ("supervised",)
 MAX_SLEEP_MS = 1000.0  # a poll interval longer than this starves the trainer
 THREADS_PER_CORE = 4  # most sampling threads per core of this machine
 MAX_TASKS_PER_HOP = 4096  # most NSC / FF tasks per hop, whatever the batch size
+SECRET_REASON = (
+    "strategy=bytegnn: the ranks serve each other's graph stores on sockets and authenticate "
+    "with a shared secret; these ranks are not all started by one train.py launcher on this "
+    "node (several nodes, torchrun or SLURM)"
+)
 
 
 def available_cores() -> int:
@@ -223,3 +229,8 @@ class ByteGNNConfig(SystemConfig):
             "nodes: leave it null, and every rank publishes the address its peers reach it by "
             "(GLOO_SOCKET_IFNAME, else the route to MASTER_ADDR)",
         )
+        if world > 1:
+            from ...launch import externally_launched  # late: launch imports the registry
+
+            if run.num_nodes > 1 or externally_launched():
+                require_secret(SECRET_REASON)  # refused before any rank starts

@@ -37,10 +37,11 @@ from ...graph.partition_config import METHOD_OPTIONS
 from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN
+from ...store_secret import require_secret
 from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition, own_predictions
 from ..contract import RankContext
 from .address import service_address
-from .config import ByteGNNConfig, available_cores
+from .config import SECRET_REASON, ByteGNNConfig, available_cores
 from .store import GraphStore
 from .sworker import ByteGNNBatch, SWorker
 
@@ -127,8 +128,9 @@ class ByteGNNDataModule(GNNDataModule):
         config.dag.check_seeds_per_step(max(1, int(split.sizes.min()) // split.steps), "per rank")
         if world > 1:
             host = service_address(config.host)
-            self.transport = SocketTransport(rank, context.topology, timeout_s, host)
-            self.transport.start(store.serve, comm)
+            secret = require_secret(SECRET_REASON)
+            self.transport = SocketTransport(rank, context.topology, timeout_s, secret, host)
+            self.transport.start(store.serve, comm, store.request_bytes, store.max_in_degree)
             store.transport = self.transport
         self.store = store
         local_ranks = self.trainer.num_devices if self.trainer is not None else 1

@@ -11,9 +11,18 @@ A rank loaded from a partition directory holds no ``[N]`` degree array: its stor
 full-graph degrees of its core and halo (and of its training seeds), and an owner answers a
 sampling request with the degrees of the sources it drew (which lie in its core or halo), 8 B
 more per source (``structure``). So every vertex of a batch arrives with its degree.
+
+The transport refuses any frame larger than the protocol allows (:meth:`GraphStore.request_bytes`
+for a request this rank serves, :meth:`GraphStore.answer_bytes` for an answer it awaits): a
+request names each vertex at most once, and only the owner's, so it carries at most the owner's
+core size in ids; an answer carries one row, label or count per id, and at most
+``min(fanout, the owner's largest in-degree)`` sampled sources (and degrees) per id. Each rank
+advertises its largest in-degree with its address.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -61,6 +70,29 @@ class GraphStore:
         elif local_degree is None or seed_ids is None or seed_degree is None:
             raise ValueError("a store without the [N] degrees needs local_degree and seed_*")
         self.local_degree, self.seed_ids, self.seed_degree = local_degree, seed_ids, seed_degree
+
+    @property
+    def max_in_degree(self) -> int:
+        """The largest in-degree of this rank's core (bounds its sampling answers)."""
+        return int(self.local.indptr.diff().max()) if self.local.num_core else 0
+
+    def request_bytes(self, kind: int) -> int | None:
+        """Most payload bytes of a request of ``kind`` this rank serves (``None``: no such
+        kind): each of its core vertices once, plus ``[fanout, key]`` for sampling."""
+        ids = self.local.num_core * 8
+        if kind == NSC:
+            return ids + 16
+        return ids if kind in (FEATURES, LABELS) else None
+
+    def answer_bytes(self, owner: int, kind: int, num_ids: int, fanout: int = 0) -> int:
+        """Most payload bytes of ``owner``'s answer to a request of ``kind`` for ``num_ids``
+        vertices (sampling ``fanout`` each, ``-1``: all)."""
+        if kind == NSC:
+            most = self.transport.advertised(owner)
+            per_id = most if fanout == -1 else min(fanout, most)
+            return num_ids * (8 + per_id * 16)  # a count; a source and its degree each
+        rows = self.local.x if kind == FEATURES else self.local.y
+        return num_ids * math.prod(rows.shape[1:]) * rows.element_size()
 
     @property
     def carries_degrees(self) -> bool:
@@ -158,7 +190,8 @@ class GraphStore:
                 positions.append(where[dst_pos])
             else:
                 request = [gids[where], params]
-                answer = self.transport.request(owner, NSC, request, "structure")
+                bound = self.answer_bytes(owner, NSC, len(where), fanout)
+                answer = self.transport.request(owner, NSC, request, "structure", bound)
                 per_vertex, src = answer[0], answer[1]
                 deg = answer[2] if len(answer) > 2 else None
                 if deg is None and self.carries_degrees:
@@ -185,7 +218,9 @@ class GraphStore:
             if owner == self.rank:
                 out[where] = local.index_select(0, gids[where] - self.first_gid)
             else:
-                out[where] = self.transport.request(owner, kind, [gids[where]], "structure")[0]
+                bound = self.answer_bytes(owner, kind, len(where))
+                answer = self.transport.request(owner, kind, [gids[where]], "structure", bound)
+                out[where] = answer[0]
         return out
 
     def features(self, gids: Tensor) -> Tensor:

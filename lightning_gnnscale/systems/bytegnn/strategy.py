@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+from ...store_secret import give_local_ranks_a_secret, read_secret
 from ..base import MeteredDDPStrategy
 from .config import ByteGNNConfig
 
@@ -12,8 +15,20 @@ class ByteGNNStrategy(MeteredDDPStrategy):
     DataModule, which starts and stops them through its own hooks (``train_dataloader``,
     ``teardown``, ``on_exception``).
 
+    Made in a process that will start its ranks itself on one node (a plain script's
+    ``Trainer``, which starts the others with its environment), it puts a fresh store secret in
+    that environment unless the user gave one (docs/systems/bytegnn.md, "Who may connect").
+
     Args: as :class:`~..base.MeteredDDPStrategy`; ``config`` (a :class:`ByteGNNConfig`)
     defaults to the DataModule's.
     """
 
     config_type = ByteGNNConfig
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        from ...launch import externally_launched  # late: launch imports the registry
+
+        one_node = not {"NODE_RANK", "MASTER_ADDR"} & set(os.environ)
+        if one_node and not externally_launched() and read_secret() is None:
+            give_local_ranks_a_secret(os.environ)
