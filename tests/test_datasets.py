@@ -14,7 +14,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lightning_gnnscale.graph.datasets import DATASETS, DatasetNotFoundError, load_dataset
+from lightning_gnnscale.graph import datasets
+from lightning_gnnscale.graph.dataset_config import DATASETS, GENERATOR_OPTIONS
+from lightning_gnnscale.graph.datasets import DatasetNotFoundError, load_dataset
 from lightning_gnnscale.graph.generators import rmat, sbm
 
 PLANETOID_ROOT = Path(__file__).parents[2] / "shared/datasets/planetoid"
@@ -128,6 +130,14 @@ def test_generators_load_through_the_registry_and_ignore_root(tmp_path):
     assert torch.equal(graph.indices, sbm(num_nodes=300, num_classes=3, seed=2).indices)
     assert load_dataset("rmat", num_nodes=256, num_edges=1000).num_nodes == 256
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_torch_free_option_table_is_the_generators_signatures():
+    """``dataset_config`` checks a run's generator options without importing the generators."""
+    assert set(GENERATOR_OPTIONS) == set(datasets._GENERATORS)
+    for name, generator in datasets._GENERATORS.items():
+        parameters = inspect.signature(generator).parameters.items()
+        assert GENERATOR_OPTIONS[name] == {k: type(p.default) for k, p in parameters}, name
 
 
 @pytest.mark.parametrize("name", ["cora", "citeseer", "pubmed"])
