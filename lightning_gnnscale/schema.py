@@ -387,7 +387,7 @@ class RunConfig:
             raise ConfigError(f"network={self.network!r}: {err}") from None
         options = {k: v for k, v in self.dataset.items() if k not in ("name", "root")}
         try:
-            check_dataset_options(self.dataset["name"], options)
+            check_dataset_options(self.dataset["name"], options, self.dataset.get("root"))
         except ValueError as err:
             raise ConfigError(f"dataset: {err}") from None
         check_depth(self.data, self.model)

@@ -49,11 +49,18 @@ OGB_OPTIONS = ("cache_dir", "download")
 DATASETS: tuple[str, ...] = (*GENERATOR_OPTIONS, *PLANETOID, *OGB)
 
 
-def check_dataset_options(name: str, options: dict) -> str:
-    """Raise ValueError for an unknown name or option (listing the valid ones); return the
-    canonical name."""
+def check_dataset_options(name: str, options: dict, root: object = None) -> str:
+    """Raise ValueError for an unknown name or option (listing the valid ones), or for a
+    ``root`` given to a generated dataset (it reads no files); return the canonical name."""
     canonical = canonical_name(name)
     if canonical in GENERATOR_OPTIONS:
+        if root is not None:
+            raise ValueError(
+                f"{canonical} is generated in memory and reads no files, but dataset.root="
+                f"{root!r} was given; drop it. For a sweep that mixes generated and file "
+                "datasets, set the file datasets' root once with paths.data_dir=<folder> (or "
+                "the environment variable GNNSCALE_DATA_DIR): a generator ignores that one"
+            )
         types = GENERATOR_OPTIONS[canonical]
         for option, value in options.items():
             expected = types.get(option)

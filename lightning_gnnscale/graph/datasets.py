@@ -74,7 +74,8 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options) ->
     """Load dataset ``name`` (one of :data:`~.dataset_config.DATASETS`, case-insensitive,
     ``_`` = ``-``).
 
-    ``sbm`` / ``rmat`` pass ``options`` to their generator and ignore ``root``. Real datasets
+    ``sbm`` / ``rmat`` pass ``options`` to their generator and refuse a ``root`` (ValueError:
+    they read no files). Real datasets
     read under ``root`` (default :data:`DEFAULT_ROOT`) and take the options ``cache_dir``
     (default :data:`DEFAULT_CACHE_DIR`: where processing output goes; ``root`` is only read)
     and ``download`` (default False: missing files fail at once instead of starting a download
@@ -83,7 +84,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options) ->
     GAT papers). Planetoid: ``<root>/<Cora|CiteSeer|PubMed>/raw/``. OGB:
     ``<root>/<name with - as _>/`` in ogb's layout (``raw/``, ``split/``, ``processed/``).
     """
-    canonical = check_dataset_options(name, options)
+    canonical = check_dataset_options(name, options, root)
     estimate = check_fits(canonical, root, **options)
     detail = estimate.describe() if estimate else ""
     if canonical in _GENERATORS:
