@@ -29,18 +29,18 @@ if __name__ == "__main__":
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from lightning_gnnscale.launch import (  # noqa: E402  (light: no Lightning, PyG or system yet)
-    exit_without_teardown,
-    warm_start,
-)
+# light: no torch, Lightning, PyG or system yet
+from lightning_gnnscale.config import check_config  # noqa: E402
+from lightning_gnnscale.launch import exit_without_teardown, warm_start  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
+    run = check_config(cfg)  # a bad value fails here, in about a second: nothing heavy loaded
     warm_start(cfg)  # the rank server imports while this process does the same and prepares
     from lightning_gnnscale.run import run_from_command_line
 
-    return run_from_command_line(cfg)  # best_val_acc: the value Hydra sweepers optimise
+    return run_from_command_line(cfg, run)  # best_val_acc: the value Hydra sweepers optimise
 
 
 if __name__ == "__main__":

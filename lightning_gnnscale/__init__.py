@@ -31,7 +31,8 @@ _LAZY = {
     ),
     "Batch": ".graph.batch",
     "Graph": ".graph.csc",
-    **dict.fromkeys(("DATASETS", "load_dataset"), ".graph.datasets"),
+    "DATASETS": ".graph.dataset_config",
+    "load_dataset": ".graph.datasets",
     **dict.fromkeys(
         ("BlockGNN", "SubgraphModel", "build_model", "layerwise_inference"), ".models.gnn"
     ),

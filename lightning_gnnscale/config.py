@@ -1,10 +1,13 @@
 """A run's config: typed and validated in the launching process, before any rank starts.
 
 Keys and types are checked by Hydra while it composes (the structured-config schemas of
-:mod:`lightning_gnnscale.schema`, registered when the package is imported); values and rules
-between sections by the dataclasses' ``__post_init__`` (:func:`~.schema.run_config`); what
-depends on this machine and on files (a GPU, the launcher's environment, checkpoints, the
-classes named by ``_target_``) by :func:`validate`.
+:mod:`lightning_gnnscale.schema`, registered when the package is imported); then, in two steps:
+
+- :func:`check_config`, which imports no torch, Lightning or PyG (``train.py`` calls it first,
+  so a bad value is reported in about a second): values and rules between sections (the
+  dataclasses' ``__post_init__``, :func:`~.schema.run_config`) and the launcher's environment;
+- :func:`validate`: that, and what needs torch or files (a GPU, checkpoints, the classes named
+  by ``_target_``).
 """
 
 from __future__ import annotations
@@ -12,11 +15,9 @@ from __future__ import annotations
 import inspect
 import os
 
-import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from .checkpoints import check_resume, read_checkpoint
 from .errors import ConfigError
 from .launch import externally_launched
 from .schema import RunConfig, require, run_config
@@ -44,22 +45,12 @@ def check_target(node, key: str) -> None:
         )
 
 
-def validate(cfg: DictConfig | RunConfig) -> RunConfig:
-    """The typed run config of ``cfg``, checked against this machine and its files; raises
+def check_config(cfg: DictConfig | RunConfig) -> RunConfig:
+    """The typed run config of ``cfg``: every value and rule that needs no torch, Lightning
+    or PyG (nor imports them), the launcher's environment included; raises
     :class:`ConfigError` on the first problem."""
     run = run_config(cfg)
-    if run.logger is not None:
-        check_target(run.logger, "logger")
-    for name, node in (run.callbacks or {}).items():
-        check_target(node, f"callbacks.{name}")
-    tr = run.trainer
-    if tr.accelerator in ("gpu", "cuda"):
-        require(
-            torch.cuda.is_available(),
-            f"trainer.accelerator={tr.accelerator} but torch {torch.__version__} sees no CUDA "
-            f"GPU here; use trainer.accelerator=cpu (or install a CUDA build of torch)",
-        )
-    world = run.world_size
+    tr, world = run.trainer, run.world_size
     if "SLURM_NTASKS" in os.environ and not externally_launched() and world > 1:
         raise ConfigError(
             f"inside a SLURM job with one task, but {world} ranks are requested: "
@@ -72,6 +63,28 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
             f"trainer.num_nodes={tr.num_nodes}: set {', '.join(missing)} on "
             f"every node (the same MASTER_ADDR/MASTER_PORT everywhere), or launch with "
             f"torchrun / srun",
+        )
+    return run
+
+
+def validate(cfg: DictConfig | RunConfig) -> RunConfig:
+    """:func:`check_config`, then the checks that need torch or files: the classes named by
+    ``_target_``, a GPU, checkpoints; raises :class:`ConfigError` on the first problem."""
+    import torch  # here: check_config runs before torch is imported
+
+    from .checkpoints import check_resume, read_checkpoint  # imports Lightning
+
+    run = check_config(cfg)
+    if run.logger is not None:
+        check_target(run.logger, "logger")
+    for name, node in (run.callbacks or {}).items():
+        check_target(node, f"callbacks.{name}")
+    tr = run.trainer
+    if tr.accelerator in ("gpu", "cuda"):
+        require(
+            torch.cuda.is_available(),
+            f"trainer.accelerator={tr.accelerator} but torch {torch.__version__} sees no CUDA "
+            f"GPU here; use trainer.accelerator=cpu (or install a CUDA build of torch)",
         )
     if run.ckpt_path is not None:
         check_resume(run)

@@ -236,12 +236,13 @@ def sweep_rendezvous() -> Iterator[None]:
         os.environ["MASTER_PORT"] = base
 
 
-def run_from_command_line(cfg: DictConfig) -> float | None:
-    """``train.py``'s job: :func:`train`, returning the value Hydra sweepers optimise. A run
-    stopped by Ctrl-C, a signal or an OS error (disk full, a file that vanished) ends with one
-    line naming what happened and where its partial results are, not a traceback."""
+def run_from_command_line(cfg: DictConfig, run: RunConfig) -> float | None:
+    """``train.py``'s job: :func:`train` of ``run`` (``cfg`` as :func:`~.config.check_config`
+    typed it), returning the value Hydra sweepers optimise. A run stopped by Ctrl-C, a signal
+    or an OS error (disk full, a file that vanished) ends with one line naming what happened
+    and where its partial results are (``cfg``'s output folder), not a traceback."""
     try:
-        metrics, _ = train(cfg)
+        metrics, _ = train(run)
     except KeyboardInterrupt:
         _stopped("interrupted (Ctrl-C)", cfg, 130)
     except LauncherSignal as err:

@@ -18,7 +18,9 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .comm.network import NetworkModel  # torch-free, as this module is
 from .errors import ConfigError
+from .graph.dataset_config import check_dataset_options
 
 MODEL_NAMES = ("gcn", "sage", "gat", "custom")
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -377,9 +379,6 @@ class RunConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
     def __post_init__(self) -> None:
-        from .comm.network import NetworkModel  # late: comm imports torch.distributed
-        from .graph.datasets import check_dataset_options
-
         require(isinstance(self.strategy, SystemConfig), "strategy is not a known system")
         choice("dtype", self.dtype, DTYPES)
         try:
@@ -388,7 +387,7 @@ class RunConfig:
             raise ConfigError(f"network={self.network!r}: {err}") from None
         options = {k: v for k, v in self.dataset.items() if k not in ("name", "root")}
         try:
-            check_dataset_options(self.dataset["name"], options)
+            check_dataset_options(self.dataset["name"], options, self.dataset.get("root"))
         except ValueError as err:
             raise ConfigError(f"dataset: {err}") from None
         check_depth(self.data, self.model)

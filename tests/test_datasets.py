@@ -14,7 +14,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lightning_gnnscale.graph.datasets import DATASETS, DatasetNotFoundError, load_dataset
+from lightning_gnnscale.graph import datasets
+from lightning_gnnscale.graph.dataset_config import DATASETS, GENERATOR_OPTIONS
+from lightning_gnnscale.graph.datasets import DatasetNotFoundError, load_dataset
 from lightning_gnnscale.graph.generators import rmat, sbm
 
 PLANETOID_ROOT = Path(__file__).parents[2] / "shared/datasets/planetoid"
@@ -122,12 +124,23 @@ def test_unknown_option_lists_the_valid_ones():
         load_dataset("cora", root="/nonexistent", fanout=3)
 
 
-def test_generators_load_through_the_registry_and_ignore_root(tmp_path):
-    graph = load_dataset("SBM", root=tmp_path, num_nodes=300, num_classes=3, seed=2)
+def test_generators_load_through_the_registry_and_refuse_a_root(tmp_path):
+    graph = load_dataset("SBM", num_nodes=300, num_classes=3, seed=2)
     assert graph.num_nodes == 300 and graph.num_classes == 3
     assert torch.equal(graph.indices, sbm(num_nodes=300, num_classes=3, seed=2).indices)
     assert load_dataset("rmat", num_nodes=256, num_edges=1000).num_nodes == 256
+    for name in ("sbm", "rmat"):  # a root is a mistake: it would be ignored
+        with pytest.raises(ValueError, match=r"dataset.root=.*paths.data_dir.*GNNSCALE_DATA_DIR"):
+            load_dataset(name, root=tmp_path, num_nodes=300)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_torch_free_option_table_is_the_generators_signatures():
+    """``dataset_config`` checks a run's generator options without importing the generators."""
+    assert set(GENERATOR_OPTIONS) == set(datasets._GENERATORS)
+    for name, generator in datasets._GENERATORS.items():
+        parameters = inspect.signature(generator).parameters.items()
+        assert GENERATOR_OPTIONS[name] == {k: type(p.default) for k, p in parameters}, name
 
 
 @pytest.mark.parametrize("name", ["cora", "citeseer", "pubmed"])
@@ -306,11 +319,13 @@ def test_dataset_configs_match_the_loaders():
         options = {k: v for k, v in cfg.items() if k not in ("name", "root")}
         generator = {"sbm": sbm, "rmat": rmat}.get(cfg["name"])
         if generator is None:
+            assert cfg["root"] == "${paths.data_dir}"
             planetoid = cfg["name"] in ("cora", "citeseer", "pubmed")
             expected = ["cache_dir", "download", *(["normalize_features"] if planetoid else [])]
             assert list(options) == expected
             assert options["download"] is False  # never start a download by default
         else:
+            assert cfg["root"] is None  # a generator reads no files: a root given is refused
             defaults = {k: p.default for k, p in inspect.signature(generator).parameters.items()}
             assert options == defaults, (
                 f"conf/dataset/{stem}.yaml drifted from {generator.__name__}()"

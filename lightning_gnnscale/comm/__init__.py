@@ -2,31 +2,42 @@
 
 Metered collectives (``Comm``), the differentiable row exchange (``exchange_rows``), owner
 routing of requests and their answers (``OwnerRoute``), the DDP
-comm hook, the byte meter, the server topology, the network cost model and the audit.
+comm hook, the byte meter, the server topology, the network cost model and the audit. The
+names load on first use.
 """
 
-from lightning_gnnscale.comm.audit import CollectiveCall, CollectiveRecorder
-from lightning_gnnscale.comm.collectives import (
-    GATHER_REDUCE_ELEMENTS,
-    REDUCE_OPS,
-    Comm,
-    ring_allreduce_bytes,
-)
-from lightning_gnnscale.comm.exchange import exchange_rows
-from lightning_gnnscale.comm.hooks import (
-    GradientHookState,
-    metered_allreduce_hook,
-    register_metered_ddp_hook,
-)
-from lightning_gnnscale.comm.meter import (
-    CATEGORIES,
-    CommMeter,
-    diff_snapshots,
-    sum_snapshots,
-)
-from lightning_gnnscale.comm.network import PROFILES, NetworkModel
-from lightning_gnnscale.comm.routing import OwnerRoute
-from lightning_gnnscale.comm.topology import INTER_SERVER, INTRA_SERVER, LINK_CLASSES, Topology
+from importlib import import_module
+from typing import Any
+
+# public name -> the submodule that defines it, imported on first use: ``comm.network`` and
+# ``comm.topology`` need no torch, so the run config checks ``network=`` before torch loads
+_LAZY = {
+    **dict.fromkeys(("CollectiveCall", "CollectiveRecorder"), ".audit"),
+    **dict.fromkeys(
+        ("GATHER_REDUCE_ELEMENTS", "REDUCE_OPS", "Comm", "ring_allreduce_bytes"), ".collectives"
+    ),
+    "exchange_rows": ".exchange",
+    **dict.fromkeys(
+        ("GradientHookState", "metered_allreduce_hook", "register_metered_ddp_hook"), ".hooks"
+    ),
+    **dict.fromkeys(("CATEGORIES", "CommMeter", "diff_snapshots", "sum_snapshots"), ".meter"),
+    **dict.fromkeys(("PROFILES", "NetworkModel"), ".network"),
+    "OwnerRoute": ".routing",
+    **dict.fromkeys(("INTER_SERVER", "INTRA_SERVER", "LINK_CLASSES", "Topology"), ".topology"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # once: later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "CATEGORIES",

@@ -40,6 +40,12 @@ from lightning_gnnscale.files import (
     weights_only_loads,
 )
 from lightning_gnnscale.graph.csc import Graph
+from lightning_gnnscale.graph.dataset_config import (
+    OGB,
+    PLANETOID,
+    canonical_name,
+    check_dataset_options,
+)
 from lightning_gnnscale.graph.generators import rmat, rmat_peak_bytes, sbm, sbm_peak_bytes
 
 DEFAULT_ROOT = Path.home() / ".cache" / "lightning_gnnscale" / "datasets"
@@ -52,20 +58,8 @@ _SIZE_KEYS = {
     "sbm": ("num_nodes", "avg_degree", "num_features"),
     "rmat": ("num_nodes", "num_edges", "num_features"),
 }
-# name -> PyG's Planetoid name (also the folder under root).
-_PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 _PLANETOID_RAW = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
-# name -> (ogb split name, binary raw format, name of the folder inside ogb's zip).
-_OGB = {
-    "ogbn-arxiv": ("time", False, "arxiv"),
-    "ogbn-products": ("sales_ranking", False, "products"),
-    "ogbn-papers100M": ("time", True, "papers100M-bin"),
-}
 _OGB_URL = "http://snap.stanford.edu/ogb/data/nodeproppred/{}.zip"
-_PLANETOID_OPTIONS = ("cache_dir", "download", "normalize_features")
-_OGB_OPTIONS = ("cache_dir", "download")
-
-DATASETS: tuple[str, ...] = (*_GENERATORS, *_PLANETOID, *_OGB)
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -77,9 +71,11 @@ class DatasetTooLargeError(ConfigError):
 
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, **options) -> Graph:
-    """Load dataset ``name`` (one of :data:`DATASETS`, case-insensitive, ``_`` = ``-``).
+    """Load dataset ``name`` (one of :data:`~.dataset_config.DATASETS`, case-insensitive,
+    ``_`` = ``-``).
 
-    ``sbm`` / ``rmat`` pass ``options`` to their generator and ignore ``root``. Real datasets
+    ``sbm`` / ``rmat`` pass ``options`` to their generator and refuse a ``root`` (ValueError:
+    they read no files). Real datasets
     read under ``root`` (default :data:`DEFAULT_ROOT`) and take the options ``cache_dir``
     (default :data:`DEFAULT_CACHE_DIR`: where processing output goes; ``root`` is only read)
     and ``download`` (default False: missing files fail at once instead of starting a download
@@ -88,13 +84,13 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options) ->
     GAT papers). Planetoid: ``<root>/<Cora|CiteSeer|PubMed>/raw/``. OGB:
     ``<root>/<name with - as _>/`` in ogb's layout (``raw/``, ``split/``, ``processed/``).
     """
-    canonical = check_dataset_options(name, options)
+    canonical = check_dataset_options(name, options, root)
     estimate = check_fits(canonical, root, **options)
     detail = estimate.describe() if estimate else ""
     if canonical in _GENERATORS:
         with progress(f"generating {canonical}", detail):
             return _GENERATORS[canonical](**options)
-    planetoid = canonical in _PLANETOID
+    planetoid = canonical in PLANETOID
     root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
     cache_dir = Path(options.get("cache_dir") or DEFAULT_CACHE_DIR).expanduser()
     download = bool(options.get("download", False))
@@ -140,7 +136,7 @@ def estimate_memory(
     files (OGB: the node and edge counts and feature width the raw files state), read without
     loading anything large; ``None`` when there is nothing to estimate from (Planetoid's graphs
     are a few MB; a dataset whose files are missing fails with its own message)."""
-    canonical = _canonical_name(name)
+    canonical = canonical_name(name)
     if canonical in _GENERATORS:
         bound = inspect.signature(_GENERATORS[canonical]).bind(**options)
         bound.apply_defaults()
@@ -151,9 +147,9 @@ def estimate_memory(
         )
         keys = ", ".join(f"dataset.{key}={args[key]}" for key in _SIZE_KEYS[canonical])
         return MemoryEstimate(nodes, edges, features, _PEAK_BYTES[canonical](**args), keys)
-    if canonical in _OGB:
+    if canonical in OGB:
         root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
-        sizes = _ogb_sizes(root / canonical.replace("-", "_"), _OGB[canonical][1])
+        sizes = _ogb_sizes(root / canonical.replace("-", "_"), OGB[canonical][1])
         if sizes is None:
             return None
         (nodes, edges, features), basis = sizes
@@ -175,7 +171,7 @@ def check_fits(
     available = available_memory_bytes()
     if estimate is None or available is None or estimate.peak_bytes <= available:
         return estimate
-    canonical = _canonical_name(name)
+    canonical = canonical_name(name)
     if canonical in _GENERATORS:
         shrink = "lower " + " / ".join(f"dataset.{key}" for key in _SIZE_KEYS[canonical])
     else:
@@ -289,42 +285,6 @@ def progress(action: str, detail: str = "") -> Iterator[None]:
             )
 
 
-def check_dataset_options(name: str, options: dict) -> str:
-    """Raise ValueError for an unknown name or option (listing the valid ones); return the
-    canonical name. Cheap: used by config validation before any data is touched."""
-    canonical = _canonical_name(name)
-    if canonical in _GENERATORS:
-        parameters = inspect.signature(_GENERATORS[canonical]).parameters
-        valid = tuple(parameters)
-        for option, value in options.items():
-            default = parameters[option].default if option in parameters else None
-            if isinstance(default, int) and not isinstance(default, bool):
-                if not isinstance(value, int) or isinstance(value, bool):
-                    raise ValueError(f"{canonical} option {option}={value!r} must be an integer")
-            elif isinstance(default, float) and (
-                not isinstance(value, (int, float)) or isinstance(value, bool)
-            ):
-                raise ValueError(f"{canonical} option {option}={value!r} must be a number")
-    else:
-        valid = _PLANETOID_OPTIONS if canonical in _PLANETOID else _OGB_OPTIONS
-    _check_options(canonical, options, valid)
-    return canonical
-
-
-def _canonical_name(name: str) -> str:
-    by_key = {known.lower(): known for known in DATASETS}
-    key = name.lower().replace("_", "-")
-    if key not in by_key:
-        raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
-    return by_key[key]
-
-
-def _check_options(name: str, options: dict, valid: tuple[str, ...]) -> None:
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        raise ValueError(f"dataset {name!r} got unknown options {unknown}; valid: {list(valid)}")
-
-
 # ------------------------------------------------------------------------------ file layout
 def _mirror_dir(cache_dir: Path, kind: str, root: Path, sources: list[Path]) -> Path:
     """Where processing output for the files under ``root`` goes: one folder per source root
@@ -346,7 +306,7 @@ def _load_planetoid(
     name: str, root: Path, cache_dir: Path, download: bool, normalize_features: bool
 ) -> Graph:
     """Cora / CiteSeer / PubMed through PyG's ``Planetoid`` with the public split."""
-    folder = _PLANETOID[name]
+    folder = PLANETOID[name]
     raw_dir = root / folder / "raw"
     raw_files = [raw_dir / f"ind.{name}.{suffix}" for suffix in _PLANETOID_RAW]
     missing = _missing(raw_files)
@@ -457,7 +417,7 @@ def _ogb_compat() -> Iterator[None]:
 
 def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> Graph:
     """ogbn-* through ogb's ``NodePropPredDataset`` with ogb's split; NaN labels -> -1."""
-    split_name, binary, zip_folder = _OGB[name]
+    split_name, binary, zip_folder = OGB[name]
     dir_name = name.replace("-", "_")
     dataset_dir = root / dir_name
     processed = dataset_dir / "processed" / "data_processed"
