@@ -52,6 +52,7 @@ from .graph.csc import Graph
 from .graph.datasets import load_dataset
 from .graph.partition_dir import node_ranks
 from .launch import LauncherSignal, externally_launched, launch_local
+from .loggers import finish_wandb_runs
 from .models.module import GNNModule
 from .run_folder import check_writable, claimed
 from .schema import RunConfig, as_dict
@@ -290,6 +291,12 @@ def read_summary(path: Path, run_id: str) -> dict:
     return metrics
 
 
+def progress_bar(enabled: bool | None) -> bool:
+    """``trainer.enable_progress_bar``; ``None``: a bar only when stderr is a terminal (in a log
+    file or a pipe its redraws would bury the epoch lines)."""
+    return sys.stderr.isatty() if enabled is None else enabled
+
+
 def build_logger(run: RunConfig):
     """The configured Lightning logger (``logger._target_``), given the run's config as its
     hyperparameters; ``False`` for ``logger=none``."""
@@ -383,7 +390,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
         ],
         check_val_every_n_epoch=tr.check_val_every_n_epoch,
         log_every_n_steps=tr.log_every_n_steps,
-        enable_progress_bar=tr.enable_progress_bar,
+        enable_progress_bar=progress_bar(tr.enable_progress_bar),
         limit_train_batches=tr.limit_train_batches,
         deterministic=tr.deterministic,
         use_distributed_sampler=False,
@@ -392,5 +399,10 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
         default_root_dir=output_dir,
     )
     # weights_only: the ranks, too, load the checkpoint as tensors and plain data (no code)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+    except BaseException:
+        finish_wandb_runs(trainer.loggers, exit_code=1)
+        raise
+    finish_wandb_runs(trainer.loggers, exit_code=0)
     return summary.summary or {}
