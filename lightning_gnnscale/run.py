@@ -54,7 +54,7 @@ from .graph.partition_dir import node_ranks
 from .launch import LauncherSignal, externally_launched, launch_local
 from .loggers import finish_wandb_runs
 from .models.module import GNNModule
-from .run_folder import check_writable, claimed
+from .run_folder import FAILED_FILE, check_writable, claimed, job_log_name, settle_failed_run
 from .schema import RunConfig, as_dict
 from .systems.base import GNNDataModule, MeteredSingleDeviceStrategy, SystemStrategy
 from .systems.registry import SYSTEMS
@@ -266,9 +266,11 @@ def _stopped(what: str, cfg: DictConfig, code: int | None) -> None:
         output_dir = None
     if output_dir is None or not output_dir.is_dir():
         where = "no results were written"
+    elif settle_failed_run(output_dir, RuntimeError(what), job_log_name()):
+        where = f"no results were written (its empty folder {output_dir} was removed)"
     else:
         last = output_dir / "checkpoints" / "last.ckpt"
-        where = f"partial results in {output_dir}" + (
+        where = f"partial results in {output_dir}, marked {FAILED_FILE}" + (
             f" (last completed epoch: {last}; resume with ckpt_path={last})"
             if last.is_file()
             else ""
