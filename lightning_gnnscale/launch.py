@@ -12,7 +12,8 @@ an NVIDIA GPU is present: :data:`CUDA_SAFE_PRELOAD`), while the launcher was sti
 the config and preparing the data (:func:`start_rank_server`). The server runs no torch
 operator, so no thread pool exists when it forks. ``launcher.start_method=spawn`` starts each rank
 as a fresh interpreter instead (every rank imports everything again). Either way a rank gets the
-launcher's environment, working directory, stdout and stderr as they are at launch.
+launcher's environment, working directory, stdout and stderr as they are at launch, and its
+logging (:mod:`.rank_logging`).
 
 Tensors passed to the ranks (the graph) travel through shared memory, not copies. With every
 rank on this node the environment they get holds a fresh store secret for the job
@@ -44,6 +45,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from .rank_logging import adopt_launcher_logging, launcher_logging
 from .schema import START_METHODS
 from .store_secret import give_local_ranks_a_secret
 from .systems.registry import SYSTEMS
@@ -340,6 +342,8 @@ def _rank_main(
     _die_with_parent(launcher_pid)
     adopt_launcher_state(state["env"], state["stdio"])
     os.environ["LOCAL_RANK"] = str(local_rank)
+    node_rank = int(state["env"]["NODE_RANK"])
+    adopt_launcher_logging(state["logging"], node_rank * len(payloads) + local_rank)
     if state["forked"]:  # before the payload, whose unpickling imports PyG
         check_cuda_after_fork()
     fn, args = load_payload(payloads[local_rank], inherited)
@@ -429,6 +433,7 @@ def launch_local(
         "env": env,
         "stdio": (InheritedFd(1), InheritedFd(2)),
         "forked": start_method == "forkserver",
+        "logging": launcher_logging(),  # the run's train.log and console, rebuilt in each rank
     }
     ctx = None
     with signals_raise():

@@ -52,8 +52,9 @@ from .graph.csc import Graph
 from .graph.datasets import load_dataset
 from .graph.partition_dir import node_ranks
 from .launch import LauncherSignal, externally_launched, launch_local
+from .loggers import finish_wandb_runs
 from .models.module import GNNModule
-from .run_folder import check_writable, claimed
+from .run_folder import FAILED_FILE, check_writable, claimed, job_log_name, settle_failed_run
 from .schema import RunConfig, as_dict
 from .systems.base import GNNDataModule, MeteredSingleDeviceStrategy, SystemStrategy
 from .systems.registry import SYSTEMS
@@ -266,9 +267,11 @@ def _stopped(what: str, cfg: DictConfig, code: int | None) -> None:
         output_dir = None
     if output_dir is None or not output_dir.is_dir():
         where = "no results were written"
+    elif settle_failed_run(output_dir, RuntimeError(what), job_log_name()):
+        where = f"no results were written (its empty folder {output_dir} was removed)"
     else:
         last = output_dir / "checkpoints" / "last.ckpt"
-        where = f"partial results in {output_dir}" + (
+        where = f"partial results in {output_dir}, marked {FAILED_FILE}" + (
             f" (last completed epoch: {last}; resume with ckpt_path={last})"
             if last.is_file()
             else ""
@@ -289,6 +292,12 @@ def read_summary(path: Path, run_id: str) -> dict:
             f"{run_id}); two runs shared one output folder"
         )
     return metrics
+
+
+def progress_bar(enabled: bool | None) -> bool:
+    """``trainer.enable_progress_bar``; ``None``: a bar only when stderr is a terminal (in a log
+    file or a pipe its redraws would bury the epoch lines)."""
+    return sys.stderr.isatty() if enabled is None else enabled
 
 
 def build_logger(run: RunConfig):
@@ -384,7 +393,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
         ],
         check_val_every_n_epoch=tr.check_val_every_n_epoch,
         log_every_n_steps=tr.log_every_n_steps,
-        enable_progress_bar=tr.enable_progress_bar,
+        enable_progress_bar=progress_bar(tr.enable_progress_bar),
         limit_train_batches=tr.limit_train_batches,
         deterministic=tr.deterministic,
         use_distributed_sampler=False,
@@ -393,5 +402,10 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
         default_root_dir=output_dir,
     )
     # weights_only: the ranks, too, load the checkpoint as tensors and plain data (no code)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=run.ckpt_path, weights_only=True)
+    except BaseException:
+        finish_wandb_runs(trainer.loggers, exit_code=1)
+        raise
+    finish_wandb_runs(trainer.loggers, exit_code=0)
     return summary.summary or {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import io
 import os
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -40,8 +42,7 @@ def claimed(output_dir: Path) -> Iterator[None]:
         yield
     finally:
         if lock is not None:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            lock.close()
+            _release(lock)
 
 
 def check_writable(folder: Path) -> None:
@@ -57,17 +58,50 @@ def check_writable(folder: Path) -> None:
         ) from None
 
 
+def _lock_name() -> str:
+    return f".run.lock.node{os.environ.get('NODE_RANK', '0')}"
+
+
 def _lock(output_dir: Path) -> IO[str] | None:
     """The open, locked lock file of ``output_dir`` (``None`` where the file system cannot
-    lock); :class:`ConfigError` when another live run holds it."""
-    lock_path = output_dir / f".run.lock.node{os.environ.get('NODE_RANK', '0')}"
-    lock = open(lock_path, "a+")  # noqa: SIM115 - held open for the run, closed by the caller
+    lock); :class:`ConfigError` when another live run holds it. The file is removed when the
+    run ends (:func:`_release`), so a lock taken on a file that was removed meanwhile is
+    retried on a fresh file."""
+    while True:
+        lock = _try_lock(output_dir / _lock_name())
+        if lock is None or _still_linked(lock):
+            return lock
+        lock.close()  # a run that just ended removed it after we opened it: lock a new one
+
+
+def _still_linked(lock: IO[str]) -> bool:
+    """Whether ``lock``'s path still names the open file."""
+    try:
+        on_disk = os.stat(lock.name)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(lock.fileno())
+    return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _release(lock: IO[str]) -> None:
+    """Remove the lock file, then unlock and close it (removed while held: a run that opened
+    it meanwhile finds it held, or unlinked, and takes a fresh one)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(lock.name)
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    lock.close()
+
+
+def _try_lock(lock_path: Path) -> IO[str] | None:
+    # absolute: released by name, whatever the working directory is by then
+    lock = open(os.path.abspath(lock_path), "a+")  # noqa: SIM115 - closed by _release
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:
         if err.errno in (errno.ENOLCK, errno.EOPNOTSUPP):  # e.g. NFS without a lock daemon
             lock.close()
-            warnings.warn(f"cannot lock {lock_path} ({err}); not guarding the folder", stacklevel=4)
+            warnings.warn(f"cannot lock {lock_path} ({err}); not guarding the folder", stacklevel=5)
             return None
         lock.seek(0)
         holder = lock.read().strip()
@@ -75,7 +109,7 @@ def _lock(output_dir: Path) -> IO[str] | None:
         if not isinstance(err, BlockingIOError):
             raise
         raise ConfigError(
-            f"output folder {output_dir} is in use by another run{f' ({holder})' if holder else ''}; "
+            f"output folder {lock_path.parent} is in use by another run{f' ({holder})' if holder else ''}; "
             f"give this run its own folder (hydra.run.dir=... or paths.output_dir=...)"
         ) from None
     lock.seek(0)
@@ -83,6 +117,71 @@ def _lock(output_dir: Path) -> IO[str] | None:
     lock.write(f"pid {os.getpid()}")
     lock.flush()
     return lock
+
+
+FAILED_FILE = "FAILED"
+# What Hydra writes into a job's folder before the job runs (besides the job's log file).
+HYDRA_RECORD = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}}
+
+
+def settle_failed_run(folder: Path, error: BaseException, log_name: str | None) -> bool:
+    """After a failed run, leave no folder that looks like a run's: remove ``folder`` when it
+    holds nothing but Hydra's record of the run (:data:`HYDRA_RECORD`, the job's log file
+    ``log_name``) and this node's lock file; otherwise write :data:`FAILED_FILE` into it (what
+    failed), once. Returns whether this call removed the folder. Only the files named here are
+    deleted, and the folder only once empty, so anything else written meanwhile stays; a folder
+    another live run holds is left alone."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return False
+    if folder.resolve() in _CLAIMED_FOR_HYDRA:  # this process's run holds it
+        return _settle(folder, error, log_name)
+    try:
+        lock = _lock(folder)
+    except ConfigError:  # another live run holds it: its folder, left alone
+        return False
+    try:
+        return _settle(folder, error, log_name)
+    finally:
+        if lock is not None:
+            _release(lock)
+
+
+def _settle(folder: Path, error: BaseException, log_name: str | None) -> bool:
+    if _only_the_record(folder, log_name):
+        with contextlib.suppress(OSError):  # something appeared meanwhile: it is kept, marked
+            for sub, names in HYDRA_RECORD.items():
+                for name in names:
+                    (folder / sub / name).unlink(missing_ok=True)
+                if (folder / sub).is_dir():
+                    (folder / sub).rmdir()
+            for name in (log_name, _lock_name()):
+                if name:
+                    (folder / name).unlink(missing_ok=True)
+            folder.rmdir()
+            return True
+    marker = folder / FAILED_FILE
+    if not marker.exists():
+        with contextlib.suppress(OSError):  # a full disk: the printed error still says it
+            marker.write_text(f"{type(error).__name__}: {error}\n")
+    return False
+
+
+def _only_the_record(folder: Path, log_name: str | None) -> bool:
+    for entry in folder.iterdir():
+        if entry.name in HYDRA_RECORD and entry.is_dir() and not entry.is_symlink():
+            if not {e.name for e in entry.iterdir()} <= HYDRA_RECORD[entry.name]:
+                return False
+        elif entry.name not in (log_name, _lock_name()) or not entry.is_file():
+            return False
+    return True
+
+
+def job_log_name() -> str | None:
+    """The file name of Hydra's log of this job (``train.log``), when Hydra runs it."""
+    if not HydraConfig.initialized():
+        return None
+    return f"{HydraConfig.get().job.name}.log"
 
 
 # Folders ClaimRunFolder locked for this process's Hydra run or sweep -> their open lock file.
@@ -101,6 +200,19 @@ class ClaimRunFolder(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self._claim(config, "hydra.sweep.dir")
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs) -> None:
+        """A failed job's folder is removed when it holds nothing, else marked failed
+        (:func:`settle_failed_run`); a completed one loses a stale mark."""
+        folder = Path(HydraConfig.get().runtime.output_dir)
+        if job_return.status == JobStatus.FAILED:
+            try:  # the getter raises the job's error, after a line Hydra prints again itself
+                with contextlib.redirect_stderr(io.StringIO()):
+                    job_return.return_value  # noqa: B018
+            except Exception as error:  # noqa: BLE001 - recorded here; Hydra reports it
+                settle_failed_run(folder, error, job_log_name())
+        elif job_return.status == JobStatus.COMPLETED:
+            (folder / FAILED_FILE).unlink(missing_ok=True)
 
     def on_run_end(self, config: DictConfig, **kwargs) -> None:
         self._release()
@@ -125,5 +237,4 @@ class ClaimRunFolder(Callback):
     def _release(self) -> None:
         while _CLAIMED_FOR_HYDRA:
             _, lock = _CLAIMED_FOR_HYDRA.popitem()
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            lock.close()
+            _release(lock)

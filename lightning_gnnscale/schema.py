@@ -180,7 +180,7 @@ class TrainerConfig:
     max_epochs: int = 20
     check_val_every_n_epoch: int = 1
     log_every_n_steps: int = 10
-    enable_progress_bar: bool = True
+    enable_progress_bar: bool | None = None  # None: only when stderr is a terminal
     limit_train_batches: int | float | None = None
     deterministic: bool = False
     process_group_backend: str | None = None  # None = gloo on CPU, nccl on GPU

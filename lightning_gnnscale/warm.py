@@ -24,7 +24,6 @@ import argparse
 import atexit
 import contextlib
 import fcntl
-import logging
 import os
 import runpy
 import select
@@ -38,6 +37,7 @@ import traceback
 from pathlib import Path
 
 from . import warm_client as client
+from .rank_logging import as_before_logging_is_configured
 
 IDLE_MINUTES = 30.0
 READY_TIMEOUT_S = 300.0
@@ -97,7 +97,7 @@ def run_script_here(
     launch._RUN_TOKEN = launch._run_token()  # a fresh interpreter's, from this environment
     launch.serve_forks_from_here()
     client._IN_WARM_PROCESS = True
-    _as_before_logging_is_configured()
+    as_before_logging_is_configured()
     if sys.stdout is not None:  # as Python sets it up for these descriptors and this env
         with contextlib.suppress(Exception):
             sys.stdout.reconfigure(
@@ -139,18 +139,6 @@ def _print_uncaught(error: BaseException, main: str) -> None:
     while tb is not None and tb.tb_frame.f_code.co_filename != main:
         tb = tb.tb_next
     sys.excepthook(type(error), error, tb or error.__traceback__)
-
-
-def _as_before_logging_is_configured() -> None:
-    """Lightning gives its loggers a handler of their own, and stops them propagating, when it
-    is imported before logging is configured, as it was in the server; a cold ``train.py``
-    imports it after Hydra has configured logging, so its lines go to Hydra's handlers (the
-    run's log file). Undo what the server's import did."""
-    for name in ("lightning.pytorch", "lightning.fabric"):
-        logger = logging.getLogger(name)
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-        logger.propagate = True
 
 
 def _end(status: int, interrupted: bool) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import sys
@@ -16,9 +17,21 @@ from .audit import CollectiveAudit
 from .comm_stats import CommStats
 from .epoch_stats import EpochStats, peak_rss_mb
 
+EPOCH_LOG = logging.getLogger("lightning_gnnscale.epochs")
+EPOCH_LOG.setLevel(logging.INFO)  # as Lightning's own lines: shown unless a handler filters
+
+
+def report_epoch(line: str) -> None:
+    """One epoch line, to the run's logging (``train.py``: the console and ``train.log``), or
+    to stderr where nothing configured logging (a plain Lightning script)."""
+    if EPOCH_LOG.hasHandlers():
+        EPOCH_LOG.info(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
 
 class RunSummary(L.Callback):
-    """Prints one line per epoch and, at the end, a table; rank 0 writes ``summary.json``.
+    """Reports one line per epoch (:func:`report_epoch`) and, at the end, a table; rank 0 writes ``summary.json``.
 
     ``test_acc`` is the test accuracy at the epoch of best validation accuracy.
     ``epoch_time_s`` is the median epoch wall time with its validation (as before);
@@ -98,12 +111,10 @@ class RunSummary(L.Callback):
         split = (
             f" (train {e['train_epoch_s']:.2f}s eval {e['eval_s']:.2f}s)" if "eval_s" in e else ""
         )
-        print(
+        report_epoch(
             f"[epoch {trainer.current_epoch + 1}/{trainer.max_epochs}] loss "
             f"{e['train_loss']:.4f}{accs} time {e['epoch_s']:.2f}s{split} comm "
-            f"{sum(c['bytes'].values()) / 1e6:.2f} MB",
-            file=sys.stderr,
-            flush=True,
+            f"{sum(c['bytes'].values()) / 1e6:.2f} MB"
         )
 
     def on_fit_end(self, trainer, pl_module):

@@ -1,0 +1,185 @@
+"""What a run leaves for its user: one complete W&B run, ``train.log`` with every line,
+``metrics.csv`` with whole lines only, no lock file, no empty folders (issue 37, 1/2/10)."""
+
+import errno
+import logging
+import os
+import warnings
+
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from lightning_gnnscale.callbacks.summary import report_epoch
+from lightning_gnnscale.run import progress_bar
+from lightning_gnnscale.run_folder import FAILED_FILE, claimed, settle_failed_run
+from tests.helpers.config import REPO
+from tests.helpers.scripts import run_script
+from tests.helpers.wandb_records import read_records
+
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def ddp_wandb_run(tmp_path_factory):
+    """``python train.py logger=wandb`` with the default ``ddp`` (2 ranks), offline, all of
+    W&B's files under the test's folder; its output is not a terminal."""
+    tmp = tmp_path_factory.mktemp("ddp_wandb")
+    out = tmp / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "GNNSCALE_WARM": "0"}
+    env |= {f"WANDB_{d}_DIR": str(tmp / "wandb_home" / d) for d in ("CACHE", "CONFIG", "DATA")}
+    proc = run_script(
+        "train.py",
+        "logger=wandb",
+        f"trainer.max_epochs={EPOCHS}",
+        "dataset.num_nodes=300",
+        "dataset.num_features=8",
+        "data.batch_size=64",
+        "launcher.timeout_s=240",
+        f"paths.cache_dir={tmp / 'cache'}",
+        f"hydra.run.dir={out}",
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_a_multi_rank_run_is_one_wandb_run_with_every_epoch_and_an_exit_record(ddp_wandb_run):
+    out, _ = ddp_wandb_run
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, runs  # rank 0's alone
+    (log,) = runs[0].glob("run-*.wandb")
+    records = read_records(log)
+    kinds = [r.WhichOneof("record_type") for r in records]
+    epochs = set()
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            items = {"/".join(i.nested_key) or i.key: i.value_json for i in record.history.item}
+            if "train/loss" in items:
+                epochs.add(int(items["epoch"]))
+    assert epochs == set(range(EPOCHS))
+    assert "summary" in kinds and kinds.count("exit") == 1
+    assert records[kinds.index("exit")].exit.exit_code == 0
+
+
+def test_train_log_holds_the_epoch_lines_and_lightnings_lines_of_every_rank(ddp_wandb_run):
+    out, _ = ddp_wandb_run
+    log = (out / "train.log").read_text()
+    for epoch in range(1, EPOCHS + 1):
+        assert f"[epoch {epoch}/{EPOCHS}] loss" in log
+    assert "`Trainer.fit` stopped" in log  # Lightning's rank-zero lines
+    assert "GLOBAL_RANK: 0" in log and "GLOBAL_RANK: 1" in log  # both ranks log
+
+
+def test_no_progress_bar_and_no_lock_file_and_no_logs_directory_warning(ddp_wandb_run):
+    out, proc = ddp_wandb_run
+    assert "it/s" not in proc.stderr + proc.stdout  # not a terminal: the epoch lines alone
+    assert not list(out.glob(".run.lock*"))
+    assert "exists and is not empty" not in proc.stderr
+
+
+def test_progress_bar_by_default_only_on_a_terminal(monkeypatch):
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False)
+    assert progress_bar(None) is False and progress_bar(True) is True
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    assert progress_bar(None) is True and progress_bar(False) is False
+
+
+def test_epoch_lines_reach_the_configured_log_file(tmp_path):
+    """``strategy=single`` runs in the launcher, whose logging Hydra configured."""
+    handler = logging.FileHandler(tmp_path / "train.log")
+    logging.getLogger().addHandler(handler)
+    try:
+        report_epoch("[epoch 1/1] loss 1.0")
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    assert "[epoch 1/1] loss 1.0" in (tmp_path / "train.log").read_text()
+
+
+# ----------------------------------------------------------------------------- metrics.csv
+def _csv_logger(tmp_path):
+    """``logger=csv`` as conf/logger/csv.yaml builds it."""
+    node = OmegaConf.load(REPO / "conf" / "logger" / "csv.yaml")
+    return instantiate({"_target_": node["_target_"]}, save_dir=str(tmp_path))
+
+
+def test_csv_logger_in_a_fresh_run_folder_warns_nothing(tmp_path):
+    (tmp_path / ".hydra").mkdir()  # what Hydra writes first
+    (tmp_path / "train.log").write_text("")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        logger = _csv_logger(tmp_path)
+        logger.log_hyperparams({"lr": 0.1})
+        logger.log_metrics({"train/loss": 1.0, "epoch": 0}, step=0)
+        logger.save()
+        logger.finalize("success")
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "epoch,step,train/loss",
+        "0,0,1.0",
+    ]
+
+
+def test_a_failed_metrics_write_leaves_whole_lines_only(tmp_path, monkeypatch):
+    logger = _csv_logger(tmp_path)
+    logger.log_metrics({"train/loss": 1.0, "epoch": 0}, step=0)
+    logger.log_metrics({"train/loss": 0.5, "epoch": 1}, step=1)
+    before = (tmp_path / "metrics.csv").read_bytes()
+    real_write = os.write
+
+    def disk_fills(fd, data):  # a few bytes fit, then the disk is full
+        if len(data) > 3:
+            return real_write(fd, data[:3])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", disk_fills)
+    with pytest.raises(OSError, match="No space left"):  # the rows' append
+        logger.log_metrics({"train/loss": 0.25, "epoch": 2}, step=2)
+    monkeypatch.undo()
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):  # a new column: the file rewritten
+        logger.log_metrics({"val/acc": 0.9, "epoch": 2}, step=2)
+    monkeypatch.undo()
+    assert (tmp_path / "metrics.csv").read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".metrics")]  # no temp file
+    logger.log_metrics({"val/acc": 0.9, "epoch": 2}, step=2)  # space again: all rows, one header
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines == ["epoch,step,train/loss,val/acc", "0,0,1.0,", "1,1,0.5,", "2,2,,0.9"]
+
+
+# ------------------------------------------------------------------------------ the folder
+def test_a_lock_file_does_not_outlive_its_run(tmp_path):
+    with claimed(tmp_path):
+        assert list(tmp_path.glob(".run.lock*"))
+    assert not list(tmp_path.glob(".run.lock*"))
+
+
+def test_a_run_that_fails_before_writing_anything_leaves_no_folder(tmp_path):
+    from tests.test_faults import _hydra_main
+
+    out = tmp_path / "run"
+    assert _hydra_main("data.fanouts=[5]", f"hydra.run.dir={out}") == 1
+    assert not out.exists()
+
+
+def test_a_failed_run_with_results_is_marked_and_another_runs_folder_left_alone(tmp_path):
+    import fcntl
+
+    ran = tmp_path / "ran"
+    (ran / ".hydra").mkdir(parents=True)
+    (ran / "checkpoints").mkdir()
+    assert not settle_failed_run(ran, MemoryError("out of memory"), "train.log")
+    assert (ran / FAILED_FILE).read_text() == "MemoryError: out of memory\n"
+    assert (ran / "checkpoints").is_dir()
+    busy = tmp_path / "busy"
+    (busy / ".hydra").mkdir(parents=True)
+    with open(busy / ".run.lock.node0", "a+") as other_run:
+        fcntl.flock(other_run, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert not settle_failed_run(busy, ValueError("x"), "train.log")
+    assert sorted(p.name for p in busy.iterdir()) == [".hydra", ".run.lock.node0"]
