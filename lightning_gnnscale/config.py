@@ -16,6 +16,7 @@ import torch
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
+from .bounds import check_run_bounds
 from .checkpoints import check_resume, read_checkpoint
 from .errors import ConfigError
 from .launch import externally_launched
@@ -59,6 +60,9 @@ def validate(cfg: DictConfig | RunConfig) -> RunConfig:
             f"trainer.accelerator={tr.accelerator} but torch {torch.__version__} sees no CUDA "
             f"GPU here; use trainer.accelerator=cpu (or install a CUDA build of torch)",
         )
+    # processes, workers, threads and ports this machine can take (the ranks' count only where
+    # this process starts them: torchrun and srun have started them already)
+    check_run_bounds(run, spawns_ranks=not externally_launched())
     world = run.world_size
     if "SLURM_NTASKS" in os.environ and not externally_launched() and world > 1:
         raise ConfigError(

@@ -227,13 +227,17 @@ class LauncherConfig:
     """``timeout_s``: kill a local multi-process run after this long (``None`` = never);
     ``collective_timeout_s``: a collective stuck this long fails the run; ``start_method``:
     how local ranks start, ``forkserver`` (forked from a process that imported everything
-    once) or ``spawn`` (each rank a fresh interpreter that imports everything again)."""
+    once) or ``spawn`` (each rank a fresh interpreter that imports everything again);
+    ``allow_oversubscribe``: lift the bounds of ranks, loader workers and threads by this
+    machine's cores (:mod:`lightning_gnnscale.bounds`), with a warning."""
 
     timeout_s: float | None = None
     collective_timeout_s: float = 300.0
     start_method: str = "forkserver"
+    allow_oversubscribe: bool = False
 
     def __post_init__(self) -> None:
+        check_field_types(self, "launcher.")
         require(
             self.timeout_s is None or self.timeout_s > 0,
             f"launcher.timeout_s={self.timeout_s} must be > 0 (or null)",
