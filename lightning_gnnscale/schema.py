@@ -168,11 +168,11 @@ class ModelConfig:
         choice("model.optimizer", self.optimizer, OPTIMIZERS)
         require(
             math.isfinite(self.lr) and self.lr > 0,
-            f"model.lr={self.lr} must be a finite number > 0",
+            f"model.lr={self.lr} must be > 0 and finite",
         )
         require(
             math.isfinite(self.weight_decay) and self.weight_decay >= 0,
-            f"model.weight_decay={self.weight_decay} must be a finite number >= 0",
+            f"model.weight_decay={self.weight_decay} must be >= 0 and finite",
         )
         if self.name == "gat":
             require(self.heads >= 1, f"model.heads={self.heads} must be >= 1")

@@ -162,11 +162,11 @@ def test_a_cgroup_quota_caps_the_usable_cores(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("lr", [math.inf, -math.inf, math.nan])
 def test_learning_rates_are_finite(lr):
-    with pytest.raises(ConfigError, match=rf"model.lr={lr} must be a finite number > 0"):
+    with pytest.raises(ConfigError, match=rf"model.lr={lr} must be > 0 and finite"):
         ModelConfig(lr=lr)
-    with pytest.raises(ConfigError, match="model.weight_decay=inf must be a finite"):
+    with pytest.raises(ConfigError, match="model.weight_decay=inf must be >= 0 and finite"):
         ModelConfig(weight_decay=math.inf)
-    with pytest.raises(ConfigError, match=f"strategy.sparse_lr={lr} must be a finite"):
+    with pytest.raises(ConfigError, match=f"strategy.sparse_lr={lr} must be > 0 and finite"):
         DistDGLConfig(sparse_lr=lr)
 
 

@@ -42,5 +42,5 @@ class DistDGLConfig(SystemConfig):
         choice("strategy.sparse_optimizer", self.sparse_optimizer, SPARSE_OPTIMIZER_NAMES)
         require(
             math.isfinite(self.sparse_lr) and self.sparse_lr > 0,
-            f"strategy.sparse_lr={self.sparse_lr} must be a finite number > 0",
+            f"strategy.sparse_lr={self.sparse_lr} must be > 0 and finite",
         )
