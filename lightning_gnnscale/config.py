@@ -5,7 +5,8 @@ Keys and types are checked by Hydra while it composes (the structured-config sch
 
 - :func:`check_config`, which imports no torch, Lightning or PyG (``train.py`` calls it first,
   so a bad value is reported in about a second): values and rules between sections (the
-  dataclasses' ``__post_init__``, :func:`~.schema.run_config`) and the launcher's environment;
+  dataclasses' ``__post_init__``, :func:`~.schema.run_config`), the launcher's environment and
+  the bounds on what the run starts here (:mod:`.bounds`);
 - :func:`validate`: that, and what needs torch or files (a GPU, checkpoints, the classes named
   by ``_target_``).
 """
@@ -18,6 +19,7 @@ import os
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
+from .bounds import check_run_bounds
 from .errors import ConfigError
 from .launch import externally_launched
 from .schema import RunConfig, require, run_config
@@ -51,6 +53,9 @@ def check_config(cfg: DictConfig | RunConfig) -> RunConfig:
     :class:`ConfigError` on the first problem."""
     run = run_config(cfg)
     tr, world = run.trainer, run.world_size
+    # processes, workers, threads and ports this machine can take (the ranks' count only where
+    # this process starts them: torchrun and srun have started them already)
+    check_run_bounds(run, spawns_ranks=not externally_launched())
     if "SLURM_NTASKS" in os.environ and not externally_launched() and world > 1:
         raise ConfigError(
             f"inside a SLURM job with one task, but {world} ranks are requested: "

@@ -27,6 +27,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
+from .bounds import OMP_THREADS_ENV, THREADS_ENV, check_port, env_count, usable_cores
 from .callbacks import (
     CollectiveAudit,
     CommStats,
@@ -123,28 +124,20 @@ def build_strategy(run: RunConfig) -> SystemStrategy:
     )
 
 
-THREADS_ENV = "GNNSCALE_NUM_THREADS"
-OMP_THREADS_ENV = "OMP_NUM_THREADS"  # what Lightning's launchers respect
-
-
 def rank_threads(devices: int) -> int:
     """Torch threads of one of the ``devices`` local ranks.
 
-    ``$GNNSCALE_NUM_THREADS`` when set (``bench e2e`` pins it). Otherwise the cores this process
-    may run on, shared by the ranks, but no more than the cores the 1-minute load average leaves
-    idle (at least 1): on a busy machine, intra-op threads that wait for cores other work holds
+    ``$GNNSCALE_NUM_THREADS`` when set (``bench e2e`` pins it). Otherwise the usable cores
+    (affinity, capped by a cgroup CPU quota: :func:`~.bounds.usable_cores`), shared by the
+    ranks, but no more than the cores the 1-minute load average leaves idle (at least 1): on a
+    busy machine, intra-op threads that wait for cores other work holds
     make every operator slower than one thread would (issue 16: a 2-core machine at load 2-6
     ran ``single``'s epoch 3x slower with 2 threads, 1.2x slower with 1).
     """
-    value = os.environ.get(THREADS_ENV)
-    if value:
-        if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{THREADS_ENV}={value!r} must be a positive integer")
-        return int(value)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
+    pinned = env_count(THREADS_ENV)  # bounded by the cores in validate (bounds.py)
+    if pinned is not None:
+        return pinned
+    cores = usable_cores()
     share = max(1, cores // devices)
     try:
         load = os.getloadavg()[0]
@@ -230,7 +223,9 @@ def sweep_rendezvous() -> Iterator[None]:
     if base is None or not _in_sweep():
         yield
         return
-    os.environ["MASTER_PORT"] = str(int(base) + HydraConfig.get().job.num)
+    job = HydraConfig.get().job.num
+    check_port(offset=job)  # before this job's ranks start
+    os.environ["MASTER_PORT"] = str(int(base) + job)
     try:
         yield
     finally:

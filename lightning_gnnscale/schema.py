@@ -11,6 +11,7 @@ Strategy and its DataModule both receive that one object.
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -27,6 +28,9 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 DTYPES = ("float32", "float64")
 ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
 START_METHODS = ("forkserver", "spawn")  # how local ranks start (launch.py)
+# what every consumer of the run's seed accepts: numpy's seeds (Lightning's seed_everything
+# refuses others), within torch's manual_seed and the sampler's 64-bit hash keys
+SEED_RANGE = (0, 2**32 - 1)
 
 
 def require(condition: bool, message: str) -> None:
@@ -38,6 +42,15 @@ def require(condition: bool, message: str) -> None:
 def choice(key: str, value: Any, valid) -> None:
     """``value`` is one of ``valid``; the error names ``key`` and lists the valid values."""
     require(value in valid, f"{key}={value!r} is unknown; valid: {list(valid)}")
+
+
+def check_seed(seed: Any, key: str = "seed") -> None:
+    """``seed`` is an integer in :data:`SEED_RANGE`; the error names ``key`` and the range."""
+    low, high = SEED_RANGE
+    require(
+        isinstance(seed, int) and not isinstance(seed, bool) and low <= seed <= high,
+        f"{key}={seed!r} must be an integer in [{low}, {high}] (= 2**32 - 1, numpy's seeds)",
+    )
 
 
 def _type_ok(value: Any, expected: Any) -> bool:
@@ -155,8 +168,14 @@ class ModelConfig:
         require(self.num_layers >= 1, f"model.num_layers={self.num_layers} must be >= 1")
         require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         choice("model.optimizer", self.optimizer, OPTIMIZERS)
-        require(self.lr > 0, f"model.lr={self.lr} must be > 0")
-        require(self.weight_decay >= 0, f"model.weight_decay={self.weight_decay} must be >= 0")
+        require(
+            math.isfinite(self.lr) and self.lr > 0,
+            f"model.lr={self.lr} must be > 0 and finite",
+        )
+        require(
+            math.isfinite(self.weight_decay) and self.weight_decay >= 0,
+            f"model.weight_decay={self.weight_decay} must be >= 0 and finite",
+        )
         if self.name == "gat":
             require(self.heads >= 1, f"model.heads={self.heads} must be >= 1")
             require(
@@ -229,13 +248,17 @@ class LauncherConfig:
     """``timeout_s``: kill a local multi-process run after this long (``None`` = never);
     ``collective_timeout_s``: a collective stuck this long fails the run; ``start_method``:
     how local ranks start, ``forkserver`` (forked from a process that imported everything
-    once) or ``spawn`` (each rank a fresh interpreter that imports everything again)."""
+    once) or ``spawn`` (each rank a fresh interpreter that imports everything again);
+    ``allow_oversubscribe``: lift the bounds of ranks, loader workers and threads by this
+    machine's cores (:mod:`lightning_gnnscale.bounds`), with a warning."""
 
     timeout_s: float | None = None
     collective_timeout_s: float = 300.0
     start_method: str = "forkserver"
+    allow_oversubscribe: bool = False
 
     def __post_init__(self) -> None:
+        check_field_types(self, "launcher.")
         require(
             self.timeout_s is None or self.timeout_s > 0,
             f"launcher.timeout_s={self.timeout_s} must be > 0 (or null)",
@@ -380,6 +403,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         require(isinstance(self.strategy, SystemConfig), "strategy is not a known system")
+        check_seed(self.seed)
         choice("dtype", self.dtype, DTYPES)
         try:
             NetworkModel.from_name(self.network)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import os
 
+import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from lightning_gnnscale import run
+from lightning_gnnscale.errors import ConfigError
 from tests.helpers.config import REPO, make_cfg
 
 
@@ -41,3 +43,11 @@ def test_each_job_of_a_multi_node_sweep_has_its_own_rendezvous_port(tmp_path, mo
             run.train(cfg)
     assert ports == ["29500", "29500", "29503"]
     assert os.environ["MASTER_PORT"] == "29500"  # the next job starts from the given port
+
+
+def test_a_sweep_job_whose_port_passes_65535_is_refused_before_its_ranks(monkeypatch):
+    monkeypatch.setenv("MASTER_PORT", "65535")
+    refused = pytest.raises(ConfigError, match=r"65535 \+ sweep job 1 = 65536")
+    with _sweep_job(1), refused, run.sweep_rendezvous():
+        raise AssertionError("the job's ranks would start here")
+    assert os.environ["MASTER_PORT"] == "65535"

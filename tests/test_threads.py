@@ -4,15 +4,16 @@ import os
 
 import pytest
 
-from lightning_gnnscale import run
+from lightning_gnnscale import bounds, run
 from tests.helpers.config import make_cfg
 
 
 @pytest.fixture
 def machine(monkeypatch):
-    """Pretend to run on 8 cores at a given 1-minute load average."""
+    """Pretend to run on 8 cores (no cgroup CPU quota) at a given 1-minute load average."""
     monkeypatch.delenv(run.THREADS_ENV, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(bounds, "cgroup_cpu_limit", lambda: None)
 
     def at_load(load):
         monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))

@@ -64,6 +64,7 @@ from ..schema import (
     RunFacts,
     SystemConfig,
     check_depth,
+    check_seed,
     partition_dir_unsupported,
 )
 from .contract import (
@@ -604,6 +605,7 @@ class GNNDataModule(L.LightningDataModule):
         self.config = config
         self.data = data if data is not None else DataConfig()
         config.check_data(self.data)
+        check_seed(seed)
         self.seed = seed
         self.cache_dir = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)
         self.partition_dir = self.data.partition_dir

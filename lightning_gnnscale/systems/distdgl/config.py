@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ...graph.partition_config import PartitionConfig
@@ -39,4 +40,7 @@ class DistDGLConfig(SystemConfig):
             f"strategy.embedding_dim={self.embedding_dim} must be >= 0 (0 = use the features)",
         )
         choice("strategy.sparse_optimizer", self.sparse_optimizer, SPARSE_OPTIMIZER_NAMES)
-        require(self.sparse_lr > 0, f"strategy.sparse_lr={self.sparse_lr} must be > 0")
+        require(
+            math.isfinite(self.sparse_lr) and self.sparse_lr > 0,
+            f"strategy.sparse_lr={self.sparse_lr} must be > 0 and finite",
+        )

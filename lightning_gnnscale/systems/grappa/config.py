@@ -217,6 +217,26 @@ class GrappaConfig(SystemConfig):
             f"{MIN_AUTO_CHUNKS} chunks) or set num_chunks >= 3",
         )
 
+    def check_graph(self, num_nodes: int, world_size: int) -> None:
+        """At most one chunk per node of the ``num_nodes``-node graph (an empty chunk seeds
+        nothing, and building millions of them spins for minutes); raises
+        :class:`ConfigError` naming the setting the chunk count came from."""
+        c = self.chunk_count(world_size)
+        if self.num_chunks is not None:
+            source = f"strategy.num_chunks={c}"
+        else:
+            k = self.phases(world_size)
+            per = " x 2 (tournament)" if self.schedule == "tournament" else ""
+            source = (
+                f"strategy.partitions_per_rank={k} gives {k} x {world_size} ranks{per} = {c} "
+                "chunks, which"
+            )
+        require(
+            c <= num_nodes,
+            f"{source} exceeds the graph's {num_nodes} nodes (a chunk needs at least one); "
+            "lower it, or leave strategy.num_chunks and strategy.partitions_per_rank null",
+        )
+
     def whole_graph(self, world_size: int) -> bool:
         """Every partition is the whole graph (``C = 1``): Grappa reduces to ``ddp``."""
         return self.chunk_count(world_size) == 1

@@ -110,6 +110,7 @@ class GrappaDataModule(GNNDataModule):
         """Chunk the graph once and write the chunk store (or check and reuse it)."""
         cfg = self.config
         cfg.check_world(world_size)
+        cfg.check_graph(self.graph.num_nodes, world_size)  # in the launcher, before any spawn
         c = cfg.chunk_count(world_size)
         store = write_chunk_store(self.graph, c, cfg.chunking, self.seed, str(self.cache_dir))
         if cfg.whole_graph(world_size):
