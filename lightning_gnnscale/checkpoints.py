@@ -23,6 +23,7 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
@@ -120,6 +121,8 @@ class BestCheckpoint(ModelCheckpoint):
 
     @override
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:  # test/validate/predict: nothing to carry
+            return
         block = checkpoint.get(CHECKPOINT_KEY)
         path = trainer.ckpt_path
         self._resumed = (None if path is None else str(path), block)
@@ -173,10 +176,13 @@ class BestCheckpoint(ModelCheckpoint):
         theirs = theirs.get(CHECKPOINT_KEY) if isinstance(theirs, dict) else None
         if not isinstance(theirs, dict) or theirs.get("identity") != block["identity"]:
             return _no_best(f"{source} was written by a different run than ckpt_path={ckpt_path}")
-        if not int(theirs.get("epochs_done", 0)) <= int(block.get("epochs_done", 0)):
+        best_done, resumed_done = theirs.get("epochs_done"), block.get("epochs_done")
+        if not (isinstance(best_done, int) and isinstance(resumed_done, int)):
+            return _no_best(f"{source} or ckpt_path={ckpt_path} states no completed epochs")
+        if best_done > resumed_done:
             return _no_best(
-                f"{source} has trained {theirs.get('epochs_done')} epochs, more than "
-                f"ckpt_path={ckpt_path} ({block.get('epochs_done')}): it is not that run's best"
+                f"{source} has trained {best_done} epochs, more than ckpt_path={ckpt_path} "
+                f"({resumed_done}): it is not that run's best"
             )
         return source, data
 
