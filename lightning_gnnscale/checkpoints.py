@@ -249,8 +249,12 @@ class SuiteCheckpointIO(CheckpointIO):
                 f"{type(self).__name__} takes no storage_options for a local path, got "
                 f"{storage_options!r}"
             )
+        # Serialised in memory first (as Lightning does): torch's writer turns a failed write
+        # into a RuntimeError ("unexpected pos"), a plain file write keeps the OSError (ENOSPC).
+        data = io.BytesIO()
+        torch.save(checkpoint, data)
         try:
-            atomic_write(local, lambda file: torch.save(checkpoint, file))
+            atomic_write(local, lambda file: file.write(data.getbuffer()))
         except OSError as err:
             raise OSError(
                 err.errno,
