@@ -8,12 +8,22 @@ alone (any identity with the same parameter shapes) and trains from epoch 0.
 
 from __future__ import annotations
 
+import io
+import os
+import tempfile
+import warnings
 from dataclasses import is_dataclass
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
@@ -70,38 +80,227 @@ def run_identity(cfg: RunConfig | DictConfig) -> dict:
     }
 
 
+class LastCheckpoint(ModelCheckpoint):
+    """``last.ckpt``: the last completed epoch, written at every epoch end (the monitored
+    ``save_last`` of Lightning would follow the best one).
+
+    A resumed checkpoint's state of this callback is nothing but paths, which are data from
+    outside (Lightning would delete the file it names as the previous one if it lies in this
+    run's folder): none of it is used.
+    """
+
+    def __init__(self, dirpath: str | Path):
+        super().__init__(
+            dirpath=dirpath,
+            filename="last",
+            save_top_k=1,
+            save_on_train_epoch_end=True,
+            enable_version_counter=False,
+        )
+
+    @override
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Nothing is restored: this callback's state holds only paths."""
+
+
 class BestCheckpoint(ModelCheckpoint):
     """``best.ckpt`` (the monitored best) that survives a resume into a new folder.
 
     Lightning forgets the best score when the checkpoint folder changes (every run gets its own
     folder), so a resumed run's ``best.ckpt`` would cover only the resumed epochs. This one
-    keeps the score and copies the earlier best file into the new folder (global rank 0).
+    keeps the score and the earlier best file. Paths in the resumed checkpoint (``dirpath``,
+    ``best_model_path``...) are data from outside and never used: the earlier best is the file
+    of this callback's name beside the given ``ckpt_path``, taken only when it loads
+    weights-only, carries the resumed checkpoint's run identity and no more completed epochs.
+    Otherwise the run says why and its best covers the resumed epochs only. Global rank 0
+    checks and copies it (atomically) into this run's folder; its decision reaches every rank.
     """
 
-    _carry_from: str | None = None
+    _resumed: tuple[str | None, dict | None] | None = None  # (ckpt_path, its identity block)
+    _resumed_score: torch.Tensor | None = None
+
+    @override
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        if trainer.state.fn != TrainerFn.FITTING:  # test/validate/predict: nothing to carry
+            return
+        block = checkpoint.get(CHECKPOINT_KEY)
+        path = trainer.ckpt_path
+        self._resumed = (None if path is None else str(path), block)
 
     @override
     def load_state_dict(self, state_dict: dict) -> None:
-        old_dir = state_dict.get("dirpath")
-        if old_dir and self.dirpath and Path(old_dir) != Path(self.dirpath):
-            old_best = state_dict.get("best_model_path") or ""
-            self._carry_from = old_best if Path(old_best).is_file() else None
-            moved = str(Path(self.dirpath) / Path(old_best).name) if old_best else ""
-            state_dict = {
-                **state_dict,
-                "dirpath": self.dirpath,
-                "best_model_path": moved,
-                "kth_best_model_path": moved,
-                "best_k_models": {moved: state_dict["best_model_score"]} if moved else {},
-            }
-        super().load_state_dict(state_dict)
+        score = state_dict.get("best_model_score")
+        valid = isinstance(score, torch.Tensor) and score.numel() == 1 and score.is_floating_point()
+        self._resumed_score = score.detach().cpu().reshape(()) if valid else None
 
     @override
     def on_fit_start(self, trainer, pl_module) -> None:
-        if self._carry_from and trainer.is_global_zero:
-            source = self._carry_from
-            atomic_write(self.best_model_path, lambda f: f.write(Path(source).read_bytes()))
-        self._carry_from = None
+        if self._resumed is None:
+            return
+        (ckpt_path, block), score = self._resumed, self._resumed_score
+        self._resumed = self._resumed_score = None
+        target = Path(self.format_checkpoint_name({}))
+        earlier = None
+        if trainer.is_global_zero and score is not None:
+            earlier = self._earlier_best(ckpt_path, block, target.name)
+        if not trainer.strategy.broadcast(earlier is not None):
+            return
+        if trainer.is_global_zero:
+            source, data = earlier
+            if source.resolve() != target.resolve():
+                atomic_write(target, lambda file: file.write(data))
+        best = str(target)
+        self.best_model_path = self.kth_best_model_path = best
+        self.best_model_score = self.kth_value = score
+        self.best_k_models = {best: score}
+
+    @staticmethod
+    def _earlier_best(
+        ckpt_path: str | None, block: dict | None, name: str
+    ) -> tuple[Path, bytes] | None:
+        """The bytes of ``name`` beside ``ckpt_path`` when it is the same run's earlier best;
+        otherwise ``None``, with a warning that says why."""
+        local = _local_path(ckpt_path) if ckpt_path is not None else None
+        if local is None:
+            return _no_best(f"ckpt_path={ckpt_path} is not a local file")
+        source = local.parent / name
+        if not isinstance(block, dict) or "identity" not in block:
+            return _no_best(f"ckpt_path={ckpt_path} carries no run identity to check {source} by")
+        if not source.is_file():
+            return _no_best(f"{source} (beside ckpt_path) does not exist")
+        data = source.read_bytes()
+        try:
+            theirs = load_weights_only(io.BytesIO(data), name=source, map_location="cpu")
+        except Exception as err:  # noqa: BLE001 - torch raises several types for damaged files
+            return _no_best(f"{source} cannot be read ({type(err).__name__}: {err})")
+        theirs = theirs.get(CHECKPOINT_KEY) if isinstance(theirs, dict) else None
+        if not isinstance(theirs, dict) or theirs.get("identity") != block["identity"]:
+            return _no_best(f"{source} was written by a different run than ckpt_path={ckpt_path}")
+        best_done, resumed_done = theirs.get("epochs_done"), block.get("epochs_done")
+        if not (isinstance(best_done, int) and isinstance(resumed_done, int)):
+            return _no_best(f"{source} or ckpt_path={ckpt_path} states no completed epochs")
+        if best_done > resumed_done:
+            return _no_best(
+                f"{source} has trained {best_done} epochs, more than ckpt_path={ckpt_path} "
+                f"({resumed_done}): it is not that run's best"
+            )
+        return source, data
+
+
+def _no_best(reason: str) -> None:
+    warnings.warn(
+        f"the earlier best checkpoint is not carried into this run: {reason}; this run's "
+        f"best.ckpt covers the resumed epochs only",
+        stacklevel=2,
+    )
+
+
+def _local_path(path: str | os.PathLike) -> Path | None:
+    """``path`` as a local file path (a plain path or a ``file://`` URL); ``None`` for a
+    remote one (``http(s)://``, ``s3://``...)."""
+    fs, inner = url_to_fs(str(path))
+    return Path(inner) if isinstance(fs, LocalFileSystem) else None
+
+
+# Modules whose functions run code or commands: a checkpoint that names one of them is refused
+# without advice to allow it.
+_RUNS_CODE = frozenset(
+    ("builtins", "os", "posix", "nt", "subprocess", "sys", "shutil", "importlib", "runpy",
+     "pickle", "marshal", "ctypes", "code", "codeop", "pty", "socket", "webbrowser")
+)  # fmt: skip
+
+
+def _may_be_allowed(needs: str | None) -> bool:
+    """Whether the refusal may advise ``add_safe_globals`` for the global ``needs``: a name in
+    a module (torch names builtins such as ``exec`` without one) outside :data:`_RUNS_CODE`."""
+    module = (needs or "").rpartition(".")[0]
+    return bool(module) and module.partition(".")[0] not in _RUNS_CODE
+
+
+def _keep_storage(storage, location):
+    """``map_location`` that leaves every tensor where it was loaded (Lightning's default)."""
+    return storage
+
+
+class SuiteCheckpointIO(CheckpointIO):
+    """The checkpoint I/O of every suite strategy (``SystemStrategy.checkpoint_io``).
+
+    - ``save_checkpoint`` on a local path (a plain path or ``file://``) is atomic: a temporary
+      file beside it, fsynced, renamed over it, the folder fsynced. A full disk or a crash
+      leaves the previous checkpoint whole; a failed save raises an ``OSError`` that names the
+      file. Other fsspec paths (``s3://``...) go through Lightning's ``TorchCheckpointIO``
+      (object stores replace an object whole).
+    - ``load_checkpoint`` is weights-only for every path, local, fsspec or ``http(s)://``
+      (which Lightning alone would unpickle in full): tensors and plain data, nothing that runs
+      code. A checkpoint that needs another class is refused, naming it and how to allow it
+      (``torch.serialization.add_safe_globals``); ``weights_only=False`` is refused.
+    """
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
+    ) -> None:
+        local = _local_path(path)
+        if local is None:
+            TorchCheckpointIO().save_checkpoint(checkpoint, path, storage_options)
+            return
+        if storage_options is not None:
+            raise TypeError(
+                f"{type(self).__name__} takes no storage_options for a local path, got "
+                f"{storage_options!r}"
+            )
+        # Serialised in memory first (as Lightning does): torch's writer turns a failed write
+        # into a RuntimeError ("unexpected pos"), a plain file write keeps the OSError (ENOSPC).
+        data = io.BytesIO()
+        torch.save(checkpoint, data)
+        try:
+            atomic_write(local, lambda file: file.write(data.getbuffer()))
+        except OSError as err:
+            raise OSError(
+                err.errno,
+                f"saving checkpoint {local} failed ({err.strerror or err}); the previous "
+                f"{local.name} there, if any, is unchanged",
+            ) from err
+
+    @override
+    def load_checkpoint(
+        self,
+        path: str | os.PathLike,
+        map_location: Any = _keep_storage,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        if weights_only is False:
+            raise ValueError(
+                f"weights_only=False: {type(self).__name__} loads every checkpoint weights-only "
+                f"(a checkpoint from anyone runs no code); to load a class of yours, allow it "
+                f"with torch.serialization.add_safe_globals([YourClass])"
+            )
+        name = f"checkpoint {path}"
+        try:
+            if str(path).startswith(("http://", "https://")):
+                with tempfile.TemporaryDirectory(prefix="gnnscale-ckpt-") as folder:
+                    fetched = os.path.join(folder, "checkpoint")
+                    torch.hub.download_url_to_file(str(path), fetched, progress=False)
+                    return load_weights_only(fetched, name=name, map_location=map_location)
+            fs, inner = url_to_fs(str(path))
+            if not fs.exists(inner):
+                raise FileNotFoundError(f"Checkpoint file not found: {path}")
+            with fs.open(inner, "rb") as file:
+                return load_weights_only(file, name=name, map_location=map_location)
+        except UnsafeFileError as err:
+            if not _may_be_allowed(err.needs):
+                raise
+            raise UnsafeFileError(
+                f"{err}. If you trust the file and {err.needs} is a class of yours, allow it "
+                f"before loading: torch.serialization.add_safe_globals([{err.needs}])",
+                needs=err.needs,
+            ) from None
+
+    @override
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        fs, inner = url_to_fs(str(path))
+        if fs.exists(inner):
+            fs.rm(inner, recursive=True)
 
 
 class CheckpointIdentity(L.Callback):

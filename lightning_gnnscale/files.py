@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import tempfile
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -15,10 +16,12 @@ from typing import IO, Any
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, then rename it over ``path``.
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, rename it over
+    ``path``, then fsync the folder (so the rename itself survives a power cut).
 
     The rename is atomic, so two processes writing the same content at once both succeed (the
-    last rename wins) and a crash mid-write leaves the old file (or none), never a torn one.
+    last rename wins), and a crash or a full disk mid-write leaves the old file (or none), never
+    a torn one: the old file is never opened for writing.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,6 +35,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
@@ -44,7 +52,11 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
 class UnsafeFileError(ValueError):
     """A file whose loading would need more than tensors, plain containers and the allow-listed
     types: its pickle names a class or function that could run code. Refused, naming the file,
-    before any of it runs."""
+    before any of it runs. ``needs``: the global it named (``"module.qualname"``), when known."""
+
+    def __init__(self, message: str, needs: str | None = None):
+        super().__init__(message)
+        self.needs = needs
 
 
 _WEIGHTS_ONLY_FAILED = "Weights only load failed"
@@ -82,10 +94,12 @@ def _unsafe(name: Any, err: BaseException) -> BaseException:
     reason = _refusal(err)
     if reason is None:
         return err
+    needs = re.search(r"GLOBAL ([\w.]+)", reason)
     return UnsafeFileError(
         f"{name} was refused: loading it would need more than tensors and plain data "
         f"({reason}), which could run code hidden in the file; nothing of it ran. Use only files "
-        f"this suite wrote, or rebuild the file"
+        f"this suite wrote, or rebuild the file",
+        needs=needs.group(1) if needs else None,
     )
 
 
@@ -132,7 +146,8 @@ def load_restricted(
                 raise UnsafeFileError(
                     f"{label} was refused: loading it would need {module}.{qualname}, which "
                     f"could run code hidden in the file; nothing of it ran. Use only files this "
-                    f"suite or the dataset's own tool wrote, or rebuild the file"
+                    f"suite or the dataset's own tool wrote, or rebuild the file",
+                    needs=f"{module}.{qualname}",
                 )
             return super().find_class(module, qualname)
 

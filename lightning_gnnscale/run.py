@@ -24,7 +24,6 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from .bounds import OMP_THREADS_ENV, THREADS_ENV, check_port, env_count, usable_cores
@@ -41,6 +40,7 @@ from .checkpoints import (
     CHECKPOINT_KEY,
     BestCheckpoint,
     CheckpointIdentity,
+    LastCheckpoint,
     load_weights,
     read_checkpoint,
     run_identity,
@@ -350,8 +350,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
     )
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     # Both are written at the epoch end (after its validation and its records), so resuming
-    # from either continues a completed epoch. `last.ckpt` is the last completed epoch, written
-    # every epoch (ModelCheckpoint's own save_last would follow the best one).
+    # from either continues a completed epoch.
     best = BestCheckpoint(
         dirpath=checkpoint_dir,
         monitor="val/acc",
@@ -359,13 +358,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
         filename="best",
         save_on_train_epoch_end=True,
     )
-    last = ModelCheckpoint(
-        dirpath=checkpoint_dir,
-        filename="last",
-        save_top_k=1,
-        save_on_train_epoch_end=True,
-        enable_version_counter=False,
-    )
+    last = LastCheckpoint(checkpoint_dir)
     tr = run.trainer
     trainer = L.Trainer(
         accelerator=tr.accelerator,

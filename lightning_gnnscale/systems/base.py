@@ -26,12 +26,14 @@ from typing import Any, ClassVar
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from typing_extensions import override
 
+from ..checkpoints import SuiteCheckpointIO
 from ..comm import (
     REDUCE_OPS,
     Comm,
@@ -93,6 +95,21 @@ class SuiteDoublePrecision(DoublePrecision):
         return super().convert_input(data)
 
 
+def suite_checkpoint_io(plugin: CheckpointIO | None) -> SuiteCheckpointIO:
+    """The checkpoint I/O a suite strategy runs: ``plugin`` if it is a :class:`SuiteCheckpointIO`
+    (or a subclass), a new one for ``None``; any other is refused, since it could load a
+    checkpoint in full (running its pickle) or write over the last good one in place."""
+    if plugin is None:
+        return SuiteCheckpointIO()
+    if not isinstance(plugin, SuiteCheckpointIO):
+        raise ConfigError(
+            f"checkpoint_io={type(plugin).__name__}: a suite strategy saves checkpoints atomically "
+            f"and loads them weights-only through lightning_gnnscale.checkpoints."
+            f"SuiteCheckpointIO; to store them another way, subclass SuiteCheckpointIO"
+        )
+    return plugin
+
+
 class SystemStrategy:
     """Mixin of every suite strategy: owns the run's :class:`CommMeter` and metered ``comm``,
     binds the system's config, checks the config's rules against the run, and hands the
@@ -120,6 +137,7 @@ class SystemStrategy:
                 f"{type(self).__name__} takes a {self.config_type.__name__}, "
                 f"got {type(config).__name__}"
             )
+        kwargs["checkpoint_io"] = suite_checkpoint_io(kwargs.get("checkpoint_io"))
         super().__init__(**kwargs)
         self.system_config = config
         self.system_name = system_name or (config.name if config is not None else None)
@@ -131,6 +149,18 @@ class SystemStrategy:
     def context(self) -> RankContext:
         """This rank's comm and device (complete once the process group exists)."""
         return RankContext(self.comm, self.root_device)
+
+    @property
+    @override
+    def checkpoint_io(self) -> CheckpointIO:
+        """A :class:`~lightning_gnnscale.checkpoints.SuiteCheckpointIO`: atomic saves,
+        weights-only loads for every path."""
+        return Strategy.checkpoint_io.fget(self)
+
+    @checkpoint_io.setter
+    @override
+    def checkpoint_io(self, plugin: CheckpointIO | None) -> None:
+        Strategy.checkpoint_io.fset(self, suite_checkpoint_io(plugin))
 
     @property
     @override
