@@ -370,6 +370,11 @@ def check_cuda_after_fork() -> None:
         ) from error
 
 
+class RankStopped(RuntimeError):
+    """A rank stopped answering (stopped by a signal: SIGSTOP, Ctrl-Z) and the job failed; the
+    message names the stopped rank, not the rank whose collective with it then timed out."""
+
+
 class LauncherSignal(RuntimeError):
     """The launcher was asked to stop (SIGTERM / SIGHUP); its ranks have been killed."""
 
@@ -403,7 +408,9 @@ def launch_local(
     """Run ``fn(*args)`` once per local rank (``devices`` processes, forked from the warm rank
     server, or fresh interpreters with ``start_method="spawn"``).
 
-    Raises the first failing rank's error; with ``timeout_s`` kills every rank and raises
+    Raises the first failing rank's error, or :class:`RankStopped` (caused by it) when a rank
+    was stopped by a signal as the job failed: the stopped rank is the cause, the failing one
+    only timed out waiting for it. With ``timeout_s`` kills every rank and raises
     ``TimeoutError`` when the run takes longer (a deadlock fails instead of hanging).
     """
     if start_method not in START_METHODS:
@@ -436,6 +443,9 @@ def launch_local(
         "logging": launcher_logging(),  # the run's train.log and console, rebuilt in each rank
     }
     ctx = None
+    node = env["NODE_RANK"]  # checked by torch in the ranks: only names ranks here
+    first_rank = int(node) * devices if node.isdigit() else 0
+    stopped: dict[int, int] = {}  # local rank -> pid of each rank last seen stopped
     with signals_raise():
         try:
             ctx = mp.start_processes(
@@ -446,9 +456,22 @@ def launch_local(
                 start_method=start_method,
             )
             deadline = None if timeout_s is None else time.monotonic() + timeout_s
-            while not _join(ctx):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"run did not finish within launcher.timeout_s={timeout_s}s")
+            try:
+                while not _join(ctx, stopped):
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"run did not finish within launcher.timeout_s={timeout_s}s"
+                            + "".join(f"; {line}" for line in _stopped_lines(stopped, first_rank))
+                        )
+            except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:
+                if not stopped:
+                    raise
+                failed = first_rank + error.error_index
+                what = str(error).strip().splitlines()[-1] if str(error).strip() else "no message"
+                raise RankStopped(
+                    "; ".join(_stopped_lines(stopped, first_rank))
+                    + f"; rank {failed} failed meanwhile: {what}"
+                ) from error
         finally:
             for sig in (signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut cleanup
                 with contextlib.suppress(ValueError):
@@ -458,21 +481,41 @@ def launch_local(
             del store
 
 
-def _join(ctx) -> bool:
+def _join(ctx, stopped: dict[int, int]) -> bool:
     """``ctx.join`` with the grace (``RANK_EXIT_GRACE_S``), except that once a rank has failed
     a stopped rank (SIGSTOP) is killed at once: it can neither exit within the grace nor handle
-    SIGTERM. It leaves torch's sentinels first, so the error raised is still the failed rank's."""
+    SIGTERM. It leaves torch's sentinels first, so the error ``ctx.join`` raises is still the
+    failed rank's.
+
+    ``stopped`` (local rank -> pid) is kept up to date with the ranks stopped now, before
+    ``ctx.join`` looks for a failure: a rank that fails between the two checks is still seen
+    with the stopped rank that made it fail (``ctx.join`` then kills it itself)."""
     import multiprocessing.connection
 
     multiprocessing.connection.wait(list(ctx.sentinels), timeout=1.0)
+    for index in list(ctx.sentinels.values()):
+        process = ctx.processes[index]
+        if process.exitcode is None and _stopped(process.pid):
+            stopped[index] = process.pid
+        else:
+            stopped.pop(index, None)  # continued (SIGCONT), or exited
     if any(process.exitcode not in (None, 0) for process in ctx.processes):
         for sentinel, index in list(ctx.sentinels.items()):
-            process = ctx.processes[index]
-            if process.exitcode is None and _stopped(process.pid):
-                process.kill()
-                process.join()
+            if index in stopped:
+                ctx.processes[index].kill()
+                ctx.processes[index].join()
                 del ctx.sentinels[sentinel]
     return ctx.join(timeout=0, grace_period=RANK_EXIT_GRACE_S)
+
+
+def _stopped_lines(stopped: dict[int, int], first_rank: int) -> list[str]:
+    """One line per stopped rank (``stopped``: local rank -> pid; ``first_rank``: the global
+    rank of local rank 0), naming it by its global rank."""
+    return [
+        f"rank {first_rank + index} (pid {pid}) stopped answering: it was stopped by a signal "
+        f"(SIGSTOP, or Ctrl-Z) and has been killed"
+        for index, pid in sorted(stopped.items())
+    ]
 
 
 def _stopped(pid: int) -> bool:

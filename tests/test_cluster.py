@@ -26,6 +26,7 @@ from lightning_gnnscale.cluster import (
     ClusterLeftovers,
     ClusterUnavailable,
     EmulatedCluster,
+    PrefixInUse,
     leftovers,
     memory,
     network,
@@ -100,6 +101,52 @@ def test_preflight_without_root_fails_before_creating_anything(monkeypatch):
         EmulatedCluster(2, 100.0, prefix="tnoroot").open()
     if not UNAVAILABLE:
         assert leftovers("tnoroot") == []
+
+
+def test_default_prefixes_are_unique_valid_and_fit_interface_names():
+    """Random, not the pid (pid namespaces reuse pids); each valid as a prefix, and its longest
+    name (host 199's link) within Linux's 15 characters."""
+    prefixes = {network.default_prefix() for _ in range(50)}
+    assert len(prefixes) == 50
+    for prefix in prefixes:
+        cluster = EmulatedCluster(200, prefix=prefix)  # validates the prefix; creates nothing
+        assert len(f"{cluster.prefix}v199") <= 15 and str(os.getpid()) not in prefix
+    assert EmulatedCluster(1).prefix != EmulatedCluster(1).prefix
+
+
+def test_a_prefix_owns_only_its_own_names():
+    owned = network._owned_name("ab")
+    assert all(owned.match(n) for n in ("abbr", "abh0", "abv12", "abh199"))
+    assert not any(owned.match(n) for n in ("abh1br", "abhh0", "abcbr", "ab", "abh", "xabbr"))
+
+
+@needs_cluster
+def test_a_second_cluster_with_a_prefix_in_use_is_refused_and_the_first_left_alone(monkeypatch):
+    """Refused before it creates anything, naming what exists; and when the names are taken
+    only after its check (two clusters starting together), its clean-up deletes nothing of the
+    first cluster's."""
+    prefix, before = _prefix("dup"), _state()
+    with EmulatedCluster(2, prefix=prefix) as first:
+        owned = leftovers(prefix)
+        assert first.bridge in owned and first.namespace(1) in owned
+        with pytest.raises(PrefixInUse, match=f"prefix '{prefix}' is in use.*{first.bridge}"):
+            EmulatedCluster(1, prefix=prefix).open()
+        assert leftovers(prefix) == owned
+        monkeypatch.setattr(network, "check_prefix_free", lambda prefix: None)
+        with pytest.raises(PrefixInUse, match=f"{first.bridge} was created by someone else"):
+            EmulatedCluster(1, prefix=prefix).open()
+        assert leftovers(prefix) == owned
+        ports = subprocess.run(
+            ["ip", "-br", "link", "show", "master", first.bridge],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        assert {line.split()[0].split("@")[0] for line in ports.splitlines()} == {
+            f"{prefix}v0",
+            f"{prefix}v1",
+        }  # the first cluster's hosts are still plugged into its bridge
+    _assert_nothing_left(prefix, before)
 
 
 _RECEIVER = """

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -378,6 +379,53 @@ def _launch(tmp_path: Path, *extra: str) -> subprocess.Popen:
     )
 
 
+def _stopped_now(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _stop_rank_one_then_fail(folder: Path) -> None:
+    """Ranks of a launch: rank 1 writes its pid and waits; rank 0 stops it (SIGSTOP), waits
+    until the kernel shows it stopped, then fails as its collective with rank 1 would."""
+    pid_file = folder / "rank1.pid"
+    if os.environ["LOCAL_RANK"] == "1":
+        pid_file.write_text(str(os.getpid()))
+        threading.Event().wait(300)  # the launcher kills it long before
+        return
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline, "rank 1 did not start"
+        time.sleep(0.05)
+    peer = int(pid_file.read_text())
+    os.kill(peer, signal.SIGSTOP)
+    while not _stopped_now(peer):
+        assert time.monotonic() < deadline, "rank 1 did not stop"
+        time.sleep(0.05)
+    raise RuntimeError("[gloo] Timed out waiting 8000ms for send operation to complete")
+
+
+def test_the_error_names_the_stopped_rank_not_the_one_that_timed_out(tmp_path):
+    """Rank 1 stopped, rank 0's send to it timed out: the launcher's error names rank 1 (and
+    its pid) as the cause, with rank 0's error beside it; rank 1 is killed and reaped."""
+    from lightning_gnnscale.launch import RankStopped, launch_local
+
+    pid_file = tmp_path / "rank1.pid"
+    try:
+        with pytest.raises(RankStopped) as raised:
+            launch_local(_stop_rank_one_then_fail, (tmp_path,), 2, 1, timeout_s=240)
+        peer = int(pid_file.read_text())
+        message = str(raised.value)
+        assert message.startswith(f"rank 1 (pid {peer}) stopped answering"), message
+        assert "rank 0 failed meanwhile: RuntimeError: [gloo] Timed out" in message, message
+        assert "Process 0 terminated" in str(raised.value.__cause__)  # torch's, kept as cause
+        assert not _alive(peer), "the stopped rank outlived its launch"
+    finally:  # only a rank the launcher failed to reap can still be there, stopped
+        if pid_file.exists() and _stopped_now(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 @pytest.mark.e2e
 def test_a_stopped_rank_fails_the_job_within_the_collective_timeout(tmp_path):
     from lightning_gnnscale.launch import RANK_EXIT_GRACE_S
@@ -394,6 +442,8 @@ def test_a_stopped_rank_fails_the_job_within_the_collective_timeout(tmp_path):
     assert time.monotonic() - start < bound, "the job outlived its collective timeout"
     assert not any(_alive(pid) for pid in ranks), "a rank outlived its launcher"
     assert not list(tmp_path.glob("pytorch-errorfile-*")), "torch's error files were left behind"
+    # The stopped rank is named, not the rank whose collective with it timed out.
+    assert f"(pid {ranks[1]}) stopped answering" in err, err[-3000:]
 
 
 @pytest.mark.e2e
@@ -403,8 +453,6 @@ def test_a_stopped_bytegnn_peer_ends_the_job_within_one_collective_timeout(tmp_p
     names the timeout, and the launcher then kills the stopped rank at once (it can neither exit
     within the grace nor handle SIGTERM): the job ends within 1.3x the timeout plus 4 s, not the
     timeout plus the 2 x 5 s grace it took before (docs/systems/bytegnn.md)."""
-    import threading
-
     timeout = 5
     launcher = _launch(tmp_path, "strategy=bytegnn", f"launcher.collective_timeout_s={timeout}")
     outputs = []

@@ -176,6 +176,30 @@ class LogsItsOwnLoss(gs.GNNModule):
         return loss
 
 
+class UsersOwnModule(L.LightningModule):
+    """A user's own module (not a GNNModule) logging an epoch mean without ``batch_size``; it
+    records what it logged and the roots of each Lightning batch (``on_train_batch_start``
+    sees HopGNN's iteration batch, ``training_step`` each time step's)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+        self.logged: list[tuple[float, int]] = []  # (loss, roots of its Lightning batch)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.roots = batch.num_seeds
+
+    def training_step(self, batch, batch_idx):
+        logits = self.net(batch.blocks, batch.x)
+        loss = F.cross_entropy(logits, batch.y, reduction="sum") / batch.global_seed_count
+        self.log("loss", loss, on_epoch=True)
+        self.logged.append((float(loss), self.roots))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.net.parameters())
+
+
 class IgnoresTheLayerHook(L.LightningModule):
     """Takes the runtime but never calls ``runtime.layer_hook``."""
 
@@ -238,6 +262,16 @@ def rank_scenarios(out: Path) -> None:
         t.fit(module, datamodule=dm)
     results["hopgnn_epoch_loss"] = float(t.callback_metrics["my_train_loss"])
     results["hopgnn_warnings"] = [str(w.message) for w in caught]
+    # 5b: a user's own module, no batch_size given
+    L.seed_everything(0, verbose=False)
+    Strategy, dm = datamodule("hopgnn", out / "cache", graph=graph)
+    module = UsersOwnModule(dm.build_model(model))
+    t = trainer(Strategy(dm.config), 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice to pass batch_size, and sync_dist
+        t.fit(module, datamodule=dm)
+    results["own_module_epoch_loss"] = float(t.callback_metrics["loss_epoch"])
+    results["own_module_logged"] = module.logged
 
     # 6: SANCUS evaluates its best checkpoint; a resume is refused in a plain script's words
     Strategy, dm = datamodule("sancus", out / "cache", graph=graph)
@@ -305,6 +339,19 @@ def test_gnn_module_logs_nothing_lightning_warns_about(two_ranks):
 def test_a_users_epoch_log_under_hopgnn_is_a_number(two_ranks):
     for results in two_ranks:
         assert math.isfinite(results["hopgnn_epoch_loss"]) and results["hopgnn_epoch_loss"] > 0
+
+
+@pytest.mark.dist
+@pytest.mark.timeout(600)  # the first one runs the shared 2-rank launch
+def test_a_users_own_module_logs_the_root_weighted_epoch_mean_under_hopgnn(two_ranks):
+    """``self.log("loss", loss, on_epoch=True)`` without ``batch_size``: Lightning weighs each
+    call by the roots of its iteration (HopGNN's batch), so the epoch value is the mean of the
+    logged losses weighted by those roots, on each rank (no ``sync_dist``)."""
+    for results in two_ranks:
+        logged = results["own_module_logged"]
+        assert logged and sum(roots for _, roots in logged) > 0, logged
+        expected = sum(loss * roots for loss, roots in logged) / sum(r for _, r in logged)
+        assert results["own_module_epoch_loss"] == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.dist

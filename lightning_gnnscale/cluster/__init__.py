@@ -6,7 +6,14 @@ docs/cluster.md.
 """
 
 from .job import ClusterJob, ClusterJobFailed, run_job
-from .network import ClusterLeftovers, ClusterUnavailable, EmulatedCluster, leftovers, preflight
+from .network import (
+    ClusterLeftovers,
+    ClusterUnavailable,
+    EmulatedCluster,
+    PrefixInUse,
+    leftovers,
+    preflight,
+)
 
 __all__ = [
     "ClusterJob",
@@ -14,6 +21,7 @@ __all__ = [
     "ClusterLeftovers",
     "ClusterUnavailable",
     "EmulatedCluster",
+    "PrefixInUse",
     "leftovers",
     "preflight",
     "run_job",

@@ -89,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         "machine of that size); default: no cap",
     )
     parser.add_argument(
-        "--prefix", help="name prefix of the namespaces and links (default lgc<pid>, unique)"
+        "--prefix",
+        help="name prefix of the namespaces, links and cgroups: 2-9 lowercase letters/digits, "
+        "starting with a letter; one in use is refused (default: lgc + 6 random, unique)",
     )
     parser.add_argument(
         "overrides", nargs="*", help="train.py overrides after --; -m among them: a multirun"

@@ -37,7 +37,14 @@ from ..launch import signals_raise
 from ..store_secret import SECRET_ENV, SECRET_FILE_ENV, new_secret
 from ..warm_client import DISABLE_ENV
 from .memory import check_cap
-from .network import INTERFACE, ClusterLeftovers, EmulatedCluster, default_prefix, preflight
+from .network import (
+    INTERFACE,
+    ClusterLeftovers,
+    EmulatedCluster,
+    check_prefix_free,
+    default_prefix,
+    preflight,
+)
 
 TRAIN_PY = Path(__file__).resolve().parents[2] / "train.py"
 MASTER_PORT = 29500  # each host has its own port space: concurrent clusters never collide
@@ -306,6 +313,7 @@ def run_job(job: ClusterJob, *, on_started=None) -> list[dict]:
     together); the cluster is removed in every case.
     """
     preflight(job.rate_mbit, memory_cap=job.memory_mb is not None)
+    check_prefix_free(job.prefix)  # before the run folder: a refused job creates nothing
     jobs, ranks_per_host = check_overrides(job)
     cores = host_cpus(job.hosts)
     threads = host_threads(cores, ranks_per_host)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import time
 from pathlib import Path
@@ -93,7 +94,7 @@ def check_available() -> None:
             f"a memory cap per host needs cgroup v1's memory controller: this process's "
             f"memory cgroup {root} has no memory.limit_in_bytes"
         )
-    probe = root / f"lgcprobe{os.getpid()}"
+    probe = root / f"lgcprobe{secrets.token_hex(4)}"  # not the pid: pid namespaces reuse it
     try:
         probe.mkdir()
         probe.rmdir()

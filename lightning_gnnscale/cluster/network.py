@@ -7,10 +7,13 @@ or leave it. With a rate, ``tbf`` on each host's ``eth0`` limits what the host s
 full-duplex link of that rate per host. Ranks on one host talk over the host's own stack
 (local routes go through its loopback), unshaped.
 
-Names carry a per-invocation prefix (``lgc<pid>`` by default), so concurrent clusters never
-collide; each has its own bridge, so their equal addresses never meet. Everything created is
-removed by :meth:`EmulatedCluster.close` (also on errors and signals in the caller), processes
-still inside a host first; what cannot be removed is named in the error it then raises. With
+Names carry a prefix (by default ``lgc`` and 6 random letters and digits, unique across pid
+namespaces too); each cluster has its own bridge, so their equal addresses never meet. A
+cluster whose prefix is in use (any of its names exists) is refused before it creates
+anything (:class:`PrefixInUse`), and a cluster removes only what it created itself: a name
+another cluster took meanwhile is never deleted. Everything created is removed by
+:meth:`EmulatedCluster.close` (also on errors and signals in the caller), processes still
+inside a host first; what cannot be removed is named in the error it then raises. With
 ``memory_mb`` each host is also a memory cgroup of that size (``memory.py``).
 """
 
@@ -19,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import signal
+import string
 import subprocess
 import sys
 import time
@@ -43,7 +48,8 @@ from .memory import leftovers as cgroup_leftovers
 SUBNET = "198.18.0.{}/24"  # RFC 2544 benchmarking range: never routed
 INTERFACE = "eth0"  # the host's interface, as on a real machine
 COMMAND_TIMEOUT_S = 20.0
-_PREFIX = re.compile(r"^[a-z][a-z0-9]{1,8}$")
+_PREFIX = re.compile(r"^[a-z][a-z0-9]{1,8}$")  # + "v199": at most 13 of Linux's 15 characters
+_DEFAULT_SUFFIX = 6  # random letters/digits after "lgc": 36**6 (2e9) prefixes
 
 
 class ClusterUnavailable(RuntimeError):
@@ -55,9 +61,34 @@ class ClusterLeftovers(RuntimeError):
     it."""
 
 
+class PrefixInUse(ClusterUnavailable):
+    """Names with this cluster's prefix exist already (another cluster's, or a killed one's):
+    nothing was created, and nothing of theirs is removed."""
+
+
 def default_prefix() -> str:
-    """``lgc<pid>``: unique among the live processes of this machine."""
-    return f"lgc{os.getpid()}"
+    """``lgc`` and 6 random lowercase letters/digits: unique across pid namespaces (a pid is
+    not: two containers that share a network namespace reuse pids)."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "lgc" + "".join(secrets.choice(alphabet) for _ in range(_DEFAULT_SUFFIX))
+
+
+def _owned_name(prefix: str) -> re.Pattern:
+    """The names a cluster with ``prefix`` creates: its bridge, hosts and their links."""
+    return re.compile(rf"^{re.escape(prefix)}(br|h\d+|v\d+)$")
+
+
+def check_prefix_free(prefix: str) -> None:
+    """Raise :class:`PrefixInUse` naming what exists when any name a cluster with ``prefix``
+    would create (namespace, link, memory cgroup) is already there."""
+    taken = leftovers(prefix)
+    if taken:
+        raise PrefixInUse(
+            f"prefix {prefix!r} is in use on this machine: {', '.join(taken)} already exist "
+            "(a cluster running with this prefix, or one killed before it could remove them: "
+            "ip netns del / ip link del / rmdir each). Choose another --prefix, or leave it "
+            "out for a unique one"
+        )
 
 
 def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -148,6 +179,7 @@ class EmulatedCluster:
 
     def open(self) -> EmulatedCluster:
         preflight(self.rate_mbit, memory_cap=self.memory_mb is not None)
+        check_prefix_free(self.prefix)  # before anything exists: nothing to remove
         try:
             self._add("link", self.bridge, "ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "link", "set", self.bridge, "up")
@@ -169,16 +201,44 @@ class EmulatedCluster:
                     tbf = tbf_arguments(self.rate_mbit)
                     _run(*inside, "tc", "qdisc", "add", "dev", INTERFACE, "root", *tbf)
             for host in range(self.hosts if self.memory_mb is not None else 0):
-                self._created.append(("cgroup", str(self.cgroup(host))))  # before: half-made too
-                create(self.namespace(host), self.memory_mb)
+                self._add_cgroup(host)
         except BaseException as err:
             self.__exit__(type(err), err, err.__traceback__)
             raise
         return self
 
+    def _taken(self, name: str) -> PrefixInUse:
+        return PrefixInUse(
+            f"prefix {self.prefix!r} is in use on this machine: {name} was created by someone "
+            "else after this cluster checked its names; choose another --prefix"
+        )
+
     def _add(self, kind: str, name: str, *argv: str) -> None:
-        self._created.append((kind, name))  # before: a half-made object is removed too
-        _run(*argv)
+        """Create ``name`` with ``argv`` and own it. A name that exists (``File exists``) is
+        another's: :class:`PrefixInUse`, and it is not removed. One whose command timed out may
+        be half-made: owned, so that :meth:`close` removes it (the name was free)."""
+        try:
+            _run(*argv)
+        except subprocess.CalledProcessError as err:
+            if "exists" in (err.stderr or ""):
+                raise self._taken(name) from None
+            raise
+        except subprocess.TimeoutExpired:
+            self._created.append((kind, name))
+            raise
+        self._created.append((kind, name))
+
+    def _add_cgroup(self, host: int) -> None:
+        """Create host ``host``'s memory cgroup and own it (a half-made one too)."""
+        path = self.cgroup(host)
+        try:
+            create(self.namespace(host), self.memory_mb)
+        except FileExistsError:
+            raise self._taken(str(path)) from None
+        except BaseException:
+            self._created.append(("cgroup", str(path)))
+            raise
+        self._created.append(("cgroup", str(path)))
 
     def popen(self, host: int, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start ``argv`` inside ``host`` in its own session (so one kill reaches its tree),
@@ -264,8 +324,11 @@ def _names() -> tuple[list[str], list[str]]:
 
 
 def leftovers(prefix: str) -> list[str]:
-    """Namespaces, links and memory cgroups whose names start with ``prefix`` (what a cluster
-    would leave)."""
+    """The namespaces, links and memory cgroups (``cgroup:<name>``) that a cluster with
+    ``prefix`` creates and that exist now: another prefix's names never match, even one that
+    starts with ``prefix``."""
+    owned = _owned_name(prefix)
     names, links = _names()
-    found = [n for n in names + links if n.startswith(prefix)]
-    return sorted(found + [f"cgroup:{n}" for n in cgroup_leftovers(prefix)])
+    found = [n for n in names + links if owned.match(n)]
+    cgroups = [f"cgroup:{n}" for n in cgroup_leftovers(prefix) if owned.match(n)]
+    return sorted(found + cgroups)

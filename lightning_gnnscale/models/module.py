@@ -43,8 +43,8 @@ class GNNModule(L.LightningModule):
 
     ``self.log`` in this module (and subclasses) defaults ``batch_size`` to
     :attr:`batch_size`, the seeds of the step's batch: Lightning's own guess walks the batch's
-    fields and finds the input rows (HopGNN's are ``[0, F]``: a batch size of 0, a ``nan``
-    epoch mean).
+    fields and finds the input rows (of HopGNN's iteration batch: its roots, the same for
+    every time step).
 
     Args:
         net: a :class:`BlockGNN` or :class:`SubgraphModel`.

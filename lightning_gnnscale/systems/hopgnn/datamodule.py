@@ -67,10 +67,14 @@ from .planner import (
 class HopGNNBatch(Batch):
     """One rank's iteration: the micrograph sets of its kept time steps.
 
-    The base fields summarise the iteration: ``blocks`` is empty, ``x`` is ``[0, F]``, ``y``
-    holds the labels of every root this rank trains (over all steps) and
-    ``global_seed_count`` the iteration's global mini-batch size. A model cannot run this
-    batch directly; :class:`~.strategy.HopGNNStrategy` runs ``steps`` one by one.
+    The base fields summarise the iteration: ``blocks`` is empty, ``x`` is ``[n_roots, 0]``
+    (no input rows of its own), ``y`` holds the labels of the ``n_roots`` roots this rank
+    trains (over all steps) and ``global_seed_count`` the iteration's global mini-batch size.
+    ``x`` has a row per root so that the first tensor Lightning's batch-size guess
+    (``extract_batch_size``) meets gives ``n_roots``: a module's ``self.log(...,
+    on_epoch=True)`` without ``batch_size`` weighs the iteration by its roots (a ``[0, F]``
+    placeholder gave 0, a ``nan`` epoch mean). A model cannot run this batch directly;
+    :class:`~.strategy.HopGNNStrategy` runs ``steps`` one by one.
 
     Attributes:
         steps: per kept step ``j`` (``T`` entries), a plain :class:`Batch` of the micrograph set
@@ -490,9 +494,17 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             "load": load[:, rank].tolist(),
         }
         hops = [plan.hop(j, rank) for j in range(1, plan.num_steps)]
-        empty_x = shard.rows.new_empty((0, shard.rows.shape[1]))
+        no_inputs = shard.rows.new_empty((labels.numel(), 0))  # a row per root: see the class
         return HopGNNBatch(
-            [], empty_x, labels, plan.global_seed_count, epoch, step, stats, steps=steps, hops=hops
+            [],
+            no_inputs,
+            labels,
+            plan.global_seed_count,
+            epoch,
+            step,
+            stats,
+            steps=steps,
+            hops=hops,
         )
 
     @property
