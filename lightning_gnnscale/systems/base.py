@@ -726,14 +726,17 @@ class GNNDataModule(L.LightningDataModule):
 
     def partition_meta(self) -> dict:
         """The metadata of ``data.partition_dir`` (opened once), its counts checked against
-        the part files of this node's ranks before a model is sized from it."""
+        the part files of this node's ranks that are here (a rank's copy may hold its own part
+        only) before a model is sized from it."""
         if self._prepared:
             return next(iter(self._prepared.values())).meta
         if self._opened_dir is None:
-            from ..graph.partition_dir import PartitionDir, node_ranks
+            from ..graph.partition_dir import PartitionDir, node_ranks, part_folder
 
             opened = PartitionDir.open(self.partition_dir)
-            self.verify_partition_parts(opened, node_ranks(opened.num_parts))
+            ranks = node_ranks(opened.num_parts)
+            here = [k for k in ranks if (opened.path / part_folder(k)).is_dir()]
+            self.verify_partition_parts(opened, here or ranks)
             self._opened_dir = opened
         return self._opened_dir.meta
 
