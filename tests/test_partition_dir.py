@@ -285,6 +285,13 @@ def test_train_checks_the_directory_before_any_rank_starts(tmp_path, monkeypatch
                 tmp_path, *cfg_overrides(tmp_path), "trainer.devices=4", f"data.partition_dir={out}"
             )
         )
+    x = out / part_folder(0) / "x.npy"  # the same bytes, outside the directory
+    shutil.move(x, tmp_path / "x.npy")
+    x.symlink_to(tmp_path / "x.npy")
+    with pytest.raises(PartitionDirError, match=f"{x} leads outside the partition directory"):
+        train(make_cfg(tmp_path, *cfg_overrides(tmp_path), f"data.partition_dir={out}"))
+    x.unlink()
+    shutil.move(tmp_path / "x.npy", x)
     shutil.rmtree(out / part_folder(1))
     with pytest.raises(PartitionDirError, match="part 1 is missing"):
         train(make_cfg(tmp_path, *cfg_overrides(tmp_path), f"data.partition_dir={out}"))

@@ -177,15 +177,18 @@ def test_a_grappa_rank_with_only_its_chunks_equals_the_in_memory_rank(
 
 def test_a_part_whose_home_chunks_file_disagrees_is_refused(tmp_path, monkeypatch):
     """``part-k/home_chunks.npy`` is what a rank evaluates and predicts: a file that is not
-    ``c mod W = k`` (written by another rule) is refused, naming it."""
+    ``c mod W = k`` (written by another rule: the same chunks in another order, so every count
+    still agrees) is refused, naming it."""
     import lightning_gnnscale.systems.grappa.directory as directory
 
     rule = directory.home_chunks
-    monkeypatch.setattr(directory, "home_chunks", lambda k, w, c: rule(k, w, c)[:1])
+    monkeypatch.setattr(directory, "home_chunks", lambda k, w, c: rule(k, w, c)[::-1])
     make_dm(tmp_path / "cache").write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
     monkeypatch.setattr(directory, "home_chunks", rule)
     opened = make_dm(tmp_path / "cache", str(tmp_path / "parts")).prepare(2, [1])
-    with pytest.raises(PartitionDirError, match=r"home_chunks.npy is \[1\], but rank 1 .*\[1, 3\]"):
+    with pytest.raises(
+        PartitionDirError, match=r"home_chunks.npy is \[3, 1\], but rank 1 .*\[1, 3\]"
+    ):
         DirChunks(opened, 1, torch.float64)
 
 

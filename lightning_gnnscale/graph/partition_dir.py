@@ -16,14 +16,19 @@ partition book is the ``[P + 1]`` offsets in the metadata. A rank opens only its
 loading maps the files, and pages are read when touched.
 
 Every check names the file or key that failed: :class:`PartitionDirError` (a ``ConfigError``,
-raised before any rank starts when the launcher opens the directory).
+raised before any rank starts when the launcher opens the directory). Nothing in a directory is
+trusted: ``blake2b`` guards against damage, not against a hostile writer (anyone can reseal a
+file), so every entry must resolve inside the directory, every ``.npy`` header is read and
+checked before its data, and every count that sizes an allocation must agree with the files.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -44,6 +49,21 @@ FORMAT_VERSION = 1
 METADATA = "partition.json"
 # dataset settings that say where a dataset is read from, not what it is
 _NOT_IDENTITY = ("root", "cache_dir", "download")
+# what a file of a part or shared group may be called: a plain name in its folder
+FILE_NAME = re.compile(r"[A-Za-z0-9_]+\.npy")
+# part files with one row per node the part owns (whichever system writes them)
+NODE_ROW_FILES = (
+    "x",
+    "y",
+    "train_mask",
+    "val_mask",
+    "test_mask",
+    "orig_ids",
+    "own_ids",
+    "input_frequency",
+)
+# metadata counts of the whole graph
+GRAPH_COUNTS = ("num_nodes", "num_edges", "num_features", "num_classes")
 
 
 class PartitionDirError(ConfigError):
@@ -76,10 +96,67 @@ def _save_arrays(folder: Path, arrays: dict[str, Tensor]) -> dict:
     return files
 
 
-def _verify_files(folder: Path, files: dict, what: str) -> None:
-    """Every file of ``files`` exists in ``folder`` with its recorded size and digest."""
+def is_count(value: Any) -> bool:
+    """Whether a metadata value is a count: a non-negative int (not a bool, not a float)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def inside(root: Path, path: Path, what: str) -> Path:
+    """``path`` if it resolves (symlinks followed) inside the resolved directory ``root``;
+    else ``PartitionDirError`` naming it (nothing outside a directory is read)."""
+    if not path.resolve().is_relative_to(root):
+        raise PartitionDirError(
+            f"{what}: {path} leads outside the partition directory {root} (an absolute "
+            f"name, '..' or a symlink out of it); partition again"
+        )
+    return path
+
+
+def npy_header(path: Path, what: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of the ``.npy`` file ``path`` from its header alone (no data read).
+    ``PartitionDirError`` naming the file unless it is a C-ordered array of plain numbers or
+    booleans whose data fills the rest of the file exactly (a pickle is never loaded)."""
+    try:
+        with open(path, "rb") as file:
+            version = np.lib.format.read_magic(file)
+            read = {
+                (1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0,
+            }.get(version)
+            if read is None:
+                raise ValueError(version)
+            shape, fortran_order, dtype = read(file)
+            offset = file.tell()
+    except (ValueError, OSError, SyntaxError):
+        raise PartitionDirError(
+            f"{what}: {path} is not a .npy array file (its header cannot be read); partition again"
+        ) from None
+    if dtype.hasobject or dtype.kind not in "biuf" or not dtype.isnative:
+        raise PartitionDirError(
+            f"{what}: {path} holds {dtype} values, not plain numbers (a pickle or objects "
+            f"are never loaded); partition again"
+        )
+    if fortran_order or any(size < 0 for size in shape):
+        raise PartitionDirError(
+            f"{what}: {path} has the header of no written array; partition again"
+        )
+    size = path.stat().st_size
+    if offset + math.prod(shape) * dtype.itemsize != size:
+        raise PartitionDirError(
+            f"{what}: {path}'s header says {list(shape)} {dtype} values, but the file has "
+            f"{size - offset} bytes of data; partition again"
+        )
+    return tuple(shape), dtype
+
+
+def _check_files(root: Path, folder: Path, files: dict, what: str) -> dict[str, tuple]:
+    """Every file of ``files`` lies inside ``root``, exists in ``folder`` with its recorded
+    size, a readable ``.npy`` header and its recorded digest. Returns ``{stem: (shape,
+    dtype)}`` (the headers', for the count checks)."""
+    inside(root, folder, what)
+    shapes = {}
     for name, entry in files.items():
-        path = folder / name
+        path = inside(root, folder / name, what)
         if not path.is_file():
             raise PartitionDirError(f"{what}: file {path} is missing")
         size = path.stat().st_size
@@ -88,11 +165,13 @@ def _verify_files(folder: Path, files: dict, what: str) -> None:
                 f"{what}: {path} has {size} bytes, {entry['bytes']} expected "
                 f"(truncated or replaced); partition again"
             )
+        shapes[name.removesuffix(".npy")] = npy_header(path, what)
         if file_digest(path) != entry["blake2b"]:
             raise PartitionDirError(
                 f"{what}: {path} does not match its digest in {METADATA} "
                 f"(corrupt or replaced); partition again"
             )
+    return shapes
 
 
 def _load_arrays(folder: Path, files: dict) -> dict[str, Tensor]:
@@ -117,6 +196,98 @@ def metadata_digest(meta: dict) -> str:
     the ranks compute from the metadata (offsets, seeds per trainer), so it is sealed too."""
     body = json.dumps({k: v for k, v in meta.items() if k != "blake2b"}, sort_keys=True)
     return hashlib.blake2b(body.encode(), digest_size=32).hexdigest()
+
+
+def _check_file_records(meta_path: Path, files: Any, what: str) -> None:
+    """``files`` is ``{name: {bytes, blake2b}}`` with plain names (no path of any kind)."""
+    if not isinstance(files, dict):
+        raise PartitionDirError(f"{meta_path}: {what}'s 'files' is not a mapping")
+    for name, entry in files.items():
+        if not FILE_NAME.fullmatch(name):
+            raise PartitionDirError(
+                f"{meta_path}: {what} lists the file {name!r}, not a plain file name "
+                f"(letters, digits and '_', then .npy; no folder, '..' or absolute path)"
+            )
+        if (
+            not isinstance(entry, dict)
+            or not is_count(entry.get("bytes"))
+            or not isinstance(entry.get("blake2b"), str)
+        ):
+            raise PartitionDirError(
+                f"{meta_path}: {what}'s record of {name} is not {{bytes, blake2b}}"
+            )
+
+
+def check_layout(meta: dict, meta_path: Path) -> None:
+    """The structure and counts of ``partition.json`` agree with each other (metadata only:
+    :meth:`PartitionDir.verify_parts` checks them against the files): parts and groups are
+    records of plain file names, every count is a non-negative int, ``node_offsets`` start at
+    0 and add up the parts' ``nodes``, ``num_nodes`` is their sum, and ``trainer_sizes`` are
+    the parts' ``trainer_seeds``, an even split (sizes differ by at most 1) of at most
+    ``num_nodes`` ids, so one part's file bounds them all."""
+    num_parts, offsets, parts = meta["num_parts"], meta["node_offsets"], meta["parts"]
+    if not is_count(num_parts) or num_parts < 1:
+        raise PartitionDirError(f"{meta_path}: 'num_parts' {num_parts!r} is not a positive int")
+    if not isinstance(parts, list) or not all(isinstance(part, dict) for part in parts):
+        raise PartitionDirError(f"{meta_path}: 'parts' is not a list of records")
+    if not isinstance(offsets, list) or not all(is_count(o) for o in offsets):
+        raise PartitionDirError(f"{meta_path}: 'node_offsets' is not a list of counts")
+    groups = meta.get("shared", {})
+    if not isinstance(groups, dict) or not all(
+        isinstance(name, str) and name.isidentifier() and isinstance(record, dict)
+        for name, record in groups.items()
+    ):
+        raise PartitionDirError(f"{meta_path}: 'shared' is not a mapping of identifiers to records")
+    for name, record in groups.items():
+        _check_file_records(meta_path, record.get("files"), f"shared group {name!r}")
+    for k, part in enumerate(parts):
+        _check_file_records(meta_path, part.get("files"), f"part {k}")
+        for key, value in part.items():
+            if key not in ("files", "shared") and not is_count(value):
+                raise PartitionDirError(f"{meta_path}: part {k}'s {key!r} {value!r} is not a count")
+        needs = part.get("shared", [])
+        if not isinstance(needs, list) or not all(isinstance(name, str) for name in needs):
+            raise PartitionDirError(f"{meta_path}: part {k}'s 'shared' is not a list of names")
+        if unknown := sorted(set(needs) - set(groups)):
+            raise PartitionDirError(f"{meta_path}: part {k} needs shared groups {unknown}")
+    counts = [b - a for a, b in zip(offsets, offsets[1:])]
+    if (
+        len(parts) != num_parts
+        or len(offsets) != num_parts + 1
+        or offsets[0] != 0
+        or counts != [part.get("nodes", count) for part, count in zip(parts, counts)]
+        or min(counts, default=0) < 0
+    ):
+        raise PartitionDirError(
+            f"{meta_path}: 'node_offsets' {offsets} disagree with the parts' node counts"
+        )
+    for key in GRAPH_COUNTS:
+        if key in meta and not is_count(meta[key]):
+            raise PartitionDirError(f"{meta_path}: {key!r} {meta[key]!r} is not a count")
+    num_nodes = meta.get("num_nodes", offsets[-1])
+    if num_nodes != offsets[-1]:
+        raise PartitionDirError(
+            f"{meta_path}: 'num_nodes' {num_nodes} is not the parts' {offsets[-1]} nodes"
+        )
+    if not 1 <= meta.get("num_classes", 1) <= max(num_nodes, 1):
+        raise PartitionDirError(
+            f"{meta_path}: 'num_classes' {meta['num_classes']} is not in [1, num_nodes]"
+        )
+    if "trainer_sizes" in meta:
+        sizes = meta["trainer_sizes"]
+        if (
+            not isinstance(sizes, list)
+            or len(sizes) != num_parts
+            or not all(is_count(size) for size in sizes)
+            or sizes != [part.get("trainer_seeds", size) for part, size in zip(parts, sizes)]
+            or max(sizes) - min(sizes) > 1
+            or sum(sizes) > num_nodes
+        ):
+            raise PartitionDirError(
+                f"{meta_path}: 'trainer_sizes' {sizes} is not an even split of at most "
+                f"'num_nodes' {num_nodes} training ids, one count per part (its "
+                f"'trainer_seeds')"
+            )
 
 
 def check_writable(out: str | os.PathLike) -> Path:
@@ -209,19 +380,24 @@ class PartitionDir:
         meta: the content of ``partition.json``.
         verified: parts (and shared groups, by name) whose files were checked against their
             digests in this process tree.
+        shapes: ``{folder: {stem: (shape, dtype)}}`` of the verified files, from their
+            ``.npy`` headers (what the count checks compare the metadata with).
     """
 
     path: Path
     meta: dict
     verified: set[int | str] = field(default_factory=set)
+    shapes: dict[str, dict[str, tuple]] = field(default_factory=dict)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> PartitionDir:
-        """Read and check ``partition.json`` (format and version)."""
+        """Read and check ``partition.json``: inside the directory, its format, version and
+        digest, and its structure and counts (:func:`check_layout`)."""
         path = Path(path)
         meta_path = path / METADATA
         if not path.is_dir():
             raise PartitionDirError(f"data.partition_dir={path} is not a folder")
+        inside(path.resolve(), meta_path, "the metadata")
         if not meta_path.is_file():
             raise PartitionDirError(
                 f"{meta_path} is missing: data.partition_dir={path} is not a partition "
@@ -252,22 +428,7 @@ class PartitionDir:
         for key in ("system", "num_parts", "node_offsets", "parts", "dataset"):
             if key not in meta:
                 raise PartitionDirError(f"{meta_path}: key {key!r} is missing")
-        offsets, parts = meta["node_offsets"], meta["parts"]
-        counts = [b - a for a, b in zip(offsets, offsets[1:])]
-        if (
-            len(parts) != meta["num_parts"]
-            or len(offsets) != meta["num_parts"] + 1
-            or offsets[0] != 0
-            or counts != [part.get("nodes", count) for part, count in zip(parts, counts)]
-            or min(counts, default=0) < 0
-        ):
-            raise PartitionDirError(
-                f"{meta_path}: 'node_offsets' {offsets} disagree with the parts' node counts"
-            )
-        groups = meta.get("shared", {})
-        for k, part in enumerate(parts):
-            if unknown := sorted(set(part.get("shared", ())) - set(groups)):
-                raise PartitionDirError(f"{meta_path}: part {k} needs shared groups {unknown}")
+        check_layout(meta, meta_path)
         return cls(path, meta)
 
     @property
@@ -307,9 +468,22 @@ class PartitionDir:
                     f"{hint}: python -m lightning_gnnscale.partition <overrides> out=<dir>"
                 )
 
+    @property
+    def root(self) -> Path:
+        """The directory, symlinks resolved: every file read lies inside it."""
+        return self.path.resolve()
+
+    def shape(self, folder: str, name: str) -> tuple[int, ...] | None:
+        """The shape of a verified file ``folder/<name>.npy`` (``None``: not verified or not
+        there)."""
+        found = self.shapes.get(folder, {}).get(name)
+        return None if found is None else found[0]
+
     def verify_parts(self, parts: Iterable[int]) -> None:
-        """Every file of ``parts``, and of the shared groups they need, exists with its
-        recorded size and digest (reads them once)."""
+        """Every file of ``parts``, and of the shared groups they need, lies inside the
+        directory and exists with its recorded size, a plain ``.npy`` header and its recorded
+        digest (reads them once); then the metadata's counts are checked against the files'
+        shapes (:meth:`check_counts`), before anything is allocated from them."""
         for k in parts:
             if k in self.verified:
                 continue
@@ -324,9 +498,10 @@ class PartitionDir:
                     f"part {k} is missing: {folder} (each node needs the parts of its ranks)"
                 )
             record = self.meta["parts"][k]
-            _verify_files(folder, record["files"], f"part {k}")
+            self.shapes[folder.name] = _check_files(self.root, folder, record["files"], f"part {k}")
             for name in record.get("shared", ()):
                 self._verify_shared(name, k)
+            self.check_counts(k)
             self.verified.add(k)
 
     def _verify_shared(self, name: str, k: int) -> None:
@@ -338,8 +513,60 @@ class PartitionDir:
                 f"shared group {name!r} is missing: {folder} (part {k} needs it; each node "
                 "needs the shared groups of its ranks' parts)"
             )
-        _verify_files(folder, self.meta["shared"][name]["files"], f"shared group {name!r}")
+        files = self.meta["shared"][name]["files"]
+        self.shapes[folder.name] = _check_files(self.root, folder, files, f"shared group {name!r}")
         self.verified.add(name)
+
+    def expect_shape(self, folder: str, name: str, want: tuple[int | None, ...], key: str) -> None:
+        """File ``folder/<name>.npy``, if verified, has the shape ``want`` (``None``: any size
+        on that axis), which the metadata's ``key`` implies; else ``PartitionDirError`` naming
+        both."""
+        have = self.shape(folder, name)
+        if have is None:
+            return
+        if len(have) != len(want) or any(w is not None and h != w for h, w in zip(have, want)):
+            shown = "[" + ", ".join("*" if w is None else str(w) for w in want) + "]"
+            raise PartitionDirError(
+                f"{self.path / folder / (name + '.npy')} has the shape {list(have)}, but "
+                f"{self.path / METADATA}'s {key} says {shown}; partition again"
+            )
+
+    def check_counts(self, k: int) -> None:
+        """Part ``k``'s counts (and the graph's feature width) agree with its verified files:
+        its node-row files have ``nodes`` rows, ``indptr`` ``nodes + 1``, ``indices`` its
+        ``edges``, ``local2global`` and ``degree`` its core and halo, ``trainer_seeds`` its
+        count; every ``x`` (its groups' too) is ``[*, num_features]`` of ``feature_dtype``.
+        A system checks its own keys on top (``GNNDataModule.check_partition_part``)."""
+        meta, record = self.meta, self.meta["parts"][k]
+        folder = part_folder(k)
+        nodes = record.get("nodes")
+        if nodes is not None:
+            for name in NODE_ROW_FILES:
+                have = self.shape(folder, name)
+                if have is not None:
+                    self.expect_shape(folder, name, (nodes, *have[1:]), f"part {k}'s 'nodes'")
+            self.expect_shape(folder, "indptr", (nodes + 1,), f"part {k}'s 'nodes'")
+        if "edges" in record:
+            self.expect_shape(folder, "indices", (record["edges"],), f"part {k}'s 'edges'")
+        if nodes is not None and "halo" in record:
+            for name in ("local2global", "degree"):
+                core_halo = (nodes + record["halo"],)
+                self.expect_shape(folder, name, core_halo, f"part {k}'s 'nodes' + 'halo'")
+        if "trainer_seeds" in record:
+            for name in ("trainer_seeds", "trainer_seed_degree"):
+                seeds = (record["trainer_seeds"],)
+                self.expect_shape(folder, name, seeds, f"part {k}'s 'trainer_seeds'")
+        folders = [folder, *(shared_folder(name) for name in record.get("shared", ()))]
+        for where in folders:
+            if "num_features" in meta:
+                self.expect_shape(where, "x", (None, meta["num_features"]), "'num_features'")
+            found = self.shapes.get(where, {}).get("x")
+            if found is not None and str(found[1]) != meta.get("feature_dtype", str(found[1])):
+                raise PartitionDirError(
+                    f"{self.path / where / 'x.npy'} holds {found[1]} values, but "
+                    f"{self.path / METADATA}'s 'feature_dtype' says {meta['feature_dtype']}; "
+                    f"partition again"
+                )
 
     def load_part(self, k: int) -> dict[str, Tensor]:
         """Part ``k``'s arrays (name -> tensor), memory-mapped copy-on-write: nothing is read

@@ -699,7 +699,9 @@ class GNNDataModule(L.LightningDataModule):
         if self.partition_dir is not None:
             from ..graph.partition_dir import node_ranks
 
-            prepared.verify_parts(node_ranks(world_size) if ranks is None else ranks)
+            self.verify_partition_parts(
+                prepared, node_ranks(world_size) if ranks is None else ranks
+            )
         return prepared
 
     # ------------------------------------------------------------- partition directories
@@ -730,20 +732,45 @@ class GNNDataModule(L.LightningDataModule):
 
     def open_partition_dir(self, world_size: int):
         """Open ``data.partition_dir`` and check it was made for this run (dataset, system,
-        method and options, seed, part count); raises ``PartitionDirError`` naming the key."""
+        method and options, seed, part count); raises ``PartitionDirError`` naming the key.
+        A directory already opened for its metadata (:meth:`partition_meta`) is reused, with
+        the parts it verified."""
         from ..graph.partition_dir import PartitionDir
 
-        opened = PartitionDir.open(self.partition_dir)
+        opened = self._opened_dir or PartitionDir.open(self.partition_dir)
         opened.check(self.partition_expectation(world_size))
+        self._opened_dir = opened
         return opened
 
-    def partition_meta(self) -> dict:
-        """The metadata of ``data.partition_dir`` (opened once)."""
-        if not self._prepared:
-            from ..graph.partition_dir import PartitionDir
+    def verify_partition_parts(self, opened, ranks: list[int]) -> None:
+        """The files of the parts of ``ranks`` (and their shared groups) against the metadata
+        (``PartitionDir.verify_parts``: inside the directory, sizes, headers, digests, the
+        format's counts), then the system's own counts (:meth:`check_partition_part`)."""
+        opened.verify_parts(ranks)
+        for k in ranks:
+            self.check_partition_part(opened, k)
 
-            return PartitionDir.open(self.partition_dir).meta
-        return next(iter(self._prepared.values())).meta
+    def check_partition_part(self, opened, k: int) -> None:
+        """The system's metadata keys that size an allocation agree with part ``k``'s verified
+        files (``opened.expect_shape``); default: nothing beyond the format's."""
+
+    _opened_dir = None  # the directory as opened for the metadata, before any prepare
+
+    def partition_meta(self) -> dict:
+        """The metadata of ``data.partition_dir`` (opened once), its counts checked against
+        the part files of this node's ranks that are here (a rank's copy may hold its own part
+        only) before a model is sized from it."""
+        if self._prepared:
+            return next(iter(self._prepared.values())).meta
+        if self._opened_dir is None:
+            from ..graph.partition_dir import PartitionDir, node_ranks, part_folder
+
+            opened = PartitionDir.open(self.partition_dir)
+            ranks = node_ranks(opened.num_parts)
+            here = [k for k in ranks if (opened.path / part_folder(k)).is_dir()]
+            self.verify_partition_parts(opened, here or ranks)
+            self._opened_dir = opened
+        return self._opened_dir.meta
 
     def write_partition_dir(self, out, world_size: int, log=print) -> dict:
         """Partition for ``world_size`` ranks (this DataModule's ``preprocess``) and write the

@@ -35,7 +35,7 @@ from ..contract import RankContext
 from .callbacks import GradientOnlyAudit, GrappaStats
 from .chunking import ChunkReader, ChunkStore, write_chunk_store
 from .config import GrappaConfig
-from .directory import DirChunks, home_chunks, write_chunk_parts
+from .directory import DirChunks, check_chunk_counts, home_chunks, write_chunk_parts
 from .estimators import batch_factor, c_uniform, gcn_kappa, kappa, seed_sample_counts
 from .partition import IsolatedPartition, PartitionSampler, build_partition
 from .remote import RemoteSampler
@@ -154,6 +154,11 @@ class GrappaDataModule(GNNDataModule):
         rank reads (:func:`~.directory.write_chunk_parts`)."""
         store = self.prepare(world_size)
         return write_chunk_parts(self.config, store, self.seed, world_size, writer, log)
+
+    @override
+    def check_partition_part(self, opened: PartitionDir, k: int) -> None:
+        """The chunk sizes, training counts and sources against the chunks' files."""
+        check_chunk_counts(opened, k)
 
     @override
     def setup_rank(self, context: RankContext, prepared: ChunkStore | PartitionDir) -> None:

@@ -15,12 +15,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ...graph.partition_dir import PartitionDir, PartitionDirError
+from ...graph.partition_dir import (
+    METADATA,
+    PartitionDir,
+    PartitionDirError,
+    is_count,
+    part_folder,
+    shared_folder,
+)
 from .chunking import ChunkReader, ChunkStore
 from .config import GrappaConfig
 from .schedule import Schedule
 
 CHUNK_FILES = ("nodes", "indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask")
+# chunk files with one row per node of the chunk
+CHUNK_ROW_FILES = ("nodes", "x", "y", "train_mask", "val_mask", "test_mask")
 
 
 def chunk_group(chunk: int) -> str:
@@ -96,6 +105,51 @@ def write_chunk_parts(
         "train_counts": store.meta["train_counts"],
         "chunk_sources": sources,
     }
+
+
+def check_chunk_counts(opened: PartitionDir, part: int) -> None:
+    """The chunk metadata a rank allocates from agrees with itself and with the verified files
+    of part ``part``: one ``chunk_sizes``, ``train_counts`` (at most the size) and
+    ``chunk_sources`` (chunk ids) entry per chunk, sizes adding up to ``num_nodes``, the part's
+    ``nodes`` the sizes of its home chunks, and each verified chunk group's row files one row
+    per node of its size (``indptr`` one more). ``PartitionDirError`` naming the key."""
+    meta, where = opened.meta, opened.path / METADATA
+    num_chunks = meta.get("num_chunks")
+    sizes, train, sources = (
+        meta.get("chunk_sizes"),
+        meta.get("train_counts"),
+        meta.get("chunk_sources"),
+    )
+    lists = all(isinstance(value, list) for value in (sizes, train, sources))
+    if not (
+        is_count(num_chunks)
+        and lists
+        and len(sizes) == len(train) == len(sources) == num_chunks
+        and all(is_count(size) for size in sizes)
+        and all(is_count(t) and t <= size for t, size in zip(train, sizes))
+        and all(
+            isinstance(chunks, list) and all(is_count(c) and c < num_chunks for c in chunks)
+            for chunks in sources
+        )
+        and sum(sizes) == meta.get("num_nodes")
+    ):
+        raise PartitionDirError(
+            f"{where}: 'num_chunks', 'chunk_sizes', 'train_counts' and 'chunk_sources' do not "
+            "describe the chunks (one entry each per chunk, training nodes at most the chunk's "
+            "nodes, sources among the chunks, sizes adding up to 'num_nodes'); partition again"
+        )
+    home = home_chunks(part, opened.num_parts, num_chunks)
+    if meta["parts"][part].get("nodes") != sum(sizes[c] for c in home):
+        raise PartitionDirError(
+            f"{where}: part {part}'s 'nodes' is not the size of its home chunks {list(home)}"
+        )
+    opened.expect_shape(part_folder(part), "home_chunks", (len(home),), "'num_chunks'")
+    for c, size in enumerate(sizes):
+        folder, key = shared_folder(chunk_group(c)), f"'chunk_sizes'[{c}]"
+        for name in CHUNK_ROW_FILES:
+            if (have := opened.shape(folder, name)) is not None:
+                opened.expect_shape(folder, name, (size, *have[1:]), key)
+        opened.expect_shape(folder, "indptr", (size + 1,), key)
 
 
 class DirChunks(ChunkReader):

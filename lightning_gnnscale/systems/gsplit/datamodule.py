@@ -34,7 +34,7 @@ from typing_extensions import override
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, RangeBook, relabel_csc
 from ...graph.csc_rows import CSCRows
-from ...graph.partition_dir import PartitionDir
+from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, sample_neighbors
 from ..base import (
     GNNDataModule,
@@ -276,6 +276,15 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             writer.write_part(k, arrays, sizes, shared=[group])
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
         return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
+
+    @override
+    def check_partition_part(self, opened: PartitionDir, k: int) -> None:
+        """The shared group's ``[N]`` arrays have ``num_nodes`` rows (``indptr`` one more)."""
+        nodes, key = opened.meta["num_nodes"], "'num_nodes'"
+        topology, vertices = shared_folder("topology"), shared_folder("vertices")
+        opened.expect_shape(topology, "indptr", (nodes + 1,), key)
+        opened.expect_shape(topology, "orig_ids", (nodes,), key)
+        opened.expect_shape(vertices, "degree", (nodes,), key)
 
     # ------------------------------------------------------------------------ rank set-up
     @override

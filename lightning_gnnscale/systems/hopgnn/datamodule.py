@@ -40,7 +40,7 @@ from ...graph.block import Block
 from ...graph.book import PartitionBook, RangeBook, relabel_csc, sort_sources
 from ...graph.cache import cached_partition
 from ...graph.partition import partition_report
-from ...graph.partition_dir import PartitionDir
+from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, build_block_sorted, sample_neighbors
 from ..base import (
     GNNDataModule,
@@ -281,6 +281,14 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             writer.write_part(k, arrays, sizes, shared=["topology"])
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
         return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
+
+    @override
+    def check_partition_part(self, opened: PartitionDir, k: int) -> None:
+        """The replicated group's ``[N]`` arrays have ``num_nodes`` rows (``indptr`` one more)."""
+        nodes, folder, key = opened.meta["num_nodes"], shared_folder("topology"), "'num_nodes'"
+        opened.expect_shape(folder, "indptr", (nodes + 1,), key)
+        for name in ("y", "orig_ids"):
+            opened.expect_shape(folder, name, (nodes,), key)
 
     # ------------------------------------------------------------------------ rank set-up
     @override

@@ -15,7 +15,7 @@ from ...graph.batch import Batch
 from ...graph.book import PartitionBook, relabel_graph
 from ...graph.cache import cached_partition
 from ...graph.csc import Graph
-from ...graph.partition_dir import PartitionDir
+from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, is_count, part_folder
 from ...schema import ModelConfig
 from ..base import GNNDataModule, assert_same_on_all_ranks, own_predictions
 from ..contract import RankContext
@@ -100,6 +100,33 @@ class SancusDataModule(GNNDataModule):
             "consumer": consumer_matrix(graph, offsets).tolist(),
             "train_count": int(graph.train_mask.sum()),
         }
+
+    @override
+    def check_partition_part(self, opened: PartitionDir, k: int) -> None:
+        """``consumer`` is a ``P x P`` table of booleans, ``train_count`` at most the nodes, and
+        part ``k`` holds one CSR per column block with ``nodes + 1`` row pointers."""
+        meta, where, parts = opened.meta, opened.path / METADATA, opened.num_parts
+        consumer, train_count = meta.get("consumer"), meta.get("train_count")
+        if not (
+            isinstance(consumer, list)
+            and len(consumer) == parts
+            and all(isinstance(row, list) and len(row) == parts for row in consumer)
+            and all(isinstance(value, bool) for row in consumer for value in row)
+        ):
+            raise PartitionDirError(
+                f"{where}: 'consumer' is not a {parts} x {parts} table of booleans"
+            )
+        if not (is_count(train_count) and train_count <= meta["num_nodes"]):
+            raise PartitionDirError(
+                f"{where}: 'train_count' {train_count!r} is not in [0, num_nodes]"
+            )
+        folder, nodes = part_folder(k), meta["parts"][k]["nodes"]
+        for j in range(parts):
+            crow, col = opened.shape(folder, f"a{j}_crow"), opened.shape(folder, f"a{j}_col")
+            if crow is None or col is None or opened.shape(folder, f"a{j}_val") is None:
+                raise PartitionDirError(f"{where}: part {k} does not list column block {j}'s CSR")
+            opened.expect_shape(folder, f"a{j}_crow", (nodes + 1,), f"part {k}'s 'nodes'")
+            opened.expect_shape(folder, f"a{j}_val", col, f"part {k}'s a{j}_col.npy")
 
     def _setup_from_dir(self, context: RankContext, opened: PartitionDir) -> None:
         """This rank's row block from its part's files only (memory-mapped)."""
