@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import tempfile
+import time
+import urllib.request
 import warnings
 from dataclasses import is_dataclass
 from pathlib import Path
@@ -217,6 +220,36 @@ def _may_be_allowed(needs: str | None) -> bool:
     return bool(module) and module.partition(".")[0] not in _RUNS_CODE
 
 
+# A checkpoint fetched over http(s): each socket operation waits at most URL_TIMEOUT_S, the whole
+# fetch at most URL_DEADLINE_S, and it may not leave less than URL_KEEP_FREE_BYTES free beside it.
+URL_TIMEOUT_S = 60.0
+URL_DEADLINE_S = 1800.0
+URL_KEEP_FREE_BYTES = 1 << 30
+
+
+def fetch_url(url: str, dest: Path, timeout_s: float = URL_TIMEOUT_S) -> None:
+    """Downloads ``url`` to ``dest``, bounded in time (``timeout_s`` per socket operation,
+    :data:`URL_DEADLINE_S` in all) and in size (the free space beside ``dest``, less
+    :data:`URL_KEEP_FREE_BYTES`); raises an ``OSError`` naming the URL otherwise."""
+    room = shutil.disk_usage(dest.parent).free - URL_KEEP_FREE_BYTES
+    deadline = time.monotonic() + URL_DEADLINE_S
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as answer, open(dest, "wb") as out:
+            announced = answer.headers.get("Content-Length")
+            if announced is not None and announced.isdigit() and int(announced) > room:
+                raise OSError(f"it announces {int(announced)} bytes, {room} fit beside {dest}")
+            received = 0
+            while chunk := answer.read(1 << 20):
+                received += len(chunk)
+                if received > room:
+                    raise OSError(f"it sent more than the {room} bytes that fit beside {dest}")
+                if time.monotonic() > deadline:
+                    raise OSError(f"it took more than {URL_DEADLINE_S:.0f} s")
+                out.write(chunk)
+    except OSError as err:  # URLError, socket time-outs and the bounds above
+        raise OSError(f"fetching checkpoint {url} failed: {err}") from err
+
+
 def _keep_storage(storage, location):
     """``map_location`` that leaves every tensor where it was loaded (Lightning's default)."""
     return storage
@@ -232,7 +265,7 @@ class SuiteCheckpointIO(CheckpointIO):
       (object stores replace an object whole).
     - ``load_checkpoint`` is weights-only for every path, local, fsspec or ``http(s)://``
       (which Lightning alone would unpickle in full): tensors and plain data, nothing that runs
-      code. A checkpoint that needs another class is refused, naming it and how to allow it
+      code. A URL is fetched bounded in time and size (:func:`fetch_url`). A checkpoint that needs another class is refused, naming it and how to allow it
       (``torch.serialization.add_safe_globals``); ``weights_only=False`` is refused.
     """
 
@@ -279,8 +312,8 @@ class SuiteCheckpointIO(CheckpointIO):
         try:
             if str(path).startswith(("http://", "https://")):
                 with tempfile.TemporaryDirectory(prefix="gnnscale-ckpt-") as folder:
-                    fetched = os.path.join(folder, "checkpoint")
-                    torch.hub.download_url_to_file(str(path), fetched, progress=False)
+                    fetched = Path(folder, "checkpoint")
+                    fetch_url(str(path), fetched)
                     return load_weights_only(fetched, name=name, map_location=map_location)
             fs, inner = url_to_fs(str(path))
             if not fs.exists(inner):

@@ -7,9 +7,13 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import errno
+import functools
+import http.server
 import io
 import os
 import shutil
+import socket
+import threading
 import warnings
 from pathlib import Path
 
@@ -20,6 +24,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.strategies import StrategyRegistry
 
 import lightning_gnnscale.run as run_module
+from lightning_gnnscale import checkpoints
 from lightning_gnnscale.checkpoints import (
     BestCheckpoint,
     CheckpointIdentity,
@@ -139,46 +144,63 @@ def test_a_trainer_plugin_that_would_load_in_full_is_refused():
 
 
 # -------------------------------------------------------------------- weights-only loads
-def _url_fetch_from(monkeypatch, source: Path) -> list[str]:
-    """``torch.hub.download_url_to_file`` (what fetches a URL) copies ``source`` instead."""
-    fetched = []
+@pytest.fixture
+def served(tmp_path):
+    """A URL prefix under which an HTTP server on 127.0.0.1 serves the files of ``tmp_path``."""
+    handler = functools.partial(_QuietHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
-    def download(url, dst, *args, **kwargs):
-        fetched.append(url)
-        shutil.copyfile(source, dst)
 
-    monkeypatch.setattr(torch.hub, "download_url_to_file", download)
-    return fetched
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
 
 
 @pytest.mark.parametrize("form", ["path", "file_url", "http_url"])
-def test_the_strategy_loads_a_checkpoint_weights_only_whatever_its_path(
-    tmp_path, monkeypatch, form
-):
+def test_the_strategy_loads_a_checkpoint_weights_only_whatever_its_path(tmp_path, served, form):
     """``Trainer.fit(ckpt_path=...)`` loads through ``strategy.load_checkpoint`` with
     ``weights_only=None``: Lightning alone unpickles a URL in full (its payload runs)."""
     path, marker = _payload_checkpoint(tmp_path)
-    fetched = _url_fetch_from(monkeypatch, path)
-    given = {"path": str(path), "file_url": path.as_uri(), "http_url": "http://x.test/evil.ckpt"}
+    given = {"path": str(path), "file_url": path.as_uri(), "http_url": f"{served}/{path.name}"}
     strategy = SYSTEMS["single"].strategy()
     with pytest.raises(UnsafeFileError, match="was refused.*GLOBAL exec") as refused:
         strategy.load_checkpoint(given[form])
     assert "add_safe_globals" not in str(refused.value)  # never advise allowing exec
     assert not marker.exists(), "the checkpoint's payload ran"
-    assert fetched == (["http://x.test/evil.ckpt"] if form == "http_url" else [])
 
 
-def test_a_safe_checkpoint_loads_from_a_url_and_weights_only_false_is_refused(
-    tmp_path, monkeypatch
-):
+def test_a_safe_checkpoint_loads_from_a_url_and_weights_only_false_is_refused(tmp_path, served):
     path = tmp_path / "good.ckpt"
     torch.save({"state_dict": {"w": torch.arange(3.0)}, "epoch": 2}, path)
-    _url_fetch_from(monkeypatch, path)
     io_ = SuiteCheckpointIO()
-    loaded = io_.load_checkpoint("https://x.test/good.ckpt")
+    loaded = io_.load_checkpoint(f"{served}/good.ckpt")
     assert loaded["epoch"] == 2 and torch.equal(loaded["state_dict"]["w"], torch.arange(3.0))
     with pytest.raises(ValueError, match="weights_only=False.*add_safe_globals"):
         io_.load_checkpoint(path, weights_only=False)
+
+
+def test_a_url_that_never_answers_or_sends_too_much_fails_naming_it(tmp_path, served, monkeypatch):
+    """A fetch is bounded: a server that accepts and never answers times out (it does not hang
+    every rank), and a body larger than the room beside the download is refused."""
+    silent = socket.create_server(("127.0.0.1", 0))  # listens, never accepts: no answer comes
+    with silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/x.ckpt"
+        with pytest.raises(OSError, match=f"fetching checkpoint {url} failed.*timed out"):
+            checkpoints.fetch_url(url, tmp_path / "fetched", timeout_s=0.2)
+    (tmp_path / "big.ckpt").write_bytes(bytes(4096))
+    usage = shutil.disk_usage(tmp_path)  # a disk with 1000 bytes of room beyond what stays free
+    room = usage._replace(free=checkpoints.URL_KEEP_FREE_BYTES + 1000)
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: room)
+    with pytest.raises(OSError, match="announces 4096 bytes, .* fit beside"):
+        checkpoints.fetch_url(f"{served}/big.ckpt", tmp_path / "fetched")
 
 
 @dataclasses.dataclass
