@@ -32,6 +32,7 @@ from lightning_gnnscale.checkpoints import (
     SuiteCheckpointIO,
     read_checkpoint,
 )
+from lightning_gnnscale.config import check_config
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import UnsafeFileError
 from lightning_gnnscale.systems.registry import SYSTEMS
@@ -117,7 +118,7 @@ def test_a_full_disk_keeps_the_last_good_checkpoint_and_stops_the_run(
     disk = _FullDisk(folder, fail_at=3)
     disk.install(monkeypatch)
     with pytest.raises(SystemExit) as stop:
-        run_module.run_from_command_line(cfg)
+        run_module.run_from_command_line(cfg, check_config(cfg))
     monkeypatch.undo()
     assert disk.opened == 3
     assert read_checkpoint(folder / "last.ckpt")["epoch"] == 0

@@ -98,10 +98,17 @@ def test_a_rank_checks_cuda_first_when_it_was_forked(monkeypatch, forked):
     monkeypatch.setenv("LOCAL_RANK", "0")  # restored afterwards; _rank_main sets it
     monkeypatch.setattr(launch, "_die_with_parent", lambda pid: None)
     monkeypatch.setattr(launch, "adopt_launcher_state", lambda env, stdio: None)
+    monkeypatch.setattr(launch, "adopt_launcher_logging", lambda logging, rank: None)
     monkeypatch.setattr(launch, "check_cuda_after_fork", lambda: calls.append("check"))
     payload = (lambda: calls.append("job"), ())
     monkeypatch.setattr(launch, "load_payload", lambda *a: calls.append("load") or payload)
-    launch._rank_main(0, {"env": {}, "stdio": (1, 2), "forked": forked}, 0, [b""], [])
+    launch._rank_main(
+        0,
+        {"env": {"NODE_RANK": "0"}, "stdio": (1, 2), "forked": forked, "logging": {}},
+        0,
+        [b""],
+        [],
+    )
     assert calls == (["check", "load", "job"] if forked else ["load", "job"])
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lightning_gnnscale.config import ConfigError, validate
+from lightning_gnnscale.config import ConfigError, check_config, validate
 from lightning_gnnscale.run import claimed, read_summary, train
 from tests.helpers.config import REPO, make_cfg
 
@@ -154,14 +154,15 @@ def test_a_stopped_run_says_what_happened_in_one_line(
         raise stop
 
     monkeypatch.setattr(run_module, "train", stopped)
+    cfg = make_cfg(tmp_path, "strategy=single")
     with pytest.raises(SystemExit) as exit_info:
-        run_module.run_from_command_line(make_cfg(tmp_path, "strategy=single"))
+        run_module.run_from_command_line(cfg, check_config(cfg))
     assert exit_info.value.code == code
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     assert what in lines[0] and f"partial results in {out}" in lines[0]
     assert f"ckpt_path={out / 'checkpoints' / 'last.ckpt'}" in lines[0]
-    assert "run_from_command_line(cfg)" in (REPO / "train.py").read_text()
+    assert "run_from_command_line(cfg, run)" in (REPO / "train.py").read_text()
 
 
 def test_a_summary_from_another_run_is_never_reported(tmp_path):
