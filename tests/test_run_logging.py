@@ -304,3 +304,23 @@ def test_a_failed_finish_does_not_hide_the_runs_own_error(tmp_path, monkeypatch,
     finish_wandb_runs([logger], exit_code=1)
     assert someone_elses.finished == []  # not this logger's run: left to its owner
 
+
+def test_a_failed_run_that_logged_what_it_did_keeps_its_log(tmp_path):
+    """Only a log holding nothing but the error counts as empty: partitioning or epoch lines
+    are the run's record, kept in a folder marked FAILED."""
+    error = OSError("rank 1 stopped: disk full")
+    said = tmp_path / "said"
+    (said / ".hydra").mkdir(parents=True)
+    (said / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (said / "train.log").write_text(
+        "[12:00:00][lightning_gnnscale.partition][INFO] - 4 parts, edge cut 0.12\n"
+        f"[12:00:09][__main__][ERROR] - {error}\n"
+    )
+    assert not settle_failed_run(said, error, "train.log")
+    assert "edge cut" in (said / "train.log").read_text()
+    assert (said / FAILED_FILE).read_text() == f"OSError: {error}\n"
+    only_the_error = tmp_path / "only_the_error"
+    (only_the_error / ".hydra").mkdir(parents=True)
+    (only_the_error / "train.log").write_text(f"\n[12:00:09][__main__][ERROR] - {error}\n")
+    assert settle_failed_run(only_the_error, error, "train.log")
+    assert not only_the_error.exists()
