@@ -8,7 +8,9 @@ import json
 import os
 import pickle
 import re
+import stat
 import tempfile
+import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -21,15 +23,29 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
 
     The rename is atomic, so two processes writing the same content at once both succeed (the
     last rename wins), and a crash or a full disk mid-write leaves the old file (or none), never
-    a torn one: the old file is never opened for writing.
+    a torn one: the old file is never opened for writing. The file gets the mode ``open()``
+    would leave it with (:func:`replacement_mode`), not ``mkstemp``'s 0600.
     """
+    with atomic_path(path) as tmp_name, open(tmp_name, "r+b") as file:
+        write(file)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[str]:
+    """The name of an empty temporary file beside ``path``, for a writer that takes a file
+    name; when the block ends without an error the file (written and closed by then) is
+    fsynced and renamed over ``path`` and the folder fsynced, as :func:`atomic_write` does;
+    on an error it is removed and ``path`` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
+        try:
+            os.fchmod(fd, replacement_mode(path))
+        finally:
+            os.close(fd)
+        yield tmp_name
+        with open(tmp_name, "rb") as file:  # fsync is the file's, whichever descriptor
             os.fsync(file.fileno())
         os.replace(tmp_name, path)
     except BaseException:
@@ -40,6 +56,35 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
         os.fsync(folder)
     finally:
         os.close(folder)
+
+
+def replacement_mode(path: str | os.PathLike) -> int:
+    """The permission bits a file written at ``path`` gets, as ``open(path, "w")`` would
+    leave them: those of the file it replaces, else ``0o666`` less the process's umask (so
+    the folders a team shares stay readable to it)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode) & 0o777
+    except FileNotFoundError:
+        return 0o666 & ~current_umask()
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it
+    (``/proc/self/status``); elsewhere set and restored at once, under a lock."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import os
-import tempfile
-import warnings
 from argparse import Namespace
 from typing import Any
 
@@ -15,7 +14,9 @@ from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from .files import atomic_write
+from .files import atomic_path, atomic_write
+
+_log = logging.getLogger(__name__)
 
 
 class CSVLogger(Logger):
@@ -23,10 +24,12 @@ class CSVLogger(Logger):
     ``CSVLogger(save_dir, name="", version="")``: one row per logging call, the columns the
     sorted metric names and ``step``.
 
-    Every call is on disk when it returns, and no failed write (a full disk) leaves a partial
-    line: new rows go in one append that is truncated back on failure; a row with a new
-    metric rewrites the file under its new header into a temporary file renamed over it.
-    Rank 0 writes."""
+    Every call's row is written to the file when it returns (appends are not fsynced: a power
+    cut may lose the last rows), and no failed write (a full disk) leaves a partial line: new
+    rows go in one append that is truncated back on failure; a row with a new metric rewrites
+    the file under its new header into a temporary file, fsynced and renamed over it. A
+    ``metrics.csv`` already in ``save_dir`` (an earlier run into the same folder, a resumed
+    run) is continued: its header and rows are kept, this run's rows follow. Rank 0 writes."""
 
     METRICS_FILE = "metrics.csv"
     HPARAMS_FILE = "hparams.yaml"
@@ -36,7 +39,8 @@ class CSVLogger(Logger):
         self._save_dir = os.fspath(save_dir)
         self._columns: list[str] = []
         self._hparams: dict[str, Any] = {}
-        self._started = False  # whether this logger has written metrics.csv yet
+        self._adopted = False  # whether an earlier run's metrics.csv was looked for
+        self._started = False  # whether metrics.csv holds this logger's header (written or adopted)
 
     @property
     def name(self) -> str:
@@ -62,37 +66,42 @@ class CSVLogger(Logger):
     def log_hyperparams(self, params: dict[str, Any] | Namespace) -> None:
         """Merge ``params`` into ``hparams.yaml``, written whole (temporary file, rename)."""
         self._hparams.update(vars(params) if isinstance(params, Namespace) else params)
-        os.makedirs(self._save_dir, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self._save_dir, prefix=f".{self.HPARAMS_FILE}.")
-        os.close(fd)
-        try:
+        with atomic_path(os.path.join(self._save_dir, self.HPARAMS_FILE)) as tmp:
             save_hparams_to_yaml(tmp, self._hparams)
-            os.replace(tmp, os.path.join(self._save_dir, self.HPARAMS_FILE))
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        self._adopt_earlier_rows()  # a metrics.csv this logger cannot continue fails before fit
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """One row: ``metrics`` (tensors as numbers) and ``step``."""
         row = {k: v.item() if hasattr(v, "item") else v for k, v in metrics.items()}
         row["step"] = step
+        self._adopt_earlier_rows()
         new = sorted(set(row) - set(self._columns))
         if not self._started or new:
             self._rewrite(sorted({*self._columns, *new}), [row])
         else:
             self._append(_csv_text(self._columns, [row]))
 
+    def _adopt_earlier_rows(self) -> None:
+        """Once, before this logger's first write: continue a ``metrics.csv`` already in the
+        folder under its header (an empty one is simply replaced). One whose last line was
+        cut short (another writer's full disk) is first rewritten whole, so that appends
+        start on a line of their own."""
+        if self._adopted:
+            return
+        self._adopted = True
+        if not os.path.exists(self.metrics_file):
+            return
+        columns, _, whole_lines = _read_metrics(self.metrics_file)
+        if not columns:
+            return
+        self._columns, self._started = columns, True
+        if not whole_lines:
+            self._rewrite(columns, [])
+
     def _rewrite(self, columns: list[str], rows: list[dict]) -> None:
         """The file's rows so far and ``rows`` under ``columns``, replacing the file at once."""
-        earlier = []
-        if self._started:
-            with open(self.metrics_file, newline="") as file:
-                earlier = list(csv.DictReader(file))
-        elif os.path.exists(self.metrics_file):
-            warnings.warn(
-                f"{self.metrics_file} of an earlier run is replaced by this run's", stacklevel=3
-            )
+        earlier = _read_metrics(self.metrics_file)[1] if self._started else []
         text = _csv_text(columns, [*earlier, *rows], header=True)
         atomic_write(self.metrics_file, lambda file: file.write(text.encode()))
         self._columns, self._started = columns, True
@@ -114,6 +123,25 @@ class CSVLogger(Logger):
             os.close(fd)
 
 
+def _read_metrics(path: str) -> tuple[list[str], list[dict], bool]:
+    """The header and rows of the ``metrics.csv`` at ``path``, and whether it ends with a
+    whole line. A row with more values than the header is refused (a ``ValueError`` naming the
+    file and line: no row is dropped or guessed)."""
+    with open(path, newline="") as file:
+        text = file.read()
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    rows = []
+    for row in reader:
+        if None in row:
+            raise ValueError(
+                f"{path} line {reader.line_num} has more values than its header "
+                f"{reader.fieldnames}; this run would add its rows to that file: move it away "
+                f"(or give the run another folder)"
+            )
+        rows.append(row)
+    return list(reader.fieldnames or []), rows, text.endswith("\n")
+
+
 def _csv_text(columns: list[str], rows: list[dict], header: bool = False) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
@@ -128,7 +156,23 @@ def finish_wandb_runs(loggers: list[Logger], exit_code: int) -> None:
     hold a no-op): its history, summary and exit record are written before this returns.
     Lightning leaves that to wandb's exit handler, which a rank (a multiprocessing child)
     never runs, and which in a process that trains twice would add the second run to the
-    first."""
+    first.
+
+    Only a run that exists is finished: the active one (``wandb.run``) when it is the
+    logger's (``logger.version``, its id; the logger never started one if fit failed early),
+    so none is started here just to end it. With ``exit_code != 0`` (the run failed) an error
+    of ``finish`` is logged, not raised: the run's own error is the one to see."""
+    if rank_zero_only.rank != 0 or not any(isinstance(lg, WandbLogger) for lg in loggers):
+        return
+    import wandb  # only with a WandbLogger, which imports it too
+
     for logger in loggers:
-        if isinstance(logger, WandbLogger) and rank_zero_only.rank == 0:
-            logger.experiment.finish(exit_code=exit_code)
+        run = wandb.run
+        if not isinstance(logger, WandbLogger) or run is None or logger.version != run.id:
+            continue
+        try:
+            run.finish(exit_code=exit_code)
+        except Exception:
+            if exit_code == 0:
+                raise
+            _log.exception("finishing the W&B run %s of the failed run failed", run.id)

@@ -126,8 +126,9 @@ HYDRA_RECORD = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}}
 
 def settle_failed_run(folder: Path, error: BaseException, log_name: str | None) -> bool:
     """After a failed run, leave no folder that looks like a run's: remove ``folder`` when it
-    holds nothing but Hydra's record of the run (:data:`HYDRA_RECORD`, the job's log file
-    ``log_name``) and this node's lock file; otherwise write :data:`FAILED_FILE` into it (what
+    holds nothing but Hydra's record of the run (:data:`HYDRA_RECORD`), this node's lock file
+    and the job's log file ``log_name`` with nothing in it but the error (:func:`_log_is_empty`:
+    a log that says what the run did is kept); otherwise write :data:`FAILED_FILE` into it (what
     failed), once. Returns whether this call removed the folder. Only the files named here are
     deleted, and the folder only once empty, so anything else written meanwhile stays; a folder
     another live run holds is left alone."""
@@ -148,7 +149,7 @@ def settle_failed_run(folder: Path, error: BaseException, log_name: str | None) 
 
 
 def _settle(folder: Path, error: BaseException, log_name: str | None) -> bool:
-    if _only_the_record(folder, log_name):
+    if _only_the_record(folder, log_name, error):
         with contextlib.suppress(OSError):  # something appeared meanwhile: it is kept, marked
             for sub, names in HYDRA_RECORD.items():
                 for name in names:
@@ -167,14 +168,35 @@ def _settle(folder: Path, error: BaseException, log_name: str | None) -> bool:
     return False
 
 
-def _only_the_record(folder: Path, log_name: str | None) -> bool:
+def _only_the_record(folder: Path, log_name: str | None, error: BaseException) -> bool:
     for entry in folder.iterdir():
         if entry.name in HYDRA_RECORD and entry.is_dir() and not entry.is_symlink():
             if not {e.name for e in entry.iterdir()} <= HYDRA_RECORD[entry.name]:
                 return False
-        elif entry.name not in (log_name, _lock_name()) or not entry.is_file():
+        elif entry.name == log_name and entry.is_file() and not entry.is_symlink():
+            if not _log_is_empty(entry, error):
+                return False
+        elif entry.name != _lock_name() or not entry.is_file():
             return False
     return True
+
+
+# A log longer than this says more than one error.
+_ERROR_LOG_BYTES = 64 * 1024
+
+
+def _log_is_empty(log: Path, error: BaseException) -> bool:
+    """Whether the job's ``log`` records nothing of the run: every non-blank line of it holds a
+    line of ``error``'s message (the error logged, with or without a logging prefix). A
+    partitioning line, an epoch line or Lightning's start-up lines make it a record to keep."""
+    try:
+        if log.stat().st_size > _ERROR_LOG_BYTES:
+            return False
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:  # unreadable: kept, marked
+        return False
+    message = {line.strip() for line in str(error).splitlines()} - {""}
+    return all(any(m in line for m in message) for line in lines if line.strip())
 
 
 def job_log_name() -> str | None:

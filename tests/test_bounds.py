@@ -192,3 +192,24 @@ def test_train_py_refuses_naming_the_bound(tmp_path):
     assert "trainer.devices=100000 exceeds 8 x" in proc.stderr, proc.stderr[-2000:]
     assert HATCH in proc.stderr
     assert not (out / "summary.json").exists()
+
+
+def test_a_lifted_bound_warns_once_in_train_pys_order(base_run, two_cores):
+    """``train.py`` checks the config (check_config), then ``train`` validates that same run
+    config: its bounds are not checked again, so each lifted bound is named once."""
+    import warnings
+
+    from lightning_gnnscale.config import check_config, validate
+
+    lifted = with_settings(base_run, hatch=True, data={"num_workers": 2000})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_cfg = check_config(lifted)
+        assert validate(run_cfg) is run_cfg
+        changed = replace(run_cfg, data=replace(run_cfg.data, num_workers=3000))
+        validate(changed)  # another run config is checked in full
+    named = [str(w.message) for w in caught if f"allowed by {HATCH}" in str(w.message)]
+    assert [m.split(" exceeds")[0] for m in named] == [
+        "data.num_workers=2000",
+        "data.num_workers=3000",
+    ]

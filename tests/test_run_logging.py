@@ -183,3 +183,144 @@ def test_a_failed_run_with_results_is_marked_and_another_runs_folder_left_alone(
         fcntl.flock(other_run, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert not settle_failed_run(busy, ValueError("x"), "train.log")
     assert sorted(p.name for p in busy.iterdir()) == [".hydra", ".run.lock.node0"]
+
+
+def test_two_runs_into_one_folder_keep_both_runs_rows(tmp_path):
+    """A resumed run (or any second run into the same ``hydra.run.dir``) continues the earlier
+    run's ``metrics.csv``, under its header, and rewrites it whole when a metric is new."""
+    first = _csv_logger(tmp_path)
+    first.log_hyperparams({"lr": 0.1})
+    first.log_metrics({"train/loss": 1.0, "epoch": 0}, step=0)
+    first.log_metrics({"train/loss": 0.5, "val/acc": 0.6, "epoch": 1}, step=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = _csv_logger(tmp_path)
+        second.log_hyperparams({"lr": 0.1})
+        second.log_metrics({"train/loss": 0.25, "epoch": 2}, step=2)  # appended: known columns
+        second.log_metrics({"test/acc": 0.7, "epoch": 2}, step=2)  # a new column: rewritten
+        second.log_metrics({"train/loss": 0.125, "epoch": 3}, step=3)
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "epoch,step,test/acc,train/loss,val/acc",
+        "0,0,,1.0,",
+        "1,1,,0.5,0.6",
+        "2,2,,0.25,",
+        "2,2,0.7,,",
+        "3,3,,0.125,",
+    ]
+
+
+def test_an_earlier_metrics_file_cut_mid_line_or_unreadable_loses_no_row(tmp_path):
+    (tmp_path / "metrics.csv").write_text("epoch,step,train/loss\n0,0,1.0\n1,1,0.")  # a full disk
+    logger = _csv_logger(tmp_path)
+    logger.log_metrics({"train/loss": 0.25, "epoch": 2}, step=2)
+    assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+        "epoch,step,train/loss",
+        "0,0,1.0",
+        "1,1,0.",
+        "2,2,0.25",
+    ]
+    (tmp_path / "metrics.csv").write_text("epoch,step\n0,0,1.0\n")  # more values than columns
+    with pytest.raises(ValueError, match=r"metrics.csv line 2 has more values than its header"):
+        _csv_logger(tmp_path).log_hyperparams({"lr": 0.1})  # before fit: no epoch is lost
+    assert (tmp_path / "metrics.csv").read_text() == "epoch,step\n0,0,1.0\n"
+
+
+def test_run_files_get_the_umask_mode_not_mkstemps(tmp_path):
+    """Checkpoints, summary.json, hparams.yaml, metrics.csv: readable to the group and others
+    under umask 022, as Lightning's own writes were; a replaced file keeps its mode."""
+    from lightning_gnnscale.files import atomic_write, current_umask
+
+    mask = os.umask(0o022)
+    try:
+        assert current_umask() == 0o022
+        atomic_write(tmp_path / "summary.json", lambda file: file.write(b"{}"))
+        logger = _csv_logger(tmp_path)
+        logger.log_hyperparams({"lr": 0.1})
+        logger.log_metrics({"train/loss": 1.0, "epoch": 0}, step=0)
+        for name in ("summary.json", "hparams.yaml", "metrics.csv"):
+            assert (tmp_path / name).stat().st_mode & 0o777 == 0o644, name
+        (tmp_path / "summary.json").chmod(0o640)
+        atomic_write(tmp_path / "summary.json", lambda file: file.write(b"[]"))
+        assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o640
+        os.umask(0o027)
+        assert current_umask() == 0o027
+        atomic_write(tmp_path / "new.json", lambda file: file.write(b"{}"))
+        assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(mask)
+
+
+# ----------------------------------------------------------------------------------- W&B
+def test_a_wandb_run_is_not_started_only_to_be_finished(tmp_path, monkeypatch):
+    """fit failed before the logger started its run: there is nothing to finish."""
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lightning_gnnscale.loggers import finish_wandb_runs
+
+    def init(*args, **kwargs):
+        raise AssertionError("wandb.init was called")
+
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setattr(wandb, "run", None)
+    logger = WandbLogger(offline=True, save_dir=str(tmp_path))
+    finish_wandb_runs([logger], exit_code=1)
+    finish_wandb_runs([logger], exit_code=0)
+    assert not (tmp_path / "wandb").exists()
+
+
+class _Run:
+    """The part of a ``wandb.Run`` that finishing it uses."""
+
+    def __init__(self, run_id: str, error: Exception | None = None):
+        self.id, self.error, self.finished = run_id, error, []
+
+    def finish(self, exit_code: int) -> None:
+        self.finished.append(exit_code)
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_failed_finish_does_not_hide_the_runs_own_error(tmp_path, monkeypatch, caplog):
+    import wandb
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lightning_gnnscale import loggers
+    from lightning_gnnscale.loggers import finish_wandb_runs
+
+    # a test that ran train.py with hydra/job_logging=disabled disabled the existing loggers
+    monkeypatch.setattr(loggers._log, "disabled", False)
+    run = _Run("run1", RuntimeError("wandb service gone"))
+    monkeypatch.setattr(wandb, "run", run)
+    logger = WandbLogger(offline=True, id="run1", save_dir=str(tmp_path))
+    with caplog.at_level(logging.ERROR, logger="lightning_gnnscale.loggers"):
+        finish_wandb_runs([logger], exit_code=1)  # in the failure path: logged, not raised
+    assert run.finished == [1]
+    assert "wandb service gone" in caplog.text
+    with pytest.raises(RuntimeError, match="wandb service gone"):  # nothing else failed
+        finish_wandb_runs([logger], exit_code=0)
+    someone_elses = _Run("other")
+    monkeypatch.setattr(wandb, "run", someone_elses)
+    finish_wandb_runs([logger], exit_code=1)
+    assert someone_elses.finished == []  # not this logger's run: left to its owner
+
+
+def test_a_failed_run_that_logged_what_it_did_keeps_its_log(tmp_path):
+    """Only a log holding nothing but the error counts as empty: partitioning or epoch lines
+    are the run's record, kept in a folder marked FAILED."""
+    error = OSError("rank 1 stopped: disk full")
+    said = tmp_path / "said"
+    (said / ".hydra").mkdir(parents=True)
+    (said / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    (said / "train.log").write_text(
+        "[12:00:00][lightning_gnnscale.partition][INFO] - 4 parts, edge cut 0.12\n"
+        f"[12:00:09][__main__][ERROR] - {error}\n"
+    )
+    assert not settle_failed_run(said, error, "train.log")
+    assert "edge cut" in (said / "train.log").read_text()
+    assert (said / FAILED_FILE).read_text() == f"OSError: {error}\n"
+    only_the_error = tmp_path / "only_the_error"
+    (only_the_error / ".hydra").mkdir(parents=True)
+    (only_the_error / "train.log").write_text(f"\n[12:00:09][__main__][ERROR] - {error}\n")
+    assert settle_failed_run(only_the_error, error, "train.log")
+    assert not only_the_error.exists()
