@@ -323,8 +323,19 @@ def test_local_ranks_get_a_fresh_secret_per_job_and_plain_scripts_one_to_pass_on
     assert SECRET_FILE_ENV not in env and first != env[SECRET_ENV] and len(first) == 64
     for name in (SECRET_ENV, SECRET_FILE_ENV, "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR"):
         monkeypatch.delenv(name, raising=False)
-    ByteGNNStrategy()  # a plain script's Trainer starts the other ranks with this environment
-    assert len(read_secret()) == 64
+    strategy = ByteGNNStrategy()
+    strategy.num_nodes = 1  # what the Trainer does before it starts the other ranks
+    assert len(read_secret()) == 64  # they start with this environment
+    # review risk 6: Trainer(num_nodes=2) with neither NODE_RANK nor MASTER_ADDR set made a
+    # secret per node (the ranks then failed mid-run); now it is withdrawn, and the run is
+    # refused saying how to set one
+    strategy.num_nodes = 2
+    assert read_secret() is None
+    ByteGNNStrategy().num_nodes = 2
+    assert read_secret() is None
+    monkeypatch.setenv(SECRET_ENV, "the user's secret, every node")
+    ByteGNNStrategy().num_nodes = 2  # the user's is the user's: never withdrawn
+    assert read_secret() == b"the user's secret, every node"
 
 
 def test_the_cluster_gives_every_host_the_job_s_secret(monkeypatch, tmp_path):
