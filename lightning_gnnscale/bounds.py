@@ -157,3 +157,11 @@ def check_run_bounds(
         if threads is not None:
             _within(f"${name}", threads, THREADS_PER_CORE, cores, "threads per rank", allow)
     check_port(environ)
+
+
+def check_threads_per_rank(key: str, threads: int, allow: bool, cores: int | None = None) -> None:
+    """``threads`` (what ``key`` starts in each rank, e.g. a system's sampling threads) at most
+    ``THREADS_PER_CORE`` x the usable cores, unless ``allow`` (``launcher.allow_oversubscribe``)
+    lifts the bound, with a warning. ``cores``: default :func:`usable_cores`."""
+    cores = usable_cores() if cores is None else cores
+    _within(key, threads, THREADS_PER_CORE, cores, "threads per rank", allow)

@@ -284,6 +284,8 @@ class RunFacts:
         model: the model's settings; ``None`` for a LightningModule that does not state them.
         ckpt_path: the checkpoint ``train.py`` resumes training from (a plain script's resume
             is refused or accepted when the checkpoint is loaded).
+        allow_oversubscribe: ``launcher.allow_oversubscribe`` (a plain script has no launcher:
+            ``False``), which lifts the core-based bounds (:mod:`lightning_gnnscale.bounds`).
     """
 
     world_size: int
@@ -292,11 +294,20 @@ class RunFacts:
     data: DataConfig
     model: ModelConfig | None = None
     ckpt_path: str | None = None
+    allow_oversubscribe: bool = False
 
     @classmethod
     def of_run(cls, run: RunConfig) -> RunFacts:
         t = run.trainer
-        return cls(t.world_size, t.devices, t.num_nodes, run.data, run.model, run.ckpt_path)
+        return cls(
+            t.world_size,
+            t.devices,
+            t.num_nodes,
+            run.data,
+            run.model,
+            run.ckpt_path,
+            run.launcher.allow_oversubscribe,
+        )
 
 
 @dataclass(frozen=True)

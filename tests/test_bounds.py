@@ -10,7 +10,8 @@ import pytest
 
 from lightning_gnnscale import bounds, run
 from lightning_gnnscale.errors import ConfigError
-from lightning_gnnscale.schema import SEED_RANGE, ModelConfig, run_config
+from lightning_gnnscale.schema import SEED_RANGE, DataConfig, ModelConfig, RunFacts, run_config
+from lightning_gnnscale.systems.bytegnn.config import ByteGNNConfig
 from lightning_gnnscale.systems.distdgl.config import DistDGLConfig
 from lightning_gnnscale.systems.grappa.config import GrappaConfig
 from lightning_gnnscale.systems.single import SingleConfig, SingleDataModule
@@ -213,3 +214,18 @@ def test_a_lifted_bound_warns_once_in_train_pys_order(base_run, two_cores):
         "data.num_workers=2000",
         "data.num_workers=3000",
     ]
+
+
+def test_bytegnn_s_sampling_threads_are_bounded_by_the_usable_cores_and_the_hatch_lifts_it(
+    monkeypatch,
+):
+    """Review nit 11: ByteGNN counted the affinity's cores only (8 here, where the cgroup
+    quota allows 1) and no hatch lifted its bound."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.setattr(bounds, "cgroup_cpu_limit", lambda: 1.0)
+    run = RunFacts(1, 1, 1, DataConfig(batch_size=64))
+    config = ByteGNNConfig(sampling_threads=5)
+    with pytest.raises(ConfigError, match=r"sampling_threads=5 exceeds 4 x 1 usable cores = 4"):
+        config.check_run(run)
+    with pytest.warns(UserWarning, match=f"allowed by {HATCH}"):
+        config.check_run(replace(run, allow_oversubscribe=True))

@@ -276,7 +276,11 @@ def test_bytegnn_trains_end_to_end_with_gat_and_a_clean_audit(tmp_path):
         ("strategy.sampling_threads=0", "sampling_threads"),
         ("data.num_workers=1", "data.num_workers=0"),
         # issue 24 item 3: settings that exhaust the machine, refused with their bound
-        ("strategy.sampling_threads=100000", r"sampling_threads=100000 must be <= \d+ \(4 per"),
+        (
+            "strategy.sampling_threads=100000",
+            r"sampling_threads=100000 exceeds 4 x \d+ usable cores = \d+ threads per rank; set "
+            "launcher.allow_oversubscribe=true",
+        ),
         ("strategy.dag.nsc_tasks=1000000", r"nsc_tasks=1000000 must be <= 4096"),
         ("strategy.dag.nsc_tasks=40", r"nsc_tasks=40 must be <= the seeds per step \(32,"),
         ("strategy.dag.ff_tasks=65", r"ff_tasks=65 must be <= the seeds per step \(64,"),

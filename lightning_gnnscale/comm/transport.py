@@ -17,7 +17,10 @@ Every blocking call has a deadline (the run's collective timeout): a dead peer s
 Nobody is served before they prove they hold the job's secret (``store_secret.py``): at connect
 both sides send a fresh nonce and prove, by an HMAC-SHA256 of both nonces and both ranks under
 the secret, that they know it (the requester only after the server has); a peer that fails, or
-says nothing for :data:`HANDSHAKE_TIMEOUT_S`, is dropped with a logged reason. Every frame is
+says nothing for :data:`HANDSHAKE_TIMEOUT_S`, is dropped with a logged reason. Past
+:data:`MAX_PENDING_HANDSHAKES` connections authenticating at once, the oldest is dropped for the
+newest, and a requester whose handshake is cut off tries again until its deadline: silent
+connections can neither hold a rank's serving threads nor keep its peers out. Every frame is
 checked against what the protocol can carry before anything is allocated: at most
 :data:`MAX_TENSORS` tensors of at most :data:`MAX_NDIM` dimensions, a byte count that matches
 the shape, and in all at most the caller's bound (a request: what the handler's
@@ -57,7 +60,8 @@ MAX_TENSORS = 8  # most tensors in one frame (ByteGNN's largest: 3)
 MAX_NDIM = 4  # most dimensions of one tensor (ByteGNN's: 2)
 MAX_ERROR_BYTES = 4096  # longest error message an answer carries
 HANDSHAKE_TIMEOUT_S = 10.0  # a connection that has not authenticated by then is dropped
-MAX_PENDING_HANDSHAKES = 64  # connections still authenticating at once; more are refused
+MAX_PENDING_HANDSHAKES = 64  # connections authenticating at once; past it the oldest is dropped
+RETRY_FIRST_S, RETRY_MAX_S = 0.01, 0.5  # pauses between a requester's handshake attempts
 DROP_LOG_INTERVAL_S = 1.0  # at most one warning a second about dropped connections
 _MAGIC, _VERSION = b"GNST", 1
 _HELLO = struct.Struct("!4sBHH32s")  # magic, version, rank, world size, nonce
@@ -223,7 +227,8 @@ class SocketTransport:
         self._connections: list[socket.socket] = []
         self._handler: Handler | None = None
         self._request_bytes: RequestBound | None = None
-        self._handshaking = 0  # connections accepted and not yet authenticated (pool lock)
+        # connections accepted and not yet authenticated -> their address, oldest first (pool lock)
+        self._handshaking: dict[socket.socket, object] = {}
         self._last_drop_log, self._drops_unlogged = -DROP_LOG_INTERVAL_S, 0
 
     # ---------------------------------------------------------------------------- set-up
@@ -269,22 +274,39 @@ class SocketTransport:
             except OSError:
                 return  # listener closed
             with self._pool_lock:
-                crowded = self._handshaking >= MAX_PENDING_HANDSHAKES
-                if not crowded:
-                    self._handshaking += 1
-                    self._connections.append(conn)
-            if crowded:
-                self._drop(conn, address, f"{MAX_PENDING_HANDSHAKES} connections authenticating")
-                continue
+                oldest = None
+                if len(self._handshaking) >= MAX_PENDING_HANDSHAKES:
+                    oldest = next(iter(self._handshaking))
+                    oldest_address = self._handshaking.pop(oldest)
+                self._handshaking[conn] = address
+                self._connections.append(conn)
+            if oldest is not None:  # its serving thread sees the shutdown and closes it
+                self._log_drop(
+                    oldest_address,
+                    f"{MAX_PENDING_HANDSHAKES} connections authenticating, this the oldest",
+                )
+                with contextlib.suppress(OSError):
+                    oldest.shutdown(socket.SHUT_RDWR)
             conn.settimeout(_POLL_S)
             try:
                 self._spawn(self._serve, "bytegnn-transport-serve", conn, address)
             except RuntimeError as exc:  # no thread to be had: refuse this one, keep serving
-                self._authenticated(conn, None)
+                self._end_handshake(conn)
                 self._drop(conn, address, f"no serving thread ({exc})")
 
     def _drop(self, conn: socket.socket, address, reason: str) -> None:
-        """Close ``conn`` and log why (at most one line per :data:`DROP_LOG_INTERVAL_S`, with
+        """Close ``conn`` and log why (:meth:`_log_drop`)."""
+        self._log_drop(address, reason)
+        self._forget(conn)
+
+    def _forget(self, conn: socket.socket) -> None:
+        """Close ``conn`` and stop tracking it."""
+        with self._pool_lock, contextlib.suppress(ValueError):
+            self._connections.remove(conn)
+        conn.close()
+
+    def _log_drop(self, address, reason: str) -> None:
+        """Log a dropped connection (at most one line per :data:`DROP_LOG_INTERVAL_S`, with
         the count of drops not logged since: a flood of connections floods no log)."""
         now = time.monotonic()
         with self._pool_lock:
@@ -302,16 +324,12 @@ class SocketTransport:
                 reason,
                 more,
             )
-        with self._pool_lock, contextlib.suppress(ValueError):
-            self._connections.remove(conn)
-        conn.close()
 
-    def _authenticated(self, conn: socket.socket, peer: int | None) -> None:
-        """End ``conn``'s handshake (``peer``: the rank it proved to be, ``None``: failed)."""
+    def _end_handshake(self, conn: socket.socket) -> bool:
+        """Take ``conn`` off the connections authenticating; ``False`` if it was not on them
+        (dropped for a newer one, or already taken off)."""
         with self._pool_lock:
-            self._handshaking -= 1
-        if peer is not None:
-            self._count("control", peer, _HELLO.size + _MAC_BYTES + len(_ACCEPTED))
+            return self._handshaking.pop(conn, None) is not None
 
     def _server_handshake(self, reader: _Reader, conn: socket.socket) -> int:
         """The rank the peer on ``conn`` proves to be; raises ``FrameRefused``, ``OSError``
@@ -329,6 +347,8 @@ class SocketTransport:
             theirs, _proof(self._secret, b"client", client_hello, server_hello)
         ):
             raise FrameRefused(f"a wrong proof from a peer claiming rank {peer} (another secret)")
+        if not self._end_handshake(conn):  # dropped for a newer one: the requester retries
+            raise ConnectionAbortedError("dropped for a newer connection")
         conn.sendall(_ACCEPTED)
         return peer
 
@@ -337,12 +357,12 @@ class SocketTransport:
         try:
             peer = self._server_handshake(reader, conn)
         except (FrameRefused, OSError, ConnectionError) as exc:
-            self._authenticated(conn, None)
-            if not self._closed.is_set():
-                self._drop(conn, address, f"not authenticated ({type(exc).__name__}: {exc})")
-            conn.close()
+            pending = self._end_handshake(conn)  # False: dropped for a newer one, logged then
+            if pending and not self._closed.is_set():
+                self._log_drop(address, f"not authenticated ({type(exc).__name__}: {exc})")
+            self._forget(conn)
             return
-        self._authenticated(conn, peer)
+        self._count("control", peer, _HELLO.size + _MAC_BYTES + len(_ACCEPTED))
         with conn:
             while not self._closed.is_set():
                 try:
@@ -410,7 +430,7 @@ class SocketTransport:
             (status, _, _, _), answer = reader.frame(deadline, self.timeout_s, bound)
         except (OSError, ConnectionError, FrameRefused) as exc:
             if sock is not None:
-                sock.close()
+                self._forget(sock)
             raise TransportError(
                 f"rank {self.rank}: request {kind} to rank {peer} at "
                 f"{self._addresses[peer] if self._addresses else '?'} failed "
@@ -427,21 +447,38 @@ class SocketTransport:
         return answer
 
     def _connection(self, peer: int) -> socket.socket:
+        """A pooled connection to ``peer``, else a new, authenticated one. A handshake that
+        the peer cuts off (it drops the oldest of too many authenticating: someone may be
+        flooding it) is tried again, with growing pauses, until the deadline; a refused
+        connect (nobody listening: the peer is gone) fails at once."""
         with self._pool_lock:
             idle = self._idle.get(peer)
             if idle:
                 return idle.pop()
-        sock = socket.create_connection(self._addresses[peer], timeout=self.timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with self._pool_lock:
-            self._connections.append(sock)
-        sock.settimeout(_POLL_S)
-        self._client_handshake(sock, peer)
-        return sock
-
-    def _client_handshake(self, sock: socket.socket, peer: int) -> None:
-        """Prove this rank holds the secret to ``peer``, after ``peer`` has proved it."""
         deadline = time.monotonic() + self.timeout_s
+        pause = RETRY_FIRST_S
+        while True:
+            sock = socket.create_connection(
+                self._addresses[peer], timeout=max(0.0, deadline - time.monotonic())
+            )
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._pool_lock:
+                self._connections.append(sock)
+            sock.settimeout(_POLL_S)
+            try:
+                self._client_handshake(sock, peer, deadline)
+                return sock
+            except BaseException as exc:
+                self._forget(sock)
+                cut_off = isinstance(exc, ConnectionError) and not self._closed.is_set()
+                if not cut_off or time.monotonic() + pause > deadline:
+                    raise
+            self._closed.wait(pause)
+            pause = min(2 * pause, RETRY_MAX_S)
+
+    def _client_handshake(self, sock: socket.socket, peer: int, deadline: float) -> None:
+        """Prove this rank holds the secret to ``peer``, after ``peer`` has proved it, by
+        ``deadline`` (monotonic seconds)."""
         reader = _Reader(sock, self._closed)
         client_hello = _hello(self.rank, self.topology.world_size)
         sock.settimeout(self.timeout_s)
@@ -460,13 +497,7 @@ class SocketTransport:
         sock.settimeout(self.timeout_s)
         sock.sendall(_proof(self._secret, b"client", client_hello, server_hello))
         sock.settimeout(_POLL_S)
-        try:
-            accepted = bytes(reader.exact(len(_ACCEPTED), deadline))
-        except ConnectionError as exc:
-            raise ConnectionError(
-                f"rank {peer} refused this rank's proof (do the ranks hold different store "
-                f"secrets?): {exc}"
-            ) from exc
+        accepted = bytes(reader.exact(len(_ACCEPTED), deadline))
         if accepted != _ACCEPTED:
             raise FrameRefused(f"rank {peer} answered the handshake with {accepted!r}")
         self._count("control", peer, _HELLO.size + _MAC_BYTES)

@@ -3,10 +3,10 @@ docs/systems/bytegnn.md)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ...bounds import check_threads_per_rank
 from ...errors import ConfigError
 from ...graph.partition_config import METHOD_OPTIONS, PARTITION_METHODS, check_partition_options
 from ...schema import DataConfig, SystemConfig, choice, require
@@ -19,21 +19,12 @@ if TYPE_CHECKING:
 
 DAG_MODES = ("supervised",)
 MAX_SLEEP_MS = 1000.0  # a poll interval longer than this starves the trainer
-THREADS_PER_CORE = 4  # most sampling threads per core of this machine
 MAX_TASKS_PER_HOP = 4096  # most NSC / FF tasks per hop, whatever the batch size
 SECRET_REASON = (
     "strategy=bytegnn: the ranks serve each other's graph stores on sockets and authenticate "
     "with a shared secret; these ranks are not all started by one train.py launcher on this "
     "node (several nodes, torchrun or SLURM)"
 )
-
-
-def available_cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -181,7 +172,8 @@ class ByteGNNConfig(SystemConfig):
         dag: the sampling DAG.
         scheduler: the coarse controller.
         sampling_threads: S-Worker threads per rank that run sampling tasks (at most 4 per
-            core of this machine).
+            usable core of this machine, ``bounds.check_threads_per_rank``; checked with the
+            run, so ``launcher.allow_oversubscribe`` lifts it).
         host: the IPv4 address each rank's graph-store service listens on and publishes;
             ``None``: each rank chooses its own (``address.service_address``). Single node only.
     """
@@ -203,12 +195,6 @@ class ByteGNNConfig(SystemConfig):
             self.sampling_threads >= 1,
             f"strategy.sampling_threads={self.sampling_threads} must be >= 1",
         )
-        cores = available_cores()
-        require(
-            self.sampling_threads <= THREADS_PER_CORE * cores,
-            f"strategy.sampling_threads={self.sampling_threads} must be <= "
-            f"{THREADS_PER_CORE * cores} ({THREADS_PER_CORE} per core, {cores} cores here)",
-        )
         if self.host is not None:
             check_host(self.host)
 
@@ -218,6 +204,9 @@ class ByteGNNConfig(SystemConfig):
             self.dag.check_seeds_per_step(data.batch_size, "data.batch_size")
 
     def check_run(self, run: RunFacts) -> None:
+        check_threads_per_rank(
+            "strategy.sampling_threads", self.sampling_threads, run.allow_oversubscribe
+        )
         world = run.world_size
         if run.data.batch_size != -1:
             self.dag.check_seeds_per_step(

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from typing_extensions import override
 
+from ...bounds import usable_cores
 from ...comm import OwnerRoute
 from ...comm.transport import SocketTransport
 from ...graph.block import Block
@@ -41,7 +42,7 @@ from ...store_secret import require_secret
 from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition, own_predictions
 from ..contract import RankContext
 from .address import service_address
-from .config import SECRET_REASON, ByteGNNConfig, available_cores
+from .config import SECRET_REASON, ByteGNNConfig
 from .store import GraphStore
 from .sworker import ByteGNNBatch, SWorker
 
@@ -143,7 +144,7 @@ class ByteGNNDataModule(GNNDataModule):
             config.scheduler,
             config.sampling_threads,
             timeout_s,
-            cores=available_cores() / max(1, local_ranks),
+            cores=usable_cores() / max(1, local_ranks),
         )
 
     # ------------------------------------------------------------------------ lifetime
