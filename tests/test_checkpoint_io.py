@@ -86,13 +86,13 @@ class _FullDisk:
         real_open, real_fdopen, real_rename = builtins.open, os.fdopen, os.rename
 
         def open_(file, mode="r", *args, **kwargs):
-            if "w" in mode and "b" in mode and self._inside(file):
-                return self._limit(io.FileIO(file, "wb"))
+            if ("w" in mode or "+" in mode) and "b" in mode and self._inside(file):
+                return self._limit(io.FileIO(file, mode.replace("b", "")))
             return real_open(file, mode, *args, **kwargs)
 
         def fdopen(fd, mode="r", *args, **kwargs):
-            if "w" in mode and "b" in mode and self._inside(f"/proc/self/fd/{fd}"):
-                return self._limit(io.FileIO(fd, "wb"))
+            if ("w" in mode or "+" in mode) and "b" in mode and self._inside(f"/proc/self/fd/{fd}"):
+                return self._limit(io.FileIO(fd, mode.replace("b", "")))
             return real_fdopen(fd, mode, *args, **kwargs)
 
         def rename(src, dst, *args, **kwargs):
