@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN, layerwise_inference
 from lightning_gnnscale.schema import DataConfig
-from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.grappa import EarlyTriggerConfig, GrappaConfig, chunking
 from lightning_gnnscale.systems.grappa.callbacks import GrappaStats
 from lightning_gnnscale.systems.grappa.chunking import (

@@ -12,7 +12,7 @@ import torch
 from typing_extensions import override
 
 from ...comm import CATEGORIES, LINK_CLASSES, diff_snapshots, sum_snapshots
-from ..contract import rank_context
+from ...contract import rank_context
 from .costmodel import synchronised_epoch_time
 
 if TYPE_CHECKING:

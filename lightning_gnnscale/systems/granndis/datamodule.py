@@ -24,6 +24,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ...comm import Topology
+from ...contract import RankContext, rank_context
 from ...errors import ConfigError
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook
@@ -46,7 +47,6 @@ from ..base import (
     assert_same_on_all_ranks,
     own_predictions,
 )
-from ..contract import RankContext, rank_context
 from .callbacks import GraNNDISStats
 from .config import DIRECTORY_MODES, GraNNDISConfig
 from .costmodel import choose_k, estimate_memory

@@ -12,7 +12,7 @@ from typing_extensions import override
 
 from ...callbacks import CollectiveAudit
 from ...comm import CollectiveRecorder
-from ..contract import rank_context
+from ...contract import rank_context
 
 if TYPE_CHECKING:
     from .datamodule import GrappaDataModule

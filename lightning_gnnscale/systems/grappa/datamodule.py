@@ -26,12 +26,12 @@ from torch import Tensor
 from typing_extensions import override
 
 from ...comm import Comm, OwnerRoute
+from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.order import EpochOrder
 from ...graph.partition_dir import PartitionDir
 from ...models.gnn import BlockGNN, inference_builder, layer_rows, layerwise_inference
 from ..base import GNNDataModule, replicated_eval_counts
-from ..contract import RankContext
 from .callbacks import GradientOnlyAudit, GrappaStats
 from .chunking import ChunkReader, ChunkStore, write_chunk_store
 from .config import GrappaConfig
