@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ...bounds import externally_launched
 from ...store_secret import give_local_ranks_a_secret, read_secret
 from ..base import MeteredDDPStrategy
 from .config import ByteGNNConfig
@@ -27,8 +28,6 @@ class ByteGNNStrategy(MeteredDDPStrategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        from ...launch import externally_launched  # late: launch imports the registry
-
         one_node = not {"NODE_RANK", "MASTER_ADDR"} & set(os.environ)
         if one_node and not externally_launched() and read_secret() is None:
             give_local_ranks_a_secret(os.environ)
