@@ -40,7 +40,7 @@ _LAZY = {
     **dict.fromkeys(("GNNDataModule", "SystemStrategy"), ".systems.base"),
     **dict.fromkeys(
         ("Evaluation", "ModuleRuntime", "Prediction", "RankContext", "rank_context"),
-        ".systems.contract",
+        ".contract",
     ),
     **dict.fromkeys(("ByteGNNConfig", "ByteGNNDataModule", "ByteGNNStrategy"), ".systems.bytegnn"),
     **dict.fromkeys(

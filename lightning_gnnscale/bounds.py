@@ -27,6 +27,12 @@ PORT_ENV = "MASTER_PORT"
 HATCH = "launcher.allow_oversubscribe=true"
 
 
+def externally_launched() -> bool:
+    """True when the ranks already exist: torchrun or a manual launch (``LOCAL_RANK`` set), or
+    an ``srun`` with several tasks (each task is one rank; Lightning reads ``SLURM_PROCID``)."""
+    return "LOCAL_RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) > 1
+
+
 def cgroup_cpu_limit(
     root: Path = Path("/sys/fs/cgroup"), membership: str | None = None
 ) -> float | None:

@@ -21,9 +21,8 @@ import weakref
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
-from .bounds import check_run_bounds
+from .bounds import check_run_bounds, externally_launched
 from .errors import ConfigError
-from .launch import externally_launched
 from .schema import RunConfig, as_dict, require, run_config
 
 

@@ -45,6 +45,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from .bounds import externally_launched
 from .rank_logging import adopt_launcher_logging, launcher_logging
 from .schema import START_METHODS
 from .store_secret import give_local_ranks_a_secret
@@ -81,12 +82,6 @@ def _run_token() -> str:
 
 _RUN_TOKEN = _run_token()  # once per process: Hydra resolves the folder more than once
 OmegaConf.register_new_resolver("run_token", lambda: _RUN_TOKEN, replace=True)
-
-
-def externally_launched() -> bool:
-    """True when the ranks already exist: torchrun or a manual launch (``LOCAL_RANK`` set), or
-    an ``srun`` with several tasks (each task is one rank; Lightning reads ``SLURM_PROCID``)."""
-    return "LOCAL_RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) > 1
 
 
 def free_port() -> int:

@@ -26,7 +26,14 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from .bounds import OMP_THREADS_ENV, THREADS_ENV, check_port, env_count, usable_cores
+from .bounds import (
+    OMP_THREADS_ENV,
+    THREADS_ENV,
+    check_port,
+    env_count,
+    externally_launched,
+    usable_cores,
+)
 from .callbacks import (
     CollectiveAudit,
     CommStats,
@@ -52,7 +59,7 @@ from .cpu_memory import apply_malloc_settings, malloc_choice
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
 from .graph.partition_dir import node_ranks
-from .launch import LauncherSignal, externally_launched, launch_local
+from .launch import LauncherSignal, launch_local
 from .loggers import finish_wandb_runs
 from .models.module import GNNModule
 from .run_folder import FAILED_FILE, check_writable, claimed, job_log_name, settle_failed_run

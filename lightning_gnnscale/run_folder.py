@@ -23,8 +23,8 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from .bounds import externally_launched
 from .errors import ConfigError
-from .launch import externally_launched
 
 
 @contextlib.contextmanager

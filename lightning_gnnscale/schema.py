@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .comm.network import NetworkModel  # torch-free, as this module is
-from .errors import ConfigError
+from .errors import ConfigError, choice, require
 from .graph.dataset_config import check_dataset_options
 
 MODEL_NAMES = ("gcn", "sage", "gat", "custom")
@@ -31,17 +31,6 @@ START_METHODS = ("forkserver", "spawn")  # how local ranks start (launch.py)
 # what every consumer of the run's seed accepts: numpy's seeds (Lightning's seed_everything
 # refuses others), within torch's manual_seed and the sampler's 64-bit hash keys
 SEED_RANGE = (0, 2**32 - 1)
-
-
-def require(condition: bool, message: str) -> None:
-    """Raise :class:`ConfigError` with ``message`` unless ``condition``."""
-    if not condition:
-        raise ConfigError(message)
-
-
-def choice(key: str, value: Any, valid) -> None:
-    """``value`` is one of ``valid``; the error names ``key`` and lists the valid values."""
-    require(value in valid, f"{key}={value!r} is unknown; valid: {list(valid)}")
 
 
 def check_seed(seed: Any, key: str = "seed") -> None:

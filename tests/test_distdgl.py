@@ -15,6 +15,7 @@ from lightning.pytorch.callbacks import Callback
 
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.config import validate
+from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.block import Block
 from lightning_gnnscale.graph.book import PartitionBook, relabel_graph
@@ -25,7 +26,6 @@ from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.module import GNNModule
 from lightning_gnnscale.run import build_datamodule, build_strategy, train
 from lightning_gnnscale.schema import DataConfig
-from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.distdgl import (
     DistDGLConfig,
     DistDGLDataModule,

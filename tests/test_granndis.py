@@ -158,7 +158,7 @@ def _auto_module(budget_mb):
 
 def _setup_one_process(dm):
     from lightning_gnnscale.comm import Comm
-    from lightning_gnnscale.systems.contract import RankContext
+    from lightning_gnnscale.contract import RankContext
 
     dm.setup_rank(RankContext(Comm.local(), torch.device("cpu")), None)
 

@@ -13,12 +13,12 @@ import torch.nn.functional as F
 from lightning_gnnscale.comm import Comm, CommMeter, Topology
 from lightning_gnnscale.comm.audit import CollectiveRecorder
 from lightning_gnnscale.comm.hierarchical import ServerGroups
+from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.block import Block
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.schema import DataConfig
-from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.granndis import GraNNDISConfig, GraNNDISDataModule, halo_hook
 from lightning_gnnscale.systems.granndis.config import (
     CoBSettings,

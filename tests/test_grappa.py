@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN, layerwise_inference
 from lightning_gnnscale.schema import DataConfig
-from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.grappa import EarlyTriggerConfig, GrappaConfig, chunking
 from lightning_gnnscale.systems.grappa.callbacks import GrappaStats
 from lightning_gnnscale.systems.grappa.chunking import (
@@ -490,7 +490,7 @@ def run_controller(dm, epochs, deltas=None, logged=None, start=0, stats=None):
     epoch ``e``, default one step of 0), then the epoch's end counted. ``GrappaStats`` (or
     ``stats``) sees the same steps (coverage 1) and logs into ``logged``. Returns ``t`` at the
     start of each epoch."""
-    stats = stats if stats is not None else GrappaStats(dm)
+    stats = stats if stats is not None else GrappaStats(dm.schedule_report)
     module = SimpleNamespace(log_dict=(logged if logged is not None else []).append)
     ts = []
     for e in range(epochs):
@@ -526,7 +526,7 @@ def test_controller_counts_an_epoch_end_once_and_logs_epoch_means(store):
     """Lightning re-runs an epoch end on some resumes: a counted epoch is not counted again,
     an uncounted one (state saved before its end) advances; c and delta are logged as means."""
     dm, logged = make_dm(store, 4, 0, super_epoch_len=2), []
-    ctrl, stats = dm.clock, GrappaStats(dm)
+    ctrl, stats = dm.clock, GrappaStats(dm.schedule_report)
     run_controller(dm, 2, [[0.2, 0.4], [0.6]], logged, stats=stats)
     assert (dm.t, dm.e_in, ctrl.switches) == (1, 0, [1])
     assert [d["grappa/delta"] for d in logged] == pytest.approx([0.3, 0.6])

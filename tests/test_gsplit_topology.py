@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.csc_rows import CSCRows
 from lightning_gnnscale.graph.partition_dir import PartitionDir, PartitionDirError, part_folder
-from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.gsplit import GSplitConfig
 from lightning_gnnscale.systems.gsplit.sampler import SplitSampler
 from tests.helpers.dist import run_distributed

@@ -407,8 +407,8 @@ def test_a_grad_scaler_is_refused(tmp_path):
 def _one_rank_dm(config, world_size=1):
     """A set-up one-process DataModule on a 60-node sbm (every node on server 0)."""
     from lightning_gnnscale.comm import Comm
+    from lightning_gnnscale.contract import RankContext
     from lightning_gnnscale.schema import DataConfig
-    from lightning_gnnscale.systems.contract import RankContext
     from lightning_gnnscale.systems.hopgnn import HopGNNDataModule, HopGNNPrepared
 
     graph = sbm(num_nodes=60, num_classes=3, avg_degree=4.0, num_features=4, seed=0)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.config import validate
+from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.book import PartitionBook, RangeBook
 from lightning_gnnscale.graph.datasets import load_dataset
@@ -28,7 +29,6 @@ from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_sorted
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.run import train
 from lightning_gnnscale.schema import DataConfig, ModelConfig
-from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.ddp import DataParallelDataModule, DDPConfig
 from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule, PartitionConfig
 from tests.helpers.config import make_cfg

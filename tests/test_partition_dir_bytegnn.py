@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.graph.generators import sbm
@@ -18,7 +19,6 @@ from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_carried
 from lightning_gnnscale.partition import partition
 from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.bytegnn import ByteGNNConfig, ByteGNNDataModule
-from lightning_gnnscale.systems.contract import RankContext
 from tests.helpers.dist import run_distributed
 from tests.helpers.partition_runs import float64_trainer, launcher_without_ranks, train_both_ways
 from tests.helpers.predictions import check_predictions, predict_shares

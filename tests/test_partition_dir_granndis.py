@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm, CommMeter, Topology
+from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder, shared_folder
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.partition import partition
 from lightning_gnnscale.schema import DataConfig, ModelConfig
-from lightning_gnnscale.systems.contract import RankContext
 from lightning_gnnscale.systems.granndis import GraNNDISConfig, GraNNDISDataModule, halo_hook
 from lightning_gnnscale.systems.granndis.config import CoBSettings
 from tests.helpers.dist import run_distributed

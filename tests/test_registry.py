@@ -2,6 +2,7 @@
 
 import json
 import os
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -112,6 +113,18 @@ def test_a_datamodule_refuses_another_systems_strategy(tmp_path):
     module = gs.GNNModule(dm.build_model(gs.ModelConfig()))
     with pytest.raises(TypeError, match="SingleStrategy runs SingleConfig systems"):
         _trainer(gs.SingleStrategy()).fit(module, datamodule=dm)
+
+
+def test_a_trainer_with_another_strategy_is_told_every_suite_name():
+    """The contract imports no registry: the registry hands it the names Lightning knows."""
+    trainer = SimpleNamespace(strategy=L.pytorch.strategies.SingleDeviceStrategy())
+    with pytest.raises(TypeError) as error:
+        gs.rank_context(trainer)
+    names = sorted(spec.registered_as for spec in gs.SYSTEMS.values())
+    assert (
+        f"the Trainer runs SingleDeviceStrategy; pass strategy=<name> with a name from {names}"
+        in str(error.value)
+    )
 
 
 def test_a_datamodule_set_up_for_one_trainer_refuses_another(tmp_path):

@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm, ring_allreduce_bytes
+from lightning_gnnscale.contract import ModuleRuntime, RankContext
 from lightning_gnnscale.graph.book import PartitionBook, relabel_graph
 from lightning_gnnscale.graph.csc import csc_from_edges
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.systems.contract import ModuleRuntime, RankContext
 from lightning_gnnscale.systems.sancus.emulator import emulate
 from lightning_gnnscale.systems.sancus.layout import check_symmetric, every_row_block, row_blocks
 from lightning_gnnscale.systems.sancus.policy import (

@@ -9,6 +9,7 @@ import os
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -124,20 +125,12 @@ def test_the_package_imports_no_system_and_still_registers_every_name():
 
 
 def _imports(path: Path, module: str) -> set[str]:
-    """The package modules ``module`` imports anywhere in it (late imports included)."""
+    """The package modules ``module`` imports anywhere in it: at its top, inside functions
+    and inside ``if TYPE_CHECKING:`` blocks (an import for annotations is still an edge)."""
     is_package = path.name == "__init__.py"
     here = module.split(".") if is_package else module.split(".")[:-1]
     found = set()
-    tree = ast.parse(path.read_text())
-    type_only = {
-        id(n)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for n in ast.walk(node)
-    }
-    for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             base = here[: len(here) - node.level + 1] if node.level else []
             target = ".".join([*base, *([node.module] if node.module else [])])
@@ -155,33 +148,122 @@ def test_the_schema_imports_no_system():
         assert not {m for m in imported if m.startswith("lightning_gnnscale.systems")}, name
 
 
-def test_no_import_circle():
-    """No module imports, through others, itself, late imports inside functions included
-    (through the schema's late import of the registry, 49 modules formed one circle)."""
-    package = REPO / "lightning_gnnscale"
+def _module_graph() -> dict[str, set[str]]:
+    """Every module of the package -> the package modules it imports (itself left out)."""
     modules = {}
-    for path in package.rglob("*.py"):
+    for path in (REPO / "lightning_gnnscale").rglob("*.py"):
         parts = path.relative_to(REPO).with_suffix("").parts
         modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {
+    return {
         name: {m for m in _imports(path, name) if m in modules and m != name}
         for name, path in modules.items()
     }
-    done, path = set(), []
 
-    def visit(name):
-        if name in path:
-            raise AssertionError(f"import circle: {' -> '.join(path[path.index(name) :])}")
-        if name in done:
-            return
-        path.append(name)
-        for dependency in graph[name]:
-            visit(dependency)
-        path.pop()
-        done.add(name)
 
-    for name in sorted(modules):
-        visit(name)
+def _collapse(graph: dict[str, set[str]], unit: Callable[[str], str | None]) -> dict:
+    """``graph`` with every module replaced by ``unit(module)`` (``None``: left out), and the
+    edges inside one unit dropped."""
+    collapsed: dict[str, set[str]] = {}
+    for name, imported in graph.items():
+        if unit(name) is not None:
+            targets = {unit(m) for m in imported} - {None, unit(name)}
+            collapsed.setdefault(unit(name), set()).update(targets)
+    return collapsed
+
+
+def _top_level(module: str) -> str:
+    """``lightning_gnnscale.graph.csc`` -> ``graph``; ``lightning_gnnscale.schema`` ->
+    ``schema``; the package's own ``__init__`` -> ``lightning_gnnscale``."""
+    return (module.split(".") + [""])[1] or "lightning_gnnscale"
+
+
+def _systems_unit(module: str) -> str | None:
+    """A ``systems/<name>`` folder, or a module of ``systems/`` itself (``base``,
+    ``registry``...); ``None`` outside ``systems``."""
+    parts = module.split(".")
+    if parts[1:2] != ["systems"]:
+        return None
+    return ".".join(parts[:3]) if len(parts) > 3 else module
+
+
+def _shortest_circle(graph: dict[str, set[str]], start: str, members: set[str]) -> list[str]:
+    """The shortest circle ``[start, ..., start]`` inside ``members`` (breadth first)."""
+    paths, frontier = {start: [start]}, [start]
+    while not any(start in graph[name] for name in frontier):
+        frontier = [
+            paths.setdefault(other, [*paths[name], other])[-1]
+            for name in frontier
+            for other in sorted(graph[name] & members)
+            if other not in paths
+        ]
+    last = next(name for name in frontier if start in graph[name])
+    return [*paths[last], start]
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The circles of ``graph``: for each strongly connected group (Tarjan), the shortest
+    circle through each member, each circle once, written from its smallest name. ``[]``:
+    the graph has none."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def connect(name: str) -> None:
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for other in sorted(graph.get(name, ())):
+            if other not in index:
+                connect(other)
+                low[name] = min(low[name], low[other])
+            elif other in stack:
+                low[name] = min(low[name], index[other])
+        if low[name] == index[name]:
+            group = [stack.pop()]
+            while group[-1] != name:
+                group.append(stack.pop())
+            if len(group) > 1:
+                groups.append(set(group))
+
+    for name in sorted(graph):
+        if name not in index:
+            connect(name)
+    circles: list[list[str]] = []
+    for group in groups:
+        for member in sorted(group):
+            circle = _shortest_circle(graph, member, group)[:-1]
+            first = circle.index(min(circle))
+            circle = [*circle[first:], *circle[:first], min(circle)]
+            if circle not in circles:
+                circles.append(circle)
+    return sorted(circles)
+
+
+def test_circles_names_each_circle_once():
+    graph = {"a": {"b"}, "b": {"c", "a2"}, "a2": {"c"}, "c": {"a", "d"}, "d": {"e"}}
+    graph |= {"e": {"d"}, "f": {"a"}, "m": {"s"}, "s": {"m", "k"}, "k": {"s"}}
+    assert _circles(graph) == [
+        ["a", "b", "a2", "c", "a"],
+        ["a", "b", "c", "a"],
+        ["d", "e", "d"],
+        ["k", "s", "k"],
+        ["m", "s", "m"],
+    ]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle():
+    """No module imports itself through others, counting late imports inside functions and
+    ``TYPE_CHECKING`` imports; nor does any top-level package or module of the suite
+    (``graph``, ``models``, ``systems``, ``schema``...), nor any ``systems/<name>`` folder."""
+    modules = _module_graph()
+    found = {
+        "modules": _circles(modules),
+        "packages": _circles(_collapse(modules, _top_level)),
+        "systems folders": _circles(_collapse(modules, _systems_unit)),
+    }
+    circles = [f"{kind}: {' -> '.join(c)}" for kind, cs in found.items() for c in cs]
+    assert not circles, "import circles:\n" + "\n".join(circles)
 
 
 EXIT_PROBE = r"""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import lightning as L
 
 from ..comm import CollectiveRecorder
-from ..systems.contract import rank_context
+from ..contract import rank_context
 
 
 class CollectiveAudit(L.Callback):

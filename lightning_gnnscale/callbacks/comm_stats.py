@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..comm import NetworkModel, diff_snapshots, sum_snapshots
-from ..systems.contract import rank_context
+from ..contract import rank_context
 from .records import EpochRecords
 
 

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from ..systems.contract import rank_context
+from ..contract import rank_context
 from .records import EpochRecords
 
 

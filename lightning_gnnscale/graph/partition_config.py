@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
-from ..schema import choice, require
+from ..errors import ConfigError, choice, require
 
 PARTITION_METHODS = ("random", "contiguous", "metis", "metis_balanced", "bytegnn")
 BALANCE_SCHEMES = ("train", "split", "none")

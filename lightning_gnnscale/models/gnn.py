@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..contract import LayerHook
 from ..graph.block import Block, blocks_to_subgraph
 from ..graph.sampler import BlockBuilder, sample_neighbors
 from .layers import BlockGAT, BlockGCN, BlockSAGE, row_dropout
@@ -18,8 +18,6 @@ if TYPE_CHECKING:
     from ..schema import ModelConfig
 
 MODEL_KINDS = ("gcn", "sage", "gat")
-
-LayerHook = Callable[[int, Tensor], Tensor]
 
 
 class BlockGNN(nn.Module):

@@ -12,26 +12,30 @@ advice to add ``sync_dist=True`` for them is silenced.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..contract import Evaluation, LayerHook, ModuleRuntime, Prediction, RuntimeAware
 from ..errors import ConfigError
 from ..graph.batch import Batch
 from ..schema import ModelConfig
-from ..systems.contract import Evaluation, ModuleRuntime, Prediction, RuntimeAware
-from .gnn import BlockGNN, LayerHook
-
-if TYPE_CHECKING:
-    from ..systems.base import GNNDataModule
+from .gnn import BlockGNN
 
 # val/acc and test/acc are summed over ranks through the metered comm before logging
 warnings.filterwarnings(
     "ignore", message=r"It is recommended to use `self.log\('(val|test)/acc', \.\.\., sync_dist"
 )
+
+
+class ModelBuilder(Protocol):
+    """What :meth:`GNNModule.from_config` needs of a DataModule (every ``GNNDataModule``
+    is one): the net for ``model``, sized for its data, with the system's own layers."""
+
+    def build_model(self, model: ModelConfig) -> nn.Module: ...
 
 
 class GNNModule(L.LightningModule):
@@ -81,7 +85,7 @@ class GNNModule(L.LightningModule):
         self.save_hyperparameters(ignore=["net", "model_config"])  # plain values only
 
     @classmethod
-    def from_config(cls, model: ModelConfig, datamodule: GNNDataModule) -> GNNModule:
+    def from_config(cls, model: ModelConfig, datamodule: ModelBuilder) -> GNNModule:
         """The module ``model`` describes: its net built by ``datamodule`` (sized for its data,
         the system's own layers where it has them) and its optimiser settings. For a system's
         default model settings use ``config.model_config(...)``."""

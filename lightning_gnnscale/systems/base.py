@@ -43,6 +43,15 @@ from ..comm import (
     Topology,
     register_metered_ddp_hook,
 )
+from ..contract import (
+    PREDICT_OUTPUTS,
+    Evaluation,
+    ModuleRuntime,
+    Prediction,
+    RankContext,
+    RuntimeAware,
+    bind_datamodule,
+)
 from ..errors import ConfigError
 from ..graph.batch import Batch
 from ..graph.book import LocalPartition, PartitionedGraph, RangeBook, build_local_partition
@@ -68,15 +77,6 @@ from ..schema import (
     check_depth,
     check_seed,
     partition_dir_unsupported,
-)
-from .contract import (
-    PREDICT_OUTPUTS,
-    Evaluation,
-    ModuleRuntime,
-    Prediction,
-    RankContext,
-    RuntimeAware,
-    bind_datamodule,
 )
 
 DEFAULT_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
@@ -193,7 +193,7 @@ class SystemStrategy:
         return RunFacts(devices * num_nodes, devices, num_nodes, data, model)
 
     def bind(self, config: SystemConfig, data: DataConfig | None = None) -> RankContext:
-        """Accept the DataModule's system config (see :func:`~.contract.bind_datamodule`) and
+        """Accept the DataModule's system config (see :func:`~..contract.bind_datamodule`) and
         check its rules against this run (``config.check_run``) before any step."""
         if not isinstance(config, self.config_type):
             raise TypeError(
@@ -596,8 +596,8 @@ class GNNDataModule(L.LightningDataModule):
       once per node and ``setup`` again on every rank, where it loads the cached result. A
       launcher that prepared before starting the ranks hands them the result with the module.
     - ``setup`` binds the system config to the Trainer's strategy
-      (:func:`~.contract.bind_datamodule`), then :meth:`setup_rank` builds this rank's share.
-    - The validation and test loaders yield one :class:`~.contract.Evaluation` whose counts
+      (:func:`~..contract.bind_datamodule`), then :meth:`setup_rank` builds this rank's share.
+    - The validation and test loaders yield one :class:`~..contract.Evaluation` whose counts
       come from :meth:`eval_counts`.
 
     With ``data.partition_dir`` (systems whose config has ``supports_partition_dir``) the

@@ -155,10 +155,15 @@ class _LazyStrategy:
 
 
 def _register_strategies(strategies: Any) -> None:
+    """Add every name to Lightning's ``StrategyRegistry``, and tell the contract those names
+    (for its error when a Trainer runs another strategy); Lightning, so torch, is loaded."""
+    from ..contract import SUITE_STRATEGY_NAMES
+
     registry = strategies.StrategyRegistry
     for name, spec in SYSTEMS.items():
         if spec.registered_as not in registry:
             registry.register(spec.registered_as, _LazyStrategy(name), spec.description)
+    SUITE_STRATEGY_NAMES[:] = sorted(spec.registered_as for spec in SYSTEMS.values())
 
 
 def register_systems() -> None:

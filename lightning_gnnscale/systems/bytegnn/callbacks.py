@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from ..contract import rank_context
+from ...contract import rank_context
 from .sworker import SWorker
 
 _TRAJECTORY_POINTS = 200  # decisions kept in the report (evenly spaced)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ...bounds import check_threads_per_rank
+from ...bounds import check_threads_per_rank, externally_launched
 from ...errors import ConfigError
 from ...graph.partition_config import METHOD_OPTIONS, PARTITION_METHODS, check_partition_options
 from ...schema import DataConfig, SystemConfig, choice, require
@@ -218,8 +218,5 @@ class ByteGNNConfig(SystemConfig):
             "nodes: leave it null, and every rank publishes the address its peers reach it by "
             "(GLOO_SOCKET_IFNAME, else the route to MASTER_ADDR)",
         )
-        if world > 1:
-            from ...launch import externally_launched  # late: launch imports the registry
-
-            if run.num_nodes > 1 or externally_launched():
-                require_secret(SECRET_REASON)  # refused before any rank starts
+        if world > 1 and (run.num_nodes > 1 or externally_launched()):
+            require_secret(SECRET_REASON)  # refused before any rank starts

@@ -27,6 +27,7 @@ from typing_extensions import override
 from ...bounds import usable_cores
 from ...comm import OwnerRoute
 from ...comm.transport import SocketTransport
+from ...contract import RankContext
 from ...graph.block import Block
 from ...graph.book import (
     LocalPartition,
@@ -40,7 +41,6 @@ from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN
 from ...store_secret import require_secret
 from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition, own_predictions
-from ..contract import RankContext
 from .address import service_address
 from .config import SECRET_REASON, ByteGNNConfig
 from .store import GraphStore

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from ...bounds import externally_launched
 from ...store_secret import SECRET_ENV, give_local_ranks_a_secret, read_secret
 from ..base import MeteredDDPStrategy
 from .config import ByteGNNConfig
@@ -34,8 +35,6 @@ class ByteGNNStrategy(MeteredDDPStrategy):
     @MeteredDDPStrategy.num_nodes.setter
     def num_nodes(self, num_nodes: int) -> None:
         MeteredDDPStrategy.num_nodes.fset(self, num_nodes)
-        from ...launch import externally_launched  # late: launch imports the registry
-
         if num_nodes > 1:
             if self._made_secret is not None and os.environ.get(SECRET_ENV) == self._made_secret:
                 del os.environ[SECRET_ENV]

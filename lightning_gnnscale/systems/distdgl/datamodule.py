@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 from typing_extensions import override
 
+from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.block import Block
 from ...graph.book import (
@@ -36,7 +37,6 @@ from ...graph.sampler import BlockBuilder, splitmix64
 from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN, layer_rows
 from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition, own_predictions
-from ..contract import RankContext
 from .config import DistDGLConfig
 from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
 from .sampler import DistNeighborSampler

@@ -5,18 +5,16 @@ paper's bandwidths (spec §6.4, §8.3 E1/E2)."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import lightning as L
 import torch
 from typing_extensions import override
 
 from ...comm import CATEGORIES, LINK_CLASSES, diff_snapshots, sum_snapshots
-from ..contract import rank_context
+from ...contract import rank_context
 from .costmodel import synchronised_epoch_time
-
-if TYPE_CHECKING:
-    from .datamodule import GraNNDISDataModule
 
 # what each meter category is, in the paper's terms
 KINDS = {
@@ -25,6 +23,43 @@ KINDS = {
     "activation_grad": "backward",
     "gradient": "gradient",
 }
+
+
+@dataclass(frozen=True)
+class LayoutSummary:
+    """Sizes of this rank's layouts, for the report callback.
+
+    Attributes:
+        server_vertices: ``|V_s|`` summed over this rank's steps (each step's server graph),
+            or the owned vertices for FB_base; counted once per server (by the head).
+        owned_rows, halo_rows: this rank's rows summed over its steps.
+    """
+
+    server_vertices: int
+    owned_rows: int
+    halo_rows: int
+
+
+@dataclass(frozen=True)
+class LayoutReport:
+    """What :class:`GraNNDISStats` reports of this rank's layouts
+    (``GraNNDISDataModule.layout_report``, read at each epoch's end).
+
+    Attributes:
+        mode: ``config.mode``; ``num_nodes``: ``|V|``; ``steps_per_epoch``: co-batches.
+        plan_bytes: bytes of this rank's plans (every step's).
+        layout: this rank's :class:`LayoutSummary`; ``None`` without a layout (``mb_base``).
+        preload_depth: FLX's ``k`` (``None`` in other modes); ``memory_by_k``:
+            ``preload_auto``'s per-``k`` estimates in bytes (``None`` otherwise).
+    """
+
+    mode: str
+    num_nodes: int
+    steps_per_epoch: int
+    plan_bytes: int
+    layout: LayoutSummary | None
+    preload_depth: int | None
+    memory_by_k: list[float] | None
 
 
 class GraNNDISStats(L.Callback):
@@ -50,11 +85,12 @@ class GraNNDISStats(L.Callback):
       link it spans (:func:`~.costmodel.synchronised_epoch_time`).
 
     Args:
-        datamodule: the run's :class:`~.datamodule.GraNNDISDataModule` (its layout sizes).
+        num_layers: the model's layers (a step's phases: one before each exchange, one after).
+        layouts: ``() -> LayoutReport``, read at each epoch's end.
     """
 
-    def __init__(self, datamodule: GraNNDISDataModule):
-        self.datamodule = datamodule
+    def __init__(self, num_layers: int, layouts: Callable[[], LayoutReport]):
+        self.num_layers, self.layouts = num_layers, layouts
         self.last: dict = {}
 
     @override
@@ -80,7 +116,7 @@ class GraNNDISStats(L.Callback):
         self._compute_s += compute
         # phases: the compute before each forward exchange, then the rest of the step
         marks = batch.stats.get("exchange_marks", [])
-        phases = [0.0] * (self.datamodule.num_layers + 1)
+        phases = [0.0] * (self.num_layers + 1)
         previous = started
         for i, (begin, end) in enumerate(marks):
             phases[i], previous = begin - previous, end
@@ -99,8 +135,8 @@ class GraNNDISStats(L.Callback):
             return  # an epoch end Lightning re-runs on resume
         del self._batch
         context = rank_context(trainer)
-        dm = self.datamodule
-        layout = dm.layout
+        report = self.layouts()
+        layout = report.layout
         sizes = (
             [layout.server_vertices, layout.owned_rows, layout.halo_rows]
             if layout is not None
@@ -109,7 +145,7 @@ class GraNNDISStats(L.Callback):
         links = self._epoch["category_link_bytes"]
         byte_matrix = [links[c][k] for c in CATEGORIES for k in LINK_CLASSES]
         local = torch.tensor(
-            [self._compute_s, dm.plan_bytes, *sizes, *byte_matrix], dtype=torch.float64
+            [self._compute_s, report.plan_bytes, *sizes, *byte_matrix], dtype=torch.float64
         )
         world = context.world_size
         per_rank = context.comm.all_gather_tensor(local, category="control").view(world, -1)
@@ -124,7 +160,7 @@ class GraNNDISStats(L.Callback):
         steps = torch.tensor(self._steps, dtype=torch.float64)
         every = context.comm.all_gather_tensor(steps.flatten(), category="control")
         every = every.view(world, *steps.shape)  # [rank, step, values]
-        phases = dm.num_layers + 1
+        phases = self.num_layers + 1
         counts = every[:, :, 1 + phases :].reshape(world, len(self._steps), 2, len(CATEGORIES), -1)
         modelled = synchronised_epoch_time(
             every[:, :, 1 : 1 + phases],
@@ -133,18 +169,17 @@ class GraNNDISStats(L.Callback):
             every[0, :, 0].long().tolist(),
             spans_servers=context.topology.num_servers > 1,
         )
-        config = dm.config
         self.last = {
-            "mode": config.mode,
+            "mode": report.mode,
             "bytes_by_link": by_link,
-            "rho": float(totals[0]) / dm.num_nodes if layout is not None else None,
+            "rho": float(totals[0]) / report.num_nodes if layout is not None else None,
             "owned_rows": int(totals[1]),
             "halo_rows": int(totals[2]),
-            "cobatches": dm.steps_per_epoch,
-            "preload_depth": dm.preload_depth,
+            "cobatches": report.steps_per_epoch,
+            "preload_depth": report.preload_depth,
             "memory_by_k_mb": None
-            if dm.memory_by_k is None
-            else [m / 2**20 for m in dm.memory_by_k],
+            if report.memory_by_k is None
+            else [m / 2**20 for m in report.memory_by_k],
             "compute_s": float(compute.max()),
             "plan_mb": float(plan_bytes.max()) / 2**20,
             "modelled_epoch_time_s": modelled,

@@ -24,6 +24,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ...comm import Topology
+from ...contract import RankContext, rank_context
 from ...errors import ConfigError
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook
@@ -46,8 +47,7 @@ from ..base import (
     assert_same_on_all_ranks,
     own_predictions,
 )
-from ..contract import RankContext, rank_context
-from .callbacks import GraNNDISStats
+from .callbacks import GraNNDISStats, LayoutReport, LayoutSummary
 from .config import DIRECTORY_MODES, GraNNDISConfig
 from .costmodel import choose_k, estimate_memory
 from .expand import cobatches, eas_expand, khop_levels, sage_expand
@@ -83,21 +83,6 @@ class OneHopBatch(Batch):
     def to(self, device: torch.device | str) -> OneHopBatch:
         moved = super().to(device)
         return replace(moved, plan=None if self.plan is None else self.plan.to(device))
-
-
-@dataclass(frozen=True)
-class LayoutSummary:
-    """Sizes of this rank's layouts, for the report callback.
-
-    Attributes:
-        server_vertices: ``|V_s|`` summed over this rank's steps (each step's server graph),
-            or the owned vertices for FB_base; counted once per server (by the head).
-        owned_rows, halo_rows: this rank's rows summed over its steps.
-    """
-
-    server_vertices: int
-    owned_rows: int
-    halo_rows: int
 
 
 class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
@@ -877,4 +862,16 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def callbacks(self) -> list[L.Callback]:
         """:class:`~.callbacks.GraNNDISStats` (reports only)."""
-        return [GraNNDISStats(self)]
+        return [GraNNDISStats(self.num_layers, self.layout_report)]
+
+    def layout_report(self) -> LayoutReport:
+        """This rank's layout figures as set up, for :class:`~.callbacks.GraNNDISStats`."""
+        return LayoutReport(
+            mode=self.config.mode,
+            num_nodes=self.num_nodes,
+            steps_per_epoch=self.steps_per_epoch,
+            plan_bytes=self.plan_bytes,
+            layout=self.layout,
+            preload_depth=self.preload_depth,
+            memory_by_k=self.memory_by_k,
+        )

@@ -12,11 +12,10 @@ from typing_extensions import override
 
 from ...comm import Comm, exchange_rows
 from ...comm.hierarchical import ServerGroups
+from ...contract import LayerHook, ModuleRuntime
 from ...errors import ConfigError
 from ...graph.batch import Batch
-from ...models.gnn import LayerHook
 from ..base import MeteredDDPStrategy
-from ..contract import ModuleRuntime
 from .config import GraNNDISConfig
 
 

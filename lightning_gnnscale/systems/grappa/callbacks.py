@@ -5,17 +5,35 @@ Neither is needed for correct training: the DataModule owns and advances the sch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import lightning as L
 from typing_extensions import override
 
 from ...callbacks import CollectiveAudit
 from ...comm import CollectiveRecorder
-from ..contract import rank_context
+from ...contract import rank_context
 
-if TYPE_CHECKING:
-    from .datamodule import GrappaDataModule
+
+@dataclass(frozen=True)
+class ScheduleReport:
+    """What :class:`GrappaStats` reports of this rank's schedule and partitions
+    (``GrappaDataModule.schedule_report``).
+
+    Attributes:
+        super_epoch_switches: how many times ``t`` advanced; ``early_switches``: how many of
+            those the early trigger made.
+        partition_builds: partitions built from the chunk store; ``repartition_io_bytes``:
+            the chunk bytes they read.
+        largest_partition: ``{"nodes", "edges", "io_bytes"}`` of the largest one.
+    """
+
+    super_epoch_switches: int
+    early_switches: int
+    partition_builds: int
+    repartition_io_bytes: int
+    largest_partition: dict[str, int]
 
 
 class GrappaStats(L.Callback):
@@ -24,11 +42,11 @@ class GrappaStats(L.Callback):
     gives ``summary.json`` the super-epoch switches, the mean ``c`` and the partition I/O.
 
     Args:
-        dm: the DataModule whose clock and partition counters it reports.
+        schedule: ``() -> ScheduleReport``, read when the summary is written.
     """
 
-    def __init__(self, dm: GrappaDataModule):
-        self.dm = dm
+    def __init__(self, schedule: Callable[[], ScheduleReport]):
+        self.schedule = schedule
         self._c_sum, self._steps = 0.0, 0
         self._epoch_sums = [0.0, 0.0, 0]  # this epoch's sum of c, sum of delta, steps
 
@@ -47,14 +65,14 @@ class GrappaStats(L.Callback):
         self._epoch_sums = [0.0, 0.0, 0]
 
     def summary_stats(self) -> dict:
-        dm, clock = self.dm, self.dm.clock
+        schedule = self.schedule()
         return {
-            "grappa_super_epoch_switches": len(clock.switches),
-            "grappa_early_switches": clock.early_switches,
+            "grappa_super_epoch_switches": schedule.super_epoch_switches,
+            "grappa_early_switches": schedule.early_switches,
             "grappa_mean_c_rank0": self._c_sum / max(self._steps, 1),
-            "grappa_partition_builds_rank0": dm.builds,
-            "grappa_repartition_io_bytes_rank0": dm.io_bytes,
-            "grappa_largest_partition_rank0": dm.largest_partition,
+            "grappa_partition_builds_rank0": schedule.partition_builds,
+            "grappa_repartition_io_bytes_rank0": schedule.repartition_io_bytes,
+            "grappa_largest_partition_rank0": schedule.largest_partition,
         }
 
 

@@ -26,13 +26,13 @@ from torch import Tensor
 from typing_extensions import override
 
 from ...comm import Comm, OwnerRoute
+from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.order import EpochOrder
 from ...graph.partition_dir import PartitionDir
 from ...models.gnn import BlockGNN, inference_builder, layer_rows, layerwise_inference
 from ..base import GNNDataModule, replicated_eval_counts
-from ..contract import RankContext
-from .callbacks import GradientOnlyAudit, GrappaStats
+from .callbacks import GradientOnlyAudit, GrappaStats, ScheduleReport
 from .chunking import ChunkReader, ChunkStore, write_chunk_store
 from .config import GrappaConfig
 from .directory import DirChunks, check_chunk_counts, home_chunks, write_chunk_parts
@@ -222,12 +222,22 @@ class GrappaDataModule(GNNDataModule):
             )
         self.clock.load_state_dict(state_dict)
 
+    def schedule_report(self) -> ScheduleReport:
+        """This rank's schedule and partition figures so far, for :class:`~.callbacks.GrappaStats`."""
+        return ScheduleReport(
+            super_epoch_switches=len(self.clock.switches),
+            early_switches=self.clock.early_switches,
+            partition_builds=self.builds,
+            repartition_io_bytes=self.io_bytes,
+            largest_partition=self.largest_partition,
+        )
+
     @override
     def callbacks(self) -> list[L.Callback]:
         """:class:`~.callbacks.GrappaStats`, and the gradient-only audit when
         ``audit_collectives``."""
         return [
-            GrappaStats(self),
+            GrappaStats(self.schedule_report),
             *([GradientOnlyAudit()] if self.config.audit_collectives else []),
         ]
 

@@ -8,8 +8,8 @@ import lightning as L
 import torch
 from typing_extensions import override
 
+from ...contract import rank_context
 from ...graph.sampler import NeighborSampler
-from ..contract import rank_context
 
 
 class GSplitStats(L.Callback):

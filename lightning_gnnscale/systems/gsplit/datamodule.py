@@ -31,6 +31,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
+from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, RangeBook, relabel_csc
 from ...graph.csc_rows import CSCRows
@@ -43,7 +44,6 @@ from ..base import (
     own_predictions,
     owned_rows,
 )
-from ..contract import RankContext
 from .callbacks import GSplitStats, RedundancyProbe
 from .config import GSplitConfig
 from .partition import cached_probabilistic_partition

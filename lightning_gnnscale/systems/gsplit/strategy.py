@@ -9,9 +9,8 @@ from torch import Tensor
 from typing_extensions import override
 
 from ...comm import Comm
-from ...models.gnn import LayerHook
+from ...contract import LayerHook, ModuleRuntime
 from ..base import MeteredDDPStrategy
-from ..contract import ModuleRuntime
 from .config import GSplitConfig
 from .datamodule import SplitBatch
 from .sampler import shuffle

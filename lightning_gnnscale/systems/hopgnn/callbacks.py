@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from ..contract import rank_context
+from ...contract import rank_context
 
 _COLUMNS = ("remote_rows", "input_nodes", "local_rows", "time_steps")
 

@@ -35,6 +35,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ...comm import Comm, OwnerRoute
+from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.block import Block
 from ...graph.book import PartitionBook, RangeBook, relabel_csc, sort_sources
@@ -49,7 +50,6 @@ from ..base import (
     own_predictions,
     owned_range_rows,
 )
-from ..contract import RankContext
 from .callbacks import HopGNNStats
 from .config import HopGNNConfig
 from .merging import MergeController, modeled_epoch_seconds

@@ -7,7 +7,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from ..contract import rank_context
+from ...contract import rank_context
 from .runtime import SancusGCN, cache_bytes_formula
 
 

@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
+from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, relabel_graph
 from ...graph.cache import cached_partition
@@ -18,7 +19,6 @@ from ...graph.csc import Graph
 from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, is_count, part_folder
 from ...schema import ModelConfig
 from ..base import GNNDataModule, assert_same_on_all_ranks, own_predictions
-from ..contract import RankContext
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig
 from .layout import RowBlocks, check_symmetric, consumer_matrix, every_row_block, row_blocks

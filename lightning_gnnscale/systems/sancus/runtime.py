@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...comm import Comm
+from ...contract import ModuleRuntime
 from ...models.layers import BlockGCN
-from ..contract import ModuleRuntime
 from .layout import RowBlocks
 from .policy import NEVER, StalenessPolicy, variation_flag
 

@@ -1,20 +1,24 @@
 """The system contract: what a strategy hands the other components of a run, once.
 
-A system is a :class:`~.base.SystemStrategy` subclass, a :class:`~.base.GNNDataModule`
-subclass and a :class:`~lightning_gnnscale.schema.SystemConfig` subclass that both receive.
-The pieces meet through three typed objects (docs/architecture.md, "The system contract"):
+A system is a :class:`~.systems.base.SystemStrategy` subclass, a
+:class:`~.systems.base.GNNDataModule` subclass and a :class:`~.schema.SystemConfig` subclass
+that both receive. The pieces meet through three typed objects (docs/architecture.md, "The
+system contract"):
 
 - :class:`RankContext`: this rank's metered ``comm`` (rank, world size, topology, meter) and
   device. The strategy makes it once the process group exists; the DataModule receives it when
   it binds to the strategy (:func:`bind_datamodule`), callbacks read it with
   :func:`rank_context`.
 - :class:`ModuleRuntime`: what the LightningModule needs from the strategy (the context and,
-  for systems that move rows between layers, the layer hook), handed once in the strategy's
-  ``setup`` through :meth:`RuntimeAware.configure_runtime`.
+  for systems that move rows between layers, the :data:`LayerHook`), handed once in the
+  strategy's ``setup`` through :meth:`RuntimeAware.configure_runtime`.
 - :class:`Evaluation`: the one item of the validation and test loaders; it runs this rank's
   share of full-graph evaluation and sums the counts over ranks.
 - :class:`Prediction`: the one item of the predict loader; it computes this rank's share of
   the requested nodes' logits or embeddings.
+
+A leaf of the suite: it imports no system, no registry and no model (the models, the
+callbacks and every system import it; ``tests/test_startup.py::test_no_import_circle``).
 
 Loader items are plain objects, not dataclasses: Lightning's collection utilities
 (``apply_to_collection`` in its precision plugins) pass them through whole.
@@ -32,14 +36,21 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from ..comm import Comm, CommMeter, Topology
-from ..graph.batch import Batch
-from ..models.gnn import LayerHook
-
 if TYPE_CHECKING:
     import lightning as L
 
-    from ..schema import DataConfig, SystemConfig
+    from .comm import Comm, CommMeter, Topology
+    from .graph.batch import Batch
+    from .schema import DataConfig, SystemConfig
+
+LayerHook = Callable[[int, Tensor], Tensor]
+"""``hook(i, h) -> h``: called on the rows ``h`` entering layer ``i`` (GSplit's shuffle,
+GraNNDIS's halo exchange); see :class:`ModuleRuntime`."""
+
+SUITE_STRATEGY_NAMES: list[str] = []
+"""The suite's strategy names as Lightning knows them (``metered_ddp``...), for the error of
+:func:`rank_context` when a Trainer runs another strategy; the registry fills it when it
+registers them with Lightning (this module imports no registry)."""
 
 
 @dataclass(frozen=True)
@@ -159,8 +170,8 @@ class Prediction:
 
 @runtime_checkable
 class SuiteStrategy(Protocol):
-    """What :class:`~.base.SystemStrategy` offers the other components (base imports this
-    module, so the check is by these methods, which no Lightning strategy has)."""
+    """What :class:`~.systems.base.SystemStrategy` offers the other components (this module
+    imports no system, so the check is by these methods, which no Lightning strategy has)."""
 
     def bind(self, config: SystemConfig, data: DataConfig | None = None) -> RankContext: ...
 
@@ -172,12 +183,10 @@ class SuiteStrategy(Protocol):
 def _suite_strategy(trainer: L.Trainer) -> SuiteStrategy:
     strategy = trainer.strategy
     if not isinstance(strategy, SuiteStrategy):
-        from .registry import SYSTEMS
-
         raise TypeError(
             f"lightning_gnnscale needs one of its own strategies, but the Trainer runs "
             f"{type(strategy).__name__}; pass strategy=<name> with a name from "
-            f"{sorted(s.registered_as for s in SYSTEMS.values())} (Lightning's own 'ddp' is "
+            f"{sorted(SUITE_STRATEGY_NAMES)} (Lightning's own 'ddp' is "
             "not metered: use 'metered_ddp'), or the Strategy of lightning_gnnscale.system(name)"
         )
     return strategy
