@@ -10,7 +10,7 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from lightning_gnnscale.callbacks.summary import report_epoch
+from lightning_gnnscale.callbacks.summary import EPOCH_LOG, report_epoch
 from lightning_gnnscale.run import progress_bar
 from lightning_gnnscale.run_folder import FAILED_FILE, claimed, settle_failed_run
 from tests.helpers.config import REPO
@@ -87,8 +87,10 @@ def test_progress_bar_by_default_only_on_a_terminal(monkeypatch):
     assert progress_bar(None) is True and progress_bar(False) is False
 
 
-def test_epoch_lines_reach_the_configured_log_file(tmp_path):
+def test_epoch_lines_reach_the_configured_log_file(tmp_path, monkeypatch):
     """``strategy=single`` runs in the launcher, whose logging Hydra configured."""
+    # a test that ran train.py with hydra/job_logging=disabled disabled the existing loggers
+    monkeypatch.setattr(EPOCH_LOG, "disabled", False)
     handler = logging.FileHandler(tmp_path / "train.log")
     logging.getLogger().addHandler(handler)
     try:
