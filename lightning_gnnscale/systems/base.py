@@ -660,6 +660,13 @@ class GNNDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------------ data, set-up
     @property
+    def dtype(self) -> torch.dtype:
+        """The features' dtype of a dataset loaded by name or of a rank's part (the
+        constructor's ``dtype``; float64 under ``Trainer(precision="64-true")``). A given
+        :class:`Graph` keeps its own."""
+        return self._dtype
+
+    @property
     def graph(self) -> Graph:
         """The whole dataset (loaded on first use when the module was given a name)."""
         if self.partition_dir is not None:

@@ -183,7 +183,7 @@ class DistDGLDataModule(GNNDataModule):
         """This rank's partition and the degrees of its core and halo, from its part's files
         only (memory-mapped; features cast to the run's dtype if they differ)."""
         part = opened.load_part(rank)
-        local = LocalPartition.from_arrays(part, rank, self._dtype)
+        local = LocalPartition.from_arrays(part, rank, self.dtype)
         self._part = part
         return local, part["degree"]
 

@@ -143,7 +143,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def value_bytes(self) -> int:
         """Bytes of one feature value in this run."""
         if self.partition_dir is not None:
-            return self._dtype.itemsize
+            return self.dtype.itemsize
         return self.graph.x.element_size()
 
     @property
@@ -654,7 +654,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """The rows of the server group this part addresses as ``<name>_x_range`` (a slice
         of the mapping, cast to the run's dtype)."""
         start, stop = self.part[f"{name}_x_range"].tolist()
-        return self.server_x[start:stop].to(self._dtype)
+        return self.server_x[start:stop].to(self.dtype)
 
     def step_data(self, plans: list[StepPlan], k: int | None) -> tuple[list, list]:
         """Per step: the input rows of ``input_ids`` and the labels of the loss rows."""

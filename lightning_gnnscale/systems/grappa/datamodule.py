@@ -165,7 +165,7 @@ class GrappaDataModule(GNNDataModule):
         cfg = self.config
         self.rank, self.world_size, self.comm = context.rank, context.world_size, context.comm
         if isinstance(prepared, PartitionDir):
-            prepared = DirChunks(prepared, self.rank, self._dtype)
+            prepared = DirChunks(prepared, self.rank, self.dtype)
         self.store = prepared
         if isinstance(prepared, DirChunks):
             self.home = prepared.home  # the part's list (checked against home_chunks)

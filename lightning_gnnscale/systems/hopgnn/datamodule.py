@@ -331,7 +331,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         replicated = prepared.load_shared("topology", self.rank)
         self.own = prepared.load_part(self.rank)
         x = self.own["x"]
-        x = x if x.dtype == self._dtype else x.to(self._dtype)
+        x = x if x.dtype == self.dtype else x.to(self.dtype)
         self.part, self.labels = book, replicated["y"]
         if replicated["train_ids"].numel() == 0:  # as the base's train_ids
             raise ValueError(f"partition directory {self.partition_dir}: no training nodes")
