@@ -205,12 +205,14 @@ class GrappaDataModule(GNNDataModule):
 
     @override
     def state_dict(self) -> dict:
-        """The super-epoch clock and the layout its ``t`` indexes."""
-        return {**self.clock.state_dict(), **self._layout()}
+        """The super-epoch clock and the layout its ``t`` indexes (and the base's
+        ``train_epoch``)."""
+        return {**super().state_dict(), **self.clock.state_dict(), **self._layout()}
 
     @override
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore the clock; the layout it indexes must be the same."""
+        super().load_state_dict(state_dict)
         differ = {
             k: (state_dict.get(k), v) for k, v in self._layout().items() if state_dict.get(k) != v
         }

@@ -174,7 +174,7 @@ class SancusDataModule(GNNDataModule):
 
     @override
     def state_dict(self) -> dict:
-        return {"policy": self.config.policy}
+        return {**super().state_dict(), "policy": self.config.policy}
 
     @override
     def load_state_dict(self, state_dict: dict) -> None:
@@ -189,6 +189,7 @@ class SancusDataModule(GNNDataModule):
             fresh_start="load its weights into the module (e.g. GNNModule.load_from_checkpoint) "
             "and call trainer.fit without ckpt_path",
         )
+        super().load_state_dict(state_dict)
 
     @override
     def build_model(self, model: ModelConfig) -> SancusGCN:
