@@ -2,10 +2,12 @@
 no file is loaded before its ``.npy`` header is checked, and a resealed ``partition.json``
 (its digest recomputed, as anyone can) whose counts would size huge allocations is refused
 against the files' own shapes. Every refusal is a ``PartitionDirError`` naming the file, from
-``prepare``: the check the launcher runs before it starts any rank."""
+``prepare``: the check the launcher runs before it starts any rank; and a rank maps only the
+files the launcher verified, refusing one changed since (review of issue 37)."""
 
 import io
 import json
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -145,6 +147,81 @@ def test_resealed_counts_are_bounded_by_the_files(out, edit, match):
     reseal(out, edit)
     message = refused(out, match)
     assert str(out) in message
+
+
+# ------------------------------------------------- a file changed between verifying and loading
+def verified_in_the_launcher(out: Path):
+    """``out`` opened and both parts verified, as the launcher does, then pickled as it travels
+    to the ranks."""
+    return pickle.loads(
+        pickle.dumps(make_dm(out.parent / "cache", partition_dir=str(out)).prepare(2))
+    )
+
+
+def same_bytes_new_inode(x: Path) -> None:
+    """``x`` replaced by a copy with the same bytes, size and mtime: only its inode differs."""
+    status = x.stat()
+    copy = x.with_name("copy.npy")
+    shutil.copy(x, copy)
+    os.utime(copy, ns=(status.st_atime_ns, status.st_mtime_ns))
+    os.replace(copy, x)
+
+
+def symlink_to_a_copy(x: Path) -> None:
+    """``x`` replaced by a symlink, inside the directory, to a byte-identical copy."""
+    copy = x.with_name("copy.npy")
+    shutil.copy2(x, copy)
+    x.unlink()
+    x.symlink_to(copy)
+
+
+def folder_moved_and_linked(x: Path) -> str:
+    """``x``'s part folder moved aside (its inodes kept) and a symlink put in its place: the
+    first file mapped is refused."""
+    folder = x.parent
+    folder.rename(folder.with_name("moved"))
+    folder.symlink_to(folder.with_name("moved"))
+    return rf"{folder}/\w+\.npy"
+
+
+def fifo(x: Path) -> None:
+    """``x`` replaced by a named pipe: opening one to read would wait for a writer forever."""
+    x.unlink()
+    os.mkfifo(x)
+
+
+def truncated(x: Path) -> None:
+    os.truncate(x, x.stat().st_size // 2)  # mapped, a touched page past the end would SIGBUS
+
+
+@pytest.mark.parametrize(
+    "swap", [same_bytes_new_inode, symlink_to_a_copy, folder_moved_and_linked, fifo, truncated]
+)
+def test_a_rank_refuses_a_file_changed_since_the_launcher_verified_it(out, swap):
+    opened = verified_in_the_launcher(out)
+    x = out / part_folder(0) / "x.npy"
+    named = swap(x) or str(x)
+    with pytest.raises(PartitionDirError, match=f"part 0: {named} changed since it was verified"):
+        opened.load_part(0)
+    assert opened.load_part(1)["x"].shape[0] == opened.meta["parts"][1]["nodes"]  # untouched
+
+
+def test_a_file_written_while_it_is_verified_is_refused(out, monkeypatch):
+    """A writer that touches a file while its digest is computed (so the digest read mixes
+    two versions) is caught: the inode's mtime differs after the digest."""
+    import lightning_gnnscale.graph.partition_dir as partition_dir
+
+    x = out / part_folder(0) / "x.npy"
+    digest = partition_dir._digest
+
+    def digest_while_written(file):
+        found = digest(file)
+        if os.fstat(file.fileno()).st_ino == x.stat().st_ino:
+            os.utime(x, ns=(0, 0))
+        return found
+
+    monkeypatch.setattr(partition_dir, "_digest", digest_while_written)
+    refused(out, f"part 0: {x} changed while it was verified")
 
 
 # ---------------------------------------------------------------------- what a file holds

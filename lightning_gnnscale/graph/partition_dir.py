@@ -20,6 +20,8 @@ raised before any rank starts when the launcher opens the directory). Nothing in
 trusted: ``blake2b`` guards against damage, not against a hostile writer (anyone can reseal a
 file), so every entry must resolve inside the directory, every ``.npy`` header is read and
 checked before its data, and every count that sizes an allocation must agree with the files.
+Each file is verified and later mapped through a descriptor opened beneath the directory with
+no symlink followed, and a rank maps only the inode that was verified (:class:`VerifiedFile`).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import json
 import math
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -64,6 +67,9 @@ NODE_ROW_FILES = (
 )
 # metadata counts of the whole graph
 GRAPH_COUNTS = ("num_nodes", "num_edges", "num_features", "num_classes")
+# a part file is opened read-only, never through a symlink, and a FIFO swapped in cannot block
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class PartitionDirError(ConfigError):
@@ -112,21 +118,21 @@ def inside(root: Path, path: Path, what: str) -> Path:
     return path
 
 
-def npy_header(path: Path, what: str) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of the ``.npy`` file ``path`` from its header alone (no data read).
-    ``PartitionDirError`` naming the file unless it is a C-ordered array of plain numbers or
-    booleans whose data fills the rest of the file exactly (a pickle is never loaded)."""
+def npy_header(file: IO[bytes], path: Path, what: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and data offset of the ``.npy`` file open as ``file`` (at its start; named
+    ``path`` in errors) from its header alone (no data read). ``PartitionDirError`` naming the
+    file unless it is a C-ordered array of plain numbers or booleans whose data fills the rest
+    of the file exactly (a pickle is never loaded)."""
     try:
-        with open(path, "rb") as file:
-            version = np.lib.format.read_magic(file)
-            read = {
-                (1, 0): np.lib.format.read_array_header_1_0,
-                (2, 0): np.lib.format.read_array_header_2_0,
-            }.get(version)
-            if read is None:
-                raise ValueError(version)
-            shape, fortran_order, dtype = read(file)
-            offset = file.tell()
+        version = np.lib.format.read_magic(file)
+        read = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }.get(version)
+        if read is None:
+            raise ValueError(version)
+        shape, fortran_order, dtype = read(file)
+        offset = file.tell()
     except (ValueError, OSError, SyntaxError):
         raise PartitionDirError(
             f"{what}: {path} is not a .npy array file (its header cannot be read); partition again"
@@ -140,54 +146,136 @@ def npy_header(path: Path, what: str) -> tuple[tuple[int, ...], np.dtype]:
         raise PartitionDirError(
             f"{what}: {path} has the header of no written array; partition again"
         )
-    size = path.stat().st_size
+    size = os.fstat(file.fileno()).st_size
     if offset + math.prod(shape) * dtype.itemsize != size:
         raise PartitionDirError(
             f"{what}: {path}'s header says {list(shape)} {dtype} values, but the file has "
             f"{size - offset} bytes of data; partition again"
         )
-    return tuple(shape), dtype
+    return tuple(shape), dtype, offset
 
 
-def _check_files(root: Path, folder: Path, files: dict, what: str) -> dict[str, tuple]:
-    """Every file of ``files`` lies inside ``root``, exists in ``folder`` with its recorded
-    size, a readable ``.npy`` header and its recorded digest. Returns ``{stem: (shape,
-    dtype)}`` (the headers', for the count checks)."""
-    inside(root, folder, what)
-    shapes = {}
-    for name, entry in files.items():
-        path = inside(root, folder / name, what)
-        if not path.is_file():
-            raise PartitionDirError(f"{what}: file {path} is missing")
-        size = path.stat().st_size
-        if size != entry["bytes"]:
+@dataclass(frozen=True)
+class VerifiedFile:
+    """A part or shared file as verified: what a rank maps, and the inode it must still be.
+
+    Attributes:
+        path: where it resolved to, relative to the resolved directory (no symlink in it).
+        shape, dtype, offset: its ``.npy`` header's shape and dtype, and where its data starts.
+        identity: ``(st_dev, st_ino, st_size, st_mtime_ns)`` of the inode whose bytes were
+            checked against the digest.
+    """
+
+    path: Path
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int
+    identity: tuple[int, int, int, int]
+
+
+def _identity(status: os.stat_result) -> tuple[int, int, int, int]:
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)
+
+
+def _open_beneath(root: Path, relative: Path) -> IO[bytes]:
+    """``root / relative`` (``relative``: a resolved path's part below ``root``, no ``..``)
+    opened for reading one component at a time from ``root``, with no symlink followed
+    (``OSError``, ``ELOOP``, for one swapped in since it was resolved): what is opened lies
+    inside the directory."""
+    *folders, name = relative.parts or (".",)
+    folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in folders:
+            inner = os.open(part, _FOLDER_FLAGS, dir_fd=folder)
+            os.close(folder)
+            folder = inner
+        return os.fdopen(os.open(name, _FILE_FLAGS, dir_fd=folder), "rb")
+    finally:
+        os.close(folder)
+
+
+def _verify_file(root: Path, path: Path, entry: dict, what: str) -> VerifiedFile:
+    """The file ``path`` (resolved inside ``root``), read once through one descriptor: a
+    regular file of its recorded size, a plain ``.npy`` header, its recorded digest, and the
+    same inode, size and mtime after the digest as before it."""
+    relative = inside(root, path, what).resolve().relative_to(root)
+    try:
+        file = _open_beneath(root, relative)
+    except FileNotFoundError:
+        raise PartitionDirError(f"{what}: file {path} is missing") from None
+    except OSError as err:
+        raise PartitionDirError(f"{what}: {path} cannot be opened ({err.strerror})") from None
+    with file:
+        before = os.fstat(file.fileno())
+        if not stat.S_ISREG(before.st_mode):
+            raise PartitionDirError(f"{what}: {path} is not a regular file; partition again")
+        if before.st_size != entry["bytes"]:
             raise PartitionDirError(
-                f"{what}: {path} has {size} bytes, {entry['bytes']} expected "
+                f"{what}: {path} has {before.st_size} bytes, {entry['bytes']} expected "
                 f"(truncated or replaced); partition again"
             )
-        shapes[name.removesuffix(".npy")] = npy_header(path, what)
-        if file_digest(path) != entry["blake2b"]:
+        shape, dtype, offset = npy_header(file, path, what)
+        file.seek(0)
+        if _digest(file) != entry["blake2b"]:
             raise PartitionDirError(
                 f"{what}: {path} does not match its digest in {METADATA} "
                 f"(corrupt or replaced); partition again"
             )
-    return shapes
+        if _identity(os.fstat(file.fileno())) != _identity(before):
+            raise PartitionDirError(f"{what}: {path} changed while it was verified")
+    return VerifiedFile(relative, shape, dtype, offset, _identity(before))
 
 
-def _load_arrays(folder: Path, files: dict) -> dict[str, Tensor]:
-    out = {}
-    for name in files:
-        array = np.load(folder / name, mmap_mode="c", allow_pickle=False)
-        out[name.removesuffix(".npy")] = torch.from_numpy(array)
-    return out
+def _check_files(root: Path, folder: Path, files: dict, what: str) -> dict[str, VerifiedFile]:
+    """Every file of ``files`` lies inside ``root``, exists in ``folder`` with its recorded
+    size, a readable ``.npy`` header and its recorded digest (:func:`_verify_file`). Returns
+    ``{stem: VerifiedFile}`` (the headers for the count checks, the inodes for the loads)."""
+    inside(root, folder, what)
+    return {
+        name.removesuffix(".npy"): _verify_file(root, folder / name, entry, what)
+        for name, entry in files.items()
+    }
+
+
+def _map_verified(root: Path, verified: VerifiedFile, path: Path, what: str) -> Tensor:
+    """The verified file, memory-mapped copy-on-write from a descriptor opened beneath
+    ``root`` with no symlink followed, once it is checked to be the inode that was verified
+    (same device, inode, size and mtime); else ``PartitionDirError`` naming ``path``. The
+    shape, dtype and offset are the verified header's, and the size is the verified one, so the
+    map covers the data exactly (nothing is read here)."""
+    changed = (
+        f"{what}: {path} changed since it was verified (replaced, truncated, moved or "
+        f"linked elsewhere); check who writes the directory, then run again"
+    )
+    try:
+        file = _open_beneath(root, verified.path)
+    except OSError:
+        raise PartitionDirError(changed) from None
+    with file:
+        if _identity(os.fstat(file.fileno())) != verified.identity:
+            raise PartitionDirError(changed)
+        array = np.memmap(
+            file,
+            dtype=verified.dtype,
+            shape=verified.shape,
+            order="C",
+            mode="c",
+            offset=verified.offset,
+        )
+    return torch.from_numpy(array)
 
 
 def file_digest(path: Path) -> str:
     """blake2b (32 bytes) of a file's bytes, read in 4 MiB chunks."""
-    digest = hashlib.blake2b(digest_size=32)
     with open(path, "rb") as file:
-        while chunk := file.read(1 << 22):
-            digest.update(chunk)
+        return _digest(file)
+
+
+def _digest(file: IO[bytes]) -> str:
+    """blake2b (32 bytes) of the rest of an open file, read in 4 MiB chunks."""
+    digest = hashlib.blake2b(digest_size=32)
+    while chunk := file.read(1 << 22):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -380,14 +468,15 @@ class PartitionDir:
         meta: the content of ``partition.json``.
         verified: parts (and shared groups, by name) whose files were checked against their
             digests in this process tree.
-        shapes: ``{folder: {stem: (shape, dtype)}}`` of the verified files, from their
-            ``.npy`` headers (what the count checks compare the metadata with).
+        verified_files: ``{folder: {stem: VerifiedFile}}``: each verified file's ``.npy``
+            header (what the count checks compare the metadata with) and inode (what a rank
+            maps, refusing a file changed since; on this machine only).
     """
 
     path: Path
     meta: dict
     verified: set[int | str] = field(default_factory=set)
-    shapes: dict[str, dict[str, tuple]] = field(default_factory=dict)
+    verified_files: dict[str, dict[str, VerifiedFile]] = field(default_factory=dict)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> PartitionDir:
@@ -476,8 +565,8 @@ class PartitionDir:
     def shape(self, folder: str, name: str) -> tuple[int, ...] | None:
         """The shape of a verified file ``folder/<name>.npy`` (``None``: not verified or not
         there)."""
-        found = self.shapes.get(folder, {}).get(name)
-        return None if found is None else found[0]
+        found = self.verified_files.get(folder, {}).get(name)
+        return None if found is None else found.shape
 
     def verify_parts(self, parts: Iterable[int]) -> None:
         """Every file of ``parts``, and of the shared groups they need, lies inside the
@@ -498,7 +587,9 @@ class PartitionDir:
                     f"part {k} is missing: {folder} (each node needs the parts of its ranks)"
                 )
             record = self.meta["parts"][k]
-            self.shapes[folder.name] = _check_files(self.root, folder, record["files"], f"part {k}")
+            self.verified_files[folder.name] = _check_files(
+                self.root, folder, record["files"], f"part {k}"
+            )
             for name in record.get("shared", ()):
                 self._verify_shared(name, k)
             self.check_counts(k)
@@ -514,7 +605,9 @@ class PartitionDir:
                 "needs the shared groups of its ranks' parts)"
             )
         files = self.meta["shared"][name]["files"]
-        self.shapes[folder.name] = _check_files(self.root, folder, files, f"shared group {name!r}")
+        self.verified_files[folder.name] = _check_files(
+            self.root, folder, files, f"shared group {name!r}"
+        )
         self.verified.add(name)
 
     def expect_shape(self, folder: str, name: str, want: tuple[int | None, ...], key: str) -> None:
@@ -560,10 +653,12 @@ class PartitionDir:
         for where in folders:
             if "num_features" in meta:
                 self.expect_shape(where, "x", (None, meta["num_features"]), "'num_features'")
-            found = self.shapes.get(where, {}).get("x")
-            if found is not None and str(found[1]) != meta.get("feature_dtype", str(found[1])):
+            found = self.verified_files.get(where, {}).get("x")
+            if found is not None and str(found.dtype) != meta.get(
+                "feature_dtype", str(found.dtype)
+            ):
                 raise PartitionDirError(
-                    f"{self.path / where / 'x.npy'} holds {found[1]} values, but "
+                    f"{self.path / where / 'x.npy'} holds {found.dtype} values, but "
                     f"{self.path / METADATA}'s 'feature_dtype' says {meta['feature_dtype']}; "
                     f"partition again"
                 )
@@ -573,7 +668,7 @@ class PartitionDir:
         until used, and writes stay private to this process. Verifies the part first unless
         this process (or the launcher it came from) already did."""
         self.verify_parts([k])
-        return _load_arrays(self.path / part_folder(k), self.meta["parts"][k]["files"])
+        return self._map(part_folder(k), self.meta["parts"][k]["files"], f"part {k}")
 
     def load_shared(
         self, name: str, k: int, arrays: Iterable[str] | None = None
@@ -589,7 +684,17 @@ class PartitionDir:
         files = self.meta["shared"][name]["files"]
         if arrays is not None:
             files = {f"{a}.npy": files[f"{a}.npy"] for a in arrays}
-        return _load_arrays(self.path / shared_folder(name), files)
+        return self._map(shared_folder(name), files, f"shared group {name!r}")
+
+    def _map(self, folder: str, files: dict, what: str) -> dict[str, Tensor]:
+        """The verified files ``files`` of ``folder`` (name -> tensor), each mapped only if it
+        is still the inode that was verified (:func:`_map_verified`)."""
+        root, verified = self.root, self.verified_files[folder]
+        arrays = {}
+        for name in files:
+            stem = name.removesuffix(".npy")
+            arrays[stem] = _map_verified(root, verified[stem], self.path / folder / name, what)
+        return arrays
 
 
 def write_halo_parts(
