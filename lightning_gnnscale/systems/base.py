@@ -481,12 +481,10 @@ class OneItem(RankShareSampler):
 class EpochSteps(RankShareSampler):
     """Yields ``(epoch, step)`` for the epoch about to run (iterated in the main process).
 
-    The epoch is the DataModule's :attr:`~GNNDataModule.train_epoch`. Lightning sets it at
-    each epoch start (``set_epoch``, the ``DistributedSampler`` protocol); a resumed run's
-    first iterator, which Lightning builds before that, reads the checkpoint's
-    (:meth:`GNNDataModule.load_state_dict`). ``trainer.current_epoch`` still names the
-    checkpoint's epoch then, and a counter of ``iter`` calls breaks when Lightning probes the
-    loader (it does so with DataLoader workers). Covered by the resume and worker tests.
+    The epoch is the fit loop's count of processed epochs: ``trainer.current_epoch`` still
+    names the checkpoint's epoch when Lightning builds the first iterator of a resumed run, and
+    a counter of ``iter`` calls breaks when Lightning probes the loader (it does so with
+    DataLoader workers). Covered by the resume and worker tests.
     """
 
     def __init__(self, dm: GNNDataModule):
@@ -496,13 +494,9 @@ class EpochSteps(RankShareSampler):
     def __len__(self) -> int:
         return self.dm.steps_per_epoch
 
-    @override
-    def set_epoch(self, epoch: int) -> None:
-        super().set_epoch(epoch)
-        self.dm.train_epoch = epoch
-
     def __iter__(self):
-        epoch = self.dm.resumed_train_epoch()
+        trainer = self.dm.trainer
+        epoch = trainer.fit_loop.epoch_progress.current.processed if trainer else 0
         return iter([(epoch, step) for step in range(self.dm.steps_per_epoch)])
 
 
@@ -658,10 +652,6 @@ class GNNDataModule(L.LightningDataModule):
         self._prepared: dict[int, Any] = {}
         self.context: RankContext | None = None
         self._bound_to: Strategy | None = None
-        # the epoch the training loader yields next: Lightning's at each epoch start
-        # (EpochSteps.set_epoch), a checkpoint's on resume (load_state_dict)
-        self.train_epoch = 0
-        self._train_epoch_loaded = False
 
     # servers x workers of the run this module was built for (``run.build_datamodule`` sets
     # it, so the launcher and ``python -m lightning_gnnscale.partition`` know it before any
@@ -669,13 +659,6 @@ class GNNDataModule(L.LightningDataModule):
     launch_topology: Topology | None = None
 
     # ------------------------------------------------------------------------ data, set-up
-    @property
-    def dtype(self) -> torch.dtype:
-        """The features' dtype of a dataset loaded by name or of a rank's part (the
-        constructor's ``dtype``; float64 under ``Trainer(precision="64-true")``). A given
-        :class:`Graph` keeps its own."""
-        return self._dtype
-
     @property
     def graph(self) -> Graph:
         """The whole dataset (loaded on first use when the module was given a name)."""
@@ -866,53 +849,6 @@ class GNNDataModule(L.LightningDataModule):
 
     def setup_rank(self, context: RankContext, prepared: Any) -> None:
         """Build this rank's share (collectives allowed: every rank calls it)."""
-
-    # ------------------------------------------------------------------------ checkpoints
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        """``train_epoch``: the epoch a resumed run's loader starts at, the next one when
-        this epoch's last step has run (a checkpoint at an epoch end, ``Trainer.is_last_batch``),
-        else this one (mid-epoch). A subclass adds its own keys to this dict."""
-        finished = self.trainer is not None and self.trainer.is_last_batch
-        return {"train_epoch": self.train_epoch + int(finished)}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Take the checkpoint's ``train_epoch`` (a non-negative int, checked: the file is
-        data from outside; an older checkpoint without it is refused for a resume, and is
-        fine to evaluate). A subclass calls this before restoring its own keys."""
-        epoch = state_dict.get("train_epoch")
-        if epoch is None:
-            if self.trainer is not None and self.trainer.state.fn == "fit":
-                raise self.old_checkpoint_error()
-            return
-        if type(epoch) is not int or epoch < 0:
-            raise ConfigError(
-                f"the checkpoint's {type(self).__name__} state has train_epoch={epoch!r}: "
-                "expected a non-negative int; the file is damaged or not this suite's"
-            )
-        self.train_epoch, self._train_epoch_loaded = epoch, True
-
-    def old_checkpoint_error(self) -> ConfigError:
-        """The refusal of a resume from a checkpoint without :meth:`state_dict`'s
-        ``train_epoch`` (written before the DataModule kept its epoch in checkpoints)."""
-        return ConfigError(
-            f"ckpt_path: the checkpoint has no {type(self).__name__} train_epoch (a "
-            "checkpoint written before the DataModule kept its training epoch in checkpoints, "
-            "or not by this suite), so a resume would not know which epoch's samples come "
-            "next; resume from a checkpoint written by this version, or start from its "
-            "weights alone with weights_from=<path> (GNNModule.load_from_checkpoint in a "
-            "plain script)"
-        )
-
-    def resumed_train_epoch(self) -> int:
-        """:attr:`train_epoch`, after checking that a resumed fit loaded it (an older
-        checkpoint without it is refused, :meth:`old_checkpoint_error`)."""
-        trainer = self.trainer
-        resuming = trainer is not None and trainer.ckpt_path is not None
-        if resuming and trainer.state.fn == "fit" and not self._train_epoch_loaded:
-            raise self.old_checkpoint_error()
-        return self.train_epoch
 
     # -------------------------------------------------------------------------- training
     @cached_property
