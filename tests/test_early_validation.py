@@ -29,7 +29,10 @@ def _imported(importtime_log: str) -> set[str]:
     ("override", "message"),
     [
         ("data.fanouts=[5]", "one fanout per layer"),  # a rule between sections
-        ("trainer.devices=2000", "ranks per node"),  # a bound on this machine's cores
+        (
+            "trainer.devices=2000",
+            "ranks per node; set launcher.allow_oversubscribe=true",
+        ),  # a bound
     ],
 )
 def test_a_bad_value_fails_before_torch_lightning_or_pyg_is_imported(tmp_path, override, message):
