@@ -47,6 +47,7 @@ from lightning_gnnscale.graph.dataset_config import (
     check_dataset_options,
 )
 from lightning_gnnscale.graph.generators import rmat, rmat_peak_bytes, sbm, sbm_peak_bytes
+from lightning_gnnscale.graph.partition_dir import NPY_HEADER_READERS
 
 DEFAULT_ROOT = Path.home() / ".cache" / "lightning_gnnscale" / "datasets"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "lightning_gnnscale" / "processed"
@@ -219,7 +220,7 @@ def _ogb_sizes(dataset_dir: Path, binary: bool) -> tuple[tuple[int, int, int], s
                 shapes = {}
                 for member in ("edge_index", "node_feat", "num_nodes_list"):
                     with archive.open(f"{member}.npy") as file:
-                        read_header = _NPY_HEADER_READERS[np.lib.format.read_magic(file)]
+                        read_header = NPY_HEADER_READERS[np.lib.format.read_magic(file)]
                         shapes[member] = read_header(file)[0]
                 with archive.open("num_nodes_list.npy") as file:
                     nodes = int(np.lib.format.read_array(file, allow_pickle=False).sum())
@@ -231,12 +232,6 @@ def _ogb_sizes(dataset_dir: Path, binary: bool) -> tuple[tuple[int, int, int], s
         return (counts[0], counts[1], features), f"{raw}/num-{{node,edge}}-list.csv.gz"
     except (OSError, KeyError, ValueError, IndexError, zipfile.BadZipFile):
         return None  # processed-only or damaged: ogb's own loading reports what is wrong
-
-
-_NPY_HEADER_READERS = {
-    (1, 0): np.lib.format.read_array_header_1_0,
-    (2, 0): np.lib.format.read_array_header_2_0,
-}
 
 
 def _sum_of_csv_gz(path: Path) -> int:

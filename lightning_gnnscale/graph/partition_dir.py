@@ -118,6 +118,13 @@ def inside(root: Path, path: Path, what: str) -> Path:
     return path
 
 
+# ``.npy`` format version -> numpy's reader of that version's header (no data read)
+NPY_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
 def npy_header(file: IO[bytes], path: Path, what: str) -> tuple[tuple[int, ...], np.dtype, int]:
     """Shape, dtype and data offset of the ``.npy`` file open as ``file`` (at its start; named
     ``path`` in errors) from its header alone (no data read). ``PartitionDirError`` naming the
@@ -125,10 +132,7 @@ def npy_header(file: IO[bytes], path: Path, what: str) -> tuple[tuple[int, ...],
     of the file exactly (a pickle is never loaded)."""
     try:
         version = np.lib.format.read_magic(file)
-        read = {
-            (1, 0): np.lib.format.read_array_header_1_0,
-            (2, 0): np.lib.format.read_array_header_2_0,
-        }.get(version)
+        read = NPY_HEADER_READERS.get(version)
         if read is None:
             raise ValueError(version)
         shape, fortran_order, dtype = read(file)
