@@ -139,6 +139,7 @@ def node_counts(nodes: int):
         ),
         (lambda meta: meta.update(num_features=10**9), r"x.npy .* 'num_features' says \[\*, 1000"),
         (lambda meta: meta.update(num_classes=10**9), r"'num_classes' 1000000000 is not in"),
+        (lambda meta: meta.update(train_count=10**12), r"'train_count' 1000000000000 is not in"),
         (lambda meta: meta["parts"][0].update(halo=10**9), r"'nodes' \+ 'halo' says"),
         (lambda meta: meta.update(num_parts=True), "'num_parts' True is not a positive int"),
     ],

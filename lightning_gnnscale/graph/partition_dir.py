@@ -365,6 +365,12 @@ def check_layout(meta: dict, meta_path: Path) -> None:
         raise PartitionDirError(
             f"{meta_path}: 'num_classes' {meta['num_classes']} is not in [1, num_nodes]"
         )
+    if "train_count" in meta and not (
+        is_count(meta["train_count"]) and meta["train_count"] <= num_nodes
+    ):
+        raise PartitionDirError(
+            f"{meta_path}: 'train_count' {meta['train_count']!r} is not in [0, num_nodes]"
+        )
     if "trainer_sizes" in meta:
         sizes = meta["trainer_sizes"]
         if (

@@ -37,7 +37,7 @@ from ...graph.cache import (
     read_verified,
 )
 from ...graph.partition import partition
-from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, is_count
+from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError
 from ...models.gnn import BlockGNN
 from ...schema import ModelConfig, require
 from ..base import (
@@ -607,15 +607,6 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             }
             writer.write_part(rank, arrays, sizes, shared=[f"server{server}"])
             log(f"[partition] part {rank + 1}/{topology.world_size} written ({sizes})")
-
-    @override
-    def check_partition_part(self, opened: PartitionDir, k: int) -> None:
-        """``train_count`` is a count of at most ``num_nodes``."""
-        count = opened.meta.get("train_count")
-        if not (is_count(count) and count <= opened.meta["num_nodes"]):
-            raise PartitionDirError(
-                f"{opened.path / METADATA}: 'train_count' {count!r} is not in [0, num_nodes]"
-            )
 
     def open_part(self, context: RankContext, opened: PartitionDir) -> None:
         """This rank's part and its server's shared rows (memory-mapped), after checking the

@@ -16,7 +16,7 @@ from ...graph.batch import Batch
 from ...graph.book import PartitionBook, relabel_graph
 from ...graph.cache import cached_partition
 from ...graph.csc import Graph
-from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, is_count, part_folder
+from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, part_folder
 from ...schema import ModelConfig
 from ..base import GNNDataModule, assert_same_on_all_ranks, own_predictions
 from .callbacks import CacheMemory, StalenessLog
@@ -103,10 +103,10 @@ class SancusDataModule(GNNDataModule):
 
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
-        """``consumer`` is a ``P x P`` table of booleans, ``train_count`` at most the nodes, and
-        part ``k`` holds one CSR per column block with ``nodes + 1`` row pointers."""
+        """``consumer`` is a ``P x P`` table of booleans (``train_count`` is the format's
+        check), and part ``k`` holds one CSR per column block with ``nodes + 1`` row pointers."""
         meta, where, parts = opened.meta, opened.path / METADATA, opened.num_parts
-        consumer, train_count = meta.get("consumer"), meta.get("train_count")
+        consumer = meta.get("consumer")
         if not (
             isinstance(consumer, list)
             and len(consumer) == parts
@@ -115,10 +115,6 @@ class SancusDataModule(GNNDataModule):
         ):
             raise PartitionDirError(
                 f"{where}: 'consumer' is not a {parts} x {parts} table of booleans"
-            )
-        if not (is_count(train_count) and train_count <= meta["num_nodes"]):
-            raise PartitionDirError(
-                f"{where}: 'train_count' {train_count!r} is not in [0, num_nodes]"
             )
         folder, nodes = part_folder(k), meta["parts"][k]["nodes"]
         for j in range(parts):
