@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import inspect
 import os
-import weakref
 
 from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from .bounds import check_run_bounds, externally_launched
 from .errors import ConfigError
-from .schema import RunConfig, as_dict, require, run_config
+from .schema import RunConfig, require, run_config
 
 
 def check_target(node, key: str) -> None:
@@ -70,35 +69,21 @@ def check_config(cfg: DictConfig | RunConfig) -> RunConfig:
             f"every node (the same MASTER_ADDR/MASTER_PORT everywhere), or launch with "
             f"torchrun / srun",
         )
-    global _last_checked
-    _last_checked = (weakref.ref(run), as_dict(run))
     return run
 
 
 # The run config check_config last passed (weakly) and its settings then.
-_last_checked: tuple[weakref.ref[RunConfig], dict] | None = None
-
-
-def _checked_already(cfg: DictConfig | RunConfig) -> bool:
-    """Whether ``cfg`` is the run config :func:`check_config` last passed, with the same
-    settings (its nested dicts can change), so checking it again would find nothing new. The
-    environment is not compared: importing torch sets variables of its own (the ones the
-    checks read are the caller's, as they were a moment ago in ``train.py``)."""
-    if _last_checked is None or not isinstance(cfg, RunConfig):
-        return False
-    run, settings = _last_checked
-    return run() is cfg and as_dict(cfg) == settings
-
-
-def validate(cfg: DictConfig | RunConfig) -> RunConfig:
-    """:func:`check_config` (skipped for the run config it has just passed, unchanged: its
+def validate(cfg: DictConfig | RunConfig, *, checked: bool = False) -> RunConfig:
+    """:func:`check_config` (unless ``checked``: ``cfg`` is the run config it returned, so its
     warnings print once), then the checks that need torch or files: the classes named by
     ``_target_``, a GPU, checkpoints; raises :class:`ConfigError` on the first problem."""
     import torch  # here: check_config runs before torch is imported
 
     from .checkpoints import check_resume, read_checkpoint  # imports Lightning
 
-    run = cfg if _checked_already(cfg) else check_config(cfg)
+    if checked and not isinstance(cfg, RunConfig):
+        raise TypeError(f"checked=True takes the RunConfig check_config returned, got {cfg!r}")
+    run = cfg if checked else check_config(cfg)
     if run.logger is not None:
         check_target(run.logger, "logger")
     for name, node in (run.callbacks or {}).items():

@@ -165,14 +165,15 @@ def use_rank_threads(devices: int) -> None:
     os.environ[OMP_THREADS_ENV] = str(threads)
 
 
-def train(cfg: DictConfig | RunConfig) -> tuple[dict, dict]:
-    """Run one training job; return ``(metrics, objects)``.
+def train(cfg: DictConfig | RunConfig, *, checked: bool = False) -> tuple[dict, dict]:
+    """Run one training job; return ``(metrics, objects)``. ``checked``: ``cfg`` is the run
+    config :func:`~.config.check_config` returned (``train.py``), not checked again.
 
     ``metrics`` is the content of ``summary.json`` (empty on nodes other than node 0 of a
     multi-node launch); ``objects`` holds ``graph`` (``None`` with ``data.partition_dir``:
     no process loads it) and ``output_dir``.
     """
-    run = validate(cfg)
+    run = validate(cfg, checked=checked)
     malloc_choice()  # a bad $GNNSCALE_MALLOC fails here, before any rank is spawned
     output_dir = Path(run.paths.output_dir)
     check_writable(output_dir)
@@ -245,7 +246,7 @@ def run_from_command_line(cfg: DictConfig, run: RunConfig) -> float | None:
     or an OS error (disk full, a file that vanished) ends with one line naming what happened
     and where its partial results are (``cfg``'s output folder), not a traceback."""
     try:
-        metrics, _ = train(run)
+        metrics, _ = train(run, checked=True)
     except KeyboardInterrupt:
         _stopped("interrupted (Ctrl-C)", cfg, 130)
     except LauncherSignal as err:

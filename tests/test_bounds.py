@@ -183,7 +183,8 @@ def test_seeds_outside_numpys_range_are_refused_naming_seed(base_run, seed):
 
 def test_a_lifted_bound_warns_once_in_train_pys_order(base_run, two_cores):
     """``train.py`` checks the config (check_config), then ``train`` validates that same run
-    config: its bounds are not checked again, so each lifted bound is named once."""
+    config with ``checked=True``: its bounds are not checked again, so each lifted bound is
+    named once; a plain ``validate`` checks in full."""
     import warnings
 
     from lightning_gnnscale.config import check_config, validate
@@ -192,9 +193,9 @@ def test_a_lifted_bound_warns_once_in_train_pys_order(base_run, two_cores):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run_cfg = check_config(lifted)
-        assert validate(run_cfg) is run_cfg
+        assert validate(run_cfg, checked=True) is run_cfg
         changed = replace(run_cfg, data=replace(run_cfg.data, num_workers=3000))
-        validate(changed)  # another run config is checked in full
+        validate(changed)  # a run config not just checked is checked in full
     named = [str(w.message) for w in caught if f"allowed by {HATCH}" in str(w.message)]
     assert [m.split(" exceeds")[0] for m in named] == [
         "data.num_workers=2000",

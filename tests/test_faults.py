@@ -150,7 +150,7 @@ def test_a_stopped_run_says_what_happened_in_one_line(
     (out / "checkpoints").mkdir(parents=True)
     (out / "checkpoints" / "last.ckpt").write_bytes(b"")
 
-    def stopped(cfg):
+    def stopped(cfg, **kwargs):
         raise stop
 
     monkeypatch.setattr(run_module, "train", stopped)
