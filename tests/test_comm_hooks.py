@@ -144,3 +144,25 @@ def test_rank_exception_is_reraised_with_its_traceback():
     with pytest.raises(RuntimeError, match="(?s)rank 1.*ValueError: boom on rank 1"):
         run_distributed(_fail_on_rank_one, 2, timeout_s=30)
     assert time.monotonic() - start < 20
+
+
+def _world_rank(rank, world_size):
+    return dist.get_rank()
+
+
+@pytest.mark.dist
+def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_tried_again(monkeypatch):
+    """The helper picks a free port, then rank 0 binds it: a process that takes it in between
+    (here a listening socket) makes rank 0 fail with EADDRINUSE before ``fn`` runs."""
+    import socket
+
+    from tests.helpers import dist as dist_helper
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        ports = [taken.getsockname()[1]]
+        real_free_port = dist_helper.free_port
+        monkeypatch.setattr(
+            dist_helper, "free_port", lambda: ports.pop() if ports else real_free_port()
+        )
+        assert run_distributed(_world_rank, 2, timeout_s=60) == [0, 1]
+    assert not ports  # the taken port was handed out first

@@ -101,6 +101,12 @@ def _stop(processes: list) -> None:
         process.join(timeout=5)
 
 
+# The rendezvous port is picked free, then bound by rank 0: another process (a test on the
+# other xdist worker) can take it in between. Such a run never reached ``fn``: start it again.
+_PORT_TAKEN = "EADDRINUSE"
+_PORT_TRIES = 3
+
+
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int,
@@ -115,7 +121,24 @@ def run_distributed(
     uses one thread and a process group with ``timeout_s``. A rank's exception is re-raised
     here as RuntimeError with its traceback; if the ranks do not all finish within
     ``timeout_s`` (start-up included) every process is killed and TimeoutError is raised.
+    A run whose rendezvous port was taken before rank 0 bound it is started again (at most
+    ``_PORT_TRIES`` times in all).
     """
+    for attempt in range(1, _PORT_TRIES + 1):
+        try:
+            return _run_distributed_once(fn, world_size, args, timeout_s, backend)
+        except _RendezvousPortTaken:
+            if attempt == _PORT_TRIES:
+                raise
+
+
+class _RendezvousPortTaken(RuntimeError):
+    """Rank 0 could not listen on the rendezvous port: no rank ran ``fn``."""
+
+
+def _run_distributed_once(
+    fn: Callable[..., Any], world_size: int, args: tuple, timeout_s: float, backend: str
+) -> list[Any]:
     context = warm_context()
     results = context.Queue()
     port = free_port()
@@ -172,5 +195,8 @@ def run_distributed(
         _stop(processes)
     if errors:
         details = "\n".join(f"--- rank {rank} ---\n{text}" for rank, text in sorted(errors.items()))
-        raise RuntimeError(f"{len(errors)} of {world_size} ranks failed:\n{details}")
+        error = f"{len(errors)} of {world_size} ranks failed:\n{details}"
+        if _PORT_TAKEN in errors.get(0, "") and "init_process_group" in errors[0]:
+            raise _RendezvousPortTaken(error)
+        raise RuntimeError(error)
     return [outputs[rank] for rank in range(world_size)]
