@@ -50,9 +50,9 @@ class HopGNNStrategy(MeteredDDPStrategy):
 
     @override
     def setup_environment(self) -> None:
-        trainer = self.lightning_module.trainer if self._lightning_module is not None else None
-        if trainer is not None:
-            check_trainer_settings(trainer.accumulate_grad_batches, self.precision_plugin)
+        module = self.lightning_module  # None until a Trainer connects one
+        if module is not None:
+            check_trainer_settings(module.trainer.accumulate_grad_batches, self.precision_plugin)
         super().setup_environment()
 
     @override
