@@ -883,6 +883,25 @@ def test_gradient_only_audit_allows_control_and_framework_calls_between_steps_on
     assert grappa_callbacks.gradient_only_problems([_call("broadcast")], {"bytes": {}}, True)
 
 
+def test_gradient_only_audit_reads_the_recorder_its_provider_names(monkeypatch):
+    """The run-wide recorder comes from the ``shared`` provider (a public protocol, not another
+    callback's private attribute); with no run-wide audit the callback opens its own."""
+    from lightning_gnnscale.comm import CommMeter
+    from lightning_gnnscale.systems.grappa import callbacks as grappa_callbacks
+
+    context = SimpleNamespace(meter=CommMeter())
+    monkeypatch.setattr(grappa_callbacks, "rank_context", lambda trainer: context)
+    source = SimpleNamespace(epoch_recorder=SimpleNamespace(calls=[]))
+    trainer = SimpleNamespace(callbacks=[])  # no CollectiveAudit: only the provider knows it
+    audit = grappa_callbacks.GradientOnlyAudit(shared=lambda t: source if t is trainer else None)
+    audit.on_train_epoch_start(trainer, None)
+    audit.on_train_batch_start(trainer, None, None, 0)
+    source.epoch_recorder.calls.append(_call("broadcast"))  # unmarked, inside the step
+    with pytest.raises(AssertionError, match="broadcast .* in a training step"):
+        audit.on_train_batch_end(trainer, None, None, None, 0)
+    assert grappa_callbacks.run_audit(trainer) is None
+
+
 # ------------------------------------------------------------------ S1-S3, S5: Monte Carlo
 def _subset_draws(n_local, size, draws, replace, gen):
     if replace:

@@ -25,6 +25,13 @@ class CollectiveAudit(L.Callback):
         self.framework_calls = 0
         self.framework_bytes = 0
 
+    @property
+    def epoch_recorder(self) -> CollectiveRecorder:
+        """The recorder of the training epoch in progress (opened in
+        ``on_train_epoch_start``), for a callback that audits the same window more narrowly
+        (recorders do not nest)."""
+        return self._recorder
+
     def on_train_epoch_start(self, trainer, pl_module):
         self._recorder = CollectiveRecorder().__enter__()
         self._start = rank_context(trainer).meter.snapshot()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import lightning as L
 from typing_extensions import override
@@ -102,6 +103,19 @@ def gradient_only_problems(calls, meter_delta: dict, between_steps: bool = False
     return found
 
 
+class EpochRecorderSource(Protocol):
+    """What :class:`GradientOnlyAudit` reads from a run-wide audit: the recorder open for the
+    training epoch in progress (:class:`~...callbacks.CollectiveAudit` is one)."""
+
+    @property
+    def epoch_recorder(self) -> CollectiveRecorder: ...
+
+
+def run_audit(trainer: L.Trainer) -> EpochRecorderSource | None:
+    """The Trainer's run-wide :class:`~...callbacks.CollectiveAudit` (``audit=true``), if any."""
+    return next((cb for cb in trainer.callbacks if isinstance(cb, CollectiveAudit)), None)
+
+
 class GradientOnlyAudit(L.Callback):
     """Gradient-only audit of every training epoch (``strategy.audit_collectives``).
 
@@ -109,22 +123,30 @@ class GradientOnlyAudit(L.Callback):
     metered gradient all-reduces; the time between steps, where batches are built, only
     ``control`` calls (the early trigger's vote) and known framework calls (Lightning's
     per-step SIGTERM flag, counted in ``grappa_audited_framework_calls``). The run fails
-    otherwise. Uses the run-wide ``CollectiveAudit``'s recorder when ``audit=true`` (recorders
-    do not nest), else its own, open for the whole training epoch.
+    otherwise. Reads the recorder of the run-wide audit when there is one (recorders do not
+    nest), else records with its own, open for the whole training epoch.
+
+    Args:
+        shared: finds the run-wide audit of a Trainer (``None``: there is none); default
+            :func:`run_audit`. Called at each epoch start; the audit's recorder is read at
+            each step (it opens its epoch after this callback, being placed last).
     """
 
-    def __init__(self):
+    def __init__(
+        self, shared: Callable[[L.Trainer], EpochRecorderSource | None] = run_audit
+    ) -> None:
         self.steps, self.calls, self.framework_calls, self.gradient_numel = 0, 0, 0, []
+        self.shared = shared
+        self._source: EpochRecorderSource | None = None
         self._own: CollectiveRecorder | None = None
 
-    def _recorder(self, trainer) -> CollectiveRecorder:
-        if self._own is not None:
-            return self._own
-        return next(cb._recorder for cb in trainer.callbacks if isinstance(cb, CollectiveAudit))
+    def _recorder(self) -> CollectiveRecorder:
+        return self._own if self._own is not None else self._source.epoch_recorder
 
     @override
     def on_train_epoch_start(self, trainer, pl_module):
-        if not any(isinstance(cb, CollectiveAudit) for cb in trainer.callbacks):
+        self._source = self.shared(trainer)
+        if self._source is None:
             self._own = CollectiveRecorder().__enter__()
         self._mark, self._snapshot = 0, rank_context(trainer).meter.snapshot()
 
@@ -136,7 +158,7 @@ class GradientOnlyAudit(L.Callback):
 
     def _check(self, trainer, between_steps: bool) -> list:
         meter = rank_context(trainer).meter
-        calls = self._recorder(trainer).calls[self._mark :]
+        calls = self._recorder().calls[self._mark :]
         problems = gradient_only_problems(calls, meter.delta(self._snapshot), between_steps)
         if problems:
             raise AssertionError("gradient-only audit failed:\n" + "\n".join(problems))
