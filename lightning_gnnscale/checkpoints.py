@@ -15,7 +15,6 @@ import tempfile
 import time
 import urllib.request
 import warnings
-from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,60 +26,13 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
-from omegaconf import DictConfig, OmegaConf
 from typing_extensions import override
 
 from .errors import ConfigError
 from .files import UnsafeFileError, atomic_write, load_weights_only
-from .schema import RunConfig, as_dict
+from .schema import RunConfig
 
 CHECKPOINT_KEY = "lightning_gnnscale"
-# Settings a resumed run may change: where files live, how the job is launched and watched,
-# how long it trains. Everything else decides what is trained and must match.
-_MAY_CHANGE = (
-    "paths",
-    "ckpt_path",
-    "weights_from",
-    "launcher",
-    "logger",
-    "callbacks",
-    "audit",
-    "dataset.root",
-    "dataset.cache_dir",
-    "dataset.download",
-    "data.num_workers",
-    "data.partition_dir",
-    "data.eval_chunk_size",
-    "trainer.max_epochs",
-    "trainer.enable_progress_bar",
-    "trainer.log_every_n_steps",
-    "trainer.check_val_every_n_epoch",
-    "trainer.process_group_backend",
-    "strategy.audit_collectives",
-    "strategy.cache_partitions",
-    "strategy.redundancy_probe_steps",
-)
-
-
-def _flatten(node, prefix: str = "") -> dict:
-    if not isinstance(node, dict):
-        return {prefix[:-1]: node}
-    out = {}
-    for key, value in node.items():
-        out.update(_flatten(value, f"{prefix}{key}."))
-    return out
-
-
-def run_identity(cfg: RunConfig | DictConfig) -> dict:
-    """The settings (dotted key -> value) a resumed run must share with the run that wrote the
-    checkpoint: every setting but those in :data:`_MAY_CHANGE`."""
-    data = as_dict(cfg) if is_dataclass(cfg) else OmegaConf.to_container(cfg, resolve=True)
-    flat = _flatten(data)
-    return {
-        key: value
-        for key, value in flat.items()
-        if not any(key == skip or key.startswith(f"{skip}.") for skip in _MAY_CHANGE)
-    }
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -385,7 +337,7 @@ def check_resume(cfg: RunConfig) -> None:
             f"ckpt_path={path} carries no run identity (written by another program or an older "
             f"version); to start from its weights alone use weights_from={path}"
         )
-    ours = run_identity(cfg)
+    ours = cfg.identity
     theirs = block["identity"]
     differences = [
         f"{key}: checkpoint {theirs.get(key)!r}, this run {ours.get(key)!r}"

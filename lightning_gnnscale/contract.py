@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from .comm import Comm, CommMeter, Topology
     from .graph.batch import Batch
-    from .schema import DataConfig, SystemConfig
+    from .schema import DataConfig, RunFacts, SystemConfig
 
 LayerHook = Callable[[int, Tensor], Tensor]
 """``hook(i, h) -> h``: called on the rows ``h`` entering layer ``i`` (GSplit's shuffle,
@@ -175,7 +175,7 @@ class SuiteStrategy(Protocol):
 
     def bind(self, config: SystemConfig, data: DataConfig | None = None) -> RankContext: ...
 
-    def check_rules(self, config: SystemConfig, data: DataConfig) -> None: ...
+    def checked_already(self, config: SystemConfig, facts: RunFacts) -> bool: ...
 
     def module_runtime(self) -> ModuleRuntime: ...
 
@@ -205,8 +205,9 @@ def bind_datamodule(
     The strategy must be the system's (a GSplit DataModule cannot run under DistDGL's
     strategy); a strategy created by name adopts the DataModule's config, one created with a
     config must have the same one. The config's rules that involve the model, the data or the
-    world size (:meth:`~lightning_gnnscale.schema.SystemConfig.check_run`) are checked here,
-    where the strategy, the DataModule, the LightningModule and the Trainer meet, before any
-    step: a plain Lightning script is held to the rules ``train.py`` checks.
+    world size (:func:`~lightning_gnnscale.schema.check_run`) are checked here, where the
+    strategy, the DataModule, the LightningModule and the Trainer meet, before any step: a
+    plain Lightning script is held to the rules ``train.py`` checks. A strategy built from a
+    typed run (``from_run``) does not check them again for that run.
     """
     return _suite_strategy(trainer).bind(config, data)

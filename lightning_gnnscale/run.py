@@ -10,6 +10,7 @@ script can do the same. ``train.py`` is a thin Hydra entry point around this.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import os
@@ -50,7 +51,6 @@ from .checkpoints import (
     LastCheckpoint,
     load_weights,
     read_checkpoint,
-    run_identity,
 )
 from .comm import Topology
 from .comm.rendezvous import end_process_group
@@ -63,8 +63,8 @@ from .launch import LauncherSignal, launch_local
 from .loggers import finish_wandb_runs
 from .models.module import GNNModule
 from .run_folder import FAILED_FILE, check_writable, claimed, job_log_name, settle_failed_run
-from .schema import RunConfig, as_dict
-from .systems.base import GNNDataModule, MeteredSingleDeviceStrategy, SystemStrategy
+from .schema import RunConfig
+from .systems.base import GNNDataModule, SystemStrategy
 from .systems.registry import SYSTEMS
 
 
@@ -73,11 +73,13 @@ def config_hash(run: RunConfig) -> str:
     resumed run, the run it continues (that run's hash and its completed epochs). A resumed
     run can differ from an uninterrupted one (Grappa keeps the checkpoint's super-epoch
     length), so the two never share a hash."""
-    data = as_dict(run)
-    for key in ("paths", "ckpt_path", "launcher", "logger"):
-        data.pop(key, None)
-    data["data"].pop("partition_dir", None)  # where the data is read from: the same result
-    data["trainer"].pop("enable_progress_bar", None)
+    settings = run.settings
+    data = {
+        k: v for k, v in settings.items() if k not in ("paths", "ckpt_path", "launcher", "logger")
+    }
+    # where the data is read from (partition_dir) gives the same result
+    data["data"] = {k: v for k, v in settings["data"].items() if k != "partition_dir"}
+    data["trainer"] = {k: v for k, v in settings["trainer"].items() if k != "enable_progress_bar"}
     if run.ckpt_path is not None:
         block = read_checkpoint(run.ckpt_path).get(CHECKPOINT_KEY) or {}
         data["resumed_from"] = {
@@ -109,7 +111,13 @@ def build_datamodule(
     else:
         source, named = (graph if graph is not None else load_graph(run)), {}
     datamodule = spec.datamodule(
-        source, run.strategy, run.data, seed=run.seed, cache_dir=run.paths.cache_dir, **named
+        source,
+        run.strategy,
+        run.data,
+        seed=run.seed,
+        cache_dir=run.paths.cache_dir,
+        checked_run=run,
+        **named,
     )
     datamodule.launch_topology = Topology.from_launch(
         run.world_size, run.trainer.num_nodes, run.topology.servers
@@ -118,17 +126,9 @@ def build_datamodule(
 
 
 def build_strategy(run: RunConfig) -> SystemStrategy:
-    """The system's Strategy for ``run``, given the same system config as its DataModule."""
-    spec = SYSTEMS[run.strategy.name]
-    if issubclass(spec.strategy, MeteredSingleDeviceStrategy):
-        device = "cpu" if run.trainer.accelerator == "cpu" else "cuda"
-        return spec.strategy(run.strategy, device=device)
-    return spec.strategy(
-        run.strategy,
-        servers=run.topology.servers,
-        timeout_s=run.launcher.collective_timeout_s,
-        process_group_backend=run.trainer.process_group_backend,
-    )
+    """The system's Strategy for ``run`` (its ``from_run``), given the same system config as
+    its DataModule."""
+    return SYSTEMS[run.strategy.name].strategy.from_run(run)
 
 
 def rank_threads(devices: int) -> int:
@@ -309,7 +309,7 @@ def build_logger(run: RunConfig):
     if run.logger is None:
         return False
     logger = instantiate(run.logger)
-    logger.log_hyperparams(as_dict(run))
+    logger.log_hyperparams(copy.deepcopy(run.settings))  # a logger's own copy to keep
     return logger
 
 
@@ -324,6 +324,7 @@ def build_module(run: RunConfig, datamodule: GNNDataModule) -> GNNModule:
         optimizer=run.model.optimizer,
         lr=run.model.lr,
         weight_decay=run.model.weight_decay,
+        model_config=run.model,
     )
     if run.weights_from is not None:
         load_weights(module, run.weights_from)
@@ -380,7 +381,7 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
             epoch_stats,
             comm_stats,
             *system_callbacks,
-            CheckpointIdentity(run_identity(run), run_hash),
+            CheckpointIdentity(run.identity, run_hash),
             best,
             last,
             *(instantiate(node) for node in (run.callbacks or {}).values()),

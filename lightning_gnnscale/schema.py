@@ -15,6 +15,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
+from functools import cached_property
 from typing import Any, ClassVar
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -414,8 +415,6 @@ class RunConfig:
             check_dataset_options(self.dataset["name"], options, self.dataset.get("root"))
         except ValueError as err:
             raise ConfigError(f"dataset: {err}") from None
-        check_depth(self.data, self.model)
-        self.strategy.check_data(self.data)
         world = self.trainer.world_size
         servers = self.topology.servers
         require(
@@ -432,11 +431,72 @@ class RunConfig:
                 f"strategy={self.strategy.name} cannot run model=custom (a model(x, edge_index) "
                 f"cannot take the system's per-layer hooks); strategies that can: {valid}"
             )
-        self.strategy.check_run(RunFacts.of_run(self))
+        check_run(self.strategy, RunFacts.of_run(self))
 
     @property
     def world_size(self) -> int:
         return self.trainer.world_size
+
+    @cached_property
+    def settings(self) -> dict[str, Any]:
+        """Every setting as plain dicts and lists (:func:`as_dict`), built once per run and
+        travelling with it to the ranks: the config hash, the checkpoint identity and the
+        logger's hyperparameters read it; none of them changes it."""
+        return as_dict(self)
+
+    @cached_property
+    def identity(self) -> dict[str, Any]:
+        """The settings a resumed run must share with the run that wrote its checkpoint
+        (:func:`run_identity`), built once per run: the resume check and the identity every
+        checkpoint carries are this one dict."""
+        return run_identity(self.settings)
+
+
+# Settings a resumed run may change: where files live, how the job is launched and watched,
+# how long it trains. Everything else decides what is trained and must match.
+RESUME_MAY_CHANGE = (
+    "paths",
+    "ckpt_path",
+    "weights_from",
+    "launcher",
+    "logger",
+    "callbacks",
+    "audit",
+    "dataset.root",
+    "dataset.cache_dir",
+    "dataset.download",
+    "data.num_workers",
+    "data.partition_dir",
+    "data.eval_chunk_size",
+    "trainer.max_epochs",
+    "trainer.enable_progress_bar",
+    "trainer.log_every_n_steps",
+    "trainer.check_val_every_n_epoch",
+    "trainer.process_group_backend",
+    "strategy.audit_collectives",
+    "strategy.cache_partitions",
+    "strategy.redundancy_probe_steps",
+)
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(node, dict):
+        return {prefix[:-1]: node}
+    out = {}
+    for key, value in node.items():
+        out.update(_flatten(value, f"{prefix}{key}."))
+    return out
+
+
+def run_identity(settings: dict[str, Any]) -> dict[str, Any]:
+    """The identity of a run of ``settings`` (a run's :attr:`RunConfig.settings`, or a composed
+    config as a container): every setting (dotted key -> value) but those in
+    :data:`RESUME_MAY_CHANGE`, which a checkpoint carries and a resume must match."""
+    return {
+        key: value
+        for key, value in _flatten(settings).items()
+        if not any(key == skip or key.startswith(f"{skip}.") for skip in RESUME_MAY_CHANGE)
+    }
 
 
 def partition_dir_unsupported(name: str) -> str:
@@ -446,6 +506,18 @@ def partition_dir_unsupported(name: str) -> str:
         f"data.partition_dir is not supported by strategy={name} yet (its ranks start from "
         f"the whole graph); strategies that load from a partition directory: {valid}"
     )
+
+
+def check_run(config: SystemConfig, facts: RunFacts) -> None:
+    """Every rule between a system and the rest of its run, checked once per run: one fanout
+    per layer (when the model is known), the system's data rules (``config.check_data``) and
+    its own run rules (``config.check_run``). :class:`RunConfig` runs it before any rank
+    starts; a strategy binding a DataModule runs it for a plain Lightning script (one built
+    from a typed run, ``Strategy.from_run``, knows the run was checked)."""
+    if facts.model is not None:
+        check_depth(facts.data, facts.model)
+    config.check_data(facts.data)
+    config.check_run(facts)
 
 
 def check_depth(data: DataConfig, model: ModelConfig) -> None:

@@ -105,15 +105,17 @@ def test_resume_is_refused_while_staleness_state_is_not_checkpointed(tmp_path, s
     """Each rank's last broadcasts and cached blocks are not in the checkpoint: a stateful
     policy would diverge after a resume, so it is refused; bound 0 (CAGNET) holds no state."""
     import torch
+    from omegaconf import OmegaConf
 
-    from lightning_gnnscale.checkpoints import CHECKPOINT_KEY, run_identity
+    from lightning_gnnscale.checkpoints import CHECKPOINT_KEY
     from lightning_gnnscale.config import validate
     from lightning_gnnscale.errors import ConfigError
+    from lightning_gnnscale.schema import run_identity
     from tests.helpers.config import make_cfg
 
     ckpt = tmp_path / "run.ckpt"
     cfg = make_cfg(tmp_path, f"strategy={strategy}", "trainer.max_epochs=4", f"ckpt_path={ckpt}")
-    block = {"identity": run_identity(cfg), "epochs_done": 2}
+    block = {"identity": run_identity(OmegaConf.to_container(cfg, resolve=True)), "epochs_done": 2}
     torch.save({"state_dict": {}, CHECKPOINT_KEY: block}, ckpt)
     if refused:
         with pytest.raises(ConfigError, match="cannot resume from ckpt_path"):

@@ -72,9 +72,11 @@ from ..models.gnn import (
 from ..schema import (
     DataConfig,
     ModelConfig,
+    RunConfig,
     RunFacts,
     SystemConfig,
     check_depth,
+    check_run,
     check_seed,
     partition_dir_unsupported,
 )
@@ -144,6 +146,21 @@ class SystemStrategy:
         self.meter = CommMeter()
         self.comm = Comm.local(self.meter)
         self.unchecked_runtime: ModuleRuntime | None = None  # checked at the first step
+        self.checked_run: RunConfig | None = None  # the typed run of from_run (checked once)
+
+    @classmethod
+    def from_run(cls, run: RunConfig) -> SystemStrategy:
+        """The strategy of the typed run ``run`` (``run.strategy`` is its config). Its rules
+        were checked once when ``run`` was typed (:func:`~..schema.check_run`): binding a
+        DataModule of that run under the run's processes does not check them again."""
+        strategy = cls(run.strategy, **cls.run_options(run))
+        strategy.checked_run = run
+        return strategy
+
+    @classmethod
+    def run_options(cls, run: RunConfig) -> dict[str, Any]:
+        """The constructor's arguments other than the config, taken from ``run``."""
+        raise NotImplementedError
 
     @property
     def context(self) -> RankContext:
@@ -215,15 +232,24 @@ class SystemStrategy:
                 "pass the same object to both (or create the strategy by name)"
             )
         if data is not None:
-            self.check_rules(config, data)
+            facts = self.run_facts(data)
+            if not self.checked_already(config, facts):
+                check_run(config, facts)
         return self.context
 
-    def check_rules(self, config: SystemConfig, data: DataConfig) -> None:
-        """``config.check_run`` (and the model's depth) against this run's facts."""
-        facts = self.run_facts(data)
-        if facts.model is not None:
-            check_depth(data, facts.model)
-        config.check_run(facts)
+    def checked_already(self, config: SystemConfig, facts: RunFacts) -> bool:
+        """Whether ``facts`` are those of the run this strategy was built from
+        (:meth:`from_run`), whose rules were checked when it was typed: the same config,
+        data, model (when the module states it) and processes."""
+        run = self.checked_run
+        return (
+            run is not None
+            and run.strategy == config
+            and run.data == facts.data
+            and facts.model in (None, run.model)
+            and (facts.world_size, facts.devices, facts.num_nodes)
+            == (run.world_size, run.trainer.devices, run.trainer.num_nodes)
+        )
 
     def module_runtime(self) -> ModuleRuntime:
         """What the LightningModule receives in :meth:`hand_module_runtime`."""
@@ -289,6 +315,11 @@ class MeteredSingleDeviceStrategy(SystemStrategy, SingleDeviceStrategy):
         self.parallel_devices: list[torch.device] | None = None
         self.num_nodes = 1
 
+    @classmethod
+    @override
+    def run_options(cls, run: RunConfig) -> dict[str, Any]:
+        return {"device": "cpu" if run.trainer.accelerator == "cpu" else "cuda"}
+
     @property
     @override
     def root_device(self) -> torch.device:
@@ -336,6 +367,15 @@ class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
         self.timeout_s = timeout_s
         self.requested_backend = process_group_backend
         self.grad_hook_state: GradientHookState | None = None
+
+    @classmethod
+    @override
+    def run_options(cls, run: RunConfig) -> dict[str, Any]:
+        return {
+            "servers": run.topology.servers,
+            "timeout_s": run.launcher.collective_timeout_s,
+            "process_group_backend": run.trainer.process_group_backend,
+        }
 
     @override
     def setup_distributed(self) -> None:
@@ -616,6 +656,11 @@ class GNNDataModule(L.LightningDataModule):
         cache_dir: where preprocessing results are cached (default ``./.cache/lightning_gnnscale``).
         dtype: features' dtype when loading by name (a given graph is used as it is).
         dataset_options: options for :func:`load_dataset` (``root``, ``num_nodes``...).
+        checked_run: the typed run this module is built for (``run.build_datamodule``), which
+            holds ``config`` and ``data``: its rules were checked once when it was typed
+            (:func:`~..schema.check_run`), so the module does not check them again; ``None``
+            (a plain script): the data rules are checked here, the depth in
+            :meth:`build_model`.
     """
 
     def __init__(
@@ -628,13 +673,18 @@ class GNNDataModule(L.LightningDataModule):
         cache_dir: str | os.PathLike | None = None,
         dtype: torch.dtype = torch.float32,
         dataset_options: dict | None = None,
+        checked_run: RunConfig | None = None,
     ):
         super().__init__()
         if not isinstance(config, SystemConfig):
             raise TypeError(f"config must be a system config, got {type(config).__name__}")
         self.config = config
         self.data = data if data is not None else DataConfig()
-        config.check_data(self.data)
+        if checked_run is None:
+            config.check_data(self.data)
+        elif (checked_run.strategy, checked_run.data) != (config, self.data):
+            raise ValueError("checked_run is another run than the config and data given")
+        self.checked_run = checked_run
         check_seed(seed)
         self.seed = seed
         self.cache_dir = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)
@@ -891,7 +941,8 @@ class GNNDataModule(L.LightningDataModule):
     def build_model(self, model: ModelConfig) -> torch.nn.Module:
         """The net ``model`` describes, sized for this data (systems with their own
         distributed layers override it)."""
-        check_depth(self.data, model)
+        if self.checked_run is None or model != self.checked_run.model:
+            check_depth(self.data, model)
         return build_model(model, self.input_dim, self.num_classes)
 
     def callbacks(self) -> list[L.Callback]:
