@@ -340,3 +340,27 @@ def test_cora_features_are_row_normalised_by_default(tmp_path):
     assert torch.allclose(sums[sums > 0], torch.ones(int((sums > 0).sum())))
     raw = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path, normalize_features=False)
     assert torch.equal(raw.x > 0, graph.x > 0) and raw.x.max() == 1.0
+
+
+def tiny_path(name, root, length=12):
+    """A registered loader for the test below: a small SBM graph of ``length`` nodes."""
+    return sbm(num_nodes=length, num_classes=2, seed=length)
+
+
+def test_a_registered_source_loads_through_its_loader_with_its_options(monkeypatch):
+    """One registration names a dataset's options and loader: ``load_dataset`` checks the
+    options against it and calls that loader; a second registration of a name is refused."""
+    from lightning_gnnscale.graph import dataset_config
+
+    monkeypatch.setitem(dataset_config.DATASETS, "tiny", None)
+    del dataset_config.DATASETS["tiny"]
+    source = dataset_config.DatasetSource("tiny", {"length": int}, f"{__name__}:tiny_path")
+    dataset_config.register_dataset(source)
+    graph = load_dataset("tiny", length=12)
+    assert graph.num_nodes == 12 and torch.equal(graph.indices, tiny_path("tiny", None, 12).indices)
+    with pytest.raises(ValueError, match=r"length=1\.5 must be an integer"):
+        load_dataset("tiny", length=1.5)
+    with pytest.raises(ValueError, match=r"unknown options \['width'\]; valid: \['length'\]"):
+        load_dataset("tiny", width=2)
+    with pytest.raises(ValueError, match="'tiny' is registered twice"):
+        dataset_config.register_dataset(source)

@@ -1,11 +1,14 @@
 """The dataset names and the options each takes: what a run config's ``dataset`` section is
 checked against, before anything is imported to load one (no torch, numpy or PyG here).
 
-:mod:`lightning_gnnscale.graph.datasets` loads them; ``tests/test_datasets.py`` checks that the
-generator options below are the generators' own parameters.
+Each name is one :class:`DatasetSource` in :data:`DATASETS` (its options and its loader, in one
+place); :mod:`lightning_gnnscale.graph.datasets` holds the loaders. ``tests/test_datasets.py``
+checks that the generator options below are the generators' own parameters.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 # generated in memory: option -> the type of its default (an int option takes an int, a float
 # option any number; a bool option is not checked)
@@ -43,40 +46,71 @@ OGB = {
     "ogbn-products": ("sales_ranking", False, "products"),
     "ogbn-papers100M": ("time", True, "papers100M-bin"),
 }
-PLANETOID_OPTIONS = ("cache_dir", "download", "normalize_features")
-OGB_OPTIONS = ("cache_dir", "download")
+PLANETOID_OPTIONS = {"cache_dir": None, "download": None, "normalize_features": None}
+OGB_OPTIONS = {"cache_dir": None, "download": None}
 
-DATASETS: tuple[str, ...] = (*GENERATOR_OPTIONS, *PLANETOID, *OGB)
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """One registered dataset name: the options ``dataset.<option>`` it takes and how it loads.
+
+    Attributes:
+        name: the name (``dataset.name``), as error messages spell it.
+        options: option -> the type its value must have (``int``: an integer; ``float``: any
+            number; ``None``: not checked here).
+        loader: ``"<module>:<function>"``, imported on first use:
+            ``function(name, root, **options) -> Graph``.
+        generated: made in memory: it reads no files, so a ``dataset.root`` is refused.
+    """
+
+    name: str
+    options: dict[str, type | None]
+    loader: str
+    generated: bool = False
+
+
+# Every dataset name -> its source; a new source registers here (:func:`register_dataset`).
+DATASETS: dict[str, DatasetSource] = {}
+
+
+def register_dataset(source: DatasetSource) -> None:
+    """Add ``source`` to :data:`DATASETS`; a name already registered is refused."""
+    if source.name in DATASETS:
+        raise ValueError(f"dataset {source.name!r} is registered twice")
+    DATASETS[source.name] = source
+
+
+_LOADERS = "lightning_gnnscale.graph.datasets"
+for _name, _options in GENERATOR_OPTIONS.items():
+    register_dataset(DatasetSource(_name, dict(_options), f"{_LOADERS}:generate", generated=True))
+for _name in PLANETOID:
+    register_dataset(DatasetSource(_name, PLANETOID_OPTIONS, f"{_LOADERS}:load_planetoid"))
+for _name in OGB:
+    register_dataset(DatasetSource(_name, OGB_OPTIONS, f"{_LOADERS}:load_ogb"))
 
 
 def check_dataset_options(name: str, options: dict, root: object = None) -> str:
     """Raise ValueError for an unknown name or option (listing the valid ones), or for a
     ``root`` given to a generated dataset (it reads no files); return the canonical name."""
     canonical = canonical_name(name)
-    if canonical in GENERATOR_OPTIONS:
-        if root is not None:
-            raise ValueError(
-                f"{canonical} is generated in memory and reads no files, but dataset.root="
-                f"{root!r} was given; drop it. For a sweep that mixes generated and file "
-                "datasets, set the file datasets' root once with paths.data_dir=<folder> (or "
-                "the environment variable GNNSCALE_DATA_DIR): a generator ignores that one"
-            )
-        types = GENERATOR_OPTIONS[canonical]
-        for option, value in options.items():
-            expected = types.get(option)
-            if expected is int and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ValueError(f"{canonical} option {option}={value!r} must be an integer")
-            if expected is float and (
-                not isinstance(value, int | float) or isinstance(value, bool)
-            ):
-                raise ValueError(f"{canonical} option {option}={value!r} must be a number")
-        valid = tuple(types)
-    else:
-        valid = PLANETOID_OPTIONS if canonical in PLANETOID else OGB_OPTIONS
-    unknown = sorted(set(options) - set(valid))
+    source = DATASETS[canonical]
+    if source.generated and root is not None:
+        raise ValueError(
+            f"{canonical} is generated in memory and reads no files, but dataset.root="
+            f"{root!r} was given; drop it. For a sweep that mixes generated and file "
+            "datasets, set the file datasets' root once with paths.data_dir=<folder> (or "
+            "the environment variable GNNSCALE_DATA_DIR): a generator ignores that one"
+        )
+    for option, value in options.items():
+        expected = source.options.get(option)
+        if expected is int and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"{canonical} option {option}={value!r} must be an integer")
+        if expected is float and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise ValueError(f"{canonical} option {option}={value!r} must be a number")
+    unknown = sorted(set(options) - set(source.options))
     if unknown:
         raise ValueError(
-            f"dataset {canonical!r} got unknown options {unknown}; valid: {list(valid)}"
+            f"dataset {canonical!r} got unknown options {unknown}; valid: {list(source.options)}"
         )
     return canonical
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
+import importlib
 import inspect
 import os
 import pickle
@@ -41,6 +42,7 @@ from lightning_gnnscale.files import (
 )
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.dataset_config import (
+    DATASETS,
     OGB,
     PLANETOID,
     canonical_name,
@@ -73,7 +75,7 @@ class DatasetTooLargeError(ConfigError):
 
 def load_dataset(name: str, root: str | os.PathLike | None = None, **options) -> Graph:
     """Load dataset ``name`` (one of :data:`~.dataset_config.DATASETS`, case-insensitive,
-    ``_`` = ``-``).
+    ``_`` = ``-``) through its registered loader.
 
     ``sbm`` / ``rmat`` pass ``options`` to their generator and refuse a ``root`` (ValueError:
     they read no files). Real datasets
@@ -87,20 +89,42 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options) ->
     """
     canonical = check_dataset_options(name, options, root)
     estimate = check_fits(canonical, root, **options)
-    detail = estimate.describe() if estimate else ""
-    if canonical in _GENERATORS:
-        with progress(f"generating {canonical}", detail):
-            return _GENERATORS[canonical](**options)
-    planetoid = canonical in PLANETOID
+    source = DATASETS[canonical]
+    module, function = source.loader.split(":")
+    loader = getattr(importlib.import_module(module), function)
+    action = "generating" if source.generated else "loading"
+    with progress(f"{action} {canonical}", estimate.describe() if estimate else ""):
+        return loader(canonical, root, **options)
+
+
+def generate(name: str, root: None, **options) -> Graph:
+    """The registered loader of a generated dataset: its generator with ``options``."""
+    return _GENERATORS[name](**options)
+
+
+def load_planetoid(
+    name: str,
+    root: str | os.PathLike | None,
+    cache_dir: str | os.PathLike | None = None,
+    download: bool = False,
+    normalize_features: bool = True,
+) -> Graph:
+    """The registered loader of a Planetoid dataset (see :func:`load_dataset`)."""
     root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
-    cache_dir = Path(options.get("cache_dir") or DEFAULT_CACHE_DIR).expanduser()
-    download = bool(options.get("download", False))
-    with progress(f"loading {canonical}", detail):
-        if planetoid:
-            return _load_planetoid(
-                canonical, root, cache_dir, download, bool(options.get("normalize_features", True))
-            )
-        return _load_ogb(canonical, root, cache_dir, download)
+    cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
+    return _load_planetoid(name, root, cache, bool(download), bool(normalize_features))
+
+
+def load_ogb(
+    name: str,
+    root: str | os.PathLike | None,
+    cache_dir: str | os.PathLike | None = None,
+    download: bool = False,
+) -> Graph:
+    """The registered loader of an OGB dataset (see :func:`load_dataset`)."""
+    root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
+    cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
+    return _load_ogb(name, root, cache, bool(download))
 
 
 # --------------------------------------------------------------------- memory and progress
