@@ -8,7 +8,7 @@ import torch
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.systems.base import full_logits, node_range, replicated_eval_counts
+from lightning_gnnscale.models.inference import full_logits, node_range, replicated_eval_counts
 from tests.helpers.dist import run_distributed
 
 KINDS = ("gcn", "sage", "gat")

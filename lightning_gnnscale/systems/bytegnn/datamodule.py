@@ -38,9 +38,10 @@ from ...graph.book import (
 from ...graph.partition_config import METHOD_OPTIONS
 from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.seed_split import SeedSplit
+from ...kit.datamodule import GNNDataModule
+from ...kit.partitions import assert_same_on_all_ranks, own_partition, own_predictions
 from ...models.gnn import BlockGNN
 from ...store_secret import require_secret
-from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition, own_predictions
 from .address import service_address
 from .config import SECRET_REASON, ByteGNNConfig
 from .store import GraphStore
@@ -50,7 +51,7 @@ from .sworker import ByteGNNBatch, SWorker
 class ByteGNNDataModule(GNNDataModule):
     """ByteGNN's data side (see the module docstring).
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``ByteGNNConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``ByteGNNConfig()``.
     """
 
     def __init__(self, dataset, config: ByteGNNConfig | None = None, data=None, **kwargs):

@@ -35,8 +35,10 @@ from ...graph.book import (
 from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.sampler import BlockBuilder, splitmix64
 from ...graph.seed_split import SeedSplit
-from ...models.gnn import BlockGNN, layer_rows
-from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition, own_predictions
+from ...kit.datamodule import GNNDataModule
+from ...kit.partitions import assert_same_on_all_ranks, own_partition, own_predictions
+from ...models.gnn import BlockGNN
+from ...models.inference import layer_rows
 from .config import DistDGLConfig
 from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
 from .sampler import DistNeighborSampler
@@ -141,7 +143,7 @@ class DistDGLDataModule(GNNDataModule):
     owners (docs/partitioning.md). Batches are
     :class:`DistDGLBatch` (seeds ``[n]`` per rank, each rank ``batch_size / world`` of them).
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``DistDGLConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``DistDGLConfig()``.
     With ``config.embedding_dim > 0`` a ``DistEmbedding`` of that width, in the features'
     dtype, is the input instead of the features (:class:`LearnableInputs`).
     """

@@ -38,15 +38,12 @@ from ...graph.cache import (
 )
 from ...graph.partition import partition
 from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError
+from ...kit.datamodule import GNNDataModule
+from ...kit.loaders import StepBatcher
+from ...kit.partitions import assert_same_on_all_ranks, own_predictions
+from ...kit.sampled import ReplicatedGraphEvaluation
 from ...models.gnn import BlockGNN
 from ...schema import ModelConfig, require
-from ..base import (
-    GNNDataModule,
-    ReplicatedGraphEvaluation,
-    StepBatcher,
-    assert_same_on_all_ranks,
-    own_predictions,
-)
 from .callbacks import GraNNDISStats, LayoutReport, LayoutSummary
 from .config import DIRECTORY_MODES, GraNNDISConfig
 from .costmodel import choose_k, estimate_memory
@@ -95,7 +92,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     from its partition), ``cob`` (``B`` co-batch graphs per server, built once), ``mb_base``
     (per-rank sampled mini-batches, no layout).
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``GraNNDISConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``GraNNDISConfig()``.
     """
 
     def __init__(self, dataset, config: GraNNDISConfig | None = None, data=None, **kwargs):

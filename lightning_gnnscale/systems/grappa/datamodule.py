@@ -30,8 +30,14 @@ from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.order import EpochOrder
 from ...graph.partition_dir import PartitionDir
-from ...models.gnn import BlockGNN, inference_builder, layer_rows, layerwise_inference
-from ..base import GNNDataModule, replicated_eval_counts
+from ...kit.datamodule import GNNDataModule
+from ...models.gnn import BlockGNN
+from ...models.inference import (
+    inference_builder,
+    layer_rows,
+    layerwise_inference,
+    replicated_eval_counts,
+)
 from .callbacks import GradientOnlyAudit, GrappaStats, ScheduleReport
 from .chunking import ChunkReader, ChunkStore, write_chunk_store
 from .config import GrappaConfig
@@ -74,7 +80,7 @@ class GrappaDataModule(GNNDataModule):
     is a ``control`` all-reduce there, between training steps), or, if that batch was never
     built (``limit_train_batches``), when the next epoch's first batch is.
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``GrappaConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``GrappaConfig()``.
     ``data.fanouts`` are by hop from the seeds (``fanouts[0]`` is the seed hop ``f_seed``);
     each partition takes ``ceil(data.batch_size / W)`` seeds per step before step
     equalisation (``-1``: all of a partition's seeds in one step).

@@ -43,13 +43,10 @@ from ...graph.cache import cached_partition
 from ...graph.partition import partition_report
 from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, build_block_sorted, sample_neighbors
-from ..base import (
-    GNNDataModule,
-    ReplicatedGraphEvaluation,
-    assert_same_on_all_ranks,
-    own_predictions,
-    owned_range_rows,
-)
+from ...kit.datamodule import GNNDataModule
+from ...kit.partitions import assert_same_on_all_ranks, own_predictions
+from ...kit.sampled import ReplicatedGraphEvaluation
+from ...models.inference import owned_range_rows
 from .callbacks import HopGNNStats
 from .config import HopGNNConfig
 from .merging import MergeController, modeled_epoch_seconds
@@ -206,9 +203,9 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     ``single`` / ``ddp`` (one seeded permutation per epoch) and splits it into the ``N``
     models' shares; the planner (pure) groups the roots by home server and schedules the time
     steps. Batches are :class:`HopGNNBatch`. Evaluation: full-graph layer-wise inference with
-    the (identical) replica split across ranks (:func:`~..base.replicated_eval_counts`).
+    the (identical) replica split across ranks (:func:`~...models.inference.replicated_eval_counts`).
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``HopGNNConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``HopGNNConfig()``.
     """
 
     def __init__(self, dataset, config: HopGNNConfig | None = None, data=None, **kwargs):
@@ -378,7 +375,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
         """The first ``layers`` layers' full-neighbourhood rows of this rank's own nodes
-        (:func:`~..base.owned_range_rows`: in-neighbours' rows come from their owners). Its
+        (:func:`~...models.inference.owned_range_rows`: in-neighbours' rows come from their owners). Its
         ``feature`` and ``structure`` bytes are kept out of the merging controller's modelled
         epoch time, which counts training bytes (in memory evaluation sends neither)."""
         before = self.comm.meter.snapshot()

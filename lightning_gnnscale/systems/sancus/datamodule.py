@@ -17,8 +17,9 @@ from ...graph.book import PartitionBook, relabel_graph
 from ...graph.cache import cached_partition
 from ...graph.csc import Graph
 from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, part_folder
+from ...kit.datamodule import GNNDataModule
+from ...kit.partitions import assert_same_on_all_ranks, own_predictions
 from ...schema import ModelConfig
-from ..base import GNNDataModule, assert_same_on_all_ranks, own_predictions
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig
 from .layout import RowBlocks, check_symmetric, consumer_matrix, every_row_block, row_blocks
@@ -46,7 +47,7 @@ class SancusDataModule(GNNDataModule):
     own train rows [n_train_i], global train count)``. Evaluation is the exact stateless
     distributed forward.
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``SancusConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``SancusConfig()``.
     """
 
     def __init__(self, dataset, config: SancusConfig | None = None, data=None, **kwargs):
