@@ -138,8 +138,8 @@ def test_a_partition_directory_run_equals_the_in_memory_run(
     """The run from ``python -m lightning_gnnscale.partition``'s directory, with the
     launcher's dataset loader replaced by a failure, ends with the in-memory run's weights
     and DataModule state bit for bit, and its losses and test result."""
+    import lightning_gnnscale.kit.datamodule as datamodule_module
     import lightning_gnnscale.run as run_module
-    import lightning_gnnscale.systems.base as base_module
     from lightning_gnnscale.partition import partition
     from lightning_gnnscale.run import train
 
@@ -152,7 +152,7 @@ def test_a_partition_directory_run_equals_the_in_memory_run(
         raise AssertionError("the launcher loaded the dataset")
 
     monkeypatch.setattr(run_module, "load_dataset", no_load)
-    monkeypatch.setattr(base_module, "load_dataset", no_load)
+    monkeypatch.setattr(datamodule_module, "load_dataset", no_load)
     got, objects = train(make_cfg(tmp_path / "dir", *settings, f"data.partition_dir={parts}"))
     assert objects["graph"] is None
     assert_equal(weights(mem_out), weights(Path(objects["output_dir"])))
