@@ -1,5 +1,6 @@
-"""Session set-up shared by every test module: the warm rank server, and ``gpu``-marked tests
-skipped, with the reason, where no CUDA device is."""
+"""Session set-up shared by every test module: the warm rank server, ``gpu``-marked tests
+skipped, with the reason, where no CUDA device is, and the conformance suite's full matrix
+deselected unless asked for."""
 
 import os
 
@@ -21,6 +22,7 @@ def pytest_sessionstart(session) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
+    _deselect_full_conformance(config, items)
     if torch.cuda.is_available():
         return
     reason = (
@@ -30,3 +32,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _deselect_full_conformance(config, items) -> None:
+    """The conformance suite's full matrix (marker ``conformance_full``) runs only when the
+    ``-m`` expression names it (``pytest -m conformance_full``); CI runs the rest."""
+    if "conformance_full" in (config.getoption("markexpr") or ""):
+        return
+    full = [item for item in items if "conformance_full" in item.keywords]
+    if full:
+        config.hook.pytest_deselected(items=full)
+        items[:] = [item for item in items if "conformance_full" not in item.keywords]

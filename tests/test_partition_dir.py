@@ -527,7 +527,7 @@ def test_a_sancus_rank_with_only_its_part_holds_the_in_memory_row_block(tmp_path
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("strategy", ["sancus", "cagnet"])
+@pytest.mark.parametrize("strategy", ["cagnet"])  # sancus: tests/systems/test_conformance.py
 def test_sancus_and_cagnet_train_from_a_directory_as_in_memory(tmp_path, strategy):
     """float64, 2 ranks: the final weights equal the in-memory run's bit for bit."""
     from lightning_gnnscale.partition import partition

@@ -270,7 +270,7 @@ def test_resealed_grappa_chunk_sizes_are_bounded_by_the_chunk_files(tmp_path):
     """Grappa sizes an ``[N]`` array from ``num_nodes`` (``chunk_ids``): grown by 10^9 along
     with the offsets, the part and one chunk's size, all consistent, the chunk's own files
     refuse it; grown without the chunk sizes, the chunk metadata does."""
-    from tests.test_partition_dir_grappa import make_dm as grappa_dm
+    from tests.systems.grappa.test_partition_dir_grappa import make_dm as grappa_dm
 
     out = tmp_path / "parts"
     grappa_dm(tmp_path / "cache").write_partition_dir(out, 2, log=lambda *_: 0)

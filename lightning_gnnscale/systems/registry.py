@@ -23,53 +23,85 @@ if TYPE_CHECKING:  # the implementation is imported only when a name is used
 
 @dataclass(frozen=True)
 class SystemSpec:
-    """One strategy name.
+    """One strategy name: what it is, where its classes are, and what it supports.
 
     Attributes:
         name: the config name (``strategy=<name>``).
-        system: the system's folder under ``systems/`` (several names may share one).
-        classes: the names of its config, Strategy and DataModule classes (the config in
-            ``systems/<system>/config.py``, the other two exported by ``systems/<system>``).
         description: one line for listings.
+        config_type: its settings class (torch-free; ``default_config()`` builds its defaults).
+        package: the system's package; it exports ``strategy_class`` and ``datamodule_class``
+            (loaded on use) and holds them in its ``strategy`` and ``datamodule`` modules.
+        strategy_class, datamodule_class: the names of its Strategy and DataModule.
         lightning_name: the name in Lightning's ``StrategyRegistry`` (differs from ``name``
             only where Lightning already has that name).
-        preset: the default config is ``config_type.preset(name)`` (a named variant of its
-            system) rather than ``config_type()``; ``overrides``: fields set on top.
+        default_devices: ``trainer.devices`` of a plain ``strategy=<name>`` run.
+        run_settings: other settings of a plain run, outside ``strategy:`` and ``model:``
+            (``(("topology.servers", 2),)``); the model settings are the config's
+            ``MODEL_SETTINGS``.
+        ranks_per_host: the ranks ``bench cluster`` starts on each emulated host.
+        bench_baseline: the ``bench cluster`` variant this name is measured against (a name,
+            or one of a system's ``bench_variants``); ``None``: it is a baseline only.
+        bench_model: the model its ``bench cluster`` runs must train; ``""``: the bench's.
+        bench_variants: further ``bench cluster`` variants of this name, ``(label,
+            train.py overrides)``.
+        exact: it equals ``single`` on the same batches as configured by default.
+        exact_settings: the ``strategy.<key>`` settings under which an approximate name is
+            exact (``()`` for exact ones, and for those no setting makes exact).
+        supports_predict: ``trainer.predict`` gives every node's rows.
+        tasks: the tasks it trains.
     """
 
     name: str
-    system: str
-    classes: tuple[str, str, str]
     description: str
+    config_type: type[SystemConfig]
+    package: str
+    strategy_class: str
+    datamodule_class: str
     lightning_name: str = ""
-    preset: bool = False
-    overrides: tuple[tuple[str, Any], ...] = ()
+    default_devices: int = 1
+    run_settings: tuple[tuple[str, Any], ...] = ()
+    ranks_per_host: int = 1
+    bench_baseline: str | None = None
+    bench_model: str = ""
+    bench_variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    exact: bool = True
+    exact_settings: tuple[tuple[str, Any], ...] = ()
+    supports_predict: bool = True
+    tasks: tuple[str, ...] = ("node_classification",)
 
     @property
-    def config_type(self) -> type[SystemConfig]:
-        return getattr(import_module(f"{__package__}.{self.system}.config"), self.classes[0])
-
-    @property
-    def strategy(self) -> type:
+    def strategy(self) -> type[SystemStrategy]:
         """The system's ``SystemStrategy`` subclass (imports the system)."""
-        return getattr(import_module(f"{__package__}.{self.system}"), self.classes[1])
+        return getattr(import_module(self.package), self.strategy_class)
 
     @property
-    def datamodule(self) -> type:
+    def datamodule(self) -> type[GNNDataModule]:
         """The system's ``GNNDataModule`` subclass (imports the system)."""
-        return getattr(import_module(f"{__package__}.{self.system}"), self.classes[2])
+        return getattr(import_module(self.package), self.datamodule_class)
+
+    @property
+    def system(self) -> str:
+        """The system's folder (several names may share one)."""
+        return self.package.rpartition(".")[2]
 
     @property
     def implementation(self) -> tuple[str, str]:
         """The modules of its Strategy and DataModule (what a rank imports to run it)."""
-        return (f"{__package__}.{self.system}.strategy", f"{__package__}.{self.system}.datamodule")
+        return (f"{self.package}.strategy", f"{self.package}.datamodule")
+
+    @property
+    def supports_partition_dir(self) -> bool:
+        """Its ranks can load from ``data.partition_dir`` (its config's rule, which the
+        config checks)."""
+        return self.config_type.loads_partition_dir(self.name)
 
     def default_config(self) -> SystemConfig:
-        """The name's settings when none are given (presets differ from their system only
-        here)."""
-        if self.preset:
-            return self.config_type.preset(self.name)
-        return self.config_type(name=self.name, **dict(self.overrides))
+        """The name's settings when none are given: a preset's defining settings applied
+        (``config_type.PRESETS``)."""
+        cls = self.config_type
+        if self.name in cls.NAMES:
+            return cls.preset(self.name)
+        return cls(name=self.name, **cls.PRESETS.get(self.name, {}))
 
     @property
     def registered_as(self) -> str:
@@ -78,14 +110,19 @@ class SystemSpec:
 
 def _system(name: str, prefix: str, description: str, **kwargs: Any) -> SystemSpec:
     """A name whose classes follow the ``<Prefix>Config/Strategy/DataModule`` pattern."""
-    classes = (f"{prefix}Config", f"{prefix}Strategy", f"{prefix}DataModule")
-    return SystemSpec(name, kwargs.pop("system", name), classes, description, **kwargs)
+    system = kwargs.pop("system", name)
+    package = f"{__package__}.{system}"
+    config = getattr(import_module(f"{package}.config"), f"{prefix}Config")
+    return SystemSpec(
+        name, description, config, package, f"{prefix}Strategy", f"{prefix}DataModule", **kwargs
+    )
 
 
-def _presets(system: str, prefix: str, presets: dict[str, str]) -> list[SystemSpec]:
+def _presets(system: str, prefix: str, presets: dict[str, str], **kwargs) -> list[SystemSpec]:
     """One name per preset of a system (``config_type.preset(name)``), described by ``presets``."""
     return [
-        _system(name, prefix, text, system=system, preset=True) for name, text in presets.items()
+        _system(name, prefix, text, system=system, **kwargs.get(name, kwargs.get("*", {})))
+        for name, text in presets.items()
     ]
 
 
@@ -94,37 +131,93 @@ def _specs() -> list[SystemSpec]:
     from .grappa.config import GRAPPA_PRESETS
     from .hopgnn.config import HOPGNN_PRESETS
 
+    granndis = dict(
+        default_devices=4,
+        run_settings=(("topology.servers", 2), ("trainer.max_epochs", 200)),
+        ranks_per_host=2,
+    )
     return [
-        _system("single", "Single", "one process, the oracle"),
+        _system(
+            "single",
+            "Single",
+            "one process, the oracle",
+            run_settings=(("trainer.num_nodes", 1),),
+        ),
         SystemSpec(
             "ddp",
-            "ddp",
-            ("DDPConfig", "DataParallelStrategy", "DataParallelDataModule"),
             "replicated graph, plain data parallel (metered)",
+            import_module(f"{__package__}.ddp.config").DDPConfig,
+            f"{__package__}.ddp",
+            "DataParallelStrategy",
+            "DataParallelDataModule",
             lightning_name="metered_ddp",
+            default_devices=2,
+            exact=False,
+            exact_settings=(("salt_by_rank", False),),
         ),
-        _system("distdgl", "DistDGL", "DistDGL: partitioned graph, KV store, distributed sampling"),
+        _system(
+            "distdgl",
+            "DistDGL",
+            "DistDGL: partitioned graph, KV store, distributed sampling",
+            default_devices=2,
+            bench_baseline="distdgl_random",
+            bench_variants=(("distdgl_random", ("strategy.partition.method=random",)),),
+        ),
         _system(
             "bytegnn",
             "ByteGNN",
             "ByteGNN: sampling DAGs on a thread pool, launch-score scheduler, socket graph store",
+            default_devices=2,
+            bench_baseline="distdgl",
         ),
         _system(
             "gsplit",
             "GSplit",
             "GSplit: split-parallel mini-batches, row shuffle before every layer",
+            default_devices=2,
+            bench_baseline="ddp",
         ),
-        _system("sancus", "Sancus", "SANCUS: full-graph, staleness-aware skipped broadcasts"),
+        _system(
+            "sancus",
+            "Sancus",
+            "SANCUS: full-graph, staleness-aware skipped broadcasts",
+            default_devices=2,
+            bench_baseline="cagnet",
+            bench_model="gcn",
+            exact=False,
+            exact_settings=(("policy", "none"),),
+        ),
         _system(
             "cagnet",
             "Sancus",
             "CAGNET-1D: full-graph exact broadcasts (SANCUS with bound 0)",
             system="sancus",
-            overrides=(("policy", "none"),),
+            default_devices=2,
+            bench_model="gcn",
         ),
-        *_presets("grappa", "Grappa", GRAPPA_PRESETS),
-        *_presets("hopgnn", "HopGNN", HOPGNN_PRESETS),
-        *_presets("granndis", "GraNNDIS", GRANNDIS_PRESETS),
+        *_presets(
+            "grappa",
+            "Grappa",
+            GRAPPA_PRESETS,
+            grappa={"default_devices": 2, "exact": False, "bench_baseline": "ddp"},
+            **{"*": {"default_devices": 2, "exact": False}},
+        ),
+        *_presets(
+            "hopgnn",
+            "HopGNN",
+            HOPGNN_PRESETS,
+            hopgnn={"default_devices": 2, "bench_baseline": "hopgnn_mc"},
+            **{"*": {"default_devices": 2}},
+        ),
+        *_presets(
+            "granndis",
+            "GraNNDIS",
+            GRANNDIS_PRESETS,
+            granndis={**granndis, "exact": False, "bench_baseline": "granndis_fb_base"},
+            granndis_cob={**granndis, "exact": False, "exact_settings": (("cob.sampler", "none"),)},
+            granndis_mb_base={**granndis, "exact": False},
+            **{"*": granndis},
+        ),
     ]
 
 

@@ -23,7 +23,7 @@ from lightning_gnnscale.systems.grappa.chunking import write_chunk_store
 from lightning_gnnscale.systems.registry import SYSTEMS
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed, start_process, warm_context
-from tests.test_grappa import make_dm, small_graph
+from tests.systems.grappa.test_grappa import make_dm, small_graph
 
 ESTIMATOR = "resampling"
 F_SEED, ALPHA = 3, 1.0  # make_dm's seed-hop fanout; the default smoothing

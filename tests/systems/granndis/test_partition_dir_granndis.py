@@ -21,7 +21,7 @@ from lightning_gnnscale.schema import DataConfig, ModelConfig
 from lightning_gnnscale.systems.granndis import GraNNDISConfig, GraNNDISDataModule, halo_hook
 from lightning_gnnscale.systems.granndis.config import CoBSettings
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
+from tests.helpers.partition_runs import launcher_without_ranks
 from tests.test_partition_dir import SBM
 
 LAYERS = 2
@@ -172,14 +172,6 @@ def cfg_overrides(root, *extra) -> list[str]:
         "topology.servers=2",
         *extra,
     ]
-
-
-@pytest.mark.e2e
-def test_granndis_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
-    """float64, 2 ranks: the final weights from the directory equal the in-memory run's bit
-    for bit (atol 0), and so do every epoch's validation accuracy and the test accuracy; the
-    launcher never loads the dataset."""
-    train_both_ways(tmp_path, monkeypatch, cfg_overrides(tmp_path))
 
 
 def test_a_granndis_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):

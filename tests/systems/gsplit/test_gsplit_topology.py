@@ -20,8 +20,8 @@ from tests.helpers.partition_runs import (
     resume_from_directory,
     train_both_ways,
 )
-from tests.test_gsplit import FANOUTS, setup_graph
-from tests.test_partition_dir_gsplit import _gathered, _steps, cfg_overrides, make_dm
+from tests.systems.gsplit.test_gsplit import FANOUTS, setup_graph
+from tests.systems.gsplit.test_partition_dir_gsplit import _gathered, _steps, cfg_overrides, make_dm
 
 PARTITIONED = GSplitConfig(topology="partitioned")
 

@@ -28,7 +28,7 @@ from lightning_gnnscale.systems.grappa.directory import DirChunks, chunk_group
 from lightning_gnnscale.systems.grappa.partition import build_partition
 from lightning_gnnscale.systems.grappa.schedule import PartitionSpec
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import float64_trainer, launcher_without_ranks, train_both_ways
+from tests.helpers.partition_runs import float64_trainer, launcher_without_ranks
 from tests.test_partition_dir import SBM, _assert_equal
 
 F32_F64 = (torch.float32, torch.float64)
@@ -252,14 +252,6 @@ def test_parts_list_the_chunks_their_schedule_reads(tmp_path):
 def cfg_overrides(root: Path) -> list[str]:
     """A small float64 Grappa run (the partition command gets the same, plus paths.root)."""
     return [f"paths.root={root}", "strategy=grappa", "dtype=float64", "dataset.num_features=8"]
-
-
-@pytest.mark.e2e
-def test_grappa_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
-    """The default run (float64, 2 ranks, eval_mode=global_fullgraph): the final weights
-    from the directory equal the in-memory run's bit for bit, and so does every epoch's
-    validation accuracy; the launcher never loads the dataset."""
-    train_both_ways(tmp_path, monkeypatch, cfg_overrides(tmp_path))
 
 
 @pytest.mark.e2e

@@ -20,7 +20,7 @@ from lightning_gnnscale.partition import partition
 from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.bytegnn import ByteGNNConfig, ByteGNNDataModule
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import float64_trainer, launcher_without_ranks, train_both_ways
+from tests.helpers.partition_runs import float64_trainer, launcher_without_ranks
 from tests.helpers.predictions import check_predictions, predict_shares
 from tests.test_partition_dir import MODEL, SBM, _assert_equal, _steps
 
@@ -143,14 +143,6 @@ def cfg_overrides(root: Path) -> list[str]:
         "dataset.num_features=8",
         "data.fanouts=[5,3]",
     ]
-
-
-@pytest.mark.e2e
-def test_bytegnn_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
-    """float64, 2 ranks: the final weights from the directory equal the in-memory run's bit
-    for bit (atol 0), and so does every epoch's validation accuracy; the launcher never
-    loads the dataset."""
-    train_both_ways(tmp_path, monkeypatch, cfg_overrides(tmp_path))
 
 
 def test_a_bytegnn_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):

@@ -254,7 +254,7 @@ def test_metered_feature_bytes_match_the_planner_and_rank_the_modes():
     ``rows == expected`` alone is not independent: the DataModule and ``remote_row_counts``
     both use ``remote_inputs``. The independent checks are the metered bytes (counted by the
     owners that serve the rows), the recount from ``blocks[0].src_ids`` with Python sets in
-    ``_fetched_rank``, and the hand-counted golden toy example (tests/test_hopgnn.py)."""
+    ``_fetched_rank``, and the hand-counted golden toy example (tests/systems/hopgnn/test_hopgnn.py)."""
     graph = sbm(num_nodes=2000, num_classes=4, avg_degree=10.0, num_features=16, seed=1)
     part = partition(graph, "metis", 2, seed=0)
     sampler = NeighborSampler(graph.indptr, graph.indices, [5, 5], SEED)

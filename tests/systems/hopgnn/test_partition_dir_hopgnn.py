@@ -17,7 +17,7 @@ from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.hopgnn import HopGNNConfig, HopGNNDataModule
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import launcher_without_ranks, train_both_ways
+from tests.helpers.partition_runs import launcher_without_ranks
 from tests.test_partition_dir import SBM
 
 FANOUTS = [5, 3]
@@ -139,14 +139,6 @@ def cfg_overrides(root, name="hopgnn") -> list[str]:
         "dataset.num_features=8",
         "data.fanouts=[5,3]",
     ]
-
-
-@pytest.mark.e2e
-def test_hopgnn_trains_from_a_directory_as_in_memory(tmp_path, monkeypatch):
-    """float64, 2 ranks, the merging controller on: the final weights from the directory
-    equal the in-memory run's bit for bit (atol 0), and so do every epoch's loss and
-    validation accuracy and the test accuracy; the launcher never loads the dataset."""
-    train_both_ways(tmp_path, monkeypatch, cfg_overrides(tmp_path), keys=("train_loss", "val_acc"))
 
 
 def test_a_hopgnn_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_path, monkeypatch):

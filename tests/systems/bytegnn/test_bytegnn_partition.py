@@ -452,7 +452,7 @@ def test_every_split_balanced_and_more_khop_local_than_random(graph_name, num_pa
     assert report["remote_bytes_per_epoch"] <= random["remote_bytes_per_epoch"]
 
 
-PLANETOID_ROOT = Path(__file__).parents[2] / "shared/datasets/planetoid"
+PLANETOID_ROOT = Path(__file__).parents[4] / "shared/datasets/planetoid"
 
 
 @pytest.mark.cora

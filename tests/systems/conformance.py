@@ -1,0 +1,155 @@
+"""The conformance suite's cases and runs (docs/testing.md, "The conformance suite").
+
+Every registered name and each task its spec lists is one case. CI runs each system's default
+preset (the name of its folder, ``spec.name == spec.system``) on its first two tasks (node
+classification plus one other); every other case is marked ``conformance_full``.
+
+A case's runs go through ``run.train`` on the tiny sbm job of ``tests/helpers/config.py`` in
+float64 (2 epochs, ``spec.default_devices`` ranks, ``spec.run_settings``), and are made once
+per test session (:class:`Runs`) so that the checks share them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_gnnscale.systems.registry import SYSTEMS, SystemSpec
+from tests.helpers.config import make_cfg
+
+CI_TASKS = 2  # node classification plus one other task
+# How a run asks for a task (tasks register their own names; this table says how the suite
+# spells each on the command line).
+TASK_OVERRIDES: dict[str, tuple[str, ...]] = {"node_classification": ()}
+EPOCHS = 2
+
+
+def in_ci(spec: SystemSpec, task: str) -> bool:
+    return spec.name == spec.system and spec.tasks.index(task) < CI_TASKS
+
+
+def cases(applies=lambda spec: True) -> list:
+    """``pytest.param(name, task)`` for every registered name and task ``applies`` keeps; the
+    ones CI leaves out are marked ``conformance_full``."""
+    return [
+        pytest.param(
+            name,
+            task,
+            id=f"{name}-{task}",
+            marks=() if in_ci(spec, task) else (pytest.mark.conformance_full,),
+        )
+        for name, spec in SYSTEMS.items()
+        for task in spec.tasks
+        if applies(spec)
+    ]
+
+
+def overrides(name: str, task: str, *extra: str) -> list[str]:
+    """The case's ``train.py`` settings: float64, ``EPOCHS`` epochs, the name's devices and
+    run settings, then ``extra``."""
+    spec = SYSTEMS[name]
+    if task not in TASK_OVERRIDES:
+        raise KeyError(
+            f"the conformance suite does not know task {task!r}: add it to TASK_OVERRIDES"
+        )
+    settings = [f"{key}={value}" for key, value in spec.run_settings]
+    return [
+        f"strategy={name}",
+        "dtype=float64",
+        f"trainer.devices={spec.default_devices}",
+        *settings,
+        f"trainer.max_epochs={EPOCHS}",
+        *TASK_OVERRIDES[task],
+        *extra,
+    ]
+
+
+def exact_settings(name: str) -> list[str]:
+    """``strategy.<key>=<value>`` of the settings that make the name exact."""
+    return [f"strategy.{k}={_hydra(v)}" for k, v in SYSTEMS[name].exact_settings]
+
+
+def _hydra(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def weights(output_dir: Path) -> dict:
+    """The run's ``last.ckpt`` weights and DataModule state (embedding tables)."""
+    ckpt = torch.load(output_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    state = dict(ckpt["state_dict"])
+    for key, value in ckpt.items():
+        if key.endswith("DataModule"):
+            state.update({f"dm.{k}": v for k, v in value.items()})
+    return state
+
+
+def assert_equal(a: dict, b: dict) -> None:
+    """Equal bit for bit (tensors with atol 0)."""
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+class Runs:
+    """``train`` runs by their settings, each made once per session under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.done: dict[tuple[str, ...], tuple[dict, Path]] = {}
+
+    def train(self, *settings: str) -> tuple[dict, Path]:
+        """``(metrics, output_dir)`` of the run with ``settings``."""
+        from lightning_gnnscale.run import train
+
+        if settings not in self.done:
+            folder = self.root / f"run{len(self.done)}"
+            metrics, objects = train(make_cfg(folder, *settings))
+            self.done[settings] = metrics, Path(objects["output_dir"])
+        return self.done[settings]
+
+
+def plain_lightning_ranks(name: str, task: str, out: Path) -> None:
+    """One rank of a plain Lightning script: the name's DataModule with its default config,
+    ``L.Trainer(strategy=<name>)`` (the registry's string) in ``precision="64-true"`` for one
+    epoch, then ``trainer.predict`` of every node's logits; writes ``rank<r>.pt``."""
+    import lightning as L
+
+    import lightning_gnnscale as gs
+
+    overrides(name, task)  # a task the suite knows
+    spec = SYSTEMS[name]
+    _, DataModule, config = gs.system(name)
+    graph = gs.load_dataset("sbm", num_nodes=300, num_features=8)
+    dm = DataModule(graph, config, gs.DataConfig(batch_size=64, fanouts=[5, 5]), cache_dir=out)
+    L.seed_everything(0, verbose=False)
+    module = gs.GNNModule.from_config(config.model_config(hidden=8), dm)
+    before = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    trainer = L.Trainer(
+        strategy=spec.registered_as,
+        accelerator="cpu",
+        devices=spec.default_devices,
+        max_epochs=1,
+        precision="64-true",
+        callbacks=[gs.StepSeed(0)],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(module, datamodule=dm)
+    result = {
+        "before": before,
+        "after": {k: v.detach().clone() for k, v in module.state_dict().items()},
+        "steps": trainer.global_step,
+        "loss": float(trainer.callback_metrics["train/step_loss"]),
+    }
+    if spec.supports_predict:
+        (result["predictions"],) = trainer.predict(
+            module, datamodule=dm.predict_on(output="logits")
+        )
+    torch.save(result, out / f"rank{trainer.global_rank}.pt")

@@ -1,0 +1,264 @@
+"""The conformance suite: the same seven checks for every registered name and each task it
+trains (docs/testing.md). A name gets them by registering; its spec says which apply
+(``exact``/``exact_settings``, ``supports_partition_dir``, ``supports_predict``, ``tasks``).
+
+CI runs each system's default preset on node classification plus one other task; the full
+matrix is ``pytest -m conformance_full tests/systems/test_conformance.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+
+import lightning_gnnscale as gs
+from lightning_gnnscale.errors import ConfigError
+from lightning_gnnscale.schema import run_config
+from lightning_gnnscale.systems.registry import SYSTEMS
+from tests.helpers.config import TINY, make_cfg
+from tests.systems.conformance import (
+    EPOCHS,
+    Runs,
+    assert_equal,
+    cases,
+    exact_settings,
+    overrides,
+    weights,
+)
+
+pytestmark = pytest.mark.timeout(600)
+# Found by the suite, not hidden: each case fails as it stands (strict), see docs/testing.md.
+OWN_BATCHES = (
+    "the end-to-end check trains single's batches; {} draws other ones ({}), so it needs a "
+    "single run on its batches; its step-level exactness is in tests/systems/{}/"
+)
+KNOWN = {
+    ("test_an_exact_setting_equals_single_in_float64", "distdgl"): OWN_BATCHES.format(
+        "distdgl", "each rank's own partition's seeds", "distdgl"
+    ),
+    ("test_an_exact_setting_equals_single_in_float64", "bytegnn"): OWN_BATCHES.format(
+        "bytegnn", "each rank's own partition's seeds", "bytegnn"
+    ),
+    ("test_an_exact_setting_equals_single_in_float64", "sancus"): OWN_BATCHES.format(
+        "sancus", "full-graph steps", "sancus"
+    ),
+    ("test_a_resumed_run_equals_the_uninterrupted_run", "granndis"): (
+        "bug: a resumed GraNNDIS run (2 x 2, float64) ends with other weights than the "
+        "uninterrupted run (net.layers.0.bias differs)"
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def _known_failures(request):
+    name = request.node.callspec.params.get("name") if hasattr(request.node, "callspec") else None
+    reason = KNOWN.get((request.node.originalname, name))
+    if reason:
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("conformance"))
+
+
+def _model_settings(settings: list[str], tmp_path: Path) -> list[str]:
+    """The composed run's model as ``model.<field>=<value>`` overrides (for ``single``)."""
+    model = run_config(make_cfg(tmp_path, *settings)).model
+    out = [f"model={model.name}"]
+    for field in dataclasses.fields(model):
+        value = getattr(model, field.name)
+        if field.name != "name" and isinstance(value, int | float | str):
+            out.append(f"model.{field.name}={value}")
+    return out
+
+
+def results(history: list[dict]) -> list[dict]:
+    """Each epoch's losses and metrics (its timings and bytes left out)."""
+    return [
+        {k: v for k, v in row.items() if not k.endswith("_s") and k != "comm_bytes"}
+        for row in history
+    ]
+
+
+def _no_spawn(monkeypatch) -> None:
+    import lightning_gnnscale.run as run_module
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(run_module, "launch_local", no_spawn)
+
+
+# ------------------------------------------------------------------ 1. exact against single
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("name", "task"),
+    cases(lambda spec: spec.name != "single" and (spec.exact or bool(spec.exact_settings))),
+)
+def test_an_exact_setting_equals_single_in_float64(runs, tmp_path, name, task):
+    """The name (in its declared exact settings, no dropout) trains the weights and losses of
+    ``single`` with the same model on the same batches (float64, to 1e-9)."""
+    settings = overrides(name, task, *exact_settings(name), "model.dropout=0.0")
+    got, got_out = runs.train(*settings)
+    single = overrides("single", task, *_model_settings(settings, tmp_path))
+    want, want_out = runs.train(*single)
+    assert got["world_size"] == SYSTEMS[name].default_devices
+    ref, mine = weights(want_out), weights(got_out)
+    for key in ref:
+        torch.testing.assert_close(mine[key], ref[key], rtol=0, atol=1e-9, msg=key)
+    losses = [[row["train_loss"] for row in m["history"]] for m in (want, got)]
+    assert len(losses[1]) == EPOCHS
+    assert losses[1] == pytest.approx(losses[0], rel=0, abs=1e-9)
+
+
+# ----------------------------------------------------------------------- 2. the comm audit
+@pytest.mark.e2e
+@pytest.mark.parametrize(("name", "task"), cases())
+def test_the_comm_audit_passes(runs, name, task):
+    """``audit=true``: every ``torch.distributed`` call of each epoch was metered, with the
+    bytes its category counted (the audit fails the run otherwise); a multi-rank run made
+    some."""
+    metrics, _ = runs.train(*overrides(name, task, "audit=true"))
+    assert (metrics["audited_collectives"] > 0) == (metrics["world_size"] > 1)
+    assert all(v >= 0 for v in metrics["comm_bytes_per_epoch"].values())
+
+
+# ------------------------------------------------------- 3. a partition directory, bit for bit
+@pytest.mark.e2e
+@pytest.mark.parametrize(("name", "task"), cases(lambda spec: spec.supports_partition_dir))
+def test_a_partition_directory_run_equals_the_in_memory_run(
+    runs, tmp_path, monkeypatch, name, task
+):
+    """The run from ``python -m lightning_gnnscale.partition``'s directory, with the
+    launcher's dataset loader replaced by a failure, ends with the in-memory run's weights
+    and DataModule state bit for bit, and its losses and test result."""
+    import lightning_gnnscale.kit.datamodule as datamodule_module
+    import lightning_gnnscale.run as run_module
+    from lightning_gnnscale.partition import partition
+    from lightning_gnnscale.run import train
+
+    settings = overrides(name, task, "audit=true")
+    mem, mem_out = runs.train(*settings)
+    parts = tmp_path / "parts"
+    partition([*TINY, f"paths.root={tmp_path}", *settings], parts, log=lambda *_: 0)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the launcher loaded the dataset")
+
+    monkeypatch.setattr(run_module, "load_dataset", no_load)
+    monkeypatch.setattr(datamodule_module, "load_dataset", no_load)
+    got, objects = train(make_cfg(tmp_path / "dir", *settings, f"data.partition_dir={parts}"))
+    assert objects["graph"] is None
+    assert_equal(weights(mem_out), weights(Path(objects["output_dir"])))
+    assert results(got["history"]) == results(mem["history"])
+    assert got["test_acc"] == mem["test_acc"]
+
+
+# ------------------------------------------------------------------------------ 4. resume
+@pytest.mark.e2e
+@pytest.mark.parametrize(("name", "task"), cases())
+def test_a_resumed_run_equals_the_uninterrupted_run(runs, tmp_path, name, task):
+    """One epoch, then its ``last.ckpt`` resumed for the second: the weights and DataModule
+    state equal the uninterrupted run's bit for bit, and so do the losses and metrics. A name
+    whose default settings refuse to resume (SANCUS's staleness state) says so before any
+    rank starts, and resumes in its exact settings."""
+    from lightning_gnnscale.run import train
+
+    settings = overrides(name, task, "audit=true")
+    try:
+        run_config(make_cfg(tmp_path / "check", *settings, f"ckpt_path={tmp_path / 'x.ckpt'}"))
+    except ConfigError as err:  # refused where the launcher checks the run
+        assert "cannot resume" in str(err)
+        assert SYSTEMS[name].exact_settings, "it refuses to resume in every setting it declares"
+        settings = overrides(name, task, "audit=true", *exact_settings(name))
+    want, want_out = runs.train(*settings)
+    first, first_out = runs.train(*settings, "trainer.max_epochs=1")
+    last = first_out / "checkpoints" / "last.ckpt"
+    got, objects = train(make_cfg(tmp_path / "resumed", *settings, f"ckpt_path={last}"))
+    assert_equal(weights(want_out), weights(Path(objects["output_dir"])))
+    assert results(got["history"]) == results(want["history"])
+
+
+# ----------------------------------------------- 5 and 6. plain Lightning, and predict
+@pytest.fixture(scope="module")
+def plain_runs(tmp_path_factory):
+    """``name, task -> the ranks' results`` of :func:`plain_lightning_ranks`, each made once."""
+    from lightning_gnnscale.launch import launch_local
+    from tests.systems.conformance import plain_lightning_ranks
+
+    done: dict[tuple[str, str], list[dict]] = {}
+
+    def ranks(name: str, task: str) -> list[dict]:
+        if (name, task) not in done:
+            out = tmp_path_factory.mktemp(f"plain-{name}")
+            devices = SYSTEMS[name].default_devices
+            launch_local(plain_lightning_ranks, (name, task, out), devices, 1, timeout_s=500)
+            done[name, task] = [
+                torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(devices)
+            ]
+        return done[name, task]
+
+    return ranks
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("name", "task"), cases())
+def test_a_plain_lightning_trainer_trains(plain_runs, name, task):
+    """``L.Trainer(strategy=<name>)`` with the name's DataModule fits an epoch: every rank
+    took the same steps, the loss is finite, the weights moved and are one model."""
+    ranks = plain_runs(name, task)
+    assert len({r["steps"] for r in ranks}) == 1 and ranks[0]["steps"] > 0
+    for r in ranks:
+        assert torch.isfinite(torch.tensor(r["loss"]))
+        assert any(not torch.equal(r["before"][k], v) for k, v in r["after"].items())
+        assert_equal(r["after"], ranks[0]["after"])  # every rank holds the same weights
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("name", "task"), cases(lambda spec: spec.supports_predict))
+def test_predict_covers_every_node_once(plain_runs, name, task):
+    """``trainer.predict`` of every node: the ranks' ids together are each node once, and
+    the rows are the trained net's full-neighbourhood logits (float64)."""
+    from tests.helpers.predictions import gather
+    from tests.test_plain_lightning import full_neighbourhood
+
+    ranks = plain_runs(name, task)
+    graph = gs.load_dataset("sbm", num_nodes=300, num_features=8).to(torch.float64)
+    shares = [{"logits": r["predictions"]} for r in ranks]
+    logits = gather(shares, "logits", graph.num_nodes)  # asserts each node exactly once
+    counts = torch.bincount(torch.cat([s["logits"]["node_ids"] for s in shares]))
+    assert counts.tolist() == [1] * graph.num_nodes
+    config = gs.system(name)[2].model_config(hidden=8)
+    net = gs.build_model(config, graph.num_features, graph.num_classes).double()
+    net.load_state_dict({k.removeprefix("net."): v for k, v in ranks[0]["after"].items()})
+    torch.testing.assert_close(logits, full_neighbourhood(graph, net), rtol=1e-10, atol=1e-12)
+
+
+# ----------------------------------------------------------------- 7. bad values, early
+@pytest.mark.parametrize(("name", "task"), cases())
+def test_a_bad_value_fails_before_spawn(tmp_path, monkeypatch, name, task):
+    """An unknown key and a value of the wrong type under ``strategy.`` fail while Hydra
+    composes, naming the key; a setting forced in (``+strategy.<key>``) is refused by
+    ``train`` before any rank starts, naming it."""
+    from lightning_gnnscale.run import train
+
+    settings = overrides(name, task)
+    with pytest.raises(ConfigCompositionException, match=re.escape("strategy.no_such_key")):
+        make_cfg(tmp_path, *settings, "strategy.no_such_key=1")
+    hints = typing.get_type_hints(SYSTEMS[name].config_type)
+    for field in dataclasses.fields(SYSTEMS[name].config_type):  # single has none
+        if hints[field.name] in (int, float, bool):
+            bad = "maybe" if hints[field.name] is bool else "abc"
+            with pytest.raises(
+                ConfigCompositionException, match=re.escape(f"strategy.{field.name}")
+            ):
+                make_cfg(tmp_path, *settings, f"strategy.{field.name}={bad}")
+    _no_spawn(monkeypatch)
+    with pytest.raises(ConfigError, match=r"strategy\.no_such_key.* is not a known setting"):
+        train(make_cfg(tmp_path, *settings, "+strategy.no_such_key=1"))
