@@ -3,6 +3,7 @@
 import json
 import os
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
@@ -152,14 +153,13 @@ def test_plain_datamodules_check_the_data_rules():
 
 # ------------------------------------------------------------------ discovery and specs
 def test_every_system_folder_declares_its_names_and_discovery_finds_exactly_them():
-    """Each package under ``systems/`` declares ``SYSTEM``; the registry is those specs (no
-    entry points are installed here), sorted, each keyed by its name."""
-    import pkgutil
-
+    """Each system folder under ``systems/`` (one with a ``config.py``) declares ``SYSTEM``;
+    the registry is those specs (no entry points are installed here), sorted by name."""
     from lightning_gnnscale import systems
     from lightning_gnnscale.systems import registry
 
-    folders = sorted(m.name for m in pkgutil.iter_modules(systems.__path__) if m.ispkg)
+    root = Path(systems.__file__).parent
+    folders = sorted(p.parent.name for p in root.glob("*/config.py"))
     sources = registry.in_tree_sources()
     assert [source for source, _ in sources] == [
         f"lightning_gnnscale.systems.{folder}.SYSTEM" for folder in folders
@@ -240,3 +240,14 @@ def test_the_package_exports_every_system_packages_public_names():
         assert {spec.strategy_class, spec.datamodule_class} <= set(package.__all__)
         assert spec.config_type.__name__ in package.__all__
     assert gs.ByteGNNPartitionConfig is not gs.DistDGLPartitionConfig
+
+
+def test_an_entry_point_that_does_not_load_is_named(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from lightning_gnnscale.systems import registry
+
+    broken = EntryPoint("broken", "no_such_package_here:SYSTEM", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [broken] if group else [])
+    with pytest.raises(gs.ConfigError, match=r"entry point 'broken' \(no_such_package_here"):
+        registry.entry_point_sources()

@@ -53,8 +53,14 @@ def in_tree_sources() -> list[tuple[str, Any]]:
 
 def entry_point_sources() -> list[tuple[str, Any]]:
     """``(source, loaded value)`` of every entry point in :data:`ENTRY_POINT_GROUP`."""
-    points = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: (p.name, p.value))
-    return [(f"entry point {point.name!r} ({point.value})", point.load()) for point in points]
+    found = []
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: (p.name, p.value)):
+        source = f"entry point {point.name!r} ({point.value})"
+        try:
+            found.append((source, point.load()))
+        except (ImportError, AttributeError) as err:
+            raise ConfigError(f"{source} does not load: {err}") from err
+    return found
 
 
 def discover(sources: list[tuple[str, Any]]) -> dict[str, SystemSpec]:
@@ -120,8 +126,8 @@ def _run_node(spec: SystemSpec) -> dict[str, Any]:
 
 
 def register_systems() -> None:
-    """Register every name's run settings with Hydra (``strategy=<name>``) and its strategy with Lightning
-    (``L.Trainer(strategy="gsplit")``); idempotent. Neither imports a system's implementation;
+    """Register every name's run settings with Hydra (``strategy=<name>``) and its strategy
+    with Lightning (``L.Trainer(strategy="gsplit")``); idempotent. Neither imports a system's implementation;
     the Lightning names are added the moment Lightning's strategies are imported (at once if
     they are), so registering does not import Lightning either."""
     from hydra.core.config_store import ConfigStore
