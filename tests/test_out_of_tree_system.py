@@ -125,4 +125,7 @@ def test_the_warm_fingerprint_covers_an_entry_point_systems_sources(tmp_path, mo
     before = warm_client.fingerprint()["source"]
     config = package / "config.py"
     config.write_text(config.read_text() + "\n# an edit\n")
-    assert warm_client.fingerprint()["source"] != before
+    after = warm_client.fingerprint()
+    assert (
+        warm_client.mismatch(after, {**after, "source": before}) == warm_client.MISMATCH["source"]
+    )
