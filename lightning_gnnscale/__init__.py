@@ -2,9 +2,9 @@
 
 Importing the package registers every system's strategy in Lightning's ``StrategyRegistry``
 (``L.Trainer(strategy="gsplit")``; the plain data-parallel reference is ``metered_ddp``, since
-Lightning's own ``ddp`` is unmetered) and its config schema in Hydra's ConfigStore. Per system,
-its Strategy, DataModule and typed config are exported here; see docs/quickstart.md, "From your
-own Lightning script".
+Lightning's own ``ddp`` is unmetered) and its run settings in Hydra's ConfigStore. Per system,
+the public names of its package (its ``__all__``: Strategy, DataModule, typed config...) are
+exported here; see docs/quickstart.md, "From your own Lightning script".
 
 The import is light: the config schema and the registry, no system's implementation and no
 Lightning, PyG, wandb, ogb or matplotlib. The names below load on first use (``gs.GNNModule``),
@@ -12,7 +12,8 @@ and a strategy name's system when a run or a Trainer uses it (docs/architecture.
 
 ``system(name)`` gives ``(Strategy, DataModule, config)`` for any strategy name (presets and
 Lightning names such as ``metered_ddp`` included); each system's nested settings classes are
-exported too (prefixed with the system where two systems' names would clash).
+exported too (a system package exports a name prefixed with its system where two systems'
+names would clash, and two packages exporting one name is refused).
 """
 
 from importlib import import_module
@@ -20,12 +21,13 @@ from typing import Any
 
 from .errors import ConfigError
 from .schema import DataConfig, ModelConfig, RunConfig, RunFacts, SystemConfig, TrainerConfig
-from .systems.registry import SYSTEMS, SystemSpec, register_systems, system
+from .systems.registry import SYSTEMS, register_systems, system
+from .systems.spec import SystemSpec
 
 register_systems()
 
 # public name -> the module that defines it, imported on first use
-_LAZY = {
+_LAZY: dict[str, str] = {
     **dict.fromkeys(
         ("CollectiveAudit", "CommStats", "EpochStats", "RunSummary", "StepSeed"), ".callbacks"
     ),
@@ -42,35 +44,30 @@ _LAZY = {
         ("Evaluation", "ModuleRuntime", "Prediction", "RankContext", "rank_context"),
         ".contract",
     ),
-    **dict.fromkeys(("ByteGNNConfig", "ByteGNNDataModule", "ByteGNNStrategy"), ".systems.bytegnn"),
-    **dict.fromkeys(
-        ("DataParallelDataModule", "DataParallelStrategy", "DDPConfig"), ".systems.ddp"
-    ),
-    **dict.fromkeys(("DistDGLConfig", "DistDGLDataModule", "DistDGLStrategy"), ".systems.distdgl"),
-    **dict.fromkeys(
-        ("GraNNDISConfig", "GraNNDISDataModule", "GraNNDISStrategy"), ".systems.granndis"
-    ),
-    **dict.fromkeys(("GrappaConfig", "GrappaDataModule", "GrappaStrategy"), ".systems.grappa"),
-    **dict.fromkeys(("GSplitConfig", "GSplitDataModule", "GSplitStrategy"), ".systems.gsplit"),
-    **dict.fromkeys(("HopGNNConfig", "HopGNNDataModule", "HopGNNStrategy"), ".systems.hopgnn"),
-    **dict.fromkeys(("SancusConfig", "SancusDataModule", "SancusStrategy"), ".systems.sancus"),
-    **dict.fromkeys(("SingleConfig", "SingleDataModule", "SingleStrategy"), ".systems.single"),
-    # nested settings (prefixed with the system where two systems' names would clash)
-    **dict.fromkeys(("DagConfig", "SchedulerConfig"), ".systems.bytegnn"),
-    "ByteGNNPartitionConfig": (".systems.bytegnn", "PartitionConfig"),
-    "DistDGLPartitionConfig": (".systems.distdgl", "PartitionConfig"),
-    **dict.fromkeys(("CoBSettings", "EASSettings"), ".systems.granndis.config"),
-    "GraNNDISPartitionSettings": (".systems.granndis.config", "PartitionSettings"),
-    "EarlyTriggerConfig": ".systems.grappa",
-    **dict.fromkeys(("FeatureCacheConfig", "GSplitPartitionConfig"), ".systems.gsplit"),
 }
+
+
+def _system_exports() -> dict[str, str]:
+    """Every public name of this package's systems (each system package's ``__all__``) ->
+    its package. A system outside the repository keeps its names in its own package."""
+    exports: dict[str, str] = {}
+    for spec in SYSTEMS.values():
+        if not spec.package.startswith(f"{__name__}.systems."):
+            continue
+        for name in import_module(spec.package).__all__:  # imported by the registry already
+            owner = exports.setdefault(name, spec.package)
+            if owner != spec.package:
+                raise ConfigError(f"{name!r} is exported by both {owner} and {spec.package}")
+    return exports
+
+
+_LAZY.update(_system_exports())
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module, attribute = _LAZY[name] if isinstance(_LAZY[name], tuple) else (_LAZY[name], name)
-    value = getattr(import_module(module, __name__), attribute)
+    value = getattr(import_module(_LAZY[name], __name__), name)
     globals()[name] = value  # once: later lookups skip this function
     return value
 
@@ -80,73 +77,16 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "DATASETS",
     "SYSTEMS",
-    "Batch",
-    "BlockGNN",
-    "ByteGNNConfig",
-    "ByteGNNDataModule",
-    "ByteGNNPartitionConfig",
-    "ByteGNNStrategy",
-    "CoBSettings",
-    "CollectiveAudit",
-    "CommStats",
     "ConfigError",
-    "DDPConfig",
     "DataConfig",
-    "DataParallelDataModule",
-    "DagConfig",
-    "DataParallelStrategy",
-    "DistDGLConfig",
-    "DistDGLDataModule",
-    "DistDGLPartitionConfig",
-    "DistDGLStrategy",
-    "EASSettings",
-    "EarlyTriggerConfig",
-    "EpochStats",
-    "Evaluation",
-    "GNNDataModule",
-    "FeatureCacheConfig",
-    "GNNModule",
-    "GSplitConfig",
-    "GSplitDataModule",
-    "GSplitPartitionConfig",
-    "GSplitStrategy",
-    "GraNNDISConfig",
-    "GraNNDISDataModule",
-    "GraNNDISPartitionSettings",
-    "GraNNDISStrategy",
-    "Graph",
-    "GrappaConfig",
-    "GrappaDataModule",
-    "GrappaStrategy",
-    "HopGNNConfig",
-    "HopGNNDataModule",
-    "HopGNNStrategy",
     "ModelConfig",
-    "ModuleRuntime",
-    "Prediction",
-    "RankContext",
     "RunConfig",
     "RunFacts",
-    "RunSummary",
-    "SancusConfig",
-    "SancusDataModule",
-    "SancusStrategy",
-    "SchedulerConfig",
-    "SingleConfig",
-    "SingleDataModule",
-    "SingleStrategy",
-    "StepSeed",
-    "SubgraphModel",
     "SystemConfig",
     "SystemSpec",
-    "SystemStrategy",
     "TrainerConfig",
-    "build_model",
-    "layerwise_inference",
-    "load_dataset",
-    "rank_context",
     "register_systems",
     "system",
 ]
+__all__ += sorted(_LAZY)

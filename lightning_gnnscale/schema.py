@@ -1,6 +1,6 @@
 """Typed settings: one frozen dataclass per config section, validated once in ``__post_init__``.
 
-Each dataclass is also a Hydra structured-config schema (:func:`register_schemas`), so a typo or
+Each dataclass is also a Hydra structured-config schema (:func:`schema_node`), so a typo or
 a value of the wrong type fails while Hydra composes the config, with the key named. The values
 themselves (ranges, choices, rules across sections) are checked when the composed config becomes
 a :class:`RunConfig` (:func:`run_config`), in the launching process, before any rank starts.
@@ -336,7 +336,7 @@ class SystemConfig:
             raise ConfigError(
                 f"strategy.name={self.name!r} is not a name of {type(self).__name__} "
                 f"(valid: {list(self.NAMES)}); pick a system with strategy=<name>, one of "
-                f"{sorted(SYSTEM_SCHEMAS)}"
+                f"{sorted(registered_systems())}"
             )
         check_field_types(self, "strategy.")
         for key, value in self.PRESETS.get(self.name, {}).items():
@@ -426,7 +426,7 @@ class RunConfig:
             "set ckpt_path (resume a run) or weights_from (start from its weights), not both",
         )
         if self.model.name == "custom" and not self.strategy.accepts_custom_models:
-            valid = sorted(n for n, c in SYSTEM_SCHEMAS.items() if c.accepts_custom_models)
+            valid = [n for n, c in registered_systems().items() if c.accepts_custom_models]
             raise ConfigError(
                 f"strategy={self.strategy.name} cannot run model=custom (a model(x, edge_index) "
                 f"cannot take the system's per-layer hooks); strategies that can: {valid}"
@@ -501,7 +501,7 @@ def run_identity(settings: dict[str, Any]) -> dict[str, Any]:
 
 def partition_dir_unsupported(name: str) -> str:
     """The error for ``data.partition_dir`` under a system that cannot load from one."""
-    valid = sorted(n for n, c in SYSTEM_SCHEMAS.items() if c.loads_partition_dir(n))
+    valid = [n for n, c in registered_systems().items() if c.loads_partition_dir(n)]
     return (
         f"data.partition_dir is not supported by strategy={name} yet (its ranks start from "
         f"the whole graph); strategies that load from a partition directory: {valid}"
@@ -539,27 +539,31 @@ def _writable(node: DictConfig) -> DictConfig:
     return node
 
 
-def schema_node(cls: type) -> DictConfig:
-    """The structured-config node of a settings dataclass, as Hydra's ConfigStore takes it."""
-    return _writable(OmegaConf.structured(cls))
+def schema_node(config: Any) -> DictConfig:
+    """The structured-config node of a settings dataclass (its defaults) or of one of its
+    objects (its values), typed by the class, as Hydra's ConfigStore takes it."""
+    return _writable(OmegaConf.structured(config))
 
 
-# Every strategy name's config class, as registered (the registry fills it; this module never
-# imports the systems, which import it).
-SYSTEM_SCHEMAS: dict[str, type[SystemConfig]] = {}
-
-
-def register_schemas(systems: dict[str, type[SystemConfig]]) -> None:
-    """Register the run schema (``run_schema``) and one ``schema/strategy/<name>`` node per
-    system, which ``conf/config.yaml`` and ``conf/strategy/<name>.yaml`` name in their
-    defaults lists."""
+def register_run_schema() -> None:
+    """Register the run schema (``run_schema``), which ``conf/config.yaml`` names first in its
+    defaults list; each strategy name's node (group ``strategy``) is the registry's."""
     from hydra.core.config_store import ConfigStore
 
-    SYSTEM_SCHEMAS.update(systems)
+    ConfigStore.instance().store(name="run_schema", node=schema_node(RunConfig))
+
+
+def registered_systems() -> dict[str, type[SystemConfig]]:
+    """Every strategy name Hydra can compose (ConfigStore group ``strategy``, which the registry
+    fills; this module never imports the systems, which import it) and its config class."""
+    from hydra.core.config_store import ConfigStore
+
     store = ConfigStore.instance()
-    store.store(name="run_schema", node=schema_node(RunConfig))
-    for name, cls in systems.items():
-        store.store(group="schema/strategy", name=name, node=schema_node(cls), package="strategy")
+    found = {}
+    for file in store.list("strategy") if "strategy" in store.repo else ():
+        node = store.load(f"strategy/{file}").node
+        found[file.removesuffix(".yaml")] = OmegaConf.get_type(node.strategy)
+    return dict(sorted(found.items()))
 
 
 def run_config(cfg: DictConfig | RunConfig) -> RunConfig:
@@ -570,7 +574,7 @@ def run_config(cfg: DictConfig | RunConfig) -> RunConfig:
     typed = OmegaConf.get_type(strategy) if isinstance(strategy, DictConfig) else None
     if typed is None or not (is_dataclass(typed) and issubclass(typed, SystemConfig)):
         name = strategy.get("name") if isinstance(strategy, DictConfig) else strategy
-        raise ConfigError(f"strategy={name!r} is unknown; valid: {sorted(SYSTEM_SCHEMAS)}")
+        raise ConfigError(f"strategy={name!r} is unknown; valid: {list(registered_systems())}")
     _check_known_keys(cfg)
     run = OmegaConf.to_object(cfg)
     assert isinstance(run, RunConfig), type(run)

@@ -6,7 +6,8 @@ since ``import lightning_gnnscale`` alone costs ~0.7 s (Hydra and the registry).
 
 A run is handed to a server only when one is listening on this checkout's socket (the key is
 the interpreter and the package folder) and it imported exactly what this run would import: the
-same source (the bytes of ``lightning_gnnscale/**/*.py``, ``train.py``, ``conf/**``), the same
+same source (the bytes of ``lightning_gnnscale/**/*.py``, ``train.py``, ``conf/**``, and of the
+packages of the systems registered by entry points), the same
 interpreter and ``site-packages``, the same interpreter flags, the same environment variables
 that are read at import time (:data:`IMPORT_ENV_PREFIXES`), the same Linux namespaces and the
 same cgroups (the run executes in the server's, under its limits). Otherwise the run starts
@@ -48,6 +49,7 @@ IMPORT_ENV_PREFIXES = (
     "NVIDIA_",
 )
 THREADS_ENV = "OMP_NUM_THREADS"
+GROUP = "lightning_gnnscale.systems"  # the entry points of systems outside the repository
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_DIR = PACKAGE_DIR.parent
 # Set by the process that runs a script as __main__ for a server or a test helper: its
@@ -105,15 +107,81 @@ def socket_path(folder: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- what
-def _source_files() -> list[Path]:
-    files = [REPO_DIR / "train.py"]
-    for root, dirs, names in os.walk(PACKAGE_DIR):
+def _python_files(folder: Path) -> list[Path]:
+    files = []
+    for root, dirs, names in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         files += [Path(root, n) for n in sorted(names) if n.endswith(".py")]
+    return files
+
+
+def _entry_point_values() -> list[str]:
+    """The values (``module:attr``) of the entry points in :data:`GROUP`, read from the
+    ``entry_points.txt`` of each distribution folder on ``sys.path`` (a few ms; importing
+    ``importlib.metadata`` alone costs more than a hand-off should). A zip on ``sys.path`` is
+    read through ``importlib.metadata``."""
+    values: list[str] = []
+    for entry in sys.path:
+        folder = Path(entry or ".")
+        if folder.is_file():
+            from importlib.metadata import entry_points
+
+            return [point.value for point in entry_points(group=GROUP)]
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith((".dist-info", ".egg-info")):
+                values += _group_values(folder / name / "entry_points.txt")
+    return values
+
+
+def _group_values(path: Path) -> list[str]:
+    """The values of :data:`GROUP`'s section in one ``entry_points.txt`` (INI: ``name =
+    value`` lines under ``[group]``)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    values, inside = [], False
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            inside = line == f"[{GROUP}]"
+        elif inside and "=" in line and not line.startswith(("#", ";")):
+            values.append(line.partition("=")[2].strip())
+    return values
+
+
+def entry_point_sources() -> list[Path]:
+    """The source files of the systems registered from outside the repository: each entry
+    point's top-level package in group ``lightning_gnnscale.systems`` (its folder's ``.py``
+    files; located, not imported), or its module's file; deduplicated."""
+    from importlib.util import find_spec
+
+    files: list[Path] = []
+    for top in sorted({value.split(":")[0].split(".")[0] for value in _entry_point_values()}):
+        try:
+            spec = find_spec(top)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:  # the registry names what it cannot load
+            files.append(Path(f"<entry point package {top} not found>"))
+        elif spec.submodule_search_locations:
+            for location in sorted(spec.submodule_search_locations):
+                files += _python_files(Path(location))
+        elif spec.origin:
+            files.append(Path(spec.origin))
+    return list(dict.fromkeys(files))
+
+
+def _source_files() -> list[Path]:
+    files = [REPO_DIR / "train.py", *_python_files(PACKAGE_DIR)]
     for root, dirs, names in os.walk(REPO_DIR / "conf"):
         dirs.sort()
         files += [Path(root, n) for n in sorted(names)]
-    return files
+    return files + entry_point_sources()
 
 
 def _stats(paths) -> str:
@@ -188,7 +256,7 @@ def fingerprint(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 MISMATCH = {
-    "source": "the package's source changed since it started",
+    "source": "the package's source (or an entry-point system's) changed since it started",
     "python": "the interpreter or its site-packages changed since it started",
     "flags": "it runs with other interpreter flags (-O, -W, -X)",
     "environment": "it was started with other import-time environment variables "

@@ -245,7 +245,7 @@ def test_bench_cluster_reports_steady_and_whole_run_speedups(tmp_path, monkeypat
 
     monkeypatch.setattr(bench_cluster, "run_job", fake_run_job)
     settings = bench_cluster.ClusterBenchSettings(
-        pairs=(("bytegnn", "distdgl_metis"),), rates=(None,), epochs=3
+        pairs=(("bytegnn", "distdgl"),), rates=(None,), epochs=3
     )
     result = bench_cluster.run_cluster_bench(settings, tmp_path, ["cluster"])
     (row,) = result["rows"]
@@ -262,7 +262,7 @@ def test_bench_cluster_reports_steady_and_whole_run_speedups(tmp_path, monkeypat
     assert len(calls) == 2  # both kept
     # records from before the whole-run figure: completed from the run's kept summary.json,
     # or, without one, run again
-    for variant, summary in (("bytegnn", True), ("distdgl_metis", False)):
+    for variant, summary in (("bytegnn", True), ("distdgl", False)):
         run_dir = tmp_path / "runs" / f"{variant}@unlimited"
         record = json.loads((run_dir / "record.json").read_text())
         del record["run_epoch_s"]
@@ -284,7 +284,7 @@ def test_bench_cluster_reports_steady_and_whole_run_speedups(tmp_path, monkeypat
     failed = bench_cluster.run_cluster_bench(settings, tmp_path, ["cluster"])
     assert calls == [] and failed["rows"][0]["error"] == "timed out"
     # a run measured before each host had cores of its own (no host_cpus) is run again
-    run_dir = tmp_path / "runs" / "distdgl_metis@unlimited"
+    run_dir = tmp_path / "runs" / "distdgl@unlimited"
     record = json.loads((run_dir / "record.json").read_text())
     del record["host_cpus"]
     (run_dir / "record.json").write_text(json.dumps(record))

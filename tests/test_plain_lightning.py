@@ -22,8 +22,6 @@ from lightning.pytorch.strategies import StrategyRegistry
 import lightning_gnnscale as gs
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.launch import launch_local
-from lightning_gnnscale.schema import run_config
-from tests.helpers.config import make_cfg
 
 SBM = {"num_nodes": 300, "num_features": 8}
 
@@ -87,14 +85,6 @@ def test_every_name_leads_to_its_strategy_datamodule_and_config():
     nested += ["GraNNDISPartitionSettings", "EASSettings", "CoBSettings"]
     assert all(hasattr(gs, n) and n in gs.__all__ for n in nested)
     assert gs.layerwise_inference is not None
-
-
-@pytest.mark.parametrize("name", sorted(gs.SYSTEMS))
-def test_a_systems_model_settings_are_those_train_py_composes(tmp_path, name):
-    """``config.model_config()`` is what ``train.py strategy=<name> model=gcn`` trains with
-    (SANCUS's dropout 0, Grappa's weight decay 0 are no longer in the YAML alone)."""
-    composed = run_config(make_cfg(tmp_path, f"strategy={name}", "model=gcn")).model
-    assert gs.system(name)[2].model_config() == composed
 
 
 def test_gnn_module_from_config_carries_the_training_settings(tmp_path):

@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
@@ -147,3 +149,105 @@ def test_plain_datamodules_check_the_data_rules():
     dm = gs.SingleDataModule(graph, data=gs.DataConfig(fanouts=[5, 5, 5]))
     with pytest.raises(gs.ConfigError, match="one fanout per layer"):
         dm.build_model(gs.ModelConfig(num_layers=2))
+
+
+# ------------------------------------------------------------------ discovery and specs
+def test_every_system_folder_declares_its_names_and_discovery_finds_exactly_them():
+    """Each system folder under ``systems/`` (one with a ``config.py``) declares ``SYSTEM``;
+    the registry is those specs (no entry points are installed here), sorted by name."""
+    from lightning_gnnscale import systems
+    from lightning_gnnscale.systems import registry
+
+    root = Path(systems.__file__).parent
+    folders = sorted(p.parent.name for p in root.glob("*/config.py"))
+    sources = registry.in_tree_sources()
+    assert [source for source, _ in sources] == [
+        f"lightning_gnnscale.systems.{folder}.SYSTEM" for folder in folders
+    ]
+    assert registry.entry_point_sources() == []
+    assert registry.discover(sources) == gs.SYSTEMS
+    assert list(gs.SYSTEMS) == sorted(gs.SYSTEMS) and len(gs.SYSTEMS) == 19
+    for name, spec in gs.SYSTEMS.items():
+        assert spec.name == name and spec.package == f"lightning_gnnscale.systems.{spec.system}"
+
+
+def test_a_name_declared_twice_is_refused_naming_both_sources():
+    from lightning_gnnscale.systems.registry import discover
+
+    ddp = gs.SYSTEMS["ddp"]
+    clash = SimpleNamespace(**vars(ddp))  # not a spec: refused as such
+    with pytest.raises(gs.ConfigError, match="entry point 'x' .* must give a SystemSpec"):
+        discover([("entry point 'x' (pkg:SYSTEM)", clash)])
+    with pytest.raises(gs.ConfigError, match=r"'ddp' is declared twice: by in-tree and by ext"):
+        discover([("in-tree", ddp), ("ext", (gs.SYSTEMS["single"], ddp))])
+    from dataclasses import replace
+
+    lightning_twin = replace(ddp, name="other", lightning_name="metered_ddp")
+    with pytest.raises(gs.ConfigError, match="'metered_ddp' is declared twice: by a and by b"):
+        discover([("a", ddp), ("b", lightning_twin)])
+
+
+def test_unknown_strategy_names_list_the_valid_ones(tmp_path):
+    from hydra.errors import MissingConfigException
+
+    from lightning_gnnscale.schema import run_config
+    from tests.helpers.config import make_cfg
+
+    with pytest.raises(MissingConfigException) as error:
+        make_cfg(tmp_path, "strategy=nope")
+    assert all(f"\t{name}\n" in f"{error.value}\n" for name in gs.SYSTEMS)
+    cfg = make_cfg(tmp_path)
+    cfg.strategy = {"name": "nope"}  # untyped: not composed from a registered name
+    with pytest.raises(gs.ConfigError, match=re.escape(f"valid: {list(gs.SYSTEMS)}")):
+        run_config(cfg)
+
+
+def test_each_name_composes_its_specs_run_defaults(tmp_path):
+    """``strategy=<name>`` (Hydra's ConfigStore node, built from the spec) sets the default
+    config, the config's model settings, ``trainer.devices`` and the spec's other run settings,
+    over the dataset's recipe (sbm for every name; Cora, whose recipe sets the epochs and the
+    model, for the names that set those); any key can still be overridden."""
+    from lightning_gnnscale.schema import run_config
+    from tests.helpers.config import make_cfg
+
+    runs = [(name, "sbm") for name in gs.SYSTEMS]
+    runs += [(name, "cora") for name in ("granndis_cob", "grappa", "sancus", "single")]
+    for name, dataset in runs:
+        spec = gs.SYSTEMS[name]
+        run = run_config(make_cfg(tmp_path, f"strategy={name}", f"dataset={dataset}", tiny=False))
+        assert run.strategy == spec.default_config(), name
+        assert run.trainer.devices == spec.default_devices, name
+        for key, value in {
+            **{f"model.{k}": v for k, v in spec.config_type.MODEL_SETTINGS.items()},
+            **dict(spec.run_settings),
+        }.items():
+            section, field = key.split(".")
+            assert getattr(getattr(run, section), field) == value, (name, dataset, key)
+    run = run_config(make_cfg(tmp_path, "strategy=granndis", "trainer.max_epochs=3"))
+    assert run.trainer.max_epochs == 3 and run.topology.servers == 2
+
+
+def test_the_package_exports_every_system_packages_public_names():
+    """``gs.<name>`` for every name of each system package's ``__all__`` (loaded on use), and
+    ``gs.__all__`` lists them."""
+    from importlib import import_module
+
+    for spec in gs.SYSTEMS.values():
+        package = import_module(spec.package)
+        for name in package.__all__:
+            assert name in gs.__all__, (spec.package, name)
+            assert getattr(gs, name) is getattr(package, name), name
+        assert {spec.strategy_class, spec.datamodule_class} <= set(package.__all__)
+        assert spec.config_type.__name__ in package.__all__
+    assert gs.ByteGNNPartitionConfig is not gs.DistDGLPartitionConfig
+
+
+def test_an_entry_point_that_does_not_load_is_named(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from lightning_gnnscale.systems import registry
+
+    broken = EntryPoint("broken", "no_such_package_here:SYSTEM", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [broken] if group else [])
+    with pytest.raises(gs.ConfigError, match=r"entry point 'broken' \(no_such_package_here"):
+        registry.entry_point_sources()

@@ -30,38 +30,33 @@ from ..cluster import ClusterJob, ClusterJobFailed, run_job
 from ..cluster.job import host_cpus
 from ..errors import ConfigError
 from ..files import write_json_atomic
+from ..systems.registry import SYSTEMS
+from ..systems.spec import SystemSpec
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 
 UNLIMITED = None
 RATE_PROFILES = {None: "10gbe", 1000.0: "1gbe", 100.0: "100mbe"}
 
-# name -> train.py overrides of the variant
-VARIANTS: dict[str, tuple[str, ...]] = {
-    "distdgl_metis": ("strategy=distdgl",),
-    "distdgl_random": ("strategy=distdgl", "strategy.partition.method=random"),
-    "ddp": ("strategy=ddp",),
-    "gsplit": ("strategy=gsplit",),
-    "grappa": ("strategy=grappa",),
-    "sancus": ("strategy=sancus",),
-    "cagnet": ("strategy=cagnet",),
-    "hopgnn": ("strategy=hopgnn",),
-    "hopgnn_mc": ("strategy=hopgnn_mc",),
-    "granndis": ("strategy=granndis",),
-    "granndis_fb_base": ("strategy=granndis_fb_base",),
-    "bytegnn": ("strategy=bytegnn",),
-}
-# (system, baseline): the issue's pairs, each system against what it exists to beat
-PAIRS: tuple[tuple[str, str], ...] = (
-    ("distdgl_metis", "distdgl_random"),
-    ("gsplit", "ddp"),
-    ("grappa", "ddp"),
-    ("sancus", "cagnet"),
-    ("hopgnn", "hopgnn_mc"),
-    ("granndis", "granndis_fb_base"),
-    ("bytegnn", "distdgl_metis"),
+
+def _variants() -> dict[str, tuple[SystemSpec, tuple[str, ...]]]:
+    """Every variant a pair may name -> its spec and train.py overrides: each strategy name,
+    and the further variants its spec declares (``bench_variants``)."""
+    variants = {}
+    for name, spec in SYSTEMS.items():
+        variants[name] = (spec, (f"strategy={name}",))
+        for label, overrides in spec.bench_variants:
+            variants[label] = (spec, (f"strategy={name}", *overrides))
+    return variants
+
+
+VARIANTS = _variants()
+# (system, baseline): each system against what it exists to beat (its spec's bench_baseline)
+PAIRS: tuple[tuple[str, str], ...] = tuple(
+    (name, spec.bench_baseline) for name, spec in SYSTEMS.items() if spec.bench_baseline
 )
-RANKS_PER_HOST = {"granndis": 2, "granndis_fb_base": 2}  # workers inside each server
-MODEL_OF = {"sancus": "gcn", "cagnet": "gcn"}  # SANCUS/CAGNET train GCN only
+# the variants whose runs differ from the bench's own: ranks per host, model
+RANKS_PER_HOST = {v: s.ranks_per_host for v, (s, _) in VARIANTS.items() if s.ranks_per_host != 1}
+MODEL_OF = {v: s.bench_model for v, (s, _) in VARIANTS.items() if s.bench_model}
 
 
 @dataclass(frozen=True)
@@ -89,7 +84,7 @@ def run_name(variant: str, rate: float | None) -> str:
 
 def variant_overrides(settings: ClusterBenchSettings, variant: str, rate, out: Path) -> list:
     return [
-        *VARIANTS[variant],
+        *VARIANTS[variant][1],
         f"model={MODEL_OF.get(variant, settings.model)}",
         "dataset=sbm",
         f"dataset.num_nodes={settings.nodes}",

@@ -1,7 +1,8 @@
 """The systems: one folder each (config, Strategy, DataModule, report callbacks).
 
-``registry.SYSTEMS`` maps every strategy name to its classes; ``base`` holds what they share
-and ``contract`` the typed objects their pieces exchange (docs/architecture.md).
+Each system's package declares its ``SYSTEM`` (``spec.SystemSpec``); ``registry.SYSTEMS`` maps
+every strategy name to its spec; ``base`` holds what the systems share and ``contract`` the
+typed objects their pieces exchange (docs/architecture.md).
 
 A system's package imports its ``config`` module (what Hydra's schema needs) and nothing else
 until one of its other names is used (:func:`lazy_exports`): choosing one system never imports

@@ -1,227 +1,87 @@
-"""Every system by name: its config, Strategy and DataModule, registered with Hydra's
-ConfigStore (the config schema) and Lightning's ``StrategyRegistry`` (the strategy).
+"""Every strategy name, discovered: the ``SYSTEM`` spec of each package under ``systems/``, then
+those of the entry points in group ``lightning_gnnscale.systems`` (systems outside the
+repository). Each name's default run settings go to Hydra's ConfigStore (group ``strategy``:
+``strategy=<name>``) and its strategy to Lightning's ``StrategyRegistry``.
 
-A name costs nothing until it is used: the registry imports a system's ``config`` module (light:
-Hydra needs the schema of every name) and leaves its implementation (Strategy, DataModule, and
-what they import) until a run asks for ``spec.strategy`` or ``spec.datamodule``. Lightning gets a
-factory per name that imports the system when a ``Trainer(strategy=<name>)`` builds it.
+A name costs nothing until it is used: discovery imports each system's package, which imports its
+``config`` module only (light: Hydra needs the schema of every name), and leaves its
+implementation (Strategy, DataModule, and what they import) until a run asks for
+``spec.strategy`` or ``spec.datamodule``. Lightning gets a factory per name that imports the
+system when a ``Trainer(strategy=<name>)`` builds it.
 """
 
 from __future__ import annotations
 
+import pkgutil
 import sys
-from dataclasses import dataclass
 from importlib import import_module
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from ..schema import SystemConfig, register_schemas
+from ..errors import ConfigError
+from ..schema import SystemConfig, register_run_schema, schema_node
+from ..warm_client import GROUP
+from .spec import SystemSpec
 
 if TYPE_CHECKING:  # the implementation is imported only when a name is used
     from ..kit.datamodule import GNNDataModule
     from ..kit.strategies import SystemStrategy
 
-
-@dataclass(frozen=True)
-class SystemSpec:
-    """One strategy name: what it is, where its classes are, and what it supports.
-
-    Attributes:
-        name: the config name (``strategy=<name>``).
-        description: one line for listings.
-        config_type: its settings class (torch-free; ``default_config()`` builds its defaults).
-        package: the system's package; it exports ``strategy_class`` and ``datamodule_class``
-            (loaded on use) and holds them in its ``strategy`` and ``datamodule`` modules.
-        strategy_class, datamodule_class: the names of its Strategy and DataModule.
-        lightning_name: the name in Lightning's ``StrategyRegistry`` (differs from ``name``
-            only where Lightning already has that name).
-        default_devices: ``trainer.devices`` of a plain ``strategy=<name>`` run.
-        run_settings: other settings of a plain run, outside ``strategy:`` and ``model:``
-            (``(("topology.servers", 2),)``); the model settings are the config's
-            ``MODEL_SETTINGS``.
-        ranks_per_host: the ranks ``bench cluster`` starts on each emulated host.
-        bench_baseline: the ``bench cluster`` variant this name is measured against (a name,
-            or one of a system's ``bench_variants``); ``None``: it is a baseline only.
-        bench_model: the model its ``bench cluster`` runs must train; ``""``: the bench's.
-        bench_variants: further ``bench cluster`` variants of this name, ``(label,
-            train.py overrides)``.
-        exact: it equals ``single`` on the same batches as configured by default.
-        exact_settings: the ``strategy.<key>`` settings under which an approximate name is
-            exact (``()`` for exact ones, and for those no setting makes exact).
-        supports_predict: ``trainer.predict`` gives every node's rows.
-        tasks: the tasks it trains.
-    """
-
-    name: str
-    description: str
-    config_type: type[SystemConfig]
-    package: str
-    strategy_class: str
-    datamodule_class: str
-    lightning_name: str = ""
-    default_devices: int = 1
-    run_settings: tuple[tuple[str, Any], ...] = ()
-    ranks_per_host: int = 1
-    bench_baseline: str | None = None
-    bench_model: str = ""
-    bench_variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    exact: bool = True
-    exact_settings: tuple[tuple[str, Any], ...] = ()
-    supports_predict: bool = True
-    tasks: tuple[str, ...] = ("node_classification",)
-
-    @property
-    def strategy(self) -> type[SystemStrategy]:
-        """The system's ``SystemStrategy`` subclass (imports the system)."""
-        return getattr(import_module(self.package), self.strategy_class)
-
-    @property
-    def datamodule(self) -> type[GNNDataModule]:
-        """The system's ``GNNDataModule`` subclass (imports the system)."""
-        return getattr(import_module(self.package), self.datamodule_class)
-
-    @property
-    def system(self) -> str:
-        """The system's folder (several names may share one)."""
-        return self.package.rpartition(".")[2]
-
-    @property
-    def implementation(self) -> tuple[str, str]:
-        """The modules of its Strategy and DataModule (what a rank imports to run it)."""
-        return (f"{self.package}.strategy", f"{self.package}.datamodule")
-
-    @property
-    def supports_partition_dir(self) -> bool:
-        """Its ranks can load from ``data.partition_dir`` (its config's rule, which the
-        config checks)."""
-        return self.config_type.loads_partition_dir(self.name)
-
-    def default_config(self) -> SystemConfig:
-        """The name's settings when none are given: a preset's defining settings applied
-        (``config_type.PRESETS``)."""
-        cls = self.config_type
-        if self.name in cls.NAMES:
-            return cls.preset(self.name)
-        return cls(name=self.name, **cls.PRESETS.get(self.name, {}))
-
-    @property
-    def registered_as(self) -> str:
-        return self.lightning_name or self.name
+# the entry-point group of systems outside the repository (warm_client owns the name: it reads
+# the group for the warm server's fingerprint without importing the package)
+ENTRY_POINT_GROUP = GROUP
 
 
-def _system(name: str, prefix: str, description: str, **kwargs: Any) -> SystemSpec:
-    """A name whose classes follow the ``<Prefix>Config/Strategy/DataModule`` pattern."""
-    system = kwargs.pop("system", name)
-    package = f"{__package__}.{system}"
-    config = getattr(import_module(f"{package}.config"), f"{prefix}Config")
-    return SystemSpec(
-        name, description, config, package, f"{prefix}Strategy", f"{prefix}DataModule", **kwargs
-    )
+def _specs_of(value: Any, source: str) -> tuple[SystemSpec, ...]:
+    """A ``SYSTEM`` value (one spec or a tuple of them) as a tuple; anything else is refused."""
+    specs = value if isinstance(value, tuple) else (value,)
+    if not specs or not all(isinstance(spec, SystemSpec) for spec in specs):
+        raise ConfigError(f"{source} must give a SystemSpec or a tuple of them, got {value!r}")
+    return specs
 
 
-def _presets(system: str, prefix: str, presets: dict[str, str], **kwargs) -> list[SystemSpec]:
-    """One name per preset of a system (``config_type.preset(name)``), described by ``presets``."""
-    return [
-        _system(name, prefix, text, system=system, **kwargs.get(name, kwargs.get("*", {})))
-        for name, text in presets.items()
-    ]
+def in_tree_sources() -> list[tuple[str, Any]]:
+    """``(source, SYSTEM)`` of every package under ``systems/`` that declares one."""
+    package = sys.modules[__package__]
+    found = []
+    for module in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if module.ispkg:
+            system = import_module(f"{__package__}.{module.name}")
+            if hasattr(system, "SYSTEM"):
+                found.append((f"{system.__name__}.SYSTEM", system.SYSTEM))
+    return found
 
 
-def _specs() -> list[SystemSpec]:
-    from .granndis.config import GRANNDIS_PRESETS
-    from .grappa.config import GRAPPA_PRESETS
-    from .hopgnn.config import HOPGNN_PRESETS
-
-    granndis = dict(
-        default_devices=4,
-        run_settings=(("topology.servers", 2), ("trainer.max_epochs", 200)),
-        ranks_per_host=2,
-    )
-    return [
-        _system(
-            "single",
-            "Single",
-            "one process, the oracle",
-            run_settings=(("trainer.num_nodes", 1),),
-        ),
-        SystemSpec(
-            "ddp",
-            "replicated graph, plain data parallel (metered)",
-            import_module(f"{__package__}.ddp.config").DDPConfig,
-            f"{__package__}.ddp",
-            "DataParallelStrategy",
-            "DataParallelDataModule",
-            lightning_name="metered_ddp",
-            default_devices=2,
-            exact=False,
-            exact_settings=(("salt_by_rank", False),),
-        ),
-        _system(
-            "distdgl",
-            "DistDGL",
-            "DistDGL: partitioned graph, KV store, distributed sampling",
-            default_devices=2,
-            bench_baseline="distdgl_random",
-            bench_variants=(("distdgl_random", ("strategy.partition.method=random",)),),
-        ),
-        _system(
-            "bytegnn",
-            "ByteGNN",
-            "ByteGNN: sampling DAGs on a thread pool, launch-score scheduler, socket graph store",
-            default_devices=2,
-            bench_baseline="distdgl",
-        ),
-        _system(
-            "gsplit",
-            "GSplit",
-            "GSplit: split-parallel mini-batches, row shuffle before every layer",
-            default_devices=2,
-            bench_baseline="ddp",
-        ),
-        _system(
-            "sancus",
-            "Sancus",
-            "SANCUS: full-graph, staleness-aware skipped broadcasts",
-            default_devices=2,
-            bench_baseline="cagnet",
-            bench_model="gcn",
-            exact=False,
-            exact_settings=(("policy", "none"),),
-        ),
-        _system(
-            "cagnet",
-            "Sancus",
-            "CAGNET-1D: full-graph exact broadcasts (SANCUS with bound 0)",
-            system="sancus",
-            default_devices=2,
-            bench_model="gcn",
-        ),
-        *_presets(
-            "grappa",
-            "Grappa",
-            GRAPPA_PRESETS,
-            grappa={"default_devices": 2, "exact": False, "bench_baseline": "ddp"},
-            **{"*": {"default_devices": 2, "exact": False}},
-        ),
-        *_presets(
-            "hopgnn",
-            "HopGNN",
-            HOPGNN_PRESETS,
-            hopgnn={"default_devices": 2, "bench_baseline": "hopgnn_mc"},
-            **{"*": {"default_devices": 2}},
-        ),
-        *_presets(
-            "granndis",
-            "GraNNDIS",
-            GRANNDIS_PRESETS,
-            granndis={**granndis, "exact": False, "bench_baseline": "granndis_fb_base"},
-            granndis_cob={**granndis, "exact": False, "exact_settings": (("cob.sampler", "none"),)},
-            granndis_mb_base={**granndis, "exact": False},
-            **{"*": granndis},
-        ),
-    ]
+def entry_point_sources() -> list[tuple[str, Any]]:
+    """``(source, loaded value)`` of every entry point in :data:`ENTRY_POINT_GROUP`."""
+    found = []
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: (p.name, p.value)):
+        source = f"entry point {point.name!r} ({point.value})"
+        try:
+            found.append((source, point.load()))
+        except (ImportError, AttributeError) as err:
+            raise ConfigError(f"{source} does not load: {err}") from err
+    return found
 
 
-SYSTEMS: dict[str, SystemSpec] = {spec.name: spec for spec in _specs()}
+def discover(sources: list[tuple[str, Any]]) -> dict[str, SystemSpec]:
+    """Every name of ``sources`` to its spec, sorted by name; a name (or a Lightning name)
+    given twice is refused with both sources named."""
+    owner: dict[str, str] = {}
+    specs: dict[str, SystemSpec] = {}
+    for source, value in sources:
+        for spec in _specs_of(value, source):
+            for key in dict.fromkeys((spec.name, spec.registered_as)):
+                if key in owner:
+                    raise ConfigError(
+                        f"strategy name {key!r} is declared twice: by {owner[key]} and by {source}"
+                    )
+                owner[key] = source
+            specs[spec.name] = spec
+    return dict(sorted(specs.items()))
+
+
+SYSTEMS: dict[str, SystemSpec] = discover([*in_tree_sources(), *entry_point_sources()])
 
 
 def system(name: str) -> tuple[type[SystemStrategy], type[GNNDataModule], SystemConfig]:
@@ -260,12 +120,23 @@ def _register_strategies(strategies: Any) -> None:
     SUITE_STRATEGY_NAMES[:] = sorted(spec.registered_as for spec in SYSTEMS.values())
 
 
+def _run_node(spec: SystemSpec) -> dict[str, Any]:
+    """``spec.run_defaults()`` as a ConfigStore node: the strategy typed by its config class."""
+    tree = spec.run_defaults()
+    return {**tree, "strategy": schema_node(tree["strategy"])}
+
+
 def register_systems() -> None:
-    """Register every system's config schema with Hydra and its strategy with Lightning
-    (``L.Trainer(strategy="gsplit")``); idempotent. Neither imports a system's implementation;
+    """Register every name's run settings with Hydra (``strategy=<name>``) and its strategy
+    with Lightning (``L.Trainer(strategy="gsplit")``); idempotent. Neither imports a system's implementation;
     the Lightning names are added the moment Lightning's strategies are imported (at once if
     they are), so registering does not import Lightning either."""
-    register_schemas({name: spec.config_type for name, spec in SYSTEMS.items()})
+    from hydra.core.config_store import ConfigStore
+
+    register_run_schema()
+    store = ConfigStore.instance()
+    for name, spec in SYSTEMS.items():
+        store.store(group="strategy", name=name, node=_run_node(spec), package="_global_")
     when_imported("lightning.pytorch.strategies", _register_strategies)
 
 

@@ -11,28 +11,30 @@ docs/systems/bytegnn.md.
 from __future__ import annotations
 
 from .. import lazy_exports
+from ..spec import SystemSpec
 from .config import ByteGNNConfig, DagConfig, PartitionConfig, SchedulerConfig
 
-# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "ByteGNNDataModule": ".datamodule",
-        "ByteGNNStrategy": ".strategy",
-        "ByteGNNBatch": ".sworker",
-        "SamplingError": ".sworker",
-        "SWorker": ".sworker",
-    },
+SYSTEM = SystemSpec(
+    name="bytegnn",
+    description=(
+        "ByteGNN: sampling DAGs on a thread pool, launch-score scheduler, socket graph store"
+    ),
+    config_type=ByteGNNConfig,
+    package=__name__,
+    strategy_class="ByteGNNStrategy",
+    datamodule_class="ByteGNNDataModule",
+    default_devices=2,
+    bench_baseline="distdgl",
 )
 
-__all__ = [
-    "ByteGNNBatch",
-    "ByteGNNConfig",
-    "ByteGNNDataModule",
-    "ByteGNNStrategy",
-    "DagConfig",
-    "PartitionConfig",
-    "SWorker",
-    "SamplingError",
-    "SchedulerConfig",
-]
+# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
+_EXPORTS = {
+    "ByteGNNDataModule": ".datamodule",
+    "ByteGNNStrategy": ".strategy",
+    "ByteGNNBatch": ".sworker",
+    "SamplingError": ".sworker",
+    "SWorker": ".sworker",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+ByteGNNPartitionConfig = PartitionConfig  # its own (K-hop blocks), not DistDGL's
+__all__ = ["ByteGNNConfig", "ByteGNNPartitionConfig", "DagConfig", "SchedulerConfig", *_EXPORTS]

@@ -1,5 +1,4 @@
-"""``ByteGNNConfig``: the settings of ``strategy=bytegnn`` (``conf/strategy/bytegnn.yaml``;
-docs/systems/bytegnn.md)."""
+"""``ByteGNNConfig``: the settings of ``strategy=bytegnn`` (docs/systems/bytegnn.md)."""
 
 from __future__ import annotations
 

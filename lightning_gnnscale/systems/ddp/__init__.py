@@ -7,11 +7,23 @@ registry already has a ``ddp`` (its own, unmetered), so this one registers as ``
 from __future__ import annotations
 
 from .. import lazy_exports
+from ..spec import SystemSpec
 from .config import DDPConfig
 
-# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
-__getattr__, __dir__ = lazy_exports(
-    __name__, {"DataParallelStrategy": ".strategy", "DataParallelDataModule": ".datamodule"}
+SYSTEM = SystemSpec(
+    name="ddp",
+    description="replicated graph, plain data parallel (metered)",
+    config_type=DDPConfig,
+    package=__name__,
+    strategy_class="DataParallelStrategy",
+    datamodule_class="DataParallelDataModule",
+    lightning_name="metered_ddp",
+    default_devices=2,
+    exact=False,  # rank-salted sampling keys: each rank draws its own micro-batch
+    exact_settings=(("salt_by_rank", False),),
 )
 
-__all__ = ["DDPConfig", "DataParallelDataModule", "DataParallelStrategy"]
+# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
+_EXPORTS = {"DataParallelStrategy": ".strategy", "DataParallelDataModule": ".datamodule"}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = ["DDPConfig", *_EXPORTS]

@@ -9,26 +9,30 @@ layer-wise distributed evaluation. See docs/systems/distdgl.md.
 from __future__ import annotations
 
 from .. import lazy_exports
+from ..spec import SystemSpec
 from .config import DistDGLConfig, PartitionConfig
 
-# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
-__getattr__, __dir__ = lazy_exports(
-    __name__,
-    {
-        "DistDGLBatch": ".datamodule",
-        "DistDGLDataModule": ".datamodule",
-        "LearnableInputs": ".datamodule",
-        "PartitionedGraph": ".datamodule",
-        "DistDGLStrategy": ".strategy",
-    },
+SYSTEM = SystemSpec(
+    name="distdgl",
+    description="DistDGL: partitioned graph, KV store, distributed sampling",
+    config_type=DistDGLConfig,
+    package=__name__,
+    strategy_class="DistDGLStrategy",
+    datamodule_class="DistDGLDataModule",
+    default_devices=2,
+    bench_baseline="distdgl_random",
+    bench_variants=(("distdgl_random", ("strategy.partition.method=random",)),),
 )
 
-__all__ = [
-    "DistDGLBatch",
-    "DistDGLConfig",
-    "DistDGLDataModule",
-    "DistDGLStrategy",
-    "LearnableInputs",
-    "PartitionConfig",
-    "PartitionedGraph",
-]
+# the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
+_EXPORTS = {
+    "DistDGLBatch": ".datamodule",
+    "DistDGLDataModule": ".datamodule",
+    "LearnableInputs": ".datamodule",
+    "PartitionedGraph": ".datamodule",
+    "DistDGLStrategy": ".strategy",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+# PartitionConfig is graph.partition_config's (HopGNN's too): public as DistDGLPartitionConfig
+DistDGLPartitionConfig = PartitionConfig
+__all__ = ["DistDGLConfig", "DistDGLPartitionConfig", *_EXPORTS]

@@ -1,4 +1,4 @@
-"""``DistDGLConfig``: the settings of ``strategy=distdgl`` (``conf/strategy/distdgl.yaml``)."""
+"""``DistDGLConfig``: the settings of ``strategy=distdgl``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``GraNNDISConfig``: the settings of ``strategy=granndis`` (FLX-EAS) and its presets
 ``granndis_flx``, ``granndis_cob``, ``granndis_fb_base``, ``granndis_mb_base``
-(``conf/strategy/granndis*.yaml``; docs/systems/granndis.md)."""
+(docs/systems/granndis.md)."""
 
 from __future__ import annotations
 

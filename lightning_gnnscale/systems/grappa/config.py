@@ -1,4 +1,4 @@
-"""``GrappaConfig``: Grappa's settings (``strategy:`` of ``conf/strategy/grappa*.yaml``)."""
+"""``GrappaConfig``: Grappa's settings (``strategy:`` of ``strategy=grappa*``)."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ class GrappaConfig(SystemConfig):
 
     @classmethod
     def preset(cls, name: str) -> GrappaConfig:
-        """The settings of preset ``name`` (what ``conf/strategy/<name>.yaml`` composes)."""
+        """The settings of preset ``name`` (what ``strategy=<name>`` composes)."""
         choice("strategy", name, tuple(_PRESETS))
         return cls(name=name, **_PRESETS[name][1])
 

@@ -1,4 +1,4 @@
-"""``GSplitConfig``: the settings of ``strategy=gsplit`` (``conf/strategy/gsplit.yaml``)."""
+"""``GSplitConfig``: the settings of ``strategy=gsplit``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``HopGNNConfig``: the settings of ``strategy=hopgnn`` and its model-centric baseline
-``strategy=hopgnn_mc`` (``conf/strategy/hopgnn*.yaml``; docs/systems/hopgnn.md)."""
+``strategy=hopgnn_mc`` (docs/systems/hopgnn.md)."""
 
 from __future__ import annotations
 

@@ -16,11 +16,8 @@ from lightning_gnnscale.config import validate
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.run import train
-from lightning_gnnscale.schema import run_config
-from lightning_gnnscale.systems.grappa import GRAPPA_PRESETS, GrappaConfig
 from lightning_gnnscale.systems.grappa.callbacks import gradient_only_problems
 from lightning_gnnscale.systems.grappa.chunking import write_chunk_store
-from lightning_gnnscale.systems.registry import SYSTEMS
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed, start_process, warm_context
 from tests.systems.grappa.test_grappa import make_dm, small_graph
@@ -396,12 +393,3 @@ def test_grappa_config_errors(tmp_path, overrides, message):
 def test_unknown_keys_and_wrong_types_fail_at_compose(tmp_path, override):
     with pytest.raises(ConfigCompositionException, match=override.split("=")[0]):
         make_cfg(tmp_path, "strategy=grappa", override)
-
-
-@pytest.mark.parametrize("name", sorted(GRAPPA_PRESETS))
-def test_each_preset_is_its_yaml(tmp_path, name):
-    """``GrappaConfig.preset(name)`` (the registry's default for the name, what a plain
-    Lightning user gets) equals what ``conf/strategy/<name>.yaml`` composes."""
-    composed = run_config(make_cfg(tmp_path, f"strategy={name}")).strategy
-    assert composed == GrappaConfig.preset(name) == SYSTEMS[name].default_config()
-    assert type(composed) is GrappaConfig and composed.name == name
