@@ -66,6 +66,7 @@ from .run_folder import FAILED_FILE, check_writable, claimed, job_log_name, sett
 from .schema import RunConfig, as_dict
 from .systems.base import GNNDataModule, MeteredSingleDeviceStrategy, SystemStrategy
 from .systems.registry import SYSTEMS
+from .tasks import task_spec
 
 
 def config_hash(run: RunConfig) -> str:
@@ -109,7 +110,13 @@ def build_datamodule(
     else:
         source, named = (graph if graph is not None else load_graph(run)), {}
     datamodule = spec.datamodule(
-        source, run.strategy, run.data, seed=run.seed, cache_dir=run.paths.cache_dir, **named
+        source,
+        run.strategy,
+        run.data,
+        seed=run.seed,
+        cache_dir=run.paths.cache_dir,
+        task=run.task.name,
+        **named,
     )
     datamodule.launch_topology = Topology.from_launch(
         run.world_size, run.trainer.num_nodes, run.topology.servers
@@ -217,7 +224,8 @@ def train(cfg: DictConfig | RunConfig, *, checked: bool = False) -> tuple[dict, 
                 output_dir / "summary.json", metrics, rank_server=forked
             )
     if metrics:
-        print(f"\n{format_table(metrics)}\n\nsummary: {output_dir / 'summary.json'}")
+        table = format_table(metrics, run.task.name)
+        print(f"\n{table}\n\nsummary: {output_dir / 'summary.json'}")
     graph = None if datamodule.partition_dir is not None else datamodule.graph
     return metrics, {"graph": graph, "output_dir": output_dir}
 
@@ -255,7 +263,7 @@ def run_from_command_line(cfg: DictConfig, run: RunConfig) -> float | None:
         # In a -m sweep the job fails and the sweep goes on (Hydra records the error).
         _stopped(f"stopped by {type(err).__name__}: {err}", cfg, None if _in_sweep() else 1)
         raise
-    return metrics.get("best_val_acc")
+    return metrics.get(f"best_val_{task_spec(run.task.name).monitor}")
 
 
 def _in_sweep() -> bool:
@@ -324,6 +332,7 @@ def build_module(run: RunConfig, datamodule: GNNDataModule) -> GNNModule:
         optimizer=run.model.optimizer,
         lr=run.model.lr,
         weight_decay=run.model.weight_decay,
+        task=datamodule.task,
     )
     if run.weights_from is not None:
         load_weights(module, run.weights_from)
@@ -359,10 +368,11 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     # Both are written at the epoch end (after its validation and its records), so resuming
     # from either continues a completed epoch.
+    task = task_spec(run.task.name)
     best = BestCheckpoint(
         dirpath=checkpoint_dir,
-        monitor="val/acc",
-        mode="max",
+        monitor=f"val/{task.monitor}",
+        mode=task.mode,
         filename="best",
         save_on_train_epoch_end=True,
     )

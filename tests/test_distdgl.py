@@ -86,10 +86,10 @@ def _train_rank(rank, world_size):
                 grad,
                 batch.global_seed_count,
             )
-        counts = dm.eval_counts(net.eval(), ("val", "test"))
+        counts = dm.eval_statistics(net.eval(), ("val", "test"))
         out[kind, "eval"] = comm.all_reduce(counts, category="control")
         dm.data = replace(dm.data, eval_chunk_size=7)  # layers over 7 core rows at a time
-        counts = dm.eval_counts(net.eval(), ("val", "test"))
+        counts = dm.eval_statistics(net.eval(), ("val", "test"))
         out[kind, "eval_chunked"] = comm.all_reduce(counts, category="control")
         dm.data = replace(dm.data, eval_chunk_size=DataConfig().eval_chunk_size)
     return out

@@ -318,7 +318,7 @@ def _steps(dm, comm, net_seed=0):
         comm.all_reduce(grad, category="gradient")
         blocks = [(b.src_ids, b.edge_index, b.src_deg) for b in batch.blocks]
         out.append((blocks, batch.x, batch.y, grad))
-    counts = comm.all_reduce(dm.eval_counts(net.eval(), ("val", "test")), category="control")
+    counts = comm.all_reduce(dm.eval_statistics(net.eval(), ("val", "test")), category="control")
     return out, counts
 
 

@@ -67,7 +67,7 @@ def _run(dm, comm, kind="sage"):
         grad = torch.cat([p.grad.flatten() for p in net.parameters()])
         steps.append((loss.detach(), logits.detach(), comm.all_reduce(grad, category="gradient")))
     net.eval()
-    counts = comm.all_reduce(dm.eval_counts(net, ("train", "val", "test")), category="control")
+    counts = comm.all_reduce(dm.eval_statistics(net, ("train", "val", "test")), category="control")
     predicted = {out: dm.predict_rows(net, None, out) for out in ("logits", "embeddings")}
     predicted["some"] = dm.predict_rows(net, torch.tensor([7, 0, 299, 150]), "logits")
     try:

@@ -82,7 +82,7 @@ def _epochs(dm, comm, config):
     for mode in ("global_fullgraph", "isolated"):
         dm.config = dataclasses.replace(config, eval_mode=mode)
         counts[mode] = comm.all_reduce(
-            dm.eval_counts(net.eval(), ("val", "test")), category="control"
+            dm.eval_statistics(net.eval(), ("val", "test")), category="control"
         )
     dm.config = config
     ids, logits = dm.predict_rows(net, None, "logits")

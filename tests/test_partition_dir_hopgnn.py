@@ -56,7 +56,7 @@ def _iterations(dm, new2old=None):
         out.append((steps, batch.y, batch.hops, batch.stats["remote_rows"]))
     comm = dm.comm
     counts = comm.all_reduce(
-        dm.eval_counts(net.eval(), ("train", "val", "test")), category="control"
+        dm.eval_statistics(net.eval(), ("train", "val", "test")), category="control"
     )
     predictions = [dm.predict_rows(net, None, "logits")]
     predictions.append(dm.predict_rows(net, torch.tensor([299, 0, 150, 7]), "embeddings"))

@@ -78,6 +78,8 @@ from ..schema import (
     check_seed,
     partition_dir_unsupported,
 )
+from ..tasks import DEFAULT_TASK, build_task
+from ..tasks.base import NodeTask, split_statistics
 
 DEFAULT_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
 
@@ -418,6 +420,15 @@ def own_partition(
     return local, degree, degree[local.local2global], book.new2old[lo:hi]
 
 
+def core_statistics(
+    task: NodeTask, local: LocalPartition, out: torch.Tensor, splits: tuple[str, ...]
+) -> torch.Tensor:
+    """The task's statistics (:func:`~..tasks.base.split_statistics`) of a local partition's
+    core rows, from their output rows ``out [n_core, d]``."""
+    masks = {"train": local.train_mask, "val": local.val_mask, "test": local.test_mask}
+    return split_statistics(task, out, local.y, masks, splits)
+
+
 def own_predictions(
     own_ids: torch.Tensor, rows: torch.Tensor, node_ids: torch.Tensor | None, num_nodes: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -597,8 +608,11 @@ class GNNDataModule(L.LightningDataModule):
       launcher that prepared before starting the ranks hands them the result with the module.
     - ``setup`` binds the system config to the Trainer's strategy
       (:func:`~..contract.bind_datamodule`), then :meth:`setup_rank` builds this rank's share.
-    - The validation and test loaders yield one :class:`~..contract.Evaluation` whose counts
-      come from :meth:`eval_counts`.
+    - The validation and test loaders yield one :class:`~..contract.Evaluation` whose task
+      statistics come from :meth:`eval_statistics`.
+    - The task (:mod:`~..tasks`) owns the targets (``Graph.y``, set by ``task.prepare``), the
+      training seeds (:attr:`train_ids`), the head's width (:attr:`out_dim`) and what
+      evaluation counts; the system indexes the rows it holds.
 
     With ``data.partition_dir`` (systems whose config has ``supports_partition_dir``) the
     DataModule never loads the whole graph: :meth:`prepare` opens and checks the partition
@@ -616,6 +630,7 @@ class GNNDataModule(L.LightningDataModule):
         cache_dir: where preprocessing results are cached (default ``./.cache/lightning_gnnscale``).
         dtype: features' dtype when loading by name (a given graph is used as it is).
         dataset_options: options for :func:`load_dataset` (``root``, ``num_nodes``...).
+        task: the task's name or object (default ``node_classification``).
     """
 
     def __init__(
@@ -628,8 +643,10 @@ class GNNDataModule(L.LightningDataModule):
         cache_dir: str | os.PathLike | None = None,
         dtype: torch.dtype = torch.float32,
         dataset_options: dict | None = None,
+        task: str | NodeTask | None = None,
     ):
         super().__init__()
+        self.task = build_task(task)
         if not isinstance(config, SystemConfig):
             raise TypeError(f"config must be a system config, got {type(config).__name__}")
         self.config = config
@@ -646,7 +663,7 @@ class GNNDataModule(L.LightningDataModule):
             )
         if dataset is None and self.partition_dir is None:
             raise ValueError("dataset is None: pass a Graph or a dataset name")
-        self._graph = dataset if isinstance(dataset, Graph) else None
+        self._graph = self.task.prepare(dataset, seed) if isinstance(dataset, Graph) else None
         self._dataset_name = None if isinstance(dataset, Graph | None) else str(dataset)
         self._dtype, self._dataset_options = dtype, dict(dataset_options or {})
         self._prepared: dict[int, Any] = {}
@@ -669,7 +686,7 @@ class GNNDataModule(L.LightningDataModule):
             )
         if self._graph is None:
             graph = load_dataset(self._dataset_name, **self._dataset_options)
-            self._graph = graph.to(self._dtype)
+            self._graph = self.task.prepare(graph, self.seed).to(self._dtype)
         return self._graph
 
     @property
@@ -680,10 +697,11 @@ class GNNDataModule(L.LightningDataModule):
         return self.graph.num_features
 
     @property
-    def num_classes(self) -> int:
+    def out_dim(self) -> int:
+        """Width of the model's output rows (the task's head: classes or target width)."""
         if self.partition_dir is not None:
-            return int(self.partition_meta()["num_classes"])
-        return self.graph.num_classes
+            return self.task.out_dim_of(self.partition_meta())
+        return self.task.out_dim(self.graph)
 
     def prepare(self, world_size: int, ranks: list[int] | None = None) -> Any:
         """The one-off preprocessing for ``world_size`` ranks (memoised; override
@@ -724,6 +742,7 @@ class GNNDataModule(L.LightningDataModule):
         """The metadata a partition directory must carry to serve this run."""
         return {
             "system": self.config.name,
+            "task": self.task.name,
             "num_parts": world_size,
             "seed": self.seed,
             "dataset": self.dataset_identity(),
@@ -735,10 +754,20 @@ class GNNDataModule(L.LightningDataModule):
         method and options, seed, part count); raises ``PartitionDirError`` naming the key.
         A directory already opened for its metadata (:meth:`partition_meta`) is reused, with
         the parts it verified."""
-        from ..graph.partition_dir import PartitionDir
+        from ..graph.partition_dir import PartitionDir, PartitionDirError
 
         opened = self._opened_dir or PartitionDir.open(self.partition_dir)
-        opened.check(self.partition_expectation(world_size))
+        expected = self.partition_expectation(world_size)
+        task = expected.pop("task")
+        opened.check(expected)
+        # a directory written before tasks existed holds node classification's labels
+        written_for = opened.meta.get("task", DEFAULT_TASK)
+        if written_for != task:
+            raise PartitionDirError(
+                f"{opened.path}: it was written for task {written_for!r} but this run has "
+                f"task={task!r}; partition for this task: python -m lightning_gnnscale.partition "
+                "<overrides> task=<name> out=<dir>"
+            )
         self._opened_dir = opened
         return opened
 
@@ -794,6 +823,7 @@ class GNNDataModule(L.LightningDataModule):
                 "num_edges": graph.num_edges,
                 "num_features": graph.num_features,
                 "num_classes": graph.num_classes,
+                "target_dim": self.task.out_dim(graph),
                 "feature_dtype": str(graph.x.dtype).removeprefix("torch."),
                 **extra,
             }
@@ -843,9 +873,20 @@ class GNNDataModule(L.LightningDataModule):
                 )
             return  # set up once per Trainer (fit, then validate or test)
         self.follow_precision()
+        self.check_module_task()
         context = bind_datamodule(self.trainer, self.config, self.data)
         self.setup_rank(context, self.prepare(context.world_size, [context.rank]))
         self.context, self._bound_to = context, strategy
+
+    def check_module_task(self) -> None:
+        """The LightningModule trains this DataModule's task (when it states one)."""
+        module_task = getattr(self.trainer.lightning_module, "task", None)
+        if isinstance(module_task, NodeTask) and module_task.name != self.task.name:
+            raise ConfigError(
+                f"the LightningModule's task is {module_task.name!r} but the DataModule's is "
+                f"{self.task.name!r}; build the module with GNNModule.from_config(model, "
+                "datamodule) or pass the same task to both"
+            )
 
     def setup_rank(self, context: RankContext, prepared: Any) -> None:
         """Build this rank's share (collectives allowed: every rank calls it)."""
@@ -853,8 +894,8 @@ class GNNDataModule(L.LightningDataModule):
     # -------------------------------------------------------------------------- training
     @cached_property
     def train_ids(self) -> torch.Tensor:
-        """The training node ids ``[n_train]`` (an error if there are none)."""
-        ids = self.graph.split_ids("train")
+        """The task's training seeds ``[n_train]`` (an error if there are none)."""
+        ids = self.task.train_seeds(self.graph)
         if ids.numel() == 0:
             raise ValueError(f"dataset {self.graph.name!r} has no training nodes")
         return ids
@@ -892,21 +933,22 @@ class GNNDataModule(L.LightningDataModule):
         """The net ``model`` describes, sized for this data (systems with their own
         distributed layers override it)."""
         check_depth(self.data, model)
-        return build_model(model, self.input_dim, self.num_classes)
+        return build_model(model, self.input_dim, self.out_dim)
 
     def callbacks(self) -> list[L.Callback]:
         """The system's report callbacks (statistics for ``summary.json``); optional."""
         return []
 
     # ------------------------------------------------------------------------ evaluation
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """``[len(splits), 2]`` float64 (correct, total) of this rank; the caller sums ranks."""
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """``[len(splits), k]`` float64 task statistics of this rank's rows
+        (:func:`~..tasks.base.split_statistics`); the caller sums ranks."""
         raise NotImplementedError
 
     def _eval_loader(self) -> DataLoader:
         if self.context is None:
             raise RuntimeError("the DataModule is not set up (call trainer.fit / validate)")
-        evaluation = Evaluation(self.eval_counts, self.context.comm)
+        evaluation = Evaluation(self.eval_statistics, self.context.comm, self.task)
         return DataLoader([evaluation], sampler=OneItem(), batch_size=None, collate_fn=_no_collate)
 
     # ------------------------------------------------------------------------ prediction
@@ -956,13 +998,21 @@ class GNNDataModule(L.LightningDataModule):
 
 
 class ReplicatedGraphEvaluation:
-    """``eval_counts`` for a DataModule whose ranks all hold the whole graph (``self.graph``):
-    layer-wise inference split across ranks by node range (:func:`replicated_eval_counts`)."""
+    """``eval_statistics`` for a DataModule whose ranks all hold the whole graph
+    (``self.graph``): layer-wise inference split across ranks by node range
+    (:func:`replicated_eval_statistics`)."""
 
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         comm = self.context.comm if self.context is not None else None
-        return replicated_eval_counts(
-            self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size, comm
+        return replicated_eval_statistics(
+            self.task,
+            self.graph,
+            net,
+            splits,
+            self.rank,
+            self.world_size,
+            self.data.eval_chunk_size,
+            comm,
         )
 
 
@@ -974,7 +1024,7 @@ class SampledDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     (rank-salted keys when ``salt_by_rank``: independent micro-batches, as data-parallel systems
     sample; otherwise ranks sample exactly what one process would). Evaluation: full-graph
     layer-wise inference split across ranks, each rank inferring and scoring its node range
-    (:func:`replicated_eval_counts`).
+    (:func:`replicated_eval_statistics`).
 
     Args: as :class:`GNNDataModule`, plus ``salt_by_rank`` (rank-salted sampling keys).
     """
@@ -1097,7 +1147,8 @@ def full_logits(
     return h
 
 
-def replicated_eval_counts(
+def replicated_eval_statistics(
+    task: NodeTask,
     graph: Graph,
     net: torch.nn.Module,
     splits: tuple[str, ...],
@@ -1106,16 +1157,16 @@ def replicated_eval_counts(
     chunk_size: int,
     comm: Comm | None = None,
 ) -> torch.Tensor:
-    """``[len(splits), 2]`` float64 (correct, total) over this rank's share of each split.
+    """``[len(splits), k]`` float64 task statistics over this rank's share of each split.
 
-    For systems whose ranks hold the whole graph; the caller sums the counts over ranks.
+    For systems whose ranks hold the whole graph; the caller sums the statistics over ranks.
 
     - With a distributed ``comm`` (rank and world size must be its own): the inference is split
       across ranks (:func:`full_logits`; the hidden layers' rows are all-gathered as
-      ``activation``) and each rank counts the nodes of its own :func:`node_range`.
-    - Without one: each rank runs the whole inference and counts every ``world_size``-th node.
+      ``activation``) and each rank scores the nodes of its own :func:`node_range`.
+    - Without one: each rank runs the whole inference and scores every ``world_size``-th node.
 
-    Either way the sums over ranks are the one-process counts.
+    Either way the sums over ranks are the one-process statistics.
     """
     if comm is not None and comm.world_size > 1:
         if (comm.rank, comm.world_size) != (rank, world_size):
@@ -1124,21 +1175,16 @@ def replicated_eval_counts(
                 f"{comm.rank} / {comm.world_size}"
             )
         start, stop = node_range(graph.num_nodes, rank, world_size)
-        pred = full_logits(graph, net, chunk_size, comm, gather=False).argmax(1).cpu()
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
+        out = full_logits(graph, net, chunk_size, comm, gather=False)
+        rows = {}
+        for split in splits:
             ids = graph.split_ids(split)
-            ids = ids[(ids >= start) & (ids < stop)]
-            counts[i, 0] = (pred[ids - start] == graph.y[ids]).sum()
-            counts[i, 1] = ids.numel()
-        return counts
-    pred = full_logits(graph, net, chunk_size).argmax(1).cpu()
-    counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-    for i, split in enumerate(splits):
-        ids = graph.split_ids(split)[rank::world_size]
-        counts[i, 0] = (pred[ids] == graph.y[ids]).sum()
-        counts[i, 1] = ids.numel()
-    return counts
+            rows[split] = ids[(ids >= start) & (ids < stop)]
+        positions = {split: ids - start for split, ids in rows.items()}
+        return split_statistics(task, out, graph.y[start:stop], positions, splits)
+    out = full_logits(graph, net, chunk_size)
+    rows = {split: graph.split_ids(split)[rank::world_size] for split in splits}
+    return split_statistics(task, out, graph.y, rows, splits)
 
 
 def owned_range_rows(

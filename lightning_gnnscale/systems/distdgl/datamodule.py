@@ -36,7 +36,13 @@ from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.sampler import BlockBuilder, splitmix64
 from ...graph.seed_split import SeedSplit
 from ...models.gnn import BlockGNN, layer_rows
-from ..base import GNNDataModule, assert_same_on_all_ranks, own_partition, own_predictions
+from ..base import (
+    GNNDataModule,
+    assert_same_on_all_ranks,
+    core_statistics,
+    own_partition,
+    own_predictions,
+)
 from .config import DistDGLConfig
 from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
 from .sampler import DistNeighborSampler
@@ -331,14 +337,8 @@ class DistDGLDataModule(GNNDataModule):
         return core_rows
 
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """Counts on this rank's core, from :meth:`core_outputs`."""
-        local = self.local
-        pred = self.core_outputs(net, net.num_layers).argmax(1).cpu()
-        masks = {"train": local.train_mask, "val": local.val_mask, "test": local.test_mask}
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
-            mask = masks[split]
-            counts[i, 0] = (pred[mask] == local.y[mask]).sum()
-            counts[i, 1] = mask.sum()
-        return counts
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """The task's statistics on this rank's core, from :meth:`core_outputs`."""
+        return core_statistics(
+            self.task, self.local, self.core_outputs(net, net.num_layers), splits
+        )

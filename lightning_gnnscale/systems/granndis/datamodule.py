@@ -40,6 +40,7 @@ from ...graph.partition import partition
 from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError
 from ...models.gnn import BlockGNN
 from ...schema import ModelConfig, require
+from ...tasks.base import split_statistics
 from ..base import (
     GNNDataModule,
     ReplicatedGraphEvaluation,
@@ -696,7 +697,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """The net, also recording its widths and size for ``preload_auto``'s estimates."""
         net = super().build_model(model)
         self.model_dims = [self.input_dim, *[model.hidden] * (model.num_layers - 1)]
-        self.model_dims.append(self.num_classes)
+        self.model_dims.append(self.out_dim)
         self.model_params = sum(p.numel() for p in net.parameters())
         return net
 
@@ -811,19 +812,15 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     # ------------------------------------------------------------------------ evaluation
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """In memory: layer-wise inference split across ranks, each holding the graph. From a
         partition directory: the same inference over the ranks' shares, the halo rows sent
-        by their owners before every layer; counts on this rank's share."""
+        by their owners before every layer; scored on this rank's share."""
         if self.eval_share is None:
-            return super().eval_counts(net, splits)
-        pred = self.share_rows(net, net.num_layers).argmax(1).cpu()
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
-            mask = self.part[f"eval_{split}_mask"]
-            counts[i, 0] = (pred[mask] == self.part["eval_y"][mask]).sum()
-            counts[i, 1] = mask.sum()
-        return counts
+            return super().eval_statistics(net, splits)
+        out = self.share_rows(net, net.num_layers)
+        masks = {split: self.part[f"eval_{split}_mask"] for split in splits}
+        return split_statistics(self.task, out, self.part["eval_y"], masks, splits)
 
     def share_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
         """The first ``layers`` layers' rows of this rank's inference share."""

@@ -37,6 +37,7 @@ from ...graph.book import PartitionBook, RangeBook, relabel_csc
 from ...graph.csc_rows import CSCRows
 from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, sample_neighbors
+from ...tasks.base import split_statistics
 from ..base import (
     GNNDataModule,
     ReplicatedGraphEvaluation,
@@ -438,20 +439,15 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         return own if name == "orig_ids" else getattr(self.graph, name).index_select(0, own)
 
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """Replicated in memory: layer-wise inference over the whole graph. Otherwise (a
         partition directory, or ``topology: partitioned``): this rank's own rows
-        (:meth:`own_rows`), counted on its own vertices."""
+        (:meth:`own_rows`), scored on its own vertices."""
         if self.own_topology is None:
-            return super().eval_counts(net, splits)
-        pred = self.own_rows(net, net.num_layers).argmax(1).cpu()
-        labels = self.own_array("y")
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
-            mask = self.own_array(f"{split}_mask")
-            counts[i, 0] = (pred[mask] == labels[mask]).sum()
-            counts[i, 1] = mask.sum()
-        return counts
+            return super().eval_statistics(net, splits)
+        out = self.own_rows(net, net.num_layers)
+        masks = {split: self.own_array(f"{split}_mask") for split in splits}
+        return split_statistics(self.task, out, self.own_array("y"), masks, splits)
 
     @override
     def predict_rows(

@@ -43,6 +43,7 @@ from ...graph.cache import cached_partition
 from ...graph.partition import partition_report
 from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, build_block_sorted, sample_neighbors
+from ...tasks.base import split_statistics
 from ..base import (
     GNNDataModule,
     ReplicatedGraphEvaluation,
@@ -206,7 +207,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     ``single`` / ``ddp`` (one seeded permutation per epoch) and splits it into the ``N``
     models' shares; the planner (pure) groups the roots by home server and schedules the time
     steps. Batches are :class:`HopGNNBatch`. Evaluation: full-graph layer-wise inference with
-    the (identical) replica split across ranks (:func:`~..base.replicated_eval_counts`).
+    the (identical) replica split across ranks (:func:`~..base.replicated_eval_statistics`).
 
     Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``HopGNNConfig()``.
     """
@@ -348,20 +349,16 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     # ------------------------------------------------------------------------ evaluation
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """In memory: layer-wise inference over the replicated graph. From a partition
-        directory: this rank's own nodes (:meth:`own_rows`), counted on them."""
+        directory: this rank's own nodes (:meth:`own_rows`), scored on them."""
         if self.partition_dir is None:
-            return super().eval_counts(net, splits)
-        pred = self.own_rows(net, net.num_layers).argmax(1).cpu()
+            return super().eval_statistics(net, splits)
+        out = self.own_rows(net, net.num_layers)
         first = int(self.part.node_offsets[self.rank])
-        labels = self.labels[first : first + pred.numel()]
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
-            mask = self.own[f"{split}_mask"]
-            counts[i, 0] = (pred[mask] == labels[mask]).sum()
-            counts[i, 1] = mask.sum()
-        return counts
+        targets = self.labels[first : first + out.shape[0]]
+        masks = {split: self.own[f"{split}_mask"] for split in splits}
+        return split_statistics(self.task, out, targets, masks, splits)
 
     @override
     def predict_rows(

@@ -18,6 +18,7 @@ from ...graph.cache import cached_partition
 from ...graph.csc import Graph
 from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, part_folder
 from ...schema import ModelConfig
+from ...tasks.base import split_statistics
 from ..base import GNNDataModule, assert_same_on_all_ranks, own_predictions
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig
@@ -194,7 +195,7 @@ class SancusDataModule(GNNDataModule):
         return SancusGCN(
             self.input_dim,
             model.hidden,
-            self.num_classes,
+            self.out_dim,
             model.num_layers,
             StalenessPolicy.of(self.config),
         )
@@ -229,11 +230,6 @@ class SancusDataModule(GNNDataModule):
         return own_predictions(self.own_ids, rows, node_ids, int(self.layout.offsets[-1]))
 
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        pred = SancusGCN.of(net).exact_logits(self.x, self.layout).argmax(1)
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for k, split in enumerate(splits):
-            mask = self.masks[split]
-            counts[k, 0] = (pred[mask] == self.y[mask]).sum()
-            counts[k, 1] = mask.sum()
-        return counts
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        out = SancusGCN.of(net).exact_logits(self.x, self.layout)
+        return split_statistics(self.task, out, self.y, self.masks, splits)
