@@ -10,39 +10,13 @@ and :meth:`TaskSpec.build` imports the implementation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from importlib import import_module
 from typing import TYPE_CHECKING
 
 from ..errors import choice
+from .spec import TaskSpec
 
 if TYPE_CHECKING:
     from .base import NodeTask
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """One task's name, metrics and where its implementation lives.
-
-    Attributes:
-        name: the ``task`` setting (``task=node_regression``).
-        target: ``"<module>:<class>"`` of its :class:`~.base.NodeTask` in this package.
-        metrics: what evaluation reports per split (``val/<metric>``, ``test/<metric>``, and
-            ``summary.json``'s ``val_<metric>`` / ``test_<metric>``).
-        monitor: the metric that picks the best epoch (best checkpoint, ``best_val_<monitor>``,
-            early stopping), and ``mode``: ``max`` or ``min`` of it.
-    """
-
-    name: str
-    target: str
-    metrics: tuple[str, ...]
-    monitor: str
-    mode: str
-
-    def build(self) -> NodeTask:
-        """A new instance of the task's implementation (imports torch)."""
-        module, cls = self.target.split(":")
-        return getattr(import_module(f"{__name__}.{module}"), cls)()
 
 
 TASKS: dict[str, TaskSpec] = {

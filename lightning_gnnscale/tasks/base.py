@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..graph.csc import Graph
-from . import TaskSpec
+from .spec import TaskSpec
 
 
 class NodeTask:
