@@ -318,7 +318,7 @@ def make_dm(store, world, rank, k=1, batch_size=40, graph=None, comm=None, max_e
         DataConfig(batch_size=batch_size, fanouts=[3, 2]),
         seed=1,
     )
-    dm.trainer = SimpleNamespace(max_epochs=max_epochs)
+    dm.trainer = SimpleNamespace(max_epochs=max_epochs, is_last_batch=True)  # at an epoch end
     comm = comm if comm is not None else RankComm(rank, world)
     dm.setup_rank(RankContext(comm, torch.device("cpu")), store)
     return dm

@@ -14,8 +14,10 @@ from lightning.pytorch.strategies import Strategy
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
+from ..checkpoints import CHECKPOINT_KEY
 from ..comm import Topology
 from ..contract import PREDICT_OUTPUTS, Evaluation, Prediction, RankContext, bind_datamodule
+from ..errors import ConfigError
 from ..graph.batch import Batch
 from ..graph.csc import Graph
 from ..graph.datasets import load_dataset
@@ -94,6 +96,10 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self._prepared: dict[int, Any] = {}
         self.context: RankContext | None = None
         self._bound_to: Strategy | None = None
+        # the epoch the train loader last started, and a resumed fit's first one (the
+        # checkpoint's, :meth:`load_state_dict`)
+        self.loader_epoch = 0
+        self.resumed_epoch = 0
 
     # servers x workers of the run this module was built for (``run.build_datamodule`` sets
     # it, so the launcher and ``python -m lightning_gnnscale.partition`` know it before any
@@ -101,6 +107,13 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     launch_topology: Topology | None = None
 
     # ------------------------------------------------------------------------ data, set-up
+    @property
+    def dtype(self) -> torch.dtype:
+        """The features' dtype of a dataset loaded by name or of a rank's part (the
+        constructor's ``dtype``; float64 under ``Trainer(precision="64-true")``). A given
+        :class:`Graph` keeps its own."""
+        return self._dtype
+
     @property
     def graph(self) -> Graph:
         """The whole dataset (loaded on first use when the module was given a name)."""
@@ -191,6 +204,62 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
 
     def setup_rank(self, context: RankContext, prepared: Any) -> None:
         """Build this rank's share (collectives allowed: every rank calls it)."""
+
+    # ------------------------------------------------------------------------ checkpoints
+    def next_loader_epoch(self) -> int:
+        """The epoch the train loader's new iterator runs (and remembers): the Trainer's
+        ``current_epoch``, or, while it still names the checkpoint's epoch (a resumed fit's
+        first iterator, built before that epoch starts), the epoch the checkpoint says comes
+        next (:meth:`load_state_dict`). Read when the loader starts an epoch, so it holds for
+        any loader around it (workers, a wrapper Lightning cannot ``set_epoch``)."""
+        current = self.trainer.current_epoch if self.trainer is not None else 0
+        self.loader_epoch = max(current, self.resumed_epoch)
+        return self.loader_epoch
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """``train_epoch``: the epoch a resumed fit's loader starts at, the next one once this
+        epoch's last step has run (a checkpoint at the epoch end, ``Trainer.is_last_batch``),
+        else this one (mid-epoch). A subclass adds its own keys to this dict."""
+        finished = self.trainer is not None and self.trainer.is_last_batch
+        return {"train_epoch": self.loader_epoch + int(finished)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Take the checkpoint's ``train_epoch`` (a non-negative int, checked: the file is
+        data from outside). An older checkpoint's state lacks it: a resume got it from
+        :meth:`complete_checkpoint`, an evaluation needs none. A subclass calls this before
+        restoring its own keys."""
+        if "train_epoch" not in state_dict:
+            return
+        epoch = state_dict["train_epoch"]
+        if type(epoch) is not int or epoch < 0:
+            raise ConfigError(
+                f"the checkpoint's {type(self).__name__} state has train_epoch={epoch!r}: "
+                "expected a non-negative int; the file is damaged or not this suite's"
+            )
+        self.resumed_epoch = epoch
+
+    def complete_checkpoint(self, checkpoint: dict[str, Any], resuming: bool) -> None:
+        """Give a checkpoint written before the DataModule kept its loader's epoch (no
+        ``train_epoch`` in its state, which Lightning keeps under the class name) the epoch a
+        resume from it starts at: the epochs it completed, which the suite records in every
+        checkpoint it writes (``epochs_done``; it writes them at epoch ends), so it resumes
+        as before. A resume from a checkpoint with neither is refused (``ConfigError``);
+        evaluating one needs neither."""
+        state = checkpoint.get(type(self).__qualname__) or {}
+        if "train_epoch" in state or not resuming:
+            return
+        record = checkpoint.get(CHECKPOINT_KEY)
+        if record is None:
+            raise ConfigError(
+                f"the checkpoint has no {type(self).__name__} train_epoch and no "
+                f"{CHECKPOINT_KEY!r} record (written by an older version outside train.py, or "
+                "not by this suite), so a resume would not know which epoch's samples come "
+                "next; start from its weights alone (GNNModule.load_from_checkpoint, or "
+                "weights_from=<path> in train.py)"
+            )
+        checkpoint[type(self).__qualname__] = {**state, "train_epoch": int(record["epochs_done"])}
 
     # -------------------------------------------------------------------------- training
     @cached_property

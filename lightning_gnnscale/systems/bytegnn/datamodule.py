@@ -102,7 +102,7 @@ class ByteGNNDataModule(GNNDataModule):
             digest = torch.tensor([int(prepared.digest[:15], 16)])
             assert_same_on_all_ranks(comm, digest, "the partition directory")
             part = prepared.load_part(rank)
-            self.local = LocalPartition.from_arrays(part, rank, self._dtype)
+            self.local = LocalPartition.from_arrays(part, rank, self.dtype)
             self.local_degree, self.degree = part["degree"], None
             self.core_orig_ids = part["orig_ids"]
             sizes = torch.tensor(prepared.meta["trainer_sizes"], dtype=torch.int64)

@@ -185,7 +185,7 @@ class DistDGLDataModule(GNNDataModule):
         """This rank's partition and the degrees of its core and halo, from its part's files
         only (memory-mapped; features cast to the run's dtype if they differ)."""
         part = opened.load_part(rank)
-        local = LocalPartition.from_arrays(part, rank, self._dtype)
+        local = LocalPartition.from_arrays(part, rank, self.dtype)
         self._part = part
         return local, part["degree"]
 
@@ -278,13 +278,15 @@ class DistDGLDataModule(GNNDataModule):
         """The learnable input table and its optimiser state, on global rank 0 only (Lightning
         calls it on every rank when it saves a checkpoint, in the same order, and writes rank
         0's: the call is collective, a gather to rank 0). Empty on the other ranks, and
-        without embeddings."""
-        return {} if self.inputs is None else self.inputs.state_dict()
+        without embeddings; with the base's ``train_epoch`` on every rank."""
+        tables = {} if self.inputs is None else self.inputs.state_dict()
+        return {**super().state_dict(), **tables}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Each rank takes its rows of the full tables in the loaded checkpoint (Lightning
         calls it after ``setup``, on every rank, with the checkpoint rank 0 wrote)."""
+        super().load_state_dict(state_dict)
         if self.inputs is not None:
             self.inputs.load_state_dict(state_dict)
 

@@ -171,7 +171,7 @@ class GrappaDataModule(GNNDataModule):
         cfg = self.config
         self.rank, self.world_size, self.comm = context.rank, context.world_size, context.comm
         if isinstance(prepared, PartitionDir):
-            prepared = DirChunks(prepared, self.rank, self._dtype)
+            prepared = DirChunks(prepared, self.rank, self.dtype)
         self.store = prepared
         if isinstance(prepared, DirChunks):
             self.home = prepared.home  # the part's list (checked against home_chunks)
@@ -211,12 +211,14 @@ class GrappaDataModule(GNNDataModule):
 
     @override
     def state_dict(self) -> dict:
-        """The super-epoch clock and the layout its ``t`` indexes."""
-        return {**self.clock.state_dict(), **self._layout()}
+        """The super-epoch clock and the layout its ``t`` indexes (and the base's
+        ``train_epoch``)."""
+        return {**super().state_dict(), **self.clock.state_dict(), **self._layout()}
 
     @override
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore the clock; the layout it indexes must be the same."""
+        super().load_state_dict(state_dict)
         differ = {
             k: (state_dict.get(k), v) for k, v in self._layout().items() if state_dict.get(k) != v
         }

@@ -351,7 +351,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.seed,
             node_keys=lambda ids: orig_ids.index_select(0, ids - first),
         )
-        x = part["x"] if part["x"].dtype == self._dtype else part["x"].to(self._dtype)
+        x = part["x"] if part["x"].dtype == self.dtype else part["x"].to(self.dtype)
         cache = self.config.cache
         self.cache = PartitionedFeatureCache(
             x,

@@ -328,7 +328,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         replicated = prepared.load_shared("topology", self.rank)
         self.own = prepared.load_part(self.rank)
         x = self.own["x"]
-        x = x if x.dtype == self._dtype else x.to(self._dtype)
+        x = x if x.dtype == self.dtype else x.to(self.dtype)
         self.part, self.labels = book, replicated["y"]
         if replicated["train_ids"].numel() == 0:  # as the base's train_ids
             raise ValueError(f"partition directory {self.partition_dir}: no training nodes")
@@ -545,7 +545,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         the in-epoch measurement (iterations, meter snapshot, start time) is not saved, so a
         resume would not continue identically."""
         if self.controller is None:
-            return {"trajectory": list(self._fixed_trajectory)}
+            return {**super().state_dict(), "trajectory": list(self._fixed_trajectory)}
         if self._window_open and self._mid_epoch():
             raise RuntimeError(
                 "HopGNN's merging controller (strategy.merge_adaptive=true) cannot be "
@@ -556,7 +556,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             )
         if self._window_open:
             self._close_window()
-        return {"merge": self.controller.state_dict()}
+        return {**super().state_dict(), "merge": self.controller.state_dict()}
 
     def _mid_epoch(self) -> bool:
         """Whether the attached Trainer is fitting and the last step it ran (noted by
@@ -571,6 +571,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
         merge = state_dict.get("merge")
         if merge is None:
             self._fixed_trajectory = list(state_dict.get("trajectory", []))
