@@ -33,11 +33,11 @@ _LAZY = {
     "Graph": ".graph.csc",
     "DATASETS": ".graph.dataset_config",
     "load_dataset": ".graph.datasets",
-    **dict.fromkeys(
-        ("BlockGNN", "SubgraphModel", "build_model", "layerwise_inference"), ".models.gnn"
-    ),
+    **dict.fromkeys(("BlockGNN", "SubgraphModel", "build_model"), ".models.gnn"),
+    "layerwise_inference": ".models.inference",
     "GNNModule": ".models.module",
-    **dict.fromkeys(("GNNDataModule", "SystemStrategy"), ".systems.base"),
+    "GNNDataModule": ".kit.datamodule",
+    "SystemStrategy": ".kit.strategies",
     **dict.fromkeys(
         ("Evaluation", "ModuleRuntime", "Prediction", "RankContext", "rank_context"),
         ".contract",

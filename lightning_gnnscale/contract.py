@@ -1,7 +1,7 @@
 """The system contract: what a strategy hands the other components of a run, once.
 
-A system is a :class:`~.systems.base.SystemStrategy` subclass, a
-:class:`~.systems.base.GNNDataModule` subclass and a :class:`~.schema.SystemConfig` subclass
+A system is a :class:`~.kit.strategies.SystemStrategy` subclass, a
+:class:`~.kit.datamodule.GNNDataModule` subclass and a :class:`~.schema.SystemConfig` subclass
 that both receive. The pieces meet through three typed objects (docs/architecture.md, "The
 system contract"):
 
@@ -175,7 +175,7 @@ class Prediction:
 
 @runtime_checkable
 class SuiteStrategy(Protocol):
-    """What :class:`~.systems.base.SystemStrategy` offers the other components (this module
+    """What :class:`~.kit.strategies.SystemStrategy` offers the other components (this module
     imports no system, so the check is by these methods, which no Lightning strategy has)."""
 
     def bind(self, config: SystemConfig, data: DataConfig | None = None) -> RankContext: ...

@@ -59,12 +59,13 @@ from .cpu_memory import apply_malloc_settings, malloc_choice
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
 from .graph.partition_dir import node_ranks
+from .kit.datamodule import GNNDataModule
+from .kit.strategies import MeteredSingleDeviceStrategy, SystemStrategy
 from .launch import LauncherSignal, launch_local
 from .loggers import finish_wandb_runs
 from .models.module import GNNModule
 from .run_folder import FAILED_FILE, check_writable, claimed, job_log_name, settle_failed_run
 from .schema import RunConfig, as_dict
-from .systems.base import GNNDataModule, MeteredSingleDeviceStrategy, SystemStrategy
 from .systems.registry import SYSTEMS
 from .tasks import task_spec
 

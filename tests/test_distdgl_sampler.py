@@ -9,7 +9,7 @@ from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.graph.seed_split import SeedSplit
-from lightning_gnnscale.systems.base import collective_train_loader
+from lightning_gnnscale.kit.loaders import collective_train_loader
 from lightning_gnnscale.systems.distdgl.datamodule import DistDGLDataModule
 from lightning_gnnscale.systems.distdgl.sampler import DistNeighborSampler
 from tests.helpers.dist import run_distributed

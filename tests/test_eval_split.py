@@ -8,7 +8,7 @@ import torch
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.systems.base import full_logits, node_range, replicated_eval_statistics
+from lightning_gnnscale.models.inference import full_logits, node_range, replicated_eval_statistics
 from lightning_gnnscale.tasks import build_task
 from tests.helpers.dist import run_distributed
 

@@ -306,7 +306,7 @@ def test_a_damaged_checkpoint_is_named(tmp_path, single_run):
 # ----------------------------------------------------------------------------- stuck ranks
 def test_default_collective_timeout_fails_a_stuck_cpu_job_in_minutes(tmp_path):
     from lightning_gnnscale.comm import Comm
-    from lightning_gnnscale.systems.base import MeteredDDPStrategy
+    from lightning_gnnscale.kit.strategies import MeteredDDPStrategy
 
     default = make_cfg(tmp_path, tiny=False).launcher.collective_timeout_s
     assert default <= 600

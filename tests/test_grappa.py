@@ -17,7 +17,8 @@ from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.sampler import NeighborSampler
-from lightning_gnnscale.models.gnn import BlockGNN, layerwise_inference
+from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.models.inference import layerwise_inference
 from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.grappa import EarlyTriggerConfig, GrappaConfig, chunking
 from lightning_gnnscale.systems.grappa.callbacks import GrappaStats
@@ -317,7 +318,7 @@ def make_dm(store, world, rank, k=1, batch_size=40, graph=None, comm=None, max_e
         DataConfig(batch_size=batch_size, fanouts=[3, 2]),
         seed=1,
     )
-    dm.trainer = SimpleNamespace(max_epochs=max_epochs)
+    dm.trainer = SimpleNamespace(max_epochs=max_epochs, is_last_batch=True)  # at an epoch end
     comm = comm if comm is not None else RankComm(rank, world)
     dm.setup_rank(RankContext(comm, torch.device("cpu")), store)
     return dm
@@ -690,7 +691,7 @@ def test_e2_constant_coverage_is_a_pure_rescale(monkeypatch):
     """E2: every seed of every rank at coverage 0.3 (different ``ell`` and ``D``, alpha = 1):
     ``c_uniform = 0.3``, and the aggregate the strategy forms (the SUM all-reduce of each
     rank's loss-scaled gradient) is 0.3 x plain ddp's mean gradient (cosine 1)."""
-    from lightning_gnnscale.systems.base import MeteredDDPStrategy
+    from lightning_gnnscale.kit.strategies import MeteredDDPStrategy
     from lightning_gnnscale.systems.grappa.strategy import GrappaStrategy
 
     world = 2
@@ -824,7 +825,7 @@ def test_strategy_training_step_sets_the_hook_scale_to_the_batch_factor_over_w(
     """``GrappaStrategy.training_step`` on a real batch: ``comm_hook`` puts ``c / W`` into the
     DDP hook state (loss untouched), ``loss_scale`` multiplies the loss by it (hook scale 1)."""
     from lightning_gnnscale.comm import GradientHookState
-    from lightning_gnnscale.systems.base import MeteredDDPStrategy
+    from lightning_gnnscale.kit.strategies import MeteredDDPStrategy
     from lightning_gnnscale.systems.grappa.strategy import GrappaStrategy
 
     monkeypatch.setattr(

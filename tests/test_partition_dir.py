@@ -393,14 +393,14 @@ def test_train_from_a_directory_equals_in_memory_and_resumes(tmp_path, monkeypat
     metrics, _ = train(make_cfg(tmp_path / "mem", *common))
     want = _weights(tmp_path / "mem" / "out")
 
+    import lightning_gnnscale.kit.datamodule as datamodule_module
     import lightning_gnnscale.run as run_module
-    import lightning_gnnscale.systems.base as base_module
 
     def no_load(*args, **kwargs):
         raise AssertionError("the launcher loaded the dataset")
 
     monkeypatch.setattr(run_module, "load_dataset", no_load)
-    monkeypatch.setattr(base_module, "load_dataset", no_load)
+    monkeypatch.setattr(datamodule_module, "load_dataset", no_load)
     first = make_cfg(tmp_path / "dir", *common, f"data.partition_dir={out}", "trainer.max_epochs=1")
     _, objects = train(first)
     assert objects["graph"] is None
@@ -599,7 +599,7 @@ def test_shared_groups_are_written_once_verified_with_their_parts_and_mapped(tmp
 def test_own_predictions_keep_the_requested_order_and_repeats():
     """A rank's share: the requested ids it owns, in the requested order with repeats (as the
     one-process split returns them), each with its own row; bad ids are refused."""
-    from lightning_gnnscale.systems.base import own_predictions
+    from lightning_gnnscale.kit.partitions import own_predictions
 
     own = torch.tensor([40, 7, 19, 3])
     rows = torch.tensor([[0.0], [1.0], [2.0], [3.0]])

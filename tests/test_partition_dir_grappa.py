@@ -21,8 +21,8 @@ from lightning_gnnscale.graph.partition_dir import (
     shared_folder,
 )
 from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.models.inference import node_rows
 from lightning_gnnscale.schema import DataConfig
-from lightning_gnnscale.systems.base import node_rows
 from lightning_gnnscale.systems.grappa import GrappaConfig, GrappaDataModule
 from lightning_gnnscale.systems.grappa.directory import DirChunks, chunk_group
 from lightning_gnnscale.systems.grappa.partition import build_partition

@@ -178,8 +178,8 @@ def _top_level(module: str) -> str:
 
 
 def _systems_unit(module: str) -> str | None:
-    """A ``systems/<name>`` folder, or a module of ``systems/`` itself (``base``,
-    ``registry``...); ``None`` outside ``systems``."""
+    """A ``systems/<name>`` folder, or a module of ``systems/`` itself (``registry``,
+    the package's ``__init__``); ``None`` outside ``systems``."""
     parts = module.split(".")
     if parts[1:2] != ["systems"]:
         return None

@@ -5,13 +5,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..contract import LayerHook
 from ..graph.block import Block, blocks_to_subgraph
-from ..graph.sampler import BlockBuilder, sample_neighbors
 from .layers import BlockGAT, BlockGCN, BlockSAGE, row_dropout
 
 if TYPE_CHECKING:
@@ -133,63 +131,3 @@ def build_model(cfg: ModelConfig, in_dim: int, out_dim: int) -> nn.Module:
         dropout=cfg.dropout,
         heads=cfg.heads,
     )
-
-
-@torch.no_grad()
-def layer_rows(
-    net: BlockGNN,
-    i: int,
-    builder: BlockBuilder,
-    indptr: Tensor,
-    indices: Tensor,
-    h: Tensor,
-    start: int,
-    stop: int,
-    chunk_size: int,
-) -> Tensor:
-    """Layer ``i``'s full-neighbourhood output rows of nodes ``start..stop-1``, in chunks.
-
-    ``h``: the previous layer's rows of every node ``[N, d]``; returns ``[stop - start, out]``.
-    A node's row depends only on its own and its in-neighbours' rows, so any split of the node
-    range gives the same rows.
-    """
-    outs = []
-    for lo in range(start, stop, chunk_size) or [start]:  # an empty range: one empty chunk
-        dst = torch.arange(lo, min(lo + chunk_size, stop))
-        src, dst_pos = sample_neighbors(indptr, indices, dst, -1, 0)
-        block = builder(dst, src, dst_pos).to(h.device)  # sampled on the CPU, run where h is
-        outs.append(net.layer_output(i, block, h[block.src_ids]))
-    return torch.cat(outs)
-
-
-def inference_builder(indptr: Tensor, degree: Tensor | None = None) -> BlockBuilder:
-    """The full-neighbourhood block builder of layer-wise inference (GCN degrees: ``degree``,
-    default the in-degrees of ``indptr``)."""
-    num_nodes = indptr.numel() - 1
-    return BlockBuilder(num_nodes, indptr[1:] - indptr[:-1] if degree is None else degree)
-
-
-@torch.no_grad()
-def layerwise_inference(
-    net: BlockGNN,
-    indptr: Tensor,
-    indices: Tensor,
-    x: Tensor,
-    chunk_size: int = 65536,
-    degree: Tensor | None = None,
-    layers: int | None = None,
-) -> Tensor:
-    """Full-neighbourhood logits of every node, one layer at a time over node chunks.
-
-    Memory is ``O(N * hidden)`` instead of the ``O(fanout^L)`` blow-up of per-node sampling.
-    ``degree``: the in-degree GCN normalises by (``Block.src_deg``), default the in-degree in
-    ``indptr``; a subgraph that lacks some in-edges (a partition) passes the whole graph's.
-    ``layers``: run only the first ``layers`` layers (the last one's input: node embeddings).
-    Returns ``[N, out]``.
-    """
-    num_nodes = indptr.numel() - 1
-    builder = inference_builder(indptr, degree)
-    h = x
-    for i in range(net.num_layers if layers is None else layers):
-        h = layer_rows(net, i, builder, indptr, indices, h, 0, num_nodes, chunk_size)
-    return h

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from ..schema import SystemConfig, register_schemas
 
 if TYPE_CHECKING:  # the implementation is imported only when a name is used
-    from .base import GNNDataModule, SystemStrategy
+    from ..kit.datamodule import GNNDataModule
+    from ..kit.strategies import SystemStrategy
 
 
 @dataclass(frozen=True)

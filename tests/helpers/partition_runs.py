@@ -20,8 +20,8 @@ def train_both_ways(tmp_path: Path, monkeypatch, common: list[str], keys=("val_a
     the dataset loader replaced by one that fails (so the launcher never loads it). Asserts
     the final weights equal bit for bit, each epoch's ``keys`` and the test accuracy equal;
     returns both runs' metrics."""
+    import lightning_gnnscale.kit.datamodule as datamodule_module
     import lightning_gnnscale.run as run_module
-    import lightning_gnnscale.systems.base as base_module
     from lightning_gnnscale.partition import partition
     from tests.test_partition_dir import _assert_equal, _weights
 
@@ -33,7 +33,7 @@ def train_both_ways(tmp_path: Path, monkeypatch, common: list[str], keys=("val_a
         raise AssertionError("the launcher loaded the dataset")
 
     monkeypatch.setattr(run_module, "load_dataset", no_load)
-    monkeypatch.setattr(base_module, "load_dataset", no_load)
+    monkeypatch.setattr(datamodule_module, "load_dataset", no_load)
     got, objects = train(make_cfg(tmp_path / "dir", *common, f"data.partition_dir={out}"))
     assert objects["graph"] is None
     _assert_equal(_weights(tmp_path / "mem" / "out"), _weights(tmp_path / "dir" / "out"))

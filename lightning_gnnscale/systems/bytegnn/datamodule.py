@@ -38,15 +38,15 @@ from ...graph.book import (
 from ...graph.partition_config import METHOD_OPTIONS
 from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.seed_split import SeedSplit
-from ...models.gnn import BlockGNN
-from ...store_secret import require_secret
-from ..base import (
-    GNNDataModule,
+from ...kit.datamodule import GNNDataModule
+from ...kit.partitions import (
     assert_same_on_all_ranks,
     core_statistics,
     own_partition,
     own_predictions,
 )
+from ...models.gnn import BlockGNN
+from ...store_secret import require_secret
 from .address import service_address
 from .config import SECRET_REASON, ByteGNNConfig
 from .store import GraphStore
@@ -56,7 +56,7 @@ from .sworker import ByteGNNBatch, SWorker
 class ByteGNNDataModule(GNNDataModule):
     """ByteGNN's data side (see the module docstring).
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``ByteGNNConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``ByteGNNConfig()``.
     """
 
     def __init__(self, dataset, config: ByteGNNConfig | None = None, data=None, **kwargs):
@@ -107,7 +107,7 @@ class ByteGNNDataModule(GNNDataModule):
             digest = torch.tensor([int(prepared.digest[:15], 16)])
             assert_same_on_all_ranks(comm, digest, "the partition directory")
             part = prepared.load_part(rank)
-            self.local = LocalPartition.from_arrays(part, rank, self._dtype)
+            self.local = LocalPartition.from_arrays(part, rank, self.dtype)
             self.local_degree, self.degree = part["degree"], None
             self.core_orig_ids = part["orig_ids"]
             sizes = torch.tensor(prepared.meta["trainer_sizes"], dtype=torch.int64)

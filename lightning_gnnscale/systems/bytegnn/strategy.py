@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from ...bounds import externally_launched
+from ...kit.strategies import MeteredDDPStrategy
 from ...store_secret import SECRET_ENV, give_local_ranks_a_secret, read_secret
-from ..base import MeteredDDPStrategy
 from .config import ByteGNNConfig
 
 
@@ -22,7 +22,7 @@ class ByteGNNStrategy(MeteredDDPStrategy):
     user gave one (docs/systems/bytegnn.md, "Who may connect"). On several nodes it leaves the
     secret to the user, withdrawing one it made itself: each node would make its own.
 
-    Args: as :class:`~..base.MeteredDDPStrategy`; ``config`` (a :class:`ByteGNNConfig`)
+    Args: as :class:`~...kit.strategies.MeteredDDPStrategy`; ``config`` (a :class:`ByteGNNConfig`)
     defaults to the DataModule's.
     """
 

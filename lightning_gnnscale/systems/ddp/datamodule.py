@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ..base import SampledDataModule
+from ...kit.sampled import SampledDataModule
 from .config import DDPConfig
 
 
 class DataParallelDataModule(SampledDataModule):
     """Each rank samples its share of every step's seeds from the whole graph it holds.
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``DDPConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``DDPConfig()``.
     """
 
     def __init__(self, dataset, config: DDPConfig | None = None, data=None, **kwargs):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import MeteredDDPStrategy
+from ...kit.strategies import MeteredDDPStrategy
 from .config import DDPConfig
 
 

@@ -35,14 +35,15 @@ from ...graph.book import (
 from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.sampler import BlockBuilder, splitmix64
 from ...graph.seed_split import SeedSplit
-from ...models.gnn import BlockGNN, layer_rows
-from ..base import (
-    GNNDataModule,
+from ...kit.datamodule import GNNDataModule
+from ...kit.partitions import (
     assert_same_on_all_ranks,
     core_statistics,
     own_partition,
     own_predictions,
 )
+from ...models.gnn import BlockGNN
+from ...models.inference import layer_rows
 from .config import DistDGLConfig
 from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
 from .sampler import DistNeighborSampler
@@ -147,7 +148,7 @@ class DistDGLDataModule(GNNDataModule):
     owners (docs/partitioning.md). Batches are
     :class:`DistDGLBatch` (seeds ``[n]`` per rank, each rank ``batch_size / world`` of them).
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``DistDGLConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``DistDGLConfig()``.
     With ``config.embedding_dim > 0`` a ``DistEmbedding`` of that width, in the features'
     dtype, is the input instead of the features (:class:`LearnableInputs`).
     """
@@ -189,7 +190,7 @@ class DistDGLDataModule(GNNDataModule):
         """This rank's partition and the degrees of its core and halo, from its part's files
         only (memory-mapped; features cast to the run's dtype if they differ)."""
         part = opened.load_part(rank)
-        local = LocalPartition.from_arrays(part, rank, self._dtype)
+        local = LocalPartition.from_arrays(part, rank, self.dtype)
         self._part = part
         return local, part["degree"]
 
@@ -282,13 +283,15 @@ class DistDGLDataModule(GNNDataModule):
         """The learnable input table and its optimiser state, on global rank 0 only (Lightning
         calls it on every rank when it saves a checkpoint, in the same order, and writes rank
         0's: the call is collective, a gather to rank 0). Empty on the other ranks, and
-        without embeddings."""
-        return {} if self.inputs is None else self.inputs.state_dict()
+        without embeddings; with the base's ``train_epoch`` on every rank."""
+        tables = {} if self.inputs is None else self.inputs.state_dict()
+        return {**super().state_dict(), **tables}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Each rank takes its rows of the full tables in the loaded checkpoint (Lightning
         calls it after ``setup``, on every rank, with the checkpoint rank 0 wrote)."""
+        super().load_state_dict(state_dict)
         if self.inputs is not None:
             self.inputs.load_state_dict(state_dict)
 

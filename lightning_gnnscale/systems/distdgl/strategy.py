@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing_extensions import override
 
-from ..base import MeteredDDPStrategy
+from ...kit.strategies import MeteredDDPStrategy
 from .config import DistDGLConfig
 from .datamodule import DistDGLBatch, LearnableInputs
 
@@ -21,7 +21,7 @@ class DistDGLStrategy(MeteredDDPStrategy):
     batches the loader builds ahead neither join this step's update nor read rows it has not
     applied (docs/systems/distdgl.md#node-embeddings).
 
-    Args: as :class:`~..base.MeteredDDPStrategy`; ``config`` (a :class:`DistDGLConfig`)
+    Args: as :class:`~...kit.strategies.MeteredDDPStrategy`; ``config`` (a :class:`DistDGLConfig`)
     defaults to the DataModule's.
     """
 

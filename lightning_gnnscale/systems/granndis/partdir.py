@@ -19,7 +19,8 @@ from ...comm import Comm, exchange_rows
 from ...graph.book import PartitionBook
 from ...graph.csc import Graph
 from ...graph.sampler import BlockBuilder
-from ...models.gnn import BlockGNN, layer_rows
+from ...models.gnn import BlockGNN
+from ...models.inference import layer_rows
 from .expand import in_edges
 from .plan import OneHopPlan, StepPlan
 

@@ -15,7 +15,7 @@ from ...comm.hierarchical import ServerGroups
 from ...contract import LayerHook, ModuleRuntime
 from ...errors import ConfigError
 from ...graph.batch import Batch
-from ..base import MeteredDDPStrategy
+from ...kit.strategies import MeteredDDPStrategy
 from .config import GraNNDISConfig
 
 
@@ -58,7 +58,7 @@ class GraNNDISStrategy(MeteredDDPStrategy):
     the DDP wrapper after backward: one flat :meth:`ServerGroups.all_reduce` (``gradient``;
     refuses ``accumulate_grad_batches > 1``, whose accumulated ``.grad`` it would sum again).
 
-    Args: as :class:`~..base.MeteredDDPStrategy` (``config``: a :class:`GraNNDISConfig`).
+    Args: as :class:`~...kit.strategies.MeteredDDPStrategy` (``config``: a :class:`GraNNDISConfig`).
     """
 
     config_type = GraNNDISConfig

@@ -30,9 +30,15 @@ from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.order import EpochOrder
 from ...graph.partition_dir import PartitionDir
-from ...models.gnn import BlockGNN, inference_builder, layer_rows, layerwise_inference
+from ...kit.datamodule import GNNDataModule
+from ...models.gnn import BlockGNN
+from ...models.inference import (
+    inference_builder,
+    layer_rows,
+    layerwise_inference,
+    replicated_eval_statistics,
+)
 from ...tasks.base import split_statistics
-from ..base import GNNDataModule, replicated_eval_statistics
 from .callbacks import GradientOnlyAudit, GrappaStats, ScheduleReport
 from .chunking import ChunkReader, ChunkStore, write_chunk_store
 from .config import GrappaConfig
@@ -75,7 +81,7 @@ class GrappaDataModule(GNNDataModule):
     is a ``control`` all-reduce there, between training steps), or, if that batch was never
     built (``limit_train_batches``), when the next epoch's first batch is.
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``GrappaConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``GrappaConfig()``.
     ``data.fanouts`` are by hop from the seeds (``fanouts[0]`` is the seed hop ``f_seed``);
     each partition takes ``ceil(data.batch_size / W)`` seeds per step before step
     equalisation (``-1``: all of a partition's seeds in one step).
@@ -166,7 +172,7 @@ class GrappaDataModule(GNNDataModule):
         cfg = self.config
         self.rank, self.world_size, self.comm = context.rank, context.world_size, context.comm
         if isinstance(prepared, PartitionDir):
-            prepared = DirChunks(prepared, self.rank, self._dtype)
+            prepared = DirChunks(prepared, self.rank, self.dtype)
         self.store = prepared
         if isinstance(prepared, DirChunks):
             self.home = prepared.home  # the part's list (checked against home_chunks)
@@ -206,12 +212,14 @@ class GrappaDataModule(GNNDataModule):
 
     @override
     def state_dict(self) -> dict:
-        """The super-epoch clock and the layout its ``t`` indexes."""
-        return {**self.clock.state_dict(), **self._layout()}
+        """The super-epoch clock and the layout its ``t`` indexes (and the base's
+        ``train_epoch``)."""
+        return {**super().state_dict(), **self.clock.state_dict(), **self._layout()}
 
     @override
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore the clock; the layout it indexes must be the same."""
+        super().load_state_dict(state_dict)
         differ = {
             k: (state_dict.get(k), v) for k, v in self._layout().items() if state_dict.get(k) != v
         }

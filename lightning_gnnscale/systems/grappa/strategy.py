@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing_extensions import override
 
-from ..base import MeteredDDPStrategy
+from ...kit.strategies import MeteredDDPStrategy
 from .config import GrappaConfig
 
 
@@ -17,7 +17,7 @@ class GrappaStrategy(MeteredDDPStrategy):
     the metered DDP comm hook (registered on CPU and GPU alike by the base class);
     ``loss_scale`` multiplies the loss instead (identical by linearity of backward).
 
-    Args: as :class:`~..base.MeteredDDPStrategy`; ``config`` is a :class:`GrappaConfig`.
+    Args: as :class:`~...kit.strategies.MeteredDDPStrategy`; ``config`` is a :class:`GrappaConfig`.
     """
 
     config_type = GrappaConfig

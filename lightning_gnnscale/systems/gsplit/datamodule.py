@@ -37,14 +37,11 @@ from ...graph.book import PartitionBook, RangeBook, relabel_csc
 from ...graph.csc_rows import CSCRows
 from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, sample_neighbors
+from ...kit.datamodule import GNNDataModule
+from ...kit.partitions import assert_same_on_all_ranks, own_predictions
+from ...kit.sampled import ReplicatedGraphEvaluation
+from ...models.inference import owned_rows
 from ...tasks.base import split_statistics
-from ..base import (
-    GNNDataModule,
-    ReplicatedGraphEvaluation,
-    assert_same_on_all_ranks,
-    own_predictions,
-    owned_rows,
-)
 from .callbacks import GSplitStats, RedundancyProbe
 from .config import GSplitConfig
 from .partition import cached_probabilistic_partition
@@ -181,7 +178,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     Batches are :class:`SplitBatch`: ``blocks`` input layer first, ``x`` ``[|inputs|, F]`` of
     the owned inputs, ``y`` of the owned targets, ``plans`` the shuffle before each layer.
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``GSplitConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``GSplitConfig()``.
     """
 
     def __init__(self, dataset, config: GSplitConfig | None = None, data=None, **kwargs):
@@ -355,7 +352,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.seed,
             node_keys=lambda ids: orig_ids.index_select(0, ids - first),
         )
-        x = part["x"] if part["x"].dtype == self._dtype else part["x"].to(self._dtype)
+        x = part["x"] if part["x"].dtype == self.dtype else part["x"].to(self.dtype)
         cache = self.config.cache
         self.cache = PartitionedFeatureCache(
             x,
@@ -466,7 +463,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> torch.Tensor:
         """The first ``layers`` layers' full-neighbourhood rows ``[n_own, d]`` of this rank's
-        own vertices, from their CSC rows (:func:`~..base.owned_rows`: the in-neighbours'
+        own vertices, from their CSC rows (:func:`~...models.inference.owned_rows`: the in-neighbours'
         rows come from their owners)."""
         return owned_rows(
             net,

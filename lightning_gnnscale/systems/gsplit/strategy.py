@@ -10,7 +10,7 @@ from typing_extensions import override
 
 from ...comm import Comm
 from ...contract import LayerHook, ModuleRuntime
-from ..base import MeteredDDPStrategy
+from ...kit.strategies import MeteredDDPStrategy
 from .config import GSplitConfig
 from .datamodule import SplitBatch
 from .sampler import shuffle
@@ -43,7 +43,7 @@ class GSplitStrategy(MeteredDDPStrategy):
     targets divided by the global mini-batch size: exact. The module must apply the layer hook
     (:class:`~lightning_gnnscale.models.module.GNNModule` does).
 
-    Args: as :class:`~..base.MeteredDDPStrategy` (``config``: a :class:`GSplitConfig`).
+    Args: as :class:`~...kit.strategies.MeteredDDPStrategy` (``config``: a :class:`GSplitConfig`).
     """
 
     config_type = GSplitConfig

@@ -43,14 +43,11 @@ from ...graph.cache import cached_partition
 from ...graph.partition import partition_report
 from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, build_block_sorted, sample_neighbors
+from ...kit.datamodule import GNNDataModule
+from ...kit.partitions import assert_same_on_all_ranks, own_predictions
+from ...kit.sampled import ReplicatedGraphEvaluation
+from ...models.inference import owned_range_rows
 from ...tasks.base import split_statistics
-from ..base import (
-    GNNDataModule,
-    ReplicatedGraphEvaluation,
-    assert_same_on_all_ranks,
-    own_predictions,
-    owned_range_rows,
-)
 from .callbacks import HopGNNStats
 from .config import HopGNNConfig
 from .merging import MergeController, modeled_epoch_seconds
@@ -207,9 +204,10 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     ``single`` / ``ddp`` (one seeded permutation per epoch) and splits it into the ``N``
     models' shares; the planner (pure) groups the roots by home server and schedules the time
     steps. Batches are :class:`HopGNNBatch`. Evaluation: full-graph layer-wise inference with
-    the (identical) replica split across ranks (:func:`~..base.replicated_eval_statistics`).
+    the (identical) replica split across ranks
+    (:func:`~...models.inference.replicated_eval_statistics`).
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``HopGNNConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``HopGNNConfig()``.
     """
 
     def __init__(self, dataset, config: HopGNNConfig | None = None, data=None, **kwargs):
@@ -332,7 +330,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         replicated = prepared.load_shared("topology", self.rank)
         self.own = prepared.load_part(self.rank)
         x = self.own["x"]
-        x = x if x.dtype == self._dtype else x.to(self._dtype)
+        x = x if x.dtype == self.dtype else x.to(self.dtype)
         self.part, self.labels = book, replicated["y"]
         if replicated["train_ids"].numel() == 0:  # as the base's train_ids
             raise ValueError(f"partition directory {self.partition_dir}: no training nodes")
@@ -375,7 +373,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
         """The first ``layers`` layers' full-neighbourhood rows of this rank's own nodes
-        (:func:`~..base.owned_range_rows`: in-neighbours' rows come from their owners). Its
+        (:func:`~...models.inference.owned_range_rows`: in-neighbours' rows come from their owners). Its
         ``feature`` and ``structure`` bytes are kept out of the merging controller's modelled
         epoch time, which counts training bytes (in memory evaluation sends neither)."""
         before = self.comm.meter.snapshot()
@@ -545,7 +543,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         the in-epoch measurement (iterations, meter snapshot, start time) is not saved, so a
         resume would not continue identically."""
         if self.controller is None:
-            return {"trajectory": list(self._fixed_trajectory)}
+            return {**super().state_dict(), "trajectory": list(self._fixed_trajectory)}
         if self._window_open and self._mid_epoch():
             raise RuntimeError(
                 "HopGNN's merging controller (strategy.merge_adaptive=true) cannot be "
@@ -556,7 +554,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             )
         if self._window_open:
             self._close_window()
-        return {"merge": self.controller.state_dict()}
+        return {**super().state_dict(), "merge": self.controller.state_dict()}
 
     def _mid_epoch(self) -> bool:
         """Whether the attached Trainer is fitting and the last step it ran (noted by
@@ -571,6 +569,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
         merge = state_dict.get("merge")
         if merge is None:
             self._fixed_trajectory = list(state_dict.get("trajectory", []))

@@ -10,7 +10,7 @@ from typing_extensions import override
 
 from ...comm import Comm
 from ...graph.batch import Batch
-from ..base import MeteredDDPStrategy
+from ...kit.strategies import MeteredDDPStrategy
 from .config import HopGNNConfig
 from .datamodule import HopGNNBatch
 
@@ -38,7 +38,7 @@ class HopGNNStrategy(MeteredDDPStrategy):
     ``on_after_backward`` sees only the last time step's local gradient (the accumulator and the
     all-reduce come after it).
 
-    Args: as :class:`~..base.MeteredDDPStrategy`; ``config`` (a :class:`HopGNNConfig`)
+    Args: as :class:`~...kit.strategies.MeteredDDPStrategy`; ``config`` (a :class:`HopGNNConfig`)
     defaults to the DataModule's.
     """
 

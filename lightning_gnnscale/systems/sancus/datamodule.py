@@ -17,9 +17,10 @@ from ...graph.book import PartitionBook, relabel_graph
 from ...graph.cache import cached_partition
 from ...graph.csc import Graph
 from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, part_folder
+from ...kit.datamodule import GNNDataModule
+from ...kit.partitions import assert_same_on_all_ranks, own_predictions
 from ...schema import ModelConfig
 from ...tasks.base import split_statistics
-from ..base import GNNDataModule, assert_same_on_all_ranks, own_predictions
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig
 from .layout import RowBlocks, check_symmetric, consumer_matrix, every_row_block, row_blocks
@@ -47,7 +48,7 @@ class SancusDataModule(GNNDataModule):
     own train rows [n_train_i], global train count)``. Evaluation is the exact stateless
     distributed forward.
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``SancusConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``SancusConfig()``.
     """
 
     def __init__(self, dataset, config: SancusConfig | None = None, data=None, **kwargs):
@@ -71,7 +72,7 @@ class SancusDataModule(GNNDataModule):
     @override
     def partition_settings(self) -> dict[str, Any]:
         # Â's values are computed in the features' dtype: a directory serves that dtype only
-        dtype = str(self._dtype).removeprefix("torch.")
+        dtype = str(self.dtype).removeprefix("torch.")
         return {"method": self.config.rows, "partition_options": {}, "feature_dtype": dtype}
 
     @override
@@ -171,7 +172,7 @@ class SancusDataModule(GNNDataModule):
 
     @override
     def state_dict(self) -> dict:
-        return {"policy": self.config.policy}
+        return {**super().state_dict(), "policy": self.config.policy}
 
     @override
     def load_state_dict(self, state_dict: dict) -> None:
@@ -186,6 +187,7 @@ class SancusDataModule(GNNDataModule):
             fresh_start="load its weights into the module (e.g. GNNModule.load_from_checkpoint) "
             "and call trainer.fit without ckpt_path",
         )
+        super().load_state_dict(state_dict)
 
     @override
     def build_model(self, model: ModelConfig) -> SancusGCN:
@@ -204,7 +206,7 @@ class SancusDataModule(GNNDataModule):
     def callbacks(self) -> list[L.Callback]:
         """The staleness log and the cache memory (``summary.json`` → ``system``)."""
         if self.partition_dir is not None:
-            nodes, itemsize = int(self.partition_meta()["num_nodes"]), self._dtype.itemsize
+            nodes, itemsize = int(self.partition_meta()["num_nodes"]), self.dtype.itemsize
         else:
             nodes, itemsize = self.graph.num_nodes, self.graph.x.element_size()
         return [StalenessLog(self.config.rows), CacheMemory(nodes, itemsize)]

@@ -13,14 +13,14 @@ import torch
 from typing_extensions import override
 
 from ...comm import Comm
-from ..base import MeteredDDPStrategy
+from ...kit.strategies import MeteredDDPStrategy
 from .config import SancusConfig
 
 
 class SancusStrategy(MeteredDDPStrategy):
     """DDP's process group and metered ``comm``, no DDP wrapper; gradients summed by hand.
 
-    Args: as :class:`~..base.MeteredDDPStrategy` (``config``: a :class:`SancusConfig`;
+    Args: as :class:`~...kit.strategies.MeteredDDPStrategy` (``config``: a :class:`SancusConfig`;
     ``None``, as with ``L.Trainer(strategy="sancus")``, adopts the DataModule's).
     """
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from ..base import SampledDataModule
+from ...kit.sampled import SampledDataModule
 from .config import SingleConfig
 
 
 class SingleDataModule(SampledDataModule):
     """Every training node's sampled blocks in one process: exactly the global mini-batch.
 
-    Args: as :class:`~..base.GNNDataModule`; ``config`` defaults to ``SingleConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``SingleConfig()``.
     """
 
     def __init__(self, dataset, config: SingleConfig | None = None, data=None, **kwargs):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import MeteredSingleDeviceStrategy
+from ...kit.strategies import MeteredSingleDeviceStrategy
 from .config import SingleConfig
 
 

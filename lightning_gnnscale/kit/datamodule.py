@@ -1,0 +1,386 @@
+"""The base of every system's DataModule (docs/architecture.md, "The system contract"):
+preprocess once, set up per rank, batches, evaluation and predict."""
+
+from __future__ import annotations
+
+import os
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.strategies import Strategy
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from ..checkpoints import CHECKPOINT_KEY
+from ..comm import Topology
+from ..contract import PREDICT_OUTPUTS, Evaluation, Prediction, RankContext, bind_datamodule
+from ..errors import ConfigError
+from ..graph.batch import Batch
+from ..graph.csc import Graph
+from ..graph.datasets import load_dataset
+from ..graph.order import EpochOrder
+from ..models.gnn import build_model
+from ..models.inference import node_rows
+from ..schema import DataConfig, ModelConfig, SystemConfig, check_depth, check_seed
+from ..tasks import build_task
+from ..tasks.base import NodeTask
+from .loaders import OneItem, collective_train_loader, no_collate
+from .partition_io import PartitionDirIO
+
+DEFAULT_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
+
+
+class GNNDataModule(PartitionDirIO, L.LightningDataModule):
+    """Base of every system's DataModule: one graph, the system's config, the shared data
+    settings, and the two-stage set-up Lightning defines.
+
+    - :meth:`prepare` does the one-off preprocessing of a world size (partitioning,
+      pre-sampling, chunk stores), cached on disk by content hash; ``prepare_data`` calls it
+      once per node and ``setup`` again on every rank, where it loads the cached result. A
+      launcher that prepared before starting the ranks hands them the result with the module.
+    - ``setup`` binds the system config to the Trainer's strategy
+      (:func:`~..contract.bind_datamodule`), then :meth:`setup_rank` builds this rank's share.
+    - The validation and test loaders yield one :class:`~..contract.Evaluation` whose counts
+      task statistics come from :meth:`eval_statistics`.
+    - The task (:mod:`~..tasks`) owns the targets (``Graph.y``, set by ``task.prepare``), the
+      training seeds (:attr:`train_ids`), the head's width (:attr:`out_dim`) and what
+      evaluation counts; the system indexes the rows it holds.
+
+    With ``data.partition_dir`` (systems whose config has ``supports_partition_dir``) the
+    DataModule never loads the whole graph: :meth:`prepare` opens and checks the partition
+    directory (:class:`~..graph.partition_dir.PartitionDir`) and verifies the parts of this
+    node's ranks, and each rank's :meth:`setup_rank` loads its own part, memory-mapped
+    (docs/partitioning.md).
+
+    Args:
+        dataset: a :class:`Graph`, or a dataset name for :func:`load_dataset`; with
+            ``data.partition_dir``, a name (checked against the directory, with
+            ``dataset_options``) or ``None`` (the directory's dataset).
+        config: the system's settings.
+        data: batch size, fanouts, loader workers, evaluation chunk size, partition directory.
+        seed: base of the epoch permutations and sampling keys.
+        cache_dir: where preprocessing results are cached (default ``./.cache/lightning_gnnscale``).
+        dtype: features' dtype when loading by name (a given graph is used as it is).
+        dataset_options: options for :func:`load_dataset` (``root``, ``num_nodes``...).
+    """
+
+    def __init__(
+        self,
+        dataset: Graph | str | None,
+        config: SystemConfig,
+        data: DataConfig | None = None,
+        *,
+        seed: int = 0,
+        cache_dir: str | os.PathLike | None = None,
+        dtype: torch.dtype = torch.float32,
+        dataset_options: dict | None = None,
+        task: str | NodeTask | None = None,
+    ):
+        super().__init__()
+        self.task = build_task(task)
+        if not isinstance(config, SystemConfig):
+            raise TypeError(f"config must be a system config, got {type(config).__name__}")
+        self.config = config
+        self.data = data if data is not None else DataConfig()
+        config.check_data(self.data)
+        check_seed(seed)
+        self.seed = seed
+        self.cache_dir = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)
+        self.partition_dir = self.data.partition_dir
+        if self.partition_dir is not None and isinstance(dataset, Graph):
+            raise ValueError(
+                "data.partition_dir: the ranks load their parts from the directory; pass the "
+                "dataset's name (or None), not a Graph"
+            )
+        if dataset is None and self.partition_dir is None:
+            raise ValueError("dataset is None: pass a Graph or a dataset name")
+        self._graph = self.task.prepare(dataset, seed) if isinstance(dataset, Graph) else None
+        self._dataset_name = None if isinstance(dataset, Graph | None) else str(dataset)
+        self._dtype, self._dataset_options = dtype, dict(dataset_options or {})
+        self._prepared: dict[int, Any] = {}
+        self.context: RankContext | None = None
+        self._bound_to: Strategy | None = None
+        # the epoch the train loader last started, and a resumed fit's first one (the
+        # checkpoint's, :meth:`load_state_dict`)
+        self.loader_epoch = 0
+        self.resumed_epoch = 0
+
+    # servers x workers of the run this module was built for (``run.build_datamodule`` sets
+    # it, so the launcher and ``python -m lightning_gnnscale.partition`` know it before any
+    # rank starts); ``None``: not known before the Trainer's ranks exist
+    launch_topology: Topology | None = None
+
+    # ------------------------------------------------------------------------ data, set-up
+    @property
+    def dtype(self) -> torch.dtype:
+        """The features' dtype of a dataset loaded by name or of a rank's part (the
+        constructor's ``dtype``; float64 under ``Trainer(precision="64-true")``). A given
+        :class:`Graph` keeps its own."""
+        return self._dtype
+
+    @property
+    def graph(self) -> Graph:
+        """The whole dataset (loaded on first use when the module was given a name)."""
+        if self.partition_dir is not None:
+            raise RuntimeError(
+                f"data.partition_dir={self.partition_dir}: this DataModule holds its rank's "
+                "part only, never the whole graph"
+            )
+        if self._graph is None:
+            graph = load_dataset(self._dataset_name, **self._dataset_options)
+            self._graph = self.task.prepare(graph, self.seed).to(self._dtype)
+        return self._graph
+
+    @property
+    def input_dim(self) -> int:
+        """Width of ``Batch.x``."""
+        if self.partition_dir is not None:
+            return int(self.partition_meta()["num_features"])
+        return self.graph.num_features
+
+    @property
+    def out_dim(self) -> int:
+        """Width of the model's output rows (the task's head: classes or target width)."""
+        if self.partition_dir is not None:
+            return self.task.out_dim_of(self.partition_meta())
+        return self.task.out_dim(self.graph)
+
+    def prepare(self, world_size: int, ranks: list[int] | None = None) -> Any:
+        """The one-off preprocessing for ``world_size`` ranks (memoised; override
+        :meth:`preprocess`). With ``data.partition_dir``: the opened directory, checked
+        against this run, with the parts of ``ranks`` verified (default: this node's,
+        :func:`~..graph.partition_dir.node_ranks`)."""
+        if world_size not in self._prepared:
+            if self.partition_dir is None:
+                self._prepared[world_size] = self.preprocess(world_size)
+            else:
+                self._prepared[world_size] = self.open_partition_dir(world_size)
+        prepared = self._prepared[world_size]
+        if self.partition_dir is not None:
+            from ..graph.partition_dir import node_ranks
+
+            self.verify_partition_parts(
+                prepared, node_ranks(world_size) if ranks is None else ranks
+            )
+        return prepared
+
+    def preprocess(self, world_size: int) -> Any:
+        """Compute or load (disk cache) what every rank needs; default: nothing."""
+        return None
+
+    def follow_precision(self) -> None:
+        """Under ``Trainer(precision="64-true")`` the graph's features become float64 before
+        any preprocessing, so every batch and evaluation runs in the model's dtype (from a
+        partition directory: when a rank loads its part)."""
+        trainer = self.trainer
+        if trainer is None or trainer.precision != "64-true":
+            return
+        if self.partition_dir is not None:
+            self._dtype = torch.float64
+        elif self.graph.x.dtype != torch.float64:
+            self._graph, self._prepared = self.graph.to(torch.float64), {}
+
+    @override
+    def prepare_data(self) -> None:
+        self.follow_precision()
+        trainer = self.trainer
+        if trainer is None:
+            self.prepare(1)
+            return
+        devices = trainer.num_devices
+        first = trainer.node_rank * devices
+        self.prepare(trainer.world_size, list(range(first, first + devices)))
+
+    @override
+    def setup(self, stage: str) -> None:
+        strategy = self.trainer.strategy
+        if self.context is not None:
+            if strategy is not self._bound_to:
+                raise RuntimeError(
+                    f"this {type(self).__name__} is set up for another Trainer's strategy (its "
+                    "stores and samplers use that strategy's comm); build a new DataModule "
+                    "for each Trainer"
+                )
+            return  # set up once per Trainer (fit, then validate or test)
+        self.follow_precision()
+        self.check_module_task()
+        context = bind_datamodule(self.trainer, self.config, self.data)
+        self.setup_rank(context, self.prepare(context.world_size, [context.rank]))
+        self.context, self._bound_to = context, strategy
+
+    def check_module_task(self) -> None:
+        """The LightningModule trains this DataModule's task (when it states one)."""
+        module_task = getattr(self.trainer.lightning_module, "task", None)
+        if isinstance(module_task, NodeTask) and module_task.name != self.task.name:
+            raise ConfigError(
+                f"the LightningModule's task is {module_task.name!r} but the DataModule's is "
+                f"{self.task.name!r}; build the module with GNNModule.from_config(model, "
+                "datamodule) or pass the same task to both"
+            )
+
+    def setup_rank(self, context: RankContext, prepared: Any) -> None:
+        """Build this rank's share (collectives allowed: every rank calls it)."""
+
+    # ------------------------------------------------------------------------ checkpoints
+    def next_loader_epoch(self) -> int:
+        """The epoch the train loader's new iterator runs (and remembers): the Trainer's
+        ``current_epoch``, or, while it still names the checkpoint's epoch (a resumed fit's
+        first iterator, built before that epoch starts), the epoch the checkpoint says comes
+        next (:meth:`load_state_dict`). Read when the loader starts an epoch, so it holds for
+        any loader around it (workers, a wrapper Lightning cannot ``set_epoch``)."""
+        current = self.trainer.current_epoch if self.trainer is not None else 0
+        self.loader_epoch = max(current, self.resumed_epoch)
+        return self.loader_epoch
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """``train_epoch``: the epoch a resumed fit's loader starts at, the next one once this
+        epoch's last step has run (a checkpoint at the epoch end, ``Trainer.is_last_batch``),
+        else this one (mid-epoch). A subclass adds its own keys to this dict."""
+        finished = self.trainer is not None and self.trainer.is_last_batch
+        return {"train_epoch": self.loader_epoch + int(finished)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Take the checkpoint's ``train_epoch`` (a non-negative int, checked: the file is
+        data from outside). An older checkpoint's state lacks it: a resume got it from
+        :meth:`complete_checkpoint`, an evaluation needs none. A subclass calls this before
+        restoring its own keys."""
+        if "train_epoch" not in state_dict:
+            return
+        epoch = state_dict["train_epoch"]
+        if type(epoch) is not int or epoch < 0:
+            raise ConfigError(
+                f"the checkpoint's {type(self).__name__} state has train_epoch={epoch!r}: "
+                "expected a non-negative int; the file is damaged or not this suite's"
+            )
+        self.resumed_epoch = epoch
+
+    def complete_checkpoint(self, checkpoint: dict[str, Any], resuming: bool) -> None:
+        """Give a checkpoint written before the DataModule kept its loader's epoch (no
+        ``train_epoch`` in its state, which Lightning keeps under the class name) the epoch a
+        resume from it starts at: the epochs it completed, which the suite records in every
+        checkpoint it writes (``epochs_done``; it writes them at epoch ends), so it resumes
+        as before. A resume from a checkpoint with neither is refused (``ConfigError``);
+        evaluating one needs neither."""
+        state = checkpoint.get(type(self).__qualname__) or {}
+        if "train_epoch" in state or not resuming:
+            return
+        record = checkpoint.get(CHECKPOINT_KEY)
+        if record is None:
+            raise ConfigError(
+                f"the checkpoint has no {type(self).__name__} train_epoch and no "
+                f"{CHECKPOINT_KEY!r} record (written by an older version outside train.py, or "
+                "not by this suite), so a resume would not know which epoch's samples come "
+                "next; start from its weights alone (GNNModule.load_from_checkpoint, or "
+                "weights_from=<path> in train.py)"
+            )
+        checkpoint[type(self).__qualname__] = {**state, "train_epoch": int(record["epochs_done"])}
+
+    # -------------------------------------------------------------------------- training
+    @cached_property
+    def train_ids(self) -> torch.Tensor:
+        """The task's training seeds ``[n_train]`` (an error if there are none)."""
+        ids = self.task.train_seeds(self.graph)
+        if ids.numel() == 0:
+            raise ValueError(f"dataset {self.graph.name!r} has no training nodes")
+        return ids
+
+    @cached_property
+    def order(self) -> EpochOrder:
+        """The epoch permutation of the training nodes every rank shares (``single``'s)."""
+        return EpochOrder(self.train_ids, self.seed)
+
+    @property
+    def batch_size(self) -> int:
+        """Global seeds per step (``data.batch_size``; ``-1``: every training node)."""
+        size = self.data.batch_size
+        return self.train_ids.numel() if size == -1 else size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Global steps of one epoch: ``ceil(n_train / batch_size)`` (systems with their own
+        split of the training nodes override it)."""
+        return -(-self.train_ids.numel() // self.batch_size)
+
+    def make_batch(self, epoch: int, step: int) -> Batch:
+        """This rank's batch of one step."""
+        raise NotImplementedError
+
+    def training_batch(self, epoch: int, step: int) -> Batch:
+        """The batch the train loader yields: :meth:`make_batch`, plus whatever the system
+        advances as training goes (Grappa's super-epoch clock)."""
+        return self.make_batch(epoch, step)
+
+    def train_dataloader(self) -> DataLoader:
+        return collective_train_loader(self)
+
+    def build_model(self, model: ModelConfig) -> torch.nn.Module:
+        """The net ``model`` describes, sized for this data (systems with their own
+        distributed layers override it)."""
+        check_depth(self.data, model)
+        return build_model(model, self.input_dim, self.out_dim)
+
+    def callbacks(self) -> list[L.Callback]:
+        """The system's report callbacks (statistics for ``summary.json``); optional."""
+        return []
+
+    # ------------------------------------------------------------------------ evaluation
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """``[len(splits), k]`` float64 task statistics of this rank's rows
+        (:func:`~..tasks.base.split_statistics`); the caller sums ranks."""
+        raise NotImplementedError
+
+    def _eval_loader(self) -> DataLoader:
+        if self.context is None:
+            raise RuntimeError("the DataModule is not set up (call trainer.fit / validate)")
+        evaluation = Evaluation(self.eval_statistics, self.context.comm, self.task)
+        return DataLoader([evaluation], sampler=OneItem(), batch_size=None, collate_fn=no_collate)
+
+    # ------------------------------------------------------------------------ prediction
+    predict_node_ids: torch.Tensor | None = None
+    predict_output: str = "logits"
+
+    def predict_on(self, node_ids: torch.Tensor | None = None, output: str = "logits"):
+        """What ``trainer.predict`` computes: ``output`` (``logits`` or ``embeddings``, the
+        input of the last layer) of ``node_ids`` (default: every node). Returns ``self``.
+
+        Each rank's ``predict_step`` returns its share ``{"node_ids", output}``; the shares
+        of all ranks partition the requested nodes."""
+        if output not in PREDICT_OUTPUTS:
+            raise ValueError(f"output={output!r} is unknown; valid: {list(PREDICT_OUTPUTS)}")
+        self.predict_node_ids = None if node_ids is None else torch.as_tensor(node_ids).long()
+        self.predict_output = output
+        return self
+
+    def predict_rows(
+        self, net: torch.nn.Module, node_ids: torch.Tensor | None, output: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ids, rows)``: this rank's share of ``node_ids`` (every node if ``None``) and
+        their full-neighbourhood ``output`` rows. Default: layer-wise inference over the whole
+        graph, split across ranks by node range (:func:`node_rows`); systems whose net runs
+        on their own layout override it."""
+        comm = self.context.comm if self.context is not None else None
+        return node_rows(self.graph, net, node_ids, output, self.data.eval_chunk_size, comm)
+
+    @override
+    def predict_dataloader(self) -> DataLoader:
+        if self.context is None:
+            raise RuntimeError("the DataModule is not set up (call trainer.predict)")
+        item = Prediction(self.predict_rows, self.predict_node_ids, self.predict_output)
+        return DataLoader([item], sampler=OneItem(), batch_size=None, collate_fn=no_collate)
+
+    @override
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    @override
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader()
+
+    @override
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch.to(device) if isinstance(batch, Batch) else batch

@@ -1,0 +1,136 @@
+"""Partition directories as a DataModule sees them: what a directory must carry to serve a
+run, opening and verifying it, and writing one (docs/partitioning.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+from ..graph.csc import Graph
+from ..schema import SystemConfig, partition_dir_unsupported
+from ..tasks import DEFAULT_TASK
+
+
+class PartitionDirIO:
+    """The partition-directory half of :class:`~.datamodule.GNNDataModule` (a mixin: it reads
+    the DataModule's ``config``, ``seed``, ``partition_dir``, dataset name and options,
+    ``graph`` and prepared results)."""
+
+    config: SystemConfig
+    seed: int
+    partition_dir: Any
+    graph: Graph
+    _dataset_name: str | None
+    _dataset_options: dict
+    _prepared: dict[int, Any]
+
+    def partition_settings(self) -> dict[str, Any]:
+        """What the system's partition depends on besides the dataset, seed and part count
+        (``method``, ``partition_options``), recorded in and checked against a partition
+        directory."""
+        return {}
+
+    def dataset_identity(self) -> dict | None:
+        """The dataset's name and content settings (``None``: unknown, a DataModule built on
+        a Graph or on ``None``)."""
+        from ..graph.partition_dir import dataset_identity
+
+        if self._dataset_name is None:
+            return None
+        return dataset_identity(self._dataset_name, self._dataset_options)
+
+    def partition_expectation(self, world_size: int) -> dict[str, Any]:
+        """The metadata a partition directory must carry to serve this run."""
+        return {
+            "system": self.config.name,
+            "task": self.task.name,
+            "num_parts": world_size,
+            "seed": self.seed,
+            "dataset": self.dataset_identity(),
+            **self.partition_settings(),
+        }
+
+    def open_partition_dir(self, world_size: int):
+        """Open ``data.partition_dir`` and check it was made for this run (dataset, system,
+        method and options, seed, part count); raises ``PartitionDirError`` naming the key.
+        A directory already opened for its metadata (:meth:`partition_meta`) is reused, with
+        the parts it verified."""
+        from ..graph.partition_dir import PartitionDir, PartitionDirError
+
+        opened = self._opened_dir or PartitionDir.open(self.partition_dir)
+        expected = self.partition_expectation(world_size)
+        task = expected.pop("task")
+        opened.check(expected)
+        # a directory written before tasks existed holds node classification's labels
+        written_for = opened.meta.get("task", DEFAULT_TASK)
+        if written_for != task:
+            raise PartitionDirError(
+                f"{opened.path}: it was written for task {written_for!r} but this run has "
+                f"task={task!r}; partition for this task: python -m lightning_gnnscale.partition "
+                "<overrides> task=<name> out=<dir>"
+            )
+        self._opened_dir = opened
+        return opened
+
+    def verify_partition_parts(self, opened, ranks: list[int]) -> None:
+        """The files of the parts of ``ranks`` (and their shared groups) against the metadata
+        (``PartitionDir.verify_parts``: inside the directory, sizes, headers, digests, the
+        format's counts), then the system's own counts (:meth:`check_partition_part`)."""
+        opened.verify_parts(ranks)
+        for k in ranks:
+            self.check_partition_part(opened, k)
+
+    def check_partition_part(self, opened, k: int) -> None:
+        """The system's metadata keys that size an allocation agree with part ``k``'s verified
+        files (``opened.expect_shape``); default: nothing beyond the format's."""
+
+    _opened_dir = None  # the directory as opened for the metadata, before any prepare
+
+    def partition_meta(self) -> dict:
+        """The metadata of ``data.partition_dir`` (opened once), its counts checked against
+        the part files of this node's ranks that are here (a rank's copy may hold its own part
+        only) before a model is sized from it."""
+        if self._prepared:
+            return next(iter(self._prepared.values())).meta
+        if self._opened_dir is None:
+            from ..graph.partition_dir import PartitionDir, node_ranks, part_folder
+
+            opened = PartitionDir.open(self.partition_dir)
+            ranks = node_ranks(opened.num_parts)
+            here = [k for k in ranks if (opened.path / part_folder(k)).is_dir()]
+            self.verify_partition_parts(opened, here or ranks)
+            self._opened_dir = opened
+        return self._opened_dir.meta
+
+    def write_partition_dir(self, out, world_size: int, log=print) -> dict:
+        """Partition for ``world_size`` ranks (this DataModule's ``preprocess``) and write the
+        partition directory ``out``; returns its metadata (``python -m
+        lightning_gnnscale.partition``)."""
+        from ..graph.cache import graph_fingerprint
+        from ..graph.partition_dir import PartitionDirWriter
+
+        if not self.config.supports_partition_dir:
+            raise ConfigError(partition_dir_unsupported(self.config.name))
+        graph = self.graph
+        writer = PartitionDirWriter(out)
+        extra = self.write_parts(world_size, writer, log)
+        identity = self.dataset_identity() or {"name": graph.name, "options": {}}
+        return writer.finish(
+            {
+                **self.partition_expectation(world_size),
+                "dataset": identity,
+                "graph": graph_fingerprint(graph),
+                "num_nodes": graph.num_nodes,
+                "num_edges": graph.num_edges,
+                "num_features": graph.num_features,
+                "num_classes": graph.num_classes,
+                "target_dim": self.task.out_dim(graph),
+                "feature_dtype": str(graph.x.dtype).removeprefix("torch."),
+                **extra,
+            }
+        )
+
+    def write_parts(self, world_size: int, writer, log) -> dict:
+        """Write every part with ``writer.write_part``; return the system's metadata (at least
+        ``node_offsets``). Systems that support partition directories implement it."""
+        raise NotImplementedError

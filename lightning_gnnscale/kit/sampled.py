@@ -1,0 +1,86 @@
+"""The DataModule of systems whose ranks all hold the whole graph (``single``, ``ddp``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+from ..contract import RankContext
+from ..graph.batch import Batch
+from ..models.inference import replicated_eval_statistics
+from .datamodule import GNNDataModule
+from .loaders import EpochSteps, StepBatcher, no_collate
+
+
+class ReplicatedGraphEvaluation:
+    """``eval_statistics`` for a DataModule whose ranks all hold the whole graph
+    (``self.graph``): layer-wise inference split across ranks by node range
+    (:func:`replicated_eval_statistics`)."""
+
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        comm = self.context.comm if self.context is not None else None
+        return replicated_eval_statistics(
+            self.task,
+            self.graph,
+            net,
+            splits,
+            self.rank,
+            self.world_size,
+            self.data.eval_chunk_size,
+            comm,
+        )
+
+
+class SampledDataModule(ReplicatedGraphEvaluation, GNNDataModule):
+    """Per-rank sampled mini-batches over a graph that every rank holds whole.
+
+    Every rank draws the same seeded permutation of the training nodes per epoch; a step's
+    ``data.batch_size`` seeds are split across ranks and sampled with the hash-keyed sampler
+    (rank-salted keys when ``salt_by_rank``: independent micro-batches, as data-parallel systems
+    sample; otherwise ranks sample exactly what one process would). Evaluation: full-graph
+    layer-wise inference split across ranks, each rank inferring and scoring its node range
+    (:func:`replicated_eval_statistics`).
+
+    Args: as :class:`GNNDataModule`, plus ``salt_by_rank`` (rank-salted sampling keys).
+    """
+
+    def __init__(self, dataset, config, data=None, *, salt_by_rank: bool, **kwargs):
+        super().__init__(dataset, config, data, **kwargs)
+        self.salt_by_rank = salt_by_rank
+        self.rank, self.world_size = 0, 1
+
+    @override
+    def setup_rank(self, context: RankContext, prepared: Any) -> None:
+        self.rank, self.world_size = context.rank, context.world_size
+
+    def batcher(self) -> StepBatcher:
+        """The batch maker for this rank (rank and world size as set up)."""
+        return StepBatcher.on_graph(
+            self.graph,
+            self.data.fanouts,
+            self.train_ids,
+            self.batch_size,
+            self.seed,
+            self.rank,
+            self.world_size,
+            self.salt_by_rank,
+        )
+
+    def make_batch(self, epoch: int, step: int) -> Batch:
+        """This rank's share of step ``step``."""
+        return self.batcher()[epoch, step]
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        workers = self.data.num_workers
+        return DataLoader(
+            self.batcher(),
+            sampler=EpochSteps(self),
+            batch_size=None,
+            collate_fn=no_collate,
+            num_workers=workers,
+            persistent_workers=workers > 0,
+        )

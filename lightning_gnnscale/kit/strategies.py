@@ -1,0 +1,369 @@
+"""The suite's strategies (docs/architecture.md, "The system contract").
+
+:class:`SystemStrategy` (mixed into :class:`MeteredSingleDeviceStrategy` and
+:class:`MeteredDDPStrategy`) owns the run's :class:`CommMeter` and metered ``comm``, binds the
+system's config and hands the LightningModule its :class:`ModuleRuntime`. The DDP one registers
+the metered gradient hook on CPU too (Lightning only does so on CUDA) and routes Lightning's own
+barrier / broadcast / reduce through ``comm`` so that they are counted.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.pytorch.accelerators import CUDAAccelerator
+from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, Precision
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
+from typing_extensions import override
+
+from ..checkpoints import SuiteCheckpointIO
+from ..comm import (
+    REDUCE_OPS,
+    Comm,
+    CommMeter,
+    GradientHookState,
+    Topology,
+    register_metered_ddp_hook,
+)
+from ..contract import Evaluation, ModuleRuntime, Prediction, RankContext, RuntimeAware
+from ..errors import ConfigError
+from ..graph.batch import Batch
+from ..schema import DataConfig, RunFacts, SystemConfig, check_depth
+from .datamodule import GNNDataModule
+
+
+class SuiteDoublePrecision(DoublePrecision):
+    """``precision="64-true"`` under a suite strategy: the DataModule builds its batches in
+    float64 already (it follows the Trainer's precision), so the loader items
+    (:class:`Batch`, :class:`Evaluation`, :class:`Prediction`) pass through whole; anything
+    else is converted as Lightning's ``DoublePrecision`` does."""
+
+    @override
+    def convert_input(self, data: Any) -> Any:
+        if isinstance(data, Batch | Evaluation | Prediction):
+            return data
+        return super().convert_input(data)
+
+
+def suite_checkpoint_io(plugin: CheckpointIO | None) -> SuiteCheckpointIO:
+    """The checkpoint I/O a suite strategy runs: ``plugin`` if it is a :class:`SuiteCheckpointIO`
+    (or a subclass), a new one for ``None``; any other is refused, since it could load a
+    checkpoint in full (running its pickle) or write over the last good one in place."""
+    if plugin is None:
+        return SuiteCheckpointIO()
+    if not isinstance(plugin, SuiteCheckpointIO):
+        raise ConfigError(
+            f"checkpoint_io={type(plugin).__name__}: a suite strategy saves checkpoints atomically "
+            f"and loads them weights-only through lightning_gnnscale.checkpoints."
+            f"SuiteCheckpointIO; to store them another way, subclass SuiteCheckpointIO"
+        )
+    return plugin
+
+
+class SystemStrategy:
+    """Mixin of every suite strategy: owns the run's :class:`CommMeter` and metered ``comm``,
+    binds the system's config, checks the config's rules against the run, and hands the
+    module its :class:`ModuleRuntime` once.
+
+    What it sets on the Trainer for the user: its loaders' samplers already give each rank its
+    share, so Lightning never re-wraps them (``use_distributed_sampler`` needs no setting);
+    ``precision="64-true"`` runs on float64 batches (:class:`SuiteDoublePrecision`).
+
+    Args:
+        config: the system's settings (an instance of ``config_type``); ``None`` (a strategy
+            created by name, ``L.Trainer(strategy="gsplit")``) adopts the DataModule's.
+        system_name: the registered name this strategy was created as; the bound config must
+            carry it (a ``grappa_uw`` strategy does not run a ``grappa`` config).
+    """
+
+    config_type: ClassVar[type[SystemConfig]] = SystemConfig
+    requires_layer_hook: ClassVar[bool] = False  # the module must take ModuleRuntime.layer_hook
+
+    def __init__(
+        self, config: SystemConfig | None = None, system_name: str | None = None, **kwargs
+    ):
+        if config is not None and not isinstance(config, self.config_type):
+            raise TypeError(
+                f"{type(self).__name__} takes a {self.config_type.__name__}, "
+                f"got {type(config).__name__}"
+            )
+        kwargs["checkpoint_io"] = suite_checkpoint_io(kwargs.get("checkpoint_io"))
+        super().__init__(**kwargs)
+        self.system_config = config
+        self.system_name = system_name or (config.name if config is not None else None)
+        self.meter = CommMeter()
+        self.comm = Comm.local(self.meter)
+        self.unchecked_runtime: ModuleRuntime | None = None  # checked at the first step
+
+    @property
+    def context(self) -> RankContext:
+        """This rank's comm and device (complete once the process group exists)."""
+        return RankContext(self.comm, self.root_device)
+
+    @property
+    @override
+    def checkpoint_io(self) -> CheckpointIO:
+        """A :class:`~lightning_gnnscale.checkpoints.SuiteCheckpointIO`: atomic saves,
+        weights-only loads for every path."""
+        return Strategy.checkpoint_io.fget(self)
+
+    @checkpoint_io.setter
+    @override
+    def checkpoint_io(self, plugin: CheckpointIO | None) -> None:
+        Strategy.checkpoint_io.fset(self, suite_checkpoint_io(plugin))
+
+    @property
+    @override
+    def precision_plugin(self) -> Precision:
+        return Strategy.precision_plugin.fget(self)
+
+    @precision_plugin.setter
+    @override
+    def precision_plugin(self, plugin: Precision | None) -> None:
+        """As Lightning's FSDP strategy does, the strategy decides which precision plugins it
+        runs: ``64-true`` becomes :class:`SuiteDoublePrecision`; ``16-true`` / ``bf16-true``
+        are refused (the batches carry the graph's float32 rows; use a ``-mixed`` one)."""
+        if type(plugin) is DoublePrecision:
+            plugin = SuiteDoublePrecision()
+        elif isinstance(plugin, HalfPrecision):
+            raise ConfigError(
+                f"precision={plugin.precision!r} is not supported by {type(self).__name__}; "
+                "use '16-mixed' / 'bf16-mixed', '32-true' or '64-true'"
+            )
+        Strategy.precision_plugin.fset(self, plugin)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
+        """Lightning's, plus the DataModule's completion of a checkpoint written before it
+        kept its loader's epoch (:meth:`~.datamodule.GNNDataModule.complete_checkpoint`)."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        trainer = self.lightning_module.trainer
+        if isinstance(trainer.datamodule, GNNDataModule):
+            resuming = trainer.state.fn == "fit"
+            trainer.datamodule.complete_checkpoint(checkpoint, resuming)
+        return checkpoint
+
+    def run_facts(self, data: DataConfig) -> RunFacts:
+        """What the config's rules see of this run: the Trainer's processes, the DataModule's
+        data settings, the LightningModule's model settings (``model_config``, if it states
+        them)."""
+        module = self.lightning_module
+        model = getattr(module, "model_config", None)
+        devices = len(getattr(self, "parallel_devices", None) or [self.root_device])
+        num_nodes = getattr(self, "num_nodes", 1)
+        return RunFacts(devices * num_nodes, devices, num_nodes, data, model)
+
+    def bind(self, config: SystemConfig, data: DataConfig | None = None) -> RankContext:
+        """Accept the DataModule's system config (see :func:`~..contract.bind_datamodule`) and
+        check its rules against this run (``config.check_run``) before any step."""
+        if not isinstance(config, self.config_type):
+            raise TypeError(
+                f"{type(self).__name__} runs {self.config_type.__name__} systems, but the "
+                f"DataModule was built with a {type(config).__name__}: use the DataModule of "
+                f"the strategy's system"
+            )
+        if self.system_name is not None and config.name != self.system_name:
+            raise ConfigError(
+                f"the strategy is {self.system_name!r} but the DataModule's config is "
+                f"{config.name!r}; build both from the same config"
+            )
+        if self.system_config is None:
+            self.system_config = config
+        elif self.system_config != config:
+            raise ConfigError(
+                f"the strategy and the DataModule were given different configs:\n"
+                f"  strategy:   {self.system_config}\n  DataModule: {config}\n"
+                "pass the same object to both (or create the strategy by name)"
+            )
+        if data is not None:
+            self.check_rules(config, data)
+        return self.context
+
+    def check_rules(self, config: SystemConfig, data: DataConfig) -> None:
+        """``config.check_run`` (and the model's depth) against this run's facts."""
+        facts = self.run_facts(data)
+        if facts.model is not None:
+            check_depth(data, facts.model)
+        config.check_run(facts)
+
+    def module_runtime(self) -> ModuleRuntime:
+        """What the LightningModule receives in :meth:`hand_module_runtime`."""
+        return ModuleRuntime(self.context)
+
+    def hand_module_runtime(self) -> None:
+        """Give the LightningModule its :class:`ModuleRuntime` (once, before training)."""
+        module = self.lightning_module
+        if isinstance(module, RuntimeAware):
+            runtime = self.module_runtime()
+            module.configure_runtime(runtime)
+            self.unchecked_runtime = runtime
+        elif self.requires_layer_hook:
+            raise TypeError(
+                f"{type(self).__name__} moves rows between layers through a layer hook, so its "
+                f"LightningModule must implement configure_runtime(runtime) and call "
+                f"runtime.layer_hook(batch) (as GNNModule does); {type(module).__name__} does not"
+            )
+
+    @override
+    def training_step(self, *args, **kwargs):
+        """The module's step. If the first one fails and the module took a runtime with a
+        layer hook but never called ``runtime.layer_hook(batch)``, the error says so: without
+        the hook the rows never move and the step fails far from the cause (an index out of
+        bounds)."""
+        runtime, self.unchecked_runtime = self.unchecked_runtime, None
+        if runtime is None:
+            return super().training_step(*args, **kwargs)
+        try:
+            return super().training_step(*args, **kwargs)
+        except Exception as err:
+            if runtime.layer_hook_unused:
+                raise RuntimeError(self.unused_hook_message()) from err
+            raise
+
+    def unused_hook_message(self) -> str:
+        return (
+            f"{type(self).__name__} moves rows between layers through "
+            f"ModuleRuntime.layer_hook, but {type(self.lightning_module).__name__} never called "
+            "runtime.layer_hook(batch) in its training step; pass its result to the net: "
+            "net(batch.blocks, batch.x, layer_hook=runtime.layer_hook(batch))"
+        )
+
+
+class MeteredSingleDeviceStrategy(SystemStrategy, SingleDeviceStrategy):
+    """One process; its ``comm`` is local (every collective a no-op that counts nothing).
+
+    Args:
+        config: the system's settings; ``None`` adopts the DataModule's.
+        device: ``cpu``, ``cuda`` or ``cuda:<i>``; ``None`` (a strategy created by name)
+            follows the Trainer's accelerator: the first CUDA device under a GPU accelerator,
+            else the CPU.
+    """
+
+    def __init__(self, config: SystemConfig | None = None, device: str | None = None, **kwargs):
+        root = torch.device(device or "cpu")
+        if root.type == "cuda" and root.index is None:  # Lightning needs an index: the first GPU
+            root = torch.device("cuda", 0)
+        super().__init__(config, device=root, **kwargs)
+        self.follows_accelerator = device is None
+        # Lightning sets these on a strategy that has them (the Trainer's devices and
+        # num_nodes): the config's rules see what the user asked for (devices=2 is refused)
+        self.parallel_devices: list[torch.device] | None = None
+        self.num_nodes = 1
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        if self.follows_accelerator and isinstance(self.accelerator, CUDAAccelerator):
+            return torch.device("cuda", 0)
+        return super().root_device
+
+    @override
+    def setup(self, trainer: L.Trainer) -> None:
+        self.hand_module_runtime()
+        super().setup(trainer)
+
+
+class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
+    """DDP whose gradient all-reduce and bookkeeping collectives go through the metered ``comm``.
+
+    Gradients are summed, not averaged: the loss is already divided by the global seed count.
+
+    Args:
+        config: the system's settings; ``None`` adopts the DataModule's.
+        servers: simulated servers (``topology.servers``); ``None`` = Lightning's ``num_nodes``.
+        timeout_s: a collective that waits longer than this fails instead of hanging.
+        process_group_backend: ``None`` = gloo on CPU, nccl on GPU.
+    """
+
+    def __init__(
+        self,
+        config: SystemConfig | None = None,
+        servers: int | None = None,
+        timeout_s: float = 300.0,
+        process_group_backend: str | None = None,
+        **kwargs,
+    ):
+        kwargs.setdefault("find_unused_parameters", False)
+        # DDP's own start-up sync (a shape all-gather and a state broadcast) would bypass the
+        # meter; ``configure_ddp`` broadcasts the weights through ``comm`` instead.
+        kwargs.setdefault("init_sync", False)
+        super().__init__(
+            config,
+            process_group_backend=process_group_backend,
+            timeout=timedelta(seconds=timeout_s),
+            **kwargs,
+        )
+        self.servers = servers
+        self.timeout_s = timeout_s
+        self.requested_backend = process_group_backend
+        self.grad_hook_state: GradientHookState | None = None
+
+    @override
+    def setup_distributed(self) -> None:
+        super().setup_distributed()
+        topology = Topology.from_launch(self.world_size, self.num_nodes, self.servers)
+        # On GPU the world group is NCCL, but ids, counts and flags stay on the CPU: give the
+        # exchange group both backends so every tensor finds its own. A backend the user named
+        # (e.g. gloo for several ranks on one GPU, which NCCL refuses) serves both.
+        backend = self.requested_backend or (
+            "cpu:gloo,cuda:nccl" if self.root_device.type == "cuda" else None
+        )
+        self.comm = Comm.create(self.meter, topology, backend=backend, timeout_s=self.timeout_s)
+
+    @override
+    def setup(self, trainer: L.Trainer) -> None:
+        self.hand_module_runtime()
+        super().setup(trainer)
+
+    def broadcast_initial_weights(self) -> None:
+        """Rank 0's initial parameters and buffers to every rank (``parameter`` bytes)."""
+        for tensor in [*self.model.parameters(), *self.model.buffers()]:
+            self.comm.broadcast(tensor.data, 0, category="parameter")
+
+    @override
+    def configure_ddp(self) -> None:
+        self.broadcast_initial_weights()
+        super().configure_ddp()
+        state = GradientHookState(self.comm.with_group(self.model.process_group), scale=1.0)
+        self.grad_hook_state = register_metered_ddp_hook(self.model, state)
+
+    # Lightning's own cross-rank bookkeeping, metered as `control`.
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        self.comm.barrier()
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not self.comm.is_distributed:
+            return obj
+        payload = pickle.dumps(obj) if self.global_rank == src else b""
+        size = self.comm.broadcast(torch.tensor([len(payload)]), src, category="control")
+        data = (
+            torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            if payload
+            else (torch.empty(int(size), dtype=torch.uint8))
+        )
+        data = self.comm.broadcast(data, src, category="control")
+        return pickle.load(io.BytesIO(data.numpy().tobytes()))
+
+    @override
+    def reduce(self, tensor, group: Any = None, reduce_op: Any = "mean") -> torch.Tensor:
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        name = str(getattr(reduce_op, "name", reduce_op)).lower().split(".")[-1]
+        average = name in ("mean", "avg")
+        op = "sum" if average else name
+        if op not in REDUCE_OPS:
+            raise ValueError(
+                f"reduce_op={reduce_op!r} is not supported; valid: mean, {', '.join(REDUCE_OPS)}"
+            )
+        out = self.comm.all_reduce(
+            tensor.detach().clone().to(torch.float64), op, category="control"
+        )
+        return (out / self.world_size if average else out).to(tensor.dtype)
