@@ -307,7 +307,7 @@ def cfg_overrides(root: Path) -> list[str]:
 def _steps(dm, comm, net_seed=0):
     """Per step: blocks, input rows, labels and the gradient of a GCN; then eval counts."""
     torch.manual_seed(net_seed)
-    net = BlockGNN("gcn", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
+    net = BlockGNN("gcn", dm.input_dim, 16, dm.out_dim, num_layers=2, dropout=0.0).double()
     out = []
     for step in range(dm.steps_per_epoch):
         batch = dm.make_batch(1, step)

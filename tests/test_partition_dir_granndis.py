@@ -56,7 +56,7 @@ def _run(dm, comm, kind="sage"):
     counts, every rank's prediction rows (logits and embeddings), its rows of a few requested
     ids, and what asking for an id past the graph raises."""
     torch.manual_seed(0)
-    net = BlockGNN(kind, dm.input_dim, 8, dm.num_classes, LAYERS, dropout=0.0).double()
+    net = BlockGNN(kind, dm.input_dim, 8, dm.out_dim, LAYERS, dropout=0.0).double()
     steps = []
     for step in range(dm.steps_per_epoch):
         batch = dm.make_batch(1, step)

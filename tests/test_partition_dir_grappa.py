@@ -66,7 +66,7 @@ def _epochs(dm, comm, config):
     """Three epochs (three super-epochs: the partitions change) of batches and a GCN's scaled
     gradients, then every evaluation mode's counts and the predicted logits of all nodes."""
     torch.manual_seed(0)
-    net = BlockGNN("gcn", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
+    net = BlockGNN("gcn", dm.input_dim, 16, dm.out_dim, num_layers=2, dropout=0.0).double()
     out = []
     for epoch in range(3):
         for step in range(dm.steps_per_epoch):

@@ -64,7 +64,7 @@ def _steps(dm, comm, probe=True):
     shuffle hook moving rows); then evaluation counts, predictions and (if ``probe``) the
     redundancy probe's samples."""
     torch.manual_seed(0)
-    net = BlockGNN("gcn", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
+    net = BlockGNN("gcn", dm.input_dim, 16, dm.out_dim, num_layers=2, dropout=0.0).double()
     make_hook = shuffle_hook(comm)
     out = []
     for step in range(dm.steps_per_epoch):

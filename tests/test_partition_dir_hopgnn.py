@@ -41,7 +41,7 @@ def _iterations(dm, new2old=None):
     """Per iteration of epoch 1: every kept step's blocks (in original ids), input rows and
     labels, and the migrations; then evaluation counts and predictions."""
     torch.manual_seed(0)
-    net = BlockGNN("gat", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
+    net = BlockGNN("gat", dm.input_dim, 16, dm.out_dim, num_layers=2, dropout=0.0).double()
     out = []
     for step in range(dm.steps_per_epoch):
         batch = dm.make_batch(1, step)
@@ -195,7 +195,7 @@ def _modelled_epoch_rank(rank, world_size, tmp_path):
         sent = 0
         if evaluate:
             torch.manual_seed(0)
-            net = BlockGNN("gat", dm.input_dim, 16, dm.num_classes, num_layers=2).double()
+            net = BlockGNN("gat", dm.input_dim, 16, dm.out_dim, num_layers=2).double()
             before = comm.meter.snapshot()
             dm.own_rows(net.eval(), net.num_layers)
             sent = sum(comm.meter.delta(before)["bytes"].values())
