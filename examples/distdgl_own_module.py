@@ -64,7 +64,7 @@ def main() -> None:
         cache_dir=args.cache_dir,
         dataset_options={"num_nodes": args.num_nodes},
     )
-    module = NodeClassifier(datamodule.input_dim, datamodule.num_classes)
+    module = NodeClassifier(datamodule.input_dim, datamodule.out_dim)  # the head: the classes
     trainer = L.Trainer(
         strategy="distdgl",
         accelerator="cpu",
