@@ -7,7 +7,7 @@ The module below is an ordinary LightningModule. What the suite asks of it:
   labels ``y`` of this rank's seeds); its loss is the *sum* over the rank's seeds divided by
   ``batch.global_seed_count``: the suite's strategies sum gradients over ranks, so the update
   equals one process training on the whole mini-batch;
-- a validation batch is a ``lightning_gnnscale.Evaluation``: ``evaluation.accuracy(net)`` runs
+- a validation batch is a ``lightning_gnnscale.Evaluation``: ``evaluation.metrics(net)`` runs
   this rank's share of full-graph inference and sums the counts over ranks (every rank calls it).
 
 With the settings below it gives the same result as
@@ -38,9 +38,9 @@ class NodeClassifier(L.LightningModule):
         return F.cross_entropy(logits, batch.y, reduction="sum") / batch.global_seed_count
 
     def validation_step(self, evaluation: gs.Evaluation, batch_idx: int) -> None:
-        accuracy = evaluation.accuracy(self.net, ("val", "test"))
-        self.log("val/acc", accuracy["val"], batch_size=1)
-        self.log("test/acc", accuracy["test"], batch_size=1)
+        metrics = evaluation.metrics(self.net, ("val", "test"))  # {split: {"acc": ...}}
+        self.log("val/acc", metrics["val"]["acc"], batch_size=1)
+        self.log("test/acc", metrics["test"]["acc"], batch_size=1)
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.net.parameters(), lr=self.lr, weight_decay=5e-4)
@@ -64,7 +64,7 @@ def main() -> None:
         cache_dir=args.cache_dir,
         dataset_options={"num_nodes": args.num_nodes},
     )
-    module = NodeClassifier(datamodule.input_dim, datamodule.num_classes)
+    module = NodeClassifier(datamodule.input_dim, datamodule.out_dim)  # the head: the classes
     trainer = L.Trainer(
         strategy="distdgl",
         accelerator="cpu",

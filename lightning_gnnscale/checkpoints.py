@@ -31,6 +31,7 @@ from typing_extensions import override
 from .errors import ConfigError
 from .files import UnsafeFileError, atomic_write, load_weights_only
 from .schema import RunConfig
+from .tasks import DEFAULT_TASK
 
 CHECKPOINT_KEY = "lightning_gnnscale"
 
@@ -338,7 +339,8 @@ def check_resume(cfg: RunConfig) -> None:
             f"version); to start from its weights alone use weights_from={path}"
         )
     ours = cfg.identity
-    theirs = block["identity"]
+    # a checkpoint written before runs had a task trained node classification
+    theirs = {"task.name": DEFAULT_TASK, **block["identity"]}
     differences = [
         f"{key}: checkpoint {theirs.get(key)!r}, this run {ours.get(key)!r}"
         for key in sorted(set(ours) | set(theirs))

@@ -13,7 +13,7 @@ system contract"):
   for systems that move rows between layers, the :data:`LayerHook`), handed once in the
   strategy's ``setup`` through :meth:`RuntimeAware.configure_runtime`.
 - :class:`Evaluation`: the one item of the validation and test loaders; it runs this rank's
-  share of full-graph evaluation and sums the counts over ranks.
+  share of full-graph evaluation and sums the task's statistics over ranks.
 - :class:`Prediction`: the one item of the predict loader; it computes this rank's share of
   the requested nodes' logits or embeddings.
 
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from .comm import Comm, CommMeter, Topology
     from .graph.batch import Batch
     from .schema import DataConfig, RunFacts, SystemConfig
+    from .tasks.base import NodeTask
 
 LayerHook = Callable[[int, Tensor], Tensor]
 """``hook(i, h) -> h``: called on the rows ``h`` entering layer ``i`` (GSplit's shuffle,
@@ -125,19 +126,23 @@ class RuntimeAware(Protocol):
 class Evaluation:
     """The single item of a system's validation / test loader.
 
-    ``counts(net, splits)`` returns this rank's ``[len(splits), 2]`` float64 (correct, total);
-    :meth:`accuracy` sums them over ranks (metered ``control``). Every rank must call it
-    (it is collective).
+    ``statistics(net, splits)`` returns this rank's ``[len(splits), k]`` float64 summable
+    statistics of the task (:func:`~.tasks.base.split_statistics`); :meth:`metrics` sums them
+    over ranks (metered ``control``) and has the task turn the sums into metrics. Every rank
+    must call it (it is collective).
     """
 
-    def __init__(self, counts: Callable[[nn.Module, tuple[str, ...]], Tensor], comm: Comm):
-        self.counts, self.comm = counts, comm
+    def __init__(
+        self, statistics: Callable[[nn.Module, tuple[str, ...]], Tensor], comm: Comm, task: NodeTask
+    ):
+        self.statistics, self.comm, self.task = statistics, comm, task
 
     @torch.no_grad()
-    def accuracy(self, net: nn.Module, splits: tuple[str, ...] = ("val", "test")) -> dict:
-        """``{split: accuracy}`` of ``net`` over the whole graph."""
-        counts = self.comm.all_reduce(self.counts(net, splits), category="control")
-        return {s: float(c[0] / c[1].clamp(min=1)) for s, c in zip(splits, counts)}
+    def metrics(self, net: nn.Module, splits: tuple[str, ...] = ("val", "test")) -> dict:
+        """``{split: {metric: value}}`` of ``net`` over the whole graph (e.g.
+        ``{"val": {"acc": 0.8}}``)."""
+        sums = self.comm.all_reduce(self.statistics(net, splits), category="control")
+        return {s: self.task.metric_values(row) for s, row in zip(splits, sums)}
 
 
 PREDICT_OUTPUTS = ("logits", "embeddings")

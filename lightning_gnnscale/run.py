@@ -67,6 +67,7 @@ from .models.module import GNNModule
 from .run_folder import FAILED_FILE, check_writable, claimed, job_log_name, settle_failed_run
 from .schema import RunConfig
 from .systems.registry import SYSTEMS
+from .tasks import task_spec
 
 
 def config_hash(run: RunConfig) -> str:
@@ -118,6 +119,7 @@ def build_datamodule(
         seed=run.seed,
         cache_dir=run.paths.cache_dir,
         checked_run=run,
+        task=run.task.name,
         **named,
     )
     datamodule.launch_topology = Topology.from_launch(
@@ -218,7 +220,8 @@ def train(cfg: DictConfig | RunConfig, *, checked: bool = False) -> tuple[dict, 
                 output_dir / "summary.json", metrics, rank_server=forked
             )
     if metrics:
-        print(f"\n{format_table(metrics)}\n\nsummary: {output_dir / 'summary.json'}")
+        table = format_table(metrics, run.task.name)
+        print(f"\n{table}\n\nsummary: {output_dir / 'summary.json'}")
     graph = None if datamodule.partition_dir is not None else datamodule.graph
     return metrics, {"graph": graph, "output_dir": output_dir}
 
@@ -256,7 +259,7 @@ def run_from_command_line(cfg: DictConfig, run: RunConfig) -> float | None:
         # In a -m sweep the job fails and the sweep goes on (Hydra records the error).
         _stopped(f"stopped by {type(err).__name__}: {err}", cfg, None if _in_sweep() else 1)
         raise
-    return metrics.get("best_val_acc")
+    return metrics.get(f"best_val_{task_spec(run.task.name).monitor}")
 
 
 def _in_sweep() -> bool:
@@ -326,6 +329,7 @@ def build_module(run: RunConfig, datamodule: GNNDataModule) -> GNNModule:
         lr=run.model.lr,
         weight_decay=run.model.weight_decay,
         model_config=run.model,
+        task=datamodule.task,
     )
     if run.weights_from is not None:
         load_weights(module, run.weights_from)
@@ -361,10 +365,11 @@ def run_rank(run: RunConfig, datamodule: GNNDataModule, run_id: str | None) -> d
     checkpoint_dir = os.path.join(output_dir, "checkpoints")
     # Both are written at the epoch end (after its validation and its records), so resuming
     # from either continues a completed epoch.
+    task = task_spec(run.task.name)
     best = BestCheckpoint(
         dirpath=checkpoint_dir,
-        monitor="val/acc",
-        mode="max",
+        monitor=f"val/{task.monitor}",
+        mode=task.mode,
         filename="best",
         save_on_train_epoch_end=True,
     )

@@ -23,6 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from .comm.network import NetworkModel  # torch-free, as this module is
 from .errors import ConfigError, choice, require
 from .graph.dataset_config import check_dataset_options
+from .tasks import DEFAULT_TASK, task_spec
 
 MODEL_NAMES = ("gcn", "sage", "gat", "custom")
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -382,11 +383,29 @@ class SystemConfig:
 
 
 @dataclass(frozen=True)
+class TaskConfig:
+    """What the run learns (``task=<name>``, ``conf/task/<name>.yaml``): one of
+    ``lightning_gnnscale.tasks.TASKS`` (docs/configuration.md, "Tasks")."""
+
+    name: str = DEFAULT_TASK
+
+    def __post_init__(self) -> None:
+        task_spec(self.name)
+
+
+# ${task_monitor:${task.name}} / ${task_mode:${task.name}}: the task's monitored metric and its
+# mode where a config names them (conf/callbacks/early_stopping.yaml)
+OmegaConf.register_new_resolver("task_monitor", lambda name: task_spec(name).monitor, replace=True)
+OmegaConf.register_new_resolver("task_mode", lambda name: task_spec(name).mode, replace=True)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One run: every section typed, validated once (the launching process builds it)."""
 
     strategy: Any = MISSING  # a SystemConfig subclass, chosen by strategy=<name>
     dataset: Any = MISSING  # {name, root, options}: checked by the dataset registry
+    task: TaskConfig = field(default_factory=TaskConfig)
     seed: int = 0
     dtype: str = "float32"
     ckpt_path: str | None = None

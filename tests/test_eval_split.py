@@ -8,11 +8,13 @@ import torch
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.models.inference import full_logits, node_range, replicated_eval_counts
+from lightning_gnnscale.models.inference import full_logits, node_range, replicated_eval_statistics
+from lightning_gnnscale.tasks import build_task
 from tests.helpers.dist import run_distributed
 
 KINDS = ("gcn", "sage", "gat")
 SPLITS = ("train", "val", "test")
+CLASSIFICATION = build_task("node_classification")
 CHUNK = 37  # several chunks per rank, boundaries that differ from the one-process run
 
 
@@ -35,7 +37,9 @@ def _rank(rank, world_size):
     for kind in KINDS:
         net = make_net(kind, graph)
         before = comm.meter.snapshot()
-        counts = replicated_eval_counts(graph, net, SPLITS, rank, world_size, CHUNK, comm)
+        counts = replicated_eval_statistics(
+            CLASSIFICATION, graph, net, SPLITS, rank, world_size, CHUNK, comm
+        )
         delta = comm.meter.delta(before)
         own = full_logits(graph, net, CHUNK, comm, gather=False)
         whole = full_logits(graph, net, CHUNK, comm)
@@ -50,7 +54,7 @@ def test_split_evaluation_equals_one_process(world_size):
     for kind in KINDS:
         net = make_net(kind, graph)
         ref_logits = full_logits(graph, net, 1000)
-        ref_counts = replicated_eval_counts(graph, net, SPLITS, 0, 1, 1000)
+        ref_counts = replicated_eval_statistics(CLASSIFICATION, graph, net, SPLITS, 0, 1, 1000)
         total = sum(r[kind][0] for r in results)
         assert torch.equal(total, ref_counts), kind
         own = torch.cat([r[kind][1] for r in results])
@@ -76,8 +80,11 @@ def test_node_range_covers_the_nodes_once():
 def test_without_a_comm_every_rank_counts_every_pth_node():
     graph = make_graph()
     net = make_net("sage", graph, num_layers=2)
-    ref = replicated_eval_counts(graph, net, SPLITS, 0, 1, 50)
-    parts = [replicated_eval_counts(graph, net, SPLITS, r, 3, 50, Comm.local()) for r in range(3)]
+    ref = replicated_eval_statistics(CLASSIFICATION, graph, net, SPLITS, 0, 1, 50)
+    parts = [
+        replicated_eval_statistics(CLASSIFICATION, graph, net, SPLITS, r, 3, 50, Comm.local())
+        for r in range(3)
+    ]
     assert torch.equal(sum(parts), ref)
     assert not torch.equal(parts[0], ref)
 

@@ -307,7 +307,7 @@ def cfg_overrides(root: Path) -> list[str]:
 def _steps(dm, comm, net_seed=0):
     """Per step: blocks, input rows, labels and the gradient of a GCN; then eval counts."""
     torch.manual_seed(net_seed)
-    net = BlockGNN("gcn", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
+    net = BlockGNN("gcn", dm.input_dim, 16, dm.out_dim, num_layers=2, dropout=0.0).double()
     out = []
     for step in range(dm.steps_per_epoch):
         batch = dm.make_batch(1, step)
@@ -318,7 +318,7 @@ def _steps(dm, comm, net_seed=0):
         comm.all_reduce(grad, category="gradient")
         blocks = [(b.src_ids, b.edge_index, b.src_deg) for b in batch.blocks]
         out.append((blocks, batch.x, batch.y, grad))
-    counts = comm.all_reduce(dm.eval_counts(net.eval(), ("val", "test")), category="control")
+    counts = comm.all_reduce(dm.eval_statistics(net.eval(), ("val", "test")), category="control")
     return out, counts
 
 

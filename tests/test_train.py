@@ -173,12 +173,24 @@ def test_resume_continues_to_the_same_result(tmp_path):
     _, straight = train(make_cfg(tmp_path / "a", *run, "trainer.max_epochs=4"))
     _, first = train(make_cfg(tmp_path / "b", *run, "trainer.max_epochs=2"))
     ckpt = first["output_dir"] / "checkpoints" / "last.ckpt"
+    old = torch.load(ckpt, weights_only=True)
+    assert old.pop("SingleDataModule") == {"train_epoch": 2}  # its only state
+    torch.save(old, tmp_path / "old.ckpt")
     metrics, resumed = train(
         make_cfg(tmp_path / "b", *run, "trainer.max_epochs=4", f"ckpt_path={ckpt}")
     )
     # the summary covers the whole run, not only the resumed part
     assert metrics["epochs"] == 4 and [r["epoch"] for r in metrics["history"]] == [0, 1, 2, 3]
     ref, got = final_weights(straight["output_dir"]), final_weights(resumed["output_dir"])
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=0, atol=1e-10)
+
+    # a checkpoint written before the DataModule kept its loader's epoch (issue 36) resumes
+    # alike, at the epochs its suite record says were done
+    _, from_old = train(
+        make_cfg(tmp_path / "c", *run, "trainer.max_epochs=4", f"ckpt_path={tmp_path / 'old.ckpt'}")
+    )
+    got = final_weights(from_old["output_dir"])
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=0, atol=1e-10)
 

@@ -13,6 +13,7 @@ import torch
 
 from ..files import write_json_atomic
 from ..proc_memory import peak_rss_mb_of, rank_server_pid
+from ..tasks import DEFAULT_TASK, TaskSpec, task_spec
 from .audit import CollectiveAudit
 from .comm_stats import CommStats
 from .epoch_stats import EpochStats, peak_rss_mb
@@ -33,7 +34,11 @@ def report_epoch(line: str) -> None:
 class RunSummary(L.Callback):
     """Reports one line per epoch (:func:`report_epoch`) and, at the end, a table; rank 0 writes ``summary.json``.
 
-    ``test_acc`` is the test accuracy at the epoch of best validation accuracy.
+    The metrics are the task's (``cfg.task``; node classification: ``acc``, regression:
+    ``rmse`` and ``mae``): per evaluated epoch ``val_<metric>`` and ``test_<metric>``;
+    ``best_val_<monitor>`` is the best of the monitored one (max or min, as the task says),
+    ``test_<metric>`` the test metrics at that epoch, ``val_<metric>`` / ``final_test_<metric>``
+    the last epoch's.
     ``epoch_time_s`` is the median epoch wall time with its validation (as before);
     ``train_epoch_time_s`` the median of its training part and ``eval_time_s`` the median
     validation time of the epochs that validated (``None`` when none did). The epoch
@@ -67,6 +72,7 @@ class RunSummary(L.Callback):
         self._fit_start = 0.0
         self._earlier_train_s = 0.0  # training time of the runs this one resumes
         self.summary: dict | None = None
+        self.task = task_spec(cfg.task.name)
 
     def state_dict(self) -> dict:
         return {
@@ -91,8 +97,11 @@ class RunSummary(L.Callback):
         self.evals.append(
             {
                 "epoch": trainer.current_epoch,
-                "val_acc": float(m["val/acc"]),
-                "test_acc": float(m["test/acc"]),
+                **{
+                    f"{split}_{name}": float(m[f"{split}/{name}"])
+                    for split in ("val", "test")
+                    for name in self.task.metrics
+                },
             }
         )
 
@@ -107,7 +116,15 @@ class RunSummary(L.Callback):
             if self.evals and self.evals[-1]["epoch"] == trainer.current_epoch
             else None
         )
-        accs = f" val {last['val_acc']:.4f} test {last['test_acc']:.4f}" if last else ""
+        metrics = self.task.metrics
+        accs = (
+            "".join(
+                f" {split} {' '.join(format(last[f'{split}_{m}'], '.4f') for m in metrics)}"
+                for split in ("val", "test")
+            )
+            if last
+            else ""
+        )
         split = (
             f" (train {e['train_epoch_s']:.2f}s eval {e['eval_s']:.2f}s)" if "eval_s" in e else ""
         )
@@ -119,7 +136,11 @@ class RunSummary(L.Callback):
 
     def on_fit_end(self, trainer, pl_module):
         epochs, comms = self.epoch_stats.epochs, self.comm_stats.epochs
-        best = max(self.evals, key=lambda r: r["val_acc"]) if self.evals else None
+        monitored = f"val_{self.task.monitor}"
+        pick = max if self.task.mode == "max" else min
+        best = pick(self.evals, key=lambda r: r[monitored]) if self.evals else None
+        last = self.evals[-1] if self.evals else None
+        metrics = self.task.metrics
         n = max(len(comms), 1)
         per_epoch = {
             cat: sum(c["bytes"][cat] for c in comms) / n
@@ -134,11 +155,11 @@ class RunSummary(L.Callback):
             "torch_threads": self._threads,
             "rank_cpus": self._cpus,
             "epochs": len(epochs),
-            "val_acc": self.evals[-1]["val_acc"] if self.evals else None,
-            "test_acc": best["test_acc"] if best else None,
-            "best_val_acc": best["val_acc"] if best else None,
+            **{f"val_{m}": last[f"val_{m}"] if last else None for m in metrics},
+            **{f"test_{m}": best[f"test_{m}"] if best else None for m in metrics},
+            f"best_{monitored}": best[monitored] if best else None,
             "best_epoch": best["epoch"] if best else None,
-            "final_test_acc": self.evals[-1]["test_acc"] if self.evals else None,
+            **{f"final_test_{m}": last[f"test_{m}"] if last else None for m in metrics},
             "train_loss": epochs[-1]["train_loss"] if epochs else None,
             "input_rows_per_epoch": statistics.mean(e["input_rows"] for e in epochs)
             if epochs
@@ -197,8 +218,11 @@ class RunSummary(L.Callback):
                 {
                     "epoch": e["epoch"],
                     "train_loss": e["train_loss"],
-                    "val_acc": ev.get("val_acc"),
-                    "test_acc": ev.get("test_acc"),
+                    **{
+                        f"{split}_{m}": ev.get(f"{split}_{m}")
+                        for split in ("val", "test")
+                        for m in self.task.metrics
+                    },
                     "epoch_s": e["epoch_s"],
                     "train_epoch_s": e.get("train_epoch_s"),
                     "eval_s": e.get("eval_s"),
@@ -209,8 +233,8 @@ class RunSummary(L.Callback):
         return rows
 
 
-def format_table(summary: dict) -> str:
-    """The short human table printed at the end of a run."""
+def format_table(summary: dict, task: str = DEFAULT_TASK) -> str:
+    """The short human table printed at the end of a run of ``task``."""
     rows = [
         (
             "strategy / model / dataset",
@@ -218,8 +242,7 @@ def format_table(summary: dict) -> str:
         ),
         ("world size", summary["world_size"]),
         ("epochs", summary["epochs"]),
-        ("best val acc", _fmt(summary["best_val_acc"])),
-        ("test acc (at best val)", _fmt(summary["test_acc"])),
+        *_metric_rows(summary, task_spec(task)),
         ("epoch time, median (s)", _fmt(summary["epoch_time_s"])),
         ("  training part, median (s)", _fmt(summary.get("train_epoch_time_s"))),
         ("  evaluation, median of evaluated epochs (s)", _fmt(summary.get("eval_time_s"))),
@@ -240,6 +263,14 @@ def format_table(summary: dict) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _metric_rows(summary: dict, task: TaskSpec) -> list[tuple[str, str]]:
+    """The best validation value of the task's monitored metric and the test metrics then."""
+    return [
+        (f"best val {task.monitor}", _fmt(summary[f"best_val_{task.monitor}"])),
+        *((f"test {m} (at best val)", _fmt(summary[f"test_{m}"])) for m in task.metrics),
+    ]
 
 
 def record_launcher_memory(path: str | os.PathLike, summary: dict, *, rank_server: bool) -> dict:

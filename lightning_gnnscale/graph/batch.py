@@ -17,7 +17,7 @@ class Batch:
     Attributes:
         blocks: the sampled layers, input layer first; ``blocks[-1].dst_ids`` are this rank's seeds.
         x: input rows ``[blocks[0].num_src, F]`` in ``blocks[0].src_ids`` order.
-        y: labels of this rank's seeds ``[n_seeds]``.
+        y: the task's targets of this rank's seeds (``[n_seeds]`` labels or ``[n_seeds, d]``).
         global_seed_count: seeds of this step summed over all ranks (the loss denominator).
         epoch, step: the sampling keys of this step.
         stats: timings and counts for callbacks (``sample_s``, ``load_s``, ``input_nodes``...).
@@ -36,7 +36,7 @@ class Batch:
 
     @property
     def num_seeds(self) -> int:
-        return self.y.numel()
+        return self.y.shape[0]
 
     def to(self, device: torch.device | str) -> Batch:
         """A copy on ``device`` (of the same class, so subclasses keep their extra fields)."""

@@ -1,4 +1,4 @@
-"""The suite's graph type: CSC over in-edges, with node features, labels and splits.
+"""The suite's graph type: CSC over in-edges, with node features, per-node targets and splits.
 
 The CSC position of an edge is its edge id. Within each destination's segment the sources are
 sorted by id, so "the in-edges of v in order" is canonical and a hash-keyed sampler picks the
@@ -27,9 +27,11 @@ class Graph:
         indptr: int64 ``[N + 1]``; the in-edges of node ``v`` are ``indptr[v]:indptr[v+1]``.
         indices: int64 ``[E]``; source node of each in-edge, sorted within each segment.
         x: node features ``[N, F]`` (floating point).
-        y: int64 labels ``[N]`` (``-1`` = unlabelled).
+        y: the task's per-node targets: int64 labels ``[N]`` (``-1`` = unlabelled) or
+            floating targets ``[N, d]`` (``tasks.node_regression``). Systems index its rows
+            without interpreting them; the task (``lightning_gnnscale.tasks``) does.
         train_mask, val_mask, test_mask: bool ``[N]``.
-        num_classes: number of label classes.
+        num_classes: number of label classes of the dataset.
         name: a short name used in reports and cache keys.
     """
 
@@ -60,7 +62,12 @@ class Graph:
             f"Graph.x must be [N={n}, F], got {tuple(self.x.shape)}",
         )
         _check(self.x.is_floating_point(), "Graph.x must be floating point")
-        _check(self.y.shape == (n,) and self.y.dtype == torch.int64, "Graph.y must be int64 [N]")
+        _check(
+            (self.y.shape == (n,) and self.y.dtype == torch.int64)
+            or (self.y.dim() == 2 and self.y.shape[0] == n and self.y.is_floating_point()),
+            f"Graph.y must be int64 labels [N={n}] or floating targets [N={n}, d], "
+            f"got {self.y.dtype} {tuple(self.y.shape)}",
+        )
         for name in ("train_mask", "val_mask", "test_mask"):
             m = getattr(self, name)
             _check(m.shape == (n,) and m.dtype == torch.bool, f"Graph.{name} must be bool [N]")
@@ -167,8 +174,9 @@ class Graph:
         return self.reindexed(nodes, indptr, indices)
 
     def to(self, dtype: torch.dtype) -> Graph:
-        """The same graph with features cast to ``dtype``."""
-        return replace(self, x=self.x.to(dtype), meta=dict(self.meta))
+        """The same graph with features (and floating targets) cast to ``dtype``."""
+        y = self.y.to(dtype) if self.y.is_floating_point() else self.y
+        return replace(self, x=self.x.to(dtype), y=y, meta=dict(self.meta))
 
 
 # Elements per chunk where a build streams over its edges: bounds the temporaries (8 MiB per

@@ -155,17 +155,22 @@ class BlockBuilder:
 
     The table (one int64 slot per node, reset after each use) replaces a sort of the sampled
     sources: building a block costs ``O(E_s)`` scatters plus one ``O(N)`` scan of a bool mask.
+
+    Attributes:
+        slot: int64 ``[N]`` the table, ``-1`` between uses.
+        seen: bool ``[N]`` the mask, all ``False`` between uses (a subclass that orders the
+            sources differently reuses both).
     """
 
     def __init__(self, num_nodes: int, degree: Tensor):
         self.degree = degree
-        self._slot = torch.full((num_nodes,), -1, dtype=torch.int64)
-        self._seen = torch.zeros(num_nodes, dtype=torch.bool)
+        self.slot = torch.full((num_nodes,), -1, dtype=torch.int64)
+        self.seen = torch.zeros(num_nodes, dtype=torch.bool)
 
     def __call__(self, dst: Tensor, src: Tensor, dst_pos: Tensor) -> Block:
         """Sources are ``dst`` followed by the ids new in ``src``, in increasing id order;
         edges in ``src``'s order."""
-        slot, seen = self._slot, self._seen
+        slot, seen = self.slot, self.seen
         n_dst = dst.numel()
         slot.index_copy_(0, dst, torch.arange(n_dst))
         seen.index_fill_(0, src, True)

@@ -14,8 +14,10 @@ from lightning.pytorch.strategies import Strategy
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
+from ..checkpoints import CHECKPOINT_KEY
 from ..comm import Topology
 from ..contract import PREDICT_OUTPUTS, Evaluation, Prediction, RankContext, bind_datamodule
+from ..errors import ConfigError
 from ..graph.batch import Batch
 from ..graph.csc import Graph
 from ..graph.datasets import load_dataset
@@ -23,6 +25,8 @@ from ..graph.order import EpochOrder
 from ..models.gnn import build_model
 from ..models.inference import node_rows
 from ..schema import DataConfig, ModelConfig, RunConfig, SystemConfig, check_depth, check_seed
+from ..tasks import build_task
+from ..tasks.base import NodeTask
 from .loaders import OneItem, collective_train_loader, no_collate
 from .partition_io import PartitionDirIO
 
@@ -40,7 +44,10 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     - ``setup`` binds the system config to the Trainer's strategy
       (:func:`~..contract.bind_datamodule`), then :meth:`setup_rank` builds this rank's share.
     - The validation and test loaders yield one :class:`~..contract.Evaluation` whose counts
-      come from :meth:`eval_counts`.
+      task statistics come from :meth:`eval_statistics`.
+    - The task (:mod:`~..tasks`) owns the targets (``Graph.y``, set by ``task.prepare``), the
+      training seeds (:attr:`train_ids`), the head's width (:attr:`out_dim`) and what
+      evaluation counts; the system indexes the rows it holds.
 
     With ``data.partition_dir`` (systems whose config has ``supports_partition_dir``) the
     DataModule never loads the whole graph: :meth:`prepare` opens and checks the partition
@@ -76,8 +83,10 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         dtype: torch.dtype = torch.float32,
         dataset_options: dict | None = None,
         checked_run: RunConfig | None = None,
+        task: str | NodeTask | None = None,
     ):
         super().__init__()
+        self.task = build_task(task)
         if not isinstance(config, SystemConfig):
             raise TypeError(f"config must be a system config, got {type(config).__name__}")
         self.config = config
@@ -98,12 +107,16 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
             )
         if dataset is None and self.partition_dir is None:
             raise ValueError("dataset is None: pass a Graph or a dataset name")
-        self._graph = dataset if isinstance(dataset, Graph) else None
+        self._graph = self.task.prepare(dataset, seed) if isinstance(dataset, Graph) else None
         self._dataset_name = None if isinstance(dataset, Graph | None) else str(dataset)
         self._dtype, self._dataset_options = dtype, dict(dataset_options or {})
         self._prepared: dict[int, Any] = {}
         self.context: RankContext | None = None
         self._bound_to: Strategy | None = None
+        # the epoch the train loader last started, and a resumed fit's first one (the
+        # checkpoint's, :meth:`load_state_dict`)
+        self.loader_epoch = 0
+        self.resumed_epoch = 0
 
     # servers x workers of the run this module was built for (``run.build_datamodule`` sets
     # it, so the launcher and ``python -m lightning_gnnscale.partition`` know it before any
@@ -111,6 +124,13 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     launch_topology: Topology | None = None
 
     # ------------------------------------------------------------------------ data, set-up
+    @property
+    def dtype(self) -> torch.dtype:
+        """The features' dtype of a dataset loaded by name or of a rank's part (the
+        constructor's ``dtype``; float64 under ``Trainer(precision="64-true")``). A given
+        :class:`Graph` keeps its own."""
+        return self._dtype
+
     @property
     def graph(self) -> Graph:
         """The whole dataset (loaded on first use when the module was given a name)."""
@@ -121,7 +141,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
             )
         if self._graph is None:
             graph = load_dataset(self._dataset_name, **self._dataset_options)
-            self._graph = graph.to(self._dtype)
+            self._graph = self.task.prepare(graph, self.seed).to(self._dtype)
         return self._graph
 
     @property
@@ -132,10 +152,11 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         return self.graph.num_features
 
     @property
-    def num_classes(self) -> int:
+    def out_dim(self) -> int:
+        """Width of the model's output rows (the task's head: classes or target width)."""
         if self.partition_dir is not None:
-            return int(self.partition_meta()["num_classes"])
-        return self.graph.num_classes
+            return self.task.out_dim_of(self.partition_meta())
+        return self.task.out_dim(self.graph)
 
     def prepare(self, world_size: int, ranks: list[int] | None = None) -> Any:
         """The one-off preprocessing for ``world_size`` ranks (memoised; override
@@ -195,18 +216,85 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
                 )
             return  # set up once per Trainer (fit, then validate or test)
         self.follow_precision()
+        self.check_module_task()
         context = bind_datamodule(self.trainer, self.config, self.data)
         self.setup_rank(context, self.prepare(context.world_size, [context.rank]))
         self.context, self._bound_to = context, strategy
 
+    def check_module_task(self) -> None:
+        """The LightningModule trains this DataModule's task (when it states one)."""
+        module_task = getattr(self.trainer.lightning_module, "task", None)
+        if isinstance(module_task, NodeTask) and module_task.name != self.task.name:
+            raise ConfigError(
+                f"the LightningModule's task is {module_task.name!r} but the DataModule's is "
+                f"{self.task.name!r}; build the module with GNNModule.from_config(model, "
+                "datamodule) or pass the same task to both"
+            )
+
     def setup_rank(self, context: RankContext, prepared: Any) -> None:
         """Build this rank's share (collectives allowed: every rank calls it)."""
+
+    # ------------------------------------------------------------------------ checkpoints
+    def next_loader_epoch(self) -> int:
+        """The epoch the train loader's new iterator runs (and remembers): the Trainer's
+        ``current_epoch``, or, while it still names the checkpoint's epoch (a resumed fit's
+        first iterator, built before that epoch starts), the epoch the checkpoint says comes
+        next (:meth:`load_state_dict`). Read when the loader starts an epoch, so it holds for
+        any loader around it (workers, a wrapper Lightning cannot ``set_epoch``)."""
+        current = self.trainer.current_epoch if self.trainer is not None else 0
+        self.loader_epoch = max(current, self.resumed_epoch)
+        return self.loader_epoch
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """``train_epoch``: the epoch a resumed fit's loader starts at, the next one once this
+        epoch's last step has run (a checkpoint at the epoch end, ``Trainer.is_last_batch``),
+        else this one (mid-epoch). A subclass adds its own keys to this dict."""
+        finished = self.trainer is not None and self.trainer.is_last_batch
+        return {"train_epoch": self.loader_epoch + int(finished)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Take the checkpoint's ``train_epoch`` (a non-negative int, checked: the file is
+        data from outside). An older checkpoint's state lacks it: a resume got it from
+        :meth:`complete_checkpoint`, an evaluation needs none. A subclass calls this before
+        restoring its own keys."""
+        if "train_epoch" not in state_dict:
+            return
+        epoch = state_dict["train_epoch"]
+        if type(epoch) is not int or epoch < 0:
+            raise ConfigError(
+                f"the checkpoint's {type(self).__name__} state has train_epoch={epoch!r}: "
+                "expected a non-negative int; the file is damaged or not this suite's"
+            )
+        self.resumed_epoch = epoch
+
+    def complete_checkpoint(self, checkpoint: dict[str, Any], resuming: bool) -> None:
+        """Give a checkpoint written before the DataModule kept its loader's epoch (no
+        ``train_epoch`` in its state, which Lightning keeps under the class name) the epoch a
+        resume from it starts at: the epochs it completed, which the suite records in every
+        checkpoint it writes (``epochs_done``; it writes them at epoch ends), so it resumes
+        as before. A resume from a checkpoint with neither is refused (``ConfigError``);
+        evaluating one needs neither."""
+        state = checkpoint.get(type(self).__qualname__) or {}
+        if "train_epoch" in state or not resuming:
+            return
+        record = checkpoint.get(CHECKPOINT_KEY)
+        if record is None:
+            raise ConfigError(
+                f"the checkpoint has no {type(self).__name__} train_epoch and no "
+                f"{CHECKPOINT_KEY!r} record (written by an older version outside train.py, or "
+                "not by this suite), so a resume would not know which epoch's samples come "
+                "next; start from its weights alone (GNNModule.load_from_checkpoint, or "
+                "weights_from=<path> in train.py)"
+            )
+        checkpoint[type(self).__qualname__] = {**state, "train_epoch": int(record["epochs_done"])}
 
     # -------------------------------------------------------------------------- training
     @cached_property
     def train_ids(self) -> torch.Tensor:
-        """The training node ids ``[n_train]`` (an error if there are none)."""
-        ids = self.graph.split_ids("train")
+        """The task's training seeds ``[n_train]`` (an error if there are none)."""
+        ids = self.task.train_seeds(self.graph)
         if ids.numel() == 0:
             raise ValueError(f"dataset {self.graph.name!r} has no training nodes")
         return ids
@@ -245,21 +333,22 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         distributed layers override it)."""
         if self.checked_run is None or model != self.checked_run.model:
             check_depth(self.data, model)
-        return build_model(model, self.input_dim, self.num_classes)
+        return build_model(model, self.input_dim, self.out_dim)
 
     def callbacks(self) -> list[L.Callback]:
         """The system's report callbacks (statistics for ``summary.json``); optional."""
         return []
 
     # ------------------------------------------------------------------------ evaluation
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """``[len(splits), 2]`` float64 (correct, total) of this rank; the caller sums ranks."""
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """``[len(splits), k]`` float64 task statistics of this rank's rows
+        (:func:`~..tasks.base.split_statistics`); the caller sums ranks."""
         raise NotImplementedError
 
     def _eval_loader(self) -> DataLoader:
         if self.context is None:
             raise RuntimeError("the DataModule is not set up (call trainer.fit / validate)")
-        evaluation = Evaluation(self.eval_counts, self.context.comm)
+        evaluation = Evaluation(self.eval_statistics, self.context.comm, self.task)
         return DataLoader([evaluation], sampler=OneItem(), batch_size=None, collate_fn=no_collate)
 
     # ------------------------------------------------------------------------ prediction

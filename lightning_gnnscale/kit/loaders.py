@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -19,14 +18,13 @@ from ..graph.sampler import NeighborSampler
 
 
 class StepSource(Protocol):
-    """What the train loaders read of a DataModule: its Trainer (``None`` before one
-    attaches), its global steps per epoch and its batch of one step."""
-
-    @property
-    def trainer(self) -> L.Trainer | None: ...
+    """What the train loaders read of a DataModule: its global steps per epoch, the epoch a
+    new iterator runs and its batch of one step."""
 
     @property
     def steps_per_epoch(self) -> int: ...
+
+    def next_loader_epoch(self) -> int: ...
 
     def training_batch(self, epoch: int, step: int) -> Batch: ...
 
@@ -59,10 +57,10 @@ class OneItem(RankShareSampler):
 class EpochSteps(RankShareSampler):
     """Yields ``(epoch, step)`` for the epoch about to run (iterated in the main process).
 
-    The epoch is the fit loop's count of processed epochs: ``trainer.current_epoch`` still
-    names the checkpoint's epoch when Lightning builds the first iterator of a resumed run, and
-    a counter of ``iter`` calls breaks when Lightning probes the loader (it does so with
-    DataLoader workers). Covered by the resume and worker tests.
+    The epoch is the DataModule's (:meth:`~.datamodule.GNNDataModule.next_loader_epoch`),
+    asked once per iterator: a counter of ``iter`` calls would break when Lightning probes the
+    loader (it does so with DataLoader workers). Covered by the resume, worker and prefetching
+    tests.
     """
 
     def __init__(self, dm: StepSource):
@@ -73,8 +71,7 @@ class EpochSteps(RankShareSampler):
         return self.dm.steps_per_epoch
 
     def __iter__(self):
-        trainer = self.dm.trainer
-        epoch = trainer.fit_loop.epoch_progress.current.processed if trainer else 0
+        epoch = self.dm.next_loader_epoch()
         return iter([(epoch, step) for step in range(self.dm.steps_per_epoch)])
 
 

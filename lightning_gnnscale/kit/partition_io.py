@@ -8,6 +8,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..graph.csc import Graph
 from ..schema import SystemConfig, partition_dir_unsupported
+from ..tasks import DEFAULT_TASK
 
 
 class PartitionDirIO:
@@ -42,6 +43,7 @@ class PartitionDirIO:
         """The metadata a partition directory must carry to serve this run."""
         return {
             "system": self.config.name,
+            "task": self.task.name,
             "num_parts": world_size,
             "seed": self.seed,
             "dataset": self.dataset_identity(),
@@ -53,10 +55,20 @@ class PartitionDirIO:
         method and options, seed, part count); raises ``PartitionDirError`` naming the key.
         A directory already opened for its metadata (:meth:`partition_meta`) is reused, with
         the parts it verified."""
-        from ..graph.partition_dir import PartitionDir
+        from ..graph.partition_dir import PartitionDir, PartitionDirError
 
         opened = self._opened_dir or PartitionDir.open(self.partition_dir)
-        opened.check(self.partition_expectation(world_size))
+        expected = self.partition_expectation(world_size)
+        task = expected.pop("task")
+        opened.check(expected)
+        # a directory written before tasks existed holds node classification's labels
+        written_for = opened.meta.get("task", DEFAULT_TASK)
+        if written_for != task:
+            raise PartitionDirError(
+                f"{opened.path}: it was written for task {written_for!r} but this run has "
+                f"task={task!r}; partition for this task: python -m lightning_gnnscale.partition "
+                "<overrides> task=<name> out=<dir>"
+            )
         self._opened_dir = opened
         return opened
 
@@ -112,6 +124,7 @@ class PartitionDirIO:
                 "num_edges": graph.num_edges,
                 "num_features": graph.num_features,
                 "num_classes": graph.num_classes,
+                "target_dim": self.task.out_dim(graph),
                 "feature_dtype": str(graph.x.dtype).removeprefix("torch."),
                 **extra,
             }

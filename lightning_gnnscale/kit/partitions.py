@@ -8,6 +8,7 @@ import torch
 from ..comm import Comm
 from ..graph.book import LocalPartition, PartitionedGraph, build_local_partition
 from ..graph.cache import tensor_digest
+from ..tasks.base import NodeTask, split_statistics
 
 
 def own_partition(
@@ -24,6 +25,15 @@ def own_partition(
     degree = graph.in_degree()  # replicated metadata
     lo, hi = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
     return local, degree, degree[local.local2global], book.new2old[lo:hi]
+
+
+def core_statistics(
+    task: NodeTask, local: LocalPartition, out: torch.Tensor, splits: tuple[str, ...]
+) -> torch.Tensor:
+    """The task's statistics (:func:`~..tasks.base.split_statistics`) of a local partition's
+    core rows, from their output rows ``out [n_core, d]``."""
+    masks = {"train": local.train_mask, "val": local.val_mask, "test": local.test_mask}
+    return split_statistics(task, out, local.y, masks, splits)
 
 
 def own_predictions(

@@ -10,19 +10,27 @@ from typing_extensions import override
 
 from ..contract import RankContext
 from ..graph.batch import Batch
-from ..models.inference import replicated_eval_counts
+from ..models.inference import replicated_eval_statistics
 from .datamodule import GNNDataModule
 from .loaders import EpochSteps, StepBatcher, no_collate
 
 
 class ReplicatedGraphEvaluation:
-    """``eval_counts`` for a DataModule whose ranks all hold the whole graph (``self.graph``):
-    layer-wise inference split across ranks by node range (:func:`replicated_eval_counts`)."""
+    """``eval_statistics`` for a DataModule whose ranks all hold the whole graph
+    (``self.graph``): layer-wise inference split across ranks by node range
+    (:func:`replicated_eval_statistics`)."""
 
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         comm = self.context.comm if self.context is not None else None
-        return replicated_eval_counts(
-            self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size, comm
+        return replicated_eval_statistics(
+            self.task,
+            self.graph,
+            net,
+            splits,
+            self.rank,
+            self.world_size,
+            self.data.eval_chunk_size,
+            comm,
         )
 
 
@@ -34,7 +42,7 @@ class SampledDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     (rank-salted keys when ``salt_by_rank``: independent micro-batches, as data-parallel systems
     sample; otherwise ranks sample exactly what one process would). Evaluation: full-graph
     layer-wise inference split across ranks, each rank inferring and scoring its node range
-    (:func:`replicated_eval_counts`).
+    (:func:`replicated_eval_statistics`).
 
     Args: as :class:`GNNDataModule`, plus ``salt_by_rank`` (rank-salted sampling keys).
     """

@@ -35,6 +35,7 @@ from ..contract import Evaluation, ModuleRuntime, Prediction, RankContext, Runti
 from ..errors import ConfigError
 from ..graph.batch import Batch
 from ..schema import DataConfig, RunConfig, RunFacts, SystemConfig, check_run
+from .datamodule import GNNDataModule
 
 
 class SuiteDoublePrecision(DoublePrecision):
@@ -151,6 +152,17 @@ class SystemStrategy:
                 "use '16-mixed' / 'bf16-mixed', '32-true' or '64-true'"
             )
         Strategy.precision_plugin.fset(self, plugin)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
+        """Lightning's, plus the DataModule's completion of a checkpoint written before it
+        kept its loader's epoch (:meth:`~.datamodule.GNNDataModule.complete_checkpoint`)."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        trainer = self.lightning_module.trainer
+        if isinstance(trainer.datamodule, GNNDataModule):
+            resuming = trainer.state.fn == "fit"
+            trainer.datamodule.complete_checkpoint(checkpoint, resuming)
+        return checkpoint
 
     def run_facts(self, data: DataConfig) -> RunFacts:
         """What the config's rules see of this run: the Trainer's processes, the DataModule's

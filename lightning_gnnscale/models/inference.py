@@ -1,6 +1,6 @@
 """Full-neighbourhood inference, layer by layer over node chunks: in one process
 (:func:`layerwise_inference`) and split across ranks (:func:`full_logits`, :func:`node_rows`,
-:func:`replicated_eval_counts` over a replicated graph; :func:`owned_rows` over the rows a rank
+:func:`replicated_eval_statistics` over a replicated graph; :func:`owned_rows` over the rows a rank
 owns). Rows equal the one-process rows (tested in float64)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ..graph.book import RangeBook
 from ..graph.csc import Graph
 from ..graph.csc_rows import CSCRows
 from ..graph.sampler import BlockBuilder, build_block_sorted, sample_neighbors
+from ..tasks.base import NodeTask, split_statistics
 from .gnn import BlockGNN, SubgraphModel
 
 
@@ -158,7 +159,8 @@ def full_logits(
     return h
 
 
-def replicated_eval_counts(
+def replicated_eval_statistics(
+    task: NodeTask,
     graph: Graph,
     net: torch.nn.Module,
     splits: tuple[str, ...],
@@ -167,16 +169,16 @@ def replicated_eval_counts(
     chunk_size: int,
     comm: Comm | None = None,
 ) -> torch.Tensor:
-    """``[len(splits), 2]`` float64 (correct, total) over this rank's share of each split.
+    """``[len(splits), k]`` float64 task statistics over this rank's share of each split.
 
-    For systems whose ranks hold the whole graph; the caller sums the counts over ranks.
+    For systems whose ranks hold the whole graph; the caller sums the statistics over ranks.
 
     - With a distributed ``comm`` (rank and world size must be its own): the inference is split
       across ranks (:func:`full_logits`; the hidden layers' rows are all-gathered as
-      ``activation``) and each rank counts the nodes of its own :func:`node_range`.
-    - Without one: each rank runs the whole inference and counts every ``world_size``-th node.
+      ``activation``) and each rank scores the nodes of its own :func:`node_range`.
+    - Without one: each rank runs the whole inference and scores every ``world_size``-th node.
 
-    Either way the sums over ranks are the one-process counts.
+    Either way the sums over ranks are the one-process statistics.
     """
     if comm is not None and comm.world_size > 1:
         if (comm.rank, comm.world_size) != (rank, world_size):
@@ -185,21 +187,15 @@ def replicated_eval_counts(
                 f"{comm.rank} / {comm.world_size}"
             )
         start, stop = node_range(graph.num_nodes, rank, world_size)
-        pred = full_logits(graph, net, chunk_size, comm, gather=False).argmax(1).cpu()
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
+        out = full_logits(graph, net, chunk_size, comm, gather=False)
+        positions = {}
+        for split in splits:
             ids = graph.split_ids(split)
-            ids = ids[(ids >= start) & (ids < stop)]
-            counts[i, 0] = (pred[ids - start] == graph.y[ids]).sum()
-            counts[i, 1] = ids.numel()
-        return counts
-    pred = full_logits(graph, net, chunk_size).argmax(1).cpu()
-    counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-    for i, split in enumerate(splits):
-        ids = graph.split_ids(split)[rank::world_size]
-        counts[i, 0] = (pred[ids] == graph.y[ids]).sum()
-        counts[i, 1] = ids.numel()
-    return counts
+            positions[split] = ids[(ids >= start) & (ids < stop)] - start
+        return split_statistics(task, out, graph.y[start:stop], positions, splits)
+    out = full_logits(graph, net, chunk_size)
+    rows = {split: graph.split_ids(split)[rank::world_size] for split in splits}
+    return split_statistics(task, out, graph.y, rows, splits)
 
 
 def owned_range_rows(

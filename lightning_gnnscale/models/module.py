@@ -1,12 +1,13 @@
-"""``GNNModule``: the one LightningModule every strategy trains.
+"""``GNNModule``: the one LightningModule every strategy trains, for any node task.
 
-Loss is the sum of per-seed cross-entropies divided by the step's *global* seed count, so the
+Loss is the task's sum of per-seed losses divided by the step's *global* seed count, so the
 per-rank gradients add up to the single-process gradient (docs/architecture.md, "One training step"); strategies therefore sum
 gradients across ranks instead of averaging them. Reductions across ranks go through the
 strategy's metered ``comm`` (category ``control``), never through Lightning's ``sync_dist``,
 so every byte is counted; the epoch's train loss is reduced by ``callbacks.EpochStats``.
-The accuracies it logs are that reduction's result, the same on every rank, so Lightning's
-advice to add ``sync_dist=True`` for them is silenced.
+The metrics it logs (``val/<metric>``, ``test/<metric>``: the task's) are that reduction's
+result, the same on every rank, so Lightning's advice to add ``sync_dist=True`` for them is
+silenced.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ from typing import Any, Protocol
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..contract import Evaluation, LayerHook, ModuleRuntime, Prediction, RuntimeAware
 from ..errors import ConfigError
 from ..graph.batch import Batch
 from ..schema import ModelConfig
+from ..tasks import build_task
+from ..tasks.base import NodeTask
 from .gnn import BlockGNN
 
-# val/acc and test/acc are summed over ranks through the metered comm before logging
+# val/<metric> and test/<metric> are summed over ranks through the metered comm before logging
 warnings.filterwarnings(
-    "ignore", message=r"It is recommended to use `self.log\('(val|test)/acc', \.\.\., sync_dist"
+    "ignore", message=r"It is recommended to use `self.log\('(val|test)/\w+', \.\.\., sync_dist"
 )
 
 
@@ -39,7 +41,8 @@ class ModelBuilder(Protocol):
 
 
 class GNNModule(L.LightningModule):
-    """Node classification on sampled blocks.
+    """A node task (:mod:`~lightning_gnnscale.tasks`) on sampled blocks: the task's loss and
+    metrics over the net's output rows.
 
     Build it with :meth:`from_config` (the net and the optimiser from one
     :class:`~lightning_gnnscale.schema.ModelConfig`, whose settings the strategy then checks
@@ -56,6 +59,8 @@ class GNNModule(L.LightningModule):
         lr, weight_decay: optimiser settings.
         model_config: the settings ``net`` was built from (``from_config`` passes them);
             ``None``: the strategy checks what it can without them.
+        task: the task's name or object (default ``node_classification``); it must be the
+            DataModule's (``from_config`` takes the DataModule's).
     """
 
     def __init__(
@@ -65,6 +70,7 @@ class GNNModule(L.LightningModule):
         lr: float = 0.01,
         weight_decay: float = 5e-4,
         model_config: ModelConfig | None = None,
+        task: str | NodeTask | None = None,
     ):
         super().__init__()
         if model_config is not None and (optimizer, lr, weight_decay) != (
@@ -77,12 +83,13 @@ class GNNModule(L.LightningModule):
                 "GNNModule.from_config(model_config, datamodule)"
             )
         self.net = net
+        self.task = build_task(task)
         self.optimizer_name, self.lr, self.weight_decay = optimizer, lr, weight_decay
         self.model_config = model_config or described(net, optimizer, lr, weight_decay)
         self.epoch_loss = torch.zeros(2, dtype=torch.float64)  # this rank's (loss sum, seeds)
         self.runtime: ModuleRuntime | None = None
         self.batch_size = 1  # seeds of the current step's batch (self.log's default batch_size)
-        self.save_hyperparameters(ignore=["net", "model_config"])  # plain values only
+        self.save_hyperparameters(ignore=["net", "model_config", "task"])  # plain values only
 
     @classmethod
     def from_config(cls, model: ModelConfig, datamodule: ModelBuilder) -> GNNModule:
@@ -90,7 +97,14 @@ class GNNModule(L.LightningModule):
         the system's own layers where it has them) and its optimiser settings. For a system's
         default model settings use ``config.model_config(...)``."""
         net = datamodule.build_model(model)
-        return cls(net, model.optimizer, model.lr, model.weight_decay, model_config=model)
+        return cls(
+            net,
+            model.optimizer,
+            model.lr,
+            model.weight_decay,
+            model_config=model,
+            task=datamodule.task,
+        )
 
     def log(self, name: str, value: Any, *args, batch_size: int | None = None, **kwargs) -> None:
         """Lightning's ``log``, with ``batch_size`` defaulting to :attr:`batch_size`."""
@@ -114,12 +128,9 @@ class GNNModule(L.LightningModule):
         return self.net(batch.blocks, batch.x, layer_hook=self.layer_hook(batch))
 
     def loss_sum(self, batch: Batch) -> torch.Tensor:
-        """Sum of per-seed cross-entropies of this rank's seeds (weighted by
+        """The task's sum of per-seed losses of this rank's seeds (weighted by
         ``batch.seed_weight`` when the batch carries one)."""
-        logits = self(batch)
-        if batch.seed_weight is None:
-            return F.cross_entropy(logits, batch.y, reduction="sum")
-        return (F.cross_entropy(logits, batch.y, reduction="none") * batch.seed_weight).sum()
+        return self.task.loss_sum(self(batch), batch.y, batch.seed_weight)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         if isinstance(batch, Batch):
@@ -147,19 +158,24 @@ class GNNModule(L.LightningModule):
 
     # ------------------------------------------------------------------------ evaluation
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0):
-        self.batch_size = 1  # one Evaluation: the accuracies are over the whole graph
+        self.batch_size = 1  # one Evaluation: the metrics are over the whole graph
 
     def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0):
         self.batch_size = 1
 
     def validation_step(self, batch: Evaluation, batch_idx: int) -> None:
-        acc = batch.accuracy(self.net, ("val", "test"))
-        self.log("val/acc", acc["val"], prog_bar=True, batch_size=1)
-        self.log("test/acc", acc["test"], batch_size=1)
+        self.log_metrics(batch.metrics(self.net, ("val", "test")))
 
     def test_step(self, batch: Evaluation, batch_idx: int) -> None:
-        acc = batch.accuracy(self.net, ("test",))
-        self.log("test/acc", acc["test"], batch_size=1)
+        self.log_metrics(batch.metrics(self.net, ("test",)))
+
+    def log_metrics(self, metrics: dict[str, dict[str, float]]) -> None:
+        """Log ``{split: {metric: value}}`` as ``<split>/<metric>`` (the monitored validation
+        metric in the progress bar)."""
+        for split, values in metrics.items():
+            for name, value in values.items():
+                shown = split == "val" and name == self.task.spec.monitor
+                self.log(f"{split}/{name}", value, prog_bar=shown, batch_size=1)
 
     def predict_step(self, batch: Prediction, batch_idx: int) -> dict[str, torch.Tensor]:
         """This rank's share of the requested nodes: ``{"node_ids": [n], "logits" or

@@ -39,7 +39,12 @@ from ...graph.partition_config import METHOD_OPTIONS
 from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.seed_split import SeedSplit
 from ...kit.datamodule import GNNDataModule
-from ...kit.partitions import assert_same_on_all_ranks, own_partition, own_predictions
+from ...kit.partitions import (
+    assert_same_on_all_ranks,
+    core_statistics,
+    own_partition,
+    own_predictions,
+)
 from ...models.gnn import BlockGNN
 from ...store_secret import require_secret
 from .address import service_address
@@ -102,7 +107,7 @@ class ByteGNNDataModule(GNNDataModule):
             digest = torch.tensor([int(prepared.digest[:15], 16)])
             assert_same_on_all_ranks(comm, digest, "the partition directory")
             part = prepared.load_part(rank)
-            self.local = LocalPartition.from_arrays(part, rank, self._dtype)
+            self.local = LocalPartition.from_arrays(part, rank, self.dtype)
             self.local_degree, self.degree = part["degree"], None
             self.core_orig_ids = part["orig_ids"]
             sizes = torch.tensor(prepared.meta["trainer_sizes"], dtype=torch.int64)
@@ -251,14 +256,8 @@ class ByteGNNDataModule(GNNDataModule):
         return rows
 
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """Counts on this rank's core, from :meth:`core_outputs`."""
-        local = self.local
-        pred = self.core_outputs(net, net.num_layers).argmax(1).cpu()
-        masks = {"train": local.train_mask, "val": local.val_mask, "test": local.test_mask}
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
-            mask = masks[split]
-            counts[i, 0] = (pred[mask] == local.y[mask]).sum()
-            counts[i, 1] = mask.sum()
-        return counts
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """The task's statistics on this rank's core, from :meth:`core_outputs`."""
+        return core_statistics(
+            self.task, self.local, self.core_outputs(net, net.num_layers), splits
+        )

@@ -36,7 +36,12 @@ from ...graph.partition_dir import PartitionDir, write_halo_parts
 from ...graph.sampler import BlockBuilder, splitmix64
 from ...graph.seed_split import SeedSplit
 from ...kit.datamodule import GNNDataModule
-from ...kit.partitions import assert_same_on_all_ranks, own_partition, own_predictions
+from ...kit.partitions import (
+    assert_same_on_all_ranks,
+    core_statistics,
+    own_partition,
+    own_predictions,
+)
 from ...models.gnn import BlockGNN
 from ...models.inference import layer_rows
 from .config import DistDGLConfig
@@ -185,7 +190,7 @@ class DistDGLDataModule(GNNDataModule):
         """This rank's partition and the degrees of its core and halo, from its part's files
         only (memory-mapped; features cast to the run's dtype if they differ)."""
         part = opened.load_part(rank)
-        local = LocalPartition.from_arrays(part, rank, self._dtype)
+        local = LocalPartition.from_arrays(part, rank, self.dtype)
         self._part = part
         return local, part["degree"]
 
@@ -278,13 +283,15 @@ class DistDGLDataModule(GNNDataModule):
         """The learnable input table and its optimiser state, on global rank 0 only (Lightning
         calls it on every rank when it saves a checkpoint, in the same order, and writes rank
         0's: the call is collective, a gather to rank 0). Empty on the other ranks, and
-        without embeddings."""
-        return {} if self.inputs is None else self.inputs.state_dict()
+        without embeddings; with the base's ``train_epoch`` on every rank."""
+        tables = {} if self.inputs is None else self.inputs.state_dict()
+        return {**super().state_dict(), **tables}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Each rank takes its rows of the full tables in the loaded checkpoint (Lightning
         calls it after ``setup``, on every rank, with the checkpoint rank 0 wrote)."""
+        super().load_state_dict(state_dict)
         if self.inputs is not None:
             self.inputs.load_state_dict(state_dict)
 
@@ -333,14 +340,8 @@ class DistDGLDataModule(GNNDataModule):
         return core_rows
 
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """Counts on this rank's core, from :meth:`core_outputs`."""
-        local = self.local
-        pred = self.core_outputs(net, net.num_layers).argmax(1).cpu()
-        masks = {"train": local.train_mask, "val": local.val_mask, "test": local.test_mask}
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
-            mask = masks[split]
-            counts[i, 0] = (pred[mask] == local.y[mask]).sum()
-            counts[i, 1] = mask.sum()
-        return counts
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """The task's statistics on this rank's core, from :meth:`core_outputs`."""
+        return core_statistics(
+            self.task, self.local, self.core_outputs(net, net.num_layers), splits
+        )

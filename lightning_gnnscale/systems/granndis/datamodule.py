@@ -4,10 +4,11 @@
 In memory every rank holds the whole graph (as the artifact assumes a replicated dataset per
 server), so the preloaded rows of a server graph are read locally, once; only halo rows move
 during training. From a partition directory (``write_parts``) a rank holds its plans and its
-server's preloaded rows only (:mod:`.partdir`). The layouts need the topology (servers x workers), which the strategy knows only
-once the process group exists, so they are built in ``prepare_data`` (once per node, before
-any rank's ``setup``): every server graph is extracted and split once, and each rank's plans
-are cached on disk by content hash; each rank then loads only its own. The ranks check that
+server's preloaded rows only (:mod:`.partdir`). The layouts need the topology (servers x workers): the
+constructor's ``topology`` (``train.py`` passes the run's), else the Trainer's world size and
+nodes (one server per node). They are built in ``prepare_data`` (once per node, before any
+rank's ``setup``): every server graph is extracted and split once, and each rank's plans are
+cached on disk by content hash; each rank then loads only its own. The ranks check that
 what each receives is what its owners send."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ...comm import Topology
-from ...contract import RankContext, rank_context
+from ...contract import RankContext
 from ...errors import ConfigError
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook
@@ -44,6 +45,7 @@ from ...kit.partitions import assert_same_on_all_ranks, own_predictions
 from ...kit.sampled import ReplicatedGraphEvaluation
 from ...models.gnn import BlockGNN
 from ...schema import ModelConfig, require
+from ...tasks.base import split_statistics
 from .callbacks import GraNNDISStats, LayoutReport, LayoutSummary
 from .config import DIRECTORY_MODES, GraNNDISConfig
 from .costmodel import choose_k, estimate_memory
@@ -92,11 +94,23 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     from its partition), ``cob`` (``B`` co-batch graphs per server, built once), ``mb_base``
     (per-rank sampled mini-batches, no layout).
 
-    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``GraNNDISConfig()``.
+    Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``GraNNDISConfig()``;
+    ``topology``: the run's servers x workers (sets ``launch_topology``), needed where it is
+    not one server per Trainer node (a strategy given ``servers``).
     """
 
-    def __init__(self, dataset, config: GraNNDISConfig | None = None, data=None, **kwargs):
+    def __init__(
+        self,
+        dataset,
+        config: GraNNDISConfig | None = None,
+        data=None,
+        *,
+        topology: Topology | None = None,
+        **kwargs,
+    ):
         super().__init__(dataset, config or GraNNDISConfig(), data, **kwargs)
+        if topology is not None:
+            self.launch_topology = topology
         self.config.check_layers(self.num_layers)
         self.rank, self.world_size = 0, 1
         self.plan_bytes = 0  # bytes of this rank's plans (every step's), once set up
@@ -125,7 +139,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def value_bytes(self) -> int:
         """Bytes of one feature value in this run."""
         if self.partition_dir is not None:
-            return self._dtype.itemsize
+            return self.dtype.itemsize
         return self.graph.x.element_size()
 
     @property
@@ -137,7 +151,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def preprocess(self, world_size: int) -> None:
         """What the launcher can check and compute before any rank starts (the layouts need
-        the servers x workers topology, which only the strategy knows: :meth:`prepare_data`):
+        the servers x workers and are built in :meth:`prepare_data`):
         a ``cob.num_per_epoch`` above the training nodes, or a ``memory_budget_mb`` below what
         any depth needs, is refused here; FB_base's flat whole-graph partition is cached."""
         if not self.config.layout_mode:
@@ -181,11 +195,34 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def prepare_data(self) -> None:
         """Once per node, before any rank's ``setup`` (Lightning waits at its ``pre_setup``
-        barrier): every rank's plans for the run's topology, built in this one process and
-        cached per rank by content hash, so each rank then loads only its own."""
+        barrier): every rank's plans for :meth:`layout_topology`, built in this one process
+        and cached per rank by content hash, so each rank then loads only its own."""
         super().prepare_data()
-        if self.config.layout_mode and self.trainer is not None and self.partition_dir is None:
-            self.prepare_layouts(rank_context(self.trainer).topology)
+        topology = self.layout_topology()
+        if self.config.layout_mode and topology is not None and self.partition_dir is None:
+            self.prepare_layouts(topology)
+
+    def layout_topology(self) -> Topology | None:
+        """The servers x workers the in-memory layouts are built for: ``launch_topology`` (the
+        constructor's ``topology``, or the run's from ``train.py``), else one server per node
+        of the attached Trainer (``None``: neither is known)."""
+        if self.launch_topology is not None:
+            return self.launch_topology
+        if self.trainer is None:
+            return None
+        return Topology.from_launch(self.trainer.world_size, self.trainer.num_nodes)
+
+    def check_layout_topology(self, context: RankContext) -> None:
+        """The strategy's servers x workers must be the ones :meth:`prepare_data` laid out
+        (every rank decides alike: no rank waits on one that refused)."""
+        expected = self.layout_topology()
+        if expected is not None and expected != context.topology:
+            raise ConfigError(
+                f"the GraNNDIS plans were laid out for {expected} but the strategy runs "
+                f"{context.topology}: pass topology=Topology({context.topology.world_size}, "
+                f"{context.topology.workers_per_server}) to GraNNDISDataModule (a strategy "
+                "given servers=... splits the ranks into other servers than the Trainer's nodes)"
+            )
 
     def depths(self) -> list[int | None]:
         """FLX's preload depths to lay out: every ``k`` for ``preload_auto``, else the
@@ -627,7 +664,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """The rows of the server group this part addresses as ``<name>_x_range`` (a slice
         of the mapping, cast to the run's dtype)."""
         start, stop = self.part[f"{name}_x_range"].tolist()
-        return self.server_x[start:stop].to(self._dtype)
+        return self.server_x[start:stop].to(self.dtype)
 
     def step_data(self, plans: list[StepPlan], k: int | None) -> tuple[list, list]:
         """Per step: the input rows of ``input_ids`` and the labels of the loss rows."""
@@ -668,6 +705,8 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 salt_by_rank=True,
             )
             return
+        if not isinstance(prepared, PartitionDir):
+            self.check_layout_topology(context)
         if self.config.preload_auto:
             self.preload_depth, plans, self.layout = self.choose_preload_depth(context)
         else:
@@ -693,7 +732,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """The net, also recording its widths and size for ``preload_auto``'s estimates."""
         net = super().build_model(model)
         self.model_dims = [self.input_dim, *[model.hidden] * (model.num_layers - 1)]
-        self.model_dims.append(self.num_classes)
+        self.model_dims.append(self.out_dim)
         self.model_params = sum(p.numel() for p in net.parameters())
         return net
 
@@ -808,19 +847,15 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     # ------------------------------------------------------------------------ evaluation
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """In memory: layer-wise inference split across ranks, each holding the graph. From a
         partition directory: the same inference over the ranks' shares, the halo rows sent
-        by their owners before every layer; counts on this rank's share."""
+        by their owners before every layer; scored on this rank's share."""
         if self.eval_share is None:
-            return super().eval_counts(net, splits)
-        pred = self.share_rows(net, net.num_layers).argmax(1).cpu()
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
-            mask = self.part[f"eval_{split}_mask"]
-            counts[i, 0] = (pred[mask] == self.part["eval_y"][mask]).sum()
-            counts[i, 1] = mask.sum()
-        return counts
+            return super().eval_statistics(net, splits)
+        out = self.share_rows(net, net.num_layers)
+        masks = {split: self.part[f"eval_{split}_mask"] for split in splits}
+        return split_statistics(self.task, out, self.part["eval_y"], masks, splits)
 
     def share_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
         """The first ``layers`` layers' rows of this rank's inference share."""

@@ -36,8 +36,9 @@ from ...models.inference import (
     inference_builder,
     layer_rows,
     layerwise_inference,
-    replicated_eval_counts,
+    replicated_eval_statistics,
 )
+from ...tasks.base import split_statistics
 from .callbacks import GradientOnlyAudit, GrappaStats, ScheduleReport
 from .chunking import ChunkReader, ChunkStore, write_chunk_store
 from .config import GrappaConfig
@@ -171,7 +172,7 @@ class GrappaDataModule(GNNDataModule):
         cfg = self.config
         self.rank, self.world_size, self.comm = context.rank, context.world_size, context.comm
         if isinstance(prepared, PartitionDir):
-            prepared = DirChunks(prepared, self.rank, self._dtype)
+            prepared = DirChunks(prepared, self.rank, self.dtype)
         self.store = prepared
         if isinstance(prepared, DirChunks):
             self.home = prepared.home  # the part's list (checked against home_chunks)
@@ -211,12 +212,14 @@ class GrappaDataModule(GNNDataModule):
 
     @override
     def state_dict(self) -> dict:
-        """The super-epoch clock and the layout its ``t`` indexes."""
-        return {**self.clock.state_dict(), **self._layout()}
+        """The super-epoch clock and the layout its ``t`` indexes (and the base's
+        ``train_epoch``)."""
+        return {**super().state_dict(), **self.clock.state_dict(), **self._layout()}
 
     @override
     def load_state_dict(self, state_dict: dict) -> None:
         """Restore the clock; the layout it indexes must be the same."""
+        super().load_state_dict(state_dict)
         differ = {
             k: (state_dict.get(k), v) for k, v in self._layout().items() if state_dict.get(k) != v
         }
@@ -440,34 +443,38 @@ class GrappaDataModule(GNNDataModule):
 
     @override
     @torch.no_grad()
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> Tensor:
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> Tensor:
+        stats = torch.zeros(len(splits), len(self.task.statistic_names), dtype=torch.float64)
         mode = self.config.eval_mode
         if mode == "none":
-            return counts
+            return stats
         if mode == "global_fullgraph" and isinstance(net, BlockGNN):
-            part, logits = self.home_rows(net, net.num_layers)  # in memory too: one kernel
-            pred, core = logits.argmax(1).cpu(), part.num_core
-            for i, split in enumerate(splits):
-                mask = getattr(part, f"{split}_mask")[:core]
-                counts[i, 0] = (pred[mask] == part.y[:core][mask]).sum()
-                counts[i, 1] = mask.sum()
-            return counts
+            part, out = self.home_rows(net, net.num_layers)  # in memory too: one kernel
+            core = part.num_core
+            masks = {split: getattr(part, f"{split}_mask")[:core] for split in splits}
+            return split_statistics(self.task, out, part.y[:core], masks, splits)
         if mode == "global_fullgraph":  # another net runs on the whole graph
             comm = self.context.comm if self.context is not None else None
-            return replicated_eval_counts(
-                self.graph, net, splits, self.rank, self.world_size, self.data.eval_chunk_size, comm
+            return replicated_eval_statistics(
+                self.task,
+                self.graph,
+                net,
+                splits,
+                self.rank,
+                self.world_size,
+                self.data.eval_chunk_size,
+                comm,
             )
         assert isinstance(net, BlockGNN)
         for phase in range(self.phases):  # each scores its seed chunks
             part = self._eval_partition(phase)
             core = part.num_core
-            pred = self.isolated_logits(net, part)[:core].argmax(1).cpu()
-            for i, split in enumerate(splits):
-                mask = getattr(part, f"{split}_mask")[:core] & part.seed_owned
-                counts[i, 0] += (pred[mask] == part.y[:core][mask]).sum()
-                counts[i, 1] += mask.sum()
-        return counts
+            out = self.isolated_logits(net, part)[:core]
+            masks = {
+                split: getattr(part, f"{split}_mask")[:core] & part.seed_owned for split in splits
+            }
+            stats += split_statistics(self.task, out, part.y[:core], masks, splits)
+        return stats
 
     # ------------------------------------------------------ full-graph inference by home chunk
     def home_partition(self) -> IsolatedPartition:

@@ -35,7 +35,7 @@ class IsolatedPartition:
         indptr, indices: int64 local CSC ``[n + 1]`` / ``[E]`` (sources as local ids); halo
             nodes have no in-edges.
         x ``[n, F]``, y ``[n]``, train_mask / val_mask / test_mask bool ``[n]``: per local node
-            (halo labels ``-1``, halo masks false).
+            (``y``: the task's target rows; halo rows ``-1``, halo masks false).
         deg: int64 ``[n]``, global in-degree.
         ell: int64 ``[n_core]``, owned (or, with ``count_halo_as_local``, local)
             in-neighbours of each owned node.
@@ -162,7 +162,7 @@ def build_partition(
         x[new_pos[offset : offset + n]] = chunks[c]["x"].to(store.dtype)
         offset += n
     del chunks, new_pos
-    hy = torch.full((halo.numel(),), -1, dtype=torch.int64)
+    hy = cat["y"].new_full((halo.numel(), *cat["y"].shape[1:]), -1)  # halo rows: no target
     hdeg = torch.zeros(halo.numel(), dtype=torch.int64)
     hchunk = torch.full((halo.numel(),), -1, dtype=torch.int64)
     if halo.numel():

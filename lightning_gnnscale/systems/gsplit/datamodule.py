@@ -41,6 +41,7 @@ from ...kit.datamodule import GNNDataModule
 from ...kit.partitions import assert_same_on_all_ranks, own_predictions
 from ...kit.sampled import ReplicatedGraphEvaluation
 from ...models.inference import owned_rows
+from ...tasks.base import split_statistics
 from .callbacks import GSplitStats, RedundancyProbe
 from .config import GSplitConfig
 from .partition import cached_probabilistic_partition
@@ -351,7 +352,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.seed,
             node_keys=lambda ids: orig_ids.index_select(0, ids - first),
         )
-        x = part["x"] if part["x"].dtype == self._dtype else part["x"].to(self._dtype)
+        x = part["x"] if part["x"].dtype == self.dtype else part["x"].to(self.dtype)
         cache = self.config.cache
         self.cache = PartitionedFeatureCache(
             x,
@@ -435,20 +436,15 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         return own if name == "orig_ids" else getattr(self.graph, name).index_select(0, own)
 
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """Replicated in memory: layer-wise inference over the whole graph. Otherwise (a
         partition directory, or ``topology: partitioned``): this rank's own rows
-        (:meth:`own_rows`), counted on its own vertices."""
+        (:meth:`own_rows`), scored on its own vertices."""
         if self.own_topology is None:
-            return super().eval_counts(net, splits)
-        pred = self.own_rows(net, net.num_layers).argmax(1).cpu()
-        labels = self.own_array("y")
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
-            mask = self.own_array(f"{split}_mask")
-            counts[i, 0] = (pred[mask] == labels[mask]).sum()
-            counts[i, 1] = mask.sum()
-        return counts
+            return super().eval_statistics(net, splits)
+        out = self.own_rows(net, net.num_layers)
+        masks = {split: self.own_array(f"{split}_mask") for split in splits}
+        return split_statistics(self.task, out, self.own_array("y"), masks, splits)
 
     @override
     def predict_rows(

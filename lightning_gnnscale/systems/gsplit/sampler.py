@@ -101,7 +101,7 @@ class OwnerOrderBuilder(BlockBuilder):
         self.rank[self.unrank] = torch.arange(self.unrank.numel())
 
     def __call__(self, dst: Tensor, src: Tensor, dst_pos: Tensor) -> Block:
-        slot, seen = self._slot, self._seen
+        slot, seen = self.slot, self.seen
         n_dst = dst.numel()
         slot.index_copy_(0, dst, torch.arange(n_dst))
         seen.index_fill_(0, self.rank.index_select(0, src), True)

@@ -47,6 +47,7 @@ from ...kit.datamodule import GNNDataModule
 from ...kit.partitions import assert_same_on_all_ranks, own_predictions
 from ...kit.sampled import ReplicatedGraphEvaluation
 from ...models.inference import owned_range_rows
+from ...tasks.base import split_statistics
 from .callbacks import HopGNNStats
 from .config import HopGNNConfig
 from .merging import MergeController, modeled_epoch_seconds
@@ -203,7 +204,8 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     ``single`` / ``ddp`` (one seeded permutation per epoch) and splits it into the ``N``
     models' shares; the planner (pure) groups the roots by home server and schedules the time
     steps. Batches are :class:`HopGNNBatch`. Evaluation: full-graph layer-wise inference with
-    the (identical) replica split across ranks (:func:`~...models.inference.replicated_eval_counts`).
+    the (identical) replica split across ranks
+    (:func:`~...models.inference.replicated_eval_statistics`).
 
     Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``HopGNNConfig()``.
     """
@@ -328,7 +330,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         replicated = prepared.load_shared("topology", self.rank)
         self.own = prepared.load_part(self.rank)
         x = self.own["x"]
-        x = x if x.dtype == self._dtype else x.to(self._dtype)
+        x = x if x.dtype == self.dtype else x.to(self.dtype)
         self.part, self.labels = book, replicated["y"]
         if replicated["train_ids"].numel() == 0:  # as the base's train_ids
             raise ValueError(f"partition directory {self.partition_dir}: no training nodes")
@@ -345,20 +347,16 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     # ------------------------------------------------------------------------ evaluation
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """In memory: layer-wise inference over the replicated graph. From a partition
-        directory: this rank's own nodes (:meth:`own_rows`), counted on them."""
+        directory: this rank's own nodes (:meth:`own_rows`), scored on them."""
         if self.partition_dir is None:
-            return super().eval_counts(net, splits)
-        pred = self.own_rows(net, net.num_layers).argmax(1).cpu()
+            return super().eval_statistics(net, splits)
+        out = self.own_rows(net, net.num_layers)
         first = int(self.part.node_offsets[self.rank])
-        labels = self.labels[first : first + pred.numel()]
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for i, split in enumerate(splits):
-            mask = self.own[f"{split}_mask"]
-            counts[i, 0] = (pred[mask] == labels[mask]).sum()
-            counts[i, 1] = mask.sum()
-        return counts
+        targets = self.labels[first : first + out.shape[0]]
+        masks = {split: self.own[f"{split}_mask"] for split in splits}
+        return split_statistics(self.task, out, targets, masks, splits)
 
     @override
     def predict_rows(
@@ -545,7 +543,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         the in-epoch measurement (iterations, meter snapshot, start time) is not saved, so a
         resume would not continue identically."""
         if self.controller is None:
-            return {"trajectory": list(self._fixed_trajectory)}
+            return {**super().state_dict(), "trajectory": list(self._fixed_trajectory)}
         if self._window_open and self._mid_epoch():
             raise RuntimeError(
                 "HopGNN's merging controller (strategy.merge_adaptive=true) cannot be "
@@ -556,7 +554,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             )
         if self._window_open:
             self._close_window()
-        return {"merge": self.controller.state_dict()}
+        return {**super().state_dict(), "merge": self.controller.state_dict()}
 
     def _mid_epoch(self) -> bool:
         """Whether the attached Trainer is fitting and the last step it ran (noted by
@@ -571,6 +569,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
         merge = state_dict.get("merge")
         if merge is None:
             self._fixed_trajectory = list(state_dict.get("trajectory", []))

@@ -20,6 +20,7 @@ from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, pa
 from ...kit.datamodule import GNNDataModule
 from ...kit.partitions import assert_same_on_all_ranks, own_predictions
 from ...schema import ModelConfig
+from ...tasks.base import split_statistics
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig
 from .layout import RowBlocks, check_symmetric, consumer_matrix, every_row_block, row_blocks
@@ -71,7 +72,7 @@ class SancusDataModule(GNNDataModule):
     @override
     def partition_settings(self) -> dict[str, Any]:
         # Â's values are computed in the features' dtype: a directory serves that dtype only
-        dtype = str(self._dtype).removeprefix("torch.")
+        dtype = str(self.dtype).removeprefix("torch.")
         return {"method": self.config.rows, "partition_options": {}, "feature_dtype": dtype}
 
     @override
@@ -171,7 +172,7 @@ class SancusDataModule(GNNDataModule):
 
     @override
     def state_dict(self) -> dict:
-        return {"policy": self.config.policy}
+        return {**super().state_dict(), "policy": self.config.policy}
 
     @override
     def load_state_dict(self, state_dict: dict) -> None:
@@ -186,6 +187,7 @@ class SancusDataModule(GNNDataModule):
             fresh_start="load its weights into the module (e.g. GNNModule.load_from_checkpoint) "
             "and call trainer.fit without ckpt_path",
         )
+        super().load_state_dict(state_dict)
 
     @override
     def build_model(self, model: ModelConfig) -> SancusGCN:
@@ -195,7 +197,7 @@ class SancusDataModule(GNNDataModule):
         return SancusGCN(
             self.input_dim,
             model.hidden,
-            self.num_classes,
+            self.out_dim,
             model.num_layers,
             StalenessPolicy.of(self.config),
         )
@@ -204,7 +206,7 @@ class SancusDataModule(GNNDataModule):
     def callbacks(self) -> list[L.Callback]:
         """The staleness log and the cache memory (``summary.json`` → ``system``)."""
         if self.partition_dir is not None:
-            nodes, itemsize = int(self.partition_meta()["num_nodes"]), self._dtype.itemsize
+            nodes, itemsize = int(self.partition_meta()["num_nodes"]), self.dtype.itemsize
         else:
             nodes, itemsize = self.graph.num_nodes, self.graph.x.element_size()
         return [StalenessLog(self.config.rows), CacheMemory(nodes, itemsize)]
@@ -230,11 +232,6 @@ class SancusDataModule(GNNDataModule):
         return own_predictions(self.own_ids, rows, node_ids, int(self.layout.offsets[-1]))
 
     @override
-    def eval_counts(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        pred = SancusGCN.of(net).exact_logits(self.x, self.layout).argmax(1)
-        counts = torch.zeros(len(splits), 2, dtype=torch.float64)
-        for k, split in enumerate(splits):
-            mask = self.masks[split]
-            counts[k, 0] = (pred[mask] == self.y[mask]).sum()
-            counts[k, 1] = mask.sum()
-        return counts
+    def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        out = SancusGCN.of(net).exact_logits(self.x, self.layout)
+        return split_statistics(self.task, out, self.y, self.masks, splits)

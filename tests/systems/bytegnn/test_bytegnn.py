@@ -788,13 +788,13 @@ def test_throughput_is_end_to_end_over_the_epoch_with_its_evaluation(tmp_path, m
     from lightning_gnnscale.systems.bytegnn.datamodule import ByteGNNDataModule
     from tests.helpers.config import make_cfg
 
-    eval_counts = ByteGNNDataModule.eval_counts
+    eval_statistics = ByteGNNDataModule.eval_statistics
 
     def slow_eval(self, net, splits):
         time.sleep(0.5)
-        return eval_counts(self, net, splits)
+        return eval_statistics(self, net, splits)
 
-    monkeypatch.setattr(ByteGNNDataModule, "eval_counts", slow_eval)
+    monkeypatch.setattr(ByteGNNDataModule, "eval_statistics", slow_eval)
     metrics, _ = train(make_cfg(tmp_path, "strategy=bytegnn", "trainer.devices=1"))
     system = metrics["system"]
     epochs = system["epochs"]

@@ -104,6 +104,34 @@ def test_plans_are_built_once_and_each_rank_loads_its_own(tmp_path, monkeypatch)
             assert got.final.send_splits == exp.final.send_splits
 
 
+def test_prepare_data_lays_out_the_given_topology_without_asking_the_strategy(tmp_path):
+    """``prepare_data`` takes the servers x workers from the DataModule (its ``topology``, else
+    one server per Trainer node), never from the strategy; a strategy that runs other servers
+    is refused on every rank, naming the setting to pass."""
+    from types import SimpleNamespace
+
+    from lightning_gnnscale.graph.cache import artifact_path
+    from lightning_gnnscale.systems.granndis.datamodule import PLAN_PREFIX
+
+    config = GraNNDISConfig(mode="flx")
+    trainer = SimpleNamespace(world_size=4, num_nodes=1, num_devices=4, node_rank=0)
+    trainer.precision = "32-true"  # no strategy: reaching for one fails
+    one_per_node = Topology(4, 4)
+    for given, laid_out in ((TOPOLOGY, TOPOLOGY), (None, one_per_node)):
+        dm = GraNNDISDataModule(
+            graph_of(), config, DataConfig(-1, [-1, -1]), cache_dir=tmp_path, topology=given
+        )
+        dm.trainer = trainer
+        dm.prepare_data()
+        k = config.preload_depth(2)
+        keys = [dm.layout_key(laid_out, k, rank) for rank in range(4)]
+        assert all(artifact_path(key, tmp_path, prefix=PLAN_PREFIX).exists() for key in keys)
+    running = SimpleNamespace(topology=TOPOLOGY)
+    with pytest.raises(ConfigError, match=r"pass topology=Topology\(4, 2\) to GraNNDISDataModule"):
+        dm.check_layout_topology(running)  # laid out one server per node, runs 2 servers
+    dm.check_layout_topology(SimpleNamespace(topology=one_per_node))
+
+
 def test_a_plan_holds_one_structure_whatever_the_depth():
     """FB_base's layout is the same at every depth: what its plans hold must not grow with L
     (one static one-hop graph plus the rows' levels, no per-layer copy of the edges)."""

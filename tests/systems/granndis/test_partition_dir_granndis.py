@@ -56,7 +56,7 @@ def _run(dm, comm, kind="sage"):
     counts, every rank's prediction rows (logits and embeddings), its rows of a few requested
     ids, and what asking for an id past the graph raises."""
     torch.manual_seed(0)
-    net = BlockGNN(kind, dm.input_dim, 8, dm.num_classes, LAYERS, dropout=0.0).double()
+    net = BlockGNN(kind, dm.input_dim, 8, dm.out_dim, LAYERS, dropout=0.0).double()
     steps = []
     for step in range(dm.steps_per_epoch):
         batch = dm.make_batch(1, step)
@@ -67,7 +67,7 @@ def _run(dm, comm, kind="sage"):
         grad = torch.cat([p.grad.flatten() for p in net.parameters()])
         steps.append((loss.detach(), logits.detach(), comm.all_reduce(grad, category="gradient")))
     net.eval()
-    counts = comm.all_reduce(dm.eval_counts(net, ("train", "val", "test")), category="control")
+    counts = comm.all_reduce(dm.eval_statistics(net, ("train", "val", "test")), category="control")
     predicted = {out: dm.predict_rows(net, None, out) for out in ("logits", "embeddings")}
     predicted["some"] = dm.predict_rows(net, torch.tensor([7, 0, 299, 150]), "logits")
     try:

@@ -318,7 +318,7 @@ def make_dm(store, world, rank, k=1, batch_size=40, graph=None, comm=None, max_e
         DataConfig(batch_size=batch_size, fanouts=[3, 2]),
         seed=1,
     )
-    dm.trainer = SimpleNamespace(max_epochs=max_epochs)
+    dm.trainer = SimpleNamespace(max_epochs=max_epochs, is_last_batch=True)  # at an epoch end
     comm = comm if comm is not None else RankComm(rank, world)
     dm.setup_rank(RankContext(comm, torch.device("cpu")), store)
     return dm
@@ -410,7 +410,7 @@ def test_isolated_evaluation_neither_counts_builds_nor_evicts_the_training_parti
         dm.make_batch(0, step)
     held = dm.partition(1)
     builds, io = dm.builds, dm.io_bytes
-    counts = dm.eval_counts(BlockGNN("sage", 6, 16, 4, 2), ("val", "test"))
+    counts = dm.eval_statistics(BlockGNN("sage", 6, 16, 4, 2), ("val", "test"))
     assert (dm.builds, dm.io_bytes) == (builds, io)
     assert dm.partition(1) is held and dm.builds == builds
     g, seeds = small_graph(), [dm.partition(i) for i in range(2)]
@@ -456,7 +456,7 @@ def test_isolated_evaluation_of_a_whole_graph_partition_equals_global_evaluation
         atol=1e-12,
     )
     splits = ("train", "val", "test")
-    assert torch.equal(iso.eval_counts(net, splits), glob.eval_counts(net, splits))
+    assert torch.equal(iso.eval_statistics(net, splits), glob.eval_statistics(net, splits))
 
 
 @pytest.mark.parametrize("halo_hops", [0, 1])

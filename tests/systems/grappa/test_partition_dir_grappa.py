@@ -66,7 +66,7 @@ def _epochs(dm, comm, config):
     """Three epochs (three super-epochs: the partitions change) of batches and a GCN's scaled
     gradients, then every evaluation mode's counts and the predicted logits of all nodes."""
     torch.manual_seed(0)
-    net = BlockGNN("gcn", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
+    net = BlockGNN("gcn", dm.input_dim, 16, dm.out_dim, num_layers=2, dropout=0.0).double()
     out = []
     for epoch in range(3):
         for step in range(dm.steps_per_epoch):
@@ -82,7 +82,7 @@ def _epochs(dm, comm, config):
     for mode in ("global_fullgraph", "isolated"):
         dm.config = dataclasses.replace(config, eval_mode=mode)
         counts[mode] = comm.all_reduce(
-            dm.eval_counts(net.eval(), ("val", "test")), category="control"
+            dm.eval_statistics(net.eval(), ("val", "test")), category="control"
         )
     dm.config = config
     ids, logits = dm.predict_rows(net, None, "logits")

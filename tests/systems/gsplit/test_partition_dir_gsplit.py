@@ -64,7 +64,7 @@ def _steps(dm, comm, probe=True):
     shuffle hook moving rows); then evaluation counts, predictions and (if ``probe``) the
     redundancy probe's samples."""
     torch.manual_seed(0)
-    net = BlockGNN("gcn", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
+    net = BlockGNN("gcn", dm.input_dim, 16, dm.out_dim, num_layers=2, dropout=0.0).double()
     make_hook = shuffle_hook(comm)
     out = []
     for step in range(dm.steps_per_epoch):
@@ -78,7 +78,7 @@ def _steps(dm, comm, probe=True):
         blocks = [(b.src_ids, b.edge_index, b.src_deg) for b in batch.blocks]
         out.append((blocks, batch.x, batch.y, loss.detach(), grad))
     net.eval()
-    counts = comm.all_reduce(dm.eval_counts(net, ("train", "val", "test")), category="control")
+    counts = comm.all_reduce(dm.eval_statistics(net, ("train", "val", "test")), category="control")
     predictions = [dm.predict_rows(net, None, "logits")]
     predictions.append(dm.predict_rows(net, torch.tensor([299, 0, 150, 7]), "embeddings"))
     if not probe:

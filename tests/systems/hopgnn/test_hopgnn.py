@@ -430,6 +430,7 @@ def test_mid_epoch_state_dict_is_refused_with_the_controller():
     n = dm.steps_per_epoch
     assert n > 2
     dm.trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), num_training_batches=n)
+    dm.trainer.is_last_batch = False  # read by the base's train_epoch (not decisive here)
     dm.on_after_batch_transfer(dm.make_batch(0, 0), 0)  # opens epoch 0's window
     with pytest.raises(RuntimeError, match="mid-epoch"):
         dm.state_dict()

@@ -41,7 +41,7 @@ def _iterations(dm, new2old=None):
     """Per iteration of epoch 1: every kept step's blocks (in original ids), input rows and
     labels, and the migrations; then evaluation counts and predictions."""
     torch.manual_seed(0)
-    net = BlockGNN("gat", dm.input_dim, 16, dm.num_classes, num_layers=2, dropout=0.0).double()
+    net = BlockGNN("gat", dm.input_dim, 16, dm.out_dim, num_layers=2, dropout=0.0).double()
     out = []
     for step in range(dm.steps_per_epoch):
         batch = dm.make_batch(1, step)
@@ -56,7 +56,7 @@ def _iterations(dm, new2old=None):
         out.append((steps, batch.y, batch.hops, batch.stats["remote_rows"]))
     comm = dm.comm
     counts = comm.all_reduce(
-        dm.eval_counts(net.eval(), ("train", "val", "test")), category="control"
+        dm.eval_statistics(net.eval(), ("train", "val", "test")), category="control"
     )
     predictions = [dm.predict_rows(net, None, "logits")]
     predictions.append(dm.predict_rows(net, torch.tensor([299, 0, 150, 7]), "embeddings"))
@@ -187,7 +187,7 @@ def _modelled_epoch_rank(rank, world_size, tmp_path):
         sent = 0
         if evaluate:
             torch.manual_seed(0)
-            net = BlockGNN("gat", dm.input_dim, 16, dm.num_classes, num_layers=2).double()
+            net = BlockGNN("gat", dm.input_dim, 16, dm.out_dim, num_layers=2).double()
             before = comm.meter.snapshot()
             dm.own_rows(net.eval(), net.num_layers)
             sent = sum(comm.meter.delta(before)["bytes"].values())

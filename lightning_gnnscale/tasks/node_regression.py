@@ -1,0 +1,76 @@
+"""Node regression: ``Graph.y`` holds float targets ``[N, d]``; MSE; RMSE and MAE.
+
+On a labelled dataset (``sbm``'s blocks, Cora's classes) the targets are synthetic
+(:func:`synthetic_targets`): learnable from structure and features, deterministic from the
+run's seed (docs/configuration.md, "Tasks")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from ..graph.csc import Graph
+from . import TASKS
+from .base import NodeTask
+
+TARGET_DIM = 1  # width of the synthetic target
+NOISE = 0.1  # standard deviation of its noise
+
+
+def synthetic_targets(graph: Graph, seed: int) -> Tensor:
+    """float32 ``[N, TARGET_DIM]``: a fixed random linear map of each node's neighbourhood mean
+    feature (itself and its in-neighbours), plus an offset of its class (its community on
+    ``sbm``; none for unlabelled nodes), plus Gaussian noise ``NOISE``; every random draw
+    from ``seed``. Computed in float64 from the features, so the targets do not depend on the
+    run's dtype."""
+    gen = torch.Generator().manual_seed(seed)
+    n, f = graph.num_nodes, graph.num_features
+    weight = torch.randn(f, TARGET_DIM, generator=gen, dtype=torch.float64) / f**0.5
+    offset = torch.randn(graph.num_classes, TARGET_DIM, generator=gen, dtype=torch.float64)
+    noise = torch.randn(n, TARGET_DIM, generator=gen, dtype=torch.float64) * NOISE
+    x = graph.x.to(torch.float64)
+    summed = x.clone().index_add_(0, graph.dst_of_edges(), x.index_select(0, graph.indices))
+    mean = summed / (graph.in_degree() + 1).unsqueeze(1)
+    labelled = graph.y >= 0
+    community = torch.zeros(n, TARGET_DIM, dtype=torch.float64)
+    community[labelled] = offset[graph.y[labelled]]
+    return (mean @ weight + community + noise).to(torch.float32)
+
+
+class NodeRegression(NodeTask):
+    """Float targets ``[N, d]``, a head of ``d``, the sum of per-seed squared errors, and RMSE
+    and MAE over every target element (statistics: squared-error sum, absolute-error sum,
+    element count)."""
+
+    spec = TASKS["node_regression"]
+    statistic_names = ("squared_error", "absolute_error", "count")
+
+    def prepare(self, graph: Graph, seed: int) -> Graph:
+        """The graph with :func:`synthetic_targets` as ``y`` when ``y`` holds labels; a graph
+        whose ``y`` is already floating (targets) is returned as it is."""
+        if graph.y.is_floating_point():
+            return graph
+        return replace(graph, y=synthetic_targets(graph, seed), meta=dict(graph.meta))
+
+    def out_dim(self, graph: Graph) -> int:
+        return graph.y.shape[1]
+
+    def out_dim_of(self, meta: Mapping) -> int:
+        return int(meta["target_dim"])
+
+    def loss_sum(self, out: Tensor, target: Tensor, weight: Tensor | None = None) -> Tensor:
+        per_seed = (out - target.to(out.dtype)).square().sum(1)
+        return per_seed.sum() if weight is None else (per_seed * weight).sum()
+
+    def statistics(self, out: Tensor, target: Tensor) -> Tensor:
+        err = (out.cpu().to(torch.float64) - target.cpu().to(torch.float64)).flatten()
+        return torch.stack(
+            [err.square().sum(), err.abs().sum(), torch.tensor(err.numel(), dtype=torch.float64)]
+        )
+
+    def metric_values(self, stats: Tensor) -> dict[str, float]:
+        count = stats[2].clamp(min=1)
+        return {"rmse": float((stats[0] / count).sqrt()), "mae": float(stats[1] / count)}
