@@ -218,7 +218,10 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self.follow_precision()
         self.check_module_task()
         context = bind_datamodule(self.trainer, self.config, self.data)
-        self.setup_rank(context, self.prepare(context.world_size, [context.rank]))
+        prepared = self.prepare(context.world_size, [context.rank])
+        if self.partition_dir is not None:
+            self.check_rank_part(context, prepared)
+        self.setup_rank(context, prepared)
         self.context, self._bound_to = context, strategy
 
     def check_module_task(self) -> None:

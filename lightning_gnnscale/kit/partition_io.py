@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from ..contract import RankContext
 from ..errors import ConfigError
 from ..graph.csc import Graph
 from ..schema import SystemConfig, partition_dir_unsupported
 from ..tasks import DEFAULT_TASK
+from .partitions import assert_same_on_all_ranks
 
 
 class PartitionDirIO:
@@ -79,6 +83,18 @@ class PartitionDirIO:
         opened.verify_parts(ranks)
         for k in ranks:
             self.check_partition_part(opened, k)
+
+    def check_rank_part(self, context: RankContext, opened) -> None:
+        """What every rank checks of a partition directory before its system loads its part,
+        once for every system: it has a part for each of this run's ranks, and every rank
+        opened the same directory (its digest: a rank that opened another copy would train on
+        other rows, or hang in an exchange). Collective."""
+        if opened.num_parts != context.world_size:
+            raise ValueError(
+                f"partitioned into {opened.num_parts} parts for {context.world_size} ranks"
+            )
+        digest = torch.tensor([int(opened.digest[:15], 16)])
+        assert_same_on_all_ranks(context.comm, digest, "the partition directory")
 
     def check_partition_part(self, opened, k: int) -> None:
         """The system's metadata keys that size an allocation agree with part ``k``'s verified

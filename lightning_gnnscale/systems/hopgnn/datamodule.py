@@ -323,10 +323,6 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """The replicated group (memory-mapped, held once per machine) and this rank's part:
         its feature shard and masks."""
         book = RangeBook(prepared.node_offsets)
-        if self.world_size != book.num_parts:
-            raise ValueError(f"partitioned into {book.num_parts} parts for {self.world_size} ranks")
-        digest = torch.tensor([int(prepared.digest[:15], 16)])
-        assert_same_on_all_ranks(context.comm, digest, "the partition directory")
         replicated = prepared.load_shared("topology", self.rank)
         self.own = prepared.load_part(self.rank)
         x = self.own["x"]

@@ -68,11 +68,13 @@ def test_distributed_blocks_equal_single_process_blocks(world_size, empty_part):
 
 
 class _SplitLoaderSource:
-    """What ``collective_train_loader`` reads from a ``DistDGLDataModule`` (no Trainer: epoch
-    0), with the data module's own ``steps_per_epoch``; a batch is the rank's seeds."""
+    """What ``collective_train_loader`` reads from a ``DistDGLDataModule`` (epoch 0), with
+    the data module's own ``steps_per_epoch``; a batch is the rank's seeds."""
 
-    trainer = None
     steps_per_epoch = DistDGLDataModule.steps_per_epoch
+
+    def next_loader_epoch(self) -> int:
+        return 0
 
     def __init__(self, split: SeedSplit):
         self.split = split

@@ -1,0 +1,111 @@
+"""What a system's folder must not contain (issue 36): the kit owns where a rank's part comes
+from and the checks on it, so ``systems/<name>/`` holds no branch on a partition directory and
+no copy of those checks. Each row of :data:`BANNED` is one rule; a later slice adds its own
+(labels, masks, ``eval_counts``: the task's)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+SYSTEMS = Path(__file__).resolve().parents[1] / "lightning_gnnscale" / "systems"
+
+# pattern -> why a system must not contain it
+BANNED = {
+    r"isinstance\([^)]*PartitionDir": "a system branches on where its part came from",
+    r"\bDirChunks\b": "Grappa's part from a directory is its list of chunks, as in memory",
+    r"partition_dir is None": "a system branches on where its part came from",
+    r"\.digest\[": "the digest check is the kit's (GNNDataModule.check_rank_part), once",
+    r"partitioned into \{": "the part-count check is the kit's (check_rank_part), once",
+}
+
+# (file under systems/, pattern): found today, removed by the rest of deliverable 3 (one
+# per-rank data shape); the test fails while a listed one is no longer found, so each line
+# goes with its fix
+PENDING = {
+    ("bytegnn/datamodule.py", r"isinstance\([^)]*PartitionDir"),
+    ("distdgl/datamodule.py", r"isinstance\([^)]*PartitionDir"),
+    ("granndis/config.py", r"partition_dir is None"),
+    ("granndis/datamodule.py", r"isinstance\([^)]*PartitionDir"),
+    ("granndis/datamodule.py", r"partition_dir is None"),
+    ("grappa/datamodule.py", r"isinstance\([^)]*PartitionDir"),
+    ("grappa/datamodule.py", r"\bDirChunks\b"),
+    ("grappa/directory.py", r"\bDirChunks\b"),
+    ("grappa/chunking.py", r"\bDirChunks\b"),
+    ("gsplit/datamodule.py", r"isinstance\([^)]*PartitionDir"),
+    ("gsplit/datamodule.py", r"partition_dir is None"),
+    ("hopgnn/datamodule.py", r"isinstance\([^)]*PartitionDir"),
+    ("hopgnn/datamodule.py", r"partition_dir is None"),
+    ("sancus/datamodule.py", r"isinstance\([^)]*PartitionDir"),
+}
+
+
+def violations(source: str) -> list[str]:
+    """The :data:`BANNED` patterns ``source`` contains."""
+    return [pattern for pattern in BANNED if re.search(pattern, source)]
+
+
+def system_violations() -> set[tuple[str, str]]:
+    """``(file, pattern)`` for every banned pattern in a system's folder (the folders, not
+    ``systems/``'s own modules)."""
+    return {
+        (path.relative_to(SYSTEMS).as_posix(), pattern)
+        for path in sorted(SYSTEMS.glob("*/**/*.py"))
+        for pattern in violations(path.read_text(encoding="utf-8"))
+    }
+
+
+def test_no_system_branches_on_its_parts_source_or_copies_the_kits_checks():
+    found = system_violations()
+    unexpected = sorted(found - PENDING)
+    assert not unexpected, "\n".join(f"{f}: {p} ({BANNED[p]})" for f, p in unexpected)
+    gone = sorted(PENDING - found)
+    assert not gone, f"fixed, so take them off PENDING: {gone}"
+
+
+def test_each_rule_finds_what_it_bans():
+    samples = {
+        r"isinstance\([^)]*PartitionDir": "if isinstance(prepared, PartitionDir):",
+        r"\bDirChunks\b": "prepared = DirChunks(prepared, rank, dtype)",
+        r"partition_dir is None": "if self.partition_dir is None:",
+        r"\.digest\[": "digest = torch.tensor([int(opened.digest[:15], 16)])",
+        r"partitioned into \{": 'raise ValueError(f"partitioned into {n} parts")',
+    }
+    assert samples.keys() == BANNED.keys()
+    for pattern, source in samples.items():
+        assert violations(source) == [pattern], source
+    assert violations("part = opened.load_part(rank)") == []
+
+
+class _Gathered:
+    """A comm whose all-gather returns the digests ``ranks`` hold (one rank's view)."""
+
+    def __init__(self, ranks: list[int]):
+        self.ranks = ranks
+
+    def all_gather_tensor(self, tensor, *, category):
+        import torch
+
+        return torch.tensor(self.ranks, dtype=tensor.dtype)
+
+
+def test_the_kit_checks_every_systems_part_count_and_digest_once(tmp_path):
+    """``check_rank_part`` runs in the base's ``setup`` for every system (Grappa's too): a
+    directory for another world size, or one whose digest differs between ranks, is
+    refused before the system loads its part."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    import lightning_gnnscale as gs
+
+    _, DataModule, config = gs.system("grappa")
+    dm = DataModule("sbm", config, cache_dir=tmp_path)
+    digest = "0123456789abcdef"
+    same = int(digest[:15], 16)
+    opened = SimpleNamespace(num_parts=2, digest=digest)
+    dm.check_rank_part(SimpleNamespace(world_size=2, comm=_Gathered([same, same])), opened)
+    with pytest.raises(RuntimeError, match="the partition directory differs between ranks"):
+        dm.check_rank_part(SimpleNamespace(world_size=2, comm=_Gathered([same, 7])), opened)
+    with pytest.raises(ValueError, match="partitioned into 2 parts for 4 ranks"):
+        dm.check_rank_part(SimpleNamespace(world_size=4, comm=_Gathered([same] * 4)), opened)
