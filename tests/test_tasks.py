@@ -103,6 +103,18 @@ def test_the_task_setting_is_checked_and_monitored(tmp_path):
     assert sorted(TASKS) == ["node_classification", "node_regression"]
 
 
+def test_a_task_its_system_does_not_list_is_refused_before_spawn(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from lightning_gnnscale.systems import registry
+
+    classification_only = replace(registry.SYSTEMS["ddp"], tasks=("node_classification",))
+    monkeypatch.setitem(registry.SYSTEMS, "ddp", classification_only)
+    check_config(make_cfg(tmp_path, "strategy=ddp"))
+    with pytest.raises(ConfigError, match="task=node_regression is not supported by strategy=ddp"):
+        check_config(make_cfg(tmp_path, "strategy=ddp", "task=node_regression"))
+
+
 def test_a_module_of_another_task_is_refused():
     import lightning as L
 

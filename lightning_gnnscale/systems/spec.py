@@ -62,7 +62,7 @@ class SystemSpec:
     exact: bool = True
     exact_settings: tuple[tuple[str, Any], ...] = ()
     supports_predict: bool = True
-    tasks: tuple[str, ...] = ("node_classification",)
+    tasks: tuple[str, ...] = ("node_classification", "node_regression")
 
     @property
     def strategy(self) -> type:
