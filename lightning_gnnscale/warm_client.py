@@ -256,7 +256,7 @@ def fingerprint(env: dict[str, str] | None = None) -> dict[str, str]:
 
 
 MISMATCH = {
-    "source": "the package's source (or an entry-point system's) changed since it started",
+    "source": "the package's (or an entry-point system's) source changed since it started",
     "python": "the interpreter or its site-packages changed since it started",
     "flags": "it runs with other interpreter flags (-O, -W, -X)",
     "environment": "it was started with other import-time environment variables "
