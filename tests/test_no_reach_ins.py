@@ -147,15 +147,6 @@ def reach_ins(path: Path, source: str) -> list[str]:
     return found
 
 
-# (file, expression): reach-ins the i36-config slice of issue 36 removes (HopGNN's strategy
-# reads Lightning's private _lightning_module, Grappa's audit another callback's _recorder);
-# each line goes with its fix (the test fails while a listed one is no longer found)
-PENDING = {
-    ("systems/hopgnn/strategy.py", "self._lightning_module"),
-    ("systems/grappa/callbacks.py", "cb._recorder"),
-}
-
-
 def package_reach_ins() -> list[str]:
     return [
         hit
@@ -164,18 +155,9 @@ def package_reach_ins() -> list[str]:
     ]
 
 
-def where(hit: str) -> tuple[str, str]:
-    """``(file, expression)`` of a :func:`reach_ins` line."""
-    file, _, rest = hit.partition(":")
-    return file, rest.split(": ", 1)[1].rsplit(" (", 1)[0]
-
-
 def test_no_module_reaches_into_private_state_or_the_fit_loop():
     found = package_reach_ins()
-    unexpected = [hit for hit in found if where(hit) not in PENDING]
-    assert not unexpected, "reach-ins:\n" + "\n".join(unexpected)
-    gone = PENDING - {where(hit) for hit in found}
-    assert not gone, f"fixed, so take them off PENDING: {sorted(gone)}"
+    assert not found, "reach-ins:\n" + "\n".join(found)
 
 
 def test_the_rule_flags_each_kind_of_reach_in_and_passes_a_files_own_privates():
