@@ -144,3 +144,17 @@ def test_a_wrapped_loader_runs_each_epoch_and_resumes_at_the_next(tmp_path):
     assert _fit(tmp_path, datamodule(tmp_path), 3) == [0, 1, 2]
     resumed = _fit(tmp_path, datamodule(tmp_path), 3, ckpt_path=last.last_model_path)
     assert resumed == [1, 2]
+
+
+def test_validating_a_checkpoint_then_fitting_starts_at_epoch_0(tmp_path):
+    """Lightning restores the DataModule's state for ``validate(ckpt_path=...)`` too: the
+    checkpoint's epoch (1, written at epoch 0's end) must not carry into a later ``fit`` of
+    the same objects, which trains epochs 0, 1, 2 as a fresh one does."""
+    last = ModelCheckpoint(tmp_path / "ckpt", save_last=True, save_on_train_epoch_end=True)
+    assert _fit(tmp_path, datamodule(tmp_path), 1, callbacks=[last]) == [0]
+    dm, seen = datamodule(tmp_path), _Epochs()
+    module, trainer = _module(dm), _trainer(tmp_path, 3, [seen], limit_val_batches=1)
+    trainer.validate(module, datamodule=dm, ckpt_path=last.last_model_path)
+    assert dm.resumed_epoch == 1  # the evaluation read the checkpoint's state
+    trainer.fit(module, datamodule=dm)
+    assert seen.seen == [0, 1, 2]

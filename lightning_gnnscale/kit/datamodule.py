@@ -114,7 +114,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self._bound_to: L.Trainer | None = None
         self.stage: str | None = None  # the Trainer's latest run (``setup``'s stage)
         # the epoch the train loader last started, and a resumed fit's first one (the
-        # checkpoint's, :meth:`load_state_dict`)
+        # checkpoint's, :meth:`load_state_dict`; cleared as each fit starts)
         self.loader_epoch = 0
         self.resumed_epoch = 0
 
@@ -207,9 +207,12 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     @override
     def setup(self, stage: str) -> None:
         """Lightning calls it at the start of every ``fit`` / ``validate`` / ``test`` /
-        ``predict``, before it restores a checkpoint; the first call binds
-        (:func:`~..contract.bind_datamodule`) and builds this rank's share."""
+        ``predict``, before it restores a checkpoint: a fit starts from epoch 0 unless its
+        checkpoint says otherwise (an evaluation's checkpoint does not carry over), and the
+        first call binds (:func:`~..contract.bind_datamodule`) and builds this rank's share."""
         self.stage = stage
+        if stage == "fit":
+            self.resumed_epoch = 0
         if self.context is not None:
             if self.trainer is not self._bound_to:
                 raise RuntimeError(
