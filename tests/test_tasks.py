@@ -162,3 +162,29 @@ def test_load_dataset_labels_feed_regression_unchanged_for_classification():
     assert build_task("node_classification").prepare(graph, 0) is graph
     regression = build_task("node_regression").prepare(graph, 0)
     assert regression.y.shape == (100, 1) and torch.equal(regression.x, graph.x)
+
+
+def test_sizing_a_head_from_a_directory_of_another_task_is_refused(tmp_path):
+    """A plain script sizes its head from ``partition_meta`` (``dm.out_dim``): a directory
+    written for node classification refuses a regression DataModule, naming both tasks and the
+    format version, instead of a head as wide as the class count."""
+    from lightning_gnnscale.graph.partition_dir import FORMAT_VERSION, PartitionDirError
+    from lightning_gnnscale.schema import DataConfig
+    from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule
+
+    def datamodule(task, partition_dir=None):
+        data = DataConfig(batch_size=32, fanouts=[2, 2], partition_dir=partition_dir)
+        options = dict(num_nodes=120, num_features=6, num_classes=4)
+        return DistDGLDataModule(
+            "sbm", DistDGLConfig(), data, cache_dir=tmp_path, dataset_options=options, task=task
+        )
+
+    out = tmp_path / "parts"
+    datamodule("node_classification").write_partition_dir(out, 2, log=lambda *_: 0)
+    assert datamodule("node_classification", str(out)).out_dim == 4
+    with pytest.raises(
+        PartitionDirError,
+        match=rf"written for task 'node_classification' \(format version {FORMAT_VERSION}\) "
+        r"but this run has task='node_regression'",
+    ):
+        _ = datamodule("node_regression", str(out)).out_dim
