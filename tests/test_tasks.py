@@ -188,3 +188,26 @@ def test_sizing_a_head_from_a_directory_of_another_task_is_refused(tmp_path):
         r"but this run has task='node_regression'",
     ):
         _ = datamodule("node_regression", str(out)).out_dim
+
+
+def test_a_regression_module_loads_from_its_checkpoint_as_regression(tmp_path):
+    """The task travels in the checkpoint's hyperparameters as its name (weights-only
+    loadable), so ``load_from_checkpoint`` rebuilds it; a passed task still wins."""
+    import lightning as L
+
+    from lightning_gnnscale.checkpoints import SuiteCheckpointIO
+
+    module = GNNModule(BlockGNN("sage", 6, 8, 1, 2), lr=0.02, task="node_regression")
+    trainer = L.Trainer(max_epochs=0, logger=False, enable_progress_bar=False)
+    trainer.strategy.connect(module)
+    path = tmp_path / "m.ckpt"
+    trainer.save_checkpoint(path)
+    assert (
+        SuiteCheckpointIO().load_checkpoint(path)["hyper_parameters"]["task"] == "node_regression"
+    )
+    loaded = GNNModule.load_from_checkpoint(path, net=BlockGNN("sage", 6, 8, 1, 2))
+    assert loaded.task.name == "node_regression" and loaded.lr == 0.02
+    passed = GNNModule.load_from_checkpoint(
+        path, net=BlockGNN("sage", 6, 8, 1, 2), task="node_classification"
+    )
+    assert passed.task.name == "node_classification"
