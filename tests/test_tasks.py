@@ -104,15 +104,26 @@ def test_the_task_setting_is_checked_and_monitored(tmp_path):
 
 
 def test_a_task_its_system_does_not_list_is_refused_before_spawn(tmp_path, monkeypatch):
-    from dataclasses import replace
-
     from lightning_gnnscale.systems import registry
+    from lightning_gnnscale.systems.ddp import DDPConfig
 
-    classification_only = replace(registry.SYSTEMS["ddp"], tasks=("node_classification",))
-    monkeypatch.setitem(registry.SYSTEMS, "ddp", classification_only)
+    monkeypatch.setattr(DDPConfig, "TASKS", ("node_classification",))
+    assert registry.SYSTEMS["ddp"].tasks == ("node_classification",)  # the spec's is the config's
     check_config(make_cfg(tmp_path, "strategy=ddp"))
     with pytest.raises(ConfigError, match="task=node_regression is not supported by strategy=ddp"):
         check_config(make_cfg(tmp_path, "strategy=ddp", "task=node_regression"))
+
+
+def test_a_plain_script_is_held_to_the_systems_tasks(monkeypatch):
+    """The same rule (``SystemConfig.check_task``) for a DataModule a plain script builds:
+    refused at construction, before any Trainer or process exists."""
+    from lightning_gnnscale.systems.ddp import DataParallelDataModule, DDPConfig
+
+    monkeypatch.setattr(DDPConfig, "TASKS", ("node_classification",))
+    graph = sbm(num_nodes=120, num_features=6, seed=0)
+    DataParallelDataModule(graph, DDPConfig(name="ddp"))
+    with pytest.raises(ConfigError, match="task=node_regression is not supported by strategy=ddp"):
+        DataParallelDataModule(graph, DDPConfig(name="ddp"), task="node_regression")
 
 
 def test_a_module_of_another_task_is_refused():

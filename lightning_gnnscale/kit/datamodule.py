@@ -67,7 +67,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         checked_run: the typed run this module is built for (``run.build_datamodule``), which
             holds ``config`` and ``data``: its rules were checked once when it was typed
             (:func:`~..schema.check_run`), so the module does not check them again; ``None``
-            (a plain script): the data rules are checked here, the depth in
+            (a plain script): the task and data rules are checked here, the depth in
             :meth:`build_model`.
     """
 
@@ -91,6 +91,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self.config = config
         self.data = data if data is not None else DataConfig()
         if checked_run is None:
+            config.check_task(self.task.name)
             config.check_data(self.data)
         elif (checked_run.strategy, checked_run.data) != (config, self.data):
             raise ValueError("checked_run is another run than the config and data given")
