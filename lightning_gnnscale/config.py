@@ -23,7 +23,6 @@ from omegaconf import DictConfig
 from .bounds import check_run_bounds, externally_launched
 from .errors import ConfigError
 from .schema import RunConfig, require, run_config
-from .systems.registry import SYSTEMS
 
 
 def check_target(node, key: str) -> None:
@@ -48,22 +47,11 @@ def check_target(node, key: str) -> None:
         )
 
 
-def check_task_support(run: RunConfig) -> None:
-    """The run's task is one its system's spec lists (``SystemSpec.tasks``)."""
-    spec = SYSTEMS[run.strategy.name]
-    require(
-        run.task.name in spec.tasks,
-        f"task={run.task.name} is not supported by strategy={spec.name}; it trains "
-        f"{list(spec.tasks)}",
-    )
-
-
 def check_config(cfg: DictConfig | RunConfig) -> RunConfig:
     """The typed run config of ``cfg``: every value and rule that needs no torch, Lightning
     or PyG (nor imports them), the launcher's environment included; raises
     :class:`ConfigError` on the first problem."""
     run = run_config(cfg)
-    check_task_support(run)
     tr, world = run.trainer, run.world_size
     # processes, workers, threads and ports this machine can take (the ranks' count only where
     # this process starts them: torchrun and srun have started them already)

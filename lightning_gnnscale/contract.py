@@ -178,7 +178,12 @@ class SuiteStrategy(Protocol):
     """What :class:`~.kit.strategies.SystemStrategy` offers the other components (this module
     imports no system, so the check is by these methods, which no Lightning strategy has)."""
 
-    def bind(self, config: SystemConfig, data: DataConfig | None = None) -> RankContext: ...
+    def bind(
+        self,
+        config: SystemConfig,
+        data: DataConfig | None = None,
+        complete_checkpoint: Callable[[dict], None] | None = None,
+    ) -> RankContext: ...
 
     def checked_already(self, config: SystemConfig, facts: RunFacts) -> bool: ...
 
@@ -203,7 +208,10 @@ def rank_context(trainer: L.Trainer) -> RankContext:
 
 
 def bind_datamodule(
-    trainer: L.Trainer, config: SystemConfig, data: DataConfig | None = None
+    trainer: L.Trainer,
+    config: SystemConfig,
+    data: DataConfig | None = None,
+    complete_checkpoint: Callable[[dict], None] | None = None,
 ) -> RankContext:
     """Bind a DataModule's system config to the Trainer's strategy and return the context.
 
@@ -213,6 +221,8 @@ def bind_datamodule(
     world size (:func:`~lightning_gnnscale.schema.check_run`) are checked here, where the
     strategy, the DataModule, the LightningModule and the Trainer meet, before any step: a
     plain Lightning script is held to the rules ``train.py`` checks. A strategy built from a
-    typed run (``from_run``) does not check them again for that run.
+    typed run (``from_run``) does not check them again for that run. The strategy calls
+    ``complete_checkpoint`` on each checkpoint it loads (Lightning restores one after the
+    DataModule's ``setup``), so it never reaches for the Trainer's DataModule.
     """
-    return _suite_strategy(trainer).bind(config, data)
+    return _suite_strategy(trainer).bind(config, data, complete_checkpoint)

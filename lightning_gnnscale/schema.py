@@ -23,7 +23,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from .comm.network import NetworkModel  # torch-free, as this module is
 from .errors import ConfigError, choice, require
 from .graph.dataset_config import check_dataset_options
-from .tasks import DEFAULT_TASK, task_spec
+from .tasks import DEFAULT_TASK, TASKS, task_spec
 
 MODEL_NAMES = ("gcn", "sage", "gat", "custom")
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -277,6 +277,8 @@ class RunFacts:
             is refused or accepted when the checkpoint is loaded).
         allow_oversubscribe: ``launcher.allow_oversubscribe`` (a plain script has no launcher:
             ``False``), which lifts the core-based bounds (:mod:`lightning_gnnscale.bounds`).
+        task: the run's task name; ``None`` where the caller does not know it (a strategy
+            binding a DataModule: the DataModule checked its task when it was built).
     """
 
     world_size: int
@@ -286,6 +288,7 @@ class RunFacts:
     model: ModelConfig | None = None
     ckpt_path: str | None = None
     allow_oversubscribe: bool = False
+    task: str | None = None
 
     @classmethod
     def of_run(cls, run: RunConfig) -> RunFacts:
@@ -298,6 +301,7 @@ class RunFacts:
             run.model,
             run.ckpt_path,
             run.launcher.allow_oversubscribe,
+            run.task.name,
         )
 
 
@@ -329,6 +333,7 @@ class SystemConfig:
     accepts_custom_models: ClassVar[bool] = False  # can train a user model(x, edge_index)
     batches_in_main_process: ClassVar[bool] = True  # batches may run collectives: no workers
     supports_partition_dir: ClassVar[bool] = False  # ranks can load from data.partition_dir
+    TASKS: ClassVar[tuple[str, ...]] = tuple(TASKS)  # the tasks it trains (SystemSpec.tasks)
     # the rank's threads build blocks the trainer frees: one malloc arena (cpu_memory.py)
     shares_malloc_arenas: ClassVar[bool] = False
 
@@ -376,6 +381,14 @@ class SystemConfig:
         require(
             data.partition_dir is None or self.supports_partition_dir,
             partition_dir_unsupported(self.name),
+        )
+
+    def check_task(self, task: str) -> None:
+        """The system trains ``task`` (one of :attr:`TASKS`); checked by :class:`RunConfig`
+        (:func:`check_run`) and by the DataModule, which a plain script builds without one."""
+        require(
+            task in self.TASKS,
+            f"task={task} is not supported by strategy={self.name}; it trains {list(self.TASKS)}",
         )
 
     def check_run(self, run: RunFacts) -> None:
@@ -529,12 +542,15 @@ def partition_dir_unsupported(name: str) -> str:
 
 def check_run(config: SystemConfig, facts: RunFacts) -> None:
     """Every rule between a system and the rest of its run, checked once per run: one fanout
-    per layer (when the model is known), the system's data rules (``config.check_data``) and
+    per layer (when the model is known), the task (when known, ``config.check_task``), the
+    system's data rules (``config.check_data``) and
     its own run rules (``config.check_run``). :class:`RunConfig` runs it before any rank
     starts; a strategy binding a DataModule runs it for a plain Lightning script (one built
     from a typed run, ``Strategy.from_run``, knows the run was checked)."""
     if facts.model is not None:
         check_depth(facts.data, facts.model)
+    if facts.task is not None:
+        config.check_task(facts.task)
     config.check_data(facts.data)
     config.check_run(facts)
 

@@ -68,20 +68,23 @@ def test_an_older_checkpoint_resumes_at_the_epochs_it_recorded(tmp_path):
     ``epochs_done``, which becomes the resume's first epoch; one without it is refused for a
     resume (in plain words) and left alone for an evaluation."""
     dm = datamodule(tmp_path, fitting())
+    dm.stage = "fit"  # what setup records: the strategy loads the checkpoint to resume a fit
     key = type(dm).__qualname__
     older = {"state_dict": {}, CHECKPOINT_KEY: {"epochs_done": 3}}
-    dm.complete_checkpoint(older, resuming=True)
+    dm.complete_checkpoint(older)
     assert older[key] == {"train_epoch": 3}
     dm.load_state_dict(older[key])
     assert epochs(EpochSteps(dm)) == {3}
 
     foreign = {"state_dict": {}}
     with pytest.raises(ConfigError, match="no SingleDataModule train_epoch.*weights alone"):
-        dm.complete_checkpoint(foreign, resuming=True)
-    dm.complete_checkpoint(foreign, resuming=False)
+        dm.complete_checkpoint(foreign)
+    dm.stage = "validate"
+    dm.complete_checkpoint(foreign)
     assert foreign == {"state_dict": {}}
+    dm.stage = "fit"
     current = {key: {"train_epoch": 1}, CHECKPOINT_KEY: {"epochs_done": 3}}
-    dm.complete_checkpoint(current, resuming=True)
+    dm.complete_checkpoint(current)
     assert current[key] == {"train_epoch": 1}  # the DataModule's own state wins
 
 
@@ -105,11 +108,8 @@ class _Epochs(L.Callback):
             self.seen.append(batch.epoch)
 
 
-def _fit(tmp_path, dm, max_epochs, ckpt_path=None, callbacks=()):
-    dm.train_dataloader = lambda loader=dm.train_dataloader: _Wrapped(loader())
-    module = gs.GNNModule(dm.build_model(gs.ModelConfig(hidden=8)))
-    seen = _Epochs()
-    trainer = L.Trainer(
+def _trainer(tmp_path, max_epochs, callbacks=(), limit_val_batches=0):
+    return L.Trainer(
         strategy="single",
         accelerator="cpu",
         max_epochs=max_epochs,
@@ -117,11 +117,21 @@ def _fit(tmp_path, dm, max_epochs, ckpt_path=None, callbacks=()):
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        limit_val_batches=0,
-        enable_checkpointing=bool(callbacks),
-        callbacks=[seen, *callbacks],
+        limit_val_batches=limit_val_batches,
+        enable_checkpointing=any(isinstance(cb, ModelCheckpoint) for cb in callbacks),
+        callbacks=list(callbacks),
         default_root_dir=tmp_path,
     )
+
+
+def _module(dm):
+    dm.train_dataloader = lambda loader=dm.train_dataloader: _Wrapped(loader())
+    return gs.GNNModule(dm.build_model(gs.ModelConfig(hidden=8)))
+
+
+def _fit(tmp_path, dm, max_epochs, ckpt_path=None, callbacks=()):
+    module, seen = _module(dm), _Epochs()
+    trainer = _trainer(tmp_path, max_epochs, [seen, *callbacks])
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
     return seen.seen
 
@@ -134,3 +144,17 @@ def test_a_wrapped_loader_runs_each_epoch_and_resumes_at_the_next(tmp_path):
     assert _fit(tmp_path, datamodule(tmp_path), 3) == [0, 1, 2]
     resumed = _fit(tmp_path, datamodule(tmp_path), 3, ckpt_path=last.last_model_path)
     assert resumed == [1, 2]
+
+
+def test_validating_a_checkpoint_then_fitting_starts_at_epoch_0(tmp_path):
+    """Lightning restores the DataModule's state for ``validate(ckpt_path=...)`` too: the
+    checkpoint's epoch (1, written at epoch 0's end) must not carry into a later ``fit`` of
+    the same objects, which trains epochs 0, 1, 2 as a fresh one does."""
+    last = ModelCheckpoint(tmp_path / "ckpt", save_last=True, save_on_train_epoch_end=True)
+    assert _fit(tmp_path, datamodule(tmp_path), 1, callbacks=[last]) == [0]
+    dm, seen = datamodule(tmp_path), _Epochs()
+    module, trainer = _module(dm), _trainer(tmp_path, 3, [seen], limit_val_batches=1)
+    trainer.validate(module, datamodule=dm, ckpt_path=last.last_model_path)
+    assert dm.resumed_epoch == 1  # the evaluation read the checkpoint's state
+    trainer.fit(module, datamodule=dm)
+    assert seen.seen == [0, 1, 2]

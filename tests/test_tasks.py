@@ -104,15 +104,26 @@ def test_the_task_setting_is_checked_and_monitored(tmp_path):
 
 
 def test_a_task_its_system_does_not_list_is_refused_before_spawn(tmp_path, monkeypatch):
-    from dataclasses import replace
-
     from lightning_gnnscale.systems import registry
+    from lightning_gnnscale.systems.ddp import DDPConfig
 
-    classification_only = replace(registry.SYSTEMS["ddp"], tasks=("node_classification",))
-    monkeypatch.setitem(registry.SYSTEMS, "ddp", classification_only)
+    monkeypatch.setattr(DDPConfig, "TASKS", ("node_classification",))
+    assert registry.SYSTEMS["ddp"].tasks == ("node_classification",)  # the spec's is the config's
     check_config(make_cfg(tmp_path, "strategy=ddp"))
     with pytest.raises(ConfigError, match="task=node_regression is not supported by strategy=ddp"):
         check_config(make_cfg(tmp_path, "strategy=ddp", "task=node_regression"))
+
+
+def test_a_plain_script_is_held_to_the_systems_tasks(monkeypatch):
+    """The same rule (``SystemConfig.check_task``) for a DataModule a plain script builds:
+    refused at construction, before any Trainer or process exists."""
+    from lightning_gnnscale.systems.ddp import DataParallelDataModule, DDPConfig
+
+    monkeypatch.setattr(DDPConfig, "TASKS", ("node_classification",))
+    graph = sbm(num_nodes=120, num_features=6, seed=0)
+    DataParallelDataModule(graph, DDPConfig(name="ddp"))
+    with pytest.raises(ConfigError, match="task=node_regression is not supported by strategy=ddp"):
+        DataParallelDataModule(graph, DDPConfig(name="ddp"), task="node_regression")
 
 
 def test_a_module_of_another_task_is_refused():
@@ -162,3 +173,52 @@ def test_load_dataset_labels_feed_regression_unchanged_for_classification():
     assert build_task("node_classification").prepare(graph, 0) is graph
     regression = build_task("node_regression").prepare(graph, 0)
     assert regression.y.shape == (100, 1) and torch.equal(regression.x, graph.x)
+
+
+def test_sizing_a_head_from_a_directory_of_another_task_is_refused(tmp_path):
+    """A plain script sizes its head from ``partition_meta`` (``dm.out_dim``): a directory
+    written for node classification refuses a regression DataModule, naming both tasks and the
+    format version, instead of a head as wide as the class count."""
+    from lightning_gnnscale.graph.partition_dir import FORMAT_VERSION, PartitionDirError
+    from lightning_gnnscale.schema import DataConfig
+    from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule
+
+    def datamodule(task, partition_dir=None):
+        data = DataConfig(batch_size=32, fanouts=[2, 2], partition_dir=partition_dir)
+        options = dict(num_nodes=120, num_features=6, num_classes=4)
+        return DistDGLDataModule(
+            "sbm", DistDGLConfig(), data, cache_dir=tmp_path, dataset_options=options, task=task
+        )
+
+    out = tmp_path / "parts"
+    datamodule("node_classification").write_partition_dir(out, 2, log=lambda *_: 0)
+    assert datamodule("node_classification", str(out)).out_dim == 4
+    with pytest.raises(
+        PartitionDirError,
+        match=rf"written for task 'node_classification' \(format version {FORMAT_VERSION}\) "
+        r"but this run has task='node_regression'",
+    ):
+        _ = datamodule("node_regression", str(out)).out_dim
+
+
+def test_a_regression_module_loads_from_its_checkpoint_as_regression(tmp_path):
+    """The task travels in the checkpoint's hyperparameters as its name (weights-only
+    loadable), so ``load_from_checkpoint`` rebuilds it; a passed task still wins."""
+    import lightning as L
+
+    from lightning_gnnscale.checkpoints import SuiteCheckpointIO
+
+    module = GNNModule(BlockGNN("sage", 6, 8, 1, 2), lr=0.02, task="node_regression")
+    trainer = L.Trainer(max_epochs=0, logger=False, enable_progress_bar=False)
+    trainer.strategy.connect(module)
+    path = tmp_path / "m.ckpt"
+    trainer.save_checkpoint(path)
+    assert (
+        SuiteCheckpointIO().load_checkpoint(path)["hyper_parameters"]["task"] == "node_regression"
+    )
+    loaded = GNNModule.load_from_checkpoint(path, net=BlockGNN("sage", 6, 8, 1, 2))
+    assert loaded.task.name == "node_regression" and loaded.lr == 0.02
+    passed = GNNModule.load_from_checkpoint(
+        path, net=BlockGNN("sage", 6, 8, 1, 2), task="node_classification"
+    )
+    assert passed.task.name == "node_classification"

@@ -10,7 +10,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.strategies import Strategy
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
@@ -68,7 +67,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         checked_run: the typed run this module is built for (``run.build_datamodule``), which
             holds ``config`` and ``data``: its rules were checked once when it was typed
             (:func:`~..schema.check_run`), so the module does not check them again; ``None``
-            (a plain script): the data rules are checked here, the depth in
+            (a plain script): the task and data rules are checked here, the depth in
             :meth:`build_model`.
     """
 
@@ -92,6 +91,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self.config = config
         self.data = data if data is not None else DataConfig()
         if checked_run is None:
+            config.check_task(self.task.name)
             config.check_data(self.data)
         elif (checked_run.strategy, checked_run.data) != (config, self.data):
             raise ValueError("checked_run is another run than the config and data given")
@@ -112,9 +112,10 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self._dtype, self._dataset_options = dtype, dict(dataset_options or {})
         self._prepared: dict[int, Any] = {}
         self.context: RankContext | None = None
-        self._bound_to: Strategy | None = None
+        self._bound_to: L.Trainer | None = None
+        self.stage: str | None = None  # the Trainer's latest run (``setup``'s stage)
         # the epoch the train loader last started, and a resumed fit's first one (the
-        # checkpoint's, :meth:`load_state_dict`)
+        # checkpoint's, :meth:`load_state_dict`; cleared as each fit starts)
         self.loader_epoch = 0
         self.resumed_epoch = 0
 
@@ -206,9 +207,15 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
-        strategy = self.trainer.strategy
+        """Lightning calls it at the start of every ``fit`` / ``validate`` / ``test`` /
+        ``predict``, before it restores a checkpoint: a fit starts from epoch 0 unless its
+        checkpoint says otherwise (an evaluation's checkpoint does not carry over), and the
+        first call binds (:func:`~..contract.bind_datamodule`) and builds this rank's share."""
+        self.stage = stage
+        if stage == "fit":
+            self.resumed_epoch = 0
         if self.context is not None:
-            if strategy is not self._bound_to:
+            if self.trainer is not self._bound_to:
                 raise RuntimeError(
                     f"this {type(self).__name__} is set up for another Trainer's strategy (its "
                     "stores and samplers use that strategy's comm); build a new DataModule "
@@ -217,12 +224,14 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
             return  # set up once per Trainer (fit, then validate or test)
         self.follow_precision()
         self.check_module_task()
-        context = bind_datamodule(self.trainer, self.config, self.data)
+        context = bind_datamodule(
+            self.trainer, self.config, self.data, complete_checkpoint=self.complete_checkpoint
+        )
         prepared = self.prepare(context.world_size, [context.rank])
         if self.partition_dir is not None:
             self.check_rank_part(context, prepared)
         self.setup_rank(context, prepared)
-        self.context, self._bound_to = context, strategy
+        self.context, self._bound_to = context, self.trainer
 
     def check_module_task(self) -> None:
         """The LightningModule trains this DataModule's task (when it states one)."""
@@ -272,15 +281,16 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
             )
         self.resumed_epoch = epoch
 
-    def complete_checkpoint(self, checkpoint: dict[str, Any], resuming: bool) -> None:
+    def complete_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Give a checkpoint written before the DataModule kept its loader's epoch (no
         ``train_epoch`` in its state, which Lightning keeps under the class name) the epoch a
         resume from it starts at: the epochs it completed, which the suite records in every
         checkpoint it writes (``epochs_done``; it writes them at epoch ends), so it resumes
-        as before. A resume from a checkpoint with neither is refused (``ConfigError``);
-        evaluating one needs neither."""
+        as before. A resume (the strategy loads it during ``fit``, :attr:`stage`) from a
+        checkpoint with neither is refused (``ConfigError``); evaluating one needs neither.
+        The strategy calls it on each checkpoint it loads (handed over at binding)."""
         state = checkpoint.get(type(self).__qualname__) or {}
-        if "train_epoch" in state or not resuming:
+        if "train_epoch" in state or self.stage != "fit":
             return
         record = checkpoint.get(CHECKPOINT_KEY)
         if record is None:

@@ -59,22 +59,31 @@ class PartitionDirIO:
         method and options, seed, part count); raises ``PartitionDirError`` naming the key.
         A directory already opened for its metadata (:meth:`partition_meta`) is reused, with
         the parts it verified."""
-        from ..graph.partition_dir import PartitionDir, PartitionDirError
+        from ..graph.partition_dir import PartitionDir
 
         opened = self._opened_dir or PartitionDir.open(self.partition_dir)
         expected = self.partition_expectation(world_size)
-        task = expected.pop("task")
+        del expected["task"]
         opened.check(expected)
-        # a directory written before tasks existed holds node classification's labels
-        written_for = opened.meta.get("task", DEFAULT_TASK)
-        if written_for != task:
-            raise PartitionDirError(
-                f"{opened.path}: it was written for task {written_for!r} but this run has "
-                f"task={task!r}; partition for this task: python -m lightning_gnnscale.partition "
-                "<overrides> task=<name> out=<dir>"
-            )
+        self.check_partition_task(opened)
         self._opened_dir = opened
         return opened
+
+    def check_partition_task(self, opened) -> None:
+        """The directory was written for this DataModule's task (one written before tasks
+        existed holds node classification's targets); else ``PartitionDirError`` naming both
+        tasks and the directory's format version. Checked before anything reads the task's
+        metadata (``target_dim``)."""
+        from ..graph.partition_dir import PartitionDirError
+
+        written_for = opened.meta.get("task", DEFAULT_TASK)
+        if written_for != self.task.name:
+            raise PartitionDirError(
+                f"{opened.path}: it was written for task {written_for!r} (format version "
+                f"{opened.meta.get('version')}) but this run has task={self.task.name!r}; "
+                "partition for this task: python -m lightning_gnnscale.partition <overrides> "
+                "task=<name> out=<dir>"
+            )
 
     def verify_partition_parts(self, opened, ranks: list[int]) -> None:
         """The files of the parts of ``ranks`` (and their shared groups) against the metadata
@@ -105,13 +114,14 @@ class PartitionDirIO:
     def partition_meta(self) -> dict:
         """The metadata of ``data.partition_dir`` (opened once), its counts checked against
         the part files of this node's ranks that are here (a rank's copy may hold its own part
-        only) before a model is sized from it."""
+        only), and its task (:meth:`check_partition_task`), before a model is sized from it."""
         if self._prepared:
             return next(iter(self._prepared.values())).meta
         if self._opened_dir is None:
             from ..graph.partition_dir import PartitionDir, node_ranks, part_folder
 
             opened = PartitionDir.open(self.partition_dir)
+            self.check_partition_task(opened)
             ranks = node_ranks(opened.num_parts)
             here = [k for k in ranks if (opened.path / part_folder(k)).is_dir()]
             self.verify_partition_parts(opened, here or ranks)

@@ -15,23 +15,32 @@ from .datamodule import GNNDataModule
 from .loaders import EpochSteps, StepBatcher, no_collate
 
 
+def whole_graph_statistics(
+    dm: GNNDataModule, net: torch.nn.Module, splits: tuple[str, ...]
+) -> torch.Tensor:
+    """``[len(splits), k]`` task statistics of rank ``dm.rank``'s node range of the whole
+    graph (``dm.graph``, which this rank holds): layer-wise inference split across
+    ``dm.world_size`` ranks (:func:`replicated_eval_statistics`). Also Grappa's, for a net
+    that runs on the whole graph."""
+    comm = dm.context.comm if dm.context is not None else None
+    return replicated_eval_statistics(
+        dm.task,
+        dm.graph,
+        net,
+        splits,
+        dm.rank,
+        dm.world_size,
+        dm.data.eval_chunk_size,
+        comm,
+    )
+
+
 class ReplicatedGraphEvaluation:
     """``eval_statistics`` for a DataModule whose ranks all hold the whole graph
-    (``self.graph``): layer-wise inference split across ranks by node range
-    (:func:`replicated_eval_statistics`)."""
+    (``self.graph``): :func:`whole_graph_statistics`."""
 
     def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        comm = self.context.comm if self.context is not None else None
-        return replicated_eval_statistics(
-            self.task,
-            self.graph,
-            net,
-            splits,
-            self.rank,
-            self.world_size,
-            self.data.eval_chunk_size,
-            comm,
-        )
+        return whole_graph_statistics(self, net, splits)
 
 
 class SampledDataModule(ReplicatedGraphEvaluation, GNNDataModule):

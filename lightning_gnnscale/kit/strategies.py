@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -35,7 +36,6 @@ from ..contract import Evaluation, ModuleRuntime, Prediction, RankContext, Runti
 from ..errors import ConfigError
 from ..graph.batch import Batch
 from ..schema import DataConfig, RunConfig, RunFacts, SystemConfig, check_run
-from .datamodule import GNNDataModule
 
 
 class SuiteDoublePrecision(DoublePrecision):
@@ -101,6 +101,8 @@ class SystemStrategy:
         self.comm = Comm.local(self.meter)
         self.unchecked_runtime: ModuleRuntime | None = None  # checked at the first step
         self.checked_run: RunConfig | None = None  # the typed run of from_run (checked once)
+        # the bound DataModule's completion of an older checkpoint (:meth:`bind`)
+        self.complete_checkpoint: Callable[[dict], None] | None = None
 
     @classmethod
     def from_run(cls, run: RunConfig) -> SystemStrategy:
@@ -155,13 +157,14 @@ class SystemStrategy:
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
-        """Lightning's, plus the DataModule's completion of a checkpoint written before it
-        kept its loader's epoch (:meth:`~.datamodule.GNNDataModule.complete_checkpoint`)."""
+        """Lightning's, plus the completion of a checkpoint written before the DataModule
+        kept its loader's epoch: the callable the bound DataModule handed over
+        (:meth:`~.datamodule.GNNDataModule.complete_checkpoint`). Lightning sets the
+        DataModule up, binding it, before it restores a checkpoint (``fit``, ``validate``,
+        ``test`` and ``predict`` with ``ckpt_path``)."""
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        trainer = self.lightning_module.trainer
-        if isinstance(trainer.datamodule, GNNDataModule):
-            resuming = trainer.state.fn == "fit"
-            trainer.datamodule.complete_checkpoint(checkpoint, resuming)
+        if self.complete_checkpoint is not None:
+            self.complete_checkpoint(checkpoint)
         return checkpoint
 
     def run_facts(self, data: DataConfig) -> RunFacts:
@@ -174,9 +177,16 @@ class SystemStrategy:
         num_nodes = getattr(self, "num_nodes", 1)
         return RunFacts(devices * num_nodes, devices, num_nodes, data, model)
 
-    def bind(self, config: SystemConfig, data: DataConfig | None = None) -> RankContext:
-        """Accept the DataModule's system config (see :func:`~..contract.bind_datamodule`) and
-        check its rules against this run (``config.check_run``) before any step."""
+    def bind(
+        self,
+        config: SystemConfig,
+        data: DataConfig | None = None,
+        complete_checkpoint: Callable[[dict], None] | None = None,
+    ) -> RankContext:
+        """Accept the DataModule's system config (see :func:`~..contract.bind_datamodule`),
+        check its rules against this run (``config.check_run``) before any step, and keep
+        what the DataModule hands over for the checkpoints this strategy loads
+        (``complete_checkpoint``, see :meth:`load_checkpoint`)."""
         if not isinstance(config, self.config_type):
             raise TypeError(
                 f"{type(self).__name__} runs {self.config_type.__name__} systems, but the "
@@ -196,6 +206,7 @@ class SystemStrategy:
                 f"  strategy:   {self.system_config}\n  DataModule: {config}\n"
                 "pass the same object to both (or create the strategy by name)"
             )
+        self.complete_checkpoint = complete_checkpoint
         if data is not None:
             facts = self.run_facts(data)
             if not self.checked_already(config, facts):

@@ -60,7 +60,8 @@ class GNNModule(L.LightningModule):
         model_config: the settings ``net`` was built from (``from_config`` passes them);
             ``None``: the strategy checks what it can without them.
         task: the task's name or object (default ``node_classification``); it must be the
-            DataModule's (``from_config`` takes the DataModule's).
+            DataModule's (``from_config`` takes the DataModule's). Its name is a
+            hyperparameter, so ``load_from_checkpoint(path, net=...)`` comes back with it.
     """
 
     def __init__(
@@ -90,6 +91,9 @@ class GNNModule(L.LightningModule):
         self.runtime: ModuleRuntime | None = None
         self.batch_size = 1  # seeds of the current step's batch (self.log's default batch_size)
         self.save_hyperparameters(ignore=["net", "model_config", "task"])  # plain values only
+        # the task by name (a plain value, weights-only loadable): load_from_checkpoint
+        # rebuilds it when no task is passed
+        self.hparams["task"] = self.task.name
 
     @classmethod
     def from_config(cls, model: ModelConfig, datamodule: ModelBuilder) -> GNNModule:

@@ -1,8 +1,9 @@
 """The systems: one folder each (config, Strategy, DataModule, report callbacks).
 
 Each system's package declares its ``SYSTEM`` (``spec.SystemSpec``); ``registry.SYSTEMS`` maps
-every strategy name to its spec; ``base`` holds what the systems share and ``contract`` the
-typed objects their pieces exchange (docs/architecture.md).
+every strategy name to its spec; :mod:`lightning_gnnscale.kit` holds what the systems share
+(strategies, the DataModule and its loaders, partition I/O) and :mod:`lightning_gnnscale.contract`
+the typed objects their pieces exchange (docs/architecture.md).
 
 A system's package imports its ``config`` module (what Hydra's schema needs) and nothing else
 until one of its other names is used (:func:`lazy_exports`): choosing one system never imports

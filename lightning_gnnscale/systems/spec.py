@@ -43,7 +43,9 @@ class SystemSpec:
         exact_settings: the ``strategy.<key>`` settings under which an approximate name is
             exact (``()`` for exact ones, and for those no setting makes exact).
         supports_predict: ``trainer.predict`` gives every node's rows.
-        tasks: the tasks it trains.
+
+    What it trains is its config's (``config_type.TASKS``, :attr:`tasks`), which the config
+    checks for ``train.py`` and a plain script alike.
     """
 
     name: str
@@ -62,7 +64,6 @@ class SystemSpec:
     exact: bool = True
     exact_settings: tuple[tuple[str, Any], ...] = ()
     supports_predict: bool = True
-    tasks: tuple[str, ...] = ("node_classification", "node_regression")
 
     @property
     def strategy(self) -> type:
@@ -89,6 +90,11 @@ class SystemSpec:
         """Its ranks can load from ``data.partition_dir`` (its config's rule, which the
         config checks)."""
         return self.config_type.loads_partition_dir(self.name)
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The tasks it trains (its config's ``TASKS``, which the config checks)."""
+        return self.config_type.TASKS
 
     def default_config(self) -> SystemConfig:
         """The name's settings when none are given: a preset's defining settings applied

@@ -31,12 +31,12 @@ from ...graph.batch import Batch
 from ...graph.order import EpochOrder
 from ...graph.partition_dir import PartitionDir
 from ...kit.datamodule import GNNDataModule
+from ...kit.sampled import whole_graph_statistics
 from ...models.gnn import BlockGNN
 from ...models.inference import (
     inference_builder,
     layer_rows,
     layerwise_inference,
-    replicated_eval_statistics,
 )
 from ...tasks.base import split_statistics
 from .callbacks import GradientOnlyAudit, GrappaStats, ScheduleReport
@@ -454,17 +454,7 @@ class GrappaDataModule(GNNDataModule):
             masks = {split: getattr(part, f"{split}_mask")[:core] for split in splits}
             return split_statistics(self.task, out, part.y[:core], masks, splits)
         if mode == "global_fullgraph":  # another net runs on the whole graph
-            comm = self.context.comm if self.context is not None else None
-            return replicated_eval_statistics(
-                self.task,
-                self.graph,
-                net,
-                splits,
-                self.rank,
-                self.world_size,
-                self.data.eval_chunk_size,
-                comm,
-            )
+            return whole_graph_statistics(self, net, splits)
         assert isinstance(net, BlockGNN)
         for phase in range(self.phases):  # each scores its seed chunks
             part = self._eval_partition(phase)
