@@ -49,8 +49,9 @@ KNOWN = {
         "sancus", "full-graph steps", "sancus"
     ),
     ("test_a_resumed_run_equals_the_uninterrupted_run", "granndis"): (
-        "bug: a resumed GraNNDIS run (2 x 2, float64) ends with other weights than the "
-        "uninterrupted run (net.layers.0.bias differs)"
+        "bug, older than issue 36 (main a5bed9d's train.py does the same): a resumed GraNNDIS "
+        "run (2 x 2, float64) has the uninterrupted run's losses but ends with other weights "
+        "(every layer's)"
     ),
 }
 
