@@ -1,6 +1,6 @@
 """Session set-up shared by every test module: the warm rank server, ``gpu``-marked tests
 skipped, with the reason, where no CUDA device is, and the conformance suite's full matrix
-deselected unless asked for."""
+deselected unless asked for, and spread over the xdist workers case by case."""
 
 import os
 
@@ -32,6 +32,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+CONFORMANCE = "tests/systems/test_conformance.py"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, except that the conformance suite is scheduled by case (``<name>-
+    <task>``: each case's checks share its runs, :class:`tests.systems.conformance.Runs`), so
+    its cases spread over the workers instead of holding one for the whole file."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ConformanceByCase(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file, _, test = nodeid.partition("::")
+            if file != CONFORMANCE or "[" not in test:
+                return file
+            return f"{file}::{test.partition('[')[2].removesuffix(']')}"
+
+    return ConformanceByCase(config, log)
 
 
 def _deselect_full_conformance(config, items) -> None:

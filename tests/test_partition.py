@@ -26,6 +26,7 @@ from lightning_gnnscale.graph.partition import (
     partition_report,
 )
 from lightning_gnnscale.graph.partition_config import PARTITION_METHODS
+from lightning_gnnscale.tasks.node_regression import NodeRegression
 from tests.helpers.dist import warm_context
 
 
@@ -317,6 +318,17 @@ def test_graph_fingerprint_sees_every_byte_of_structure_labels_and_split(graph):
     (moved,) = val.nonzero()[-1]
     val[moved], test[moved] = False, True
     assert graph_fingerprint(replace(graph, val_mask=val, test_mask=test)) != base
+
+
+def test_graph_fingerprint_of_float_targets_does_not_depend_on_the_dtype(graph):
+    """Regression targets in float32 and the same values in float64 (a run's dtype) are one
+    graph; a changed target value is another."""
+    targets = NodeRegression().prepare(graph, seed=0)
+    base = graph_fingerprint(targets)
+    assert graph_fingerprint(targets.to(torch.float64)) == base
+    y = targets.y.clone()
+    y[7, 0] += 1e-3
+    assert graph_fingerprint(replace(targets, y=y).to(torch.float64)) != base
 
 
 @pytest.mark.parametrize("damage", ["truncate", "overwrite_with_zeros", "garbage"])

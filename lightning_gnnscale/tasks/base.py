@@ -44,6 +44,11 @@ class NodeTask:
         """:meth:`out_dim` from a partition directory's metadata (no graph is loaded)."""
         raise NotImplementedError
 
+    def target_shape(self, rows: int, meta: Mapping) -> tuple[int, ...]:
+        """The shape of ``rows`` rows of targets (``Graph.y``) in a partition directory with
+        metadata ``meta``: what a system checks its stored ``y`` against."""
+        raise NotImplementedError
+
     def train_seeds(self, graph: Graph) -> Tensor:
         """The training seeds ``[n_train]`` (node ids), in id order."""
         return graph.split_ids("train")

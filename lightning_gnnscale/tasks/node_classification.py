@@ -26,6 +26,9 @@ class NodeClassification(NodeTask):
     def out_dim_of(self, meta: Mapping) -> int:
         return int(meta["num_classes"])
 
+    def target_shape(self, rows: int, meta: Mapping) -> tuple[int, ...]:
+        return (rows,)
+
     def loss_sum(self, out: Tensor, target: Tensor, weight: Tensor | None = None) -> Tensor:
         if weight is None:
             return F.cross_entropy(out, target, reduction="sum")

@@ -61,6 +61,9 @@ class NodeRegression(NodeTask):
     def out_dim_of(self, meta: Mapping) -> int:
         return int(meta["target_dim"])
 
+    def target_shape(self, rows: int, meta: Mapping) -> tuple[int, ...]:
+        return (rows, self.out_dim_of(meta))
+
     def loss_sum(self, out: Tensor, target: Tensor, weight: Tensor | None = None) -> Tensor:
         per_seed = (out - target.to(out.dtype)).square().sum(1)
         return per_seed.sum() if weight is None else (per_seed * weight).sum()

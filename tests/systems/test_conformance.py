@@ -20,6 +20,7 @@ import lightning_gnnscale as gs
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.schema import run_config
 from lightning_gnnscale.systems.registry import SYSTEMS
+from lightning_gnnscale.tasks import task_spec
 from tests.helpers.config import TINY, make_cfg
 from tests.systems.conformance import (
     EPOCHS,
@@ -48,8 +49,9 @@ KNOWN = {
         "sancus", "full-graph steps", "sancus"
     ),
     ("test_a_resumed_run_equals_the_uninterrupted_run", "granndis"): (
-        "bug: a resumed GraNNDIS run (2 x 2, float64) ends with other weights than the "
-        "uninterrupted run (net.layers.0.bias differs)"
+        "bug, older than issue 36 (main a5bed9d's train.py does the same): a resumed GraNNDIS "
+        "run (2 x 2, float64) has the uninterrupted run's losses but ends with other weights "
+        "(every layer's)"
     ),
 }
 
@@ -137,7 +139,7 @@ def test_a_partition_directory_run_equals_the_in_memory_run(
 ):
     """The run from ``python -m lightning_gnnscale.partition``'s directory, with the
     launcher's dataset loader replaced by a failure, ends with the in-memory run's weights
-    and DataModule state bit for bit, and its losses and test result."""
+    and DataModule state bit for bit, and its losses and test metrics (the task's)."""
     import lightning_gnnscale.kit.datamodule as datamodule_module
     import lightning_gnnscale.run as run_module
     from lightning_gnnscale.partition import partition
@@ -157,7 +159,8 @@ def test_a_partition_directory_run_equals_the_in_memory_run(
     assert objects["graph"] is None
     assert_equal(weights(mem_out), weights(Path(objects["output_dir"])))
     assert results(got["history"]) == results(mem["history"])
-    assert got["test_acc"] == mem["test_acc"]
+    for metric in task_spec(task).metrics:
+        assert got[f"test_{metric}"] == mem[f"test_{metric}"], metric
 
 
 # ------------------------------------------------------------------------------ 4. resume
@@ -241,7 +244,7 @@ def test_predict_covers_every_node_once(plain_runs, name, task):
 
 
 # ----------------------------------------------------------------- 7. bad values, early
-@pytest.mark.parametrize(("name", "task"), cases())
+@pytest.mark.parametrize(("name", "task"), cases(ci_tasks=1))  # the task checks nothing here
 def test_a_bad_value_fails_before_spawn(tmp_path, monkeypatch, name, task):
     """An unknown key and a value of the wrong type under ``strategy.`` fail while Hydra
     composes, naming the key; a setting forced in (``+strategy.<key>``) is refused by

@@ -283,11 +283,12 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
-        """The replicated group's ``[N]`` arrays have ``num_nodes`` rows (``indptr`` one more)."""
+        """The replicated group's arrays have ``num_nodes`` rows (``indptr`` one more; ``y``
+        the task's target shape)."""
         nodes, folder, key = opened.meta["num_nodes"], shared_folder("topology"), "'num_nodes'"
         opened.expect_shape(folder, "indptr", (nodes + 1,), key)
-        for name in ("y", "orig_ids"):
-            opened.expect_shape(folder, name, (nodes,), key)
+        opened.expect_shape(folder, "orig_ids", (nodes,), key)
+        opened.expect_shape(folder, "y", self.task.target_shape(nodes, opened.meta), key)
 
     # ------------------------------------------------------------------------ rank set-up
     @override
