@@ -454,3 +454,13 @@ def test_a_system_that_refuses_one_part_has_an_unknown_halo_share(tmp_path):
     assert "no one-part directory" in lines[0] and not (tmp_path / "parts").exists()
     assert halo_share([3 * 2**20, 2**20], None, 2)["share_mb"] is None
     assert halo_share([3 * 2**20, 2**20], [2**20, 2**20], 2)["share_mb"] == 2.0
+
+
+def test_the_default_strategies_are_each_system_folders_own_name():
+    """One job per system folder, named as the folder (``sancus``, not its alias ``cagnet``)."""
+    from lightning_gnnscale.bench.memory import default_strategies
+    from lightning_gnnscale.systems.registry import SYSTEMS
+
+    names = default_strategies()
+    assert sorted(names) == sorted({spec.system for spec in SYSTEMS.values()})
+    assert "sancus" in names and "cagnet" not in names

@@ -61,12 +61,9 @@ TOLERANCE = 0.10  # "about": 10 % over the sum of the terms still meets the targ
 
 
 def default_strategies() -> tuple[str, ...]:
-    """One name per system folder, in the registry's order (presets of a system are left out:
-    they hold the same data)."""
-    first: dict[str, str] = {}
-    for name, spec in SYSTEMS.items():
-        first.setdefault(spec.system, name)
-    return tuple(first.values())
+    """Each system folder's own name (``strategy=<folder>``), in the registry's order; its
+    presets and aliases are left out: they hold the same data."""
+    return tuple(name for name, spec in SYSTEMS.items() if name == spec.system)
 
 
 @dataclass(frozen=True)
