@@ -52,7 +52,7 @@ from lightning_gnnscale.graph.generators import rmat, rmat_peak_bytes, sbm, sbm_
 from lightning_gnnscale.graph.partition_dir import NPY_HEADER_READERS
 
 DEFAULT_ROOT = Path.home() / ".cache" / "lightning_gnnscale" / "datasets"
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "lightning_gnnscale" / "processed"
+PROCESSED_DATASETS_DIR = Path.home() / ".cache" / "lightning_gnnscale" / "processed"
 
 _GENERATORS: dict[str, Callable[..., Graph]] = {"sbm": sbm, "rmat": rmat}
 _PEAK_BYTES: dict[str, Callable[..., int]] = {"sbm": sbm_peak_bytes, "rmat": rmat_peak_bytes}
@@ -80,7 +80,7 @@ def load_dataset(name: str, root: str | os.PathLike | None = None, **options) ->
     ``sbm`` / ``rmat`` pass ``options`` to their generator and refuse a ``root`` (ValueError:
     they read no files). Real datasets
     read under ``root`` (default :data:`DEFAULT_ROOT`) and take the options ``cache_dir``
-    (default :data:`DEFAULT_CACHE_DIR`: where processing output goes; ``root`` is only read)
+    (default :data:`PROCESSED_DATASETS_DIR`: where processing output goes; ``root`` is only read)
     and ``download`` (default False: missing files fail at once instead of starting a download
     that hangs without internet; True lets PyG / ogb download into ``root``). Planetoid also
     takes ``normalize_features`` (default True: row-normalised bag-of-words, as in the GCN and
@@ -111,7 +111,7 @@ def load_planetoid(
 ) -> Graph:
     """The registered loader of a Planetoid dataset (see :func:`load_dataset`)."""
     root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
-    cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
+    cache = Path(cache_dir or PROCESSED_DATASETS_DIR).expanduser()
     return _load_planetoid(name, root, cache, bool(download), bool(normalize_features))
 
 
@@ -123,7 +123,7 @@ def load_ogb(
 ) -> Graph:
     """The registered loader of an OGB dataset (see :func:`load_dataset`)."""
     root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
-    cache = Path(cache_dir or DEFAULT_CACHE_DIR).expanduser()
+    cache = Path(cache_dir or PROCESSED_DATASETS_DIR).expanduser()
     return _load_ogb(name, root, cache, bool(download))
 
 

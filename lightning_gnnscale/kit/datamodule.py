@@ -29,7 +29,7 @@ from ..tasks.base import NodeTask
 from .loaders import OneItem, collective_train_loader, no_collate
 from .partition_io import PartitionDirIO
 
-DEFAULT_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
+PREPROCESSING_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
 
 
 class GNNDataModule(PartitionDirIO, L.LightningDataModule):
@@ -98,7 +98,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self.checked_run = checked_run
         check_seed(seed)
         self.seed = seed
-        self.cache_dir = Path(cache_dir if cache_dir is not None else DEFAULT_CACHE_DIR)
+        self.cache_dir = Path(cache_dir if cache_dir is not None else PREPROCESSING_CACHE_DIR)
         self.partition_dir = self.data.partition_dir
         if self.partition_dir is not None and isinstance(dataset, Graph):
             raise ValueError(
