@@ -129,7 +129,7 @@ def load_ogb(
 
 # --------------------------------------------------------------------- memory and progress
 @dataclass(frozen=True)
-class MemoryEstimate:
+class DatasetMemoryEstimate:
     """A dataset's size and about the most memory generating or loading it holds at once."""
 
     nodes: int
@@ -156,7 +156,7 @@ _LOAD_BYTES_PER_NODE = 48
 
 def estimate_memory(
     name: str, root: str | os.PathLike | None = None, **options
-) -> MemoryEstimate | None:
+) -> DatasetMemoryEstimate | None:
     """The memory estimate of dataset ``name`` from its settings (``sbm``, ``rmat``) or from its
     files (OGB: the node and edge counts and feature width the raw files state), read without
     loading anything large; ``None`` when there is nothing to estimate from (Planetoid's graphs
@@ -171,7 +171,7 @@ def estimate_memory(
             round(nodes * args["avg_degree"] / 2) if canonical == "sbm" else int(args["num_edges"])
         )
         keys = ", ".join(f"dataset.{key}={args[key]}" for key in _SIZE_KEYS[canonical])
-        return MemoryEstimate(nodes, edges, features, _PEAK_BYTES[canonical](**args), keys)
+        return DatasetMemoryEstimate(nodes, edges, features, _PEAK_BYTES[canonical](**args), keys)
     if canonical in OGB:
         root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
         sizes = _ogb_sizes(root / canonical.replace("-", "_"), OGB[canonical][1])
@@ -183,13 +183,13 @@ def estimate_memory(
             + _LOAD_BYTES_PER_FEATURE * nodes * features
             + _LOAD_BYTES_PER_NODE * nodes
         )
-        return MemoryEstimate(nodes, edges, features, peak, basis)
+        return DatasetMemoryEstimate(nodes, edges, features, peak, basis)
     return None
 
 
 def check_fits(
     name: str, root: str | os.PathLike | None = None, **options
-) -> MemoryEstimate | None:
+) -> DatasetMemoryEstimate | None:
     """:func:`estimate_memory`, refused with :class:`DatasetTooLargeError` when it exceeds the
     memory this machine has available now."""
     estimate = estimate_memory(name, root, **options)

@@ -18,7 +18,7 @@ from ...graph.order import epoch_permutation
 from ...graph.partition import partition
 from ...graph.sampler import NeighborSampler
 from .costmodel import (
-    MemoryEstimate,
+    StepMemoryEstimate,
     estimate_memory,
     estimate_mfg_memory,
     sage_num_params,
@@ -60,7 +60,7 @@ def one_hop_sizes(graph: Graph, parts: Tensor, num_parts: int) -> Tensor:
     return torch.stack([owned, halo, edges], dim=1)
 
 
-def _sum_estimates(estimates: list[MemoryEstimate]) -> dict:
+def _sum_estimates(estimates: list[StepMemoryEstimate]) -> dict:
     acts = [e.activations for e in estimates]
     totals = [e.total for e in estimates]
     return {

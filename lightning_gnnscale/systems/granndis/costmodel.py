@@ -162,7 +162,7 @@ def preload_per_gpu_ratio(
 
 # ----------------------------------------------------------------- memory estimator, planner
 @dataclass(frozen=True)
-class MemoryEstimate:
+class StepMemoryEstimate:
     """Estimated bytes of one worker's step (spec §4.8), by part; ``total`` sums them."""
 
     features: int
@@ -186,7 +186,7 @@ def estimate_memory(
     masked_layers: int | None = None,
     c_layer: int = 3,
     value_bytes: int = 4,
-) -> MemoryEstimate:
+) -> StepMemoryEstimate:
     """One worker's memory for a step on a one-hop graph (spec §4.8).
 
     Args:
@@ -212,7 +212,7 @@ def estimate_memory(
     rows = n_owned + n_halo
     act = sum(rows * d * value_bytes * 2 for d in dims[:-1])
     act += sum(n_owned * d * value_bytes * c_layer for d in dims[1:])
-    return MemoryEstimate(
+    return StepMemoryEstimate(
         features=rows * dims[0] * value_bytes,
         activations=act,
         graph=num_edges * 16,
@@ -230,7 +230,7 @@ def estimate_mfg_memory(
     num_params: int,
     c_layer: int = 3,
     value_bytes: int = 4,
-) -> MemoryEstimate:
+) -> StepMemoryEstimate:
     """:func:`estimate_memory` for a layer-wise MFG (MB_base's per-worker mini-batch).
 
     ``src_rows[j]`` / ``dst_rows[j]``: source and destination rows of the block of conv layer
@@ -247,7 +247,7 @@ def estimate_mfg_memory(
         )
     act = sum(n * d * value_bytes * 2 for n, d in zip(src_rows, dims[:-1]))
     act += sum(n * d * value_bytes * c_layer for n, d in zip(dst_rows, dims[1:]))
-    return MemoryEstimate(
+    return StepMemoryEstimate(
         features=src_rows[0] * dims[0] * value_bytes,
         activations=act,
         graph=num_edges * 16,
