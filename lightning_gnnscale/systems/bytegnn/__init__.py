@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .. import lazy_exports
 from ..spec import SystemSpec
-from .config import ByteGNNConfig, DagConfig, PartitionConfig, SchedulerConfig
+from .config import ByteGNNConfig, ByteGNNPartitionConfig, DagConfig, SchedulerConfig
 
 SYSTEM = SystemSpec(
     name="bytegnn",
@@ -36,5 +36,4 @@ _EXPORTS = {
     "SWorker": ".sworker",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-ByteGNNPartitionConfig = PartitionConfig  # its own (K-hop blocks), not DistDGL's
 __all__ = ["ByteGNNConfig", "ByteGNNPartitionConfig", "DagConfig", "SchedulerConfig", *_EXPORTS]

@@ -27,7 +27,7 @@ SECRET_REASON = (
 
 
 @dataclass(frozen=True)
-class PartitionConfig:
+class ByteGNNPartitionConfig:
     """How the graph is cut into one part per rank (``graph/partition.py``; cached by hash).
 
     Args:
@@ -178,7 +178,7 @@ class ByteGNNConfig(SystemConfig):
     """
 
     name: str = "bytegnn"
-    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    partition: ByteGNNPartitionConfig = field(default_factory=ByteGNNPartitionConfig)
     dag: DagConfig = field(default_factory=DagConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     sampling_threads: int = 2
