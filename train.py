@@ -30,8 +30,8 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 # light: no torch, Lightning, PyG or system yet
-from lightning_gnnscale.config import check_config  # noqa: E402
 from lightning_gnnscale.launch import exit_without_teardown, warm_start  # noqa: E402
+from lightning_gnnscale.preflight import check_config  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

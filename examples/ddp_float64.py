@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
 
     L.seed_everything(args.seed, workers=True, verbose=False)
-    Strategy, DataModule, config = gs.system("metered_ddp")  # the same as gs.system("ddp")
+    Strategy, DataModule, config = gs.system("data_parallel")  # the same as gs.system("ddp")
     datamodule = DataModule(
         gs.load_dataset("sbm", num_nodes=args.num_nodes),  # float32 features
         config,

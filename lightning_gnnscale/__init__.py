@@ -1,7 +1,7 @@
 """lightning_gnnscale: distributed GNN training systems as PyTorch Lightning plugins.
 
 Importing the package registers every system's strategy in Lightning's ``StrategyRegistry``
-(``L.Trainer(strategy="gsplit")``; the plain data-parallel reference is ``metered_ddp``, since
+(``L.Trainer(strategy="gsplit")``; the plain data-parallel reference is ``data_parallel``, since
 Lightning's own ``ddp`` is unmetered) and its run settings in Hydra's ConfigStore. Per system,
 the public names of its package (its ``__all__``: Strategy, DataModule, typed config...) are
 exported here; see docs/quickstart.md, "From your own Lightning script".
@@ -11,7 +11,7 @@ Lightning, PyG, wandb, ogb or matplotlib. The names below load on first use (``g
 and a strategy name's system when a run or a Trainer uses it (docs/architecture.md, "Imports").
 
 ``system(name)`` gives ``(Strategy, DataModule, config)`` for any strategy name (presets and
-Lightning names such as ``metered_ddp`` included); each system's nested settings classes are
+Lightning names such as ``data_parallel`` included); each system's nested settings classes are
 exported too (a system package exports a name prefixed with its system where two systems'
 names would clash, and two packages exporting one name is refused).
 """
@@ -19,8 +19,8 @@ names would clash, and two packages exporting one name is refused).
 from importlib import import_module
 from typing import Any
 
+from .config_types import DataConfig, ModelConfig, RunConfig, RunFacts, SystemConfig, TrainerConfig
 from .errors import ConfigError
-from .schema import DataConfig, ModelConfig, RunConfig, RunFacts, SystemConfig, TrainerConfig
 from .systems.registry import SYSTEMS, register_systems, system
 from .systems.spec import SystemSpec
 

@@ -15,8 +15,8 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
+from .config_types import RunConfig
 from .errors import ConfigError
-from .schema import RunConfig
 
 RANKS_PER_CORE = 8  # local ranks per usable core (the README runs 4 ranks on 2 cores)
 THREADS_PER_CORE = 4  # loader workers, or threads, of one rank per usable core

@@ -28,9 +28,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from .config_types import RunConfig
 from .errors import ConfigError
 from .files import UnsafeFileError, atomic_write, load_weights_only
-from .schema import RunConfig
 from .tasks import DEFAULT_TASK
 
 CHECKPOINT_KEY = "lightning_gnnscale"

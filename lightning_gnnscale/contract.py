@@ -1,7 +1,7 @@
 """The system contract: what a strategy hands the other components of a run, once.
 
 A system is a :class:`~.kit.strategies.SystemStrategy` subclass, a
-:class:`~.kit.datamodule.GNNDataModule` subclass and a :class:`~.schema.SystemConfig` subclass
+:class:`~.kit.datamodule.GNNDataModule` subclass and a :class:`~.config_types.SystemConfig` subclass
 that both receive. The pieces meet through three typed objects (docs/architecture.md, "The
 system contract"):
 
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     import lightning as L
 
     from .comm import Comm, CommMeter, Topology
+    from .config_types import DataConfig, RunFacts, SystemConfig
     from .graph.batch import Batch
-    from .schema import DataConfig, RunFacts, SystemConfig
     from .tasks.base import NodeTask
 
 LayerHook = Callable[[int, Tensor], Tensor]
@@ -49,7 +49,7 @@ LayerHook = Callable[[int, Tensor], Tensor]
 GraNNDIS's halo exchange); see :class:`ModuleRuntime`."""
 
 SUITE_STRATEGY_NAMES: list[str] = []
-"""The suite's strategy names as Lightning knows them (``metered_ddp``...), for the error of
+"""The suite's strategy names as Lightning knows them (``data_parallel``...), for the error of
 :func:`rank_context` when a Trainer runs another strategy; the registry fills it when it
 registers them with Lightning (this module imports no registry)."""
 
@@ -197,7 +197,7 @@ def _suite_strategy(trainer: L.Trainer) -> SuiteStrategy:
             f"lightning_gnnscale needs one of its own strategies, but the Trainer runs "
             f"{type(strategy).__name__}; pass strategy=<name> with a name from "
             f"{sorted(SUITE_STRATEGY_NAMES)} (Lightning's own 'ddp' is "
-            "not metered: use 'metered_ddp'), or the Strategy of lightning_gnnscale.system(name)"
+            "not metered: use 'data_parallel'), or the Strategy of lightning_gnnscale.system(name)"
         )
     return strategy
 
@@ -218,7 +218,7 @@ def bind_datamodule(
     The strategy must be the system's (a GSplit DataModule cannot run under DistDGL's
     strategy); a strategy created by name adopts the DataModule's config, one created with a
     config must have the same one. The config's rules that involve the model, the data or the
-    world size (:func:`~lightning_gnnscale.schema.check_run`) are checked here, where the
+    world size (:func:`~lightning_gnnscale.config_types.check_run`) are checked here, where the
     strategy, the DataModule, the LightningModule and the Trainer meet, before any step: a
     plain Lightning script is held to the rules ``train.py`` checks. A strategy built from a
     typed run (``from_run``) does not check them again for that run. The strategy calls

@@ -46,8 +46,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from .bounds import externally_launched
+from .config_types import START_METHODS
 from .rank_logging import adopt_launcher_logging, launcher_logging
-from .schema import START_METHODS
 from .store_secret import give_local_ranks_a_secret
 from .systems.registry import SYSTEMS
 

@@ -24,8 +24,8 @@ def compose_run(overrides: list[str], out: Path):
     """The validated run config of ``overrides`` (as train.py composes it)."""
     from hydra import compose, initialize_config_dir
 
-    from .config import validate
     from .errors import ConfigError
+    from .preflight import validate
 
     conf = Path(__file__).resolve().parents[1] / "conf"
     fixed = [f"paths.root={Path.cwd()}", f"paths.output_dir={out}"]
@@ -49,7 +49,7 @@ def partition(overrides: list[str], out: str | Path, log=print) -> dict:
     if run.data.partition_dir is not None:
         raise ConfigError("data.partition_dir is what train.py reads; name the output with out=")
     if not run.strategy.supports_partition_dir:
-        from .schema import partition_dir_unsupported
+        from .config_types import partition_dir_unsupported
 
         raise ConfigError(partition_dir_unsupported(run.strategy.name))
     start = time.perf_counter()

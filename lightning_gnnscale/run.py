@@ -54,7 +54,7 @@ from .checkpoints import (
 )
 from .comm import Topology
 from .comm.rendezvous import end_process_group
-from .config import validate
+from .config_types import RunConfig
 from .cpu_memory import apply_malloc_settings, malloc_choice
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
@@ -64,8 +64,8 @@ from .kit.strategies import SystemStrategy
 from .launch import LauncherSignal, launch_local
 from .loggers import finish_wandb_runs
 from .models.module import GNNModule
+from .preflight import validate
 from .run_folder import FAILED_FILE, check_writable, claimed, job_log_name, settle_failed_run
-from .schema import RunConfig
 from .systems.registry import SYSTEMS
 from .tasks import task_spec
 
@@ -170,7 +170,7 @@ def use_rank_threads(devices: int) -> None:
 
 def train(cfg: DictConfig | RunConfig, *, checked: bool = False) -> tuple[dict, dict]:
     """Run one training job; return ``(metrics, objects)``. ``checked``: ``cfg`` is the run
-    config :func:`~.config.check_config` returned (``train.py``), not checked again.
+    config :func:`~.preflight.check_config` returned (``train.py``), not checked again.
 
     ``metrics`` is the content of ``summary.json`` (empty on nodes other than node 0 of a
     multi-node launch); ``objects`` holds ``graph`` (``None`` with ``data.partition_dir``:
@@ -245,7 +245,7 @@ def sweep_rendezvous() -> Iterator[None]:
 
 
 def run_from_command_line(cfg: DictConfig, run: RunConfig) -> float | None:
-    """``train.py``'s job: :func:`train` of ``run`` (``cfg`` as :func:`~.config.check_config`
+    """``train.py``'s job: :func:`train` of ``run`` (``cfg`` as :func:`~.preflight.check_config`
     typed it), returning the value Hydra sweepers optimise. A run stopped by Ctrl-C, a signal
     or an OS error (disk full, a file that vanished) ends with one line naming what happened
     and where its partial results are (``cfg``'s output folder), not a traceback."""

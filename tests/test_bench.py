@@ -172,7 +172,7 @@ def test_unsynced_hand_loops_train_ddp_micro_batches_in_every_process(tmp_path):
         pinned_threads,
         run_unsynced_hand_loops,
     )
-    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.preflight import validate
     from lightning_gnnscale.run import build_datamodule
 
     settings = E2ESettings(nodes=300, features=8, hidden=8, batch_size=64)
@@ -199,7 +199,7 @@ def test_e2e_rejects_a_bad_dropout(tmp_path, capsys):
 def test_hand_loop_trains_on_the_single_strategys_batches(tmp_path):
     """The hand-written loop's batches are `single`'s: same seeds and input rows per step."""
     from lightning_gnnscale.bench.e2e import E2ESettings, HandLoop, compose_run
-    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.preflight import validate
     from lightning_gnnscale.run import build_datamodule
 
     settings = E2ESettings(nodes=300, features=8, hidden=8, batch_size=64)
@@ -244,7 +244,7 @@ def test_bench_cluster_reports_steady_and_whole_run_speedups(tmp_path, monkeypat
         ]
 
     monkeypatch.setattr(bench_cluster, "run_job", fake_run_job)
-    settings = bench_cluster.ClusterBenchSettings(
+    settings = bench_cluster.ClusterBenchConfig(
         pairs=(("bytegnn", "distdgl"),), rates=(None,), epochs=3
     )
     result = bench_cluster.run_cluster_bench(settings, tmp_path, ["cluster"])

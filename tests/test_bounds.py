@@ -9,8 +9,14 @@ from dataclasses import replace
 import pytest
 
 from lightning_gnnscale import bounds, run
+from lightning_gnnscale.config_types import (
+    SEED_RANGE,
+    DataConfig,
+    ModelConfig,
+    RunFacts,
+    run_config,
+)
 from lightning_gnnscale.errors import ConfigError
-from lightning_gnnscale.schema import SEED_RANGE, DataConfig, ModelConfig, RunFacts, run_config
 from lightning_gnnscale.systems.bytegnn.config import ByteGNNConfig
 from lightning_gnnscale.systems.distdgl.config import DistDGLConfig
 from lightning_gnnscale.systems.grappa.config import GrappaConfig
@@ -187,7 +193,7 @@ def test_a_lifted_bound_warns_once_in_train_pys_order(base_run, two_cores):
     named once; a plain ``validate`` checks in full."""
     import warnings
 
-    from lightning_gnnscale.config import check_config, validate
+    from lightning_gnnscale.preflight import check_config, validate
 
     lifted = with_settings(base_run, hatch=True, data={"num_workers": 2000})
     with warnings.catch_warnings(record=True) as caught:

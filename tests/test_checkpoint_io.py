@@ -32,9 +32,9 @@ from lightning_gnnscale.checkpoints import (
     SuiteCheckpointIO,
     read_checkpoint,
 )
-from lightning_gnnscale.config import check_config
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import UnsafeFileError
+from lightning_gnnscale.preflight import check_config
 from lightning_gnnscale.systems.registry import SYSTEMS
 from tests.helpers.config import make_cfg
 from tests.test_untrusted import _payload_checkpoint

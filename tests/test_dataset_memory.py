@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from lightning_gnnscale.config import ConfigError
 from lightning_gnnscale.graph import datasets
 from lightning_gnnscale.graph.datasets import DatasetTooLargeError, estimate_memory, load_dataset
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.preflight import ConfigError
 from lightning_gnnscale.run import train
 from tests.helpers.config import make_cfg
 from tests.test_datasets import _write_ogb_fixture

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lightning_gnnscale.config import ConfigError, check_config
+from lightning_gnnscale.preflight import ConfigError, check_config
 from tests.helpers.config import REPO, make_cfg
 
 # what a run imports only once its config has been checked (top-level package names)
@@ -50,7 +50,7 @@ def test_a_bad_value_fails_before_torch_lightning_or_pyg_is_imported(tmp_path, o
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-3000:]
     imported = _imported(proc.stderr)
-    assert {"hydra", "lightning_gnnscale.config"} <= imported  # the trace saw the run's imports
+    assert {"hydra", "lightning_gnnscale.preflight"} <= imported  # the trace saw the run's imports
     assert not {name.split(".")[0] for name in imported} & HEAVY
     assert not (out / "summary.json").exists()
 

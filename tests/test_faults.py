@@ -16,7 +16,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from lightning_gnnscale.config import ConfigError, check_config, validate
+from lightning_gnnscale.preflight import ConfigError, check_config, validate
 from lightning_gnnscale.run import claimed, read_summary, train
 from tests.helpers.config import REPO, make_cfg
 
@@ -508,8 +508,8 @@ def test_killing_the_launcher_takes_its_ranks_with_it(tmp_path, sig):
 def test_a_resumed_runs_config_hash_names_the_run_it_continues(tmp_path):
     """A resumed run can differ from an uninterrupted one (Grappa keeps the checkpoint's
     super-epoch length): their hashes differ, and so do resumes of different checkpoints."""
+    from lightning_gnnscale.config_types import run_config
     from lightning_gnnscale.run import config_hash
-    from lightning_gnnscale.schema import run_config
 
     def ckpt(name: str, epochs_done: int, parent_hash: str) -> Path:
         path = tmp_path / f"{name}.ckpt"

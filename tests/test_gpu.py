@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gnnscale.callbacks.step_seed import seed_step_generators
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.layers import row_dropout
 from lightning_gnnscale.run import train
-from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.single import SingleConfig, SingleDataModule
 from tests.helpers.config import make_cfg
 

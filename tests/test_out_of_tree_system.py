@@ -35,7 +35,9 @@ def install_copy_of_ddp(site: Path) -> Path:
     package.mkdir(parents=True)
     for path in sorted((REPO / "lightning_gnnscale" / "systems" / "ddp").glob("*.py")):
         source = _absolute_imports(path.read_text())
-        source = source.replace('"metered_ddp"', f'"metered_{NAME}"').replace('"ddp"', f'"{NAME}"')
+        source = source.replace('"data_parallel"', f'"metered_{NAME}"').replace(
+            '"ddp"', f'"{NAME}"'
+        )
         (package / path.name).write_text(source)
     dist = site / f"{PACKAGE}-0.1.dist-info"
     dist.mkdir()

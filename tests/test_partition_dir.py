@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm
-from lightning_gnnscale.config import validate
+from lightning_gnnscale.config_types import DataConfig, ModelConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.book import PartitionBook, RangeBook
@@ -27,9 +27,9 @@ from lightning_gnnscale.graph.partition_dir import (
 )
 from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_sorted
 from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.preflight import validate
 from lightning_gnnscale.run import train
-from lightning_gnnscale.schema import DataConfig, ModelConfig
-from lightning_gnnscale.systems.ddp import DataParallelDataModule, DDPConfig
+from lightning_gnnscale.systems.ddp import DataParallelConfig, DataParallelDataModule
 from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule, PartitionConfig
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
@@ -265,7 +265,7 @@ def test_systems_without_partition_dirs_refuse_the_setting(tmp_path):
     ):
         validate(make_cfg(tmp_path, "strategy=ddp", f"data.partition_dir={tmp_path}"))
     with pytest.raises(ConfigError, match=r"not supported by strategy=ddp"):
-        DataParallelDataModule("sbm", DDPConfig(), DataConfig(partition_dir=str(tmp_path)))
+        DataParallelDataModule("sbm", DataParallelConfig(), DataConfig(partition_dir=str(tmp_path)))
 
 
 def test_train_checks_the_directory_before_any_rank_starts(tmp_path, monkeypatch):

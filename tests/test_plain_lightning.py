@@ -77,12 +77,12 @@ def test_every_name_leads_to_its_strategy_datamodule_and_config():
             assert (Strategy, DataModule) == (spec.strategy, spec.datamodule)
             assert isinstance(config, Strategy.config_type) and config.name == name
             assert type(StrategyRegistry.get(spec.registered_as)) is Strategy  # lazy factory
-    assert gs.system("metered_ddp")[2] == gs.system("ddp")[2]
+    assert gs.system("data_parallel")[2] == gs.system("ddp")[2]
     with pytest.raises(KeyError, match="valid"):
         gs.system("dpp")
     nested = ["GSplitPartitionConfig", "FeatureCacheConfig", "EarlyTriggerConfig", "DagConfig"]
     nested += ["SchedulerConfig", "ByteGNNPartitionConfig", "DistDGLPartitionConfig"]
-    nested += ["GraNNDISPartitionSettings", "EASSettings", "CoBSettings"]
+    nested += ["GraNNDISPartitionConfig", "EASConfig", "CoBConfig"]
     assert all(hasattr(gs, n) and n in gs.__all__ for n in nested)
     assert gs.layerwise_inference is not None
 
@@ -226,7 +226,7 @@ def rank_scenarios(out: Path) -> None:
     runs = []
     for flag in ({}, {"use_distributed_sampler": False}):
         L.seed_everything(0, verbose=False)
-        Strategy, dm = datamodule("metered_ddp", out / "cache", graph=graph)
+        Strategy, dm = datamodule("data_parallel", out / "cache", graph=graph)
         module = gs.GNNModule.from_config(model, dm)
         t = trainer(Strategy(dm.config), 2, precision="64-true", callbacks=[gs.StepSeed(0)], **flag)
         with warnings.catch_warnings(record=True) as caught:

@@ -62,7 +62,7 @@ def test_every_name_is_in_lightnings_registry():
         strategy = StrategyRegistry.get(spec.registered_as)
         assert type(strategy) is spec.strategy
         assert strategy.system_name == name
-    assert "metered_ddp" in StrategyRegistry and "ddp" in gs.SYSTEMS
+    assert "data_parallel" in StrategyRegistry and "ddp" in gs.SYSTEMS
 
 
 @pytest.mark.e2e
@@ -182,15 +182,15 @@ def test_a_name_declared_twice_is_refused_naming_both_sources():
         discover([("in-tree", ddp), ("ext", (gs.SYSTEMS["single"], ddp))])
     from dataclasses import replace
 
-    lightning_twin = replace(ddp, name="other", lightning_name="metered_ddp")
-    with pytest.raises(gs.ConfigError, match="'metered_ddp' is declared twice: by a and by b"):
+    lightning_twin = replace(ddp, name="other", lightning_name="data_parallel")
+    with pytest.raises(gs.ConfigError, match="'data_parallel' is declared twice: by a and by b"):
         discover([("a", ddp), ("b", lightning_twin)])
 
 
 def test_unknown_strategy_names_list_the_valid_ones(tmp_path):
     from hydra.errors import MissingConfigException
 
-    from lightning_gnnscale.schema import run_config
+    from lightning_gnnscale.config_types import run_config
     from tests.helpers.config import make_cfg
 
     with pytest.raises(MissingConfigException) as error:
@@ -207,7 +207,7 @@ def test_each_name_composes_its_specs_run_defaults(tmp_path):
     config, the config's model settings, ``trainer.devices`` and the spec's other run settings,
     over the dataset's recipe (sbm for every name; Cora, whose recipe sets the epochs and the
     model, for the names that set those); any key can still be overridden."""
-    from lightning_gnnscale.schema import run_config
+    from lightning_gnnscale.config_types import run_config
     from tests.helpers.config import make_cfg
 
     runs = [(name, "sbm") for name in gs.SYSTEMS]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 
-from lightning_gnnscale import schema
+from lightning_gnnscale import config_types
 from lightning_gnnscale.run import train
 from lightning_gnnscale.systems.single.config import SingleConfig
 from tests.helpers.config import make_cfg
@@ -39,10 +39,15 @@ def test_a_resumed_train_builds_its_settings_and_identity_once_and_checks_each_r
     )
     counts: Counter = Counter()
     _count(
-        monkeypatch, counts, schema, "as_dict", "as_dict", lambda c: isinstance(c, schema.RunConfig)
+        monkeypatch,
+        counts,
+        config_types,
+        "as_dict",
+        "as_dict",
+        lambda c: isinstance(c, config_types.RunConfig),
     )
-    _count(monkeypatch, counts, schema, "run_identity", "identity")
-    depth = schema.check_depth
+    _count(monkeypatch, counts, config_types, "run_identity", "identity")
+    depth = config_types.check_depth
     for module in list(sys.modules.values()):  # wherever the depth check was imported
         if getattr(module, "check_depth", None) is depth and module.__name__.startswith(
             "lightning_gnnscale"

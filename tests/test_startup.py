@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_gnnscale.config import ConfigError, validate
 from lightning_gnnscale.launch import launch_local, nvidia_gpu_present
+from lightning_gnnscale.preflight import ConfigError, validate
 from tests.helpers.config import REPO, make_cfg
 from tests.helpers.dist import run_distributed
 
@@ -143,7 +143,7 @@ def _imports(path: Path, module: str) -> set[str]:
 
 def test_the_schema_imports_no_system():
     package = REPO / "lightning_gnnscale"
-    for name in ("schema.py", "errors.py"):
+    for name in ("config_types.py", "errors.py"):
         imported = _imports(package / name, f"lightning_gnnscale.{name[:-3]}")
         assert not {m for m in imported if m.startswith("lightning_gnnscale.systems")}, name
 
@@ -172,8 +172,8 @@ def _collapse(graph: dict[str, set[str]], unit: Callable[[str], str | None]) -> 
 
 
 def _top_level(module: str) -> str:
-    """``lightning_gnnscale.graph.csc`` -> ``graph``; ``lightning_gnnscale.schema`` ->
-    ``schema``; the package's own ``__init__`` -> ``lightning_gnnscale``."""
+    """``lightning_gnnscale.graph.csc`` -> ``graph``; ``lightning_gnnscale.config_types`` ->
+    ``config_types``; the package's own ``__init__`` -> ``lightning_gnnscale``."""
     return (module.split(".") + [""])[1] or "lightning_gnnscale"
 
 

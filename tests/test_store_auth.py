@@ -17,8 +17,8 @@ import torch
 
 from lightning_gnnscale.comm import Topology
 from lightning_gnnscale.comm import transport as tr
+from lightning_gnnscale.config_types import DataConfig, RunFacts
 from lightning_gnnscale.errors import ConfigError
-from lightning_gnnscale.schema import DataConfig, RunFacts
 from lightning_gnnscale.store_secret import (
     SECRET_ENV,
     SECRET_FILE_ENV,

@@ -10,12 +10,12 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from lightning_gnnscale.config import check_config
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.module import GNNModule
+from lightning_gnnscale.preflight import check_config
 from lightning_gnnscale.run import train
 from lightning_gnnscale.systems.single import SingleConfig, SingleDataModule
 from lightning_gnnscale.tasks import TASKS, build_task
@@ -105,9 +105,9 @@ def test_the_task_setting_is_checked_and_monitored(tmp_path):
 
 def test_a_task_its_system_does_not_list_is_refused_before_spawn(tmp_path, monkeypatch):
     from lightning_gnnscale.systems import registry
-    from lightning_gnnscale.systems.ddp import DDPConfig
+    from lightning_gnnscale.systems.ddp import DataParallelConfig
 
-    monkeypatch.setattr(DDPConfig, "TASKS", ("node_classification",))
+    monkeypatch.setattr(DataParallelConfig, "TASKS", ("node_classification",))
     assert registry.SYSTEMS["ddp"].tasks == ("node_classification",)  # the spec's is the config's
     check_config(make_cfg(tmp_path, "strategy=ddp"))
     with pytest.raises(ConfigError, match="task=node_regression is not supported by strategy=ddp"):
@@ -117,13 +117,13 @@ def test_a_task_its_system_does_not_list_is_refused_before_spawn(tmp_path, monke
 def test_a_plain_script_is_held_to_the_systems_tasks(monkeypatch):
     """The same rule (``SystemConfig.check_task``) for a DataModule a plain script builds:
     refused at construction, before any Trainer or process exists."""
-    from lightning_gnnscale.systems.ddp import DataParallelDataModule, DDPConfig
+    from lightning_gnnscale.systems.ddp import DataParallelConfig, DataParallelDataModule
 
-    monkeypatch.setattr(DDPConfig, "TASKS", ("node_classification",))
+    monkeypatch.setattr(DataParallelConfig, "TASKS", ("node_classification",))
     graph = sbm(num_nodes=120, num_features=6, seed=0)
-    DataParallelDataModule(graph, DDPConfig(name="ddp"))
+    DataParallelDataModule(graph, DataParallelConfig(name="ddp"))
     with pytest.raises(ConfigError, match="task=node_regression is not supported by strategy=ddp"):
-        DataParallelDataModule(graph, DDPConfig(name="ddp"), task="node_regression")
+        DataParallelDataModule(graph, DataParallelConfig(name="ddp"), task="node_regression")
 
 
 def test_a_module_of_another_task_is_refused():
@@ -179,8 +179,8 @@ def test_sizing_a_head_from_a_directory_of_another_task_is_refused(tmp_path):
     """A plain script sizes its head from ``partition_meta`` (``dm.out_dim``): a directory
     written for node classification refuses a regression DataModule, naming both tasks and the
     format version, instead of a head as wide as the class count."""
+    from lightning_gnnscale.config_types import DataConfig
     from lightning_gnnscale.graph.partition_dir import FORMAT_VERSION, PartitionDirError
-    from lightning_gnnscale.schema import DataConfig
     from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule
 
     def datamodule(task, partition_dir=None):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from lightning_gnnscale.config import ConfigError, validate
+from lightning_gnnscale.preflight import ConfigError, validate
 from lightning_gnnscale.run import train
 from lightning_gnnscale.systems.registry import SYSTEMS
 from tests.helpers.config import REPO, make_cfg

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_gnnscale.config import ConfigError, validate
 from lightning_gnnscale.files import UnsafeFileError
 from lightning_gnnscale.graph.cache import artifact_path, cached, read_verified
 from lightning_gnnscale.graph.datasets import load_dataset
+from lightning_gnnscale.preflight import ConfigError, validate
 from tests.helpers.config import make_cfg
 from tests.test_datasets import _write_ogb_fixture
 

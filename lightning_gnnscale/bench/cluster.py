@@ -60,7 +60,7 @@ MODEL_OF = {v: s.bench_model for v, (s, _) in VARIANTS.items() if s.bench_model}
 
 
 @dataclass(frozen=True)
-class ClusterBenchSettings:
+class ClusterBenchConfig:
     pairs: tuple[tuple[str, str], ...] = PAIRS
     rates: tuple[float | None, ...] = (UNLIMITED, 1000.0, 100.0)
     hosts: int = 2
@@ -82,7 +82,7 @@ def run_name(variant: str, rate: float | None) -> str:
     return f"{slug}@{'unlimited' if rate is None else f'{rate:g}mbit'}"
 
 
-def variant_overrides(settings: ClusterBenchSettings, variant: str, rate, out: Path) -> list:
+def variant_overrides(settings: ClusterBenchConfig, variant: str, rate, out: Path) -> list:
     return [
         *VARIANTS[variant][1],
         f"model={MODEL_OF.get(variant, settings.model)}",
@@ -112,7 +112,7 @@ def run_epoch_time(summary: dict) -> float:
     return summary["train_time_s"] / summary["epochs"]
 
 
-def measure(settings: ClusterBenchSettings, variant: str, rate, out: Path) -> dict:
+def measure(settings: ClusterBenchConfig, variant: str, rate, out: Path) -> dict:
     """One run (or its kept result): time per epoch, modelled comm time, bytes, or the error."""
     run_dir = out / "runs" / run_name(variant, rate)
     overrides = variant_overrides(settings, variant, rate, out)
@@ -170,7 +170,7 @@ def _reason(message: str) -> str:
     return f"{lines[0]}: {detail}" if detail and detail != lines[0] else lines[0]
 
 
-def run_cluster_bench(settings: ClusterBenchSettings, out: Path, argv: list[str]) -> dict:
+def run_cluster_bench(settings: ClusterBenchConfig, out: Path, argv: list[str]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     variants = list(dict.fromkeys(v for pair in settings.pairs for v in pair))
@@ -233,7 +233,7 @@ def _predicted(rows: list[dict], row: dict, who: str) -> float | None:
     return base[f"{who}_epoch_s"] + row[f"{who}_modeled_comm_s"] - base[f"{who}_modeled_comm_s"]
 
 
-def report_lines(result: dict, rows: list[dict], settings: ClusterBenchSettings) -> list[str]:
+def report_lines(result: dict, rows: list[dict], settings: ClusterBenchConfig) -> list[str]:
     table = []
     for row in rows:
         if row["error"]:
@@ -293,7 +293,7 @@ def report_lines(result: dict, rows: list[dict], settings: ClusterBenchSettings)
     ]
 
 
-def _plot(rows: list[dict], settings: ClusterBenchSettings, path: Path) -> None:
+def _plot(rows: list[dict], settings: ClusterBenchConfig, path: Path) -> None:
     try:
         import matplotlib
 
@@ -393,7 +393,7 @@ def run_cluster_command(parser, args, argv: list[str]) -> int:
         preflight(100.0 if any(args.rates) else None)
     except ClusterUnavailable as err:
         parser.error(str(err))
-    settings = ClusterBenchSettings(
+    settings = ClusterBenchConfig(
         pairs=pairs,
         rates=args.rates,
         nodes=args.nodes,

@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from ..comm import CATEGORIES
-from ..config import validate
 from ..files import write_json_atomic
+from ..preflight import validate
 from ..run import train
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 

@@ -38,11 +38,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from ..callbacks.step_seed import seed_step_generators, step_key
-from ..config import validate
 from ..cpu_memory import retain_freed_memory
 from ..files import write_json_atomic
 from ..launch import launch_local
 from ..models.layers import row_dropout
+from ..preflight import validate
 from ..run import THREADS_ENV, build_datamodule, train
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 

@@ -44,9 +44,9 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from ..config import validate
 from ..errors import ConfigError
 from ..files import write_json_atomic
+from ..preflight import validate
 from ..proc_memory import TreeSampler
 from ..systems.registry import SYSTEMS
 from ..warm_client import DISABLE_ENV

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from ..config import validate
+from ..config_types import RunConfig
 from ..files import write_json_atomic
+from ..preflight import validate
 from ..run import train
-from ..schema import RunConfig
 from .compare import CONF_DIR, MB
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 

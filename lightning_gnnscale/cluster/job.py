@@ -208,7 +208,7 @@ def check_overrides(job: ClusterJob) -> tuple[list[list[str]], int]:
     multirun, its jobs' largest)."""
     from hydra import compose, initialize_config_dir
 
-    from ..config import validate
+    from ..preflight import validate
 
     cluster = [f"trainer.num_nodes={job.hosts}", f"paths.root={Path.cwd()}"]
     launch_env = {

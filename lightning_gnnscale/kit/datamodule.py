@@ -15,6 +15,7 @@ from typing_extensions import override
 
 from ..checkpoints import CHECKPOINT_KEY
 from ..comm import Topology
+from ..config_types import DataConfig, ModelConfig, RunConfig, SystemConfig, check_depth, check_seed
 from ..contract import PREDICT_OUTPUTS, Evaluation, Prediction, RankContext, bind_datamodule
 from ..errors import ConfigError
 from ..graph.batch import Batch
@@ -23,7 +24,6 @@ from ..graph.datasets import load_dataset
 from ..graph.order import EpochOrder
 from ..models.gnn import build_model
 from ..models.inference import node_rows
-from ..schema import DataConfig, ModelConfig, RunConfig, SystemConfig, check_depth, check_seed
 from ..tasks import build_task
 from ..tasks.base import NodeTask
 from .loaders import OneItem, collective_train_loader, no_collate
@@ -66,7 +66,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         dataset_options: options for :func:`load_dataset` (``root``, ``num_nodes``...).
         checked_run: the typed run this module is built for (``run.build_datamodule``), which
             holds ``config`` and ``data``: its rules were checked once when it was typed
-            (:func:`~..schema.check_run`), so the module does not check them again; ``None``
+            (:func:`~..config_types.check_run`), so the module does not check them again; ``None``
             (a plain script): the task and data rules are checked here, the depth in
             :meth:`build_model`.
     """

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
+from ..config_types import SystemConfig, partition_dir_unsupported
 from ..contract import RankContext
 from ..errors import ConfigError
 from ..graph.csc import Graph
-from ..schema import SystemConfig, partition_dir_unsupported
 from ..tasks import DEFAULT_TASK
 from .partitions import assert_same_on_all_ranks
 

@@ -32,10 +32,10 @@ from ..comm import (
     Topology,
     register_metered_ddp_hook,
 )
+from ..config_types import DataConfig, RunConfig, RunFacts, SystemConfig, check_run
 from ..contract import Evaluation, ModuleRuntime, Prediction, RankContext, RuntimeAware
 from ..errors import ConfigError
 from ..graph.batch import Batch
-from ..schema import DataConfig, RunConfig, RunFacts, SystemConfig, check_run
 
 
 class SuiteDoublePrecision(DoublePrecision):
@@ -107,7 +107,7 @@ class SystemStrategy:
     @classmethod
     def from_run(cls, run: RunConfig) -> SystemStrategy:
         """The strategy of the typed run ``run`` (``run.strategy`` is its config). Its rules
-        were checked once when ``run`` was typed (:func:`~..schema.check_run`): binding a
+        were checked once when ``run`` was typed (:func:`~..config_types.check_run`): binding a
         DataModule of that run under the run's processes does not check them again."""
         strategy = cls(run.strategy, **cls.run_options(run))
         strategy.checked_run = run

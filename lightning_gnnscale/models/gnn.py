@@ -13,7 +13,7 @@ from ..graph.block import Block, blocks_to_subgraph
 from .layers import BlockGAT, BlockGCN, BlockSAGE, row_dropout
 
 if TYPE_CHECKING:
-    from ..schema import ModelConfig
+    from ..config_types import ModelConfig
 
 MODEL_KINDS = ("gcn", "sage", "gat")
 
@@ -108,7 +108,7 @@ class SubgraphModel(nn.Module):
 
 
 def build_model(cfg: ModelConfig, in_dim: int, out_dim: int) -> nn.Module:
-    """Model from its config (:class:`~lightning_gnnscale.schema.ModelConfig`): ``name`` in gcn|sage|gat, or ``custom`` with ``target`` (a dotted
+    """Model from its config (:class:`~lightning_gnnscale.config_types.ModelConfig`): ``name`` in gcn|sage|gat, or ``custom`` with ``target`` (a dotted
     path to a class called as ``cls(in_channels=, hidden_channels=, out_channels=, num_layers=,
     **kwargs)``, e.g. ``torch_geometric.nn.models.GraphSAGE``)."""
     if cfg.name == "custom":

@@ -19,10 +19,10 @@ import lightning as L
 import torch
 from torch import nn
 
+from ..config_types import ModelConfig
 from ..contract import Evaluation, LayerHook, ModuleRuntime, Prediction, RuntimeAware
 from ..errors import ConfigError
 from ..graph.batch import Batch
-from ..schema import ModelConfig
 from ..tasks import build_task
 from ..tasks.base import NodeTask
 from .gnn import BlockGNN
@@ -45,7 +45,7 @@ class GNNModule(L.LightningModule):
     metrics over the net's output rows.
 
     Build it with :meth:`from_config` (the net and the optimiser from one
-    :class:`~lightning_gnnscale.schema.ModelConfig`, whose settings the strategy then checks
+    :class:`~lightning_gnnscale.config_types.ModelConfig`, whose settings the strategy then checks
     against the system's rules), or from a net directly.
 
     ``self.log`` in this module (and subclasses) defaults ``batch_size`` to

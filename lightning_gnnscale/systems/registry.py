@@ -18,8 +18,8 @@ from importlib import import_module
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
+from ..config_types import SystemConfig, register_run_schema, schema_node
 from ..errors import ConfigError
-from ..schema import SystemConfig, register_run_schema, schema_node
 from ..warm_client import GROUP
 from .spec import SystemSpec
 
@@ -86,7 +86,7 @@ SYSTEMS: dict[str, SystemSpec] = discover([*in_tree_sources(), *entry_point_sour
 
 def system(name: str) -> tuple[type[SystemStrategy], type[GNNDataModule], SystemConfig]:
     """``(Strategy, DataModule, config)`` of a strategy name: any ``SYSTEMS`` key (presets
-    included) or its Lightning name (``metered_ddp`` is ``ddp``). The config is the name's
+    included) or its Lightning name (``data_parallel`` is ``ddp``). The config is the name's
     default settings; pass it to both classes."""
     by_lightning_name = {spec.registered_as: spec for spec in SYSTEMS.values()}
     spec = SYSTEMS.get(name) or by_lightning_name.get(name)

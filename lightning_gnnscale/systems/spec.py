@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
-from ..schema import SystemConfig
+from ..config_types import SystemConfig
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ import torch
 from hydra.errors import ConfigCompositionException
 
 import lightning_gnnscale as gs
+from lightning_gnnscale.config_types import run_config
 from lightning_gnnscale.errors import ConfigError
-from lightning_gnnscale.schema import run_config
 from lightning_gnnscale.systems.registry import SYSTEMS
 from lightning_gnnscale.tasks import task_spec
 from tests.helpers.config import TINY, make_cfg

@@ -6,15 +6,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...bounds import check_threads_per_rank, externally_launched
+from ...config_types import DataConfig, SystemConfig, choice, require
 from ...errors import ConfigError
 from ...graph.partition_config import METHOD_OPTIONS, PARTITION_METHODS, check_partition_options
-from ...schema import DataConfig, SystemConfig, choice, require
 from ...store_secret import require_secret
 from .address import check_host
 from .scheduler import default_sigma
 
 if TYPE_CHECKING:
-    from ...schema import RunFacts
+    from ...config_types import RunFacts
 
 DAG_MODES = ("supervised",)
 MAX_SLEEP_MS = 1000.0  # a poll interval longer than this starves the trainer

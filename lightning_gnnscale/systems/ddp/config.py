@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...schema import SystemConfig
+from ...config_types import SystemConfig
 
 
 @dataclass(frozen=True)
-class DDPConfig(SystemConfig):
+class DataParallelConfig(SystemConfig):
     """``strategy=ddp``.
 
     Args:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ...kit.strategies import MeteredDDPStrategy
-from .config import DDPConfig
+from .config import DataParallelConfig
 
 
 class DataParallelStrategy(MeteredDDPStrategy):
     """Plain data parallel: DDP's gradient all-reduce, metered; nothing else moves."""
 
-    config_type = DDPConfig
+    config_type = DataParallelConfig

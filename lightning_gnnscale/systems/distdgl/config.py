@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ...config_types import SystemConfig, choice, require
 from ...graph.partition_config import PartitionConfig
-from ...schema import SystemConfig, choice, require
 
 # the names of kvstore.SPARSE_OPTIMIZERS (kept here: configs load without torch)
 SPARSE_OPTIMIZER_NAMES = ("adagrad", "sgd")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .. import lazy_exports
 from ..spec import SystemSpec
-from .config import GRANNDIS_PRESETS, CoBSettings, EASSettings, GraNNDISConfig, PartitionSettings
+from .config import GRANNDIS_PRESETS, CoBConfig, EASConfig, GraNNDISConfig, GraNNDISPartitionConfig
 
 # which presets equal single on the same (full-graph) batches, and the setting that makes an
 # approximate one exact (CoB: the exact L-hop closure; tests/test_granndis_dist.py)
@@ -40,12 +40,11 @@ _EXPORTS = {
     "halo_hook": ".strategy",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
-GraNNDISPartitionSettings = PartitionSettings  # public under the system's prefix
 __all__ = [
     "GRANNDIS_PRESETS",
-    "CoBSettings",
-    "EASSettings",
+    "CoBConfig",
+    "EASConfig",
     "GraNNDISConfig",
-    "GraNNDISPartitionSettings",
+    "GraNNDISPartitionConfig",
     *_EXPORTS,
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from ...schema import DataConfig, RunFacts, SystemConfig, choice, require
+from ...config_types import DataConfig, RunFacts, SystemConfig, choice, require
 
 MODES = ("fb_base", "flx", "flx_eas", "cob", "mb_base")
 DIRECTORY_MODES = ("fb_base", "flx", "flx_eas", "cob")  # those with a layout to write per rank
@@ -54,7 +54,7 @@ def _mode_preset(mode: str) -> str:
 
 
 @dataclass(frozen=True)
-class PartitionSettings:
+class GraNNDISPartitionConfig:
     """How vertices are placed.
 
     Args:
@@ -76,7 +76,7 @@ class PartitionSettings:
 
 
 @dataclass(frozen=True)
-class EASSettings:
+class EASConfig:
     """Expansion-aware sampling (spec §4.5): from the inner set, at most ``fanout`` external
     neighbours per frontier vertex (``-1``: all) for ``hops`` hops; ``selection``,
     ``fanout_scope`` and ``frontier`` as in the spec (defaults: the paper's text on scope and
@@ -100,7 +100,7 @@ class EASSettings:
 
 
 @dataclass(frozen=True)
-class CoBSettings:
+class CoBConfig:
     """Cooperative batching (spec §4.4).
 
     Args:
@@ -137,7 +137,7 @@ class GraNNDISConfig(SystemConfig):
 
     Args:
         mode: ``flx_eas`` (default) | ``flx`` | ``cob`` | ``fb_base`` | ``mb_base``.
-        partition: vertex placement (:class:`PartitionSettings`).
+        partition: vertex placement (:class:`GraNNDISPartitionConfig`).
         eas: expansion-aware sampling (``flx_eas``, and ``cob`` with ``sampler=eas``).
         cob: cooperative batching (``cob``).
         preload_k: FLX's preload depth ``k`` in ``[0, L]``; ``None`` = ``L`` (nothing but
@@ -159,9 +159,9 @@ class GraNNDISConfig(SystemConfig):
     name: str = "granndis"
     supports_partition_dir: ClassVar[bool] = True
     mode: str = "flx_eas"
-    partition: PartitionSettings = field(default_factory=PartitionSettings)
-    eas: EASSettings = field(default_factory=EASSettings)
-    cob: CoBSettings = field(default_factory=CoBSettings)
+    partition: GraNNDISPartitionConfig = field(default_factory=GraNNDISPartitionConfig)
+    eas: EASConfig = field(default_factory=EASConfig)
+    cob: CoBConfig = field(default_factory=CoBConfig)
     preload_k: int | None = None
     preload_auto: bool = False
     memory_budget_mb: float | None = None

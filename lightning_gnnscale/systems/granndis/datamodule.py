@@ -25,6 +25,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from ...comm import Topology
+from ...config_types import ModelConfig, require
 from ...contract import RankContext
 from ...errors import ConfigError
 from ...graph.batch import Batch
@@ -44,7 +45,6 @@ from ...kit.loaders import StepBatcher
 from ...kit.partitions import own_predictions
 from ...kit.sampled import ReplicatedGraphEvaluation
 from ...models.gnn import BlockGNN
-from ...schema import ModelConfig, require
 from ...tasks.base import split_statistics
 from .callbacks import GraNNDISStats, LayoutReport, LayoutSummary
 from .config import DIRECTORY_MODES, GraNNDISConfig

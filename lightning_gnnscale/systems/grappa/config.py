@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...schema import RunFacts, SystemConfig, choice, require
+from ...config_types import RunFacts, SystemConfig, choice, require
 from .schedule import SCHEDULES, SWEEP_ORDERS, Schedule
 
 CHUNKINGS = ("random", "random_iid", "metis")

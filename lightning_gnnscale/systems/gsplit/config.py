@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...schema import SystemConfig, choice, require
+from ...config_types import SystemConfig, choice, require
 
 PARTITION_METHODS = ("gsplit", "node", "edge", "naive", "random")
 ZERO_EDGE_POLICIES = ("auto", "drop", "epsilon")

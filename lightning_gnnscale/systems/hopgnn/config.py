@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+from ...config_types import RunFacts, SystemConfig, choice, require
 from ...graph.partition_config import PartitionConfig
-from ...schema import RunFacts, SystemConfig, choice, require
 
 MODES = ("micrograph", "model_centric")
 PAYLOADS = ("params+grads", "params", "grads", "none")

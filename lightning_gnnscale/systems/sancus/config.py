@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ...schema import ModelConfig, RunFacts, SystemConfig, choice, require
+from ...config_types import ModelConfig, RunFacts, SystemConfig, choice, require
 
 POLICIES = ("none", "epoch_fixed", "adaptive", "variation", "skipg")
 INPUT_POLICIES = ("once", "same_as_hidden")

@@ -11,6 +11,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
+from ...config_types import ModelConfig
 from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, relabel_graph
@@ -19,7 +20,6 @@ from ...graph.csc import Graph
 from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, part_folder
 from ...kit.datamodule import GNNDataModule
 from ...kit.partitions import assert_same_on_all_ranks, own_predictions
-from ...schema import ModelConfig
 from ...tasks.base import split_statistics
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig

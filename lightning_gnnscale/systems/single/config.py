@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...schema import RunFacts, SystemConfig, require
+from ...config_types import RunFacts, SystemConfig, require
 
 
 @dataclass(frozen=True)

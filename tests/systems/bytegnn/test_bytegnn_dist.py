@@ -18,7 +18,7 @@ import torch
 
 from lightning_gnnscale.comm import Comm, CommMeter, Topology
 from lightning_gnnscale.comm.transport import SocketTransport
-from lightning_gnnscale.config import validate
+from lightning_gnnscale.config_types import DataConfig, RunFacts
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
@@ -26,8 +26,8 @@ from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.models.module import GNNModule
+from lightning_gnnscale.preflight import validate
 from lightning_gnnscale.run import build_datamodule, build_strategy, train
-from lightning_gnnscale.schema import DataConfig, RunFacts
 from lightning_gnnscale.store_secret import read_secret
 from lightning_gnnscale.systems.bytegnn.address import service_address
 from lightning_gnnscale.systems.bytegnn.config import ByteGNNConfig, DagConfig, SchedulerConfig

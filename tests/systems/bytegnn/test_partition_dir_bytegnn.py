@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.datasets import load_dataset
@@ -17,7 +18,6 @@ from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder
 from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_carried
 from lightning_gnnscale.partition import partition
-from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.bytegnn import ByteGNNConfig, ByteGNNDataModule
 from tests.helpers.dist import run_distributed
 from tests.helpers.partition_runs import float64_trainer, launcher_without_ranks

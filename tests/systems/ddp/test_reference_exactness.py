@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.schema import DataConfig
-from lightning_gnnscale.systems.ddp import DataParallelDataModule, DDPConfig
+from lightning_gnnscale.systems.ddp import DataParallelConfig, DataParallelDataModule
 from tests.helpers.dist import run_distributed
 
 FANOUTS = [4, 3]
@@ -38,7 +38,7 @@ def step_outputs(kind, rank, world_size, salt_by_rank=False):
     graph = make_graph()
     dm = DataParallelDataModule(
         graph,
-        DDPConfig(salt_by_rank=salt_by_rank),
+        DataParallelConfig(salt_by_rank=salt_by_rank),
         DataConfig(batch_size=96, fanouts=FANOUTS),
         seed=7,
     )

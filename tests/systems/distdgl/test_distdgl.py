@@ -14,7 +14,7 @@ from hydra.errors import ConfigCompositionException
 from lightning.pytorch.callbacks import Callback
 
 from lightning_gnnscale.comm import Comm
-from lightning_gnnscale.config import validate
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.block import Block
@@ -24,8 +24,8 @@ from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.module import GNNModule
+from lightning_gnnscale.preflight import validate
 from lightning_gnnscale.run import build_datamodule, build_strategy, train
-from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.distdgl import (
     DistDGLConfig,
     DistDGLDataModule,

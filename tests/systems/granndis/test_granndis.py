@@ -9,7 +9,7 @@ import torch
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.csc import Graph, csc_from_edges
 from lightning_gnnscale.systems.granndis import GraNNDISConfig, build_layout
-from lightning_gnnscale.systems.granndis.config import CoBSettings, EASSettings
+from lightning_gnnscale.systems.granndis.config import CoBConfig, EASConfig
 from lightning_gnnscale.systems.granndis.expand import khop_levels
 from lightning_gnnscale.systems.granndis.plan import keep_mask
 
@@ -49,9 +49,9 @@ def test_presets_and_bad_values():
     with pytest.raises(ConfigError, match="strategy.mode='pipe' is unknown; valid"):
         GraNNDISConfig(mode="pipe")
     with pytest.raises(ConfigError, match="strategy.eas.fanout=0"):
-        EASSettings(fanout=0)
+        EASConfig(fanout=0)
     with pytest.raises(ConfigError, match="strategy.cob.sampler='saint' is unknown"):
-        CoBSettings(sampler="saint")
+        CoBConfig(sampler="saint")
     with pytest.raises(ConfigError, match="is not a name of GraNNDISConfig"):
         GraNNDISConfig(name="gsplit")
 
@@ -145,8 +145,8 @@ def test_a_rank_without_vertices_gets_an_empty_plan():
 
 
 def _auto_module(budget_mb):
+    from lightning_gnnscale.config_types import DataConfig, ModelConfig
     from lightning_gnnscale.graph.generators import sbm
-    from lightning_gnnscale.schema import DataConfig, ModelConfig
     from lightning_gnnscale.systems.granndis import GraNNDISDataModule
 
     graph = sbm(num_nodes=200, num_classes=3, avg_degree=5.0, num_features=4, seed=1)
@@ -256,8 +256,8 @@ def test_hierarchical_gradient_sync_refuses_gradient_accumulation():
 def test_mb_base_batches_are_data_parallel_micro_batches():
     """MB_base (the paper's per-worker mini-batch baseline) samples each worker's share of a
     step as strategy=ddp does: same seeds, same rank-salted samples, same global seed count."""
+    from lightning_gnnscale.config_types import DataConfig
     from lightning_gnnscale.graph.generators import sbm
-    from lightning_gnnscale.schema import DataConfig
     from lightning_gnnscale.systems.ddp import DataParallelDataModule
     from lightning_gnnscale.systems.granndis import GraNNDISDataModule
 

@@ -13,23 +13,25 @@ import torch.nn.functional as F
 from lightning_gnnscale.comm import Comm, CommMeter, Topology
 from lightning_gnnscale.comm.audit import CollectiveRecorder
 from lightning_gnnscale.comm.hierarchical import ServerGroups
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.block import Block
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.granndis import GraNNDISConfig, GraNNDISDataModule, halo_hook
 from lightning_gnnscale.systems.granndis.config import (
-    CoBSettings,
-    EASSettings,
-    PartitionSettings,
+    CoBConfig,
+    EASConfig,
+    GraNNDISPartitionConfig,
 )
 from tests.helpers.dist import run_distributed
 
 WORLD, WORKERS, LAYERS, HIDDEN = 4, 2, 2, 8
 KINDS = ("sage", "gcn", "gat")
-CONTIGUOUS = PartitionSettings(server="contiguous", intra="contiguous", fb_base="hierarchical")
+CONTIGUOUS = GraNNDISPartitionConfig(
+    server="contiguous", intra="contiguous", fb_base="hierarchical"
+)
 # (label, config): a worker without targets appears in "fb_base_no_targets" (ranks 2, 3 own
 # vertices and halos but no target) and "flx_empty_server" (server 1 has no target, so ranks
 # 2, 3 hold nothing at all: empty halos).
@@ -37,17 +39,17 @@ VARIANTS = {
     "fb_base": GraNNDISConfig(mode="fb_base"),
     "fb_base_no_targets": GraNNDISConfig(mode="fb_base", partition=CONTIGUOUS),
     "fb_base_hier": GraNNDISConfig(
-        mode="fb_base", partition=PartitionSettings(fb_base="hierarchical")
+        mode="fb_base", partition=GraNNDISPartitionConfig(fb_base="hierarchical")
     ),
     "flx": GraNNDISConfig(mode="flx"),
     "flx_unmasked": GraNNDISConfig(mode="flx", masking=False),
     "flx_empty_server": GraNNDISConfig(mode="flx", partition=CONTIGUOUS),
     "flx_k0": GraNNDISConfig(mode="flx", preload_k=0),
     "flx_k1": GraNNDISConfig(mode="flx", preload_k=1),
-    "cob_none": GraNNDISConfig(mode="cob", cob=CoBSettings(num_per_epoch=3, sampler="none")),
-    "flx_eas": GraNNDISConfig(mode="flx_eas", eas=EASSettings(hops=2, fanout=2)),
-    "cob_sage": GraNNDISConfig(mode="cob", cob=CoBSettings(num_per_epoch=2, fanout=2)),
-    "cob_eas": GraNNDISConfig(mode="cob", cob=CoBSettings(num_per_epoch=2, sampler="eas")),
+    "cob_none": GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=3, sampler="none")),
+    "flx_eas": GraNNDISConfig(mode="flx_eas", eas=EASConfig(hops=2, fanout=2)),
+    "cob_sage": GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=2, fanout=2)),
+    "cob_eas": GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=2, sampler="eas")),
 }
 EXACT_VARIANTS = [v for v in VARIANTS if v not in ("flx_eas", "cob_sage", "cob_eas")]
 FEW_TARGETS = ("fb_base_no_targets", "flx_empty_server")
@@ -115,7 +117,7 @@ def _disagreement_probe(rank, world_size, cache_dir):
     error ``setup_rank`` raised on this rank (``None`` if none)."""
     comm = Comm.create(CommMeter(), Topology(world_size, WORKERS), timeout_s=30)
     intra = "contiguous" if rank == 2 else "metis"
-    config = GraNNDISConfig(mode="flx", partition=PartitionSettings(intra=intra))
+    config = GraNNDISConfig(mode="flx", partition=GraNNDISPartitionConfig(intra=intra))
     data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
     dm = GraNNDISDataModule(small_graph(), config, data, seed=0, cache_dir=cache_dir)
     try:

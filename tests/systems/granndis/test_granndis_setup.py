@@ -12,11 +12,11 @@ import torch
 from torch import Tensor
 
 from lightning_gnnscale.comm import Topology
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.generators import sbm
-from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.granndis import GraNNDISConfig, GraNNDISDataModule, build_layout
-from lightning_gnnscale.systems.granndis.config import CoBSettings, EASSettings
+from lightning_gnnscale.systems.granndis.config import CoBConfig, EASConfig
 
 TOPOLOGY = Topology(4, 2)  # 2 servers x 2 workers
 
@@ -51,10 +51,10 @@ def test_settings_without_effect_fail_naming_the_key(tmp_path):
         dataclasses.replace(GraNNDISConfig.preset("granndis_flx"), mode="fb_base")
     GraNNDISConfig(mode="fb_base")  # strategy=granndis strategy.mode=...: the generic form
     with pytest.raises(ConfigError, match="strategy.eas.hops=3 must be <= model.num_layers=2"):
-        module(GraNNDISConfig(eas=EASSettings(hops=3)))
+        module(GraNNDISConfig(eas=EASConfig(hops=3)))
     with pytest.raises(ConfigError, match="strategy.cob.hops=3 must be <= model.num_layers=2"):
-        module(GraNNDISConfig(mode="cob", cob=CoBSettings(hops=3)))
-    module(GraNNDISConfig(mode="flx", eas=EASSettings(hops=3)))  # FLX does not use EAS
+        module(GraNNDISConfig(mode="cob", cob=CoBConfig(hops=3)))
+    module(GraNNDISConfig(mode="flx", eas=EASConfig(hops=3)))  # FLX does not use EAS
 
 
 def test_a_budget_no_depth_can_meet_fails_before_spawn(tmp_path):
@@ -68,13 +68,13 @@ def test_a_budget_no_depth_can_meet_fails_before_spawn(tmp_path):
 def test_cobatch_count_is_bounded_by_the_targets(tmp_path):
     graph = graph_of()
     num_train = int(graph.train_mask.sum())
-    too_many = GraNNDISConfig(mode="cob", cob=CoBSettings(num_per_epoch=num_train + 1))
+    too_many = GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=num_train + 1))
     with pytest.raises(ConfigError, match="strategy.cob.num_per_epoch=.*exceeds the"):
         module(too_many, graph=graph, cache_dir=tmp_path).prepare(4)
     # fewer than the training nodes, more than the largest server's: empty on every server
     servers = module(GraNNDISConfig(mode="cob"), graph=graph, cache_dir=tmp_path)
     most = max(t.numel() for t in servers.server_targets(TOPOLOGY))
-    config = GraNNDISConfig(mode="cob", cob=CoBSettings(num_per_epoch=most + 1, sampler="none"))
+    config = GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=most + 1, sampler="none"))
     dm = module(config, graph=graph, cache_dir=tmp_path)
     dm.prepare(4)
     with pytest.raises(ConfigError, match=f"exceeds the {most} training nodes of the largest"):
@@ -174,8 +174,8 @@ def test_gcn_degrees_are_the_whole_graph_s_in_every_mode(tmp_path):
 
     indptr, indices = csc_from_edges(src[one_way], dst[one_way], graph.num_nodes)
     graph = dataclasses.replace(graph, indptr=indptr, indices=indices)
-    exact = GraNNDISConfig(mode="cob", cob=CoBSettings(num_per_epoch=2, sampler="none"))
-    nothing_sampled = GraNNDISConfig(mode="cob", cob=CoBSettings(num_per_epoch=2, fanout=10**6))
+    exact = GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=2, sampler="none"))
+    nothing_sampled = GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=2, fanout=10**6))
     want = module(exact, graph=graph, cache_dir=tmp_path).build_all_plans(TOPOLOGY)
     got = module(nothing_sampled, graph=graph, cache_dir=tmp_path).build_all_plans(TOPOLOGY)
     for (plans, _), (exact_plans, _) in zip(got, want, strict=True):

@@ -12,14 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm, CommMeter, Topology
+from lightning_gnnscale.config_types import DataConfig, ModelConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder, shared_folder
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.partition import partition
-from lightning_gnnscale.schema import DataConfig, ModelConfig
 from lightning_gnnscale.systems.granndis import GraNNDISConfig, GraNNDISDataModule, halo_hook
-from lightning_gnnscale.systems.granndis.config import CoBSettings
+from lightning_gnnscale.systems.granndis.config import CoBConfig
 from tests.helpers.dist import run_distributed
 from tests.helpers.partition_runs import launcher_without_ranks
 from tests.test_partition_dir import SBM
@@ -31,7 +31,7 @@ VARIANTS = {
     "flx_eas_1x2": (GraNNDISConfig(), 2),
     "flx_k1": (GraNNDISConfig(mode="flx", preload_k=1), 1),
     "flx_auto": (GraNNDISConfig(mode="flx", preload_auto=True, memory_budget_mb=1.0), 1),
-    "cob": (GraNNDISConfig(mode="cob", cob=CoBSettings(num_per_epoch=2)), 1),
+    "cob": (GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=2)), 1),
     "fb_base": (GraNNDISConfig.preset("granndis_fb_base"), 1),
 }
 

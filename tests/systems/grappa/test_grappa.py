@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.inference import layerwise_inference
-from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.grappa import EarlyTriggerConfig, GrappaConfig, chunking
 from lightning_gnnscale.systems.grappa.callbacks import GrappaStats
 from lightning_gnnscale.systems.grappa.chunking import (

@@ -12,9 +12,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightning_gnnscale.comm import CollectiveRecorder, Comm, GradientHookState
 from lightning_gnnscale.comm.hooks import register_metered_ddp_hook
-from lightning_gnnscale.config import validate
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.preflight import validate
 from lightning_gnnscale.run import train
 from lightning_gnnscale.systems.grappa.callbacks import gradient_only_problems
 from lightning_gnnscale.systems.grappa.chunking import write_chunk_store

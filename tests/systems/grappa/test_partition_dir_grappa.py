@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.partition_dir import (
     PartitionDir,
@@ -22,7 +23,6 @@ from lightning_gnnscale.graph.partition_dir import (
 )
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.inference import node_rows
-from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.grappa import GrappaConfig, GrappaDataModule
 from lightning_gnnscale.systems.grappa.directory import DirChunks, chunk_group
 from lightning_gnnscale.systems.grappa.partition import build_partition

@@ -273,8 +273,8 @@ def test_gsplit_trains_end_to_end_with_a_clean_audit(tmp_path):
     ],
 )
 def test_gsplit_config_errors(tmp_path, override, message):
-    from lightning_gnnscale.config import validate
     from lightning_gnnscale.errors import ConfigError
+    from lightning_gnnscale.preflight import validate
     from tests.helpers.config import make_cfg
 
     with pytest.raises(ConfigError, match=message):
@@ -340,8 +340,8 @@ def test_gsplit_settings_fail_at_compose_time(tmp_path, override, key):
     ],
 )
 def test_gsplit_bad_values_name_their_key(tmp_path, override, message):
-    from lightning_gnnscale.config import validate
     from lightning_gnnscale.errors import ConfigError
+    from lightning_gnnscale.preflight import validate
     from tests.helpers.config import make_cfg
 
     cfg = make_cfg(tmp_path, "strategy=gsplit", override)
@@ -390,7 +390,7 @@ def _plain_lightning_rank(rank, world_size, graph, strategy, cache_dir):
     import lightning as L
 
     from lightning_gnnscale import GNNModule
-    from lightning_gnnscale.schema import DataConfig, ModelConfig
+    from lightning_gnnscale.config_types import DataConfig, ModelConfig
     from lightning_gnnscale.systems.gsplit import (
         GSplitConfig,
         GSplitDataModule,

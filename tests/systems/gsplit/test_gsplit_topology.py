@@ -39,8 +39,8 @@ PARTITIONED = GSplitConfig(topology="partitioned")
 def test_bad_topology_settings_are_refused_at_validation(tmp_path, overrides, message):
     """An unknown topology names the valid values; the redundancy probe (whole mini-batches
     on rank 0) is refused with a partitioned topology."""
-    from lightning_gnnscale.config import validate
     from lightning_gnnscale.errors import ConfigError
+    from lightning_gnnscale.preflight import validate
     from tests.helpers.config import make_cfg
 
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):

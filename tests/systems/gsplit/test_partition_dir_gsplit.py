@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.book import PartitionBook, RangeBook, relabel_csc
 from lightning_gnnscale.graph.generators import sbm
@@ -18,7 +19,6 @@ from lightning_gnnscale.graph.partition_dir import PartitionDir, PartitionDirErr
 from lightning_gnnscale.graph.sampler import sample_neighbors
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.partition import partition
-from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.gsplit import GSplitConfig, GSplitDataModule
 from lightning_gnnscale.systems.gsplit.strategy import shuffle_hook
 from tests.helpers.dist import run_distributed

@@ -6,13 +6,13 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from lightning_gnnscale.config import validate
+from lightning_gnnscale.config_types import run_config
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
-from lightning_gnnscale.schema import run_config
+from lightning_gnnscale.preflight import validate
 from lightning_gnnscale.systems.hopgnn import HopGNNConfig, micrograph_plan, model_centric_plan
 from lightning_gnnscale.systems.hopgnn.costmodel import (
     CostParams,
@@ -355,7 +355,7 @@ def _fit_with(tmp_path, **trainer_kwargs):
     import lightning as L
 
     from lightning_gnnscale import GNNModule, ModelConfig
-    from lightning_gnnscale.schema import DataConfig
+    from lightning_gnnscale.config_types import DataConfig
     from lightning_gnnscale.systems.hopgnn import HopGNNDataModule
     from lightning_gnnscale.systems.hopgnn.strategy import HopGNNStrategy
 
@@ -407,8 +407,8 @@ def test_a_grad_scaler_is_refused(tmp_path):
 def _one_rank_dm(config, world_size=1):
     """A set-up one-process DataModule on a 60-node sbm (every node on server 0)."""
     from lightning_gnnscale.comm import Comm
+    from lightning_gnnscale.config_types import DataConfig
     from lightning_gnnscale.contract import RankContext
-    from lightning_gnnscale.schema import DataConfig
     from lightning_gnnscale.systems.hopgnn import HopGNNDataModule, HopGNNPrepared
 
     graph = sbm(num_nodes=60, num_classes=3, avg_degree=4.0, num_features=4, seed=0)

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
@@ -18,7 +19,6 @@ from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.run import train
-from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.distdgl.kvstore import KVStore
 from lightning_gnnscale.systems.hopgnn import (
     HopGNNConfig,

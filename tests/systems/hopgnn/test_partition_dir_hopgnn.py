@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.book import RangeBook
 from lightning_gnnscale.graph.partition_dir import PartitionDir, PartitionDirError, part_folder
 from lightning_gnnscale.models.gnn import BlockGNN
-from lightning_gnnscale.schema import DataConfig
 from lightning_gnnscale.systems.hopgnn import HopGNNConfig, HopGNNDataModule
 from tests.helpers.dist import run_distributed
 from tests.helpers.partition_runs import launcher_without_ranks

@@ -584,8 +584,8 @@ def _plain_lightning_rank(rank, world_size, cache_dir):
 
     import lightning as L
 
+    from lightning_gnnscale.config_types import ModelConfig
     from lightning_gnnscale.models.module import GNNModule
-    from lightning_gnnscale.schema import ModelConfig
     from lightning_gnnscale.systems.sancus import SancusConfig, SancusDataModule
 
     os.environ.update(

@@ -56,9 +56,9 @@ def test_default_policy_matches_the_code_and_skips_in_a_short_run(tmp_path):
     the emulator over a small SBM with the default run's widths (no processes)."""
     import torch
 
+    from lightning_gnnscale.config_types import run_config
     from lightning_gnnscale.graph.generators import sbm
     from lightning_gnnscale.models.gnn import BlockGNN
-    from lightning_gnnscale.schema import run_config
     from lightning_gnnscale.systems.sancus.emulator import emulate
     from lightning_gnnscale.systems.sancus.policy import StalenessPolicy
     from tests.helpers.config import make_cfg
@@ -92,8 +92,8 @@ def test_default_policy_matches_the_code_and_skips_in_a_short_run(tmp_path):
     ],
 )
 def test_sancus_config_errors(tmp_path, override, message):
-    from lightning_gnnscale.config import validate
     from lightning_gnnscale.errors import ConfigError
+    from lightning_gnnscale.preflight import validate
     from tests.helpers.config import make_cfg
 
     with pytest.raises(ConfigError, match=message):
@@ -108,9 +108,9 @@ def test_resume_is_refused_while_staleness_state_is_not_checkpointed(tmp_path, s
     from omegaconf import OmegaConf
 
     from lightning_gnnscale.checkpoints import CHECKPOINT_KEY
-    from lightning_gnnscale.config import validate
+    from lightning_gnnscale.config_types import run_identity
     from lightning_gnnscale.errors import ConfigError
-    from lightning_gnnscale.schema import run_identity
+    from lightning_gnnscale.preflight import validate
     from tests.helpers.config import make_cfg
 
     ckpt = tmp_path / "run.ckpt"
@@ -132,8 +132,8 @@ def test_sancus_settings_are_checked_at_compose_and_validate(tmp_path, strategy)
 
     from hydra.errors import ConfigCompositionException
 
-    from lightning_gnnscale.config import validate
     from lightning_gnnscale.errors import ConfigError
+    from lightning_gnnscale.preflight import validate
     from tests.helpers.config import make_cfg
 
     with pytest.raises(ConfigCompositionException, match=re.escape("strategy.epoch_bund")):
@@ -147,8 +147,8 @@ def test_sancus_settings_are_checked_at_compose_and_validate(tmp_path, strategy)
 
 
 def test_cagnet_rejects_a_staleness_policy(tmp_path):
-    from lightning_gnnscale.config import validate
     from lightning_gnnscale.errors import ConfigError
+    from lightning_gnnscale.preflight import validate
     from tests.helpers.config import make_cfg
 
     with pytest.raises(ConfigError, match="cagnet is defined by policy=.none."):

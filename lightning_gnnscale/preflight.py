@@ -1,11 +1,11 @@
 """A run's config: typed and validated in the launching process, before any rank starts.
 
 Keys and types are checked by Hydra while it composes (the structured-config schemas of
-:mod:`lightning_gnnscale.schema`, registered when the package is imported); then, in two steps:
+:mod:`lightning_gnnscale.config_types`, registered when the package is imported); then, in two steps:
 
 - :func:`check_config`, which imports no torch, Lightning or PyG (``train.py`` calls it first,
   so a bad value is reported in about a second): values and rules between sections (the
-  dataclasses' ``__post_init__``, :func:`~.schema.run_config`), the launcher's environment and
+  dataclasses' ``__post_init__``, :func:`~.config_types.run_config`), the launcher's environment and
   the bounds on what the run starts here (:mod:`.bounds`);
 - :func:`validate`: that (unless it is given the run config :func:`check_config` last
   returned, unchanged: ``train.py``'s order, whose warnings then print once), and what needs torch or files (a GPU, checkpoints, the classes named by
@@ -21,8 +21,8 @@ from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from .bounds import check_run_bounds, externally_launched
+from .config_types import RunConfig, require, run_config
 from .errors import ConfigError
-from .schema import RunConfig, require, run_config
 
 
 def check_target(node, key: str) -> None:
