@@ -227,10 +227,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         context = bind_datamodule(
             self.trainer, self.config, self.data, complete_checkpoint=self.complete_checkpoint
         )
-        prepared = self.prepare(context.world_size, [context.rank])
-        if self.partition_dir is not None:
-            self.check_rank_part(context, prepared)
-        self.setup_rank(context, prepared)
+        self.setup_rank(context, self.rank_part(context))
         self.context, self._bound_to = context, self.trainer
 
     def check_module_task(self) -> None:
@@ -243,8 +240,32 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
                 "datamodule) or pass the same task to both"
             )
 
-    def setup_rank(self, context: RankContext, prepared: Any) -> None:
-        """Build this rank's share (collectives allowed: every rank calls it)."""
+    def rank_part(self, context: RankContext) -> Any:
+        """This rank's part, the same object wherever it comes from: :meth:`part_of` the
+        preprocessing result in memory, or, with ``data.partition_dir``, :meth:`load_part` of
+        the opened directory once :meth:`check_rank_part` has checked its part count and that
+        every rank opened the same directory. A system never branches on the source."""
+        prepared = self.prepare(context.world_size, [context.rank])
+        if self.partition_dir is None:
+            return self.part_of(prepared, context.rank)
+        self.check_rank_part(context, prepared)
+        return self.load_part(prepared, context.rank)
+
+    def part_of(self, prepared: Any, rank: int) -> Any:
+        """Rank ``rank``'s part of :meth:`preprocess`'s result (default: all of it, for systems
+        whose ranks all hold it); what :meth:`write_parts` saves as part ``rank``."""
+        return prepared
+
+    def load_part(self, opened: Any, rank: int) -> Any:
+        """Rank ``rank``'s part from the opened partition directory
+        (:class:`~..graph.partition_dir.PartitionDir`): the object :meth:`part_of` returns in
+        memory, read from the files :meth:`write_parts` wrote (systems whose config supports
+        partition directories override it)."""
+        return opened
+
+    def setup_rank(self, context: RankContext, part: Any) -> None:
+        """Build this rank's share from its part (:meth:`rank_part`; collectives allowed:
+        every rank calls it)."""
 
     # ------------------------------------------------------------------------ checkpoints
     def next_loader_epoch(self) -> int:

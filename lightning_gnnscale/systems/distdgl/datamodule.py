@@ -181,7 +181,7 @@ class DistDGLDataModule(GNNDataModule):
         """Per part: what :func:`~...graph.partition_dir.write_halo_parts` writes."""
         return write_halo_parts(self.prepare(world_size), writer, log)
 
-    def load_part(self, opened: PartitionDir, rank: int) -> tuple[LocalPartition, Tensor]:
+    def read_part(self, opened: PartitionDir, rank: int) -> tuple[LocalPartition, Tensor]:
         """This rank's partition and the degrees of its core and halo, from its part's files
         only (memory-mapped; features cast to the run's dtype if they differ)."""
         part = opened.load_part(rank)
@@ -194,7 +194,7 @@ class DistDGLDataModule(GNNDataModule):
         comm, rank, world = context.comm, context.rank, context.world_size
         if isinstance(prepared, PartitionDir):  # this rank's part only, no [N] array
             book = RangeBook(prepared.node_offsets)
-            self.local, self.local_degree = self.load_part(prepared, rank)
+            self.local, self.local_degree = self.read_part(prepared, rank)
             self.degree = None  # degrees of sampled nodes come from their owners (KV "degree")
             sizes = torch.tensor(prepared.meta["trainer_sizes"], dtype=torch.int64)
             split_of = lambda batch: SeedSplit.from_chunk(  # noqa: E731
