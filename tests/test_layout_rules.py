@@ -35,10 +35,6 @@ PENDING = {
     ("grappa/datamodule.py", r"\bDirChunks\b"),
     ("grappa/directory.py", r"\bDirChunks\b"),
     ("grappa/chunking.py", r"\bDirChunks\b"),
-    ("gsplit/datamodule.py", r"isinstance\([^)]*PartitionDir"),
-    ("gsplit/datamodule.py", r"partition_dir is None"),
-    ("hopgnn/datamodule.py", r"isinstance\([^)]*PartitionDir"),
-    ("hopgnn/datamodule.py", r"partition_dir is None"),
     ("sancus/datamodule.py", r"isinstance\([^)]*PartitionDir"),
 }
 

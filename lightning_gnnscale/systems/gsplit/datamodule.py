@@ -24,6 +24,7 @@ owners (docs/systems/gsplit.md#from-a-partition-directory).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -48,6 +49,7 @@ from .partition import cached_probabilistic_partition
 from .sampler import LayerPlan, SplitSampler
 
 PRESAMPLE_SEED_SALT = 0x5EED  # pre-sampling must not replay the training samples themselves
+SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,68 @@ class GSplitPrepared:
     parts: torch.Tensor
     input_frequency: torch.Tensor
     report: dict
+
+
+@dataclass(frozen=True)
+class GSplitPart:
+    """What one rank holds: :meth:`GSplitDataModule.part_of` builds it from the in-memory
+    graph (original ids), :meth:`GSplitDataModule.load_part` from a partition directory
+    (relabelled ids, each rank's vertices one contiguous range).
+
+    Attributes:
+        owner: the split function: int64 ``[N]`` owner of every vertex, or the
+            :class:`RangeBook` offsets of a relabelled graph.
+        topology: the CSC rows the split sampler expands (every vertex's, or its own only).
+        own_topology: its own vertices' CSC rows, which evaluation and predict expand;
+            ``None``: it holds the whole graph and evaluates it whole (``replicated`` in memory).
+        node_keys: ``ids -> ids`` the sampling hash is keyed on for its vertices (their
+            original ids); ``None``: the ids themselves.
+        orig_ids: int64 ``[N]`` original id of every vertex of a relabelled whole topology
+            (the redundancy probe's sampling keys); ``None``: the ids are the original ones,
+            or only its own rows are held.
+        own_ids: int64 ``[n_own]`` its vertices, sorted; ``own_orig_ids`` their original ids.
+        x, y, masks: feature rows, targets and the split masks, vertex ``v``'s at row
+            ``v - first_id`` (the whole graph's, ``first_id`` 0, or the part's own).
+        input_frequency: pre-sampled input counts, indexed like ``x``.
+        own_rows: the rows of ``x``, ``y`` and ``masks`` that hold its vertices, in id order;
+            ``None``: all of them.
+        train_ids: the training seeds ``[n_train]`` in these ids, in original id order.
+        num_nodes: ``N``; report: :attr:`GSplitPrepared.report`.
+    """
+
+    owner: torch.Tensor | RangeBook
+    topology: CSCRows
+    own_topology: CSCRows | None
+    node_keys: Callable[[torch.Tensor], torch.Tensor] | None
+    orig_ids: torch.Tensor | None
+    own_ids: torch.Tensor
+    own_orig_ids: torch.Tensor
+    x: torch.Tensor
+    y: torch.Tensor
+    masks: dict[str, torch.Tensor]
+    input_frequency: torch.Tensor
+    first_id: int
+    own_rows: torch.Tensor | None
+    train_ids: torch.Tensor
+    num_nodes: int
+    report: dict
+
+    def own(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` (``x``, ``y`` or a mask) of its own vertices, in id order."""
+        return rows if self.own_rows is None else rows.index_select(0, self.own_rows)
+
+    @property
+    def split_table(self) -> torch.Tensor:
+        """What every rank must hold the same of the split function: its ``[N]`` table, or
+        the ``[P + 1]`` offsets."""
+        return self.owner.node_offsets if isinstance(self.owner, RangeBook) else self.owner
+
+    @property
+    def num_parts(self) -> int:
+        """The parts the split function names."""
+        if isinstance(self.owner, RangeBook):
+            return self.owner.num_parts
+        return int(self.owner.max()) + 1 if self.owner.numel() else 0
 
 
 class LayerTraffic:
@@ -147,11 +211,14 @@ class PartitionedFeatureCache:
 
 
 class OrigKeyedSampler(NeighborSampler):
-    """:class:`NeighborSampler` over a relabelled CSC whose hash is keyed on the original ids
-    (``orig_ids``, ``[N]``: new id -> original id): the same samples as the in-memory graph's,
-    in relabelled ids (GSplit's redundancy probe from a partition directory)."""
+    """:class:`NeighborSampler` whose hash is keyed on the original ids ``orig_ids`` (``[N]``:
+    id -> original id, of a relabelled CSC; ``None``: the ids are the original ones, as
+    :class:`NeighborSampler` keys them): the in-memory graph's samples, in this CSC's ids
+    (GSplit's redundancy probe)."""
 
-    def __init__(self, indptr, indices, fanouts: list[int], seed: int, orig_ids: torch.Tensor):
+    def __init__(
+        self, indptr, indices, fanouts: list[int], seed: int, orig_ids: torch.Tensor | None
+    ):
         super().__init__(indptr, indices, fanouts, seed)
         self.orig_ids = orig_ids
 
@@ -161,7 +228,7 @@ class OrigKeyedSampler(NeighborSampler):
         frontier = seeds.to(torch.int64)
         blocks = []
         for hop, fanout in enumerate(self.fanouts):
-            keys = self.orig_ids.index_select(0, frontier)
+            keys = None if self.orig_ids is None else self.orig_ids.index_select(0, frontier)
             src, dst_pos = sample_neighbors(
                 self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
             )
@@ -185,6 +252,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         super().__init__(dataset, config or GSplitConfig(), data, **kwargs)
         self.rank, self.world_size = 0, 1
         self.report: dict = {}  # GSplitPrepared.report of the run's world size
+        self.held: GSplitPart | None = None  # this rank's part, once set up
 
     # ---------------------------------------------------------------------- preprocessing
     @override
@@ -284,77 +352,111 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         opened.expect_shape(topology, "orig_ids", (nodes,), key)
         opened.expect_shape(vertices, "degree", (nodes,), key)
 
-    # ------------------------------------------------------------------------ rank set-up
+    # ------------------------------------------------------------------------ rank parts
     @override
-    def setup_rank(self, context: RankContext, prepared: GSplitPrepared | PartitionDir) -> None:
-        self.rank, self.world_size = context.rank, context.world_size
-        if isinstance(prepared, PartitionDir):
-            self._setup_from_dir(context, prepared)
-            return
+    def part_of(self, prepared: GSplitPrepared, rank: int) -> GSplitPart:
+        """Rank ``rank``'s share of the in-memory graph, in its original ids: the whole
+        graph's rows, the whole CSC (``replicated``, evaluated over the whole graph) or a
+        copy of its own vertices' rows (``partitioned``)."""
         graph, parts = self.graph, prepared.parts
-        assert_same_on_all_ranks(context.comm, parts, "the GSplit split function")
-        if int(parts.max()) >= context.world_size:
-            raise ValueError(f"split function has parts >= world size {context.world_size}")
-        self.parts, self.report = parts, prepared.report
-        self.labels = graph.y
-        own = (parts == self.rank).nonzero().flatten()
+        own = (parts == rank).nonzero().flatten()
+        own_topology = None
         if self.config.topology == "partitioned":
-            topology = CSCRows.owned(graph.indptr, graph.indices, own)
-            self.own_topology = topology
+            topology = own_topology = CSCRows.owned(graph.indptr, graph.indices, own)
         else:
             topology = CSCRows.whole(graph.indptr, graph.indices)
-        fanouts = list(self.data.fanouts)
-        self.sampler = SplitSampler(context.comm, parts, topology, fanouts, self.seed)
-        cache = self.config.cache
-        self.cache = PartitionedFeatureCache(
-            graph.x, own, prepared.input_frequency, cache.fraction, cache.policy
+        return GSplitPart(
+            owner=parts,
+            topology=topology,
+            own_topology=own_topology,
+            node_keys=None,
+            orig_ids=None,
+            own_ids=own,
+            own_orig_ids=own,
+            x=graph.x,
+            y=graph.y,
+            masks={split: getattr(graph, f"{split}_mask") for split in SPLITS},
+            input_frequency=prepared.input_frequency,
+            first_id=0,
+            own_rows=own,
+            train_ids=self.train_ids,
+            num_nodes=graph.num_nodes,
+            report=prepared.report,
         )
 
-    def _setup_from_dir(self, context: RankContext, prepared: PartitionDir) -> None:
-        """This rank's part and the shared group, memory-mapped: with ``replicated`` the whole
-        topology (no ``[N]`` array but its ``indptr``), with ``partitioned`` the part's own
-        rows and the in-degrees ``[N]``."""
-        book = RangeBook(prepared.node_offsets)
-        part = prepared.load_part(self.rank)
-        own = book.part_nodes(self.rank)
-        first, stop = int(book.node_offsets[self.rank]), int(book.node_offsets[self.rank + 1])
+    @override
+    def load_part(self, opened: PartitionDir, rank: int) -> GSplitPart:
+        """Rank ``rank``'s part and the shared group, memory-mapped, in relabelled ids: with
+        ``replicated`` the whole topology (no ``[N]`` array but its ``indptr`` and the
+        probe's ``orig_ids``), with ``partitioned`` the part's own rows and the in-degrees
+        ``[N]``."""
+        book = RangeBook(opened.node_offsets)
+        arrays = opened.load_part(rank)
+        own = book.part_nodes(rank)
+        first, stop = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
+        orig_ids = None
         if self.config.topology == "partitioned":
-            shared = prepared.load_shared("vertices", self.rank)
+            shared = opened.load_shared("vertices", rank)
             degree = shared["degree"]
             topology = CSCRows(
-                part["indptr"], part["indices"], lambda ids: degree.index_select(0, ids), own
+                arrays["indptr"], arrays["indices"], lambda ids: degree.index_select(0, ids), own
             )
-            self.own_topology = topology
+            own_topology = topology
         else:
-            shared = prepared.load_shared("topology", self.rank)
+            shared = opened.load_shared("topology", rank)
             topology = CSCRows.whole(shared["indptr"], shared["indices"])
-            self.orig_ids = shared["orig_ids"]
-            self.own_topology = CSCRows(
+            orig_ids = shared["orig_ids"]
+            own_topology = CSCRows(
                 topology.indptr[first : stop + 1], topology.indices, topology.degree, own
             )
-        self.parts, self.report, self.part = book, prepared.meta["report"], part
         if shared["train_ids"].numel() == 0:  # as the base's train_ids
-            raise ValueError(f"partition directory {self.partition_dir}: no training nodes")
-        self.train_ids = shared["train_ids"]
-        orig_ids = part["orig_ids"]
-        self.labels = part["y"]
+            raise ValueError(f"partition directory {opened.path}: no training nodes")
+        own_orig_ids = arrays["orig_ids"]
+        x = arrays["x"] if arrays["x"].dtype == self.dtype else arrays["x"].to(self.dtype)
+        return GSplitPart(
+            owner=book,
+            topology=topology,
+            own_topology=own_topology,
+            node_keys=lambda ids: own_orig_ids.index_select(0, ids - first),
+            orig_ids=orig_ids,
+            own_ids=own,
+            own_orig_ids=own_orig_ids,
+            x=x,
+            y=arrays["y"],
+            masks={split: arrays[f"{split}_mask"] for split in SPLITS},
+            input_frequency=arrays["input_frequency"],
+            first_id=first,
+            own_rows=None,
+            train_ids=shared["train_ids"],
+            num_nodes=int(opened.meta["num_nodes"]),
+            report=opened.meta["report"],
+        )
+
+    # ------------------------------------------------------------------------ rank set-up
+    @override
+    def setup_rank(self, context: RankContext, part: GSplitPart) -> None:
+        self.rank, self.world_size = context.rank, context.world_size
+        if part.num_parts > context.world_size:
+            raise ValueError(f"split function has parts >= world size {context.world_size}")
+        assert_same_on_all_ranks(context.comm, part.split_table, "the GSplit split function")
+        self.held, self.parts, self.report = part, part.owner, part.report
+        self.train_ids = part.train_ids
         self.sampler = SplitSampler(
             context.comm,
-            book,
-            topology,
+            part.owner,
+            part.topology,
             list(self.data.fanouts),
             self.seed,
-            node_keys=lambda ids: orig_ids.index_select(0, ids - first),
+            node_keys=part.node_keys,
         )
-        x = part["x"] if part["x"].dtype == self.dtype else part["x"].to(self.dtype)
         cache = self.config.cache
         self.cache = PartitionedFeatureCache(
-            x,
-            own,
-            part["input_frequency"],
+            part.x,
+            part.own_ids,
+            part.input_frequency,
             cache.fraction,
             cache.policy,
-            first_id=first,
+            first_id=part.first_id,
         )
 
     # --------------------------------------------------------------------------- training
@@ -370,9 +472,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if topology.ids is not None:
             raise RuntimeError("whole mini-batches need the whole topology (topology: replicated)")
         indptr, indices = topology.indptr, topology.indices
-        if self.partition_dir is None:
-            return NeighborSampler(indptr, indices, fanouts, self.seed)
-        return OrigKeyedSampler(indptr, indices, fanouts, self.seed, self.orig_ids)
+        return OrigKeyedSampler(indptr, indices, fanouts, self.seed, self.held.orig_ids)
 
     @override
     def make_batch(self, epoch: int, step: int) -> SplitBatch:
@@ -384,7 +484,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         sampled = time.perf_counter()
         hits, misses = self.cache.hits, self.cache.misses
         x = self.cache.load(inputs)
-        y = self.labels.index_select(0, blocks[-1].dst_ids - self.cache.first_id)
+        y = self.held.y.index_select(0, blocks[-1].dst_ids - self.cache.first_id)
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
@@ -419,41 +519,29 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         return [stats, RedundancyProbe(steps, self.step_seeds, self.whole_batch_sampler)]
 
     # ------------------------------------------------------------------------ evaluation
-    own_topology: CSCRows | None = None  # own vertices' CSC rows; None: replicated evaluation
-
-    def own_array(self, name: str) -> torch.Tensor:
-        """``name`` (``x``, ``y``, a mask or ``orig_ids``) of this rank's own vertices, in id
-        order: its part's array from a directory, else the in-memory graph's rows."""
-        if self.partition_dir is not None:
-            return self.cache.x if name == "x" else self.part[name]
-        own = self.own_topology.ids
-        return own if name == "orig_ids" else getattr(self.graph, name).index_select(0, own)
-
     @override
     def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """Replicated in memory: layer-wise inference over the whole graph. Otherwise (a
-        partition directory, or ``topology: partitioned``): this rank's own rows
+        """With the whole graph held (``replicated`` in memory): layer-wise inference over it.
+        Otherwise (a partition directory, or ``topology: partitioned``): this rank's own rows
         (:meth:`own_rows`), scored on its own vertices."""
-        if self.own_topology is None:
+        held = self.held
+        if held.own_topology is None:
             return super().eval_statistics(net, splits)
         out = self.own_rows(net, net.num_layers)
-        masks = {split: self.own_array(f"{split}_mask") for split in splits}
-        return split_statistics(self.task, out, self.own_array("y"), masks, splits)
+        masks = {split: held.own(held.masks[split]) for split in splits}
+        return split_statistics(self.task, out, held.own(held.y), masks, splits)
 
     @override
     def predict_rows(
         self, net: torch.nn.Module, node_ids: torch.Tensor | None, output: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The requested (original) ids this rank owns, and their rows (:meth:`own_rows`);
-        replicated in memory, the base's node-range split."""
-        if self.own_topology is None:
+        with the whole graph held, the base's node-range split."""
+        held = self.held
+        if held.own_topology is None:
             return super().predict_rows(net, node_ids, output)
         rows = self.own_rows(net, net.num_layers - (output == "embeddings"))
-        if self.partition_dir is None:
-            num_nodes = self.graph.num_nodes
-        else:
-            num_nodes = int(self.partition_meta()["num_nodes"])
-        return own_predictions(self.own_array("orig_ids").clone(), rows, node_ids, num_nodes)
+        return own_predictions(held.own_orig_ids.clone(), rows, node_ids, held.num_nodes)
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> torch.Tensor:
         """The first ``layers`` layers' full-neighbourhood rows ``[n_own, d]`` of this rank's
@@ -463,8 +551,8 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             net,
             self.context.comm,
             self.sampler.owner,
-            self.own_topology,
-            self.own_array("x"),
+            self.held.own_topology,
+            self.held.own(self.held.x),
             layers,
             self.data.eval_chunk_size,
         )

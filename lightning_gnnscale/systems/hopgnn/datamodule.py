@@ -105,33 +105,88 @@ class HopGNNPrepared:
     report: dict
 
 
+@dataclass(frozen=True)
+class OwnNodes:
+    """The nodes a rank evaluates and predicts itself, its own (a part that holds no other
+    rank's feature rows): their original ids ``[n]``, targets and split masks ``[n]``."""
+
+    orig_ids: Tensor
+    y: Tensor
+    masks: dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class HopGNNPart:
+    """What one rank holds: :meth:`HopGNNDataModule.part_of` builds it from the in-memory
+    graph (original ids), :meth:`HopGNNDataModule.load_part` from a partition directory
+    (relabelled ids, each server's nodes one contiguous range).
+
+    Attributes:
+        home: the home server of every node: int64 ``[N]``, or the :class:`RangeBook`
+            offsets of a relabelled graph.
+        rows, local_row: its feature shard (:class:`FeatureShard`'s ``rows`` and
+            ``local_row``).
+        y: the labels of every node ``[N]`` (replicated).
+        sampler: the hash-keyed sampler over the replicated topology (a relabelled one's,
+            :class:`RelabelledSampler`, draws what the original graph's does).
+        train_ids: the training seeds ``[n_train]`` in these ids, in original id order.
+        num_nodes: ``N``.
+        own: the nodes it evaluates and predicts itself; ``None``: it holds the whole graph
+            and evaluates it by layer-wise inference (in memory).
+    """
+
+    home: Tensor | RangeBook
+    rows: Tensor
+    local_row: Tensor | None
+    y: Tensor
+    sampler: NeighborSampler | RelabelledSampler
+    train_ids: Tensor
+    num_nodes: int
+    own: OwnNodes | None
+
+    @property
+    def split_table(self) -> Tensor:
+        """What every rank must hold the same of the partition: its ``[N]`` table, or the
+        ``[P + 1]`` offsets."""
+        return self.home.node_offsets if isinstance(self.home, RangeBook) else self.home
+
+    @property
+    def num_parts(self) -> int:
+        """The parts the partition names."""
+        if isinstance(self.home, RangeBook):
+            return self.home.num_parts
+        return int(self.home.max()) + 1 if self.home.numel() else 0
+
+
 class FeatureShard:
-    """This rank's feature rows ``[n_local, F]`` (a copy) and the fetch of other ranks' rows:
-    the only feature rows the training path reads locally.
+    """This rank's feature rows ``[n_local, F]`` and the fetch of other ranks' rows: the only
+    feature rows the training path reads locally.
 
     Args:
         comm: the data-exchange ``Comm``.
-        x: the whole feature matrix (this rank's rows are copied; the matrix itself stays
-            resident in the graph for evaluation).
-        part: int64 ``[N]`` owner of every node (replicated metadata).
+        rows: this rank's nodes' feature rows, in id order (:meth:`own_rows`, or a partition
+            directory's part).
+        part: the home server of every node (int64 ``[N]``, or a contiguously relabelled
+            graph's :class:`RangeBook`).
+        local_row: int64 ``[N]``: the row in ``rows`` of every node, ``-1`` where another
+            rank owns it; ``None``: this rank's range of a :class:`RangeBook` (no ``[N]``
+            table).
     """
 
-    def __init__(self, comm: Comm, x: Tensor, part: Tensor):
-        self.comm, self.part = comm, part
-        mine = (part == comm.rank).nonzero().flatten()
-        self.rows = x.index_select(0, mine).clone()
-        self.local_row = torch.full((part.numel(),), -1, dtype=torch.int64)
-        self.local_row[mine] = torch.arange(mine.numel())
+    def __init__(self, comm: Comm, rows: Tensor, part: Tensor | RangeBook, local_row=None):
+        self.comm, self.part, self.rows, self.local_row = comm, part, rows, local_row
         self.fetches = 0  # exchanges this rank took part in (for reports)
 
-    @classmethod
-    def from_part(cls, comm: Comm, rows: Tensor, book: RangeBook) -> FeatureShard:
-        """The shard of a contiguously relabelled graph: ``rows`` are this rank's nodes' in
-        id order (a partition directory's part); no ``[N]`` table."""
-        shard = cls.__new__(cls)
-        shard.comm, shard.part, shard.rows = comm, book, rows
-        shard.local_row, shard.fetches = None, 0
-        return shard
+    @staticmethod
+    def own_rows(x: Tensor, part: Tensor, rank: int) -> tuple[Tensor, Tensor]:
+        """``(rows, local_row)`` of rank ``rank`` out of the whole feature matrix ``x`` (its
+        rows copied; the matrix itself stays resident in the graph for evaluation) and the
+        ``[N]`` partition ``part``."""
+        mine = (part == rank).nonzero().flatten()
+        rows = x.index_select(0, mine).clone()
+        local_row = torch.full((part.numel(),), -1, dtype=torch.int64)
+        local_row[mine] = torch.arange(mine.numel())
+        return rows, local_row
 
     def local(self, ids: Tensor) -> Tensor:
         """This shard's row of each of ``ids``, ``-1`` where another rank owns it."""
@@ -214,6 +269,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         super().__init__(dataset, config or HopGNNConfig(), data, **kwargs)
         self.rank, self.world_size = 0, 1
         self.controller: MergeController | None = None
+        self.held: HopGNNPart | None = None  # this rank's part, once set up
         self._pending_state: dict | None = None  # controller state loaded before set-up
         self._epoch: int | None = None  # the epoch whose time is being measured
         self._window_open = False
@@ -290,25 +346,64 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         opened.expect_shape(folder, "orig_ids", (nodes,), key)
         opened.expect_shape(folder, "y", self.task.target_shape(nodes, opened.meta), key)
 
+    # ------------------------------------------------------------------------ rank parts
+    @override
+    def part_of(self, prepared: HopGNNPrepared, rank: int) -> HopGNNPart:
+        """Rank ``rank``'s share of the in-memory graph: a copy of its feature rows; the
+        whole graph (topology, labels, features for evaluation) stays resident."""
+        graph, home = self.graph, prepared.part
+        rows, local_row = FeatureShard.own_rows(graph.x, home, rank)
+        return HopGNNPart(
+            home=home,
+            rows=rows,
+            local_row=local_row,
+            y=graph.y,
+            sampler=NeighborSampler(
+                graph.indptr, graph.indices, list(self.data.fanouts), self.seed
+            ),
+            train_ids=self.train_ids,
+            num_nodes=graph.num_nodes,
+            own=None,
+        )
+
+    @override
+    def load_part(self, opened: PartitionDir, rank: int) -> HopGNNPart:
+        """The replicated group (memory-mapped, held once per machine) and rank ``rank``'s
+        part: its feature shard and masks."""
+        book = RangeBook(opened.node_offsets)
+        replicated = opened.load_shared("topology", rank)
+        arrays = opened.load_part(rank)
+        if replicated["train_ids"].numel() == 0:  # as the base's train_ids
+            raise ValueError(f"partition directory {opened.path}: no training nodes")
+        x = arrays["x"] if arrays["x"].dtype == self.dtype else arrays["x"].to(self.dtype)
+        orig_ids, y = replicated["orig_ids"], replicated["y"]
+        first, stop = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
+        own = OwnNodes(
+            orig_ids[first:stop],
+            y[first:stop],
+            {split: arrays[f"{split}_mask"] for split in ("train", "val", "test")},
+        )
+        sampler = RelabelledSampler(
+            replicated["indptr"],
+            replicated["indices"],
+            orig_ids,
+            list(self.data.fanouts),
+            self.seed,
+        )
+        return HopGNNPart(book, x, None, y, sampler, replicated["train_ids"], orig_ids.numel(), own)
+
     # ------------------------------------------------------------------------ rank set-up
     @override
-    def setup_rank(self, context: RankContext, prepared: HopGNNPrepared | PartitionDir) -> None:
+    def setup_rank(self, context: RankContext, part: HopGNNPart) -> None:
         self.rank, self.world_size = context.rank, context.world_size
         self.config.check_world(self.world_size)
         self.comm = context.comm
-        if isinstance(prepared, PartitionDir):
-            self._setup_from_dir(context, prepared)
-        else:
-            part = prepared.part
-            if part.numel() and int(part.max()) >= self.world_size:
-                raise ValueError(f"the partition has more parts than the {self.world_size} ranks")
-            assert_same_on_all_ranks(context.comm, part, "the HopGNN partition")
-            graph = self.graph
-            self.part, self.labels = part, graph.y
-            self.shard = FeatureShard(context.comm, graph.x, part)
-            self.sampler = NeighborSampler(
-                graph.indptr, graph.indices, list(self.data.fanouts), self.seed
-            )
+        if part.num_parts > self.world_size:
+            raise ValueError(f"the partition has more parts than the {self.world_size} ranks")
+        assert_same_on_all_ranks(context.comm, part.split_table, "the HopGNN partition")
+        self.held, self.part, self.labels = part, part.home, part.y
+        self.train_ids, self.sampler = part.train_ids, part.sampler
+        self.shard = FeatureShard(context.comm, part.rows, part.home, part.local_row)
         config = self.config
         if config.merge_adaptive:
             self.controller = MergeController(
@@ -320,53 +415,29 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             if self._pending_state is not None:
                 self.controller.load_state_dict(self._pending_state)
 
-    def _setup_from_dir(self, context: RankContext, prepared: PartitionDir) -> None:
-        """The replicated group (memory-mapped, held once per machine) and this rank's part:
-        its feature shard and masks."""
-        book = RangeBook(prepared.node_offsets)
-        replicated = prepared.load_shared("topology", self.rank)
-        self.own = prepared.load_part(self.rank)
-        x = self.own["x"]
-        x = x if x.dtype == self.dtype else x.to(self.dtype)
-        self.part, self.labels = book, replicated["y"]
-        if replicated["train_ids"].numel() == 0:  # as the base's train_ids
-            raise ValueError(f"partition directory {self.partition_dir}: no training nodes")
-        self.train_ids = replicated["train_ids"]
-        self.orig_ids = replicated["orig_ids"]
-        self.shard = FeatureShard.from_part(context.comm, x, book)
-        self.sampler = RelabelledSampler(
-            replicated["indptr"],
-            replicated["indices"],
-            self.orig_ids,
-            list(self.data.fanouts),
-            self.seed,
-        )
-
     # ------------------------------------------------------------------------ evaluation
     @override
     def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """In memory: layer-wise inference over the replicated graph. From a partition
-        directory: this rank's own nodes (:meth:`own_rows`), scored on them."""
-        if self.partition_dir is None:
+        """With the whole graph held (in memory): layer-wise inference over it. Otherwise (a
+        partition directory): this rank's own nodes (:meth:`own_rows`), scored on them."""
+        own = self.held.own
+        if own is None:
             return super().eval_statistics(net, splits)
         out = self.own_rows(net, net.num_layers)
-        first = int(self.part.node_offsets[self.rank])
-        targets = self.labels[first : first + out.shape[0]]
-        masks = {split: self.own[f"{split}_mask"] for split in splits}
-        return split_statistics(self.task, out, targets, masks, splits)
+        masks = {split: own.masks[split] for split in splits}
+        return split_statistics(self.task, out, own.y, masks, splits)
 
     @override
     def predict_rows(
         self, net: torch.nn.Module, node_ids: Tensor | None, output: str
     ) -> tuple[Tensor, Tensor]:
-        """From a partition directory: the requested (original) ids this rank owns and their
-        rows; in memory, the base's node-range split."""
-        if self.partition_dir is None:
+        """The requested (original) ids this rank owns and their rows (a partition
+        directory); with the whole graph held, the base's node-range split."""
+        own = self.held.own
+        if own is None:
             return super().predict_rows(net, node_ids, output)
         rows = self.own_rows(net, net.num_layers - (output == "embeddings"))
-        offsets = self.part.node_offsets
-        own_ids = self.orig_ids[int(offsets[self.rank]) : int(offsets[self.rank + 1])].clone()
-        return own_predictions(own_ids, rows, node_ids, self.orig_ids.numel())
+        return own_predictions(own.orig_ids.clone(), rows, node_ids, self.held.num_nodes)
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
         """The first ``layers`` layers' full-neighbourhood rows of this rank's own nodes

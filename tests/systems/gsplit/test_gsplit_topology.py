@@ -136,8 +136,8 @@ def _topology_rank(rank, world_size, tmp_path):
     comm = Comm.create()
     context = RankContext(comm, torch.device("cpu"))
 
-    def set_up(dm, ranks=None):
-        dm.setup_rank(context, dm.prepare(world_size, ranks))
+    def set_up(dm):
+        dm.setup_rank(context, dm.rank_part(context))
         dm.context = context  # as setup() sets it (evaluation reads it)
         return dm
 
@@ -151,7 +151,7 @@ def _topology_rank(rank, world_size, tmp_path):
     for k in range(world_size):
         if k != rank:
             shutil.rmtree(mine / part_folder(k))
-    from_dir = set_up(make_dm(tmp_path / "cache", str(mine), PARTITIONED), [rank])
+    from_dir = set_up(make_dm(tmp_path / "cache", str(mine), PARTITIONED))
     held = from_dir.sampler.topology
     assert (
         held.num_rows == own.numel() and held.num_entries == in_memory.sampler.topology.num_entries

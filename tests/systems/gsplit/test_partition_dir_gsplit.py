@@ -95,7 +95,7 @@ def _own_part_rank(rank, world_size, tmp_path):
     comm = Comm.create()
     context = RankContext(comm, torch.device("cpu"))
     in_memory = make_dm(tmp_path / "cache")
-    in_memory.setup_rank(context, in_memory.prepare(world_size))
+    in_memory.setup_rank(context, in_memory.rank_part(context))
     in_memory.context = context  # as setup() sets it (evaluation reads it)
     want = _steps(in_memory, comm)
     # this rank's own copy of the directory, the other parts' folders removed
@@ -105,7 +105,7 @@ def _own_part_rank(rank, world_size, tmp_path):
         if k != rank:
             shutil.rmtree(mine / part_folder(k))
     from_dir = make_dm(tmp_path / "cache", partition_dir=str(mine))
-    from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
+    from_dir.setup_rank(context, from_dir.rank_part(context))
     from_dir.context = context
     assert isinstance(from_dir.parts, RangeBook)  # the [P + 1] offsets, no [N] split function
     return want, _steps(from_dir, comm)
@@ -223,4 +223,4 @@ def test_a_directory_without_training_nodes_is_refused(tmp_path, monkeypatch):
     dm = make_dm(tmp_path / "cache", partition_dir=str(tmp_path / "parts"))
     context = RankContext(Comm.create(), torch.device("cpu"))
     with pytest.raises(ValueError, match="no training nodes"):
-        dm.setup_rank(context, dm.prepare(1, [0]))
+        dm.setup_rank(context, dm.rank_part(context))

@@ -414,7 +414,9 @@ def _one_rank_dm(config, world_size=1):
     graph = sbm(num_nodes=60, num_classes=3, avg_degree=4.0, num_features=4, seed=0)
     dm = HopGNNDataModule(graph, config, DataConfig(8, [3, 3]))
     part = torch.zeros(graph.num_nodes, dtype=torch.int64)
-    dm.setup_rank(RankContext(Comm.create(), torch.device("cpu")), HopGNNPrepared(part, {}))
+    dm.setup_rank(
+        RankContext(Comm.create(), torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), 0)
+    )
     return dm
 
 

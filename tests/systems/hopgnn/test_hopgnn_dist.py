@@ -81,7 +81,9 @@ def _train_rank(rank, world_size, part, batch_size):
         if config.steps is not None and config.steps > world_size:
             continue
         dm = HopGNNDataModule(graph, config, DataConfig(batch_size, FANOUTS), seed=SEED)
-        dm.setup_rank(RankContext(comm, torch.device("cpu")), HopGNNPrepared(part, {}))
+        dm.setup_rank(
+            RankContext(comm, torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), rank)
+        )
         for kind in KINDS:
             net = make_net(kind, graph)
             opt = make_optimizer(kind, net)
@@ -162,7 +164,9 @@ def _accumulator_rank(rank, world_size, part, batch_size):
     for label, changes in ACCUMULATOR_VARIANTS.items():
         config = dataclasses.replace(HopGNNConfig(), **changes)
         dm = HopGNNDataModule(graph, config, DataConfig(batch_size, FANOUTS), seed=SEED)
-        dm.setup_rank(RankContext(comm, torch.device("cpu")), HopGNNPrepared(part, {}))
+        dm.setup_rank(
+            RankContext(comm, torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), rank)
+        )
         net = make_net("sage", graph)
         params = list(net.parameters())
         batch = dm.make_batch(1, 0)
@@ -223,7 +227,9 @@ def _fetched_rank(rank, world_size, part, pregather, mode):
         HopGNNConfig(), pregather=pregather, mode=mode, merge_adaptive=mode == "micrograph"
     )
     dm = HopGNNDataModule(graph, config, DataConfig(256, [5, 5]), seed=SEED)
-    dm.setup_rank(RankContext(comm, torch.device("cpu")), HopGNNPrepared(part, {}))
+    dm.setup_rank(
+        RankContext(comm, torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), rank)
+    )
     rows, counted = 0, 0
     owner = part.tolist()
     for step in range(dm.steps_per_epoch):
@@ -289,7 +295,9 @@ def _mc_vs_distdgl_rank(rank, world_size, part):
     comm = Comm.create()
     config = HopGNNConfig.preset("hopgnn_mc")
     dm = HopGNNDataModule(graph, config, DataConfig(64, [5, 5]), seed=SEED)
-    dm.setup_rank(RankContext(comm, torch.device("cpu")), HopGNNPrepared(part, {}))
+    dm.setup_rank(
+        RankContext(comm, torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), rank)
+    )
     book = PartitionBook.from_parts(part, world_size)
     local = build_local_partition(relabel_graph(graph, book), book, rank)
     kv = KVStore(comm, book)

@@ -69,7 +69,7 @@ def _own_part_rank(rank, world_size, tmp_path):
     results = {}
     for name in ("hopgnn", "hopgnn_mc"):
         in_memory = make_dm(tmp_path / "cache", name)
-        in_memory.setup_rank(context, in_memory.prepare(world_size))
+        in_memory.setup_rank(context, in_memory.rank_part(context))
         in_memory.context = context  # as setup() sets it (evaluation reads it)
         want = _iterations(in_memory)
         # this rank's own copy of the directory, the other parts' folders removed
@@ -79,11 +79,11 @@ def _own_part_rank(rank, world_size, tmp_path):
             if k != rank:
                 shutil.rmtree(mine / part_folder(k))
         from_dir = make_dm(tmp_path / "cache", name, partition_dir=str(mine))
-        from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
+        from_dir.setup_rank(context, from_dir.rank_part(context))
         from_dir.context = context
         assert isinstance(from_dir.part, RangeBook)  # the [P + 1] offsets, no [N] partition
         assert from_dir.shard.rows.shape[0] < 300  # its own feature rows only
-        results[name] = (want, _iterations(from_dir, from_dir.orig_ids))
+        results[name] = (want, _iterations(from_dir, from_dir.sampler.orig_ids))
     return results
 
 
@@ -178,7 +178,7 @@ def _modelled_epoch_rank(rank, world_size, tmp_path):
     out = {}
     for evaluate in (False, True):
         dm = make_dm(tmp_path / "cache", "hopgnn", partition_dir=str(tmp_path / "hopgnn"))
-        dm.setup_rank(context, dm.prepare(world_size, [rank]))
+        dm.setup_rank(context, dm.rank_part(context))
         dm.context = context
         seconds = []
         dm.controller.end_epoch = _recording(dm.controller.end_epoch, seconds)
@@ -226,7 +226,7 @@ def test_a_directory_without_training_nodes_is_refused(tmp_path, monkeypatch):
     dm = make_dm(tmp_path / "cache", "hopgnn", partition_dir=str(tmp_path / "parts"))
     context = RankContext(Comm.create(), torch.device("cpu"))
     with pytest.raises(ValueError, match="no training nodes"):
-        dm.setup_rank(context, dm.prepare(1, [0]))
+        dm.setup_rank(context, dm.rank_part(context))
 
 
 @pytest.mark.e2e
