@@ -173,7 +173,9 @@ class FeatureShard:
             table).
     """
 
-    def __init__(self, comm: Comm, rows: Tensor, part: Tensor | RangeBook, local_row=None):
+    def __init__(
+        self, comm: Comm, rows: Tensor, part: Tensor | RangeBook, local_row: Tensor | None = None
+    ):
         self.comm, self.part, self.rows, self.local_row = comm, part, rows, local_row
         self.fetches = 0  # exchanges this rank took part in (for reports)
 
