@@ -1,6 +1,7 @@
 """The conformance suite: the same seven checks for every registered name and each task it
 trains (docs/testing.md). A name gets them by registering; its spec says which apply
-(``exact``/``exact_settings``, ``supports_partition_dir``, ``supports_predict``, ``tasks``).
+(``exact``/``exact_settings``/``exact_full_batch``, ``supports_partition_dir``, ``supports_predict``,
+``tasks``).
 
 CI runs each system's default preset on node classification plus one other task; the full
 matrix is ``pytest -m conformance_full tests/systems/test_conformance.py``."""
