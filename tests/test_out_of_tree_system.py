@@ -1,7 +1,7 @@
 """A system outside the repository: a copy of ``ddp`` under another name, in a package on
 ``PYTHONPATH`` registered through an entry point (group ``lightning_gnnscale.systems``), trains
-from a plain ``L.Trainer(strategy=...)`` and through ``train.py``; the warm server's fingerprint
-includes its sources. No file of the repository changes."""
+from a plain ``L.Trainer(strategy=...)``, through ``train.py`` and through the conformance suite;
+the warm server's fingerprint includes its sources. No file of the repository changes."""
 
 from __future__ import annotations
 
@@ -113,6 +113,67 @@ def test_a_system_from_an_entry_point_trains_from_a_trainer_and_train_py(tmp_pat
     assert summary["world_size"] == 2  # the copy's default devices, ranks started by train.py
     assert summary["history"] and all(row["train_loss"] > 0 for row in summary["history"])
     assert warm_client._contents(warm_client._source_files()) == repo_before
+
+
+def _tracked_changes() -> str:
+    """``git status`` of the repository's tracked files (empty: none changed)."""
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_a_system_from_an_entry_point_passes_the_conformance_suite(tmp_path):
+    """``pytest tests/systems/test_conformance.py`` in a process that sees the copy: the copy's
+    node-classification case of every check the suite makes of ``ddp`` is collected and passes
+    (the full matrix runs its others). The repository's sources and tracked files stay as they were."""
+    repo_before = warm_client._contents(warm_client._source_files())
+    git_before = _tracked_changes()
+    site = tmp_path / "site"
+    install_copy_of_ddp(site)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]),
+        "GNNSCALE_WARM": "0",
+        "OMP_NUM_THREADS": "1",
+    }
+    case = f"{NAME}-node_classification"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            *("-m", "pytest", "tests/systems/test_conformance.py", "-p", "no:cacheprovider"),
+            *("-q", "-rA", "-n", "0", "-k", case, "--basetemp", str(tmp_path / "pytest")),
+            *("-m", "conformance_full or not conformance_full"),  # its cases, CI's or not
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    passed = set(re.findall(rf"^PASSED \S+::(\w+)\[{case}\]$", proc.stdout, re.MULTILINE))
+    from tests.systems import test_conformance as suite
+
+    checks = {  # the checks the suite makes of ddp, which the copy is
+        name
+        for name, test in vars(suite).items()
+        if name.startswith("test_")
+        and any(
+            mark.name == "parametrize"
+            and any(p.id == "ddp-node_classification" for p in mark.args[1])
+            for mark in getattr(test, "pytestmark", [])
+        )
+    }
+    assert passed == checks and len(checks) >= 5, proc.stdout[-5000:]
+    assert not re.search(r"^(FAILED|ERROR|XFAIL|XPASS|SKIPPED)", proc.stdout, re.MULTILINE)
+    assert warm_client._contents(warm_client._source_files()) == repo_before
+    assert _tracked_changes() == git_before
 
 
 def test_the_warm_fingerprint_covers_an_entry_point_systems_sources(tmp_path, monkeypatch):

@@ -42,6 +42,9 @@ class SystemSpec:
         exact: it equals ``single`` on the same batches as configured by default.
         exact_settings: the ``strategy.<key>`` settings under which an approximate name is
             exact (``()`` for exact ones, and for those no setting makes exact).
+        exact_full_batch: its steps take other seeds than ``single``'s mini-batches
+            (partition-local seeds, full-graph steps), so it equals ``single`` where both train
+            full batches: ``data.batch_size=-1`` and every ``data.fanouts`` ``-1``.
         supports_predict: ``trainer.predict`` gives every node's rows.
 
     What it trains is its config's (``config_type.TASKS``, :attr:`tasks`), which the config
@@ -63,6 +66,7 @@ class SystemSpec:
     bench_variants: tuple[tuple[str, tuple[str, ...]], ...] = ()
     exact: bool = True
     exact_settings: tuple[tuple[str, Any], ...] = ()
+    exact_full_batch: bool = False
     supports_predict: bool = True
 
     @property

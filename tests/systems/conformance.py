@@ -75,6 +75,17 @@ def exact_settings(name: str) -> list[str]:
     return [f"strategy.{k}={_hydra(v)}" for k, v in SYSTEMS[name].exact_settings]
 
 
+def exact_batches(name: str, task: str) -> list[str]:
+    """The data settings under which the name's steps take ``single``'s batches, for both
+    runs: none, or full batches (``spec.exact_full_batch``) of the composed model's depth."""
+    from lightning_gnnscale.config_types import run_config
+
+    if not SYSTEMS[name].exact_full_batch:
+        return []
+    depth = run_config(make_cfg(Path("unused"), *overrides(name, task))).model.num_layers
+    return ["data.batch_size=-1", f"data.fanouts=[{','.join(['-1'] * depth)}]"]
+
+
 def _hydra(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 

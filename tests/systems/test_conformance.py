@@ -1,6 +1,7 @@
 """The conformance suite: the same seven checks for every registered name and each task it
 trains (docs/testing.md). A name gets them by registering; its spec says which apply
-(``exact``/``exact_settings``, ``supports_partition_dir``, ``supports_predict``, ``tasks``).
+(``exact``/``exact_settings``/``exact_full_batch``, ``supports_partition_dir``, ``supports_predict``,
+``tasks``).
 
 CI runs each system's default preset on node classification plus one other task; the full
 matrix is ``pytest -m conformance_full tests/systems/test_conformance.py``."""
@@ -27,6 +28,7 @@ from tests.systems.conformance import (
     Runs,
     assert_equal,
     cases,
+    exact_batches,
     exact_settings,
     overrides,
     weights,
@@ -34,20 +36,7 @@ from tests.systems.conformance import (
 
 pytestmark = pytest.mark.timeout(600)
 # Found by the suite, not hidden: each case fails as it stands (strict), see docs/testing.md.
-OWN_BATCHES = (
-    "the end-to-end check trains single's batches; {} draws other ones ({}), so it needs a "
-    "single run on its batches; its step-level exactness is in tests/systems/{}/"
-)
 KNOWN = {
-    ("test_an_exact_setting_equals_single_in_float64", "distdgl"): OWN_BATCHES.format(
-        "distdgl", "each rank's own partition's seeds", "distdgl"
-    ),
-    ("test_an_exact_setting_equals_single_in_float64", "bytegnn"): OWN_BATCHES.format(
-        "bytegnn", "each rank's own partition's seeds", "bytegnn"
-    ),
-    ("test_an_exact_setting_equals_single_in_float64", "sancus"): OWN_BATCHES.format(
-        "sancus", "full-graph steps", "sancus"
-    ),
     ("test_a_resumed_run_equals_the_uninterrupted_run", "granndis"): (
         "bug, older than issue 36 (main a5bed9d's train.py does the same): a resumed GraNNDIS "
         "run (2 x 2, float64) has the uninterrupted run's losses but ends with other weights "
@@ -105,10 +94,12 @@ def _no_spawn(monkeypatch) -> None:
 )
 def test_an_exact_setting_equals_single_in_float64(runs, tmp_path, name, task):
     """The name (in its declared exact settings, no dropout) trains the weights and losses of
-    ``single`` with the same model on the same batches (float64, to 1e-9)."""
-    settings = overrides(name, task, *exact_settings(name), "model.dropout=0.0")
+    ``single`` with the same model on the same batches (float64, to 1e-9): single's, or full
+    batches for both where its steps seed otherwise (``exact_full_batch``)."""
+    batches = exact_batches(name, task)
+    settings = overrides(name, task, *exact_settings(name), "model.dropout=0.0", *batches)
     got, got_out = runs.train(*settings)
-    single = overrides("single", task, *_model_settings(settings, tmp_path))
+    single = overrides("single", task, *_model_settings(settings, tmp_path), *batches)
     want, want_out = runs.train(*single)
     assert got["world_size"] == SYSTEMS[name].default_devices
     ref, mine = weights(want_out), weights(got_out)

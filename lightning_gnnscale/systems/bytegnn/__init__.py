@@ -24,6 +24,7 @@ SYSTEM = SystemSpec(
     strategy_class="ByteGNNStrategy",
     datamodule_class="ByteGNNDataModule",
     default_devices=2,
+    exact_full_batch=True,  # each rank seeds its own partition's training nodes
     bench_baseline="distdgl",
 )
 

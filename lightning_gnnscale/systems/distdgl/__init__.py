@@ -20,6 +20,7 @@ SYSTEM = SystemSpec(
     strategy_class="DistDGLStrategy",
     datamodule_class="DistDGLDataModule",
     default_devices=2,
+    exact_full_batch=True,  # each rank seeds its own partition's training nodes
     bench_baseline="distdgl_random",
     bench_variants=(("distdgl_random", ("strategy.partition.method=random",)),),
 )

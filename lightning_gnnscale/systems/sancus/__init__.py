@@ -18,6 +18,7 @@ _SHARED = dict(
     strategy_class="SancusStrategy",
     datamodule_class="SancusDataModule",
     default_devices=2,
+    exact_full_batch=True,  # full-graph steps
     bench_model="gcn",  # SANCUS/CAGNET train GCN only
 )
 SYSTEM = (
