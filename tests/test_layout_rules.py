@@ -39,7 +39,6 @@ PENDING = {
     ("gsplit/datamodule.py", r"partition_dir is None"),
     ("hopgnn/datamodule.py", r"isinstance\([^)]*PartitionDir"),
     ("hopgnn/datamodule.py", r"partition_dir is None"),
-    ("sancus/datamodule.py", r"isinstance\([^)]*PartitionDir"),
 }
 
 
