@@ -31,11 +31,6 @@ PENDING = {
     ("granndis/config.py", r"partition_dir is None"),
     ("granndis/datamodule.py", r"isinstance\([^)]*PartitionDir"),
     ("granndis/datamodule.py", r"partition_dir is None"),
-    ("grappa/datamodule.py", r"isinstance\([^)]*PartitionDir"),
-    ("grappa/datamodule.py", r"\bDirChunks\b"),
-    ("grappa/directory.py", r"\bDirChunks\b"),
-    ("grappa/chunking.py", r"\bDirChunks\b"),
-    ("sancus/datamodule.py", r"isinstance\([^)]*PartitionDir"),
 }
 
 

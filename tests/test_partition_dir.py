@@ -489,14 +489,14 @@ def _sancus_rank(rank, world_size, tmp_path):
     comm = Comm.create()
     context = RankContext(comm, torch.device("cpu"))
     in_memory = make_sancus_dm(tmp_path / "cache")
-    in_memory.setup_rank(context, in_memory.prepare(world_size))
+    in_memory.setup_rank(context, in_memory.rank_part(context))
     mine = tmp_path / f"sancus_rank{rank}"
     shutil.copytree(tmp_path / "sancus", mine)
     for k in range(world_size):
         if k != rank:
             shutil.rmtree(mine / part_folder(k))
     from_dir = make_sancus_dm(tmp_path / "cache", partition_dir=str(mine))
-    from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
+    from_dir.setup_rank(context, from_dir.rank_part(context))
     out = []
     for dm in (in_memory, from_dir):
         layout = dm.layout

@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,9 @@ _DIGEST_ROWS = 1 << 16  # feature rows digested at a time by ``features_digest``
 _READ_BLOCK = 1 << 24
 # versions (``_version``) of the chunk files this process has checked against their digest
 _VERIFIED: set[tuple] = set()
+# a chunk's record as partitions read it (``chunk_payload``'s keys, ``deg`` apart: the
+# in-degrees are ``indptr``'s differences)
+CHUNK_FILES = ("nodes", "indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask")
 
 
 class ChunkStoreError(RuntimeError):
@@ -104,44 +108,51 @@ def chunk_payload(graph: Graph, nodes: Tensor) -> dict:
     }
 
 
-class ChunkReader:
-    """What partitions are built from: ``num_chunks``, the small replicated ``meta`` (per chunk
-    ``train_counts`` and ``sizes``, and ``num_nodes``...) and :meth:`load`. Two kinds: the
-    chunk store of an in-memory run (:class:`ChunkStore`) and the chunk groups of a partition
-    directory (:class:`~.directory.DirChunks`)."""
+@dataclass(frozen=True)
+class GrappaPart:
+    """A rank's part: the chunks it reads, what its partitions are built from; the same
+    object in memory (a chunk store's files, :meth:`ChunkStore.part`) and from a partition
+    directory (its chunk groups, :func:`~.directory.load_chunk_part`).
+
+    Attributes:
+        meta: ``num_chunks``, ``num_nodes`` and per chunk ``sizes`` and ``train_counts``.
+        key: the chunking's content key (what a checkpoint's super-epoch ``t`` indexes):
+            :func:`chunking_key`'s, whatever dtype holds the features.
+        dtype: the dtype partitions hold the features in (the run's).
+        home: the chunks this rank evaluates and predicts (``c mod W = rank``).
+        read: ``read(chunk, names)``: those files of chunk ``chunk``'s record
+            (:data:`CHUNK_FILES`), memory-mapped, ``x`` in the dtype it is stored in.
+        sources: per chunk, the other chunks its halo lies in; ``None``: any other chunk.
+    """
 
     meta: dict
+    key: str
+    dtype: torch.dtype
+    home: tuple[int, ...]
+    read: Callable[[int, tuple[str, ...]], dict[str, Tensor]]
+    sources: list[list[int]] | None = None
 
     @property
     def num_chunks(self) -> int:
         return int(self.meta["num_chunks"])
 
-    @property
-    def key(self) -> str:
-        """The chunking's content key (what a checkpoint's super-epoch ``t`` indexes):
-        :func:`chunking_key`, the same for a chunk store and for a partition directory
-        written from it, whatever dtype either holds the features in."""
-        raise NotImplementedError
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype partitions hold the features in (the run's)."""
-        raise NotImplementedError
-
-    def load(self, chunk: int) -> dict:
-        """Chunk ``chunk``'s record (``chunk_payload``'s keys), memory-mapped; ``x`` in the
-        dtype it is stored in (a partition casts the rows it copies to :attr:`dtype`)."""
-        raise NotImplementedError
+    def load(self, chunk: int) -> dict[str, Tensor]:
+        """Chunk ``chunk``'s record with its nodes' in-degrees ``deg`` (a partition casts the
+        rows it copies to :attr:`dtype`)."""
+        record = self.read(chunk, CHUNK_FILES)
+        record["deg"] = record["indptr"].diff()
+        return record
 
     def index(self, chunk: int) -> dict[str, Tensor]:
         """Chunk ``chunk``'s ``nodes`` and ``deg`` only (no feature is read or cast)."""
-        record = self.load(chunk)
-        return {"nodes": record["nodes"], "deg": record["deg"]}
+        record = self.read(chunk, ("nodes", "indptr"))
+        return {"nodes": record["nodes"], "deg": record["indptr"].diff()}
 
     def halo_sources(self, owned: tuple[int, ...]) -> list[int]:
-        """The chunks that may hold the halo of the nodes of ``owned`` (default: every other
-        chunk)."""
-        return [c for c in range(self.num_chunks) if c not in owned]
+        """The chunks that may hold the halo of the nodes of ``owned``."""
+        if self.sources is None:
+            return [c for c in range(self.num_chunks) if c not in owned]
+        return sorted({s for c in owned for s in self.sources[c]} - set(owned))
 
     def chunk_ids(self) -> Tensor:
         """int64 ``[N]`` chunk of every node (reads every chunk's node list: O(N) int64)."""
@@ -152,7 +163,7 @@ class ChunkReader:
 
 
 @dataclass(frozen=True)
-class ChunkStore(ChunkReader):
+class ChunkStore:
     """A written chunk store: its folder and the small replicated metadata.
 
     ``meta`` holds ``format``, ``num_chunks``, ``num_nodes``, ``num_edges``, ``num_features``,
@@ -162,6 +173,10 @@ class ChunkStore(ChunkReader):
 
     path: str
     meta: dict
+
+    @property
+    def num_chunks(self) -> int:
+        return int(self.meta["num_chunks"])
 
     @property
     def key(self) -> str:
@@ -208,6 +223,17 @@ class ChunkStore(ChunkReader):
             return torch.load(path, mmap=mmap, weights_only=True)
         except Exception as err:  # a file changed after its check, or torch cannot read it
             raise ChunkStoreError(self._fix(path, f"cannot be loaded ({err})")) from err
+
+    def read(self, chunk: int, names: tuple[str, ...]) -> dict[str, Tensor]:
+        """The files ``names`` of chunk ``chunk``'s record (:meth:`load`)."""
+        record = self.load(chunk)
+        return {name: record[name] for name in names}
+
+    def part(self, home: tuple[int, ...]) -> GrappaPart:
+        """The part of the rank whose home chunks are ``home``: every chunk, read from this
+        store, features in its dtype."""
+        meta = {k: self.meta[k] for k in ("num_chunks", "num_nodes", "sizes", "train_counts")}
+        return GrappaPart(meta, self.key, self.dtype, home, self.read)
 
 
 def features_digest(x: Tensor) -> str:

@@ -7,8 +7,9 @@ sampled inside the partition only and carries its coverage factor ``c`` and defi
 (:class:`GrappaBatch`). The DataModule owns the :class:`~.superepochs.SuperEpochClock` that
 decides ``t``, advances it while it builds training batches and saves it in checkpoints.
 
-With ``data.partition_dir`` the chunks are the directory's shared groups (``directory.py``):
-a rank maps each chunk only while it builds a partition from it. The full-graph evaluation
+A rank's part is its list of chunks (:class:`~.chunking.GrappaPart`): the chunk store's files
+in memory, the directory's shared groups with ``data.partition_dir`` (``directory.py``); a
+rank maps each chunk only while it builds a partition from it. The full-graph evaluation
 and ``trainer.predict`` run on the ranks' home chunks, exchanging the halo's hidden rows, in
 memory and from a directory alike (one kernel, so the two agree bit for bit).
 """
@@ -40,9 +41,9 @@ from ...models.inference import (
 )
 from ...tasks.base import split_statistics
 from .callbacks import GradientOnlyAudit, GrappaStats, ScheduleReport
-from .chunking import ChunkReader, ChunkStore, write_chunk_store
+from .chunking import GrappaPart, write_chunk_store
 from .config import GrappaConfig
-from .directory import DirChunks, check_chunk_counts, home_chunks, write_chunk_parts
+from .directory import check_chunk_counts, home_chunks, load_chunk_part, write_chunk_parts
 from .estimators import batch_factor, c_uniform, gcn_kappa, kappa, seed_sample_counts
 from .partition import IsolatedPartition, PartitionSampler, build_partition
 from .remote import RemoteSampler
@@ -74,8 +75,8 @@ class GrappaBatch(Batch):
 class GrappaDataModule(GNNDataModule):
     """Grappa's data: the chunk store, this rank's partitions, their batches and the schedule.
 
-    ``preprocess`` writes the chunk store (content-keyed under ``cache_dir``); ``setup_rank``
-    derives the schedule and the step counts. The train loader yields
+    ``preprocess`` writes the chunk store (content-keyed under ``cache_dir``) and gives each
+    rank its part (its chunks); ``setup_rank`` derives the schedule and the step counts. The train loader yields
     :meth:`training_batch`, which advances the :class:`~.superepochs.SuperEpochClock`:
     each epoch end is counted when the epoch's last batch is built (the early trigger's vote
     is a ``control`` all-reduce there, between training steps), or, if that batch was never
@@ -91,7 +92,7 @@ class GrappaDataModule(GNNDataModule):
         super().__init__(dataset, config or GrappaConfig(), data, **kwargs)
         self.rank, self.world_size = 0, 1
         self.comm: Comm | None = None
-        self.store: ChunkReader | None = None
+        self.chunks: GrappaPart | None = None  # this rank's part: the chunks it reads
         self.schedule: Schedule | None = None
         self.clock: SuperEpochClock | None = None
         self.phases = 1  # k, the config's partitions_per_rank resolved for the world size
@@ -113,8 +114,9 @@ class GrappaDataModule(GNNDataModule):
 
     # ------------------------------------------------------------------------ set-up, state
     @override
-    def preprocess(self, world_size: int) -> ChunkStore:
-        """Chunk the graph once and write the chunk store (or check and reuse it)."""
+    def preprocess(self, world_size: int) -> tuple[GrappaPart, ...]:
+        """Chunk the graph once and write the chunk store (or check and reuse it); every
+        rank's part reads it (:meth:`~.chunking.ChunkStore.part`)."""
         cfg = self.config
         cfg.check_world(world_size)
         cfg.check_graph(self.graph.num_nodes, world_size)  # in the launcher, before any spawn
@@ -126,7 +128,7 @@ class GrappaDataModule(GNNDataModule):
                 "plain data parallelism (ddp), not isolated training",
                 flush=True,
             )
-        return store
+        return tuple(store.part(home_chunks(k, world_size, c)) for k in range(world_size))
 
     @override
     def partition_settings(self) -> dict[str, Any]:
@@ -157,10 +159,11 @@ class GrappaDataModule(GNNDataModule):
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Each chunk of the chunk store as a shared group, each part listing the chunks its
-        rank reads (:func:`~.directory.write_chunk_parts`)."""
-        store = self.prepare(world_size)
-        return write_chunk_parts(self.config, store, self.seed, world_size, writer, log)
+        """Each chunk of the chunk store as a shared group, each part (:meth:`part_of`'s)
+        listing its home chunks and the chunks its rank reads
+        (:func:`~.directory.write_chunk_parts`)."""
+        parts = self.prepare(world_size)
+        return write_chunk_parts(self.config, parts, self.seed, writer, log)
 
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
@@ -168,18 +171,22 @@ class GrappaDataModule(GNNDataModule):
         check_chunk_counts(opened, k)
 
     @override
-    def setup_rank(self, context: RankContext, prepared: ChunkStore | PartitionDir) -> None:
+    def part_of(self, prepared: tuple[GrappaPart, ...], rank: int) -> GrappaPart:
+        return prepared[rank]
+
+    @override
+    def load_part(self, opened: PartitionDir, rank: int) -> GrappaPart:
+        """The part's chunk groups, features cast to this run's dtype as partitions copy them
+        (:func:`~.directory.load_chunk_part`)."""
+        return load_chunk_part(opened, rank, self.dtype)
+
+    @override
+    def setup_rank(self, context: RankContext, part: GrappaPart) -> None:
         cfg = self.config
         self.rank, self.world_size, self.comm = context.rank, context.world_size, context.comm
-        if isinstance(prepared, PartitionDir):
-            prepared = DirChunks(prepared, self.rank, self.dtype)
-        self.store = prepared
-        if isinstance(prepared, DirChunks):
-            self.home = prepared.home  # the part's list (checked against home_chunks)
-        else:
-            self.home = home_chunks(self.rank, self.world_size, prepared.num_chunks)
+        self.chunks, self.home = part, part.home
         self._home_part = self._home_route = None
-        self.schedule = Schedule(cfg.schedule, prepared.num_chunks, cfg.sweep_order, self.seed)
+        self.schedule = Schedule(cfg.schedule, part.num_chunks, cfg.sweep_order, self.seed)
         max_epochs = self.trainer.max_epochs if self.trainer is not None else None
         length = super_epoch_len(cfg.super_epoch_len, max_epochs, self.schedule.cycle)
         self.clock = SuperEpochClock(length, cfg.early_trigger, cfg.auto_length)
@@ -202,8 +209,8 @@ class GrappaDataModule(GNNDataModule):
         """What ``t`` means: the chunking (content key, the same from a partition directory),
         schedule, sweep order and phases; and the features' dtype in this run."""
         return {
-            "chunking": self.store.key,
-            "dtype": str(self.store.dtype),
+            "chunking": self.chunks.key,
+            "dtype": str(self.chunks.dtype),
             "schedule": self.schedule.kind,
             "sweep_order": self.schedule.sweep_order,
             "sweep_seed": self.schedule.seed,
@@ -258,7 +265,7 @@ class GrappaDataModule(GNNDataModule):
         return -1 if size == -1 else -(-size // self.world_size)
 
     def _seed_count(self, spec: PartitionSpec) -> int:
-        return sum(self.store.meta["train_counts"][c] for c in spec.seed_chunks)
+        return sum(self.chunks.meta["train_counts"][c] for c in spec.seed_chunks)
 
     def _phase_steps(self, phase: int) -> int:
         """Steps of a phase: max over its partitions (and over a schedule cycle, so the epoch
@@ -311,7 +318,7 @@ class GrappaDataModule(GNNDataModule):
             cfg = self.config
             if not cfg.cache_partitions:
                 self._parts.clear()  # drop the previous partition before reading the next
-            part = build_partition(self.store, spec, cfg.halo_hops, cfg.count_halo_as_local)
+            part = build_partition(self.chunks, spec, cfg.halo_hops, cfg.count_halo_as_local)
             self.io_bytes += part.io_bytes
             self.builds += 1
             if part.num_nodes > self.largest_partition["nodes"]:
@@ -425,7 +432,7 @@ class GrappaDataModule(GNNDataModule):
         if key in self._parts:
             return self._parts[key][0]
         cfg = self.config
-        return build_partition(self.store, spec, cfg.halo_hops, cfg.count_halo_as_local)
+        return build_partition(self.chunks, spec, cfg.halo_hops, cfg.count_halo_as_local)
 
     def isolated_logits(self, net: BlockGNN, part: IsolatedPartition) -> Tensor:
         """Logits ``[n, C]`` of every local node of ``part`` from its local graph alone (every
@@ -473,7 +480,7 @@ class GrappaDataModule(GNNDataModule):
         owners' in-edges and rows from it. Not counted in ``builds`` / ``io_bytes``."""
         if self._home_part is None:
             spec = PartitionSpec(self.home, self.home)
-            self._home_part = build_partition(self.store, spec, halo_hops=1)
+            self._home_part = build_partition(self.chunks, spec, halo_hops=1)
         return self._home_part
 
     @torch.no_grad()
@@ -523,7 +530,7 @@ class GrappaDataModule(GNNDataModule):
         if node_ids is None:
             return ids, rows
         node_ids = node_ids.cpu()
-        num_nodes = int(self.store.meta["num_nodes"])
+        num_nodes = int(self.chunks.meta["num_nodes"])
         if node_ids.numel() and (int(node_ids.min()) < 0 or int(node_ids.max()) >= num_nodes):
             raise ValueError(f"node ids must be in [0, {num_nodes})")
         local = part.local_of(node_ids)

@@ -12,6 +12,8 @@ maps a chunk only while it builds a partition from it (the partition is a copy).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor
 
@@ -23,11 +25,10 @@ from ...graph.partition_dir import (
     part_folder,
     shared_folder,
 )
-from .chunking import ChunkReader, ChunkStore
+from .chunking import CHUNK_FILES, GrappaPart
 from .config import GrappaConfig
 from .schedule import Schedule
 
-CHUNK_FILES = ("nodes", "indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask")
 # chunk files with one row per node of the chunk
 CHUNK_ROW_FILES = ("nodes", "x", "y", "train_mask", "val_mask", "test_mask")
 
@@ -43,12 +44,13 @@ def home_chunks(rank: int, world_size: int, num_chunks: int) -> tuple[int, ...]:
     return tuple(range(rank, num_chunks, world_size))
 
 
-def chunk_sources(store: ChunkStore) -> list[list[int]]:
-    """Per chunk, the other chunks its nodes' in-neighbours lie in (where its halo is)."""
-    owner = store.chunk_ids()
+def chunk_sources(part: GrappaPart) -> list[list[int]]:
+    """Per chunk, the other chunks its nodes' in-neighbours lie in (where its halo is), from
+    a part that reads every chunk."""
+    owner = part.chunk_ids()
     return [
-        [s for s in torch.unique(owner[store.load(c)["indices"]]).tolist() if s != c]
-        for c in range(store.num_chunks)
+        [s for s in torch.unique(owner[part.read(c, ("indices",))["indices"]]).tolist() if s != c]
+        for c in range(part.num_chunks)
     ]
 
 
@@ -72,26 +74,25 @@ def rank_chunks(
 
 
 def write_chunk_parts(
-    cfg: GrappaConfig, store: ChunkStore, seed: int, world_size: int, writer, log
+    cfg: GrappaConfig, parts: tuple[GrappaPart, ...], seed: int, writer, log
 ) -> dict:
-    """Write every chunk as a shared group and every rank's part (its home chunks, and the
-    groups it reads); returns the metadata the ranks share."""
-    schedule = Schedule(cfg.schedule, store.num_chunks, cfg.sweep_order, seed)
-    for c in range(store.num_chunks):
-        record = store.load(c)
-        writer.write_shared(chunk_group(c), {k: record[k] for k in CHUNK_FILES})
-        log(f"[partition] chunk {c + 1}/{store.num_chunks} written")
-        del record
-    sources = chunk_sources(store)
-    sizes = store.meta["sizes"]
+    """Write every chunk as a shared group and every rank's part of ``parts`` (in memory, each
+    reads every chunk): its home chunks and the groups it reads; returns the metadata the
+    ranks share."""
+    first, world_size = parts[0], len(parts)
+    schedule = Schedule(cfg.schedule, first.num_chunks, cfg.sweep_order, seed)
+    for c in range(first.num_chunks):
+        writer.write_shared(chunk_group(c), first.read(c, CHUNK_FILES))
+        log(f"[partition] chunk {c + 1}/{first.num_chunks} written")
+    sources = chunk_sources(first)
+    sizes = first.meta["sizes"]
     home_sizes = []
-    for k in range(world_size):
-        home = home_chunks(k, world_size, store.num_chunks)
+    for k, part in enumerate(parts):
         needed = rank_chunks(cfg, schedule, sources, k, world_size)
-        home_sizes.append(sum(sizes[c] for c in home))
+        home_sizes.append(sum(sizes[c] for c in part.home))
         writer.write_part(
             k,
-            {"home_chunks": torch.tensor(home, dtype=torch.int64)},
+            {"home_chunks": torch.tensor(part.home, dtype=torch.int64)},
             {"nodes": home_sizes[-1], "chunks": len(needed)},
             shared=[chunk_group(c) for c in needed],
         )
@@ -99,10 +100,10 @@ def write_chunk_parts(
     offsets = torch.tensor([0, *home_sizes]).cumsum(0)
     return {
         "node_offsets": offsets.tolist(),
-        "chunking_key": store.key,
-        "num_chunks": store.num_chunks,
+        "chunking_key": first.key,
+        "num_chunks": first.num_chunks,
         "chunk_sizes": sizes,
-        "train_counts": store.meta["train_counts"],
+        "train_counts": first.meta["train_counts"],
         "chunk_sources": sources,
     }
 
@@ -152,54 +153,42 @@ def check_chunk_counts(opened: PartitionDir, part: int) -> None:
         opened.expect_shape(folder, "indptr", (size + 1,), key)
 
 
-class DirChunks(ChunkReader):
-    """The chunks of a partition directory as part ``part`` reads them: each one memory-mapped
-    when loaded (:meth:`~...graph.partition_dir.PartitionDir.load_shared`), features in the
-    directory's dtype (a partition casts the rows it copies to ``dtype``, the run's). A chunk
-    its part does not list cannot be loaded (``PartitionDirError``). ``home`` is the part's
-    ``home_chunks.npy``, checked against :func:`home_chunks`."""
-
-    def __init__(self, opened: PartitionDir, part: int, dtype: torch.dtype):
-        meta = opened.meta
-        self.opened, self.part, self._dtype = opened, part, dtype
-        self.meta = {
+def load_chunk_part(opened: PartitionDir, part: int, dtype: torch.dtype) -> GrappaPart:
+    """Part ``part`` of a partition directory: its chunk groups, each memory-mapped when read
+    (:meth:`~...graph.partition_dir.PartitionDir.load_shared`; a chunk the part does not list
+    cannot be read, ``PartitionDirError``), features in the directory's dtype (a partition
+    casts the rows it copies to ``dtype``, the run's), its ``home_chunks.npy`` checked against
+    :func:`home_chunks`. A directory without ``chunking_key`` (older) is refused."""
+    meta = opened.meta
+    key = meta.get("chunking_key")
+    if key is None:
+        raise PartitionDirError(
+            f"{opened.path}: no 'chunking_key' (written by an older version, format version "
+            f"{meta.get('version')}); partition again"
+        )
+    stored = opened.load_part(part)["home_chunks"].tolist()
+    want = list(home_chunks(part, opened.num_parts, meta["num_chunks"]))
+    if stored != want:
+        raise PartitionDirError(
+            f"{opened.path}: part {part}'s home_chunks.npy is {stored}, but rank {part} of "
+            f"{opened.num_parts} evaluates chunks {want}; partition again"
+        )
+    return GrappaPart(
+        {
             "num_chunks": meta["num_chunks"],
             "num_nodes": meta["num_nodes"],
             "sizes": meta["chunk_sizes"],
             "train_counts": meta["train_counts"],
-        }
-        self.sources = meta["chunk_sources"]
-        stored = opened.load_part(part)["home_chunks"].tolist()
-        want = list(home_chunks(part, opened.num_parts, self.num_chunks))
-        if stored != want:
-            raise PartitionDirError(
-                f"{opened.path}: part {part}'s home_chunks.npy is {stored}, but rank {part} of "
-                f"{opened.num_parts} evaluates chunks {want}; partition again"
-            )
-        self.home = tuple(stored)
+        },
+        key,
+        dtype,
+        tuple(stored),
+        partial(_read_group, opened, part),
+        meta["chunk_sources"],
+    )
 
-    @property
-    def key(self) -> str:
-        key = self.opened.meta.get("chunking_key")
-        if key is None:
-            raise PartitionDirError(
-                f"{self.opened.path}: no 'chunking_key' (written by an older version); "
-                "partition again"
-            )
-        return key
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._dtype
-
-    def load(self, chunk: int) -> dict[str, Tensor]:
-        record = self.opened.load_shared(chunk_group(chunk), self.part)
-        record["deg"] = record["indptr"].diff()
-        return record
-
-    def index(self, chunk: int) -> dict[str, Tensor]:
-        record = self.opened.load_shared(chunk_group(chunk), self.part, ("nodes", "indptr"))
-        return {"nodes": record["nodes"], "deg": record["indptr"].diff()}
-
-    def halo_sources(self, owned: tuple[int, ...]) -> list[int]:
-        return sorted({s for c in owned for s in self.sources[c]} - set(owned))
+def _read_group(
+    opened: PartitionDir, part: int, chunk: int, names: tuple[str, ...]
+) -> dict[str, Tensor]:
+    return opened.load_shared(chunk_group(chunk), part, names)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ...graph.block import Block
 from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors
-from .chunking import ChunkReader
+from .chunking import GrappaPart
 from .schedule import PartitionSpec
 
 
@@ -89,20 +89,20 @@ def _nbytes(*tensors: Tensor) -> int:
 
 
 def build_partition(
-    store: ChunkReader,
+    part: GrappaPart,
     spec: PartitionSpec,
     halo_hops: int = 1,
     count_halo_as_local: bool = False,
 ) -> IsolatedPartition:
-    """Read the owned chunks, then the halo rows, and assemble the local graph
-    (docs/systems/grappa.md, "Partitions").
+    """Read the owned chunks of the rank's ``part``, then the halo rows, and assemble the
+    local graph (docs/systems/grappa.md, "Partitions").
 
     Peak memory is the partition plus about three ``[E]`` int64 arrays: the features are
     written once into the partition's ``x`` (owned rows straight from each chunk's mapping),
     and the owned sources' local ids come from the same search that finds them."""
     if halo_hops not in (0, 1):
         raise ValueError(f"halo_hops={halo_hops} is not supported; valid: 0, 1")
-    chunks = {c: store.load(c) for c in spec.owned_chunks}
+    chunks = {c: part.load(c) for c in spec.owned_chunks}
     sizes = [chunks[c]["nodes"].numel() for c in spec.owned_chunks]
     own = torch.cat([chunks[c]["nodes"] for c in spec.owned_chunks])
     order = own.argsort()
@@ -154,24 +154,24 @@ def build_partition(
     torch.cumsum(kept_deg, 0, out=indptr[1 : n_own + 1])
     indptr[n_own + 1 :] = indptr[n_own]
     # features: owned rows from each chunk's mapping, then halo rows from the other chunks
-    x = torch.empty((n_own + halo.numel(), width), dtype=store.dtype)
+    x = torch.empty((n_own + halo.numel(), width), dtype=part.dtype)
     new_pos = torch.empty_like(order)
     new_pos[order] = torch.arange(n_own)
     offset = 0
     for c, n in zip(spec.owned_chunks, sizes):
-        x[new_pos[offset : offset + n]] = chunks[c]["x"].to(store.dtype)
+        x[new_pos[offset : offset + n]] = chunks[c]["x"].to(part.dtype)
         offset += n
     del chunks, new_pos
     hy = cat["y"].new_full((halo.numel(), *cat["y"].shape[1:]), -1)  # halo rows: no target
     hdeg = torch.zeros(halo.numel(), dtype=torch.int64)
     hchunk = torch.full((halo.numel(),), -1, dtype=torch.int64)
     if halo.numel():
-        for c in store.halo_sources(spec.owned_chunks):
-            record = store.load(c)
+        for c in part.halo_sources(spec.owned_chunks):
+            record = part.load(c)
             pos = torch.searchsorted(record["nodes"], halo).clamp(max=record["nodes"].numel() - 1)
             hit = (record["nodes"][pos] == halo).nonzero().flatten()
             rows = pos[hit]
-            x[n_own + hit] = record["x"][rows].to(store.dtype)
+            x[n_own + hit] = record["x"][rows].to(part.dtype)
             hy[hit], hdeg[hit] = record["y"][rows], record["deg"][rows]
             hchunk[hit] = c
             del record

@@ -29,11 +29,11 @@ class RemoteSampler:
 
     def __init__(self, dm, frac: float):
         self.dm, self.frac = dm, frac
-        store = dm.store
-        self.chunk = torch.empty(int(store.meta["num_nodes"]), dtype=torch.int64)
-        deg = torch.zeros(int(store.meta["num_nodes"]), dtype=torch.int64)
-        for c in range(store.num_chunks):  # node lists and degrees only
-            index = store.index(c)
+        chunks = dm.chunks
+        self.chunk = torch.empty(int(chunks.meta["num_nodes"]), dtype=torch.int64)
+        deg = torch.zeros(int(chunks.meta["num_nodes"]), dtype=torch.int64)
+        for c in range(chunks.num_chunks):  # node lists and degrees only
+            index = chunks.index(c)
             self.chunk[index["nodes"]] = c
             deg[index["nodes"]] = index["deg"]
         self.build_block = BlockBuilder(deg.numel(), deg)

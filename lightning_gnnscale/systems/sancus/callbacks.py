@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import lightning as L
 import torch
 from typing_extensions import override
@@ -62,12 +64,12 @@ class CacheMemory(L.Callback):
     (one ``all_gather``, ``control``).
 
     Args:
-        num_nodes: ``N``, the graph's node count.
-        element_size: bytes per embedding value (the features' dtype).
+        sizes: ``() -> (N, bytes per embedding value)``: the graph's node count and the
+            features' element size, read at the end of training (the rank's set-up knows them).
     """
 
-    def __init__(self, num_nodes: int, element_size: int):
-        self.num_nodes, self.element_size = num_nodes, element_size
+    def __init__(self, sizes: Callable[[], tuple[int, int]]):
+        self.sizes = sizes
         self.last: dict = {}
 
     @override
@@ -75,12 +77,9 @@ class CacheMemory(L.Callback):
         net = SancusGCN.of(pl_module)
         runtime = net.runtime
         measured = runtime.cache_bytes()
+        num_nodes, element_size = self.sizes()
         formula = cache_bytes_formula(
-            self.num_nodes,
-            runtime.layout.num_rows,
-            net.widths,
-            self.element_size,
-            runtime.policy,
+            num_nodes, runtime.layout.num_rows, net.widths, element_size, runtime.policy
         )
         local = torch.tensor(
             [

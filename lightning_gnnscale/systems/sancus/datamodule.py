@@ -37,7 +37,35 @@ class SancusPrepared:
 
     graph: Graph
     offsets: torch.Tensor
-    new2old: torch.Tensor | None = None  # original id of every relabelled row
+    new2old: torch.Tensor  # original id of every relabelled row
+
+
+@dataclass(frozen=True)
+class SancusPart:
+    """What rank ``i`` holds, in memory and from a partition directory alike: its row block of
+    ``Â`` (:class:`RowBlocks`), its rows ``[n_i, ...]`` of ``X``, ``y`` and the split masks,
+    the global training count and its rows' original ids ``[n_i]``."""
+
+    layout: RowBlocks
+    x: torch.Tensor
+    y: torch.Tensor
+    masks: dict[str, torch.Tensor]
+    train_count: int
+    own_ids: torch.Tensor
+
+
+def _part(prepared: SancusPrepared, layout: RowBlocks) -> SancusPart:
+    """The part of ``layout``'s rank (its row block of ``prepared``'s graph)."""
+    graph, offsets, rank = prepared.graph, prepared.offsets, layout.rank
+    lo, hi = int(offsets[rank]), int(offsets[rank + 1])
+    return SancusPart(
+        layout,
+        graph.x[lo:hi],
+        graph.y[lo:hi],
+        {s: getattr(graph, f"{s}_mask")[lo:hi] for s in SPLITS},
+        int(graph.train_mask.sum()),
+        prepared.new2old[lo:hi],
+    )
 
 
 class SancusDataModule(GNNDataModule):
@@ -76,25 +104,33 @@ class SancusDataModule(GNNDataModule):
         return {"method": self.config.rows, "partition_options": {}, "feature_dtype": dtype}
 
     @override
+    def part_of(self, prepared: SancusPrepared, rank: int) -> SancusPart:
+        return _part(prepared, row_blocks(prepared.graph, prepared.offsets, rank))
+
+    @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Per part: its row block of ``Â`` as one CSR (``crow``, ``col``, ``val``) per column
-        block, its rows of ``X``, ``y`` and the masks, its training rows and original ids."""
+        """Per part (:meth:`part_of`'s, ``Â`` computed once for all): its row block of ``Â``
+        as one CSR (``crow``, ``col``, ``val``) per column block, its rows of ``X``, ``y`` and
+        the masks, its training rows and original ids."""
         prepared = self.prepare(world_size)
         graph, offsets = prepared.graph, prepared.offsets
         for k, layout in enumerate(every_row_block(graph, offsets)):
-            lo, hi = int(offsets[k]), int(offsets[k + 1])
+            part = _part(prepared, layout)
             arrays = {
-                "x": graph.x[lo:hi],
-                "y": graph.y[lo:hi],
-                **{f"{s}_mask": getattr(graph, f"{s}_mask")[lo:hi] for s in SPLITS},
+                "x": part.x,
+                "y": part.y,
+                **{f"{s}_mask": mask for s, mask in part.masks.items()},
                 "seed_rows": layout.seed_rows,
-                "own_ids": prepared.new2old[lo:hi],
+                "own_ids": part.own_ids,
             }
             for j, block in enumerate(layout.blocks):
                 arrays[f"a{j}_crow"] = block.crow_indices()
                 arrays[f"a{j}_col"] = block.col_indices()
                 arrays[f"a{j}_val"] = block.values()
-            sizes = {"nodes": hi - lo, "edges": sum(b.values().numel() for b in layout.blocks)}
+            sizes = {
+                "nodes": layout.num_rows,
+                "edges": sum(b.values().numel() for b in layout.blocks),
+            }
             writer.write_part(k, arrays, sizes)
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
         return {
@@ -126,45 +162,38 @@ class SancusDataModule(GNNDataModule):
             opened.expect_shape(folder, f"a{j}_crow", (nodes + 1,), f"part {k}'s 'nodes'")
             opened.expect_shape(folder, f"a{j}_val", col, f"part {k}'s a{j}_col.npy")
 
-    def _setup_from_dir(self, context: RankContext, opened: PartitionDir) -> None:
-        """This rank's row block from its part's files only (memory-mapped)."""
-        rank, device = context.rank, context.device
-        offsets = opened.node_offsets
-        part = opened.load_part(rank)
+    @override
+    def load_part(self, opened: PartitionDir, rank: int) -> SancusPart:
+        """Rank ``rank``'s part from its files only (memory-mapped): the CSR of each column
+        block, its rows and the shared ``consumer`` table and training count."""
+        offsets, arrays = opened.node_offsets, opened.load_part(rank)
         sizes = offsets.diff().tolist()
         blocks = []
         with warnings.catch_warnings():  # "sparse CSR support is in beta"
             warnings.simplefilter("ignore", UserWarning)
             for j, cols in enumerate(sizes):
-                crow, col, val = (part[f"a{j}_{name}"] for name in ("crow", "col", "val"))
+                crow, col, val = (arrays[f"a{j}_{name}"] for name in ("crow", "col", "val"))
                 blocks.append(torch.sparse_csr_tensor(crow, col, val, (sizes[rank], cols)))
         consumer = torch.tensor(opened.meta["consumer"], dtype=torch.bool)
-        layout = RowBlocks(rank, offsets, blocks, consumer, part["seed_rows"])
-        self.layout = layout.to(device)
-        self.x, self.y = part["x"].to(device), part["y"].to(device)
-        self.masks = {s: part[f"{s}_mask"].to(device) for s in SPLITS}
-        self.train_count = int(opened.meta["train_count"])
-        self.own_ids = part["own_ids"]
+        return SancusPart(
+            RowBlocks(rank, offsets, blocks, consumer, arrays["seed_rows"]),
+            arrays["x"],
+            arrays["y"],
+            {s: arrays[f"{s}_mask"] for s in SPLITS},
+            int(opened.meta["train_count"]),
+            arrays["own_ids"],
+        )
 
     @override
-    def setup_rank(self, context: RankContext, prepared: SancusPrepared | PartitionDir) -> None:
-        if isinstance(prepared, PartitionDir):
-            self._setup_from_dir(context, prepared)
-            return
-        rank, world = context.rank, context.world_size
-        offsets = prepared.offsets
+    def setup_rank(self, context: RankContext, part: SancusPart) -> None:
+        offsets, world, device = part.layout.offsets, context.world_size, context.device
         if offsets.numel() - 1 != world:
             raise ValueError(f"row blocks for {offsets.numel() - 1} ranks, world size {world}")
         assert_same_on_all_ranks(context.comm, offsets, "the SANCUS row blocks")
-        graph, device = prepared.graph, context.device
-        lo, hi = int(offsets[rank]), int(offsets[rank + 1])
-        self.layout = row_blocks(graph, offsets, rank).to(device)
-        self.x, self.y = graph.x[lo:hi].to(device), graph.y[lo:hi].to(device)
-        self.masks = {
-            s: getattr(graph, f"{s}_mask")[lo:hi].to(device) for s in ("train", "val", "test")
-        }
-        self.train_count = int(graph.train_mask.sum())
-        self.own_ids = prepared.new2old[lo:hi] if prepared.new2old is not None else None
+        self.layout = part.layout.to(device)
+        self.x, self.y = part.x.to(device), part.y.to(device)
+        self.masks = {s: mask.to(device) for s, mask in part.masks.items()}
+        self.train_count, self.own_ids = part.train_count, part.own_ids
 
     @override
     def state_dict(self) -> dict:
@@ -201,11 +230,12 @@ class SancusDataModule(GNNDataModule):
     @override
     def callbacks(self) -> list[L.Callback]:
         """The staleness log and the cache memory (``summary.json`` → ``system``)."""
-        if self.partition_dir is not None:
-            nodes, itemsize = int(self.partition_meta()["num_nodes"]), self.dtype.itemsize
-        else:
-            nodes, itemsize = self.graph.num_nodes, self.graph.x.element_size()
-        return [StalenessLog(self.config.rows), CacheMemory(nodes, itemsize)]
+        return [StalenessLog(self.config.rows), CacheMemory(self.cache_sizes)]
+
+    def cache_sizes(self) -> tuple[int, int]:
+        """``(N, bytes per embedding value)`` of the cache formula (after set-up: the row
+        blocks' node count, the features' element size)."""
+        return int(self.layout.offsets[-1]), self.x.element_size()
 
     @property
     def steps_per_epoch(self) -> int:

@@ -30,6 +30,7 @@ from lightning_gnnscale.systems.grappa.chunking import (
     write_chunk_store,
 )
 from lightning_gnnscale.systems.grappa.datamodule import GrappaDataModule
+from lightning_gnnscale.systems.grappa.directory import home_chunks
 from lightning_gnnscale.systems.grappa.estimators import (
     batch_factor,
     c_resampling,
@@ -45,6 +46,11 @@ from lightning_gnnscale.systems.grappa.superepochs import SuperEpochClock
 
 def small_graph(n=400, seed=1):
     return sbm(num_nodes=n, num_classes=4, avg_degree=8.0, num_features=6, seed=seed)
+
+
+def rank_part(store, rank, world):
+    """Rank ``rank`` of ``world``'s part of ``store`` (what ``preprocess`` gives it)."""
+    return store.part(home_chunks(rank, world, store.num_chunks))
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +199,7 @@ def test_corrupt_chunk_files_are_rebuilt_by_the_launcher_and_named_by_a_rank(
         assert str(path) in str(err.value) and str(folder) in str(err.value)
         assert "rerun" in str(err.value) and "delete" in str(err.value)
     with pytest.raises(ChunkStoreError, match=str(wrong)):
-        build_partition(rank, Schedule("pinned_sweep", 4).partition(2, 0))
+        build_partition(rank.part(()), Schedule("pinned_sweep", 4).partition(2, 0))
     capsys.readouterr()
     rebuilt = write_chunk_store(g, 4, "random", 0, str(tmp_path))
     said = capsys.readouterr().out
@@ -227,11 +233,11 @@ def test_a_chunk_file_that_torch_cannot_load_is_named(tmp_path, monkeypatch):
 def test_partitions_seeds_locality_and_degrees(store, halo_hops):
     g = small_graph()
     deg = g.in_degree()
-    chunk = store.chunk_ids()
+    chunk = store.part(()).chunk_ids()
     for t in range(3):
         seeds = []
         for spec in Schedule("pinned_sweep", 4).partitions(t):
-            part = build_partition(store, spec, halo_hops)
+            part = build_partition(store.part(()), spec, halo_hops)
             own = part.local2global[: part.num_core]
             assert torch.equal(own, torch.isin(torch.arange(g.num_nodes), own).nonzero().flatten())
             assert set(chunk[own].tolist()) == set(spec.owned_chunks)
@@ -266,14 +272,14 @@ def test_partitions_seeds_locality_and_degrees(store, halo_hops):
 
 
 def test_count_halo_as_local_makes_coverage_full_with_one_hop_halo(store):
-    part = build_partition(store, Schedule("pinned_sweep", 4).partition(0, 0), 1, True)
+    part = build_partition(store.part(()), Schedule("pinned_sweep", 4).partition(0, 0), 1, True)
     assert torch.equal(part.ell, part.deg[: part.num_core])
 
 
 # ---------------------------------------------------------------------- P6, P7: sampling
 def test_sampling_stays_inside_the_partition_and_matches_the_whole_graph_at_the_seed_hop(store):
     g = small_graph()
-    part = build_partition(store, Schedule("pinned_sweep", 4).partition(2, 1), 1)
+    part = build_partition(store.part(()), Schedule("pinned_sweep", 4).partition(2, 1), 1)
     fanouts = [3, 2]
     seeds = part.seeds[:20]
     blocks = PartitionSampler(part, fanouts, seed=7).sample(seeds, 1, 2, 5)
@@ -320,7 +326,7 @@ def make_dm(store, world, rank, k=1, batch_size=40, graph=None, comm=None, max_e
     )
     dm.trainer = SimpleNamespace(max_epochs=max_epochs, is_last_batch=True)  # at an epoch end
     comm = comm if comm is not None else RankComm(rank, world)
-    dm.setup_rank(RankContext(comm, torch.device("cpu")), store)
+    dm.setup_rank(RankContext(comm, torch.device("cpu")), rank_part(store, rank, world))
     return dm
 
 
@@ -647,7 +653,8 @@ def _preset_epochs(store, graph, name, world, epochs):
             graph, GrappaConfig.preset(name), DataConfig(batch_size=40, fanouts=[3, 2]), seed=1
         )
         dm.trainer = SimpleNamespace(max_epochs=epochs)
-        dm.setup_rank(RankContext(RankComm(rank, world), torch.device("cpu")), store)
+        context = RankContext(RankComm(rank, world), torch.device("cpu"))
+        dm.setup_rank(context, rank_part(store, rank, world))
         for epoch in range(epochs):
             for step in range(dm.steps_per_epoch):
                 batch = dm.training_batch(epoch, step)
@@ -960,7 +967,7 @@ def test_s5_expected_coverage_under_random_chunking(tmp_path, c):
     st = write_chunk_store(g, c, "random", 0, str(tmp_path))
     ks = []
     for spec in Schedule("pinned_sweep", c).partitions(0):
-        part = build_partition(st, spec, halo_hops=0)
+        part = build_partition(st.part(()), spec, halo_hops=0)
         ks.append(kappa(part.ell[part.seeds], part.deg[part.seeds], 0.0))
     assert float(torch.cat(ks).mean()) == pytest.approx(2 / c, abs=0.02)
 

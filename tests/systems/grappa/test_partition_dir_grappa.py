@@ -24,7 +24,7 @@ from lightning_gnnscale.graph.partition_dir import (
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.inference import node_rows
 from lightning_gnnscale.systems.grappa import GrappaConfig, GrappaDataModule
-from lightning_gnnscale.systems.grappa.directory import DirChunks, chunk_group
+from lightning_gnnscale.systems.grappa.directory import chunk_group, load_chunk_part
 from lightning_gnnscale.systems.grappa.partition import build_partition
 from lightning_gnnscale.systems.grappa.schedule import PartitionSpec
 from tests.helpers.dist import run_distributed
@@ -97,12 +97,12 @@ def _rank(rank, world_size, tmp_path, config, options):
     comm = Comm.create()
     context = RankContext(comm, torch.device("cpu"))
     in_memory = make_dm(tmp_path / "cache", config=config, options=options)
-    in_memory.setup_rank(context, in_memory.prepare(world_size))
+    in_memory.setup_rank(context, in_memory.rank_part(context))
     in_memory.context = context  # as setup() sets it (the replicated evaluation reads it)
     want = _epochs(in_memory, comm, config)
     mine = _own_rank_copy(tmp_path, rank, world_size)
     from_dir = make_dm(tmp_path / "cache", str(mine), config=config, options=options)
-    from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
+    from_dir.setup_rank(context, from_dir.rank_part(context))
     from_dir.context = context
     got = _epochs(from_dir, comm, config)
     assert from_dir.state_dict() == in_memory.state_dict()  # a checkpoint of either resumes
@@ -179,17 +179,17 @@ def test_a_part_whose_home_chunks_file_disagrees_is_refused(tmp_path, monkeypatc
     """``part-k/home_chunks.npy`` is what a rank evaluates and predicts: a file that is not
     ``c mod W = k`` (written by another rule: the same chunks in another order, so every count
     still agrees) is refused, naming it."""
-    import lightning_gnnscale.systems.grappa.directory as directory
+    import lightning_gnnscale.systems.grappa.datamodule as datamodule
 
-    rule = directory.home_chunks
-    monkeypatch.setattr(directory, "home_chunks", lambda k, w, c: rule(k, w, c)[::-1])
+    rule = datamodule.home_chunks  # the rule the in-memory parts (written here) follow
+    monkeypatch.setattr(datamodule, "home_chunks", lambda k, w, c: rule(k, w, c)[::-1])
     make_dm(tmp_path / "cache").write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
-    monkeypatch.setattr(directory, "home_chunks", rule)
+    monkeypatch.setattr(datamodule, "home_chunks", rule)
     opened = make_dm(tmp_path / "cache", str(tmp_path / "parts")).prepare(2, [1])
     with pytest.raises(
         PartitionDirError, match=r"home_chunks.npy is \[3, 1\], but rank 1 .*\[1, 3\]"
     ):
-        DirChunks(opened, 1, torch.float64)
+        load_chunk_part(opened, 1, torch.float64)
 
 
 def test_partitions_from_a_float32_directory_cast_only_their_rows(tmp_path):
@@ -201,11 +201,12 @@ def test_partitions_from_a_float32_directory_cast_only_their_rows(tmp_path):
     f32 = make_dm(tmp_path / "cache", config=config, dtype=torch.float32)
     f32.write_partition_dir(tmp_path / "f32", 2, log=lambda *_: 0)
     opened = make_dm(tmp_path / "cache", str(tmp_path / "f32"), config=config).prepare(2, [0])
-    chunks = DirChunks(opened, 0, torch.float64)
+    chunks = load_chunk_part(opened, 0, torch.float64)
     assert chunks.load(1)["x"].dtype == torch.float32
     assert set(chunks.index(1)) == {"nodes", "deg"}
-    stores = {dtype: make_dm(tmp_path / "cache", dtype=dtype).prepare(2) for dtype in F32_F64}
+    stores = {dtype: make_dm(tmp_path / "cache", dtype=dtype).prepare(2)[0] for dtype in F32_F64}
     assert chunks.key == stores[torch.float32].key == stores[torch.float64].key
+    assert chunks.meta == stores[torch.float64].meta and chunks.home == stores[torch.float64].home
     spec = PartitionSpec((0, 1), (0, 1))
     got = build_partition(chunks, spec)
     want, stored = (
@@ -243,7 +244,7 @@ def test_parts_list_the_chunks_their_schedule_reads(tmp_path):
     assert unlisted, "every chunk is listed: the graph's chunks are not its communities"
     name = min(unlisted)
     dm = make_dm(tmp_path / "cache", str(tmp_path / "fixed"), config=fixed, options=communities)
-    chunks = DirChunks(dm.prepare(4, [0]), 0, torch.float64)
+    chunks = load_chunk_part(dm.prepare(4, [0]), 0, torch.float64)
     with pytest.raises(PartitionDirError, match=f"part 0 does not list shared group '{name}'"):
         chunks.load(int(name.removeprefix("chunk")))
 
