@@ -325,7 +325,8 @@ def _steps(dm, comm, net_seed=0):
 def _own_part_rank(rank, world_size, tmp_path):
     comm = Comm.create()
     in_memory = make_dm(tmp_path / "cache")
-    in_memory.setup_rank(RankContext(comm, torch.device("cpu")), in_memory.prepare(world_size))
+    context = RankContext(comm, torch.device("cpu"))
+    in_memory.setup_rank(context, in_memory.rank_part(context))
     want = _steps(in_memory, comm)
     # this rank's own copy of the directory, the other parts' folders removed
     mine = tmp_path / f"rank{rank}"
@@ -334,8 +335,7 @@ def _own_part_rank(rank, world_size, tmp_path):
         if k != rank:
             shutil.rmtree(mine / part_folder(k))
     from_dir = make_dm(tmp_path / "cache", partition_dir=str(mine))
-    prepared = from_dir.prepare(world_size, [rank])
-    from_dir.setup_rank(RankContext(comm, torch.device("cpu")), prepared)
+    from_dir.setup_rank(context, from_dir.rank_part(context))
     assert from_dir.degree is None and not hasattr(from_dir.kv.book, "new2old")
     got = _steps(from_dir, comm)
     return want, got
