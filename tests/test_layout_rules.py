@@ -26,8 +26,6 @@ BANNED = {
 # per-rank data shape); the test fails while a listed one is no longer found, so each line
 # goes with its fix
 PENDING = {
-    ("bytegnn/datamodule.py", r"isinstance\([^)]*PartitionDir"),
-    ("distdgl/datamodule.py", r"isinstance\([^)]*PartitionDir"),
     ("granndis/config.py", r"partition_dir is None"),
     ("granndis/datamodule.py", r"isinstance\([^)]*PartitionDir"),
     ("granndis/datamodule.py", r"partition_dir is None"),

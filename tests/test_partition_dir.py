@@ -163,6 +163,49 @@ def test_a_part_holds_its_partition_and_loads_memory_mapped(tmp_path):
         assert mapped, "x is not a mapping of x.npy"
 
 
+@pytest.mark.parametrize("system", ["distdgl", "bytegnn"])
+def test_a_halo_part_from_a_directory_is_the_in_memory_part(tmp_path, system):
+    """DistDGL's and ByteGNN's ``load_part`` returns the part ``part_of`` builds in memory
+    (what ``write_parts`` wrote): the same files, offsets and chunk sizes, hence the same
+    trainer split, which equals the split over every training id; only the book, the ``[N]``
+    degrees and what the ranks agree on come from what the rank holds."""
+    from lightning_gnnscale.graph.seed_split import SeedSplit
+    from lightning_gnnscale.systems.bytegnn import ByteGNNConfig, ByteGNNDataModule
+
+    def dm(partition_dir=None):
+        if system == "distdgl":
+            return make_dm(tmp_path / "cache", partition_dir)
+        data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=partition_dir)
+        return ByteGNNDataModule(
+            "sbm", ByteGNNConfig(), data, seed=3, cache_dir=tmp_path / "cache",
+            dtype=torch.float64, dataset_options=SBM,
+        )  # fmt: skip
+
+    in_memory = dm()
+    in_memory.write_partition_dir(tmp_path / "parts", 3, log=lambda *_: 0)
+    from_dir = dm(str(tmp_path / "parts"))
+    prepared, opened = in_memory.prepare(3), from_dir.prepare(3)
+    train = prepared.graph.split_ids("train")
+    for k in range(3):
+        want, got = in_memory.part_of(prepared, k), from_dir.load_part(opened, k)
+        files = want.arrays()
+        assert ("trainer_seed_degree" in files) == (system == "bytegnn")
+        assert files.keys() == got.arrays().keys()
+        for name, array in files.items():
+            assert torch.equal(got.arrays()[name], array), name
+        assert torch.equal(got.trainer_sizes, want.trainer_sizes)
+        assert torch.equal(got.book.node_offsets, want.book.node_offsets)
+        assert torch.equal(want.local_degree, want.degree[want.local.local2global])
+        assert got.degree is None and not hasattr(got.book, "new2old")
+        assert torch.equal(want.agreed, prepared.book.new2old)
+        assert torch.equal(got.agreed, opened.node_offsets)
+        whole = SeedSplit(train, 3, k, 64, 3)
+        for part in (want, got):
+            split = part.seed_split(64, 3)
+            assert torch.equal(split.mine, whole.mine) and split.steps == whole.steps
+            assert torch.equal(split.seeds(1, 0), whole.seeds(1, 0))
+
+
 def test_the_command_refuses_a_used_out_before_loading_the_dataset(tmp_path, monkeypatch):
     from lightning_gnnscale import partition, run
 
@@ -325,7 +368,8 @@ def _steps(dm, comm, net_seed=0):
 def _own_part_rank(rank, world_size, tmp_path):
     comm = Comm.create()
     in_memory = make_dm(tmp_path / "cache")
-    in_memory.setup_rank(RankContext(comm, torch.device("cpu")), in_memory.prepare(world_size))
+    context = RankContext(comm, torch.device("cpu"))
+    in_memory.setup_rank(context, in_memory.rank_part(context))
     want = _steps(in_memory, comm)
     # this rank's own copy of the directory, the other parts' folders removed
     mine = tmp_path / f"rank{rank}"
@@ -334,8 +378,7 @@ def _own_part_rank(rank, world_size, tmp_path):
         if k != rank:
             shutil.rmtree(mine / part_folder(k))
     from_dir = make_dm(tmp_path / "cache", partition_dir=str(mine))
-    prepared = from_dir.prepare(world_size, [rank])
-    from_dir.setup_rank(RankContext(comm, torch.device("cpu")), prepared)
+    from_dir.setup_rank(context, from_dir.rank_part(context))
     assert from_dir.degree is None and not hasattr(from_dir.kv.book, "new2old")
     got = _steps(from_dir, comm)
     return want, got

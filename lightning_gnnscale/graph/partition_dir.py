@@ -44,8 +44,6 @@ from torch import Tensor
 
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import atomic_write
-from lightning_gnnscale.graph.book import PartitionedGraph, build_local_partition
-from lightning_gnnscale.graph.seed_split import SeedSplit
 
 FORMAT = "lightning_gnnscale.partition_dir"
 FORMAT_VERSION = 1
@@ -705,45 +703,6 @@ class PartitionDir:
             stem = name.removesuffix(".npy")
             arrays[stem] = _map_verified(root, verified[stem], self.path / folder / name, what)
         return arrays
-
-
-def write_halo_parts(
-    prepared: PartitionedGraph, writer: PartitionDirWriter, log, *, seed_degrees: bool = False
-) -> dict:
-    """Write each part of a relabelled partition as DistDGL and ByteGNN hold it: its local CSC
-    (core in-edges over core + 1-hop halo), the full-graph in-degrees of its core and halo, its
-    core's features, labels, masks and original ids, and its rank's chunk of the training ids
-    (the even :class:`~.seed_split.SeedSplit`), with their degrees if ``seed_degrees``.
-    Returns the metadata the parts share (offsets, every rank's chunk size, the report)."""
-    graph, book = prepared.graph, prepared.book
-    world_size = book.num_parts
-    degree = graph.in_degree()
-    chunks = SeedSplit.chunks(graph.split_ids("train"), world_size)
-    for k in range(world_size):
-        local = build_local_partition(graph, book, k)
-        lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
-        arrays = {
-            **local.arrays(),
-            "degree": degree[local.local2global],
-            "orig_ids": book.new2old[lo:hi],
-            "trainer_seeds": chunks[k],
-        }
-        if seed_degrees:
-            arrays["trainer_seed_degree"] = degree[chunks[k]]
-        sizes = {
-            "nodes": local.num_core,
-            "halo": local.num_halo,
-            "edges": local.num_edges,
-            "trainer_seeds": chunks[k].numel(),
-        }
-        writer.write_part(k, arrays, sizes)
-        log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
-        del local, arrays
-    return {
-        "node_offsets": book.node_offsets.tolist(),
-        "trainer_sizes": [c.numel() for c in chunks],
-        "report": prepared.report,
-    }
 
 
 def node_ranks(world_size: int, devices: int | None = None) -> list[int]:

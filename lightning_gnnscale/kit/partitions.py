@@ -1,4 +1,4 @@
-"""A rank's share of a partitioned graph: its own part, its predictions, and the check
+"""A rank's share of a partitioned graph: its statistics, its predictions, and the check
 that every rank holds the same partition."""
 
 from __future__ import annotations
@@ -6,25 +6,9 @@ from __future__ import annotations
 import torch
 
 from ..comm import Comm
-from ..graph.book import LocalPartition, PartitionedGraph, build_local_partition
+from ..graph.book import LocalPartition
 from ..graph.cache import tensor_digest
 from ..tasks.base import NodeTask, split_statistics
-
-
-def own_partition(
-    prepared: PartitionedGraph, comm: Comm, rank: int, world: int, what: str
-) -> tuple[LocalPartition, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This rank's part of an in-memory partitioned graph (checked the same on every rank):
-    ``(local partition, whole-graph in-degrees [N], its core and halo's degrees, its core's
-    original ids [n_core])``."""
-    graph, book = prepared.graph, prepared.book
-    if world != book.num_parts:
-        raise ValueError(f"partitioned into {book.num_parts} parts for {world} ranks")
-    assert_same_on_all_ranks(comm, book.new2old, what)
-    local = build_local_partition(graph, book, rank)
-    degree = graph.in_degree()  # replicated metadata
-    lo, hi = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
-    return local, degree, degree[local.local2global], book.new2old[lo:hi]
 
 
 def core_statistics(

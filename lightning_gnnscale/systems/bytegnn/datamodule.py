@@ -29,17 +29,12 @@ from ...comm import OwnerRoute
 from ...comm.transport import SocketTransport
 from ...contract import RankContext
 from ...graph.block import Block
-from ...graph.book import (
-    LocalPartition,
-    PartitionedGraph,
-    RangeBook,
-    partition_and_relabel,
-)
+from ...graph.book import PartitionedGraph, partition_and_relabel
+from ...graph.halo_part import HaloPart, write_halo_parts
 from ...graph.partition_config import METHOD_OPTIONS
-from ...graph.partition_dir import PartitionDir, write_halo_parts
-from ...graph.seed_split import SeedSplit
+from ...graph.partition_dir import PartitionDir
 from ...kit.datamodule import GNNDataModule
-from ...kit.partitions import core_statistics, own_partition, own_predictions
+from ...kit.partitions import assert_same_on_all_ranks, core_statistics, own_predictions
 from ...models.gnn import BlockGNN
 from ...store_secret import require_secret
 from .address import service_address
@@ -87,39 +82,35 @@ class ByteGNNDataModule(GNNDataModule):
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Per part: what :func:`~...graph.partition_dir.write_halo_parts` writes, with the
-        training ids' degrees (for the task costs and GCN)."""
-        return write_halo_parts(self.prepare(world_size), writer, log, seed_degrees=True)
+        """Every rank's :meth:`part_of`, with :func:`~...graph.halo_part.write_halo_parts`."""
+        return write_halo_parts(self.prepare(world_size), self.part_of, writer, log)
 
     @override
-    def setup_rank(self, context: RankContext, prepared: PartitionedGraph | PartitionDir) -> None:
-        comm, rank, world = context.comm, context.rank, context.world_size
-        batch_size = self.data.batch_size
-        if isinstance(prepared, PartitionDir):  # this rank's part only, no [N] array
-            book = RangeBook(prepared.node_offsets)
-            part = prepared.load_part(rank)
-            self.local = LocalPartition.from_arrays(part, rank, self.dtype)
-            self.local_degree, self.degree = part["degree"], None
-            self.core_orig_ids = part["orig_ids"]
-            sizes = torch.tensor(prepared.meta["trainer_sizes"], dtype=torch.int64)
-            seeds = part["trainer_seeds"]
-            split = SeedSplit.from_chunk(seeds, sizes, rank, batch_size, self.seed)
-            store = GraphStore(
-                self.local,
-                book,
-                None,
-                None,
-                local_degree=self.local_degree,
-                seed_ids=seeds,
-                seed_degree=part["trainer_seed_degree"],
-            )
-        else:
-            graph, book = prepared.graph, prepared.book
-            self.local, self.degree, self.local_degree, self.core_orig_ids = own_partition(
-                prepared, comm, rank, world, "the ByteGNN partition"
-            )
-            split = SeedSplit(graph.split_ids("train"), world, rank, batch_size, self.seed)
-            store = GraphStore(self.local, book, self.degree, None)
+    def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart:
+        """With the training ids' degrees (for the task costs and GCN) where a rank holds no
+        ``[N]`` degrees."""
+        return HaloPart.of(prepared, rank, seed_degrees=True)
+
+    @override
+    def load_part(self, opened: PartitionDir, rank: int) -> HaloPart:
+        return HaloPart.load(opened, rank, self.dtype)
+
+    @override
+    def setup_rank(self, context: RankContext, part: HaloPart) -> None:
+        comm, rank, world, book = context.comm, context.rank, context.world_size, part.book
+        assert_same_on_all_ranks(comm, part.agreed, "the ByteGNN partition")
+        self.local, self.degree, self.local_degree = part.local, part.degree, part.local_degree
+        self.core_orig_ids = part.orig_ids
+        split = part.seed_split(self.data.batch_size, self.seed)
+        store = GraphStore(
+            self.local,
+            book,
+            self.degree,
+            None,
+            local_degree=self.local_degree,
+            seed_ids=part.trainer_seeds,
+            seed_degree=part.seed_degree,
+        )
         self.book = book
         config = self.config
         timeout_s = comm.timeout.total_seconds() if comm.timeout is not None else 300.0

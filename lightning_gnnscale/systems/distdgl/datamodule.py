@@ -26,17 +26,12 @@ from typing_extensions import override
 from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.block import Block
-from ...graph.book import (
-    LocalPartition,
-    PartitionedGraph,
-    RangeBook,
-    partition_and_relabel,
-)
-from ...graph.partition_dir import PartitionDir, write_halo_parts
+from ...graph.book import PartitionedGraph, partition_and_relabel
+from ...graph.halo_part import HaloPart, write_halo_parts
+from ...graph.partition_dir import PartitionDir
 from ...graph.sampler import BlockBuilder, splitmix64
-from ...graph.seed_split import SeedSplit
 from ...kit.datamodule import GNNDataModule
-from ...kit.partitions import core_statistics, own_partition, own_predictions
+from ...kit.partitions import assert_same_on_all_ranks, core_statistics, own_predictions
 from ...models.gnn import BlockGNN
 from ...models.inference import layer_rows
 from .config import DistDGLConfig
@@ -178,37 +173,23 @@ class DistDGLDataModule(GNNDataModule):
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Per part: what :func:`~...graph.partition_dir.write_halo_parts` writes."""
-        return write_halo_parts(self.prepare(world_size), writer, log)
-
-    def read_part(self, opened: PartitionDir, rank: int) -> tuple[LocalPartition, Tensor]:
-        """This rank's partition and the degrees of its core and halo, from its part's files
-        only (memory-mapped; features cast to the run's dtype if they differ)."""
-        part = opened.load_part(rank)
-        local = LocalPartition.from_arrays(part, rank, self.dtype)
-        self._part = part
-        return local, part["degree"]
+        """Every rank's :meth:`part_of`, with :func:`~...graph.halo_part.write_halo_parts`."""
+        return write_halo_parts(self.prepare(world_size), self.part_of, writer, log)
 
     @override
-    def setup_rank(self, context: RankContext, prepared: PartitionedGraph | PartitionDir) -> None:
-        comm, rank, world = context.comm, context.rank, context.world_size
-        if isinstance(prepared, PartitionDir):  # this rank's part only, no [N] array
-            book = RangeBook(prepared.node_offsets)
-            self.local, self.local_degree = self.read_part(prepared, rank)
-            self.degree = None  # degrees of sampled nodes come from their owners (KV "degree")
-            sizes = torch.tensor(prepared.meta["trainer_sizes"], dtype=torch.int64)
-            split_of = lambda batch: SeedSplit.from_chunk(  # noqa: E731
-                self._part["trainer_seeds"], sizes, rank, batch, self.seed
-            )
-            self.core_orig_ids = self._part["orig_ids"]
-        else:
-            graph, book = prepared.graph, prepared.book
-            self.local, self.degree, self.local_degree, self.core_orig_ids = own_partition(
-                prepared, comm, rank, world, "the DistDGL partition"
-            )
-            split_of = lambda batch: SeedSplit(  # noqa: E731
-                graph.split_ids("train"), world, rank, batch, self.seed
-            )
+    def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart:
+        return HaloPart.of(prepared, rank)
+
+    @override
+    def load_part(self, opened: PartitionDir, rank: int) -> HaloPart:
+        return HaloPart.load(opened, rank, self.dtype)
+
+    @override
+    def setup_rank(self, context: RankContext, part: HaloPart) -> None:
+        comm, book = context.comm, part.book
+        assert_same_on_all_ranks(comm, part.agreed, "the DistDGL partition")
+        self.local, self.degree, self.local_degree = part.local, part.degree, part.local_degree
+        self.core_orig_ids = part.orig_ids
         self.kv = KVStore(comm, book)
         self.kv.init_data("feat", self.local.x)
         self.kv.init_data("label", self.local.y)
@@ -227,7 +208,7 @@ class DistDGLDataModule(GNNDataModule):
             self.inputs = LearnableInputs(embedding, optimizer, self.core_orig_ids)
         fanouts = list(self.data.fanouts)
         self.sampler = DistNeighborSampler(comm, book, self.local, self.degree, fanouts, self.seed)
-        self.split = split_of(self.data.batch_size)
+        self.split = part.seed_split(self.data.batch_size, self.seed)
 
     @property
     @override
@@ -241,7 +222,7 @@ class DistDGLDataModule(GNNDataModule):
         seeds = self.split.seeds(epoch, step)
         start = time.perf_counter()
         blocks = self.sampler.sample(seeds, epoch, step)
-        if self.degree is None:  # from a partition directory: the owners' degrees
+        if self.degree is None:  # no [N] degrees here: the owners'
             blocks = self._with_degrees(blocks)
         sampled = time.perf_counter()
         if self.inputs is None:

@@ -188,8 +188,8 @@ def _failing_fit_rank(rank, world_size, run, dm, where):
         if rank == 0 and task.kind == "ff" and task.dag.label.startswith("epoch 1"):
             raise ValueError("injected")
 
-    def setup_with_fault(context, prepared):
-        setup_rank(context, prepared)
+    def setup_with_fault(context, part):
+        setup_rank(context, part)
         if where == "task":
             dm.sworker.executor.before_task = explode
 

@@ -89,7 +89,7 @@ def _own_part_rank(rank, world_size, tmp_path):
     comm = Comm.create()
     context = RankContext(comm, torch.device("cpu"))
     in_memory = make_dm(tmp_path / "cache")
-    in_memory.setup_rank(context, in_memory.prepare(world_size))
+    in_memory.setup_rank(context, in_memory.rank_part(context))
     in_memory.context = context  # as setup() sets it (evaluation and the meter read it)
     # this rank's own copy of the directory, the other parts' folders removed
     mine = tmp_path / f"rank{rank}"
@@ -98,7 +98,7 @@ def _own_part_rank(rank, world_size, tmp_path):
         if k != rank:
             shutil.rmtree(mine / part_folder(k))
     from_dir = make_dm(tmp_path / "cache", partition_dir=str(mine))
-    from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
+    from_dir.setup_rank(context, from_dir.rank_part(context))
     from_dir.context = context
     store = from_dir.sworker.store
     assert from_dir.degree is None and store.degree is None

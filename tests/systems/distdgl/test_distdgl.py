@@ -53,7 +53,7 @@ def datamodule(data, rank, world_size, comm, batch_size=64):
     dm = DistDGLDataModule(
         data.graph, config, DataConfig(batch_size=batch_size, fanouts=FANOUTS), seed=3
     )
-    dm.setup_rank(RankContext(comm, torch.device("cpu")), data)
+    dm.setup_rank(RankContext(comm, torch.device("cpu")), dm.part_of(data, rank))
     return dm
 
 
