@@ -28,9 +28,6 @@ BANNED = {
 PENDING = {
     ("bytegnn/datamodule.py", r"isinstance\([^)]*PartitionDir"),
     ("distdgl/datamodule.py", r"isinstance\([^)]*PartitionDir"),
-    ("granndis/config.py", r"partition_dir is None"),
-    ("granndis/datamodule.py", r"isinstance\([^)]*PartitionDir"),
-    ("granndis/datamodule.py", r"partition_dir is None"),
     ("grappa/datamodule.py", r"isinstance\([^)]*PartitionDir"),
     ("grappa/datamodule.py", r"\bDirChunks\b"),
     ("grappa/directory.py", r"\bDirChunks\b"),
