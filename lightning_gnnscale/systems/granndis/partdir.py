@@ -1,4 +1,5 @@
-"""GraNNDIS's partition directory (docs/systems/granndis.md#from-a-partition-directory).
+"""GraNNDIS's rank part (:class:`GraNNDISPart`, its server's share: the same object in memory
+and from a partition directory) and its files (docs/systems/granndis.md#from-a-partition-directory).
 
 A rank's part holds its plans (every step's one-hop graphs over local rows: the ids of the
 rows are not kept, only their numbers), the labels of their loss rows, and its share of
