@@ -15,20 +15,12 @@ BANNED = {
     r"isinstance\([^)]*PartitionDir": "a system branches on where its part came from",
     r"\bDirChunks\b": "Grappa's part from a directory is its list of chunks, as in memory",
     r"partition_dir is None": "a system branches on where its part came from",
+    r"partition_dir is not None": "a system branches on where its part came from",
     r"\.digest\[": "the digest check is the kit's (GNNDataModule.check_rank_part), once",
     r"partitioned into \{": "the part-count check is the kit's (check_rank_part), once",
     r"\breplicated_eval_statistics\(": (
         "whole-graph evaluation is the kit's (kit.sampled.whole_graph_statistics), once"
     ),
-}
-
-# (file under systems/, pattern): found today, removed by the rest of deliverable 3 (one
-# per-rank data shape); the test fails while a listed one is no longer found, so each line
-# goes with its fix
-PENDING = {
-    ("granndis/config.py", r"partition_dir is None"),
-    ("granndis/datamodule.py", r"isinstance\([^)]*PartitionDir"),
-    ("granndis/datamodule.py", r"partition_dir is None"),
 }
 
 
@@ -48,11 +40,8 @@ def system_violations() -> set[tuple[str, str]]:
 
 
 def test_no_system_branches_on_its_parts_source_or_copies_the_kits_checks():
-    found = system_violations()
-    unexpected = sorted(found - PENDING)
-    assert not unexpected, "\n".join(f"{f}: {p} ({BANNED[p]})" for f, p in unexpected)
-    gone = sorted(PENDING - found)
-    assert not gone, f"fixed, so take them off PENDING: {gone}"
+    found = sorted(system_violations())
+    assert not found, "\n".join(f"{f}: {p} ({BANNED[p]})" for f, p in found)
 
 
 def test_each_rule_finds_what_it_bans():
@@ -60,6 +49,7 @@ def test_each_rule_finds_what_it_bans():
         r"isinstance\([^)]*PartitionDir": "if isinstance(prepared, PartitionDir):",
         r"\bDirChunks\b": "prepared = DirChunks(prepared, rank, dtype)",
         r"partition_dir is None": "if self.partition_dir is None:",
+        r"partition_dir is not None": "if self.partition_dir is not None:",
         r"\.digest\[": "digest = torch.tensor([int(opened.digest[:15], 16)])",
         r"partitioned into \{": 'raise ValueError(f"partitioned into {n} parts")',
         r"\breplicated_eval_statistics\(": "return replicated_eval_statistics(self.task, g)",

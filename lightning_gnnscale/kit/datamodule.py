@@ -261,7 +261,9 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         (:class:`~..graph.partition_dir.PartitionDir`): the object :meth:`part_of` returns in
         memory, read from the files :meth:`write_parts` wrote (systems whose config supports
         partition directories override it)."""
-        return opened
+        raise NotImplementedError(
+            f"{type(self).__name__} loads no part from a partition directory (override load_part)"
+        )
 
     def setup_rank(self, context: RankContext, part: Any) -> None:
         """Build this rank's share from its part (:meth:`rank_part`; collectives allowed:

@@ -225,7 +225,7 @@ class GraNNDISConfig(SystemConfig):
     def check_data(self, data: DataConfig) -> None:
         super().check_data(data)
         require(
-            data.partition_dir is None or self.mode in DIRECTORY_MODES,
+            self.mode in DIRECTORY_MODES or not data.partition_dir,
             f"strategy.mode={self.mode} samples mini-batches from the whole graph on every "
             f"rank, so it cannot train from data.partition_dir; the GraNNDIS modes that can: "
             f"{list(DIRECTORY_MODES)}",

@@ -1,15 +1,15 @@
 """``GraNNDISDataModule``: server partition, server-graph extraction, one-hop plans per rank
 (docs/systems/granndis.md).
 
-In memory every rank holds the whole graph (as the artifact assumes a replicated dataset per
-server), so the preloaded rows of a server graph are read locally, once; only halo rows move
-during training. From a partition directory (``write_parts``) a rank holds its plans and its
-server's preloaded rows only (:mod:`.partdir`). The layouts need the topology (servers x workers): the
-constructor's ``topology`` (``train.py`` passes the run's), else the Trainer's world size and
-nodes (one server per node). They are built in ``prepare_data`` (once per node, before any
-rank's ``setup``): every server graph is extracted and split once, and each rank's plans are
-cached on disk by content hash; each rank then loads only its own. The ranks check that
-what each receives is what its owners send."""
+A rank's part is its server's share (:class:`~.partdir.GraNNDISPart`): its plans, their
+input rows and targets, and its share of full-graph inference, the same object whether
+``part_of`` builds it in memory or ``load_part`` reads it from a partition directory
+(``write_parts`` saves ``part_of``'s). Only halo rows move during training and inference. The
+layouts need the topology (servers x workers): the constructor's ``topology`` (``train.py``
+passes the run's), else the Trainer's world size and nodes (one server per node). They are
+built in ``preprocess`` (once per node, before any rank's ``setup``): every server graph is
+extracted and split once, and each rank's plans are cached on disk by content hash; each rank
+then loads only its own. The ranks check that what each receives is what its owners send."""
 
 from __future__ import annotations
 
@@ -50,21 +50,23 @@ from .callbacks import GraNNDISStats, LayoutReport, LayoutSummary
 from .config import DIRECTORY_MODES, GraNNDISConfig
 from .costmodel import choose_k, estimate_memory
 from .expand import cobatches, eas_expand, khop_levels, sage_expand
-from .partdir import EvalShare, eval_halos, eval_share, step_arrays, step_from_arrays
+from .partdir import GraNNDISPart, RankLayout, eval_halos, eval_share
 from .plan import OneHopPlan, StepPlan, build_layout
 
 PLAN_PREFIX = "granndis-plans"  # cache files of one rank's plans
+EVAL_PREFIX = "granndis-eval"  # cache files of the inference shares' owners
 SPLITS = ("train", "val", "test")
-
-
-def depth_tag(k: int | None) -> str:
-    """The prefix of a preload depth's arrays in a part (``plan``: a mode without ``k``)."""
-    return "plan" if k is None else f"k{k}"
 
 
 def topology_record(topology: Topology) -> dict:
     """The servers x workers a partition directory was made for (``partition.json``)."""
     return {"servers": topology.num_servers, "workers_per_server": topology.workers_per_server}
+
+
+def recorded_topology(record: dict) -> Topology:
+    """The :class:`Topology` of a :func:`topology_record`."""
+    workers = record["workers_per_server"]
+    return Topology(record["servers"] * workers, workers)
 
 
 @dataclass
@@ -86,8 +88,8 @@ class OneHopBatch(Batch):
 
 class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     """One-hop plans per step of this rank; evaluation by full-graph layer-wise inference
-    split across ranks (in memory every rank holds the graph; from a partition directory each
-    holds its share and receives its halo rows, :class:`~.partdir.EvalShare`).
+    over the ranks' shares, each receiving its halo rows (:class:`~.partdir.EvalShare`;
+    ``mb_base``: split across ranks that each hold the whole graph).
 
     Modes (``config.mode``): ``fb_base`` (one whole-graph layout over all ranks), ``flx``
     (each server's ``L``-hop closure of its targets), ``flx_eas`` (each server's EAS graph
@@ -124,23 +126,9 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.memory_by_k: list[float] | None = None  # preload_auto's estimates, k = 0..L
         self.inputs: list[Tensor] = []  # per step: input rows of plan.input_ids
         self.labels: list[Tensor] = []  # per step: labels of the loss rows
-        # from a partition directory: this rank's part, its server's rows, its inference share
-        self.part: dict[str, Tensor] | None = None
-        self.server_x: Tensor | None = None
-        self.eval_share: EvalShare | None = None
-
-    @property
-    def num_nodes(self) -> int:
-        if self.partition_dir is not None:
-            return int(self.partition_meta()["num_nodes"])
-        return self.graph.num_nodes
-
-    @property
-    def value_bytes(self) -> int:
-        """Bytes of one feature value in this run."""
-        if self.partition_dir is not None:
-            return self.dtype.itemsize
-        return self.graph.x.element_size()
+        self.part: GraNNDISPart | None = None  # this rank's part (None in mb_base)
+        self.num_nodes = 0  # |V|, once set up
+        self._eval_books: dict[Topology, tuple[PartitionBook, list[Tensor]]] = {}
 
     @property
     def num_layers(self) -> int:
@@ -149,11 +137,13 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     # ------------------------------------------------------------------- preprocessing
     @override
-    def preprocess(self, world_size: int) -> None:
-        """What the launcher can check and compute before any rank starts (the layouts need
-        the servers x workers and are built in :meth:`prepare_data`):
-        a ``cob.num_per_epoch`` above the training nodes, or a ``memory_budget_mb`` below what
-        any depth needs, is refused here; FB_base's flat whole-graph partition is cached."""
+    def preprocess(self, world_size: int) -> Topology | None:
+        """What the launcher can check and compute before any rank starts: a
+        ``cob.num_per_epoch`` above the training nodes, or a ``memory_budget_mb`` below what
+        any depth needs, is refused here; FB_base's flat whole-graph partition is cached; and
+        once the servers x workers are known (:meth:`layout_topology`), every rank's plans
+        and the inference shares' owners are built and cached (:meth:`prepare_layouts`).
+        Returns that topology (``None``: ``mb_base``, or not known)."""
         if not self.config.layout_mode:
             return None
         graph, config = self.graph, self.config
@@ -163,20 +153,23 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             f"strategy.cob.num_per_epoch={config.cob.num_per_epoch} exceeds the "
             f"{num_train} training nodes: co-batches past them would be empty on every server",
         )
-        self.check_budget(world_size)
+        self.check_budget(world_size, graph.num_nodes, graph.x.element_size())
         if config.mode == "fb_base" and config.partition.fb_base == "flat":
             cached_partition(graph, "metis", world_size, self.seed, self.cache_dir)
-        return None
+        topology = self.layout_topology()
+        if topology is not None:
+            self.prepare_layouts(topology)
+        return topology
 
-    def check_budget(self, world_size: int) -> None:
+    def check_budget(self, world_size: int, num_nodes: int, value_bytes: int) -> None:
         """``preload_auto``'s budget must fit some depth: for every k the stage that reads the
         inputs owns every vertex at least once (k = 0: the base layout; k > 0: the servers'
         closures cover their partitions), so the worst rank holds at least N / W input rows
-        of F values."""
+        of F values (``value_bytes`` each)."""
         budget = self.config.memory_budget_mb
         if not self.config.preload_auto or budget is None:
             return
-        floor = -(-self.num_nodes // world_size) * self.input_dim * self.value_bytes
+        floor = -(-num_nodes // world_size) * self.input_dim * value_bytes
         require(
             floor <= budget * 2**20,
             f"strategy.memory_budget_mb={budget} is below what any preload depth needs: "
@@ -189,18 +182,8 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """The directory, checked (base class), and ``preload_auto``'s budget against its
         sizes: both before any rank starts."""
         opened = super().open_partition_dir(world_size)
-        self.check_budget(world_size)
+        self.check_budget(world_size, int(opened.meta["num_nodes"]), self.dtype.itemsize)
         return opened
-
-    @override
-    def prepare_data(self) -> None:
-        """Once per node, before any rank's ``setup`` (Lightning waits at its ``pre_setup``
-        barrier): every rank's plans for :meth:`layout_topology`, built in this one process
-        and cached per rank by content hash, so each rank then loads only its own."""
-        super().prepare_data()
-        topology = self.layout_topology()
-        if self.config.layout_mode and topology is not None and self.partition_dir is None:
-            self.prepare_layouts(topology)
 
     def layout_topology(self) -> Topology | None:
         """The servers x workers the in-memory layouts are built for: ``launch_topology`` (the
@@ -212,11 +195,10 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             return None
         return Topology.from_launch(self.trainer.world_size, self.trainer.num_nodes)
 
-    def check_layout_topology(self, context: RankContext) -> None:
-        """The strategy's servers x workers must be the ones :meth:`prepare_data` laid out
-        (every rank decides alike: no rank waits on one that refused)."""
-        expected = self.layout_topology()
-        if expected is not None and expected != context.topology:
+    def check_layout_topology(self, expected: Topology, context: RankContext) -> None:
+        """The strategy's servers x workers must be the ones the part's plans were laid out
+        for (every rank decides alike: no rank waits on one that refused)."""
+        if expected != context.topology:
             raise ConfigError(
                 f"the GraNNDIS plans were laid out for {expected} but the strategy runs "
                 f"{context.topology}: pass topology=Topology({context.topology.world_size}, "
@@ -258,8 +240,9 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         }
 
     def prepare_layouts(self, topology: Topology) -> None:
-        """Build and cache every rank's plans for every depth of :meth:`depths` (what is
-        cached already is skipped)."""
+        """Build and cache every rank's plans for every depth of :meth:`depths`, and the
+        inference shares' owners (what is cached already is skipped)."""
+        self.eval_owner(topology)
         for k in self.depths():
             keys = [self.layout_key(topology, k, r) for r in range(topology.world_size)]
             if all(artifact_path(key, self.cache_dir, prefix=PLAN_PREFIX).exists() for key in keys):
@@ -279,15 +262,8 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def rank_plans(
         self, topology: Topology, rank: int, k: int | None
     ) -> tuple[list[StepPlan], LayoutSummary]:
-        """This rank's plans from its part (from a partition directory), else from the cache
-        (built, for every rank, if they are not there: a DataModule set up without
-        ``prepare_data``)."""
-        if self.part is not None:
-            tag = depth_tag(k)
-            *summary, steps = self.part[f"{tag}_summary"].tolist()
-            world = topology.world_size
-            plans = [step_from_arrays(self.part, f"{tag}_s{i}_", world) for i in range(steps)]
-            return plans, LayoutSummary(*summary)
+        """This rank's plans from the cache (built, for every rank, if they are not there: a
+        DataModule set up without ``prepare_data``)."""
         key = self.layout_key(topology, k, rank)
         path = artifact_path(key, self.cache_dir, prefix=PLAN_PREFIX)
         state = None
@@ -542,11 +518,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Per rank: its plans of every depth of :meth:`depths` (without the ids of their
-        rows), the labels of their loss rows and its :class:`~.partdir.EvalShare`; per
-        server, one shared group ``server<s>`` of input rows (each step's ``input_ids`` of
-        each of its ranks, then its ranks' inference rows), which the parts address as
-        ``[start, stop)`` ranges.
+        """Per server, one shared group ``server<s>`` of input rows (its ranks' ``x``, rank
+        after rank), then each of its ranks' part (:meth:`part_of`, saved by
+        :meth:`~.partdir.GraNNDISPart.arrays` with its ranges into the group): its plans of
+        every depth of :meth:`depths` (without the ids of their rows), the targets of their
+        loss rows and its :class:`~.partdir.EvalShare`.
 
         Rank ``r`` owns the relabelled ids of its inference share: FB_base's owners, or in
         the server modes the server partition split over its workers (``partition.intra``),
@@ -554,7 +530,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
         The servers x workers must be known (``launch_topology``: the partition command sets
         it from the overrides); nothing defaults. Every rank's plans are built one depth at
-        a time into the plan cache (as ``prepare_data`` does in memory), then each server is
+        a time into the plan cache (:meth:`preprocess`, as in memory), then each server is
         written in turn, its group and then its ranks' parts, so what is held at once is one
         server's output."""
         self.check_layout_mode()
@@ -569,82 +545,123 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             )
         if topology.world_size != world_size:
             raise ConfigError(f"topology {topology} is not for {world_size} ranks")
-        self.prepare(world_size)  # the launcher's checks (preprocess)
-        graph = self.graph
-        self.prepare_layouts(topology)  # every rank's plans of every depth, cached
+        self.prepare(world_size)  # the launcher's checks, every rank's plans cached
         log("[partition] plans built")
-        owner = self.fb_base_owner(topology) if self.config.mode == "fb_base" else None
-        book = PartitionBook.from_parts(
-            self.server_owner(topology) if owner is None else owner, world_size
-        )
-        offsets, halos = book.node_offsets.tolist(), eval_halos(graph, book)
         for server in range(topology.num_servers):
-            self.write_server(server, topology, book, halos, writer, log)
+            self.write_server(server, topology, writer, log)
+        book, _ = self.eval_book(topology)
         return {
-            "node_offsets": offsets,
+            "node_offsets": book.node_offsets.tolist(),
             "topology": topology_record(topology),
-            "train_count": int(graph.train_mask.sum()),
+            "train_count": int(self.graph.train_mask.sum()),
         }
 
-    def write_server(
-        self, server: int, topology: Topology, book: PartitionBook, halos, writer, log
-    ) -> None:
+    def write_server(self, server: int, topology: Topology, writer, log) -> None:
         """Write server ``server``'s group of input rows, then its ranks' parts
-        (:meth:`write_parts`); ``halos``: every rank's inference halo."""
-        graph, offsets = self.graph, book.node_offsets.tolist()
+        (:meth:`write_parts`)."""
         workers = topology.workers_per_server
         ranks = range(server * workers, (server + 1) * workers)
-        parts: dict[int, dict[str, Tensor]] = {rank: {} for rank in ranks}
-        row_ids: list[Tensor] = []  # the group's rows, in order, as original ids
-        count = 0
-
-        def server_range(ids: Tensor) -> Tensor:
-            """Append ``ids``'s rows to the server's group: their ``[start, stop)``."""
-            nonlocal count
-            row_ids.append(ids)
-            count += ids.numel()
-            return torch.tensor([count - ids.numel(), count], dtype=torch.int64)
-
-        for k in self.depths():
-            tag = depth_tag(k)
-            for rank in ranks:
-                plans, summary = self.rank_plans(topology, rank, k)
-                arrays = parts[rank]
-                arrays[f"{tag}_summary"] = torch.tensor([*astuple(summary), len(plans)])
-                for i, step in enumerate(plans):
-                    prefix = f"{tag}_s{i}_"
-                    arrays |= step_arrays(step, prefix)
-                    arrays[prefix + "x_range"] = server_range(step.input_ids)
-                    loss_rows = step.final.owned[: step.final.num_loss]
-                    arrays[prefix + "y"] = graph.y.index_select(0, loss_rows)
-        for rank in ranks:
-            core = book.new2old[offsets[rank] : offsets[rank + 1]]
-            parts[rank] |= eval_share(graph, book, halos, rank).arrays()
-            parts[rank]["eval_x_range"] = server_range(core)
-            parts[rank]["eval_y"] = graph.y.index_select(0, core)
-            for split in SPLITS:
-                parts[rank][f"eval_{split}_mask"] = getattr(graph, f"{split}_mask")[core]
-            parts[rank]["orig_ids"] = core
-        # the group's rows gathered once, into one tensor
-        x = graph.x.index_select(0, torch.cat([torch.empty(0, dtype=torch.int64), *row_ids]))
-        row_ids.clear()
+        parts = [self.part_of(topology, rank) for rank in ranks]
+        starts = torch.tensor([0] + [part.x.shape[0] for part in parts]).cumsum(0).tolist()
+        x = torch.cat([part.x for part in parts])
         writer.write_shared(f"server{server}", {"x": x})
-        log(f"[partition] server {server}: {count:,} input rows")
+        log(f"[partition] server {server}: {x.shape[0]:,} input rows")
         del x
-        for rank in ranks:
-            arrays = parts.pop(rank)
-            share = EvalShare.from_arrays(arrays)
+        for rank, part, start in zip(ranks, parts, starts[:-1], strict=True):
+            share = part.eval_share
             sizes = {
-                "nodes": offsets[rank + 1] - offsets[rank],
+                "nodes": share.num_core,
                 "halo": share.degree.numel() - share.num_core,
                 "edges": share.indices.numel(),
             }
-            writer.write_part(rank, arrays, sizes, shared=[f"server{server}"])
+            writer.write_part(rank, part.arrays(start), sizes, shared=[f"server{server}"])
             log(f"[partition] part {rank + 1}/{topology.world_size} written ({sizes})")
 
-    def open_part(self, context: RankContext, opened: PartitionDir) -> None:
-        """This rank's part and its server's shared rows (memory-mapped), after checking the
-        directory was made for this servers x workers topology."""
+    # ------------------------------------------------------------------------ parts
+    def eval_owner(self, topology: Topology) -> Tensor:
+        """int64 ``[N]``: the rank that owns each vertex in full-graph inference: FB_base's
+        owners, or in the server modes each server's partition split over its workers
+        (cached by content hash: built once per node, in :meth:`prepare_layouts`)."""
+        config = self.config
+        key = {
+            "kind": "granndis-eval-owner",
+            "graph": self.graph_identity,
+            "fb_base": config.mode == "fb_base",
+            "partition": asdict(config.partition),
+            "seed": self.seed,
+            "world_size": topology.world_size,
+            "workers_per_server": topology.workers_per_server,
+        }
+        owner = self.fb_base_owner if config.mode == "fb_base" else self.server_owner
+        return cached(key, lambda: owner(topology), self.cache_dir, prefix=EVAL_PREFIX)
+
+    def eval_book(self, topology: Topology) -> tuple[PartitionBook, list[Tensor]]:
+        """The inference shares' book (rank ``r`` owns the relabelled ids ``[node_offsets[r],
+        node_offsets[r + 1])``) and every rank's inference halo (:func:`~.partdir.eval_halos`),
+        once per topology."""
+        if topology not in self._eval_books:
+            book = PartitionBook.from_parts(self.eval_owner(topology), topology.world_size)
+            self._eval_books[topology] = book, eval_halos(self.graph, book)
+        return self._eval_books[topology]
+
+    @override
+    def part_of(self, prepared: Topology | None, rank: int) -> GraNNDISPart | None:
+        """Rank ``rank``'s share of its server for the servers x workers :meth:`preprocess`
+        laid out: its plans of every depth, their input rows gathered into one ``x`` and the
+        targets of their loss rows, and its inference share with its core's rows (``None``
+        in ``mb_base``: its ranks sample the whole graph)."""
+        if not self.config.layout_mode:
+            return None
+        topology = prepared
+        if topology is None or rank >= topology.world_size:
+            raise ConfigError(
+                f"the GraNNDIS plans were laid out for {topology}, which has no rank {rank}: "
+                "pass topology=Topology(world_size, workers_per_server) to GraNNDISDataModule"
+            )
+        graph = self.graph
+        row_ids: list[Tensor] = []  # the part's rows, in order, as original ids
+        count = 0
+
+        def take(ids: Tensor) -> tuple[int, int]:
+            """Append ``ids``'s rows to the part's ``x``: their ``[start, stop)``."""
+            nonlocal count
+            row_ids.append(ids)
+            count += ids.numel()
+            return count - ids.numel(), count
+
+        layouts = {}
+        for k in self.depths():
+            plans, summary = self.rank_plans(topology, rank, k)
+            loss_rows = [p.final.owned[: p.final.num_loss] for p in plans]
+            layouts[k] = RankLayout(
+                plans,
+                summary,
+                [take(p.input_ids) for p in plans],
+                [graph.y.index_select(0, rows) for rows in loss_rows],
+            )
+        book, halos = self.eval_book(topology)
+        lo, hi = book.node_offsets[rank : rank + 2].tolist()
+        core = book.new2old[lo:hi]
+        eval_x_range = take(core)
+        x = graph.x.index_select(0, torch.cat(row_ids))
+        return GraNNDISPart(
+            topology=topology,
+            layouts=layouts,
+            x=x,
+            dtype=x.dtype,
+            eval_share=eval_share(graph, book, halos, rank),
+            eval_x_range=eval_x_range,
+            eval_y=graph.y.index_select(0, core),
+            eval_masks={split: getattr(graph, f"{split}_mask")[core] for split in SPLITS},
+            orig_ids=core,
+            num_nodes=graph.num_nodes,
+            train_count=self.train_ids.numel(),
+        )
+
+    @override
+    def check_rank_part(self, context: RankContext, opened: PartitionDir) -> None:
+        """The directory was made for this servers x workers topology (before any
+        collective), then the kit's checks."""
         have, want = opened.meta.get("topology"), topology_record(context.topology)
         if have != want:
             raise PartitionDirError(
@@ -652,46 +669,34 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 "partition for these servers x workers (trainer.num_nodes, trainer.devices, "
                 "topology.servers): python -m lightning_gnnscale.partition <overrides> out=<dir>"
             )
-        self.part = opened.load_part(context.rank)
-        server = context.topology.server_of(context.rank)
-        self.server_x = opened.load_shared(f"server{server}", context.rank)["x"]
-        self.eval_share = EvalShare.from_arrays(self.part)
-        self.train_count = int(opened.meta["train_count"])
+        super().check_rank_part(context, opened)
 
-    def server_rows(self, name: str) -> Tensor:
-        """The rows of the server group this part addresses as ``<name>_x_range`` (a slice
-        of the mapping, cast to the run's dtype)."""
-        start, stop = self.part[f"{name}_x_range"].tolist()
-        return self.server_x[start:stop].to(self.dtype)
-
-    def step_data(self, plans: list[StepPlan], k: int | None) -> tuple[list, list]:
-        """Per step: the input rows of ``input_ids`` and the labels of the loss rows."""
-        if self.part is not None:
-            prefixes = [f"{depth_tag(k)}_s{i}" for i in range(len(plans))]
-            return (
-                [self.server_rows(p) for p in prefixes],
-                [self.part[f"{p}_y"] for p in prefixes],
-            )
-        graph = self.graph
-        return (
-            [graph.x.index_select(0, p.input_ids) for p in plans],
-            [graph.y.index_select(0, p.final.owned[: p.final.num_loss]) for p in plans],
+    @override
+    def load_part(self, opened: PartitionDir, rank: int) -> GraNNDISPart:
+        """Rank ``rank``'s part as :meth:`part_of` builds it, from its files; its ``x`` is its
+        server's shared group (memory-mapped, cast to the run's dtype slice by slice)."""
+        topology = recorded_topology(opened.meta["topology"])
+        server_x = opened.load_shared(f"server{topology.server_of(rank)}", rank)["x"]
+        return GraNNDISPart.from_arrays(
+            opened.load_part(rank),
+            server_x,
+            self.depths(),
+            SPLITS,
+            topology=topology,
+            dtype=self.dtype,
+            num_nodes=int(opened.meta["num_nodes"]),
+            train_count=int(opened.meta["train_count"]),
         )
-
-    @cached_property
-    def train_count(self) -> int:
-        """Training nodes of the whole graph (from a partition directory: its metadata)."""
-        return self.train_ids.numel()
 
     # ------------------------------------------------------------------------ set-up
     @override
-    def setup_rank(self, context: RankContext, prepared) -> None:
-        """Load this rank's plans (or, for ``mb_base``, build its sampler) and the global
-        loss denominators of every step (one all-reduce, ``control``)."""
+    def setup_rank(self, context: RankContext, part: GraNNDISPart | None) -> None:
+        """This rank's plans, input rows and targets from its part (or, for ``mb_base``, its
+        sampler over the whole graph) and the global loss denominators of every step (one
+        all-reduce, ``control``)."""
         self.rank, self.world_size = context.rank, context.world_size
-        if isinstance(prepared, PartitionDir):
-            self.open_part(context, prepared)
         if not self.config.layout_mode:
+            self.num_nodes = self.graph.num_nodes
             self.batcher = StepBatcher.on_graph(
                 self.graph,
                 self.data.fanouts,
@@ -703,27 +708,26 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 salt_by_rank=True,
             )
             return
-        if not isinstance(prepared, PartitionDir):
-            self.check_layout_topology(context)
+        self.check_layout_topology(part.topology, context)
+        self.part, self.num_nodes = part, part.num_nodes
         if self.config.preload_auto:
-            self.preload_depth, plans, self.layout = self.choose_preload_depth(context)
+            self.preload_depth = self.choose_preload_depth(context)
         else:
-            k = self.depths()[0]
-            plans, self.layout = self.rank_plans(context.topology, self.rank, k)
-            self.preload_depth = k
+            self.preload_depth = self.depths()[0]
+        layout = part.layouts[self.preload_depth]
+        plans, self.layout = layout.plans, layout.summary
         self.check_server_agreement(context, plans)
         local = torch.tensor([p.final.num_loss for p in plans], dtype=torch.int64)
         self.step_counts = context.comm.all_reduce(local, category="control").tolist()
-        if sum(self.step_counts) != self.train_count:
+        if sum(self.step_counts) != part.train_count:
             raise RuntimeError(
                 f"the layouts' loss rows cover {sum(self.step_counts)} targets per epoch, but "
-                f"there are {self.train_count} training nodes"
+                f"there are {part.train_count} training nodes"
             )
         self.plan_bytes = sum(p.nbytes() for p in plans)
         self.plans = [p.to(context.device) for p in plans]
-        inputs, labels = self.step_data(plans, self.preload_depth)
-        self.inputs = [x.to(context.device) for x in inputs]
-        self.labels = [y.to(context.device) for y in labels]
+        self.inputs = [part.rows(span).to(context.device) for span in layout.x_ranges]
+        self.labels = [y.to(context.device) for y in layout.targets]
 
     @override
     def build_model(self, model: ModelConfig) -> torch.nn.Module:
@@ -743,6 +747,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 "the net with this DataModule's build_model(model_config) before training"
             )
         dims, total, first = self.model_dims, 0, 0
+        value_bytes = self.part.dtype.itemsize
         for plan in (step.preload, step.final):
             layers = 0 if plan is None else len(plan.blocks)
             if layers == 0:  # FLX(k = 0): no preload stage to hold
@@ -753,20 +758,18 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 num_edges=sum(b.num_edges for b in plan.blocks),
                 dims=dims[first : first + layers + 1],
                 num_params=0,
-                value_bytes=self.value_bytes,
+                value_bytes=value_bytes,
             ).total
             first += layers
-        return total + self.model_params * self.value_bytes * 4
+        return total + self.model_params * value_bytes * 4
 
-    def choose_preload_depth(
-        self, context: RankContext
-    ) -> tuple[int, list[StepPlan], LayoutSummary]:
-        """FLX's ``k``: the largest whose worst-rank estimate fits the budget
-        (:func:`~.costmodel.choose_k`; one all-reduce of the ``L + 1`` estimates, ``control``),
-        with this rank's plans and summary for it."""
-        built = [self.rank_plans(context.topology, context.rank, k) for k in self.depths()]
+    def choose_preload_depth(self, context: RankContext) -> int:
+        """FLX's ``k``: the largest whose worst-rank estimate of this rank's part fits the
+        budget (:func:`~.costmodel.choose_k`; one all-reduce of the ``L + 1`` estimates,
+        ``control``)."""
+        layouts = [self.part.layouts[k] for k in self.depths()]
         local = torch.tensor(
-            [max(self.memory_estimate(s) for s in plans) for plans, _ in built],
+            [max(self.memory_estimate(s) for s in layout.plans) for layout in layouts],
             dtype=torch.float64,
         )
         worst = context.comm.all_reduce(local, "max", category="control").tolist()
@@ -779,7 +782,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 f"MB; raise the budget or use strategy.mode=cob"
             )
         self.memory_by_k = worst
-        return k, *built[k]
+        return k
 
     def check_server_agreement(self, context: RankContext, steps: list[StepPlan]) -> None:
         """Every rank must receive what its owners send (the plans of a server are built
@@ -846,39 +849,33 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     # ------------------------------------------------------------------------ evaluation
     @override
     def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """In memory: layer-wise inference split across ranks, each holding the graph. From a
-        partition directory: the same inference over the ranks' shares, the halo rows sent
-        by their owners before every layer; scored on this rank's share."""
-        if self.eval_share is None:
+        """Layer-wise inference over the ranks' shares, the halo rows sent by their owners
+        before every layer, scored on this rank's share (``mb_base``: split across ranks,
+        each holding the graph)."""
+        if not self.config.layout_mode:
             return super().eval_statistics(net, splits)
         out = self.share_rows(net, net.num_layers)
-        masks = {split: self.part[f"eval_{split}_mask"] for split in splits}
-        return split_statistics(self.task, out, self.part["eval_y"], masks, splits)
+        return split_statistics(self.task, out, self.part.eval_y, self.part.eval_masks, splits)
 
     def share_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
         """The first ``layers`` layers' rows of this rank's inference share."""
         if not isinstance(net, BlockGNN):
-            raise TypeError(
-                f"inference from a partition directory needs a BlockGNN net, got "
-                f"{type(net).__name__}"
-            )
+            raise TypeError(f"GraNNDIS's inference needs a BlockGNN net, got {type(net).__name__}")
         device = next(net.parameters()).device
-        x = self.server_rows("eval").to(device)
+        x = self.part.rows(self.part.eval_x_range).to(device)
         comm, chunk = self.context.comm, self.data.eval_chunk_size
-        return self.eval_share.rows(net, x, comm, chunk, layers)
+        return self.part.eval_share.rows(net, x, comm, chunk, layers)
 
     @override
     def predict_rows(
         self, net: torch.nn.Module, node_ids: Tensor | None, output: str
     ) -> tuple[Tensor, Tensor]:
-        """From a partition directory: this rank's share (original ids), as evaluation runs
-        it; in memory: the base class's node ranges."""
-        if self.eval_share is None:
+        """This rank's share (original ids), as evaluation runs it (``mb_base``: the base
+        class's node ranges)."""
+        if not self.config.layout_mode:
             return super().predict_rows(net, node_ids, output)
-        if not isinstance(net, BlockGNN):
-            raise TypeError(f"predictions need a BlockGNN net, got {type(net).__name__}")
         rows = self.share_rows(net, net.num_layers - (output == "embeddings"))
-        return own_predictions(self.part["orig_ids"], rows, node_ids, self.num_nodes)
+        return own_predictions(self.part.orig_ids, rows, node_ids, self.num_nodes)
 
     @override
     def callbacks(self) -> list[L.Callback]:

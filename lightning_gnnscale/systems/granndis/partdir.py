@@ -1,4 +1,5 @@
-"""GraNNDIS's partition directory (docs/systems/granndis.md#from-a-partition-directory).
+"""GraNNDIS's rank part (:class:`GraNNDISPart`, its server's share: the same object in memory
+and from a partition directory) and its files (docs/systems/granndis.md#from-a-partition-directory).
 
 A rank's part holds its plans (every step's one-hop graphs over local rows: the ids of the
 rows are not kept, only their numbers), the labels of their loss rows, and its share of
@@ -10,17 +11,18 @@ so a step computes the same values bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 from torch import Tensor
 
-from ...comm import Comm, exchange_rows
+from ...comm import Comm, Topology, exchange_rows
 from ...graph.book import PartitionBook
 from ...graph.csc import Graph
 from ...graph.sampler import BlockBuilder
 from ...models.gnn import BlockGNN
 from ...models.inference import layer_rows
+from .callbacks import LayoutSummary
 from .expand import in_edges
 from .plan import OneHopPlan, StepPlan
 
@@ -194,3 +196,114 @@ def eval_share(graph: Graph, book: PartitionBook, halos: list[Tensor], k: int) -
         tuple(send_splits),
         tuple(recv_splits),
     )
+
+
+def depth_tag(k: int | None) -> str:
+    """The prefix of a preload depth's arrays in a part (``plan``: a mode without ``k``)."""
+    return "plan" if k is None else f"k{k}"
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """A rank's steps at one preload depth: its plans and their :class:`LayoutSummary`, per
+    step the ``[start, stop)`` rows of its ``input_ids`` in the part's ``x`` and the targets
+    of its loss rows."""
+
+    plans: list[StepPlan]
+    summary: LayoutSummary
+    x_ranges: list[tuple[int, int]]
+    targets: list[Tensor]
+
+
+@dataclass(frozen=True)
+class GraNNDISPart:
+    """One rank's share of its server: what ``part_of`` builds in memory, ``write_parts``
+    saves and ``load_part`` reads back (docs/systems/granndis.md).
+
+    Attributes:
+        topology: the servers x workers the plans were laid out for.
+        layouts: per preload depth (``None``: a mode without ``k``) the rank's steps.
+        x: ``[n, F]`` the input rows the ranges address: in memory this rank's, gathered once;
+            from a directory its server's shared group, memory-mapped.
+        dtype: the run's feature dtype (``x`` is cast slice by slice).
+        eval_share: its share of full-graph inference; ``eval_x_range`` its core's input rows
+            in ``x``; ``eval_y`` ``[n_core, ...]`` and ``eval_masks`` (split -> bool
+            ``[n_core]``) their targets and splits; ``orig_ids`` ``[n_core]`` their ids.
+        num_nodes, train_count: the whole graph's nodes and training nodes.
+    """
+
+    topology: Topology
+    layouts: dict[int | None, RankLayout]
+    x: Tensor
+    dtype: torch.dtype
+    eval_share: EvalShare
+    eval_x_range: tuple[int, int]
+    eval_y: Tensor
+    eval_masks: dict[str, Tensor]
+    orig_ids: Tensor
+    num_nodes: int
+    train_count: int
+
+    def rows(self, span: tuple[int, int]) -> Tensor:
+        """Rows ``[start, stop)`` of ``x`` in the run's dtype."""
+        start, stop = span
+        return self.x[start:stop].to(self.dtype)
+
+    def arrays(self, offset: int) -> dict[str, Tensor]:
+        """The part's files: every depth's plans (:func:`step_arrays`), ranges of ``x`` and
+        targets, then its inference share; the ranges shifted by ``offset`` (where its rows
+        start in its server's group)."""
+
+        def span(start: int, stop: int) -> Tensor:
+            return torch.tensor([start + offset, stop + offset], dtype=torch.int64)
+
+        arrays: dict[str, Tensor] = {}
+        for k, layout in self.layouts.items():
+            tag = depth_tag(k)
+            arrays[f"{tag}_summary"] = torch.tensor([*astuple(layout.summary), len(layout.plans)])
+            steps = zip(layout.plans, layout.x_ranges, layout.targets, strict=True)
+            for i, (step, x_range, y) in enumerate(steps):
+                prefix = f"{tag}_s{i}_"
+                arrays |= step_arrays(step, prefix)
+                arrays[prefix + "x_range"] = span(*x_range)
+                arrays[prefix + "y"] = y
+        arrays |= self.eval_share.arrays()
+        arrays["eval_x_range"] = span(*self.eval_x_range)
+        arrays["eval_y"] = self.eval_y
+        arrays |= {f"eval_{split}_mask": mask for split, mask in self.eval_masks.items()}
+        arrays["orig_ids"] = self.orig_ids
+        return arrays
+
+    @classmethod
+    def from_arrays(
+        cls,
+        part: dict[str, Tensor],
+        x: Tensor,
+        depths: list[int | None],
+        splits: tuple[str, ...],
+        **fields,
+    ) -> GraNNDISPart:
+        """The part :meth:`arrays` wrote (its ranges address ``x``, its server's group);
+        ``fields``: ``topology``, ``dtype``, ``num_nodes``, ``train_count``."""
+        world = fields["topology"].world_size
+        layouts = {}
+        for k in depths:
+            tag = depth_tag(k)
+            *summary, steps = part[f"{tag}_summary"].tolist()
+            prefixes = [f"{tag}_s{i}_" for i in range(steps)]
+            layouts[k] = RankLayout(
+                [step_from_arrays(part, p, world) for p in prefixes],
+                LayoutSummary(*summary),
+                [tuple(part[p + "x_range"].tolist()) for p in prefixes],
+                [part[p + "y"] for p in prefixes],
+            )
+        return cls(
+            layouts=layouts,
+            x=x,
+            eval_share=EvalShare.from_arrays(part),
+            eval_x_range=tuple(part["eval_x_range"].tolist()),
+            eval_y=part["eval_y"],
+            eval_masks={split: part[f"eval_{split}_mask"] for split in splits},
+            orig_ids=part["orig_ids"],
+            **fields,
+        )

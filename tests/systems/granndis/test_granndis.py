@@ -145,13 +145,15 @@ def test_a_rank_without_vertices_gets_an_empty_plan():
 
 
 def _auto_module(budget_mb):
+    from lightning_gnnscale.comm import Topology
     from lightning_gnnscale.config_types import DataConfig, ModelConfig
     from lightning_gnnscale.graph.generators import sbm
     from lightning_gnnscale.systems.granndis import GraNNDISDataModule
 
     graph = sbm(num_nodes=200, num_classes=3, avg_degree=5.0, num_features=4, seed=1)
     config = GraNNDISConfig(mode="flx", preload_auto=True, memory_budget_mb=budget_mb)
-    dm = GraNNDISDataModule(graph, config, DataConfig(batch_size=-1, fanouts=[-1, -1, -1]))
+    data = DataConfig(batch_size=-1, fanouts=[-1, -1, -1])
+    dm = GraNNDISDataModule(graph, config, data, topology=Topology.single())
     dm.build_model(ModelConfig(name="sage", hidden=16, num_layers=3))
     return dm
 
@@ -160,7 +162,8 @@ def _setup_one_process(dm):
     from lightning_gnnscale.comm import Comm
     from lightning_gnnscale.contract import RankContext
 
-    dm.setup_rank(RankContext(Comm.local(), torch.device("cpu")), None)
+    context = RankContext(Comm.local(), torch.device("cpu"))
+    dm.setup_rank(context, dm.rank_part(context))
 
 
 def test_preload_auto_picks_the_largest_k_that_fits():

@@ -78,8 +78,10 @@ def _rank(rank, world_size, cache_dir):
     out = {}
     for label, config in VARIANTS.items():
         graph = small_graph(label in FEW_TARGETS)
-        dm = GraNNDISDataModule(graph, config, data, seed=0, cache_dir=cache_dir)
-        dm.setup_rank(context, dm.prepare(world_size))
+        dm = GraNNDISDataModule(
+            graph, config, data, seed=0, cache_dir=cache_dir, topology=comm.topology
+        )
+        dm.setup_rank(context, dm.rank_part(context))
         for kind in KINDS:
             net = make_net(kind, graph)
             steps = []
@@ -119,9 +121,12 @@ def _disagreement_probe(rank, world_size, cache_dir):
     intra = "contiguous" if rank == 2 else "metis"
     config = GraNNDISConfig(mode="flx", partition=GraNNDISPartitionConfig(intra=intra))
     data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
-    dm = GraNNDISDataModule(small_graph(), config, data, seed=0, cache_dir=cache_dir)
+    dm = GraNNDISDataModule(
+        small_graph(), config, data, seed=0, cache_dir=cache_dir, topology=comm.topology
+    )
+    context = RankContext(comm, torch.device("cpu"))
     try:
-        dm.setup_rank(RankContext(comm, torch.device("cpu")), dm.prepare(world_size))
+        dm.setup_rank(context, dm.rank_part(context))
     except RuntimeError as error:
         return str(error)
     return None

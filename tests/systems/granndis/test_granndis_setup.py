@@ -126,10 +126,12 @@ def test_prepare_data_lays_out_the_given_topology_without_asking_the_strategy(tm
         k = config.preload_depth(2)
         keys = [dm.layout_key(laid_out, k, rank) for rank in range(4)]
         assert all(artifact_path(key, tmp_path, prefix=PLAN_PREFIX).exists() for key in keys)
+    laid_out = dm.part_of(dm.prepare(4), 0).topology  # the part records its layout's
+    assert laid_out == one_per_node
     running = SimpleNamespace(topology=TOPOLOGY)
     with pytest.raises(ConfigError, match=r"pass topology=Topology\(4, 2\) to GraNNDISDataModule"):
-        dm.check_layout_topology(running)  # laid out one server per node, runs 2 servers
-    dm.check_layout_topology(SimpleNamespace(topology=one_per_node))
+        dm.check_layout_topology(laid_out, running)  # one server per node, runs 2 servers
+    dm.check_layout_topology(laid_out, SimpleNamespace(topology=one_per_node))
 
 
 def test_a_plan_holds_one_structure_whatever_the_depth():

@@ -41,11 +41,18 @@ VARIANTS = {
 OTHER_MODELS = {"flx_eas": ("gcn", "gat"), "fb_base": ("gcn", "gat")}
 
 
-def make_dm(cache_dir, config, partition_dir=None):
+def make_dm(cache_dir, config, partition_dir=None, topology=None):
     """A GraNNDIS DataModule on the small sbm graph, by name, in float64."""
     data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS, partition_dir=partition_dir)
     dm = GraNNDISDataModule(
-        "sbm", config, data, seed=3, cache_dir=cache_dir, dtype=torch.float64, dataset_options=SBM
+        "sbm",
+        config,
+        data,
+        seed=3,
+        cache_dir=cache_dir,
+        dtype=torch.float64,
+        dataset_options=SBM,
+        topology=topology,
     )
     dm.build_model(ModelConfig(name="sage", hidden=8, num_layers=LAYERS))  # preload_auto's dims
     return dm
@@ -86,8 +93,8 @@ def _own_part_rank(rank, world_size, tmp_path):
         topology = Topology(world_size, workers)
         comm = Comm.create(CommMeter(), topology)
         context = RankContext(comm, torch.device("cpu"))
-        in_memory = make_dm(tmp_path / "cache", config)
-        in_memory.setup_rank(context, in_memory.prepare(world_size))
+        in_memory = make_dm(tmp_path / "cache", config, topology=topology)
+        in_memory.setup_rank(context, in_memory.rank_part(context))
         in_memory.context = context  # as setup() sets it (evaluation reads its comm)
         want = _run(in_memory, comm)
         mine = tmp_path / f"{label}-rank{rank}"
@@ -99,7 +106,7 @@ def _own_part_rank(rank, world_size, tmp_path):
             if server != topology.server_of(rank):
                 shutil.rmtree(mine / shared_folder(f"server{server}"))
         from_dir = make_dm(tmp_path / "cache", config, partition_dir=str(mine))
-        from_dir.setup_rank(context, from_dir.prepare(world_size, [rank]))
+        from_dir.setup_rank(context, from_dir.rank_part(context))
         from_dir.context = context
         depths = (in_memory.preload_depth, from_dir.preload_depth)
         results[label] = (want, _run(from_dir, comm), depths)
@@ -197,18 +204,18 @@ def test_a_rank_refuses_a_directory_of_another_topology_when_the_launcher_did_no
     tmp_path,
 ):
     """A plain Lightning script's launcher does not know the servers x workers
-    (``launch_topology`` is ``None``), so the directory's topology is checked in the rank's
-    ``setup_rank``: a 2 x 1 directory is refused on 1 x 2 ranks, naming 'topology', before
-    any collective."""
+    (``launch_topology`` is ``None``), so the directory's topology is checked on the rank,
+    as it opens its part (``check_rank_part``): a 2 x 1 directory is refused on 1 x 2 ranks,
+    naming 'topology', before any collective."""
     writer = make_dm(tmp_path / "cache", GraNNDISConfig())
     writer.launch_topology = Topology(2, 1)
     writer.write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
     dm = make_dm(tmp_path / "cache", GraNNDISConfig(), partition_dir=str(tmp_path / "parts"))
     assert dm.launch_topology is None
-    prepared = dm.prepare(2, [0])  # the launcher's checks pass: it knows no topology
+    dm.prepare(2, [0])  # the launcher's checks pass: it knows no topology
     context = RankContext(Comm(CommMeter(), Topology(2, 2), rank=0), torch.device("cpu"))
     with pytest.raises(PartitionDirError, match="'topology' is .*'workers_per_server': 1.* but"):
-        dm.setup_rank(context, prepared)
+        dm.rank_part(context)
 
 
 def test_partitioning_without_a_topology_is_refused(tmp_path):
