@@ -8,6 +8,7 @@ stopped or hung rank, running for ever.
 """
 
 import os
+import sys
 
 from .launch import kill_me_when_my_parent_dies
 
@@ -15,3 +16,13 @@ _launcher = os.getppid()
 kill_me_when_my_parent_dies()
 if os.getppid() != _launcher:  # the launcher died before the request took effect
     os._exit(1)
+
+# PyG (preloaded next) imports pandas, which imports pyarrow when it is installed (the tables
+# reader's dependency); pyarrow starts a jemalloc background thread and a pool thread at import,
+# and ranks must fork from a one-thread server. So pandas is imported here without pyarrow; the
+# block is lifted at once, and a rank that needs pyarrow (a table writer) imports it itself.
+sys.modules["pyarrow"] = None  # type: ignore[assignment]
+try:
+    import pandas  # noqa: F401
+finally:
+    del sys.modules["pyarrow"]
