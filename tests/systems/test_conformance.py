@@ -48,11 +48,6 @@ KNOWN = {
     ("test_an_exact_setting_equals_single_in_float64", "sancus"): OWN_BATCHES.format(
         "sancus", "full-graph steps", "sancus"
     ),
-    ("test_a_resumed_run_equals_the_uninterrupted_run", "granndis"): (
-        "bug, older than issue 36 (main a5bed9d's train.py does the same): a resumed GraNNDIS "
-        "run (2 x 2, float64) has the uninterrupted run's losses but ends with other weights "
-        "(every layer's)"
-    ),
 }
 
 
