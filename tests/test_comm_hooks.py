@@ -15,7 +15,9 @@ from lightning_gnnscale.comm import (
     CollectiveRecorder,
     Comm,
     CommMeter,
+    GradientHookState,
     Topology,
+    ddp_bucket_layout,
     exchange_rows,
     register_metered_ddp_hook,
 )
@@ -115,6 +117,49 @@ def test_metered_ddp_hook_fires_on_gloo_and_audit_accounts_for_every_call():
         assert "unmetered call" in result["negative_problems"][0]
         # DDP's start-up parameter sync is visible to the audit, and not metered.
         assert [c.op for c in result["construction_calls"] if c.op == "_broadcast_coalesced"]
+
+
+def _resume_case(rank: int, world_size: int, bucket_cap_mb: float, scale: float | None) -> dict:
+    """Two backwards of one DDP (its ``ddp_bucket_layout`` taken after the first, as a
+    checkpoint does), then the second backward alone on a fresh DDP, with and without that
+    layout: the second step's gradients of each."""
+    comm = Comm.create(CommMeter(), Topology(world_size, 1), timeout_s=30)
+
+    def second_step(layout: list[list[int]] | None, first: bool) -> tuple[list, list | None]:
+        ddp = DistributedDataParallel(_model(), bucket_cap_mb=bucket_cap_mb)
+        state = GradientHookState(comm.with_group(ddp.process_group), scale, layout)
+        register_metered_ddp_hook(ddp, state)
+        if first:
+            _loss(ddp, rank + world_size).backward()
+            layout = ddp_bucket_layout(ddp)
+            ddp.zero_grad()
+        _loss(ddp, rank).backward()
+        return [p.grad.clone() for p in ddp.parameters()], layout
+
+    want, layout = second_step(None, first=True)
+    return {
+        "want": want,
+        "layout": layout,
+        "resumed": second_step(layout, first=False)[0],
+        "fresh": second_step(None, first=False)[0],
+    }
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("bucket_cap_mb", "scale"), [(25, None), (1e-4, 1.0)])
+def test_a_resumed_ddp_sums_its_first_step_in_the_checkpointed_bucket_layout(bucket_cap_mb, scale):
+    """DDP rebuilds its buckets after its first backward (in the order the gradients became
+    ready) and gloo's 4-rank sum depends on where a gradient sits in its bucket: a fresh DDP's
+    first step differs in the last bits from the same step of the DDP it replaces, unless the
+    hook reduces it in the layout :func:`ddp_bucket_layout` took from that one."""
+    num_params = len(list(_model().parameters()))
+    for result in run_distributed(_resume_case, 4, bucket_cap_mb, scale, timeout_s=60):
+        assert sorted(j for bucket in result["layout"] for j in bucket) == list(range(num_params))
+        assert (len(result["layout"]) > 1) == (bucket_cap_mb < 1)
+        for want, got in zip(result["want"], result["resumed"], strict=True):
+            assert torch.equal(want, got)
+        # the negative control: the fresh DDP's initial bucket sums other bits
+        assert not all(map(torch.equal, result["want"], result["fresh"]))
 
 
 def _skip_collective(rank: int, world_size: int) -> None:

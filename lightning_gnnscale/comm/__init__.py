@@ -18,7 +18,13 @@ _LAZY = {
     ),
     "exchange_rows": ".exchange",
     **dict.fromkeys(
-        ("GradientHookState", "metered_allreduce_hook", "register_metered_ddp_hook"), ".hooks"
+        (
+            "GradientHookState",
+            "ddp_bucket_layout",
+            "metered_allreduce_hook",
+            "register_metered_ddp_hook",
+        ),
+        ".hooks",
     ),
     **dict.fromkeys(("CATEGORIES", "CommMeter", "diff_snapshots", "sum_snapshots"), ".meter"),
     **dict.fromkeys(("PROFILES", "NetworkModel"), ".network"),
@@ -55,6 +61,7 @@ __all__ = [
     "NetworkModel",
     "OwnerRoute",
     "Topology",
+    "ddp_bucket_layout",
     "diff_snapshots",
     "exchange_rows",
     "metered_allreduce_hook",

@@ -21,6 +21,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
+from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from ..checkpoints import SuiteCheckpointIO
@@ -30,12 +31,16 @@ from ..comm import (
     CommMeter,
     GradientHookState,
     Topology,
+    ddp_bucket_layout,
     register_metered_ddp_hook,
 )
 from ..config_types import DataConfig, RunConfig, RunFacts, SystemConfig, check_run
 from ..contract import Evaluation, ModuleRuntime, Prediction, RankContext, RuntimeAware
 from ..errors import ConfigError
 from ..graph.batch import Batch
+
+# the checkpoint's DDP gradient bucket layout (MeteredDDPStrategy.save_checkpoint)
+DDP_BUCKETS_KEY = "lightning_gnnscale_ddp_buckets"
 
 
 class SuiteDoublePrecision(DoublePrecision):
@@ -313,6 +318,9 @@ class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
     """DDP whose gradient all-reduce and bookkeeping collectives go through the metered ``comm``.
 
     Gradients are summed, not averaged: the loss is already divided by the global seed count.
+    Its checkpoints keep DDP's gradient bucket layout, and a run resumed from one reduces its
+    first step's gradients in it, as the uninterrupted run does (docs/architecture.md,
+    "Gradient buckets and resume").
 
     Args:
         config: the system's settings; ``None`` adopts the DataModule's.
@@ -343,6 +351,7 @@ class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
         self.timeout_s = timeout_s
         self.requested_backend = process_group_backend
         self.grad_hook_state: GradientHookState | None = None
+        self.resume_layout: list[list[int]] | None = None  # of the checkpoint loaded last
 
     @classmethod
     @override
@@ -379,8 +388,30 @@ class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
     def configure_ddp(self) -> None:
         self.broadcast_initial_weights()
         super().configure_ddp()
-        state = GradientHookState(self.comm.with_group(self.model.process_group), scale=1.0)
+        state = GradientHookState(
+            self.comm.with_group(self.model.process_group),
+            scale=1.0,
+            resume_layout=self.resume_layout,
+        )
         self.grad_hook_state = register_metered_ddp_hook(self.model, state)
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        """Lightning's, plus DDP's bucket layout (:func:`~..comm.hooks.ddp_bucket_layout`;
+        every rank calls this, rank 0 writes)."""
+        if self.grad_hook_state is not None and isinstance(self.model, DistributedDataParallel):
+            checkpoint[DDP_BUCKETS_KEY] = ddp_bucket_layout(self.model)
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
+        """The checkpoint; its bucket layout goes to the hook that :meth:`configure_ddp`
+        registers next (Lightning restores a fit's checkpoint before it sets DDP up)."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        self.resume_layout = checkpoint.get(DDP_BUCKETS_KEY)
+        return checkpoint
 
     # Lightning's own cross-rank bookkeeping, metered as `control`.
     @override

@@ -35,22 +35,6 @@ from tests.systems.conformance import (
 )
 
 pytestmark = pytest.mark.timeout(600)
-# Found by the suite, not hidden: each case fails as it stands (strict), see docs/testing.md.
-KNOWN = {
-    ("test_a_resumed_run_equals_the_uninterrupted_run", "granndis"): (
-        "bug, older than issue 36 (main a5bed9d's train.py does the same): a resumed GraNNDIS "
-        "run (2 x 2, float64) has the uninterrupted run's losses but ends with other weights "
-        "(every layer's)"
-    ),
-}
-
-
-@pytest.fixture(autouse=True)
-def _known_failures(request):
-    name = request.node.callspec.params.get("name") if hasattr(request.node, "callspec") else None
-    reason = KNOWN.get((request.node.originalname, name))
-    if reason:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
 
 
 @pytest.fixture(scope="session")
