@@ -48,6 +48,13 @@ MODULE_PRIVATES = {
 
 # (file under lightning_gnnscale/, expression): why reading it is sound
 READ_EXCEPTIONS = {
+    ("comm/hooks.py", "ddp_model.reducer._rebuild_buckets"): (
+        "DDP's bucket layout for the next backward, which a resume must reduce in (torch has "
+        "no public way; DDP's own join code calls it outside forward)"
+    ),
+    ("comm/hooks.py", "ddp_model.reducer._get_zeros_like_grad_buckets"): (
+        "the parameters of each of DDP's buckets, read once per checkpoint (as above)"
+    ),
     ("proc_memory.py", "forkserver._forkserver._forkserver_pid"): (
         "the rank server's pid: multiprocessing keeps it nowhere public"
     ),
