@@ -12,8 +12,6 @@ Strategy and its DataModule both receive that one object.
 from __future__ import annotations
 
 import math
-import types
-import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import cached_property
 from typing import Any, ClassVar
@@ -21,8 +19,8 @@ from typing import Any, ClassVar
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from .comm.network import NetworkModel  # torch-free, as this module is
-from .errors import ConfigError, choice, require
-from .graph.dataset_config import check_dataset_options
+from .errors import ConfigError, check_field_types, choice, require
+from .graph.dataset_config import DATASETS, DatasetConfig
 from .tasks import DEFAULT_TASK, TASKS, task_spec
 
 MODEL_NAMES = ("gcn", "sage", "gat", "custom")
@@ -42,48 +40,6 @@ def check_seed(seed: Any, key: str = "seed") -> None:
         isinstance(seed, int) and not isinstance(seed, bool) and low <= seed <= high,
         f"{key}={seed!r} must be an integer in [{low}, {high}] (= 2**32 - 1, numpy's seeds)",
     )
-
-
-def _type_ok(value: Any, expected: Any) -> bool:
-    """Whether ``value`` fits the annotation ``expected`` (int is not a bool; float takes int)."""
-    if expected is Any:
-        return True
-    origin = typing.get_origin(expected)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, arg) for arg in typing.get_args(expected))
-    if origin in (list, tuple):
-        item = typing.get_args(expected)[:1] or (Any,)
-        return isinstance(value, list | tuple) and all(_type_ok(v, item[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict)
-    if expected is type(None):
-        return value is None
-    if expected is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if expected is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(expected, type):
-        return isinstance(value, expected)
-    return True  # an annotation this check does not model
-
-
-def check_field_types(config: Any, prefix: str = "") -> None:
-    """Every field of the settings dataclass ``config`` holds a value of its annotated type
-    (nested settings dataclasses too): ``partitions_per_rank=2.5`` or a dict where a nested
-    config is expected fail at construction, with the key named."""
-    hints = typing.get_type_hints(type(config))
-    for f in fields(config):
-        value, expected = getattr(config, f.name), hints.get(f.name, Any)
-        if isinstance(value, str) and value == MISSING:
-            continue
-        if not _type_ok(value, expected):
-            plain = isinstance(expected, type) and not typing.get_args(expected)
-            shown = expected.__name__ if plain else str(expected).replace("typing.", "")
-            raise ConfigError(
-                f"{prefix}{f.name}={value!r} is a {type(value).__name__}, expected {shown}"
-            )
-        if is_dataclass(value) and not isinstance(value, type):
-            check_field_types(value, f"{prefix}{f.name}.")
 
 
 @dataclass(frozen=True)
@@ -417,7 +373,7 @@ class RunConfig:
     """One run: every section typed, validated once (the launching process builds it)."""
 
     strategy: Any = MISSING  # a SystemConfig subclass, chosen by strategy=<name>
-    dataset: Any = MISSING  # {name, root, options}: checked by the dataset registry
+    dataset: Any = MISSING  # a DatasetConfig subclass, chosen by dataset=<name>
     task: TaskConfig = field(default_factory=TaskConfig)
     seed: int = 0
     dtype: str = "float32"
@@ -442,11 +398,7 @@ class RunConfig:
             NetworkModel.from_name(self.network)
         except ValueError as err:
             raise ConfigError(f"network={self.network!r}: {err}") from None
-        options = {k: v for k, v in self.dataset.items() if k not in ("name", "root")}
-        try:
-            check_dataset_options(self.dataset["name"], options, self.dataset.get("root"))
-        except ValueError as err:
-            raise ConfigError(f"dataset: {err}") from None
+        require(isinstance(self.dataset, DatasetConfig), "dataset is not a known dataset")
         world = self.trainer.world_size
         servers = self.topology.servers
         require(
@@ -582,10 +534,15 @@ def schema_node(config: Any) -> DictConfig:
 
 def register_run_schema() -> None:
     """Register the run schema (``run_schema``), which ``conf/config.yaml`` names first in its
-    defaults list; each strategy name's node (group ``strategy``) is the registry's."""
+    defaults list, and each dataset's (group ``schema/dataset``, named as :data:`DATASETS`
+    names it), which its ``conf/dataset/<name>.yaml`` names first; each strategy name's node
+    (group ``strategy``) is the registry's."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="run_schema", node=schema_node(RunConfig))
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=schema_node(RunConfig))
+    for name, source in DATASETS.items():
+        store.store(group="schema/dataset", name=name, node=schema_node(source.default_config()))
 
 
 def registered_systems() -> dict[str, type[SystemConfig]]:

@@ -53,7 +53,7 @@ def partition(overrides: list[str], out: str | Path, log=print) -> dict:
 
         raise ConfigError(partition_dir_unsupported(run.strategy.name))
     start = time.perf_counter()
-    log(f"[partition] loading dataset {run.dataset['name']} ...")
+    log(f"[partition] loading dataset {run.dataset.name} ...")
     datamodule = build_datamodule(run, by_name=True)  # records the dataset's identity
     graph = datamodule.graph
     log(

@@ -94,9 +94,7 @@ def config_hash(run: RunConfig) -> str:
 
 def load_graph(run: RunConfig) -> Graph:
     """The dataset of ``run.dataset`` in the run's dtype."""
-    options = {k: v for k, v in run.dataset.items() if k not in ("name", "root")}
-    graph = load_dataset(run.dataset["name"], root=run.dataset.get("root"), **options)
-    return graph.to(getattr(torch, run.dtype))
+    return load_dataset(run.dataset).to(getattr(torch, run.dtype))
 
 
 def build_datamodule(
@@ -107,9 +105,7 @@ def build_datamodule(
     nothing is loaded: the ranks load their parts)."""
     spec = SYSTEMS[run.strategy.name]
     if (by_name or run.data.partition_dir is not None) and graph is None:
-        options = {k: v for k, v in run.dataset.items() if k != "name"}
-        source, named = run.dataset["name"], {"dtype": getattr(torch, run.dtype)}
-        named["dataset_options"] = options
+        source, named = run.dataset, {"dtype": getattr(torch, run.dtype)}
     else:
         source, named = (graph if graph is not None else load_graph(run)), {}
     datamodule = spec.datamodule(

@@ -7,6 +7,8 @@ import inspect
 import os
 import shutil
 import stat
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ import torch
 from omegaconf import OmegaConf
 
 from lightning_gnnscale.graph import datasets
-from lightning_gnnscale.graph.dataset_config import DATASETS, GENERATOR_OPTIONS
+from lightning_gnnscale.graph.dataset_config import DATASETS, DatasetConfig
 from lightning_gnnscale.graph.datasets import DatasetNotFoundError, load_dataset
 from lightning_gnnscale.graph.generators import rmat, sbm
 
@@ -135,12 +137,20 @@ def test_generators_load_through_the_registry_and_refuse_a_root(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_torch_free_option_table_is_the_generators_signatures():
-    """``dataset_config`` checks a run's generator options without importing the generators."""
-    assert set(GENERATOR_OPTIONS) == set(datasets._GENERATORS)
+def test_the_torch_free_settings_classes_are_the_generators_signatures():
+    """``dataset_config`` types a run's generator settings without importing the generators:
+    each generated source's settings are its generator's parameters, with its defaults."""
+    generated = {name: s for name, s in DATASETS.items() if s.generated}
+    assert set(generated) == set(datasets._GENERATORS)
     for name, generator in datasets._GENERATORS.items():
         parameters = inspect.signature(generator).parameters.items()
-        assert GENERATOR_OPTIONS[name] == {k: type(p.default) for k, p in parameters}, name
+        assert generated[name].default_config().options == {k: p.default for k, p in parameters}, (
+            name
+        )
+        hints = typing.get_type_hints(generated[name].config)
+        assert {k: hints[k] for k, _ in parameters} == {
+            k: type(p.default) for k, p in parameters
+        }, name
 
 
 @pytest.mark.parametrize("name", ["cora", "citeseer", "pubmed"])
@@ -307,29 +317,34 @@ def test_ogb_read_only_root_processes_into_the_cache_mirror(tmp_path):
         dataset_dir.chmod(stat.S_IRWXU)
 
 
-def test_dataset_configs_match_the_loaders():
+def test_each_dataset_yaml_selects_its_schema_and_copies_no_default():
+    """``conf/dataset/<name>.yaml`` names its registered schema first and sets only what the
+    schema cannot: a file dataset's roots from ``paths`` (a generated one sets none)."""
     conf_dir = Path(__file__).parents[1] / "conf" / "dataset"
-    configs = {
-        path.stem: OmegaConf.to_container(OmegaConf.load(path))["dataset"]
-        for path in conf_dir.glob("*.yaml")
-    }
-    assert sorted(cfg["name"] for cfg in configs.values()) == sorted(DATASETS)
+    configs = {path.stem: OmegaConf.load(path) for path in conf_dir.glob("*.yaml")}
+    assert sorted(configs) == sorted(name.replace("-", "_") for name in DATASETS)
     for stem, cfg in configs.items():
-        assert stem == cfg["name"].replace("-", "_")
-        options = {k: v for k, v in cfg.items() if k not in ("name", "root")}
-        generator = {"sbm": sbm, "rmat": rmat}.get(cfg["name"])
-        if generator is None:
-            assert cfg["root"] == "${paths.data_dir}"
-            planetoid = cfg["name"] in ("cora", "citeseer", "pubmed")
-            expected = ["cache_dir", "download", *(["normalize_features"] if planetoid else [])]
-            assert list(options) == expected
-            assert options["download"] is False  # never start a download by default
+        name = stem.replace("_", "-") if stem.replace("_", "-") in DATASETS else stem
+        assert list(cfg.defaults) == [{"/schema/dataset@dataset": name}, "_self_"], stem
+        given = OmegaConf.to_container(cfg).get("dataset", {})
+        if DATASETS[name].generated:
+            assert given == {}, stem
         else:
-            assert cfg["root"] is None  # a generator reads no files: a root given is refused
-            defaults = {k: p.default for k, p in inspect.signature(generator).parameters.items()}
-            assert options == defaults, (
-                f"conf/dataset/{stem}.yaml drifted from {generator.__name__}()"
-            )
+            assert given == {
+                "root": "${paths.data_dir}",
+                "cache_dir": "${paths.cache_dir}/datasets",
+            }, stem
+    for source in DATASETS.values():  # never start a download by default
+        assert getattr(source.default_config(), "download", False) is False
+
+
+def test_every_dataset_schema_is_in_hydras_config_store():
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for name, source in DATASETS.items():
+        node = store.load(f"schema/dataset/{name}.yaml").node
+        assert OmegaConf.get_type(node) is source.config and node.name == name
 
 
 @pytest.mark.cora
@@ -342,25 +357,36 @@ def test_cora_features_are_row_normalised_by_default(tmp_path):
     assert torch.equal(raw.x > 0, graph.x > 0) and raw.x.max() == 1.0
 
 
-def tiny_path(name, root, length=12):
-    """A registered loader for the test below: a small SBM graph of ``length`` nodes."""
-    return sbm(num_nodes=length, num_classes=2, seed=length)
+@dataclass(frozen=True)
+class TinyConfig(DatasetConfig):
+    """The settings of the test source below."""
+
+    length: int = 12
 
 
-def test_a_registered_source_loads_through_its_loader_with_its_options(monkeypatch):
-    """One registration names a dataset's options and loader: ``load_dataset`` checks the
-    options against it and calls that loader; a second registration of a name is refused."""
+def tiny_path(config):
+    """A registered loader for the test below: a small SBM graph of ``config.length`` nodes."""
+    return sbm(num_nodes=config.length, num_classes=2, seed=config.length)
+
+
+def test_a_registered_source_loads_through_its_loader_with_its_settings(monkeypatch):
+    """One registration names a dataset's settings class and loader: ``load_dataset`` types
+    the options by it and calls that loader; a second registration of a name is refused."""
     from lightning_gnnscale.graph import dataset_config
 
     monkeypatch.setitem(dataset_config.DATASETS, "tiny", None)
     del dataset_config.DATASETS["tiny"]
-    source = dataset_config.DatasetSource("tiny", {"length": int}, f"{__name__}:tiny_path")
+    source = dataset_config.DatasetSource("tiny", TinyConfig, f"{__name__}:tiny_path")
     dataset_config.register_dataset(source)
     graph = load_dataset("tiny", length=12)
-    assert graph.num_nodes == 12 and torch.equal(graph.indices, tiny_path("tiny", None, 12).indices)
-    with pytest.raises(ValueError, match=r"length=1\.5 must be an integer"):
+    assert graph.num_nodes == 12
+    assert torch.equal(graph.indices, tiny_path(TinyConfig(name="tiny")).indices)
+    assert load_dataset(TinyConfig(name="tiny", length=20)).num_nodes == 20
+    with pytest.raises(ValueError, match=r"dataset.length=1\.5 is a float, expected int"):
         load_dataset("tiny", length=1.5)
     with pytest.raises(ValueError, match=r"unknown options \['width'\]; valid: \['length'\]"):
         load_dataset("tiny", width=2)
+    with pytest.raises(ValueError, match="dataset.name='tiny' takes TinyConfig, not SBMConfig"):
+        dataset_config.SBMConfig(name="tiny")
     with pytest.raises(ValueError, match="'tiny' is registered twice"):
         dataset_config.register_dataset(source)

@@ -69,6 +69,6 @@ def test_the_data_dir_is_the_root_of_file_datasets_only(tmp_path, monkeypatch):
     Cora reads it, a generator is not given it."""
     monkeypatch.setenv("GNNSCALE_DATA_DIR", str(tmp_path / "datasets"))
     cora = check_config(make_cfg(tmp_path, "dataset=cora", tiny=False))
-    assert cora.dataset["root"] == str(tmp_path / "datasets")
+    assert cora.dataset.root == str(tmp_path / "datasets")
     sbm = check_config(make_cfg(tmp_path, "dataset=sbm"))
-    assert sbm.dataset["root"] is None
+    assert sbm.dataset.root is None

@@ -16,6 +16,7 @@ from lightning_gnnscale.config_types import DataConfig, ModelConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.book import PartitionBook, RangeBook
+from lightning_gnnscale.graph.dataset_config import SBMConfig
 from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.graph.partition_dir import (
     METADATA,
@@ -82,7 +83,7 @@ def make_dm(
         seed=seed,
         cache_dir=cache_dir,
         dtype=dtype,
-        dataset_options={**SBM, **options},
+        dataset_options={**(SBM if dataset == "sbm" else {}), **options},
     )
 
 
@@ -133,7 +134,8 @@ def test_a_part_holds_its_partition_and_loads_memory_mapped(tmp_path):
     out = write_dir(tmp_path)
     meta = json.loads((out / METADATA).read_text())
     assert meta["system"] == "distdgl" and meta["num_parts"] == 2 and meta["version"] == 1
-    assert meta["dataset"] == {"name": "sbm", "options": SBM}
+    # the dataset's typed settings, every one (those not given at their defaults)
+    assert meta["dataset"] == {"name": "sbm", "options": {**SBMConfig().options, **SBM}}
     assert meta["num_nodes"] == 300 and meta["feature_dtype"] == "float64"
     assert sum(p["nodes"] for p in meta["parts"]) == 300
     # what the in-memory path cuts out of the whole graph, part by part

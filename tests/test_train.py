@@ -46,7 +46,7 @@ def final_weights(output_dir):
         ("strategy.name=nope", f"one of {sorted(SYSTEMS)}"),
         ("model.name=mlp", "valid: ['gcn', 'sage', 'gat', 'custom']"),
         ("dataset.name=reddit", "valid:"),
-        ("+dataset.colour=red", "unknown options"),
+        ("+dataset.colour=red", "dataset.colour is not a known setting; valid keys under dataset"),
         ("data.fanouts=[5]", "one fanout per layer"),
         ("data.fanouts=[5,0]", "must be > 0 or -1"),
         ("data.batch_size=0", "data.batch_size=0"),
@@ -75,7 +75,6 @@ def final_weights(output_dir):
         ),
         ("model.weight_decay=-0.1", "model.weight_decay=-0.1 must be >= 0"),
         ("trainer.check_val_every_n_epoch=0", "trainer.check_val_every_n_epoch=0 must be >= 1"),
-        ("dataset.num_nodes=300.5", "num_nodes=300.5 must be an integer"),
     ],
 )
 def test_bad_values_are_rejected(tmp_path, override, message):
@@ -97,11 +96,16 @@ def test_bad_values_are_rejected(tmp_path, override, message):
         ("model.lr=abc", "model.lr"),
         ("trainer.typo=1", "trainer.typo"),
         ("strategy.salt_by_rnak=false", "strategy.salt_by_rnak"),
+        # each dataset's schema (DatasetConfig subclass): its own keys, typed
+        ("dataset.num_nodes=300.5", "dataset.num_nodes"),
+        ("dataset.num_nodess=5", "dataset.num_nodess"),
+        ("dataset=cora dataset.num_nodes=5", "dataset.num_nodes"),
+        ("dataset=cora dataset.download=maybe", "dataset.download"),
     ],
 )
 def test_wrong_types_and_unknown_keys_fail_at_compose(tmp_path, override, key):
     with pytest.raises(ConfigCompositionException, match=re.escape(key)):
-        make_cfg(tmp_path, override)
+        make_cfg(tmp_path, *override.split(), tiny="cora" not in override)
 
 
 def test_gpu_without_a_gpu_is_rejected(tmp_path, monkeypatch):

@@ -149,7 +149,7 @@ class RunSummary(L.Callback):
         self.summary = {
             "strategy": self.cfg.strategy.name,
             "model": self.cfg.model.name,
-            "dataset": self.cfg.dataset["name"],
+            "dataset": self.cfg.dataset.name,
             "world_size": trainer.world_size,
             "cpu_allocator": self.cpu_allocator,
             "torch_threads": self._threads,

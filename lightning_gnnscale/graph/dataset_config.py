@@ -1,72 +1,162 @@
-"""The dataset names and the options each takes: what a run config's ``dataset`` section is
-checked against, before anything is imported to load one (no torch, numpy or PyG here).
+"""The dataset names and their typed settings: what a run config's ``dataset`` section is, checked
+before anything is imported to load one (no torch, numpy or PyG here).
 
-Each name is one :class:`DatasetSource` in :data:`DATASETS` (its options and its loader, in one
-place); :mod:`lightning_gnnscale.graph.datasets` holds the loaders. ``tests/test_datasets.py``
-checks that the generator options below are the generators' own parameters.
+Each name is one :class:`DatasetSource` in :data:`DATASETS`: its settings class (a frozen
+:class:`DatasetConfig` subclass, also its Hydra schema) and its loader, in one place;
+:mod:`lightning_gnnscale.graph.datasets` holds the loaders. ``tests/test_datasets.py`` checks
+that the generators' settings classes are the generators' own parameters.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
+from typing import Any
 
-# generated in memory: option -> the type of its default (an int option takes an int, a float
-# option any number; a bool option is not checked)
-GENERATOR_OPTIONS: dict[str, dict[str, type]] = {
-    "sbm": {
-        "num_nodes": int,
-        "num_classes": int,
-        "avg_degree": float,
-        "homophily": float,
-        "num_features": int,
-        "feature_signal": float,
-        "train_frac": float,
-        "val_frac": float,
-        "seed": int,
-    },
-    "rmat": {
-        "num_nodes": int,
-        "num_edges": int,
-        "a": float,
-        "b": float,
-        "c": float,
-        "num_features": int,
-        "num_classes": int,
-        "undirected": bool,
-        "train_frac": float,
-        "val_frac": float,
-        "seed": int,
-    },
-}
-# name -> PyG's Planetoid name (also the folder under root).
-PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
-# name -> (ogb split name, binary raw format, name of the folder inside ogb's zip).
-OGB = {
-    "ogbn-arxiv": ("time", False, "arxiv"),
-    "ogbn-products": ("sales_ranking", False, "products"),
-    "ogbn-papers100M": ("time", True, "papers100M-bin"),
-}
-PLANETOID_OPTIONS = {"cache_dir": None, "download": None, "normalize_features": None}
-OGB_OPTIONS = {"cache_dir": None, "download": None}
+from omegaconf import MISSING
+
+from ..errors import ConfigError, check_field_types
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """Base of every dataset's settings (``dataset:`` in the run config), validated once.
+
+    Args:
+        name: a registered name (:data:`DATASETS`; case-insensitive, ``_`` = ``-``).
+        root: the folder a file dataset is read from (``None``: the loader's default); a
+            generated dataset reads no files and refuses one.
+    """
+
+    name: str = MISSING
+    root: str | None = None
+
+    def __post_init__(self) -> None:
+        check_field_types(self, "dataset.")
+        source = self.source
+        if type(self) is not source.config:
+            raise ConfigError(
+                f"dataset.name={self.name!r} takes {source.config.__name__}, not "
+                f"{type(self).__name__}; pick it with dataset={source.name.replace('-', '_')}"
+            )
+        if source.generated and self.root is not None:
+            raise ConfigError(
+                f"{source.name} is generated in memory and reads no files, but dataset.root="
+                f"{self.root!r} was given; drop it. For a sweep that mixes generated and file "
+                "datasets, set the file datasets' root once with paths.data_dir=<folder> (or "
+                "the environment variable GNNSCALE_DATA_DIR): a generator ignores that one"
+            )
+
+    @property
+    def source(self) -> DatasetSource:
+        """The registered source of :attr:`name`."""
+        return DATASETS[canonical_name(self.name)]
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """Every setting but ``name`` and ``root``: the loader's keyword arguments."""
+        skip = ("name", "root")
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+
+@dataclass(frozen=True)
+class SBMConfig(DatasetConfig):
+    """Stochastic block model (:func:`~.generators.sbm`; blocks = classes), made in memory.
+
+    Args:
+        homophily: fraction of each node's edges inside its class.
+        feature_signal: norm of each class centroid against unit Gaussian noise.
+        train_frac, val_frac: the split (test gets the remaining nodes).
+    """
+
+    name: str = "sbm"
+    num_nodes: int = 10_000
+    num_classes: int = 8
+    avg_degree: float = 10.0
+    homophily: float = 0.8
+    num_features: int = 64
+    feature_signal: float = 1.0
+    train_frac: float = 0.3
+    val_frac: float = 0.2
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RMATConfig(DatasetConfig):
+    """Graph500 R-MAT graph (:func:`~.generators.rmat`) with random features and labels, made
+    in memory.
+
+    Args:
+        num_edges: directed edges drawn, before symmetrisation and deduplication.
+        a, b, c: the R-MAT quadrant probabilities.
+        undirected: store both directions.
+    """
+
+    name: str = "rmat"
+    num_nodes: int = 1 << 20
+    num_edges: int = 1 << 24
+    a: float = 0.57
+    b: float = 0.19
+    c: float = 0.19
+    num_features: int = 16
+    num_classes: int = 16
+    undirected: bool = True
+    train_frac: float = 0.3
+    val_frac: float = 0.2
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class FileDatasetConfig(DatasetConfig):
+    """Settings every dataset read from files shares.
+
+    Args:
+        cache_dir: where processing output goes (``None``: the loader's default); ``root`` is
+            only read.
+        download: let PyG / ogb fetch missing files into ``root`` (needs internet); ``False``:
+            missing files fail at once, naming what is expected.
+    """
+
+    cache_dir: str | None = None
+    download: bool = False
+
+
+@dataclass(frozen=True)
+class PlanetoidConfig(FileDatasetConfig):
+    """A Planetoid dataset (public split), read from ``<root>/<Cora|CiteSeer|PubMed>/raw/``.
+
+    Args:
+        normalize_features: row-normalise the bag-of-words features (the GCN / GAT papers).
+    """
+
+    normalize_features: bool = True
+
+
+@dataclass(frozen=True)
+class OGBConfig(FileDatasetConfig):
+    """An OGB node-property dataset (ogb's split), read from ``<root>/<name with - as _>/`` in
+    ogb's layout (``raw/``, ``split/``, ``processed/``)."""
 
 
 @dataclass(frozen=True)
 class DatasetSource:
-    """One registered dataset name: the options ``dataset.<option>`` it takes and how it loads.
+    """One registered dataset name: its settings class and how it loads.
 
     Attributes:
         name: the name (``dataset.name``), as error messages spell it.
-        options: option -> the type its value must have (``int``: an integer; ``float``: any
-            number; ``None``: not checked here).
-        loader: ``"<module>:<function>"``, imported on first use:
-            ``function(name, root, **options) -> Graph``.
+        config: its settings class (``dataset.<option>``; Hydra's schema ``schema/dataset/<name>``).
+        loader: ``"<module>:<function>"``, imported on first use: ``function(config) -> Graph``.
         generated: made in memory: it reads no files, so a ``dataset.root`` is refused.
     """
 
     name: str
-    options: dict[str, type | None]
+    config: type[DatasetConfig]
     loader: str
     generated: bool = False
+
+    def default_config(self) -> DatasetConfig:
+        """This name's settings with every default (its Hydra schema node)."""
+        return self.config(name=self.name)
 
 
 # Every dataset name -> its source; a new source registers here (:func:`register_dataset`).
@@ -80,45 +170,50 @@ def register_dataset(source: DatasetSource) -> None:
     DATASETS[source.name] = source
 
 
+# name -> PyG's Planetoid name (also the folder under root).
+PLANETOID = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
+# name -> (ogb split name, binary raw format, name of the folder inside ogb's zip).
+OGB = {
+    "ogbn-arxiv": ("time", False, "arxiv"),
+    "ogbn-products": ("sales_ranking", False, "products"),
+    "ogbn-papers100M": ("time", True, "papers100M-bin"),
+}
+
 _LOADERS = "lightning_gnnscale.graph.datasets"
-for _name, _options in GENERATOR_OPTIONS.items():
-    register_dataset(DatasetSource(_name, dict(_options), f"{_LOADERS}:generate", generated=True))
+register_dataset(DatasetSource("sbm", SBMConfig, f"{_LOADERS}:generate", generated=True))
+register_dataset(DatasetSource("rmat", RMATConfig, f"{_LOADERS}:generate", generated=True))
 for _name in PLANETOID:
-    register_dataset(DatasetSource(_name, PLANETOID_OPTIONS, f"{_LOADERS}:load_planetoid"))
+    register_dataset(DatasetSource(_name, PlanetoidConfig, f"{_LOADERS}:load_planetoid"))
 for _name in OGB:
-    register_dataset(DatasetSource(_name, OGB_OPTIONS, f"{_LOADERS}:load_ogb"))
+    register_dataset(DatasetSource(_name, OGBConfig, f"{_LOADERS}:load_ogb"))
 
 
-def check_dataset_options(name: str, options: dict, root: object = None) -> str:
-    """Raise ValueError for an unknown name or option (listing the valid ones), or for a
-    ``root`` given to a generated dataset (it reads no files); return the canonical name."""
-    canonical = canonical_name(name)
-    source = DATASETS[canonical]
-    if source.generated and root is not None:
-        raise ValueError(
-            f"{canonical} is generated in memory and reads no files, but dataset.root="
-            f"{root!r} was given; drop it. For a sweep that mixes generated and file "
-            "datasets, set the file datasets' root once with paths.data_dir=<folder> (or "
-            "the environment variable GNNSCALE_DATA_DIR): a generator ignores that one"
-        )
-    for option, value in options.items():
-        expected = source.options.get(option)
-        if expected is int and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ValueError(f"{canonical} option {option}={value!r} must be an integer")
-        if expected is float and (not isinstance(value, int | float) or isinstance(value, bool)):
-            raise ValueError(f"{canonical} option {option}={value!r} must be a number")
-    unknown = sorted(set(options) - set(source.options))
+def dataset_config(
+    dataset: str | DatasetConfig, root: str | os.PathLike | None = None, **options: Any
+) -> DatasetConfig:
+    """The typed settings of ``dataset``: a :class:`DatasetConfig` as it is, or a name with its
+    ``root`` and options (paths given as ``os.PathLike`` kept as strings). An unknown name or
+    option is refused listing the valid ones, a value of the wrong type naming its key."""
+    if isinstance(dataset, DatasetConfig):
+        if root is not None or options:
+            raise TypeError("pass a DatasetConfig alone, or a name with its root and options")
+        return dataset
+    source = DATASETS[canonical_name(dataset)]
+    valid = [f.name for f in fields(source.config) if f.name not in ("name", "root")]
+    unknown = sorted(set(options) - set(valid))
     if unknown:
-        raise ValueError(
-            f"dataset {canonical!r} got unknown options {unknown}; valid: {list(source.options)}"
-        )
-    return canonical
+        raise ConfigError(f"dataset {source.name!r} got unknown options {unknown}; valid: {valid}")
+    given = {"root": root, **options}
+    paths = {k: os.fspath(v) for k, v in given.items() if isinstance(v, os.PathLike)}
+    return source.config(name=dataset, **{**given, **paths})
 
 
 def canonical_name(name: str) -> str:
     """``name`` as :data:`DATASETS` spells it (case-insensitive, ``_`` = ``-``)."""
     by_key = {known.lower(): known for known in DATASETS}
-    key = name.lower().replace("_", "-")
+    key = str(name).lower().replace("_", "-")
     if key not in by_key:
-        raise ValueError(f"unknown dataset {name!r}; valid: {', '.join(DATASETS)}")
+        raise ConfigError(
+            f"dataset.name={name!r} is an unknown dataset; valid: {', '.join(DATASETS)}"
+        )
     return by_key[key]

@@ -17,7 +17,6 @@ import contextlib
 import gzip
 import hashlib
 import importlib
-import inspect
 import os
 import pickle
 import shutil
@@ -42,11 +41,12 @@ from lightning_gnnscale.files import (
 )
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.dataset_config import (
-    DATASETS,
     OGB,
     PLANETOID,
-    canonical_name,
-    check_dataset_options,
+    DatasetConfig,
+    FileDatasetConfig,
+    PlanetoidConfig,
+    dataset_config,
 )
 from lightning_gnnscale.graph.generators import rmat, rmat_peak_bytes, sbm, sbm_peak_bytes
 from lightning_gnnscale.graph.partition_dir import NPY_HEADER_READERS
@@ -73,58 +73,53 @@ class DatasetTooLargeError(ConfigError):
     """A dataset whose estimated memory exceeds what this machine has available."""
 
 
-def load_dataset(name: str, root: str | os.PathLike | None = None, **options) -> Graph:
-    """Load dataset ``name`` (one of :data:`~.dataset_config.DATASETS`, case-insensitive,
-    ``_`` = ``-``) through its registered loader.
+def load_dataset(
+    dataset: str | DatasetConfig, root: str | os.PathLike | None = None, **options
+) -> Graph:
+    """Load ``dataset`` through its registered loader: a :class:`DatasetConfig` (a run's
+    ``dataset``), or a name (one of :data:`~.dataset_config.DATASETS`, case-insensitive,
+    ``_`` = ``-``) with its ``root`` and options, typed by :func:`~.dataset_config.dataset_config`
+    (an unknown option or a value of the wrong type fails there, naming the key).
 
-    ``sbm`` / ``rmat`` pass ``options`` to their generator and refuse a ``root`` (ValueError:
-    they read no files). Real datasets
-    read under ``root`` (default :data:`DEFAULT_ROOT`) and take the options ``cache_dir``
-    (default :data:`PROCESSED_DATASETS_DIR`: where processing output goes; ``root`` is only read)
-    and ``download`` (default False: missing files fail at once instead of starting a download
-    that hangs without internet; True lets PyG / ogb download into ``root``). Planetoid also
-    takes ``normalize_features`` (default True: row-normalised bag-of-words, as in the GCN and
-    GAT papers). Planetoid: ``<root>/<Cora|CiteSeer|PubMed>/raw/``. OGB:
-    ``<root>/<name with - as _>/`` in ogb's layout (``raw/``, ``split/``, ``processed/``).
+    ``sbm`` / ``rmat`` pass their settings to their generator and refuse a ``root`` (they read
+    no files). Real datasets read under ``root`` (default :data:`DEFAULT_ROOT`); their processing
+    output goes to ``cache_dir`` (default :data:`PROCESSED_DATASETS_DIR`; ``root`` is only read),
+    and ``download`` lets PyG / ogb fetch missing files into ``root`` (see
+    :class:`~.dataset_config.FileDatasetConfig`). Planetoid: ``<root>/<Cora|CiteSeer|PubMed>/raw/``.
+    OGB: ``<root>/<name with - as _>/`` in ogb's layout (``raw/``, ``split/``, ``processed/``).
     """
-    canonical = check_dataset_options(name, options, root)
-    estimate = check_fits(canonical, root, **options)
-    source = DATASETS[canonical]
+    config = dataset_config(dataset, root, **options)
+    estimate = check_fits(config)
+    source = config.source
     module, function = source.loader.split(":")
     loader = getattr(importlib.import_module(module), function)
     action = "generating" if source.generated else "loading"
-    with progress(f"{action} {canonical}", estimate.describe() if estimate else ""):
-        return loader(canonical, root, **options)
+    with progress(f"{action} {source.name}", estimate.describe() if estimate else ""):
+        return loader(config)
 
 
-def generate(name: str, root: None, **options) -> Graph:
-    """The registered loader of a generated dataset: its generator with ``options``."""
-    return _GENERATORS[name](**options)
+def generate(config: DatasetConfig) -> Graph:
+    """The registered loader of a generated dataset: its generator with its settings."""
+    return _GENERATORS[config.source.name](**config.options)
 
 
-def load_planetoid(
-    name: str,
-    root: str | os.PathLike | None,
-    cache_dir: str | os.PathLike | None = None,
-    download: bool = False,
-    normalize_features: bool = True,
-) -> Graph:
+def _root_and_cache(config: FileDatasetConfig) -> tuple[Path, Path]:
+    root = Path(config.root if config.root is not None else DEFAULT_ROOT).expanduser()
+    return root, Path(config.cache_dir or PROCESSED_DATASETS_DIR).expanduser()
+
+
+def load_planetoid(config: PlanetoidConfig) -> Graph:
     """The registered loader of a Planetoid dataset (see :func:`load_dataset`)."""
-    root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
-    cache = Path(cache_dir or PROCESSED_DATASETS_DIR).expanduser()
-    return _load_planetoid(name, root, cache, bool(download), bool(normalize_features))
+    root, cache = _root_and_cache(config)
+    return _load_planetoid(
+        config.source.name, root, cache, config.download, config.normalize_features
+    )
 
 
-def load_ogb(
-    name: str,
-    root: str | os.PathLike | None,
-    cache_dir: str | os.PathLike | None = None,
-    download: bool = False,
-) -> Graph:
+def load_ogb(config: FileDatasetConfig) -> Graph:
     """The registered loader of an OGB dataset (see :func:`load_dataset`)."""
-    root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
-    cache = Path(cache_dir or PROCESSED_DATASETS_DIR).expanduser()
-    return _load_ogb(name, root, cache, bool(download))
+    root, cache = _root_and_cache(config)
+    return _load_ogb(config.source.name, root, cache, config.download)
 
 
 # --------------------------------------------------------------------- memory and progress
@@ -155,17 +150,17 @@ _LOAD_BYTES_PER_NODE = 48
 
 
 def estimate_memory(
-    name: str, root: str | os.PathLike | None = None, **options
+    dataset: str | DatasetConfig, root: str | os.PathLike | None = None, **options
 ) -> DatasetMemoryEstimate | None:
-    """The memory estimate of dataset ``name`` from its settings (``sbm``, ``rmat``) or from its
-    files (OGB: the node and edge counts and feature width the raw files state), read without
-    loading anything large; ``None`` when there is nothing to estimate from (Planetoid's graphs
-    are a few MB; a dataset whose files are missing fails with its own message)."""
-    canonical = canonical_name(name)
+    """The memory estimate of ``dataset`` (as :func:`load_dataset` takes it) from its settings
+    (``sbm``, ``rmat``) or from its files (OGB: the node and edge counts and feature width the
+    raw files state), read without loading anything large; ``None`` when there is nothing to
+    estimate from (Planetoid's graphs are a few MB; a dataset whose files are missing fails
+    with its own message)."""
+    config = dataset_config(dataset, root, **options)
+    canonical = config.source.name
     if canonical in _GENERATORS:
-        bound = inspect.signature(_GENERATORS[canonical]).bind(**options)
-        bound.apply_defaults()
-        args = bound.arguments
+        args = config.options
         nodes, features = int(args["num_nodes"]), int(args["num_features"])
         edges = (
             round(nodes * args["avg_degree"] / 2) if canonical == "sbm" else int(args["num_edges"])
@@ -173,7 +168,7 @@ def estimate_memory(
         keys = ", ".join(f"dataset.{key}={args[key]}" for key in _SIZE_KEYS[canonical])
         return DatasetMemoryEstimate(nodes, edges, features, _PEAK_BYTES[canonical](**args), keys)
     if canonical in OGB:
-        root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
+        root = Path(config.root if config.root is not None else DEFAULT_ROOT).expanduser()
         sizes = _ogb_sizes(root / canonical.replace("-", "_"), OGB[canonical][1])
         if sizes is None:
             return None
@@ -188,15 +183,16 @@ def estimate_memory(
 
 
 def check_fits(
-    name: str, root: str | os.PathLike | None = None, **options
+    dataset: str | DatasetConfig, root: str | os.PathLike | None = None, **options
 ) -> DatasetMemoryEstimate | None:
     """:func:`estimate_memory`, refused with :class:`DatasetTooLargeError` when it exceeds the
     memory this machine has available now."""
-    estimate = estimate_memory(name, root, **options)
+    config = dataset_config(dataset, root, **options)
+    estimate = estimate_memory(config)
     available = available_memory_bytes()
     if estimate is None or available is None or estimate.peak_bytes <= available:
         return estimate
-    canonical = canonical_name(name)
+    canonical = config.source.name
     if canonical in _GENERATORS:
         shrink = "lower " + " / ".join(f"dataset.{key}" for key in _SIZE_KEYS[canonical])
     else:

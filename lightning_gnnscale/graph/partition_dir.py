@@ -44,6 +44,7 @@ from torch import Tensor
 
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import atomic_write
+from lightning_gnnscale.graph.dataset_config import DatasetConfig
 
 FORMAT = "lightning_gnnscale.partition_dir"
 FORMAT_VERSION = 1
@@ -74,11 +75,11 @@ class PartitionDirError(ConfigError):
     """A partition directory that does not fit the run, or a damaged one; names the file/key."""
 
 
-def dataset_identity(name: str, options: dict | None = None) -> dict:
+def dataset_identity(config: DatasetConfig) -> dict:
     """What defines a dataset in the config: its name and the settings that change its content
     (not where it is read from). Compared without loading the dataset."""
-    kept = {k: v for k, v in sorted((options or {}).items()) if k not in _NOT_IDENTITY}
-    return json.loads(json.dumps({"name": name, "options": kept}, default=str))
+    kept = {k: v for k, v in sorted(config.options.items()) if k not in _NOT_IDENTITY}
+    return json.loads(json.dumps({"name": config.name, "options": kept}, default=str))
 
 
 def part_folder(k: int) -> str:

@@ -20,6 +20,7 @@ from ..contract import PREDICT_OUTPUTS, Evaluation, Prediction, RankContext, bin
 from ..errors import ConfigError
 from ..graph.batch import Batch
 from ..graph.csc import Graph
+from ..graph.dataset_config import DatasetConfig, dataset_config
 from ..graph.datasets import load_dataset
 from ..graph.order import EpochOrder
 from ..models.gnn import build_model
@@ -55,15 +56,16 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     (docs/partitioning.md).
 
     Args:
-        dataset: a :class:`Graph`, or a dataset name for :func:`load_dataset`; with
-            ``data.partition_dir``, a name (checked against the directory, with
-            ``dataset_options``) or ``None`` (the directory's dataset).
+        dataset: a :class:`Graph`, or a dataset to load (:func:`load_dataset`: a run's
+            :class:`DatasetConfig`, or a name with ``dataset_options``); with
+            ``data.partition_dir``, a dataset (checked against the directory) or ``None``
+            (the directory's dataset).
         config: the system's settings.
         data: batch size, fanouts, loader workers, evaluation chunk size, partition directory.
         seed: base of the epoch permutations and sampling keys.
         cache_dir: where preprocessing results are cached (default ``./.cache/lightning_gnnscale``).
         dtype: features' dtype when loading by name (a given graph is used as it is).
-        dataset_options: options for :func:`load_dataset` (``root``, ``num_nodes``...).
+        dataset_options: a dataset name's settings (``root``, ``num_nodes``...), typed here.
         checked_run: the typed run this module is built for (``run.build_datamodule``), which
             holds ``config`` and ``data``: its rules were checked once when it was typed
             (:func:`~..config_types.check_run`), so the module does not check them again; ``None``
@@ -73,7 +75,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
 
     def __init__(
         self,
-        dataset: Graph | str | None,
+        dataset: Graph | DatasetConfig | str | None,
         config: SystemConfig,
         data: DataConfig | None = None,
         *,
@@ -108,8 +110,12 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         if dataset is None and self.partition_dir is None:
             raise ValueError("dataset is None: pass a Graph or a dataset name")
         self._graph = self.task.prepare(dataset, seed) if isinstance(dataset, Graph) else None
-        self._dataset_name = None if isinstance(dataset, Graph | None) else str(dataset)
-        self._dtype, self._dataset_options = dtype, dict(dataset_options or {})
+        self.dataset_config = (
+            None
+            if isinstance(dataset, Graph | None)
+            else dataset_config(dataset, **(dataset_options or {}))
+        )
+        self._dtype = dtype
         self._prepared: dict[int, Any] = {}
         self.context: RankContext | None = None
         self._bound_to: L.Trainer | None = None
@@ -141,7 +147,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
                 "part only, never the whole graph"
             )
         if self._graph is None:
-            graph = load_dataset(self._dataset_name, **self._dataset_options)
+            graph = load_dataset(self.dataset_config)
             self._graph = self.task.prepare(graph, self.seed).to(self._dtype)
         return self._graph
 

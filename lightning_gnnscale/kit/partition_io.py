@@ -11,21 +11,21 @@ from ..config_types import SystemConfig, partition_dir_unsupported
 from ..contract import RankContext
 from ..errors import ConfigError
 from ..graph.csc import Graph
+from ..graph.dataset_config import DatasetConfig
 from ..tasks import DEFAULT_TASK
 from .partitions import assert_same_on_all_ranks
 
 
 class PartitionDirIO:
     """The partition-directory half of :class:`~.datamodule.GNNDataModule` (a mixin: it reads
-    the DataModule's ``config``, ``seed``, ``partition_dir``, dataset name and options,
+    the DataModule's ``config``, ``seed``, ``partition_dir``, dataset settings,
     ``graph`` and prepared results)."""
 
     config: SystemConfig
     seed: int
     partition_dir: Any
     graph: Graph
-    _dataset_name: str | None
-    _dataset_options: dict
+    dataset_config: DatasetConfig | None
     _prepared: dict[int, Any]
 
     def partition_settings(self) -> dict[str, Any]:
@@ -39,9 +39,9 @@ class PartitionDirIO:
         a Graph or on ``None``)."""
         from ..graph.partition_dir import dataset_identity
 
-        if self._dataset_name is None:
+        if self.dataset_config is None:
             return None
-        return dataset_identity(self._dataset_name, self._dataset_options)
+        return dataset_identity(self.dataset_config)
 
     def partition_expectation(self, world_size: int) -> dict[str, Any]:
         """The metadata a partition directory must carry to serve this run."""
