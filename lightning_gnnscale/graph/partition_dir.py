@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from lightning_gnnscale.errors import ConfigError
-from lightning_gnnscale.files import atomic_write
+from lightning_gnnscale.files import atomic_write, file_digest, stream_digest
 from lightning_gnnscale.graph.book import PartitionedGraph, build_local_partition
 from lightning_gnnscale.graph.seed_split import SeedSplit
 
@@ -220,7 +220,7 @@ def _verify_file(root: Path, path: Path, entry: dict, what: str) -> VerifiedFile
             )
         shape, dtype, offset = npy_header(file, path, what)
         file.seek(0)
-        if _digest(file) != entry["blake2b"]:
+        if stream_digest(file) != entry["blake2b"]:
             raise PartitionDirError(
                 f"{what}: {path} does not match its digest in {METADATA} "
                 f"(corrupt or replaced); partition again"
@@ -267,20 +267,6 @@ def _map_verified(root: Path, verified: VerifiedFile, path: Path, what: str) -> 
             offset=verified.offset,
         )
     return torch.from_numpy(array)
-
-
-def file_digest(path: Path) -> str:
-    """blake2b (32 bytes) of a file's bytes, read in 4 MiB chunks."""
-    with open(path, "rb") as file:
-        return _digest(file)
-
-
-def _digest(file: IO[bytes]) -> str:
-    """blake2b (32 bytes) of the rest of an open file, read in 4 MiB chunks."""
-    digest = hashlib.blake2b(digest_size=32)
-    while chunk := file.read(1 << 22):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def metadata_digest(meta: dict) -> str:
