@@ -61,12 +61,16 @@ class DatasetSource:
         loader: ``"<module>:<function>"``, imported on first use:
             ``function(name, root, **options) -> Graph``.
         generated: made in memory: it reads no files, so a ``dataset.root`` is refused.
+        content: ``"<module>:<function>"``, ``function(root) -> str``: a digest of what
+            ``root`` holds, for a source whose name and options do not fix its content
+            (:func:`dataset_content`); ``None``: they do.
     """
 
     name: str
     options: dict[str, type | None]
     loader: str
     generated: bool = False
+    content: str | None = None
 
 
 # Every dataset name -> its source; a new source registers here (:func:`register_dataset`).
@@ -87,6 +91,29 @@ for _name in PLANETOID:
     register_dataset(DatasetSource(_name, PLANETOID_OPTIONS, f"{_LOADERS}:load_planetoid"))
 for _name in OGB:
     register_dataset(DatasetSource(_name, OGB_OPTIONS, f"{_LOADERS}:load_ogb"))
+# a folder written by ``python -m lightning_gnnscale.construct`` (dataset.root; no options)
+_CONSTRUCTED = "lightning_gnnscale.graph.constructed"
+register_dataset(
+    DatasetSource(
+        "constructed", {}, f"{_LOADERS}:load_constructed", content=f"{_CONSTRUCTED}:digest_at"
+    )
+)
+
+
+def dataset_content(name: str, root: object) -> str | None:
+    """The content digest of dataset ``name`` at ``root`` (its source's ``content``), read
+    without loading it; ``None`` for a source whose name and options fix its content (or an
+    unknown name: the config check names that)."""
+    from importlib import import_module
+
+    try:
+        source = DATASETS[canonical_name(name)]
+    except ValueError:
+        return None
+    if source.content is None:
+        return None
+    module, function = source.content.split(":")
+    return getattr(import_module(module), function)(root)
 
 
 def check_dataset_options(name: str, options: dict, root: object = None) -> str:

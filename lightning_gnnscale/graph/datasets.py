@@ -40,6 +40,7 @@ from lightning_gnnscale.files import (
     load_weights_only,
     weights_only_loads,
 )
+from lightning_gnnscale.graph.constructed import GRAPH_ARRAYS, read_metadata, verified_path
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.dataset_config import (
     DATASETS,
@@ -125,6 +126,24 @@ def load_ogb(
     root = Path(root if root is not None else DEFAULT_ROOT).expanduser()
     cache = Path(cache_dir or PROCESSED_DATASETS_DIR).expanduser()
     return _load_ogb(name, root, cache, bool(download))
+
+
+def load_constructed(name: str, root: str | os.PathLike | None) -> Graph:
+    """The registered loader of ``constructed``: the folder ``python -m
+    lightning_gnnscale.construct`` wrote at ``root``, every array checked against the digest
+    its metadata records."""
+    meta = read_metadata(root)
+    root = Path(root).expanduser()
+    arrays = {
+        array: torch.from_numpy(np.load(verified_path(root, meta, array), allow_pickle=False))
+        for array in GRAPH_ARRAYS
+    }
+    return Graph(
+        **arrays,
+        num_classes=int(meta["num_classes"]),
+        name=str(meta["name"]),
+        meta={"source": "constructed", "root": str(root), "digest": meta["digest"]},
+    )
 
 
 # --------------------------------------------------------------------- memory and progress

@@ -45,6 +45,7 @@ from torch import Tensor
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import atomic_write, file_digest, stream_digest
 from lightning_gnnscale.graph.book import PartitionedGraph, build_local_partition
+from lightning_gnnscale.graph.dataset_config import dataset_content
 from lightning_gnnscale.graph.seed_split import SeedSplit
 
 FORMAT = "lightning_gnnscale.partition_dir"
@@ -78,9 +79,15 @@ class PartitionDirError(ConfigError):
 
 def dataset_identity(name: str, options: dict | None = None) -> dict:
     """What defines a dataset in the config: its name and the settings that change its content
-    (not where it is read from). Compared without loading the dataset."""
-    kept = {k: v for k, v in sorted((options or {}).items()) if k not in _NOT_IDENTITY}
-    return json.loads(json.dumps({"name": name, "options": kept}, default=str))
+    (not where it is read from), and the content digest of a source that has one. Compared
+    without loading the dataset."""
+    options = options or {}
+    kept = {k: v for k, v in sorted(options.items()) if k not in _NOT_IDENTITY}
+    identity = {"name": name, "options": kept}
+    content = dataset_content(name, options.get("root"))
+    if content is not None:  # a folder of the user's data: what it holds, not its path
+        identity["content"] = content
+    return json.loads(json.dumps(identity, default=str))
 
 
 def part_folder(k: int) -> str:
