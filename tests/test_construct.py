@@ -325,6 +325,14 @@ BAD = {
         lambda n, e, s: None,  # replaced below: the edge file is written by hand
         "ragged.csv, line 3: 2 values where the header has 3 columns: '000,002'",
     ),
+    "duplicate edge, declared an error": (
+        lambda n, e, s: (s.update(duplicates="error"), _set(e, "b", 1, e["b"][0])),
+        "edges.csv, row 2 (line 3): a duplicate edge (duplicates: error)",
+    ),
+    "self-loop, declared an error": (
+        lambda n, e, s: (s.update(self_loops="error"), _set(e, "b", 3, e["a"][3])),
+        "edges.csv, row 4 (line 5): a self-loop (self_loops: error)",
+    ),
     "unknown spec key": (
         lambda n, e, s: s["nodes"].update(lable="club"),
         "unknown key 'lable' (did you mean 'label'?); valid: ['file', 'id', 'id_type', 'label',",
