@@ -143,6 +143,23 @@ def test_csv_and_parquet_give_the_graph_from_edge_index(tmp_path):
     assert torch.equal(from_csv.x, from_parquet.x)
 
 
+def test_gzipped_csv_reads_as_the_plain_one(tmp_path):
+    import gzip
+
+    plain = build(tmp_path / "plain")
+    zipped = tmp_path / "zipped"
+    zipped.mkdir()
+    for name in ("nodes", "edges"):
+        text = (tmp_path / "plain" / f"{name}.csv").read_bytes()
+        (zipped / f"{name}.csv.gz").write_bytes(gzip.compress(text))
+    spec = write_spec(zipped, base_spec("nodes.csv.gz", "edges.csv.gz"))
+    construct(spec, zipped / "out", log=lambda *_: None)
+    for array in ("indptr", "indices", "x", "y", "train_mask", "node_id_bytes"):
+        assert np.array_equal(
+            np.load(plain / f"{array}.npy"), np.load(zipped / "out" / f"{array}.npy")
+        )
+
+
 def test_the_id_map_and_edge_weights_follow_the_rows(tmp_path):
     nodes, edges = karate_tables()
     out = build(tmp_path)
