@@ -4,6 +4,7 @@ loads of files that may come from anyone (they run no code: weights only)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import pickle
@@ -91,6 +92,20 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     """``data`` as indented, key-sorted JSON at ``path``, written atomically."""
     text = json.dumps(data, indent=2, sort_keys=True)
     atomic_write(path, lambda file: file.write(text.encode()))
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """blake2b (32 bytes) of a file's bytes, read in 4 MiB chunks."""
+    with open(path, "rb") as file:
+        return stream_digest(file)
+
+
+def stream_digest(file: IO[bytes]) -> str:
+    """blake2b (32 bytes) of the rest of an open file, read in 4 MiB chunks."""
+    digest = hashlib.blake2b(digest_size=32)
+    while chunk := file.read(1 << 22):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------ untrusted files

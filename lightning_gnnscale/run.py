@@ -56,6 +56,7 @@ from .comm import Topology
 from .comm.rendezvous import end_process_group
 from .config_types import RunConfig
 from .cpu_memory import apply_malloc_settings, malloc_choice
+from .graph.constructed import ignored_columns_line
 from .graph.csc import Graph
 from .graph.datasets import load_dataset
 from .graph.partition_dir import node_ranks
@@ -177,6 +178,10 @@ def train(cfg: DictConfig | RunConfig, *, checked: bool = False) -> tuple[dict, 
     output_dir = Path(run.paths.output_dir)
     check_writable(output_dir)
     external = externally_launched()  # this process is one rank; the ranks share the folder
+    if run.dataset.source.name == "constructed" and os.environ.get("RANK", "0") == "0":
+        note = ignored_columns_line(run.dataset.root, run.model.name)
+        if note:
+            print(note)
     if external:  # every rank loads and prepares: share the cores from the start
         use_rank_threads(run.trainer.devices)
     with contextlib.nullcontext() if external else claimed(output_dir):

@@ -213,7 +213,7 @@ def test_a_file_written_while_it_is_verified_is_refused(out, monkeypatch):
     import lightning_gnnscale.graph.partition_dir as partition_dir
 
     x = out / part_folder(0) / "x.npy"
-    digest = partition_dir._digest
+    digest = partition_dir.stream_digest
 
     def digest_while_written(file):
         found = digest(file)
@@ -221,7 +221,7 @@ def test_a_file_written_while_it_is_verified_is_refused(out, monkeypatch):
             os.utime(x, ns=(0, 0))
         return found
 
-    monkeypatch.setattr(partition_dir, "_digest", digest_while_written)
+    monkeypatch.setattr(partition_dir, "stream_digest", digest_while_written)
     refused(out, f"part 0: {x} changed while it was verified")
 
 

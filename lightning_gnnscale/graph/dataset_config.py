@@ -139,6 +139,14 @@ class OGBConfig(FileDatasetConfig):
 
 
 @dataclass(frozen=True)
+class ConstructedConfig(DatasetConfig):
+    """A folder ``python -m lightning_gnnscale.construct`` wrote (docs/datasets.md, "Your own
+    tables"); ``root`` names it (required)."""
+
+    name: str = "constructed"
+
+
+@dataclass(frozen=True)
 class DatasetSource:
     """One registered dataset name: its settings class and how it loads.
 
@@ -147,12 +155,16 @@ class DatasetSource:
         config: its settings class (``dataset.<option>``; Hydra's schema ``schema/dataset/<name>``).
         loader: ``"<module>:<function>"``, imported on first use: ``function(config) -> Graph``.
         generated: made in memory: it reads no files, so a ``dataset.root`` is refused.
+        content: ``"<module>:<function>"``, ``function(root) -> str``: a digest of what
+            ``root`` holds, for a source whose name and options do not fix its content
+            (:func:`dataset_content`); ``None``: they do.
     """
 
     name: str
     config: type[DatasetConfig]
     loader: str
     generated: bool = False
+    content: str | None = None
 
     def default_config(self) -> DatasetConfig:
         """This name's settings with every default (its Hydra schema node)."""
@@ -186,6 +198,32 @@ for _name in PLANETOID:
     register_dataset(DatasetSource(_name, PlanetoidConfig, f"{_LOADERS}:load_planetoid"))
 for _name in OGB:
     register_dataset(DatasetSource(_name, OGBConfig, f"{_LOADERS}:load_ogb"))
+# a folder written by ``python -m lightning_gnnscale.construct`` (dataset.root; no options)
+_CONSTRUCTED = "lightning_gnnscale.graph.constructed"
+register_dataset(
+    DatasetSource(
+        "constructed",
+        ConstructedConfig,
+        f"{_LOADERS}:load_constructed",
+        content=f"{_CONSTRUCTED}:digest_at",
+    )
+)
+
+
+def dataset_content(name: str, root: object) -> str | None:
+    """The content digest of dataset ``name`` at ``root`` (its source's ``content``), read
+    without loading it; ``None`` for a source whose name and options fix its content (or an
+    unknown name: the config check names that)."""
+    from importlib import import_module
+
+    try:
+        source = DATASETS[canonical_name(name)]
+    except ValueError:
+        return None
+    if source.content is None:
+        return None
+    module, function = source.content.split(":")
+    return getattr(import_module(module), function)(root)
 
 
 def dataset_config(

@@ -39,6 +39,7 @@ from lightning_gnnscale.files import (
     load_weights_only,
     weights_only_loads,
 )
+from lightning_gnnscale.graph.constructed import GRAPH_ARRAYS, read_metadata, verified_path
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.dataset_config import (
     OGB,
@@ -120,6 +121,24 @@ def load_ogb(config: FileDatasetConfig) -> Graph:
     """The registered loader of an OGB dataset (see :func:`load_dataset`)."""
     root, cache = _root_and_cache(config)
     return _load_ogb(config.source.name, root, cache, config.download)
+
+
+def load_constructed(config: DatasetConfig) -> Graph:
+    """The registered loader of ``constructed``: the folder ``python -m
+    lightning_gnnscale.construct`` wrote at ``root``, every array checked against the digest
+    its metadata records."""
+    meta = read_metadata(config.root)
+    root = Path(config.root).expanduser()
+    arrays = {
+        array: torch.from_numpy(np.load(verified_path(root, meta, array), allow_pickle=False))
+        for array in GRAPH_ARRAYS
+    }
+    return Graph(
+        **arrays,
+        num_classes=int(meta["num_classes"]),
+        name=str(meta["name"]),
+        meta={"source": "constructed", "root": str(root), "digest": meta["digest"]},
+    )
 
 
 # --------------------------------------------------------------------- memory and progress

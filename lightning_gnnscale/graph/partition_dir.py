@@ -43,8 +43,8 @@ import torch
 from torch import Tensor
 
 from lightning_gnnscale.errors import ConfigError
-from lightning_gnnscale.files import atomic_write
-from lightning_gnnscale.graph.dataset_config import DatasetConfig
+from lightning_gnnscale.files import atomic_write, file_digest, stream_digest
+from lightning_gnnscale.graph.dataset_config import DatasetConfig, dataset_content
 
 FORMAT = "lightning_gnnscale.partition_dir"
 FORMAT_VERSION = 1
@@ -77,9 +77,14 @@ class PartitionDirError(ConfigError):
 
 def dataset_identity(config: DatasetConfig) -> dict:
     """What defines a dataset in the config: its name and the settings that change its content
-    (not where it is read from). Compared without loading the dataset."""
+    (not where it is read from), and the content digest of a source that has one. Compared
+    without loading the dataset."""
     kept = {k: v for k, v in sorted(config.options.items()) if k not in _NOT_IDENTITY}
-    return json.loads(json.dumps({"name": config.name, "options": kept}, default=str))
+    identity = {"name": config.name, "options": kept}
+    content = dataset_content(config.name, config.root)
+    if content is not None:  # a folder of the user's data: what it holds, not its path
+        identity["content"] = content
+    return json.loads(json.dumps(identity, default=str))
 
 
 def part_folder(k: int) -> str:
@@ -219,7 +224,7 @@ def _verify_file(root: Path, path: Path, entry: dict, what: str) -> VerifiedFile
             )
         shape, dtype, offset = npy_header(file, path, what)
         file.seek(0)
-        if _digest(file) != entry["blake2b"]:
+        if stream_digest(file) != entry["blake2b"]:
             raise PartitionDirError(
                 f"{what}: {path} does not match its digest in {METADATA} "
                 f"(corrupt or replaced); partition again"
@@ -266,20 +271,6 @@ def _map_verified(root: Path, verified: VerifiedFile, path: Path, what: str) -> 
             offset=verified.offset,
         )
     return torch.from_numpy(array)
-
-
-def file_digest(path: Path) -> str:
-    """blake2b (32 bytes) of a file's bytes, read in 4 MiB chunks."""
-    with open(path, "rb") as file:
-        return _digest(file)
-
-
-def _digest(file: IO[bytes]) -> str:
-    """blake2b (32 bytes) of the rest of an open file, read in 4 MiB chunks."""
-    digest = hashlib.blake2b(digest_size=32)
-    while chunk := file.read(1 << 22):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def metadata_digest(meta: dict) -> str:
