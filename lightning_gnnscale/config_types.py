@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, MissingMandatoryValue, OmegaConf
 
 from .comm.network import NetworkModel  # torch-free, as this module is
 from .errors import ConfigError, check_field_types, choice, require
-from .graph.dataset_config import DATASETS, DatasetConfig
+from .graph.dataset_config import DATASETS, DatasetConfig, dataset_content
 from .tasks import DEFAULT_TASK, TASKS, task_spec
 
 MODEL_NAMES = ("gcn", "sage", "gat", "custom")
@@ -432,8 +432,14 @@ class RunConfig:
     def identity(self) -> dict[str, Any]:
         """The settings a resumed run must share with the run that wrote its checkpoint
         (:func:`run_identity`), built once per run: the resume check and the identity every
-        checkpoint carries are this one dict."""
-        return run_identity(self.settings)
+        checkpoint carries are this one dict. A dataset whose content its name and options do
+        not fix (a folder of the user's data) adds that content's digest: ``dataset.root`` may
+        move, the data may not."""
+        identity = run_identity(self.settings)
+        content = dataset_content(self.dataset.name, self.dataset.root)
+        if content is not None:
+            identity["dataset.content"] = content
+        return identity
 
 
 # Settings a resumed run may change: where files live, how the job is launched and watched,
@@ -568,7 +574,12 @@ def run_config(cfg: DictConfig | RunConfig) -> RunConfig:
         name = strategy.get("name") if isinstance(strategy, DictConfig) else strategy
         raise ConfigError(f"strategy={name!r} is unknown; valid: {list(registered_systems())}")
     _check_known_keys(cfg)
-    run = OmegaConf.to_object(cfg)
+    try:
+        run = OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as err:
+        raise ConfigError(
+            f"{err.full_key} has no value and is required: set {err.full_key}=<value>"
+        ) from None
     assert isinstance(run, RunConfig), type(run)
     return run
 

@@ -42,7 +42,7 @@ from lightning_gnnscale.graph.constructed import (
     FORMAT,
     METADATA,
     VERSION,
-    content_digest,
+    seal,
     write_arrays,
 )
 
@@ -50,7 +50,8 @@ USAGE = (
     "usage: python -m lightning_gnnscale.construct spec=<file.yaml> out=<dir>\n"
     "  then: python train.py dataset=constructed dataset.root=<dir> strategy=<any> model=<any>"
 )
-_INT = re.compile(r"^\s*[+-]?[0-9]+\s*$")
+_INT = re.compile(r"^\s*-?[0-9]+\s*$")
+_INT64_MAX = str(2**63 - 1)
 
 
 class ConstructError(ConfigError):
@@ -69,10 +70,11 @@ def _at(path: Path, row: int | None, column: str | None, message: str) -> Constr
 
 
 # ---------------------------------------------------------------------------- reading
-def read_table(path: Path, text_columns: list[str]):
-    """The whole table at ``path`` (pyarrow); ``text_columns`` are read as strings from CSV
-    (ids, labels, categories: ``007`` stays ``007``; an empty value is null). A ragged CSV row
-    or an empty table is refused."""
+def read_table(path: Path, text_columns: list[str], text_prefixes: tuple[str, ...] = ()):
+    """The whole table at ``path`` (pyarrow); ``text_columns`` and the columns starting with
+    one of ``text_prefixes`` are read as strings from CSV (ids, labels, categories: ``007``
+    stays ``007``; an empty value is null). A ragged CSV row, a repeated column name or an
+    empty table is refused."""
     import pyarrow as pa
     import pyarrow.csv as pa_csv
     import pyarrow.parquet as pq
@@ -83,26 +85,37 @@ def read_table(path: Path, text_columns: list[str]):
         if table_format(path) == "parquet":
             table = pq.read_table(path)
         else:
-            table = _read_csv(path, text_columns, pa, pa_csv)
-    except pa.ArrowException as err:
+            table = _read_csv(path, text_columns, text_prefixes, pa, pa_csv)
+    except (pa.ArrowException, OSError) as err:  # OSError: a corrupt .gz
         raise ConstructError(f"{path}: cannot be read: {err}") from None
+    names = table.column_names
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConstructError(f"{path}: column names {repeated} appear more than once: {names}")
     if table.num_rows == 0:
         raise ConstructError(f"{path}: the table is empty (0 rows); columns: {table.column_names}")
     return table
 
 
-def _read_csv(path: Path, text_columns: list[str], pa, pa_csv):
+def _read_csv(path: Path, text_columns: list[str], text_prefixes: tuple[str, ...], pa, pa_csv):
     ragged = []
 
     def invalid_row(row) -> str:
         ragged.append(row)
         return "skip"
 
+    parse = pa_csv.ParseOptions(invalid_row_handler=invalid_row)
+    if text_prefixes:  # the header names, to resolve the prefixes against
+        with pa_csv.open_csv(path, parse_options=parse) as reader:
+            header = reader.schema.names
+        text_columns = text_columns + [n for n in header if n.startswith(text_prefixes)]
+        ragged.clear()
+
     def read(threads: bool):
         return pa_csv.read_csv(
             path,
             read_options=pa_csv.ReadOptions(use_threads=threads),
-            parse_options=pa_csv.ParseOptions(invalid_row_handler=invalid_row),
+            parse_options=parse,
             convert_options=pa_csv.ConvertOptions(
                 column_types=dict.fromkeys(text_columns, pa.string()), strings_can_be_null=True
             ),
@@ -130,7 +143,19 @@ def column(table, name: str, path: Path):
         near = difflib.get_close_matches(name, table.column_names, n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else ""
         raise ConstructError(f"{path}: no column {name!r}{hint}; its columns: {table.column_names}")
-    return table.column(name).combine_chunks()
+    return _plain(table.column(name).combine_chunks())
+
+
+def _plain(values):
+    """``values`` with a dictionary decoded and a large string column as a string one (Parquet
+    writers choose either for text)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if pa.types.is_large_string(values.type):
+        values = values.cast(pa.string())
+    return values
 
 
 def _first(mask: np.ndarray) -> int:
@@ -151,6 +176,12 @@ def parse_ids(values, id_type: str, path: Path, name: str):
             raise _at(path, None, name, f"ids of type {values.type} are not strings")
         return values.cast(pa.string())
     if pa.types.is_integer(values.type):
+        if pa.types.is_uint64(values.type):
+            limit = pa.scalar(2**63 - 1, pa.uint64())
+            over = pc.greater(values, limit).to_numpy(zero_copy_only=False)
+            if over.any():
+                row = _first(over)
+                raise _at(path, row + 1, name, f"{values[row].as_py()} is above the int64 range")
         return values.cast(pa.int64())
     if not pa.types.is_string(values.type):
         raise _at(path, None, name, f"ids of type {values.type} are not integers (id_type int)")
@@ -158,7 +189,17 @@ def parse_ids(values, id_type: str, path: Path, name: str):
     if not good.all():
         row = _first(~good)
         raise _at(path, row + 1, name, f"{values[row].as_py()!r} is not an integer (id_type int)")
-    return pc.utf8_trim_whitespace(values).cast(pa.int64())
+    trimmed = pc.utf8_trim_whitespace(values)
+    digits = pc.replace_substring_regex(trimmed, "^-?0*", "")
+    length = pc.utf8_length(digits).to_numpy(zero_copy_only=False)
+    limit = pc.if_else(pc.starts_with(trimmed, "-"), str(2**63), _INT64_MAX)
+    over = (length > 19) | (
+        (length == 19) & pc.greater(digits, limit).to_numpy(zero_copy_only=False)
+    )
+    if over.any():
+        row = _first(over)
+        raise _at(path, row + 1, name, f"{values[row].as_py()!r} is outside the int64 range")
+    return trimmed.cast(pa.int64())
 
 
 def _strings(values):
@@ -194,7 +235,7 @@ def labels(table, spec: NodeTableSpec) -> tuple[np.ndarray, list[str]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    values = _strings(column(table, spec.label, spec.file))
+    values = _label_strings(column(table, spec.label, spec.file), spec)
     present = values.is_valid().to_numpy(zero_copy_only=False)
     if spec.classes is not None:
         classes = list(spec.classes)
@@ -218,9 +259,30 @@ def labels(table, spec: NodeTableSpec) -> tuple[np.ndarray, list[str]]:
     return y, classes
 
 
+def _label_strings(values, spec: NodeTableSpec):
+    """A label column as strings; a float one (Parquet) holds whole numbers, NaN = no label."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_floating(values.type):
+        values = pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
+        whole = pc.fill_null(pc.equal(pc.floor(values), values), True)
+        whole = whole.to_numpy(zero_copy_only=False)
+        if not whole.all():
+            row = _first(~whole)
+            raise _at(
+                spec.file,
+                row + 1,
+                spec.label,
+                f"label {values[row].as_py()!r} is not a whole number (a class index)",
+            )
+        values = values.cast(pa.int64())
+    return _strings(values)
+
+
 def split_masks(table, spec: NodeTableSpec, y: np.ndarray) -> dict[str, np.ndarray]:
-    """``{train,val,test}_mask``: from the split column (an empty value: no split), or seeded
-    fractions of the labelled nodes."""
+    """``{train,val,test}_mask``: from the split column (an empty value: no split; a node in a
+    split must have a label), or seeded fractions of the labelled nodes."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -238,6 +300,16 @@ def split_masks(table, spec: NodeTableSpec, y: np.ndarray) -> dict[str, np.ndarr
                 f"split {values[row].as_py()!r} is unknown; valid: {list(SPLITS)} or empty",
             )
         code = codes.to_numpy(zero_copy_only=False)
+        unlabelled = (code > 0) & (y < 0)
+        if unlabelled.any():
+            row = _first(unlabelled)
+            raise _at(
+                spec.file,
+                row + 1,
+                spec.split,
+                f"the node is in split {values[row].as_py()!r} but has no label (column "
+                f"{spec.label!r} is empty); give it a label or leave its split empty",
+            )
         return {f"{name}_mask": code == i + 1 for i, name in enumerate(SPLITS)}
     fractions = spec.split_fractions
     labelled = np.flatnonzero(y >= 0)
@@ -328,10 +400,7 @@ def node_features(
 def _npy_features(path: Path, n: int) -> np.ndarray:
     if not path.is_file():
         raise ConstructError(f"{path}: no such file")
-    try:
-        matrix = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as err:
-        raise ConstructError(f"{path}: not a plain .npy array: {err}") from None
+    matrix = _load_npy(path, mmap_mode="r")
     if matrix.ndim != 2 or matrix.shape[0] != n:
         raise ConstructError(
             f"{path}: shape {matrix.shape}, but the node table has {n} rows: a feature matrix "
@@ -342,6 +411,20 @@ def _npy_features(path: Path, n: int) -> np.ndarray:
     matrix = np.asarray(matrix, dtype=np.float64)
     check_finite(matrix, path, [f"[{j}]" for j in range(matrix.shape[1])])
     return matrix
+
+
+def _load_npy(path: Path, mmap_mode: str | None = None) -> np.ndarray:
+    """The array in the ``.npy`` file ``path`` (no pickle); an empty, truncated or other file
+    (an ``.npz`` renamed) is refused."""
+    try:
+        array = np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise ConstructError(f"{path}: not a plain .npy array: {err}") from None
+    if not isinstance(array, np.ndarray):
+        if hasattr(array, "close"):
+            array.close()
+        raise ConstructError(f"{path}: not a plain .npy array (an .npz archive?)")
+    return array
 
 
 def _scale(
@@ -431,10 +514,7 @@ def _npy_edges(path: Path, ids, id_type: str) -> dict[str, Any]:
         raise ConstructError(
             f"{path}: an .npy edge array holds integers; id_type str needs a table"
         )
-    try:
-        edges = np.load(path, allow_pickle=False)
-    except ValueError as err:
-        raise ConstructError(f"{path}: not a plain .npy array: {err}") from None
+    edges = _load_npy(path)
     if edges.ndim != 2 or edges.shape[1] != 2 or not np.issubdtype(edges.dtype, np.integer):
         raise ConstructError(f"{path}: shape {edges.shape} {edges.dtype}, expected integer [E, 2]")
     if not len(edges):
@@ -511,8 +591,9 @@ def construct(spec_path: str | os.PathLike, out: str | os.PathLike, log=print) -
     out = _check_out(Path(out))
     nodes = spec.nodes
     text = [nodes.id, nodes.label] + [c for c in (nodes.split,) if c]
-    text += [c for g in nodes.features if g.transform == "one-hot" for c in g.columns]
-    table = read_table(nodes.file, text)
+    one_hot = [g for g in nodes.features if g.transform == "one-hot"]
+    text += [c for g in one_hot for c in g.columns]
+    table = read_table(nodes.file, text, tuple(g.prefix for g in one_hot if g.prefix))
     ids = node_ids(table, nodes)
     n = len(ids)
     y, classes = labels(table, nodes)
@@ -608,7 +689,7 @@ def _write(out: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
     tmp.mkdir()
     try:
         files = write_arrays(tmp, arrays)
-        write_json_atomic(tmp / METADATA, {**meta, "files": files, "digest": content_digest(files)})
+        write_json_atomic(tmp / METADATA, seal({**meta, "files": files}))
         with contextlib.suppress(FileNotFoundError):
             out.rmdir()  # an empty folder given as out
         os.rename(tmp, out)

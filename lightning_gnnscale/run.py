@@ -83,6 +83,8 @@ def config_hash(run: RunConfig) -> str:
     # where the data is read from (partition_dir) gives the same result
     data["data"] = {k: v for k, v in settings["data"].items() if k != "partition_dir"}
     data["trainer"] = {k: v for k, v in settings["trainer"].items() if k != "enable_progress_bar"}
+    if "dataset.content" in run.identity:  # the user's data: what it holds, not only its path
+        data["dataset_content"] = run.identity["dataset.content"]
     if run.ckpt_path is not None:
         block = read_checkpoint(run.ckpt_path).get(CHECKPOINT_KEY) or {}
         data["resumed_from"] = {

@@ -5,6 +5,8 @@ writes, and each bad input refused with its file, row and column (docs/datasets.
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -353,6 +355,31 @@ BAD = {
         lambda n, e, s: (s.update(self_loops="error"), _set(e, "b", 3, e["a"][3])),
         "edges.csv, row 4 (line 5): a self-loop (self_loops: error)",
     ),
+    "split but no label": (
+        lambda n, e, s: _set(n, "club", 3, None),
+        "nodes.csv, row 4 (line 5), column 'split': the node is in split 'val' but has no "
+        "label (column 'club' is empty)",
+    ),
+    "id with a plus sign": (
+        lambda n, e, s: (s["nodes"].update(id_type="int"), _set(n, "node", 10, "+10")),
+        "nodes.csv, row 11 (line 12), column 'node': '+10' is not an integer (id_type int)",
+    ),
+    "id above int64": (
+        lambda n, e, s: (
+            s["nodes"].update(id_type="int"),
+            _set(n, "node", 10, "9223372036854775808"),
+        ),
+        "nodes.csv, row 11 (line 12), column 'node': '9223372036854775808' is outside the "
+        "int64 range",
+    ),
+    "repeated column name": (
+        lambda n, e, s: None,  # replaced below: the edge file is written by hand
+        "dup.csv: column names ['a'] appear more than once: ['a', 'b', 'a']",
+    ),
+    "corrupt gzipped CSV": (
+        lambda n, e, s: None,  # replaced below: the edge file is written by hand
+        "bad.csv.gz: cannot be read:",
+    ),
     "unknown spec key": (
         lambda n, e, s: s["nodes"].update(lable="club"),
         "unknown key 'lable' (did you mean 'label'?); valid: ['file', 'id', 'id_type', 'label',",
@@ -369,6 +396,17 @@ def test_bad_input_is_named_and_leaves_nothing(tmp_path, case):
             spec["edges"][0].update(file="ragged.csv")
             (tmp_path / "ragged.csv").write_text("a,b,w\n000,001,1\n000,002\n001,002,1\n")
 
+    hand_written = {
+        "repeated column name": ("dup.csv", b"a,b,a\n000,001,1\n"),
+        "corrupt gzipped CSV": ("bad.csv.gz", b"not gzip at all"),
+    }
+    if case in hand_written:
+        name, text = hand_written[case]
+
+        def change(nodes, edges, spec):
+            spec["edges"][0].update(file=name)
+            (tmp_path / name).write_bytes(text)
+
     if case == "edge table of 0 rows":
 
         def change(nodes, edges, spec, base=change):
@@ -381,6 +419,149 @@ def test_bad_input_is_named_and_leaves_nothing(tmp_path, case):
     assert code == 1 and message in err, err
     assert err.startswith(f"error: {tmp_path}") or case == "unknown spec key"
     assert not out.exists() and not list(tmp_path.glob(".out.construct-*"))
+
+
+def test_npy_files_that_are_not_arrays_are_named(tmp_path):
+    build(tmp_path)  # the tables and the spec
+    (tmp_path / "empty.npy").write_bytes(b"")
+    np.savez(tmp_path / "z.npz", a=np.zeros((2, 2), dtype=np.int64))
+    (tmp_path / "z.npz").rename(tmp_path / "zip.npy")
+    features = base_spec()
+    features["nodes"]["features"] = [{"npy": "empty.npy"}]
+    edges = base_spec()
+    edges["edges"] = [{"file": "zip.npy"}]
+    edges["nodes"]["id_type"] = "int"
+    for spec, file in ((features, "empty.npy"), (edges, "zip.npy")):
+        code, err = _run(write_spec(tmp_path, spec), tmp_path / "bad")
+        assert code == 1 and f"{tmp_path / file}: not a plain .npy array" in err, err
+
+
+def test_a_uint64_parquet_id_above_int64_is_named(tmp_path):
+    nodes, edges = karate_tables()
+    n = len(nodes["node"])
+    nodes["node"] = pa.array([*range(n - 1), 2**63], pa.uint64())
+    edges = {"a": list(range(n - 1)), "b": [1] * (n - 1), "w": [1.0] * (n - 1)}
+    spec = base_spec("nodes.parquet", "edges.parquet")
+    spec["nodes"]["id_type"] = "int"
+    write(tmp_path, "nodes.parquet", nodes), write(tmp_path, "edges.parquet", edges)
+    code, err = _run(write_spec(tmp_path, spec), tmp_path / "out")
+    assert code == 1 and f"row {n}, column 'node': 9223372036854775808 is above" in err, err
+
+
+def test_parquet_large_string_and_dictionary_columns_read_as_strings(tmp_path):
+    nodes, edges = karate_tables()
+    plain = build(tmp_path / "plain", nodes=nodes, edges=edges, fmt="parquet")
+    nodes["node"] = pa.array(nodes["node"], pa.large_string())
+    nodes["club"] = pa.array(nodes["club"]).dictionary_encode()
+    edges["a"] = pa.array(edges["a"]).dictionary_encode()
+    edges["b"] = pa.array(edges["b"], pa.large_string())
+    other = build(tmp_path / "other", nodes=nodes, edges=edges, fmt="parquet")
+    for name in ("indptr", "indices", "x", "y", "train_mask", "node_id_bytes"):
+        assert np.array_equal(np.load(plain / f"{name}.npy"), np.load(other / f"{name}.npy"))
+
+
+def test_float_labels_nan_is_unlabelled_and_fractions_are_refused(tmp_path):
+    nodes, edges = karate_tables()
+    n = len(nodes["node"])
+    nodes["club"] = [float("nan")] * 2 + [float(i % 2) for i in range(n - 2)]
+    nodes["split"] = [None] * 2 + nodes["split"][2:]
+    out = build(tmp_path / "a", nodes=nodes, edges=edges, fmt="parquet")
+    meta = json.loads((out / METADATA).read_text())
+    assert meta["classes"] == ["0", "1"]
+    assert np.load(out / "y.npy").tolist() == [-1, -1] + [i % 2 for i in range(n - 2)]
+    nodes["club"] = nodes["club"][:5] + [2.5] + nodes["club"][6:]
+    with pytest.raises(construct_command.ConstructError, match=r"row 6, column 'club': label 2.5"):
+        build(tmp_path / "b", nodes=nodes, edges=edges, fmt="parquet")
+
+
+def test_prefix_selected_one_hot_columns_are_read_as_text(tmp_path):
+    nodes, _ = karate_tables()
+    nodes["c_code"] = (["007", "007", "7", "7"] * len(nodes["node"]))[: len(nodes["node"])]
+    spec = base_spec()
+    spec["nodes"]["features"] = [{"prefix": "c_", "transform": "one-hot"}]
+    meta = json.loads((build(tmp_path, spec, nodes) / METADATA).read_text())
+    assert meta["feature_names"] == ["c_code=007", "c_code=7", "c_code=<unknown>"]
+
+
+def test_constructed_without_root_stops_at_the_config_check(tmp_path):
+    from lightning_gnnscale.config_types import run_config
+    from lightning_gnnscale.errors import ConfigError
+    from tests.helpers.config import make_cfg
+
+    cfg = make_cfg(tmp_path, "dataset=constructed", tiny=False)
+    with pytest.raises(ConfigError, match=r"dataset.root has no value and is required"):
+        run_config(cfg)
+    with pytest.raises(ConfigError, match=r"dataset=constructed needs dataset.root="):
+        dataset_config("constructed")
+
+
+def test_a_resume_onto_another_folders_content_is_refused(tmp_path):
+    """The run identity (what a resume must match) and the config hash carry the dataset's
+    content: the same tables in another folder resume, other tables do not."""
+    from lightning_gnnscale.config_types import run_config, run_identity
+    from lightning_gnnscale.run import config_hash
+    from tests.helpers.config import make_cfg
+
+    first, same = build(tmp_path / "a"), build(tmp_path / "b")
+    other = build(tmp_path / "c", nodes=karate_tables(seed=1)[0])
+    runs = [
+        run_config(make_cfg(tmp_path, "dataset=constructed", f"dataset.root={p}", tiny=False))
+        for p in (first, same, other)
+    ]
+    assert runs[0].identity == runs[1].identity != runs[2].identity
+    assert {k for k in runs[0].identity if runs[0].identity[k] != runs[2].identity[k]} == {
+        "dataset.content"
+    }
+    assert config_hash(runs[0]) != config_hash(runs[2])
+    sbm = run_config(make_cfg(tmp_path))  # a dataset its settings fix: identity unchanged
+    assert sbm.identity == run_identity(sbm.settings)
+
+
+def _reseal(out: Path, change_meta=None, arrays=None) -> None:
+    """Rewrite ``out``'s arrays and metadata as a consistent (sealed) but wrong dataset."""
+    from lightning_gnnscale.graph.constructed import seal, write_arrays
+
+    meta = json.loads((out / METADATA).read_text())
+    if arrays:
+        meta["files"].update(write_arrays(out, arrays))
+    if change_meta:
+        change_meta(meta)
+    (out / METADATA).write_text(json.dumps(seal(meta)))
+
+
+def test_the_loader_checks_the_sealed_metadata_and_the_arrays(tmp_path):
+    from lightning_gnnscale.graph.constructed import ConstructedDatasetError
+
+    out = build(tmp_path / "base")
+    meta = json.loads((out / METADATA).read_text())
+    y, train = np.load(out / "y.npy"), np.load(out / "train_mask.npy")
+    indptr = np.load(out / "indptr.npy")
+    edited = json.loads((out / METADATA).read_text())
+    edited["num_classes"] = 3
+    spoiled = {
+        "its content does not match its seal": lambda o: (o / METADATA).write_text(
+            json.dumps(edited)
+        ),
+        "fields ['num_classes'] are missing or of the wrong type": lambda o: _reseal(
+            o, lambda m: m.update(num_classes="2")
+        ),
+        "y.npy holds labels outside [-1, 2)": lambda o: _reseal(
+            o, arrays={"y": np.where(train, y, 2)}
+        ),
+        "train_mask.npy holds nodes without a label": lambda o: _reseal(
+            o, arrays={"y": np.where(train, -1, y)}
+        ),
+        "indptr.npy does not rise from 0": lambda o: _reseal(
+            o, arrays={"indptr": indptr[[0, 2, 1, *range(3, len(indptr))]]}
+        ),
+    }
+    for i, (message, spoil) in enumerate(spoiled.items()):
+        copy = tmp_path / f"spoilt{i}"
+        shutil.copytree(out, copy)
+        spoil(copy)
+        with pytest.raises(ConstructedDatasetError, match=re.escape(message)):
+            load_dataset("constructed", root=copy)
+    assert meta["num_classes"] == 2 and load_dataset("constructed", root=out).num_classes == 2
 
 
 def test_an_existing_output_folder_is_never_overwritten(tmp_path):

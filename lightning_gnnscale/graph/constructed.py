@@ -3,7 +3,8 @@
 
 Layout (docs/datasets.md, "Your own tables"; every array memory-mappable, no pickle)::
 
-    <root>/constructed.json   format and version, counts, columns, transforms, file digests
+    <root>/constructed.json   format and version, counts, columns, transforms, file digests,
+                              the content digest and the seal of the whole file
     <root>/indptr.npy         int64 [N + 1]  CSC over in-edges (Graph's own layout)
     <root>/indices.npy        int64 [E]      source of each edge, in CSC order (= edge id)
     <root>/x.npy              float32 [N, F]
@@ -34,7 +35,7 @@ from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import file_digest
 
 FORMAT = "lightning_gnnscale.constructed"
-VERSION = 1
+VERSION = 2  # 2: the digest covers the metadata too, and the file is sealed
 METADATA = "constructed.json"
 GRAPH_ARRAYS = ("indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask")
 
@@ -43,10 +44,44 @@ class ConstructedDatasetError(ConfigError):
     """A ``dataset.root`` that is not a complete, intact constructed dataset; names the file."""
 
 
-def content_digest(files: dict[str, dict]) -> str:
-    """One digest over every file's name and digest: the dataset's content identity."""
-    text = json.dumps({name: info["blake2b"] for name, info in sorted(files.items())})
+# Metadata keys outside the content digest: the digest and seal themselves, and where the
+# tables were read from (the same tables elsewhere make the same dataset).
+_NOT_CONTENT = ("digest", "blake2b", "sources")
+# The type of every metadata field a reader uses.
+FIELDS = {
+    "format": str,
+    "version": int,
+    "name": str,
+    "num_nodes": int,
+    "num_edges": int,
+    "num_features": int,
+    "num_classes": int,
+    "classes": list,
+    "id_type": str,
+    "feature_names": list,
+    "edge_columns": dict,
+    "files": dict,
+    "digest": str,
+    "blake2b": str,
+}
+
+
+def _blake2b(body: dict) -> str:
+    text = json.dumps(body, sort_keys=True)
     return hashlib.blake2b(text.encode(), digest_size=32).hexdigest()
+
+
+def content_digest(meta: dict) -> str:
+    """The dataset's content identity: a digest of the metadata (every array file's digest
+    among it) but its digest, seal and ``sources``."""
+    return _blake2b({k: v for k, v in meta.items() if k not in _NOT_CONTENT})
+
+
+def seal(meta: dict) -> dict:
+    """``meta`` with its content ``digest`` and its ``blake2b`` seal (of all but itself), as
+    :func:`read_metadata` checks them."""
+    meta = {**meta, "digest": content_digest(meta)}
+    return {**meta, "blake2b": _blake2b({k: v for k, v in meta.items() if k != "blake2b"})}
 
 
 def write_arrays(folder: Path, arrays: dict[str, np.ndarray]) -> dict[str, dict]:
@@ -87,16 +122,53 @@ def read_metadata(root: str | os.PathLike | None) -> dict:
             f"{path}: version {meta.get('version')!r}, this suite reads {VERSION}; run "
             "construct again"
         )
-    if content_digest(meta.get("files", {})) != meta.get("digest"):
-        raise ConstructedDatasetError(f"{path}: its digest does not match its files")
+    wrong = [key for key, kind in FIELDS.items() if type(meta.get(key)) is not kind]
+    if wrong:
+        raise ConstructedDatasetError(f"{path}: fields {wrong} are missing or of the wrong type")
+    if seal(meta)["blake2b"] != meta["blake2b"] or content_digest(meta) != meta["digest"]:
+        raise ConstructedDatasetError(
+            f"{path}: its content does not match its seal (edited or corrupt); run construct again"
+        )
+    if meta["id_type"] not in ("int", "str") or len(meta["classes"]) != meta["num_classes"]:
+        raise ConstructedDatasetError(f"{path}: id_type or classes are not valid")
     return meta
+
+
+def check_arrays(root: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    """The graph arrays agree with each other and ``meta``: the CSC is well formed, every
+    label is ``-1`` or a class, and every split node has a label."""
+    n, e, c = meta["num_nodes"], meta["num_edges"], meta["num_classes"]
+    indptr, indices, y = arrays["indptr"], arrays["indices"], arrays["y"]
+    shapes = {"indptr": (n + 1,), "indices": (e,), "x": (n, meta["num_features"]), "y": (n,)}
+    shapes.update({f"{split}_mask": (n,) for split in ("train", "val", "test")})
+    problems = [
+        f"{k}.npy has shape {arrays[k].shape}, not {s}"
+        for k, s in shapes.items()
+        if arrays[k].shape != s
+    ]
+    if not problems:
+        if indptr[0] != 0 or indptr[-1] != e or (np.diff(indptr) < 0).any():
+            problems.append(f"indptr.npy does not rise from 0 to {e}")
+        if e and (indices.min() < 0 or indices.max() >= n):
+            problems.append(f"indices.npy holds ids outside [0, {n})")
+        if ((y < -1) | (y >= c)).any():
+            problems.append(f"y.npy holds labels outside [-1, {c})")
+        for split in ("train", "val", "test"):
+            if (arrays[f"{split}_mask"] & (y < 0)).any():
+                problems.append(f"{split}_mask.npy holds nodes without a label")
+    if problems:
+        raise ConstructedDatasetError(f"{root}: {'; '.join(problems)}; run construct again")
 
 
 def verified_path(root: Path, meta: dict, array_name: str) -> Path:
     """``root/<array_name>.npy``, checked against the digest the metadata records."""
     path = root / f"{array_name}.npy"
     record = meta["files"].get(path.name)
-    if record is None or not path.is_file() or file_digest(path) != record["blake2b"]:
+    if (
+        not isinstance(record, dict)
+        or not path.is_file()
+        or file_digest(path) != record.get("blake2b")
+    ):
         raise ConstructedDatasetError(
             f"{path} is missing or differs from what {METADATA} records; run construct again"
         )

@@ -141,9 +141,19 @@ class OGBConfig(FileDatasetConfig):
 @dataclass(frozen=True)
 class ConstructedConfig(DatasetConfig):
     """A folder ``python -m lightning_gnnscale.construct`` wrote (docs/datasets.md, "Your own
-    tables"); ``root`` names it (required)."""
+    tables"); ``root`` names it (required: a run composed without it stops at the config
+    check)."""
 
     name: str = "constructed"
+    root: str = MISSING
+
+    def __post_init__(self) -> None:
+        if self.root is None:
+            raise ConfigError(
+                "dataset=constructed needs dataset.root=<the folder python -m "
+                "lightning_gnnscale.construct wrote>"
+            )
+        super().__post_init__()
 
 
 @dataclass(frozen=True)

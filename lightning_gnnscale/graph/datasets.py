@@ -39,7 +39,12 @@ from lightning_gnnscale.files import (
     load_weights_only,
     weights_only_loads,
 )
-from lightning_gnnscale.graph.constructed import GRAPH_ARRAYS, read_metadata, verified_path
+from lightning_gnnscale.graph.constructed import (
+    GRAPH_ARRAYS,
+    check_arrays,
+    read_metadata,
+    verified_path,
+)
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.dataset_config import (
     OGB,
@@ -130,11 +135,12 @@ def load_constructed(config: DatasetConfig) -> Graph:
     meta = read_metadata(config.root)
     root = Path(config.root).expanduser()
     arrays = {
-        array: torch.from_numpy(np.load(verified_path(root, meta, array), allow_pickle=False))
+        array: np.load(verified_path(root, meta, array), allow_pickle=False)
         for array in GRAPH_ARRAYS
     }
+    check_arrays(root, meta, arrays)
     return Graph(
-        **arrays,
+        **{name: torch.from_numpy(array) for name, array in arrays.items()},
         num_classes=int(meta["num_classes"]),
         name=str(meta["name"]),
         meta={"source": "constructed", "root": str(root), "digest": meta["digest"]},
