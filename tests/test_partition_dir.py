@@ -17,7 +17,6 @@ from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.book import PartitionBook, RangeBook
 from lightning_gnnscale.graph.dataset_config import SBMConfig
-from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.graph.partition_dir import (
     METADATA,
     PartitionDir,
@@ -34,8 +33,6 @@ from lightning_gnnscale.systems.ddp import DataParallelConfig, DataParallelDataM
 from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule, PartitionConfig
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import float64_trainer
-from tests.helpers.predictions import check_predictions, predict_shares
 
 FANOUTS = [5, 3]
 # every strategy that loads from a partition directory, as its refusal lists them
@@ -70,10 +67,9 @@ def make_dm(
     dataset="sbm",
     method="random",
     seed=3,
-    dtype=torch.float64,
     **options,
 ):
-    """A DistDGL DataModule on the small sbm graph, by name (float64 unless ``dtype``)."""
+    """A float64 DistDGL DataModule on the small sbm graph, by name."""
     config = DistDGLConfig(partition=PartitionConfig(method=method))
     data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=partition_dir)
     return DistDGLDataModule(
@@ -82,7 +78,7 @@ def make_dm(
         data,
         seed=seed,
         cache_dir=cache_dir,
-        dtype=dtype,
+        dtype=torch.float64,
         dataset_options={**(SBM if dataset == "sbm" else {}), **options},
     )
 
@@ -457,52 +453,6 @@ def test_train_from_a_directory_equals_in_memory_and_resumes(tmp_path, monkeypat
     _assert_equal(want, _weights(tmp_path / "resumed" / "out"))
     assert got_metrics["test_acc"] == metrics["test_acc"]
     assert got_metrics["config_hash"] != metrics["config_hash"]  # a resumed run is its own
-
-
-# ----------------------------------------------------------------------- plain Lightning
-def _plain_lightning_ranks(out: Path) -> None:
-    """Both DataModules under ``L.Trainer(precision="64-true")``: the in-memory one, and one
-    given only ``DataConfig(partition_dir=...)`` (dataset None: the directory's), whose part
-    was written in float32 and is cast on load."""
-    import lightning as L
-
-    import lightning_gnnscale as gs
-
-    results, predictions = {}, {}
-    for key in ("memory", "directory"):
-        L.seed_everything(0, verbose=False)
-        if key == "memory":
-            dm = make_dm(out / "cache", dtype=torch.float32)
-        else:
-            config = DistDGLConfig(partition=PartitionConfig(method="random"))
-            data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=str(out / "f32"))
-            dm = DistDGLDataModule(None, config, data, seed=3)
-        module = gs.GNNModule.from_config(MODEL, dm)
-        trainer = float64_trainer(gs.DistDGLStrategy(dm.config), max_epochs=2)
-        trainer.fit(module, datamodule=dm)
-        results[key] = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        predictions[key] = predict_shares(trainer, module, dm)
-    results["predictions"] = predictions
-    torch.save(results, out / f"rank{trainer.global_rank}.pt")
-
-
-@pytest.mark.dist
-def test_a_plain_lightning_script_trains_from_a_directory(tmp_path):
-    from lightning_gnnscale.launch import launch_local
-
-    write_dir(tmp_path, name="f32", dtype=torch.float32)
-    launch_local(_plain_lightning_ranks, (tmp_path,), devices=2, num_nodes=1, timeout_s=300)
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
-    for results in ranks:
-        assert all(v.dtype == torch.float64 for v in results["directory"].values())
-        _assert_equal(results["memory"], results["directory"])
-    for key in ("memory", "directory"):  # trainer.predict: each rank its own nodes' rows
-        shares = [results["predictions"][key] for results in ranks]
-        check_predictions(shares, load_dataset("sbm", **SBM), MODEL, ranks[0][key])
-    for output in ("embeddings", "logits"):
-        for results in ranks:
-            memory, directory = (results["predictions"][k][output] for k in ("memory", "directory"))
-            _assert_equal(memory, directory)
 
 
 def test_the_partition_command_needs_out_and_a_system_that_loads_parts(tmp_path, capsys):

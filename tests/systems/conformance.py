@@ -128,21 +128,72 @@ class Runs:
         return self.done[settings]
 
 
+PLAIN_SBM = {"num_nodes": 300, "num_features": 8}  # the plain script's graph
+PREDICT_OUTPUTS = ("logits", "embeddings")  # what a plain run predicts, of every node
+
+
+def plain_datamodule(
+    name: str,
+    task: str,
+    cache_dir: Path,
+    partition_dir: Path | None = None,
+    dtype=torch.float32,
+):
+    """The name's DataModule for ``task`` with its default config on the tiny sbm graph in
+    ``dtype``, or given only ``partition_dir`` (no dataset: the directory's)."""
+    import lightning_gnnscale as gs
+
+    _, DataModule, config = gs.system(name)
+    if partition_dir is not None:
+        data = gs.DataConfig(batch_size=64, fanouts=[5, 5], partition_dir=str(partition_dir))
+        return DataModule(None, config, data, task=task)
+    graph = gs.load_dataset("sbm", **PLAIN_SBM).to(dtype)
+    data = gs.DataConfig(batch_size=64, fanouts=[5, 5])
+    return DataModule(graph, config, data, cache_dir=cache_dir, dtype=dtype, task=task)
+
+
+def write_plain_partition_dir(name: str, task: str, out: Path) -> None:
+    """``out / "parts"``: :func:`plain_datamodule`'s partition directory for the name's
+    devices on one server (as ``train.py`` knows it before any rank starts), in float32 (a
+    float64 rank casts it on load), or in float64 where the system's partition settings pin
+    the features' dtype (SANCUS: ``Â``'s values are computed in it)."""
+    from lightning_gnnscale.comm import Topology
+
+    devices = SYSTEMS[name].default_devices
+    dm = plain_datamodule(name, task, out)
+    if "feature_dtype" in dm.partition_settings():
+        dm = plain_datamodule(name, task, out, dtype=torch.float64)
+    dm.launch_topology = Topology.from_launch(devices)
+    dm.write_partition_dir(out / "parts", devices, log=lambda *_: 0)
+
+
 def plain_lightning_ranks(name: str, task: str, out: Path) -> None:
-    """One rank of a plain Lightning script: the name's DataModule with its default config,
+    """One rank of a plain Lightning script: the name's DataModule for ``task`` with its default config,
     ``L.Trainer(strategy=<name>)`` (the registry's string) in ``precision="64-true"`` for one
-    epoch, then ``trainer.predict`` of every node's logits; writes ``rank<r>.pt``."""
+    epoch, then ``trainer.predict`` of every node's ``PREDICT_OUTPUTS``; the same again from
+    the partition directory ``out / "parts"`` where the parent wrote one
+    (:func:`write_plain_partition_dir`). Writes ``rank<r>.pt``: ``{"memory": result}``, and
+    ``"directory"``."""
+    overrides(name, task)  # a task the suite knows
+    parts = out / "parts"
+    rank, result = _plain_fit(name, plain_datamodule(name, task, out))
+    results = {"memory": result}
+    if parts.exists():
+        results["directory"] = _plain_fit(name, plain_datamodule(name, task, out, parts))[1]
+    torch.save(results, out / f"rank{rank}.pt")
+
+
+def _plain_fit(name: str, dm) -> tuple[int, dict]:
+    """``(rank, result)`` of :func:`plain_lightning_ranks`'s epoch and predictions on ``dm``:
+    the weights before and after, the DataModule's state, the steps, the last step's loss,
+    and (where the spec supports predict) ``{output: this rank's share}``."""
     import lightning as L
 
     import lightning_gnnscale as gs
 
-    overrides(name, task)  # a task the suite knows
     spec = SYSTEMS[name]
-    _, DataModule, config = gs.system(name)
-    graph = gs.load_dataset("sbm", num_nodes=300, num_features=8)
-    dm = DataModule(graph, config, gs.DataConfig(batch_size=64, fanouts=[5, 5]), cache_dir=out)
     L.seed_everything(0, verbose=False)
-    module = gs.GNNModule.from_config(config.model_config(hidden=8), dm)
+    module = gs.GNNModule.from_config(gs.system(name)[2].model_config(hidden=8), dm)
     before = {k: v.detach().clone() for k, v in module.state_dict().items()}
     trainer = L.Trainer(
         strategy=spec.registered_as,
@@ -161,11 +212,13 @@ def plain_lightning_ranks(name: str, task: str, out: Path) -> None:
     result = {
         "before": before,
         "after": {k: v.detach().clone() for k, v in module.state_dict().items()},
+        "dm": dm.state_dict(),
         "steps": trainer.global_step,
         "loss": float(trainer.callback_metrics["train/step_loss"]),
     }
     if spec.supports_predict:
-        (result["predictions"],) = trainer.predict(
-            module, datamodule=dm.predict_on(output="logits")
-        )
-    torch.save(result, out / f"rank{trainer.global_rank}.pt")
+        result["predictions"] = {
+            output: trainer.predict(module, datamodule=dm.predict_on(output=output))[0]
+            for output in PREDICT_OUTPUTS
+        }
+    return trainer.global_rank, result

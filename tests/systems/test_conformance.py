@@ -25,6 +25,8 @@ from lightning_gnnscale.tasks import task_spec
 from tests.helpers.config import TINY, make_cfg
 from tests.systems.conformance import (
     EPOCHS,
+    PLAIN_SBM,
+    PREDICT_OUTPUTS,
     Runs,
     assert_equal,
     cases,
@@ -163,19 +165,23 @@ def test_a_resumed_run_equals_the_uninterrupted_run(runs, tmp_path, name, task):
     assert results(got["history"]) == results(want["history"])
 
 
-# ----------------------------------------------- 5 and 6. plain Lightning, and predict
+# ------------------ 5 and 6. plain Lightning (in memory and from a directory), and predict
 @pytest.fixture(scope="module")
 def plain_runs(tmp_path_factory):
-    """``name, task -> the ranks' results`` of :func:`plain_lightning_ranks`, each made once."""
+    """``name, task, directory=False -> the ranks' results`` of :func:`plain_lightning_ranks`
+    (``{"memory": ...}``, and ``"directory"`` where asked: the parent writes the directory
+    first), each made once: a run with the directory also serves a request without."""
     from lightning_gnnscale.launch import launch_local
-    from tests.systems.conformance import plain_lightning_ranks
+    from tests.systems.conformance import plain_lightning_ranks, write_plain_partition_dir
 
     done: dict[tuple[str, str], list[dict]] = {}
 
-    def ranks(name: str, task: str) -> list[dict]:
-        if (name, task) not in done:
+    def ranks(name: str, task: str, directory: bool = False) -> list[dict]:
+        if (name, task) not in done or (directory and "directory" not in done[name, task][0]):
             out = tmp_path_factory.mktemp(f"plain-{name}")
             devices = SYSTEMS[name].default_devices
+            if directory:
+                write_plain_partition_dir(name, task, out)
             launch_local(plain_lightning_ranks, (name, task, out), devices, 1, timeout_s=500)
             done[name, task] = [
                 torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(devices)
@@ -185,12 +191,49 @@ def plain_runs(tmp_path_factory):
     return ranks
 
 
+def _gathered(ranks: list[dict], output: str, num_nodes: int) -> torch.Tensor:
+    """The ranks' ``output`` shares as one ``[num_nodes, d]`` table (each node exactly once)."""
+    from tests.helpers.predictions import gather
+
+    return gather([r["predictions"] for r in ranks], output, num_nodes)
+
+
+# before the check of 5 below, so that its runs (one launch each) serve that check too
+@pytest.mark.dist
+@pytest.mark.parametrize(
+    ("name", "task"), cases(lambda spec: spec.supports_partition_dir, ci_tasks=1)
+)
+def test_a_plain_lightning_trainer_trains_from_a_partition_directory(plain_runs, name, task):
+    """The plain script again with the DataModule given only ``DataConfig(partition_dir=...)``
+    (no dataset; written in float32 where the system casts on load): every rank ends with
+    the in-memory run's float64 weights, DataModule state, steps and loss bit for bit. Its
+    predictions are the in-memory ones: bit for bit where a rank predicts the same nodes, to
+    1e-12 where a rank holding only its part predicts its own (another kernel)."""
+    ranks = plain_runs(name, task, directory=True)
+    for rank in ranks:
+        memory, directory = rank["memory"], rank["directory"]
+        assert all(v.dtype == torch.float64 for v in directory["after"].values())
+        assert_equal(memory["after"], directory["after"])
+        assert_equal(memory["dm"], directory["dm"])
+        assert (memory["steps"], memory["loss"]) == (directory["steps"], directory["loss"])
+        for output, share in memory.get("predictions", {}).items():
+            if torch.equal(share["node_ids"], directory["predictions"][output]["node_ids"]):
+                assert_equal(share, directory["predictions"][output])
+    for output in PREDICT_OUTPUTS if SYSTEMS[name].supports_predict else ():
+        got, want = (
+            _gathered([r[key] for r in ranks], output, PLAIN_SBM["num_nodes"])
+            for key in ("directory", "memory")
+        )
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize(("name", "task"), cases())
 def test_a_plain_lightning_trainer_trains(plain_runs, name, task):
     """``L.Trainer(strategy=<name>)`` with the name's DataModule fits an epoch: every rank
     took the same steps, the loss is finite, the weights moved and are one model."""
-    ranks = plain_runs(name, task)
+    ranks = [r["memory"] for r in plain_runs(name, task)]
     assert len({r["steps"] for r in ranks}) == 1 and ranks[0]["steps"] > 0
     for r in ranks:
         assert torch.isfinite(torch.tensor(r["loss"]))
@@ -202,20 +245,22 @@ def test_a_plain_lightning_trainer_trains(plain_runs, name, task):
 @pytest.mark.parametrize(("name", "task"), cases(lambda spec: spec.supports_predict))
 def test_predict_covers_every_node_once(plain_runs, name, task):
     """``trainer.predict`` of every node: the ranks' ids together are each node once, and
-    the rows are the trained net's full-neighbourhood logits (float64)."""
-    from tests.helpers.predictions import gather
+    the rows are the trained net's full-neighbourhood logits and embeddings (the last layer's
+    input), float64."""
     from tests.test_plain_lightning import full_neighbourhood
 
-    ranks = plain_runs(name, task)
-    graph = gs.load_dataset("sbm", num_nodes=300, num_features=8).to(torch.float64)
-    shares = [{"logits": r["predictions"]} for r in ranks]
-    logits = gather(shares, "logits", graph.num_nodes)  # asserts each node exactly once
-    counts = torch.bincount(torch.cat([s["logits"]["node_ids"] for s in shares]))
-    assert counts.tolist() == [1] * graph.num_nodes
+    ranks = [r["memory"] for r in plain_runs(name, task)]
+    from lightning_gnnscale.tasks import build_task
+
+    head = build_task(task)
+    graph = head.prepare(gs.load_dataset("sbm", **PLAIN_SBM), 0).to(torch.float64)
     config = gs.system(name)[2].model_config(hidden=8)
-    net = gs.build_model(config, graph.num_features, graph.num_classes).double()
+    net = gs.build_model(config, graph.num_features, head.out_dim(graph)).double()
     net.load_state_dict({k.removeprefix("net."): v for k, v in ranks[0]["after"].items()})
-    torch.testing.assert_close(logits, full_neighbourhood(graph, net), rtol=1e-10, atol=1e-12)
+    for output, layers in zip(PREDICT_OUTPUTS, (net.num_layers, net.num_layers - 1)):
+        rows = _gathered(ranks, output, graph.num_nodes)  # asserts each node exactly once
+        want = full_neighbourhood(graph, net, layers=layers)
+        torch.testing.assert_close(rows, want, rtol=1e-10, atol=1e-12, msg=output)
 
 
 # ----------------------------------------------------------------- 7. bad values, early

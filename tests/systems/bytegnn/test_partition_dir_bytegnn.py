@@ -13,25 +13,29 @@ from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
-from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder
 from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_carried
 from lightning_gnnscale.partition import partition
 from lightning_gnnscale.systems.bytegnn import ByteGNNConfig, ByteGNNDataModule
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import float64_trainer, launcher_without_ranks
-from tests.helpers.predictions import check_predictions, predict_shares
-from tests.test_partition_dir import MODEL, SBM, _assert_equal, _steps
+from tests.helpers.partition_runs import launcher_without_ranks
+from tests.test_partition_dir import SBM, _steps
 
 FANOUTS = [5, 3]
 
 
-def make_dm(cache_dir, partition_dir=None, fanouts=FANOUTS, dtype=torch.float64):
-    """A ByteGNN DataModule on the small sbm graph (its K-hop block partitioner, K = 2)."""
+def make_dm(cache_dir, partition_dir=None, fanouts=FANOUTS):
+    """A float64 ByteGNN DataModule on the small sbm graph (its K-hop block partitioner, K = 2)."""
     data = DataConfig(batch_size=64, fanouts=fanouts, partition_dir=partition_dir)
     return ByteGNNDataModule(
-        "sbm", ByteGNNConfig(), data, seed=3, cache_dir=cache_dir, dtype=dtype, dataset_options=SBM
+        "sbm",
+        ByteGNNConfig(),
+        data,
+        seed=3,
+        cache_dir=cache_dir,
+        dtype=torch.float64,
+        dataset_options=SBM,
     )
 
 
@@ -165,50 +169,3 @@ def test_a_bytegnn_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_
     shutil.rmtree(out / part_folder(1))
     with pytest.raises(PartitionDirError, match=f"part 1 is missing: {out / part_folder(1)}"):
         run()
-
-
-# ----------------------------------------------------------------------- plain Lightning
-def _plain_lightning_ranks(out: Path) -> None:
-    """Both DataModules under ``L.Trainer(precision="64-true")``: the in-memory one, and one
-    given only ``DataConfig(partition_dir=...)`` (dataset None: the directory's), whose part
-    was written in float32 and is cast on load."""
-    import lightning as L
-
-    import lightning_gnnscale as gs
-
-    results, predictions = {}, {}
-    for key in ("memory", "directory"):
-        L.seed_everything(0, verbose=False)
-        if key == "memory":
-            dm = make_dm(out / "cache", dtype=torch.float32)
-        else:
-            data = DataConfig(batch_size=64, fanouts=FANOUTS, partition_dir=str(out / "f32"))
-            dm = ByteGNNDataModule(None, ByteGNNConfig(), data, seed=3)
-        module = gs.GNNModule.from_config(MODEL, dm)
-        trainer = float64_trainer(gs.ByteGNNStrategy(dm.config), max_epochs=2)
-        trainer.fit(module, datamodule=dm)
-        results[key] = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        predictions[key] = predict_shares(trainer, module, dm)
-    results["predictions"] = predictions
-    torch.save(results, out / f"rank{trainer.global_rank}.pt")
-
-
-@pytest.mark.dist
-def test_a_plain_lightning_script_trains_bytegnn_from_a_directory(tmp_path):
-    from lightning_gnnscale.launch import launch_local
-
-    make_dm(tmp_path / "cache", dtype=torch.float32).write_partition_dir(
-        tmp_path / "f32", 2, log=lambda *_: 0
-    )
-    launch_local(_plain_lightning_ranks, (tmp_path,), devices=2, num_nodes=1, timeout_s=300)
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
-    for results in ranks:
-        assert all(v.dtype == torch.float64 for v in results["directory"].values())
-        _assert_equal(results["memory"], results["directory"])
-    for key in ("memory", "directory"):  # trainer.predict: each rank its own nodes' rows
-        shares = [results["predictions"][key] for results in ranks]
-        check_predictions(shares, load_dataset("sbm", **SBM), MODEL, ranks[0][key])
-    for output in ("embeddings", "logits"):
-        for results in ranks:
-            memory, directory = (results["predictions"][k][output] for k in ("memory", "directory"))
-            _assert_equal(memory, directory)

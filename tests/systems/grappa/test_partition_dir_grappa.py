@@ -28,7 +28,7 @@ from lightning_gnnscale.systems.grappa.directory import chunk_group, load_chunk_
 from lightning_gnnscale.systems.grappa.partition import build_partition
 from lightning_gnnscale.systems.grappa.schedule import PartitionSpec
 from tests.helpers.dist import run_distributed
-from tests.helpers.partition_runs import float64_trainer, launcher_without_ranks
+from tests.helpers.partition_runs import launcher_without_ranks
 from tests.test_partition_dir import SBM, _assert_equal
 
 F32_F64 = (torch.float32, torch.float64)
@@ -300,55 +300,3 @@ def test_a_grappa_directory_that_does_not_fit_fails_before_any_rank_starts(tmp_p
     shutil.rmtree(group)
     with pytest.raises(PartitionDirError, match=f"shared group 'chunk00003' is missing: {group}"):
         run()
-
-
-# ----------------------------------------------------------------------- plain Lightning
-def _plain_lightning_ranks(out: Path) -> None:
-    """Both DataModules under ``L.Trainer(precision="64-true")``, one epoch then
-    ``trainer.predict``: the in-memory one, and one given only the directory (dataset None,
-    written in float32, cast on load)."""
-    import lightning as L
-
-    import lightning_gnnscale as gs
-
-    results = {}
-    for key in ("memory", "directory"):
-        L.seed_everything(0, verbose=False)
-        if key == "memory":
-            dm = make_dm(out / "cache", dtype=torch.float32)
-        else:
-            data = DataConfig(batch_size=64, fanouts=[5, 3], partition_dir=str(out / "f32"))
-            dm = GrappaDataModule(None, GrappaConfig(super_epoch_len=1), data, seed=3)
-        module = gs.GNNModule.from_config(gs.ModelConfig(hidden=8, num_layers=2), dm)
-        trainer = float64_trainer(gs.GrappaStrategy(dm.config), max_epochs=1)
-        trainer.fit(module, datamodule=dm)
-        (share,) = trainer.predict(module, datamodule=dm.predict_on(output="logits"))
-        weights = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        results[key] = (weights, share["node_ids"], share["logits"], dm.state_dict())
-    torch.save(results, out / f"rank{trainer.global_rank}.pt")
-
-
-@pytest.mark.dist
-def test_trainer_predict_from_a_directory_gives_the_in_memory_rows(tmp_path):
-    """A plain Lightning script: the weights after one epoch from the directory equal the
-    in-memory ones bit for bit, and ``trainer.predict``'s shares of the two ranks cover every
-    node once, with the in-memory logits (bit for bit: both infer by home chunk)."""
-    from lightning_gnnscale.launch import launch_local
-
-    make_dm(tmp_path / "cache", dtype=torch.float32).write_partition_dir(
-        tmp_path / "f32", 2, log=lambda *_: 0
-    )
-    launch_local(_plain_lightning_ranks, (tmp_path,), devices=2, num_nodes=1, timeout_s=300)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
-    rows = {}
-    for key in ("memory", "directory"):
-        ids = torch.cat([r[key][1] for r in ranks])
-        logits = torch.cat([r[key][2] for r in ranks])
-        assert torch.equal(ids.sort().values, torch.arange(SBM["num_nodes"])), key
-        rows[key] = logits[ids.argsort()]
-    for r in ranks:
-        _assert_equal(r["memory"][0], r["directory"][0])
-        assert r["memory"][3] == r["directory"][3]  # the checkpointed layout: float64 both
-        assert r["directory"][3]["dtype"] == "torch.float64"
-    assert rows["directory"].dtype == torch.float64
-    assert torch.equal(rows["directory"], rows["memory"])  # one kernel: bit for bit
