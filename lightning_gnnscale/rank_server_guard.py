@@ -19,10 +19,17 @@ if os.getppid() != _launcher:  # the launcher died before the request took effec
 
 # PyG (preloaded next) imports pandas, which imports pyarrow when it is installed (the tables
 # reader's dependency); pyarrow starts a jemalloc background thread and a pool thread at import,
-# and ranks must fork from a one-thread server. So pandas is imported here without pyarrow; the
-# block is lifted at once, and a rank that needs pyarrow (a table writer) imports it itself.
+# and ranks must fork from a one-thread server. So pandas is imported here with pyarrow blocked,
+# and the block is lifted at once (a pyarrow imported earlier is put back). The ranks' pandas
+# then runs without pyarrow (pandas.compat.HAS_PYARROW is False: no pyarrow dtypes or engines);
+# no rank code uses pandas, and the tables reader (construct.py) imports pyarrow itself.
+_missing = object()
+_earlier = sys.modules.get("pyarrow", _missing)
 sys.modules["pyarrow"] = None  # type: ignore[assignment]
 try:
     import pandas  # noqa: F401
 finally:
-    del sys.modules["pyarrow"]
+    if _earlier is _missing:
+        del sys.modules["pyarrow"]
+    else:
+        sys.modules["pyarrow"] = _earlier

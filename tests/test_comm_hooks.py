@@ -1,12 +1,18 @@
-"""DDP comm hook on gloo/CPU, the collective audit, and the test launcher's failure modes."""
+"""DDP comm hook on gloo/CPU, the checkpointed bucket layout, the collective audit, and
+the test launcher's failure modes."""
 
 from __future__ import annotations
 
 import time
+import warnings
+from types import SimpleNamespace
 
+import lightning as L
 import pytest
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_gnnscale.comm import (
@@ -21,6 +27,9 @@ from lightning_gnnscale.comm import (
     exchange_rows,
     register_metered_ddp_hook,
 )
+from lightning_gnnscale.errors import ConfigError
+from lightning_gnnscale.kit import strategies
+from lightning_gnnscale.kit.strategies import DDP_BUCKETS_KEY, MeteredDDPStrategy
 from tests.helpers.dist import run_distributed
 
 
@@ -211,3 +220,112 @@ def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_tried_again(monkeypat
         )
         assert run_distributed(_world_rank, 2, timeout_s=60) == [0, 1]
     assert not ports  # the taken port was handed out first
+
+
+def _carried_layout_case(rank: int, world_size: int, path: str) -> dict:
+    """A resumed strategy's checkpoints: before its first backward, then after it."""
+    comm = Comm.create(CommMeter(), Topology(world_size, 1), timeout_s=30)
+    ddp = DistributedDataParallel(_model(), bucket_cap_mb=1e-4)
+    carried = [[3], [2, 1], [0]]
+    strategy = MeteredDDPStrategy()
+    strategy.model = ddp
+    strategy.grad_hook_state = register_metered_ddp_hook(
+        ddp, GradientHookState(comm.with_group(ddp.process_group), 1.0, carried)
+    )
+    saved = {}
+    for when in ("before", "after"):
+        checkpoint = {}
+        strategy.save_checkpoint(checkpoint, f"{path}-{rank}-{when}.ckpt")
+        saved[when] = checkpoint[DDP_BUCKETS_KEY]
+        _loss(ddp, rank).backward()
+    saved["carried"] = carried
+    saved["rebuilt"] = ddp_bucket_layout(ddp)
+    return saved
+
+
+@pytest.mark.dist
+def test_a_resumed_ddp_saving_before_its_first_backward_saves_the_layout_it_carries(tmp_path):
+    for saved in run_distributed(_carried_layout_case, 2, str(tmp_path / "c"), timeout_s=60):
+        assert saved["before"] == saved["carried"]  # not DDP's initial single bucket
+        assert saved["after"] == saved["rebuilt"] != saved["carried"]
+
+
+def _several_initial_buckets_case(rank: int, world_size: int) -> list[str]:
+    comm = Comm.create(CommMeter(), Topology(world_size, 1), timeout_s=30)
+    # find_unused_parameters lets DDP start with several buckets of the cap
+    ddp = DistributedDataParallel(_model(), bucket_cap_mb=1e-4, find_unused_parameters=True)
+    layout = [[0, 1, 2, 3]]
+    register_metered_ddp_hook(
+        ddp, GradientHookState(comm.with_group(ddp.process_group), 1.0, layout)
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _loss(ddp, rank).backward()
+    return [str(w.message) for w in caught]
+
+
+@pytest.mark.dist
+def test_a_checkpointed_layout_that_ddp_s_initial_buckets_cannot_take_is_dropped_with_a_warning():
+    for messages in run_distributed(_several_initial_buckets_case, 2, timeout_s=60):
+        assert [m for m in messages if "several gradient buckets" in m], messages
+
+
+class _Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = _model()
+        self.net[0].bias.requires_grad_(False)  # positions 0, 2, 3 are trainable
+
+
+def _strategy_for(fn: TrainerFn) -> MeteredDDPStrategy:
+    strategy = MeteredDDPStrategy()
+    module = _Tiny()
+    module.trainer = SimpleNamespace(state=SimpleNamespace(fn=fn))
+    strategy.connect(module)
+    return strategy
+
+
+def test_only_a_fit_takes_the_checkpoint_s_bucket_layout(tmp_path):
+    path = tmp_path / "c.ckpt"
+    torch.save({DDP_BUCKETS_KEY: [[3, 2], [0]]}, path)
+    fitting = _strategy_for(TrainerFn.FITTING)
+    fitting.load_checkpoint(path)
+    assert fitting.resume_layout == [[3, 2], [0]]
+    for fn in (TrainerFn.VALIDATING, TrainerFn.TESTING, TrainerFn.PREDICTING):
+        strategy = _strategy_for(fn)
+        strategy.resume_layout = [[0]]  # a fit's, already handed over or not: not this run's
+        strategy.load_checkpoint(path)
+        assert strategy.resume_layout is None, fn
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        [[3, 2]],
+        [[3, 2], [0, 0]],
+        [[3, 2], [1]],
+        [[3, 2], [0.0]],
+        [[3, 2], 0],
+        "0,2,3",
+        [[3, 2, True]],
+    ],
+)
+def test_a_malformed_checkpointed_bucket_layout_is_a_config_error_naming_the_key(tmp_path, layout):
+    path = tmp_path / "c.ckpt"
+    torch.save({DDP_BUCKETS_KEY: layout}, path)
+    with pytest.raises(ConfigError, match=DDP_BUCKETS_KEY):
+        _strategy_for(TrainerFn.FITTING).load_checkpoint(path)
+
+
+def test_configure_ddp_hands_the_layout_over_once(monkeypatch):
+    """A later fit on the same Trainer without a checkpoint starts from DDP's own buckets."""
+    monkeypatch.setattr(DDPStrategy, "configure_ddp", lambda self: None)
+    monkeypatch.setattr(strategies, "register_metered_ddp_hook", lambda model, state: state)
+    strategy = _strategy_for(TrainerFn.FITTING)
+    strategy.comm = SimpleNamespace(with_group=lambda group: None, broadcast=lambda *a, **k: None)
+    strategy.model = SimpleNamespace(process_group=None, parameters=list, buffers=list)
+    strategy.resume_layout = [[3, 2], [0]]
+    strategy.configure_ddp()
+    assert strategy.grad_hook_state.resume_layout == [[3, 2], [0]]
+    strategy.configure_ddp()
+    assert strategy.grad_hook_state.resume_layout is None

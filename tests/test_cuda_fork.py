@@ -148,3 +148,32 @@ def test_ranks_forked_from_the_cuda_safe_server_import_the_rest_themselves(tmp_p
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)] == [[], []]
+
+
+GUARD_AFTER_PYARROW = r"""
+import sys
+import pyarrow
+import lightning_gnnscale.rank_server_guard
+assert sys.modules["pyarrow"] is pyarrow, sys.modules.get("pyarrow")
+"""
+
+GUARD_ALONE = r"""
+import sys
+import lightning_gnnscale.rank_server_guard
+import pandas.compat
+assert "pyarrow" not in sys.modules and not pandas.compat.HAS_PYARROW
+import pyarrow  # the block is lifted: a rank that needs it imports it
+"""
+
+
+@pytest.mark.parametrize("script", [GUARD_AFTER_PYARROW, GUARD_ALONE])
+def test_the_rank_server_guard_imports_pandas_without_pyarrow_and_keeps_an_earlier_one(script):
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -196,7 +196,7 @@ def test_a_halo_part_from_a_directory_is_the_in_memory_part(tmp_path, system):
         assert torch.equal(want.local_degree, want.degree[want.local.local2global])
         assert got.degree is None and not hasattr(got.book, "new2old")
         assert torch.equal(want.agreed, prepared.book.new2old)
-        assert torch.equal(got.agreed, opened.node_offsets)
+        assert got.agreed is None  # no agreement collective: the kit checked the directory
         whole = SeedSplit(train, 3, k, 64, 3)
         for part in (want, got):
             split = part.seed_split(64, 3)

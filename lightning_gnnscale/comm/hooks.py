@@ -13,6 +13,7 @@ reduction sum in it (docs/architecture.md, "Gradient buckets and resume").
 """
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects.
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -84,7 +85,13 @@ def metered_allreduce_hook(state: GradientHookState, bucket: GradBucket) -> Futu
         positions = [state.positions[id(p)] for p in bucket.parameters()]
         regrouped = sorted(j for members in layout for j in members)
         # DDP's initial bucket holds every parameter; the checkpointed run's are a regrouping
-        if layout != [positions] and sorted(positions) == regrouped:
+        if sorted(positions) != regrouped:
+            warnings.warn(
+                "DDP starts with several gradient buckets: the checkpoint's bucket layout is "
+                "not used, so the resumed run's first step may differ in the last bits",
+                stacklevel=1,
+            )
+        elif layout != [positions]:
             return _reduce_in_layout(state, bucket, positions, layout)
     return _reduce(state, bucket.buffer())
 

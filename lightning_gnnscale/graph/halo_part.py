@@ -43,8 +43,8 @@ class HaloPart:
         trainer_sizes: int64 ``[P]`` every rank's chunk size.
         seed_degree: int64 ``[n_seeds]`` degrees of ``trainer_seeds`` (ByteGNN's), or ``None``.
         agreed: what every rank must hold the same (checked in ``setup_rank``): in memory the
-            relabelling ``new2old [N]`` each rank computed; from a directory its offsets
-            (the kit checked the directory's digest).
+            relabelling ``new2old [N]`` each rank computed; ``None`` from a directory (the kit
+            checked that every rank opened the same one).
     """
 
     local: LocalPartition
@@ -55,7 +55,7 @@ class HaloPart:
     trainer_seeds: Tensor
     trainer_sizes: Tensor
     seed_degree: Tensor | None
-    agreed: Tensor
+    agreed: Tensor | None
 
     @classmethod
     def of(cls, prepared: PartitionedGraph, k: int, *, seed_degrees: bool = False) -> HaloPart:
@@ -93,7 +93,7 @@ class HaloPart:
             trainer_seeds=arrays["trainer_seeds"],
             trainer_sizes=torch.tensor(opened.meta["trainer_sizes"], dtype=torch.int64),
             seed_degree=arrays.get("trainer_seed_degree"),
-            agreed=offsets,
+            agreed=None,
         )
 
     def arrays(self) -> dict[str, Tensor]:

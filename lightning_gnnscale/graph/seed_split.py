@@ -33,6 +33,9 @@ class SeedSplit:
         world_size, rank: the trainers.
         batch_size: global seeds per step (``-1``: one step per epoch).
         seed: base of the shuffles.
+
+    The constructor splits the whole list: the definition :meth:`from_chunk` (what ranks
+    build from their part) is tested against.
     """
 
     def __init__(self, train_gids: Tensor, world_size: int, rank: int, batch_size: int, seed: int):

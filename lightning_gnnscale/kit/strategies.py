@@ -21,6 +21,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.accelerators import CUDAAccelerator
 from lightning.pytorch.plugins.precision import DoublePrecision, HalfPrecision, Precision
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
@@ -41,6 +42,23 @@ from ..graph.batch import Batch
 
 # the checkpoint's DDP gradient bucket layout (MeteredDDPStrategy.save_checkpoint)
 DDP_BUCKETS_KEY = "lightning_gnnscale_ddp_buckets"
+
+
+def checked_bucket_layout(layout: Any, module: torch.nn.Module) -> list[list[int]]:
+    """``layout`` if it is a bucket layout of ``module``: lists of ints that together hold
+    each trainable parameter's position in ``module.parameters()`` once; else ConfigError
+    (a malformed one would fail inside DDP's backward hook)."""
+    trainable = [i for i, p in enumerate(module.parameters()) if p.requires_grad]
+    valid = isinstance(layout, list) and all(
+        isinstance(bucket, list) and all(type(j) is int for j in bucket) for bucket in layout
+    )
+    if not valid or sorted(j for bucket in layout for j in bucket) != trainable:
+        raise ConfigError(
+            f"checkpoint key {DDP_BUCKETS_KEY!r} is not a bucket layout of this model: want "
+            f"lists of ints holding each of the {len(trainable)} trainable parameters' "
+            f"positions once, got {layout!r:.200}"
+        )
+    return layout
 
 
 class SuiteDoublePrecision(DoublePrecision):
@@ -393,6 +411,7 @@ class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
             scale=1.0,
             resume_layout=self.resume_layout,
         )
+        self.resume_layout = None  # handed over: a later fit without a checkpoint starts fresh
         self.grad_hook_state = register_metered_ddp_hook(self.model, state)
 
     @override
@@ -400,17 +419,25 @@ class MeteredDDPStrategy(SystemStrategy, DDPStrategy):
         self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
     ) -> None:
         """Lightning's, plus DDP's bucket layout (:func:`~..comm.hooks.ddp_bucket_layout`;
-        every rank calls this, rank 0 writes)."""
+        every rank calls this, rank 0 writes). A resumed run that saves before its first
+        backward saves the layout it carries, not DDP's initial one."""
         if self.grad_hook_state is not None and isinstance(self.model, DistributedDataParallel):
-            checkpoint[DDP_BUCKETS_KEY] = ddp_bucket_layout(self.model)
+            carried = self.grad_hook_state.resume_layout
+            checkpoint[DDP_BUCKETS_KEY] = (
+                carried if carried is not None else ddp_bucket_layout(self.model)
+            )
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict:
-        """The checkpoint; its bucket layout goes to the hook that :meth:`configure_ddp`
-        registers next (Lightning restores a fit's checkpoint before it sets DDP up)."""
+        """The checkpoint; a fit's takes its (checked) bucket layout to the hook that
+        :meth:`configure_ddp` registers next (Lightning restores a fit's checkpoint before it
+        sets DDP up; validate, test and predict set up no DDP)."""
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        self.resume_layout = checkpoint.get(DDP_BUCKETS_KEY)
+        module = self.lightning_module
+        fitting = module is not None and module.trainer.state.fn == TrainerFn.FITTING
+        layout = checkpoint.get(DDP_BUCKETS_KEY) if fitting else None
+        self.resume_layout = None if layout is None else checked_bucket_layout(layout, module)
         return checkpoint
 
     # Lightning's own cross-rank bookkeeping, metered as `control`.

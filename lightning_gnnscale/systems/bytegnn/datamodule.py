@@ -98,7 +98,8 @@ class ByteGNNDataModule(GNNDataModule):
     @override
     def setup_rank(self, context: RankContext, part: HaloPart) -> None:
         comm, rank, world, book = context.comm, context.rank, context.world_size, part.book
-        assert_same_on_all_ranks(comm, part.agreed, "the ByteGNN partition")
+        if part.agreed is not None:
+            assert_same_on_all_ranks(comm, part.agreed, "the ByteGNN partition")
         self.local, self.degree, self.local_degree = part.local, part.degree, part.local_degree
         self.core_orig_ids = part.orig_ids
         split = part.seed_split(self.data.batch_size, self.seed)

@@ -187,7 +187,8 @@ class DistDGLDataModule(GNNDataModule):
     @override
     def setup_rank(self, context: RankContext, part: HaloPart) -> None:
         comm, book = context.comm, part.book
-        assert_same_on_all_ranks(comm, part.agreed, "the DistDGL partition")
+        if part.agreed is not None:
+            assert_same_on_all_ranks(comm, part.agreed, "the DistDGL partition")
         self.local, self.degree, self.local_degree = part.local, part.degree, part.local_degree
         self.core_orig_ids = part.orig_ids
         self.kv = KVStore(comm, book)

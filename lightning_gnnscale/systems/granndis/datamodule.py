@@ -562,8 +562,9 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         workers = topology.workers_per_server
         ranks = range(server * workers, (server + 1) * workers)
         parts = [self.part_of(topology, rank) for rank in ranks]
-        starts = torch.tensor([0] + [part.x.shape[0] for part in parts]).cumsum(0).tolist()
-        x = torch.cat([part.x for part in parts])
+        x = [part.input_rows() for part in parts]
+        starts = torch.tensor([0] + [rows.shape[0] for rows in x]).cumsum(0).tolist()
+        x = torch.cat(x)
         writer.write_shared(f"server{server}", {"x": x})
         log(f"[partition] server {server}: {x.shape[0]:,} input rows")
         del x
@@ -607,16 +608,22 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def part_of(self, prepared: Topology | None, rank: int) -> GraNNDISPart | None:
         """Rank ``rank``'s share of its server for the servers x workers :meth:`preprocess`
-        laid out: its plans of every depth, their input rows gathered into one ``x`` and the
-        targets of their loss rows, and its inference share with its core's rows (``None``
-        in ``mb_base``: its ranks sample the whole graph)."""
+        laid out (if it knew none, :meth:`layout_topology`'s now, its plans built if not
+        cached): its plans of every depth, their input rows' ids and the targets of their loss
+        rows, and its inference share with its core's rows (``None`` in ``mb_base``: its
+        ranks sample the whole graph)."""
         if not self.config.layout_mode:
             return None
-        topology = prepared
+        topology = prepared if prepared is not None else self.layout_topology()
         if topology is None or rank >= topology.world_size:
+            what = (
+                "no servers x workers are known to lay the GraNNDIS plans out for"
+                if topology is None
+                else f"the GraNNDIS plans were laid out for {topology}, which has no rank {rank}"
+            )
             raise ConfigError(
-                f"the GraNNDIS plans were laid out for {topology}, which has no rank {rank}: "
-                "pass topology=Topology(world_size, workers_per_server) to GraNNDISDataModule"
+                f"{what}: pass topology=Topology(world_size, workers_per_server) to "
+                "GraNNDISDataModule"
             )
         graph = self.graph
         row_ids: list[Tensor] = []  # the part's rows, in order, as original ids
@@ -643,12 +650,12 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         lo, hi = book.node_offsets[rank : rank + 2].tolist()
         core = book.new2old[lo:hi]
         eval_x_range = take(core)
-        x = graph.x.index_select(0, torch.cat(row_ids))
         return GraNNDISPart(
             topology=topology,
             layouts=layouts,
-            x=x,
-            dtype=x.dtype,
+            x=graph.x,
+            x_ids=torch.cat(row_ids),
+            dtype=graph.x.dtype,
             eval_share=eval_share(graph, book, halos, rank),
             eval_x_range=eval_x_range,
             eval_y=graph.y.index_select(0, core),
@@ -714,6 +721,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.preload_depth = self.choose_preload_depth(context)
         else:
             self.preload_depth = self.depths()[0]
+        self.part = part = part.at_depth(self.preload_depth)  # the others' plans are freed
         layout = part.layouts[self.preload_depth]
         plans, self.layout = layout.plans, layout.summary
         self.check_server_agreement(context, plans)

@@ -11,7 +11,7 @@ so a step computes the same values bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 
 import torch
 from torch import Tensor
@@ -223,13 +223,15 @@ class GraNNDISPart:
     Attributes:
         topology: the servers x workers the plans were laid out for.
         layouts: per preload depth (``None``: a mode without ``k``) the rank's steps.
-        x: ``[n, F]`` the input rows the ranges address: in memory this rank's, gathered once;
-            from a directory its server's shared group, memory-mapped.
+        x: ``[n, F]`` the input rows the ranges address: from a directory its server's
+            shared group, memory-mapped; in memory the whole graph's, addressed by ``x_ids``.
         dtype: the run's feature dtype (``x`` is cast slice by slice).
         eval_share: its share of full-graph inference; ``eval_x_range`` its core's input rows
             in ``x``; ``eval_y`` ``[n_core, ...]`` and ``eval_masks`` (split -> bool
             ``[n_core]``) their targets and splits; ``orig_ids`` ``[n_core]`` their ids.
         num_nodes, train_count: the whole graph's nodes and training nodes.
+        x_ids: in memory ``[n]`` the rows' ids in ``x`` (gathered when read: a rank holds
+            the input rows of the depth it runs only); ``None``: ``x`` is the rows.
     """
 
     topology: Topology
@@ -243,11 +245,22 @@ class GraNNDISPart:
     orig_ids: Tensor
     num_nodes: int
     train_count: int
+    x_ids: Tensor | None = None
 
     def rows(self, span: tuple[int, int]) -> Tensor:
-        """Rows ``[start, stop)`` of ``x`` in the run's dtype."""
+        """Input rows ``[start, stop)`` in the run's dtype."""
         start, stop = span
-        return self.x[start:stop].to(self.dtype)
+        if self.x_ids is None:
+            return self.x[start:stop].to(self.dtype)
+        return self.x.index_select(0, self.x_ids[start:stop]).to(self.dtype)
+
+    def input_rows(self) -> Tensor:
+        """``[n, F]`` every input row the ranges address (what its server's group holds)."""
+        return self.x if self.x_ids is None else self.x.index_select(0, self.x_ids)
+
+    def at_depth(self, k: int | None) -> GraNNDISPart:
+        """The part with depth ``k``'s layout only (the one its rank runs)."""
+        return replace(self, layouts={k: self.layouts[k]})
 
     def arrays(self, offset: int) -> dict[str, Tensor]:
         """The part's files: every depth's plans (:func:`step_arrays`), ranges of ``x`` and

@@ -40,8 +40,8 @@ _DIGEST_ROWS = 1 << 16  # feature rows digested at a time by ``features_digest``
 _READ_BLOCK = 1 << 24
 # versions (``_version``) of the chunk files this process has checked against their digest
 _VERIFIED: set[tuple] = set()
-# a chunk's record as partitions read it (``chunk_payload``'s keys, ``deg`` apart: the
-# in-degrees are ``indptr``'s differences)
+# a chunk's record as partitions read it (``chunk_payload``'s keys; the in-degrees are
+# ``indptr``'s differences, so the ``deg`` that stores written before kept is never read)
 CHUNK_FILES = ("nodes", "indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask")
 
 
@@ -104,7 +104,6 @@ def chunk_payload(graph: Graph, nodes: Tensor) -> dict:
         "train_mask": graph.train_mask[nodes].clone(),
         "val_mask": graph.val_mask[nodes].clone(),
         "test_mask": graph.test_mask[nodes].clone(),
-        "deg": deg.clone(),
     }
 
 

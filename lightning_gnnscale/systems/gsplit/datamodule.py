@@ -436,9 +436,10 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def setup_rank(self, context: RankContext, part: GSplitPart) -> None:
         self.rank, self.world_size = context.rank, context.world_size
+        # the agreement collective first: a rank that raised before it would leave the rest waiting
+        assert_same_on_all_ranks(context.comm, part.split_table, "the GSplit split function")
         if part.num_parts > context.world_size:
             raise ValueError(f"split function has parts >= world size {context.world_size}")
-        assert_same_on_all_ranks(context.comm, part.split_table, "the GSplit split function")
         self.held, self.parts, self.report = part, part.owner, part.report
         self.train_ids = part.train_ids
         self.sampler = SplitSampler(

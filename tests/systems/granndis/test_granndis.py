@@ -185,6 +185,23 @@ def test_preload_auto_picks_the_largest_k_that_fits():
         _setup_one_process(dm)
 
 
+def test_preload_auto_holds_the_plans_and_input_rows_of_its_depth_only():
+    """Every depth is laid out for the choice; the rank then holds its depth's plans, and
+    input rows of that depth only: the part's ``x`` is the graph's own, read by row ids."""
+    from lightning_gnnscale.comm import Comm
+    from lightning_gnnscale.contract import RankContext
+
+    dm = _auto_module(None)
+    context = RankContext(Comm.local(), torch.device("cpu"))
+    part = dm.rank_part(context)
+    every_depth = sum(b - a for layout in part.layouts.values() for a, b in layout.x_ranges)
+    dm.setup_rank(context, part)
+    assert list(dm.part.layouts) == [dm.preload_depth] and len(part.layouts) == 4
+    assert dm.part.x.data_ptr() == dm.graph.x.data_ptr()  # no copy of any depth's rows
+    held = sum(rows.shape[0] for rows in dm.inputs)
+    assert held == sum(b - a for a, b in part.layouts[dm.preload_depth].x_ranges) < every_depth
+
+
 def test_preload_auto_needs_flx_and_the_model_widths():
     with pytest.raises(ConfigError, match="preload_auto=true chooses k for strategy.mode=flx"):
         GraNNDISConfig(mode="flx_eas", preload_auto=True)

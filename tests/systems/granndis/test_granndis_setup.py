@@ -188,3 +188,26 @@ def test_gcn_degrees_are_the_whole_graph_s_in_every_mode(tmp_path):
                     value == expected)  # fmt: skip
                 assert same, name
             assert torch.equal(step.final.degree, graph.in_degree()[step.final.rows])
+
+
+def test_a_prepare_that_knew_no_topology_lays_out_the_rank_s_when_it_takes_its_part(tmp_path):
+    """A ``prepare`` with no topology and no Trainer (a manual ``prepare_data``, a launcher
+    that knows none) lays nothing out; the part is then laid out for the Trainer's."""
+    from types import SimpleNamespace
+
+    config, data = GraNNDISConfig(mode="flx"), DataConfig(-1, [-1, -1])
+    dm = GraNNDISDataModule(graph_of(), config, data, cache_dir=tmp_path / "a")
+    assert dm.prepare(4) is None
+    with pytest.raises(ConfigError, match="no servers x workers are known"):
+        dm.part_of(dm.prepare(4), 1)
+    dm.trainer = SimpleNamespace(world_size=4, num_nodes=2, num_devices=2, node_rank=0)
+    got = dm.part_of(dm.prepare(4), 1)
+    given = GraNNDISDataModule(
+        graph_of(), config, data, cache_dir=tmp_path / "b", topology=TOPOLOGY
+    )
+    want = given.part_of(given.prepare(4), 1)
+    assert got.topology == want.topology == TOPOLOGY
+    assert torch.equal(got.x_ids, want.x_ids)
+    for k, layout in want.layouts.items():
+        assert got.layouts[k].x_ranges == layout.x_ranges
+        assert all(map(torch.equal, got.layouts[k].targets, layout.targets))

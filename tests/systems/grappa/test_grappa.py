@@ -1001,3 +1001,13 @@ def test_bench_grappa_table(tmp_path):
             row["grappa_steps"] * ring * 4 * n_params / 1e6
         )
     assert "| random | 2 | 2 |" in (out / "grappa_traffic.md").read_text()
+
+
+def test_a_chunk_file_holds_what_partitions_read_and_the_degrees_come_from_indptr(tmp_path):
+    """A chunk file holds no ``deg`` (an older store's is never read: partitions read
+    :data:`~.chunking.CHUNK_FILES` only); the record's in-degrees are ``indptr``'s differences."""
+    graph = small_graph()
+    store = write_chunk_store(graph, 4, "random", 0, str(tmp_path))
+    assert set(torch.load(Path(store.path) / "chunk_1.pt")) == set(chunking.CHUNK_FILES)
+    record = store.part((0, 1)).load(1)
+    assert torch.equal(record["deg"], graph.in_degree()[record["nodes"]])

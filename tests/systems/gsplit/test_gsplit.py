@@ -2,17 +2,19 @@
 bytes and statistics equal brute-force recomputations from the global sample."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.comm import Comm, CommMeter, Topology
 from lightning_gnnscale.graph.csc_rows import CSCRows
 from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.order import epoch_permutation
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.systems.gsplit.datamodule import GSplitDataModule
 from lightning_gnnscale.systems.gsplit.sampler import SplitSampler, shuffle
 from tests.helpers.dist import run_distributed
 
@@ -473,3 +475,20 @@ def test_owner_order_builder_equals_a_sort_by_owner():
         assert torch.equal(got.src_deg, want.src_deg)
         assert not torch.equal(got.src_ids, plain(frontier, src, dst_pos).src_ids)  # not id order
         frontier = got.src_ids
+
+
+def _disagreeing_part_counts(rank: int, world_size: int) -> None:
+    comm = Comm.create(CommMeter(), Topology(world_size, 1), timeout_s=20)
+    # rank 1 holds a split function of more parts than ranks: it must not raise alone
+    num_parts = world_size + rank
+    part = SimpleNamespace(num_parts=num_parts, split_table=torch.arange(6) % num_parts)
+    context = SimpleNamespace(rank=rank, world_size=world_size, comm=comm)
+    GSplitDataModule.setup_rank(object.__new__(GSplitDataModule), context, part)
+
+
+@pytest.mark.dist
+def test_ranks_disagreeing_on_the_split_function_all_fail_in_the_agreement_check():
+    """Every rank reaches the agreement collective before any check of its own part: one
+    rank raising first would leave the others waiting in it."""
+    with pytest.raises(RuntimeError, match="split function differs between ranks"):
+        run_distributed(_disagreeing_part_counts, 2, timeout_s=40)
