@@ -19,8 +19,9 @@ from lightning_gnnscale.preflight import ConfigError, validate
 from tests.helpers.config import REPO, make_cfg
 from tests.helpers.dist import run_distributed
 
-# A rank that imported torch alone has used more CPU time than this (lightning: ~10x more);
-# a rank forked from the warm server starts having used a few milliseconds.
+# A rank that imported torch, Lightning and PyG has used more CPU time than this (1.5 s on a
+# quiet 2-core machine with byte-compiled packages); a rank forked from the warm server starts
+# having used a few milliseconds.
 IMPORT_FREE_CPU_S = 1.0
 # Where an NVIDIA GPU is present the server imports only torch and Lightning, and each rank
 # the rest (tests/test_cuda_fork.py checks that path).
@@ -84,10 +85,18 @@ def test_test_helper_ranks_start_warm():
 
 @pytest.mark.e2e
 def test_spawn_stays_available_and_imports_again(tmp_path):
-    """``launcher.start_method=spawn``: a fresh interpreter, which pays the imports (and shows
-    the bound above is far below one import)."""
-    (report,) = _launch_and_read(tmp_path, 1, "spawn")
-    assert report["cpu_s"] > 2 * IMPORT_FREE_CPU_S
+    """``launcher.start_method=spawn``: a fresh interpreter, which pays the imports: it starts
+    with many times the CPU time of a rank forked from the warm server in the same test (a
+    ratio, so a fast or a loaded machine moves both; measured: 1.5 s against milliseconds on a
+    quiet 2-core machine with byte-compiled packages)."""
+    (spawned,) = _launch_and_read(_folder(tmp_path / "spawn"), 1, "spawn")
+    (forked,) = _launch_and_read(_folder(tmp_path / "forked"), 1, "forkserver")
+    assert spawned["cpu_s"] > 10 * max(forked["cpu_s"], 0.01), (spawned, forked)
+
+
+def _folder(path: Path) -> Path:
+    path.mkdir()
+    return path
 
 
 def test_an_unknown_start_method_is_refused_before_any_rank(tmp_path):
