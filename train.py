@@ -30,7 +30,11 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 # light: no torch, Lightning, PyG or system yet
-from lightning_gnnscale.launch import exit_without_teardown, warm_start  # noqa: E402
+from lightning_gnnscale.launch import (  # noqa: E402
+    exit_without_teardown,
+    import_pandas_without_pyarrow,
+    warm_start,
+)
 from lightning_gnnscale.preflight import check_config  # noqa: E402
 
 
@@ -38,6 +42,7 @@ from lightning_gnnscale.preflight import check_config  # noqa: E402
 def main(cfg: DictConfig) -> float | None:
     run = check_config(cfg)  # a bad value fails here, in about a second: nothing heavy loaded
     warm_start(cfg)  # the rank server imports while this process does the same and prepares
+    import_pandas_without_pyarrow()  # before PyG imports pandas (launch.py says why)
     from lightning_gnnscale.run import run_from_command_line
 
     return run_from_command_line(cfg, run)  # best_val_acc: the value Hydra sweepers optimise

@@ -117,6 +117,29 @@ def nvidia_gpu_present() -> bool:
     return any(os.path.exists(path) for path in NVIDIA_DRIVER_PATHS)
 
 
+def import_pandas_without_pyarrow() -> None:
+    """Import pandas (PyG imports it) with pyarrow blocked, then lift the block (a pyarrow
+    imported earlier is put back). Where pyarrow is installed (the tables reader's dependency,
+    docs/datasets.md) pandas would import it: 48 MB of RSS in every process that imports PyG
+    (measured: 492 against 444 MB after torch, Lightning and PyG) and a jemalloc and a pool
+    thread, which ranks must not fork from. Training uses no pandas; this process's pandas then
+    runs without pyarrow (``pandas.compat.HAS_PYARROW`` is False), while ``construct`` imports
+    pyarrow itself. Called by the rank server and by ``train.py``, never on import of the
+    package (a user's own process keeps its pandas as it is)."""
+    if "pandas" in sys.modules:
+        return
+    missing = object()
+    earlier = sys.modules.get("pyarrow", missing)
+    sys.modules["pyarrow"] = None  # type: ignore[assignment]
+    try:
+        import pandas  # noqa: F401
+    finally:
+        if earlier is missing:
+            del sys.modules["pyarrow"]
+        else:
+            sys.modules["pyarrow"] = earlier
+
+
 def server_preload(extra_modules: tuple[str, ...] = ()) -> tuple[str, ...]:
     """What a process that ranks fork from may import: :data:`RANK_SERVER_PRELOAD` and
     ``extra_modules``, or :data:`CUDA_SAFE_PRELOAD` alone where an NVIDIA GPU is present."""
