@@ -21,6 +21,7 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,14 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def _refuse_rows(bad: np.ndarray, path: Path, column: str, message: Callable[[int], str]) -> None:
+    """A :class:`ConstructError` at the first row where ``bad`` is set (none: nothing), its
+    text ``message(row)`` (``row``: 0-based)."""
+    if bad.any():
+        row = _first(bad)
+        raise _at(path, row + 1, column, message(row))
+
+
 def parse_ids(values, id_type: str, path: Path, name: str):
     """``values`` as ids of ``id_type`` (int64 or string array); a null or a value that does
     not parse is named."""
@@ -179,16 +188,16 @@ def parse_ids(values, id_type: str, path: Path, name: str):
         if pa.types.is_uint64(values.type):
             limit = pa.scalar(2**63 - 1, pa.uint64())
             over = pc.greater(values, limit).to_numpy(zero_copy_only=False)
-            if over.any():
-                row = _first(over)
-                raise _at(path, row + 1, name, f"{values[row].as_py()} is above the int64 range")
+            _refuse_rows(
+                over, path, name, lambda row: f"{values[row].as_py()} is above the int64 range"
+            )
         return values.cast(pa.int64())
     if not pa.types.is_string(values.type):
         raise _at(path, None, name, f"ids of type {values.type} are not integers (id_type int)")
     good = pc.match_substring_regex(values, _INT.pattern).to_numpy(zero_copy_only=False)
-    if not good.all():
-        row = _first(~good)
-        raise _at(path, row + 1, name, f"{values[row].as_py()!r} is not an integer (id_type int)")
+    _refuse_rows(
+        ~good, path, name, lambda row: f"{values[row].as_py()!r} is not an integer (id_type int)"
+    )
     trimmed = pc.utf8_trim_whitespace(values)
     digits = pc.replace_substring_regex(trimmed, "^-?0*", "")
     length = pc.utf8_length(digits).to_numpy(zero_copy_only=False)
@@ -196,9 +205,9 @@ def parse_ids(values, id_type: str, path: Path, name: str):
     over = (length > 19) | (
         (length == 19) & pc.greater(digits, limit).to_numpy(zero_copy_only=False)
     )
-    if over.any():
-        row = _first(over)
-        raise _at(path, row + 1, name, f"{values[row].as_py()!r} is outside the int64 range")
+    _refuse_rows(
+        over, path, name, lambda row: f"{values[row].as_py()!r} is outside the int64 range"
+    )
     return trimmed.cast(pa.int64())
 
 
@@ -247,14 +256,12 @@ def labels(table, spec: NodeTableSpec) -> tuple[np.ndarray, list[str]]:
         raise _at(spec.file, None, spec.label, "no node has a label")
     codes = pc.index_in(values, value_set=pa.array(classes, pa.string()))
     unknown = present & codes.is_null().to_numpy(zero_copy_only=False)
-    if unknown.any():
-        row = _first(unknown)
-        raise _at(
-            spec.file,
-            row + 1,
-            spec.label,
-            f"label {values[row].as_py()!r} is not one of the declared classes {classes}",
-        )
+    _refuse_rows(
+        unknown,
+        spec.file,
+        spec.label,
+        lambda row: f"label {values[row].as_py()!r} is not one of the declared classes {classes}",
+    )
     y = pc.fill_null(codes, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     return y, classes
 
@@ -268,14 +275,12 @@ def _label_strings(values, spec: NodeTableSpec):
         values = pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
         whole = pc.fill_null(pc.equal(pc.floor(values), values), True)
         whole = whole.to_numpy(zero_copy_only=False)
-        if not whole.all():
-            row = _first(~whole)
-            raise _at(
-                spec.file,
-                row + 1,
-                spec.label,
-                f"label {values[row].as_py()!r} is not a whole number (a class index)",
-            )
+        _refuse_rows(
+            ~whole,
+            spec.file,
+            spec.label,
+            lambda row: f"label {values[row].as_py()!r} is not a whole number (a class index)",
+        )
         values = values.cast(pa.int64())
     return _strings(values)
 
@@ -291,25 +296,23 @@ def split_masks(table, spec: NodeTableSpec, y: np.ndarray) -> dict[str, np.ndarr
         values = pc.fill_null(_strings(column(table, spec.split, spec.file)), "")
         codes = pc.index_in(values, value_set=pa.array(["", *SPLITS], pa.string()))
         bad = codes.is_null().to_numpy(zero_copy_only=False)
-        if bad.any():
-            row = _first(bad)
-            raise _at(
-                spec.file,
-                row + 1,
-                spec.split,
-                f"split {values[row].as_py()!r} is unknown; valid: {list(SPLITS)} or empty",
-            )
+        _refuse_rows(
+            bad,
+            spec.file,
+            spec.split,
+            lambda row: f"split {values[row].as_py()!r} is unknown; valid: {list(SPLITS)} or empty",
+        )
         code = codes.to_numpy(zero_copy_only=False)
         unlabelled = (code > 0) & (y < 0)
-        if unlabelled.any():
-            row = _first(unlabelled)
-            raise _at(
-                spec.file,
-                row + 1,
-                spec.split,
+        _refuse_rows(
+            unlabelled,
+            spec.file,
+            spec.split,
+            lambda row: (
                 f"the node is in split {values[row].as_py()!r} but has no label (column "
-                f"{spec.label!r} is empty); give it a label or leave its split empty",
-            )
+                f"{spec.label!r} is empty); give it a label or leave its split empty"
+            ),
+        )
         return {f"{name}_mask": code == i + 1 for i, name in enumerate(SPLITS)}
     fractions = spec.split_fractions
     labelled = np.flatnonzero(y >= 0)
@@ -484,9 +487,8 @@ def edge_table(spec: EdgeTableSpec, ids, id_type: str, types: dict[str, int]) ->
         out["feat_names"] = names
     if spec.type is not None:
         values = _strings(column(table, spec.type, spec.file))
-        if values.null_count:
-            row = _first(values.is_null().to_numpy(zero_copy_only=False))
-            raise _at(spec.file, row + 1, spec.type, "an empty edge type")
+        empty = values.is_null().to_numpy(zero_copy_only=False)
+        _refuse_rows(empty, spec.file, spec.type, lambda row: "an empty edge type")
         for name in pc.unique(values).to_pylist():
             types.setdefault(name, len(types))
         known = pa.array(list(types), pa.string())
@@ -499,9 +501,9 @@ def _contiguous(raw, ids, path: Path, name: str) -> np.ndarray:
 
     index = pc.index_in(raw, value_set=ids)
     unknown = index.is_null().to_numpy(zero_copy_only=False)
-    if unknown.any():
-        row = _first(unknown)
-        raise _at(path, row + 1, name, f"id {raw[row].as_py()!r} is not in the node table")
+    _refuse_rows(
+        unknown, path, name, lambda row: f"id {raw[row].as_py()!r} is not in the node table"
+    )
     return index.to_numpy().astype(np.int64)
 
 
