@@ -16,6 +16,7 @@ from torch import Tensor
 from lightning_gnnscale.graph.block import Block
 from lightning_gnnscale.graph.cache import cached_partition
 from lightning_gnnscale.graph.csc import Graph, csc_from_edges
+from lightning_gnnscale.graph.node_targets import NodeTargets
 from lightning_gnnscale.graph.partition import partition_report
 
 
@@ -162,7 +163,8 @@ class LocalPartition:
             the full graph's order (by source gid), so samplers see the same neighbour order.
         edge_ids: int64 ``[E_k]``; the edge's id in the relabelled global graph (contiguous);
             ``None`` when loaded from a partition directory (nothing reads it there).
-        x, y, train_mask, val_mask, test_mask: core nodes only (halo data lives with its owner).
+        x: features of the core nodes only (halo data lives with its owner).
+        targets: the task's rows of the core nodes (:class:`~.node_targets.NodeTargets`).
     """
 
     part_id: int
@@ -172,10 +174,7 @@ class LocalPartition:
     indices: Tensor
     edge_ids: Tensor | None
     x: Tensor
-    y: Tensor
-    train_mask: Tensor
-    val_mask: Tensor
-    test_mask: Tensor
+    targets: NodeTargets
 
     def __post_init__(self) -> None:
         n_core, n_local = self.num_core, self.local2global.numel()
@@ -191,11 +190,11 @@ class LocalPartition:
             or (int(self.indices.min()) >= 0 and int(self.indices.max()) < n_local),
             "LocalPartition.indices holds ids outside [0, n_local)",
         )
-        for name in ("x", "y", "train_mask", "val_mask", "test_mask"):
-            _check(
-                getattr(self, name).shape[0] == n_core,
-                f"LocalPartition.{name} must have one row per core node",
-            )
+        _check(self.x.shape[0] == n_core, "LocalPartition.x must have one row per core node")
+        _check(
+            self.targets.num_rows == n_core,
+            "LocalPartition.targets must have one row per core node",
+        )
 
     @property
     def num_local(self) -> int:
@@ -238,45 +237,38 @@ class LocalPartition:
     def arrays(self) -> dict[str, Tensor]:
         """The partition as named arrays: the files of a partition directory's part
         (``edge_ids`` is left out: it is a position in the whole graph)."""
-        return {name: getattr(self, name) for name in PART_ARRAYS}
+        structure = {name: getattr(self, name) for name in ("indptr", "indices", "local2global")}
+        return {**structure, "x": self.x, **self.targets.arrays()}
 
     @classmethod
     def from_arrays(
-        cls, part: dict[str, Tensor], part_id: int, dtype: torch.dtype | None = None
+        cls, part: dict[str, Tensor], part_id: int, out_dim: int, dtype: torch.dtype | None = None
     ) -> LocalPartition:
         """The partition of a loaded part (:meth:`arrays`' names; memory-mapped arrays are
-        used as they are), its features cast to ``dtype`` if given and different."""
+        used as they are), its features cast to ``dtype`` if given and different; ``out_dim``:
+        the targets' head width (the task's, from the directory's metadata)."""
         x = part["x"] if dtype is None or part["x"].dtype == dtype else part["x"].to(dtype)
         return cls(
             part_id=part_id,
-            num_core=part["y"].numel(),
+            num_core=x.shape[0],
             local2global=part["local2global"],
             indptr=part["indptr"],
             indices=part["indices"],
             edge_ids=None,
             x=x,
-            y=part["y"],
-            train_mask=part["train_mask"],
-            val_mask=part["val_mask"],
-            test_mask=part["test_mask"],
+            targets=NodeTargets.from_arrays(part, out_dim),
         )
 
 
 # the arrays of a LocalPartition that a partition directory stores (LocalPartition.arrays)
-PART_ARRAYS = (
-    "indptr",
-    "indices",
-    "local2global",
-    "x",
-    "y",
-    "train_mask",
-    "val_mask",
-    "test_mask",
-)
+PART_ARRAYS = ("indptr", "indices", "local2global", "x", *NodeTargets.array_names())
 
 
-def build_local_partition(relabelled: Graph, book: PartitionBook, k: int) -> LocalPartition:
-    """Cut part ``k``'s local graph out of ``relabelled`` (the output of :func:`relabel_graph`).
+def build_local_partition(
+    relabelled: Graph, targets: NodeTargets, book: PartitionBook, k: int
+) -> LocalPartition:
+    """Cut part ``k``'s local graph out of ``relabelled`` (the output of :func:`relabel_graph`)
+    and its ``targets`` (the task's rows, in gids).
 
     Node data is copied, so the partition can be saved or sent without the full graph.
     """
@@ -297,10 +289,7 @@ def build_local_partition(relabelled: Graph, book: PartitionBook, k: int) -> Loc
         indices=local_src,
         edge_ids=torch.arange(edge_lo, edge_hi),
         x=relabelled.x[core].clone(),
-        y=relabelled.y[core].clone(),
-        train_mask=relabelled.train_mask[core].clone(),
-        val_mask=relabelled.val_mask[core].clone(),
-        test_mask=relabelled.test_mask[core].clone(),
+        targets=targets.rows(core).clone(),
     )
 
 
@@ -315,22 +304,33 @@ class PartitionedGraph:
 
     Attributes:
         graph: the relabelled graph (part ``k`` owns gids ``[node_offsets[k], node_offsets[k+1])``).
+        targets: the task's rows, in gids.
         book: node ownership over those gids.
         report: the partition's edge cut and balance (``partition_report``).
     """
 
     graph: Graph
+    targets: NodeTargets
     book: PartitionBook
     report: dict
 
 
 def partition_and_relabel(
-    graph: Graph, method: str, num_parts: int, seed: int, cache_dir, *, label: str, **options
+    graph: Graph,
+    targets: NodeTargets,
+    method: str,
+    num_parts: int,
+    seed: int,
+    cache_dir,
+    *,
+    label: str,
+    **options,
 ) -> PartitionedGraph:
     """Partition ``graph`` (cached on disk by content hash), print the cut and balance under
-    ``[label]``, and relabel it so that every part owns a contiguous gid range."""
-    parts = cached_partition(graph, method, num_parts, seed, cache_dir, **options)
-    report = partition_report(graph, parts, num_parts)
+    ``[label]``, and relabel it and the task's ``targets`` so that every part owns a
+    contiguous gid range."""
+    parts = cached_partition(graph, method, num_parts, seed, cache_dir, targets=targets, **options)
+    report = partition_report(graph, parts, num_parts, splits=targets.split_matrix())
     print(
         f"[{label}] {method} partition into {num_parts}: edge cut "
         f"{report['edge_cut_fraction']:.1%}, train balance {report['train_balance']:.3f}, "
@@ -338,7 +338,8 @@ def partition_and_relabel(
         flush=True,
     )
     book = PartitionBook.from_parts(parts, num_parts)
-    return PartitionedGraph(relabel_graph(graph, book), book, report)
+    relabelled = relabel_graph(graph, book)
+    return PartitionedGraph(relabelled, targets.rows(book.new2old), book, report)
 
 
 def relabel_csc(indptr: Tensor, indices: Tensor, book: PartitionBook) -> tuple[Tensor, Tensor]:

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from lightning_gnnscale.files import UnsafeFileError, atomic_write, load_weights_only
 from lightning_gnnscale.graph.csc import Graph
+from lightning_gnnscale.graph.node_targets import NodeDataset, NodeTargets
 from lightning_gnnscale.graph.partition import partition, partition_report
 
 # Bump when a change to the code would change a cached artifact; old entries are then ignored.
@@ -62,16 +63,20 @@ def tensor_digest(tensor: Tensor) -> str:
     return digest.hexdigest()
 
 
-def graph_fingerprint(graph: Graph) -> dict:
-    """The identity of ``graph``'s structure, labels and split (what partitions and their
-    reports depend on; features are not part of it): name, sizes and a digest of every byte
-    of those arrays, so any change to them gives a new key (blake2b: 0.76 GiB/s measured here
-    on a 1 GiB int64 tensor with :func:`tensor_digest`). Floating targets (node regression's
-    ``y``) are read as float64, so the run's dtype does not change the key: a run given the
-    float32 graph and one loading it in float64 (a partition directory) agree."""
+def graph_fingerprint(graph: Graph, targets: NodeTargets | None = None) -> dict:
+    """The identity of ``graph``'s structure and of the task's ``targets`` (targets and
+    splits: what partitions and their reports depend on; features are not part of it): name,
+    sizes and a digest of every byte of those arrays, so any change to them gives a new key
+    (blake2b: 0.76 GiB/s measured here on a 1 GiB int64 tensor with :func:`tensor_digest`).
+    Floating targets (node regression's) are read as float64, so the run's dtype does not
+    change the key: a run given the float32 graph and one loading it in float64 (a partition
+    directory) agree."""
+    if targets is None:  # TRANSITIONAL
+        targets = NodeDataset.of_graph(graph).targets
     digest = hashlib.blake2b(digest_size=32)
-    y = graph.y.to(torch.float64) if graph.y.is_floating_point() else graph.y
-    for tensor in (graph.indptr, graph.indices, y, *_masks(graph)):
+    y = targets.target
+    y = y.to(torch.float64) if y.is_floating_point() else y
+    for tensor in (graph.indptr, graph.indices, y, targets.train, targets.val, targets.test):
         _add_tensor(digest, tensor)
     return {
         "name": graph.name,
@@ -79,10 +84,6 @@ def graph_fingerprint(graph: Graph) -> dict:
         "num_edges": graph.num_edges,
         "digest": digest.hexdigest(),
     }
-
-
-def _masks(graph: Graph) -> list[Tensor]:
-    return [m for m in (graph.train_mask, graph.val_mask, graph.test_mask) if m is not None]
 
 
 def cached(
@@ -164,18 +165,20 @@ def cached_partition(
     seed: int,
     cache_dir: str | os.PathLike,
     *,
+    targets: NodeTargets | None = None,
     node_weights: Tensor | None = None,
     edge_weights: Tensor | None = None,
     **options,
 ) -> Tensor:
-    """:func:`~lightning_gnnscale.graph.partition.partition`, cached by content hash.
+    """:func:`~lightning_gnnscale.graph.partition.partition`, cached by content hash
+    (``targets``: the task's rows, whose splits the partition may balance and reports).
 
     Beside ``partition-<key>.pt`` goes ``partition-<key>.json`` with the key parts and the
     :func:`~lightning_gnnscale.graph.partition.partition_report` of the result.
     """
     key_parts = {
         "kind": "partition",
-        "graph": graph_fingerprint(graph),
+        "graph": graph_fingerprint(graph, targets),
         "method": method,
         "num_parts": num_parts,
         "seed": seed,
@@ -184,17 +187,25 @@ def cached_partition(
         "edge_weights": None if edge_weights is None else tensor_digest(edge_weights),
     }
 
+    if targets is None:  # TRANSITIONAL
+        targets = NodeDataset.of_graph(graph).targets
+    splits = targets.split_matrix()
+
     def build() -> Tensor:
         parts = partition(
             graph,
             method,
             num_parts,
             seed=seed,
+            splits=splits,
             node_weights=node_weights,
             edge_weights=edge_weights,
             **options,
         )
-        report = {"key": key_parts, "report": partition_report(graph, parts, num_parts)}
+        report = {
+            "key": key_parts,
+            "report": partition_report(graph, parts, num_parts, splits=splits),
+        }
         report_path = artifact_path(key_parts, cache_dir, prefix="partition").with_suffix(".json")
         atomic_write(report_path, lambda file: file.write(json.dumps(report, indent=2).encode()))
         return parts

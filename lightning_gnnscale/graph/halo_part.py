@@ -58,13 +58,15 @@ class HaloPart:
     agreed: Tensor | None
 
     @classmethod
-    def of(cls, prepared: PartitionedGraph, k: int, *, seed_degrees: bool = False) -> HaloPart:
-        """Part ``k`` of the in-memory partition (pure: no collective); ``seed_degrees``: with
-        :attr:`seed_degree`."""
+    def of(
+        cls, prepared: PartitionedGraph, k: int, train_seeds: Tensor, *, seed_degrees: bool = False
+    ) -> HaloPart:
+        """Part ``k`` of the in-memory partition (pure: no collective); ``train_seeds``: the
+        task's training seeds in gids, sorted; ``seed_degrees``: with :attr:`seed_degree`."""
         graph, book = prepared.graph, prepared.book
         degree = graph.in_degree()
-        local = build_local_partition(graph, book, k)
-        chunks = SeedSplit.chunks(graph.split_ids("train"), book.num_parts)
+        local = build_local_partition(graph, prepared.targets, book, k)
+        chunks = SeedSplit.chunks(train_seeds, book.num_parts)
         lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
         return cls(
             local=local,
@@ -79,13 +81,14 @@ class HaloPart:
         )
 
     @classmethod
-    def load(cls, opened: PartitionDir, k: int, dtype: torch.dtype) -> HaloPart:
+    def load(cls, opened: PartitionDir, k: int, out_dim: int, dtype: torch.dtype) -> HaloPart:
         """Part ``k`` from its files only (memory-mapped; features cast to ``dtype`` if they
-        differ), with the shared metadata's offsets and chunk sizes."""
+        differ), with the shared metadata's offsets and chunk sizes; ``out_dim``: the targets'
+        head width (the task's, from the metadata)."""
         arrays = opened.load_part(k)
         offsets = opened.node_offsets
         return cls(
-            local=LocalPartition.from_arrays(arrays, k, dtype),
+            local=LocalPartition.from_arrays(arrays, k, out_dim, dtype),
             book=RangeBook(offsets),
             degree=None,
             local_degree=arrays["degree"],

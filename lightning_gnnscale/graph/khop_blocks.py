@@ -21,11 +21,6 @@ SPLITS = ("train", "val", "test")
 FREE_PIECES_PER_PART = 16
 
 
-def split_matrix(graph: Graph) -> Tensor:
-    """int64 ``[N, 3]``: one-hot membership in train / val / test (all zero if unlabelled)."""
-    return torch.stack([graph.train_mask, graph.val_mask, graph.test_mask], dim=1).to(torch.int64)
-
-
 def _in_edges(graph: Graph, nodes: Tensor) -> tuple[Tensor, Tensor]:
     """Sources of the in-edges of ``nodes`` (CSC segments concatenated) and, per edge, the
     position in ``nodes`` of its destination; both int64 ``[sum of in-degrees]``."""
@@ -37,12 +32,12 @@ def _in_edges(graph: Graph, nodes: Tensor) -> tuple[Tensor, Tensor]:
     return graph.indices[position], slot
 
 
-def center_order(graph: Graph, order: str, seed: int) -> Tensor:
-    """Labelled vertex ids (train ∪ val ∪ test) in priority order π: a seeded permutation
-    (``random``) or ascending id (``gid``). int64 ``[L]``."""
+def center_order(splits: Tensor, order: str, seed: int) -> Tensor:
+    """Labelled vertex ids (train ∪ val ∪ test of ``splits``, bool ``[N, 3]``) in priority
+    order π: a seeded permutation (``random``) or ascending id (``gid``). int64 ``[L]``."""
     if order not in CENTER_ORDERS:
         raise ValueError(f"unknown bytegnn order {order!r}; valid: {list(CENTER_ORDERS)}")
-    centers = (graph.train_mask | graph.val_mask | graph.test_mask).nonzero().flatten()
+    centers = splits.any(1).nonzero().flatten()
     if order == "gid":
         return centers
     gen = torch.Generator().manual_seed(seed)
@@ -272,6 +267,7 @@ def assign_blocks(
 
 def bytegnn_partition(
     graph: Graph,
+    splits: Tensor,
     num_parts: int,
     *,
     seed: int = 0,
@@ -282,15 +278,16 @@ def bytegnn_partition(
     imbalance: float | None = 0.05,
     block_bfs: str = "level_sync",
 ) -> Tensor:
-    """Part per vertex, int64 ``[N]``: :func:`neighbourhood_blocks` then :func:`assign_blocks`."""
-    centers = center_order(graph, order, seed)
+    """Part per vertex, int64 ``[N]``: :func:`neighbourhood_blocks` then :func:`assign_blocks`
+    (``splits``: bool ``[N, 3]`` membership in train, val, test: the centers and the balance)."""
+    centers = center_order(splits, order, seed)
     # label-free pieces of at most 1/16 of a part's share, so the greedy packing can balance them
     max_free_block = -(-graph.num_nodes // (FREE_PIECES_PER_PART * num_parts)) or None
     block_of, _ = neighbourhood_blocks(graph, centers, hops, block_bfs, max_free_block)
     num_blocks = int(block_of.max()) + 1 if graph.num_nodes else 0
     sizes = torch.bincount(block_of, minlength=num_blocks)
     split_counts = torch.zeros(num_blocks, 3, dtype=torch.int64)
-    split_counts.index_add_(0, block_of, split_matrix(graph))
+    split_counts.index_add_(0, block_of, splits.to(torch.int64))
     part_of_block = assign_blocks(
         sizes,
         split_counts,
@@ -325,8 +322,11 @@ def _khop_pairs(graph: Graph, centers: Tensor, hops: int, chunk: int):
             yield position[frontier_slot], frontier, torch.full_like(frontier, hop)
 
 
-def khop_locality(graph: Graph, parts: Tensor, hops: int, chunk: int = 4096) -> dict:
-    """How much of the labelled vertices' K-hop in-neighbourhoods each part holds itself.
+def khop_locality(
+    graph: Graph, splits: Tensor, parts: Tensor, hops: int, chunk: int = 4096
+) -> dict:
+    """How much of the labelled vertices' K-hop in-neighbourhoods each part holds itself
+    (labelled: in a split of ``splits``, bool ``[N, 3]``: train, val, test).
 
     For a labelled vertex ``c`` let ``S(c)`` be the vertices within ``hops - 1`` in-hops of
     ``c`` (``c`` included) and ``E(c)`` the in-edges of ``S(c)``: the edges a full
@@ -346,8 +346,8 @@ def khop_locality(graph: Graph, parts: Tensor, hops: int, chunk: int = 4096) -> 
     src, dst = graph.edge_index()
     same_part_in_degree = torch.bincount(dst[parts[src] == parts[dst]], minlength=graph.num_nodes)
     in_degree = graph.in_degree()
-    centers = (graph.train_mask | graph.val_mask | graph.test_mask).nonzero().flatten()
-    is_train = graph.train_mask[centers]
+    centers = splits.any(1).nonzero().flatten()
+    is_train = splits[centers, 0]
     local = total = remote = 0
     for position, vertex, distance in _khop_pairs(graph, centers, hops, chunk):
         center_part = parts[centers[position]]

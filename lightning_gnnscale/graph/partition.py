@@ -27,11 +27,15 @@ def partition(
     num_parts: int,
     *,
     seed: int = 0,
+    splits: Tensor | None = None,
     node_weights: Tensor | None = None,
     edge_weights: Tensor | None = None,
     **options,
 ) -> Tensor:
     """Assign every node of ``graph`` to one of ``num_parts`` parts; int64 ``[N]``.
+
+    ``splits``: bool ``[N, 3]``, each node's membership in train, val and test (the task's:
+    ``NodeTargets.split_matrix``), which ``metis_balanced`` and ``bytegnn`` balance.
 
     Methods and their ``options``:
         ``random``: uniform part per node, seeded.
@@ -85,16 +89,28 @@ def partition(
         parts[torch.randperm(num_nodes, generator=gen)] = chunk_of_position
         return parts
     if method == "bytegnn":
-        return bytegnn_partition(graph, num_parts, seed=seed, **bytegnn_options)
+        return bytegnn_partition(
+            graph, _splits(graph, splits), num_parts, seed=seed, **bytegnn_options
+        )
     metis_options = {"ufactor": options.get("ufactor", 30), "niter": options.get("niter", 10)}
     if method == "metis":
         return _metis(graph, num_parts, seed, node_weights, edge_weights, **metis_options)
-    constraints = balance_constraints(graph, balance, balance_edges)
+    constraints = balance_constraints(graph, _splits(graph, splits), balance, balance_edges)
     return _metis_balanced(graph, num_parts, seed, constraints, overpartition, **metis_options)
 
 
-def balance_constraints(graph: Graph, balance: str = "train", balance_edges: bool = True) -> Tensor:
-    """int64 ``[N, ncon]`` per-node columns a balanced partition evens out across parts.
+def _splits(graph: Graph, splits: Tensor | None) -> Tensor:
+    """TRANSITIONAL: the given split membership, else the graph's masks."""
+    if splits is not None:
+        return splits
+    return torch.stack([graph.train_mask, graph.val_mask, graph.test_mask], dim=1)
+
+
+def balance_constraints(
+    graph: Graph, splits: Tensor, balance: str = "train", balance_edges: bool = True
+) -> Tensor:
+    """int64 ``[N, ncon]`` per-node columns a balanced partition evens out across parts
+    (``splits``: bool ``[N, 3]`` membership in train, val, test).
 
     ``balance``: ``"train"`` gives [is train, 1]; ``"split"`` gives [is train, is val, is test,
     in no split, 1]; ``"none"`` gives [1]. ``balance_edges`` appends the in-degree (edges are
@@ -103,11 +119,11 @@ def balance_constraints(graph: Graph, balance: str = "train", balance_edges: boo
     if balance not in BALANCE_SCHEMES:
         raise ValueError(f"unknown balance {balance!r}; valid: {list(BALANCE_SCHEMES)}")
     columns = [torch.ones(graph.num_nodes, dtype=torch.int64)]
+    train, val, test = splits.unbind(1)
     if balance == "train":
-        columns.insert(0, graph.train_mask)
+        columns.insert(0, train)
     elif balance == "split":
-        in_a_split = graph.train_mask | graph.val_mask | graph.test_mask
-        columns[:0] = [graph.train_mask, graph.val_mask, graph.test_mask, ~in_a_split]
+        columns[:0] = [train, val, test, ~(train | val | test)]
     if balance_edges:
         columns.append(graph.in_degree())
     constraints = torch.stack([column.to(torch.int64) for column in columns], dim=1)
@@ -376,9 +392,15 @@ def _symmetric_weighted(
 
 
 def partition_report(
-    graph: Graph, parts: Tensor, num_parts: int | None = None, *, hops: int | None = None
+    graph: Graph,
+    parts: Tensor,
+    num_parts: int | None = None,
+    *,
+    splits: Tensor | None = None,
+    hops: int | None = None,
 ) -> dict:
-    """Quality of a partition, as JSON-ready numbers.
+    """Quality of a partition, as JSON-ready numbers (``splits``: bool ``[N, 3]`` membership
+    in train, val, test).
 
     Keys: ``num_parts``; ``edge_cut`` / ``edge_cut_fraction`` (stored directed edges whose
     endpoints lie in different parts); per part ``nodes``, ``edges`` (in-edges of owned
@@ -398,6 +420,8 @@ def partition_report(
         num_parts = int(parts.max()) + 1 if num_nodes else 1
     if num_nodes and (int(parts.min()) < 0 or int(parts.max()) >= num_parts):
         raise ValueError(f"parts must lie in [0, {num_parts})")
+    splits = _splits(graph, splits)
+    train, val, test = splits.unbind(1)
     src, dst = graph.edge_index()
     src_part, dst_part = parts[src], parts[dst]
     cut = src_part != dst_part
@@ -405,13 +429,13 @@ def partition_report(
     counts = {
         "nodes": torch.bincount(parts, minlength=num_parts),
         "edges": torch.bincount(dst_part, minlength=num_parts),
-        "train_nodes": torch.bincount(parts[graph.train_mask], minlength=num_parts),
-        "val_nodes": torch.bincount(parts[graph.val_mask], minlength=num_parts),
-        "test_nodes": torch.bincount(parts[graph.test_mask], minlength=num_parts),
+        "train_nodes": torch.bincount(parts[train], minlength=num_parts),
+        "val_nodes": torch.bincount(parts[val], minlength=num_parts),
+        "test_nodes": torch.bincount(parts[test], minlength=num_parts),
         "halo_nodes": torch.bincount(halo_pairs // max(num_nodes, 1), minlength=num_parts),
     }
     num_cut = int(cut.sum())
-    khop = {} if hops is None else khop_locality(graph, parts, hops)
+    khop = {} if hops is None else khop_locality(graph, splits, parts, hops)
     return {
         "num_parts": num_parts,
         "edge_cut": num_cut,

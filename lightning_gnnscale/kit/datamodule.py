@@ -22,6 +22,7 @@ from ..graph.batch import Batch
 from ..graph.csc import Graph
 from ..graph.dataset_config import DatasetConfig, dataset_config
 from ..graph.datasets import load_dataset
+from ..graph.node_targets import NodeDataset, NodeTargets
 from ..graph.order import EpochOrder
 from ..models.gnn import build_model
 from ..models.inference import node_rows
@@ -45,9 +46,9 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
       (:func:`~..contract.bind_datamodule`), then :meth:`setup_rank` builds this rank's share.
     - The validation and test loaders yield one :class:`~..contract.Evaluation` whose counts
       task statistics come from :meth:`eval_statistics`.
-    - The task (:mod:`~..tasks`) owns the targets (``Graph.y``, set by ``task.prepare``), the
-      training seeds (:attr:`train_ids`), the head's width (:attr:`out_dim`) and what
-      evaluation counts; the system indexes the rows it holds.
+    - The task (:mod:`~..tasks`) owns the targets (:attr:`targets`, one row per node, from
+      ``task.prepare``), the training seeds (:attr:`train_ids`), the head's width
+      (:attr:`out_dim`) and what evaluation counts; the system selects the rows it holds.
 
     With ``data.partition_dir`` (systems whose config has ``supports_partition_dir``) the
     DataModule never loads the whole graph: :meth:`prepare` opens and checks the partition
@@ -56,15 +57,15 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     (docs/partitioning.md).
 
     Args:
-        dataset: a :class:`Graph`, or a dataset to load (:func:`load_dataset`: a run's
+        dataset: a :class:`~..graph.node_targets.NodeDataset`, or a dataset to load (:func:`load_dataset`: a run's
             :class:`DatasetConfig`, or a name with ``dataset_options``); with
-            ``data.partition_dir``, a dataset (checked against the directory) or ``None``
-            (the directory's dataset).
+            ``data.partition_dir``, a dataset's name or config (checked against the directory)
+            or ``None`` (the directory's dataset).
         config: the system's settings.
         data: batch size, fanouts, loader workers, evaluation chunk size, partition directory.
         seed: base of the epoch permutations and sampling keys.
         cache_dir: where preprocessing results are cached (default ``./.cache/lightning_gnnscale``).
-        dtype: features' dtype when loading by name (a given graph is used as it is).
+        dtype: features' dtype when loading by name (a given dataset is used as it is).
         dataset_options: a dataset name's settings (``root``, ``num_nodes``...), typed here.
         checked_run: the typed run this module is built for (``run.build_datamodule``), which
             holds ``config`` and ``data``: its rules were checked once when it was typed
@@ -75,7 +76,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
 
     def __init__(
         self,
-        dataset: Graph | DatasetConfig | str | None,
+        dataset: NodeDataset | DatasetConfig | str | None,
         config: SystemConfig,
         data: DataConfig | None = None,
         *,
@@ -102,17 +103,20 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self.seed = seed
         self.cache_dir = Path(cache_dir if cache_dir is not None else PREPROCESSING_CACHE_DIR)
         self.partition_dir = self.data.partition_dir
-        if self.partition_dir is not None and isinstance(dataset, Graph):
+        if isinstance(dataset, Graph):
+            dataset = NodeDataset.of_graph(dataset)
+        if self.partition_dir is not None and isinstance(dataset, NodeDataset):
             raise ValueError(
                 "data.partition_dir: the ranks load their parts from the directory; pass the "
-                "dataset's name (or None), not a Graph"
+                "dataset's name (or None), not a NodeDataset"
             )
         if dataset is None and self.partition_dir is None:
-            raise ValueError("dataset is None: pass a Graph or a dataset name")
-        self._graph = self.task.prepare(dataset, seed) if isinstance(dataset, Graph) else None
+            raise ValueError("dataset is None: pass a NodeDataset or a dataset name")
+        self._dataset = dataset if isinstance(dataset, NodeDataset) else None
+        self._targets: NodeTargets | None = None
         self.dataset_config = (
             None
-            if isinstance(dataset, Graph | None)
+            if isinstance(dataset, NodeDataset | None)
             else dataset_config(dataset, **(dataset_options or {}))
         )
         self._dtype = dtype
@@ -135,21 +139,34 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     def dtype(self) -> torch.dtype:
         """The features' dtype of a dataset loaded by name or of a rank's part (the
         constructor's ``dtype``; float64 under ``Trainer(precision="64-true")``). A given
-        :class:`Graph` keeps its own."""
+        :class:`NodeDataset` keeps its own."""
         return self._dtype
 
     @property
-    def graph(self) -> Graph:
+    def node_dataset(self) -> NodeDataset:
         """The whole dataset (loaded on first use when the module was given a name)."""
         if self.partition_dir is not None:
             raise RuntimeError(
                 f"data.partition_dir={self.partition_dir}: this DataModule holds its rank's "
                 "part only, never the whole graph"
             )
-        if self._graph is None:
-            graph = load_dataset(self.dataset_config)
-            self._graph = self.task.prepare(graph, self.seed).to(self._dtype)
-        return self._graph
+        if self._dataset is None:
+            loaded = NodeDataset.of_graph(load_dataset(self.dataset_config))  # TRANSITIONAL
+            self._dataset = loaded.to(self._dtype)
+        return self._dataset
+
+    @property
+    def graph(self) -> Graph:
+        """The whole graph: structure and features (:attr:`node_dataset`'s)."""
+        return self.node_dataset.graph
+
+    @property
+    def targets(self) -> NodeTargets:
+        """The task's rows of every node (``task.prepare`` of :attr:`node_dataset`): what a
+        system selects, per node it holds, beside the graph's rows."""
+        if self._targets is None:
+            self._targets = self.task.prepare(self.node_dataset, self.seed).to(self._dtype)
+        return self._targets
 
     @property
     def input_dim(self) -> int:
@@ -163,7 +180,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         """Width of the model's output rows (the task's head: classes or target width)."""
         if self.partition_dir is not None:
             return self.task.out_dim_of(self.partition_meta())
-        return self.task.out_dim(self.graph)
+        return self.targets.out_dim
 
     def prepare(self, world_size: int, ranks: list[int] | None = None) -> Any:
         """The one-off preprocessing for ``world_size`` ranks (memoised; override
@@ -198,7 +215,8 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         if self.partition_dir is not None:
             self._dtype = torch.float64
         elif self.graph.x.dtype != torch.float64:
-            self._graph, self._prepared = self.graph.to(torch.float64), {}
+            self._dataset, self._prepared = self.node_dataset.to(torch.float64), {}
+            self._targets = None
 
     @override
     def prepare_data(self) -> None:
@@ -336,7 +354,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     @cached_property
     def train_ids(self) -> torch.Tensor:
         """The task's training seeds ``[n_train]`` (an error if there are none)."""
-        ids = self.task.train_seeds(self.graph)
+        ids = self.task.train_seeds(self.targets)
         if ids.numel() == 0:
             raise ValueError(f"dataset {self.graph.name!r} has no training nodes")
         return ids

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ..graph.batch import Batch
 from ..graph.csc import Graph
+from ..graph.node_targets import NodeTargets
 from ..graph.order import EpochOrder
 from ..graph.sampler import NeighborSampler
 
@@ -81,6 +82,7 @@ class StepBatcher(Dataset):
     spawned ranks) can pickle it without the Trainer. Indexed by ``(epoch, step)``."""
 
     graph: Graph
+    targets: NodeTargets
     sampler: NeighborSampler
     train_ids: torch.Tensor
     batch_size: int
@@ -99,6 +101,7 @@ class StepBatcher(Dataset):
     def on_graph(
         cls,
         graph: Graph,
+        targets: NodeTargets,
         fanouts: list[int],
         train_ids: torch.Tensor,
         batch_size: int,
@@ -107,16 +110,19 @@ class StepBatcher(Dataset):
         world_size: int,
         salt_by_rank: bool,
     ) -> StepBatcher:
-        """A batcher sampling ``graph`` whole with the suite's hash-keyed ``fanouts`` sampler."""
+        """A batcher sampling ``graph`` whole with the suite's hash-keyed ``fanouts`` sampler
+        (``targets``: the task's rows of its nodes)."""
         sampler = NeighborSampler(graph.indptr, graph.indices, list(fanouts), seed)
-        return cls(graph, sampler, train_ids, batch_size, seed, rank, world_size, salt_by_rank)
+        return cls(
+            graph, targets, sampler, train_ids, batch_size, seed, rank, world_size, salt_by_rank
+        )
 
     def step_seeds(self, epoch: int, step: int) -> torch.Tensor:
         """All ranks' seeds of one global step."""
         return self.order.step(epoch, step, self.batch_size)
 
     def __getitem__(self, key: tuple[int, int]) -> Batch:
-        """This rank's share of step ``step``: sample, then gather input rows and labels."""
+        """This rank's share of step ``step``: sample, then gather input rows and targets."""
         epoch, step = key
         global_seeds = self.step_seeds(epoch, step)
         seeds = torch.tensor_split(global_seeds, self.world_size)[self.rank]
@@ -125,7 +131,7 @@ class StepBatcher(Dataset):
         blocks = self.sampler.sample(seeds, epoch=epoch, step=step, salt=salt)
         sampled = time.perf_counter()
         x = self.graph.x.index_select(0, blocks[0].src_ids)
-        y = self.graph.y.index_select(0, seeds)
+        y = self.targets.target.index_select(0, seeds)
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,

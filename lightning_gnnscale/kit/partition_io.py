@@ -149,8 +149,8 @@ class PartitionDirIO:
                 "num_nodes": graph.num_nodes,
                 "num_edges": graph.num_edges,
                 "num_features": graph.num_features,
-                "num_classes": graph.num_classes,
-                "target_dim": self.task.out_dim(graph),
+                "num_classes": self.node_dataset.num_classes,
+                "target_dim": self.targets.out_dim,
                 "feature_dtype": str(graph.x.dtype).removeprefix("torch."),
                 **extra,
             }

@@ -16,8 +16,7 @@ def core_statistics(
 ) -> torch.Tensor:
     """The task's statistics (:func:`~..tasks.base.split_statistics`) of a local partition's
     core rows, from their output rows ``out [n_core, d]``."""
-    masks = {"train": local.train_mask, "val": local.val_mask, "test": local.test_mask}
-    return split_statistics(task, out, local.y, masks, splits)
+    return split_statistics(task, out, local.targets, splits)
 
 
 def own_predictions(

@@ -26,6 +26,7 @@ def whole_graph_statistics(
     return replicated_eval_statistics(
         dm.task,
         dm.graph,
+        dm.targets,
         net,
         splits,
         dm.rank,
@@ -69,6 +70,7 @@ class SampledDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """The batch maker for this rank (rank and world size as set up)."""
         return StepBatcher.on_graph(
             self.graph,
+            self.targets,
             self.data.fanouts,
             self.train_ids,
             self.batch_size,

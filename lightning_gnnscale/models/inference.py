@@ -15,8 +15,9 @@ from ..contract import PREDICT_OUTPUTS
 from ..graph.book import RangeBook
 from ..graph.csc import Graph
 from ..graph.csc_rows import CSCRows
+from ..graph.node_targets import NodeTargets
 from ..graph.sampler import BlockBuilder, build_block_sorted, sample_neighbors
-from ..tasks.base import NodeTask, split_statistics
+from ..tasks.base import NodeTask, row_statistics, split_statistics
 from .gnn import BlockGNN, SubgraphModel
 
 
@@ -162,6 +163,7 @@ def full_logits(
 def replicated_eval_statistics(
     task: NodeTask,
     graph: Graph,
+    targets: NodeTargets,
     net: torch.nn.Module,
     splits: tuple[str, ...],
     rank: int,
@@ -171,7 +173,8 @@ def replicated_eval_statistics(
 ) -> torch.Tensor:
     """``[len(splits), k]`` float64 task statistics over this rank's share of each split.
 
-    For systems whose ranks hold the whole graph; the caller sums the statistics over ranks.
+    For systems whose ranks hold the whole graph (and ``targets``, the task's rows of its
+    nodes); the caller sums the statistics over ranks.
 
     - With a distributed ``comm`` (rank and world size must be its own): the inference is split
       across ranks (:func:`full_logits`; the hidden layers' rows are all-gathered as
@@ -188,14 +191,10 @@ def replicated_eval_statistics(
             )
         start, stop = node_range(graph.num_nodes, rank, world_size)
         out = full_logits(graph, net, chunk_size, comm, gather=False)
-        positions = {}
-        for split in splits:
-            ids = graph.split_ids(split)
-            positions[split] = ids[(ids >= start) & (ids < stop)] - start
-        return split_statistics(task, out, graph.y[start:stop], positions, splits)
+        return split_statistics(task, out, targets.rows(slice(start, stop)), splits)
     out = full_logits(graph, net, chunk_size)
-    rows = {split: graph.split_ids(split)[rank::world_size] for split in splits}
-    return split_statistics(task, out, graph.y, rows, splits)
+    rows = {split: targets.split(split).nonzero().flatten()[rank::world_size] for split in splits}
+    return row_statistics(task, out, targets.target, rows, splits)
 
 
 def owned_range_rows(

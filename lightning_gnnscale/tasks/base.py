@@ -8,16 +8,16 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ..graph.csc import Graph
+from ..graph.node_targets import NodeDataset, NodeTargets
 from .spec import TaskSpec
 
 
 class NodeTask:
-    """A task whose targets are per-node rows of the graph (``Graph.y``).
+    """A task whose targets are per-node rows (:class:`~..graph.node_targets.NodeTargets`).
 
-    A system never interprets ``Graph.y``: it indexes the rows it holds, carries a step's seed
-    rows in ``Batch.y`` and hands evaluation this task's :func:`split_statistics` over its own
-    rows. A task's evaluation is a vector of *summable* statistics per split (classification:
+    A system never interprets its :class:`NodeTargets`: it selects the rows of the nodes it
+    holds, carries a step's seed rows' ``target`` in ``Batch.y`` and hands evaluation this
+    task's :func:`split_statistics` over its own rows. A task's evaluation is a vector of *summable* statistics per split (classification:
     correct, count; regression: squared-error sum, absolute-error sum, count), so a system sums
     them across ranks (one ``all_reduce``) and :meth:`metric_values` turns the sums into metrics.
 
@@ -32,26 +32,26 @@ class NodeTask:
     def name(self) -> str:
         return self.spec.name
 
-    def prepare(self, graph: Graph, seed: int) -> Graph:
-        """The graph whose ``y`` holds this task's targets (default: the dataset's own)."""
-        return graph
-
-    def out_dim(self, graph: Graph) -> int:
-        """Width of the model's output rows (the head)."""
-        raise NotImplementedError
+    def prepare(self, dataset: NodeDataset, seed: int) -> NodeTargets:
+        """This task's rows for every node of ``dataset`` (default: the dataset's own)."""
+        return dataset.targets
 
     def out_dim_of(self, meta: Mapping) -> int:
-        """:meth:`out_dim` from a partition directory's metadata (no graph is loaded)."""
+        """The head's width from a partition directory's metadata (no graph is loaded)."""
         raise NotImplementedError
 
     def target_shape(self, rows: int, meta: Mapping) -> tuple[int, ...]:
-        """The shape of ``rows`` rows of targets (``Graph.y``) in a partition directory with
-        metadata ``meta``: what a system checks its stored ``y`` against."""
+        """The shape of ``rows`` rows of ``NodeTargets.target`` in a partition directory with
+        metadata ``meta``: what a system checks its stored targets against."""
         raise NotImplementedError
 
-    def train_seeds(self, graph: Graph) -> Tensor:
-        """The training seeds ``[n_train]`` (node ids), in id order."""
-        return graph.split_ids("train")
+    def is_train_seed(self, targets: NodeTargets) -> Tensor:
+        """bool ``[n]``: which of these rows a step may train on."""
+        return targets.train
+
+    def train_seeds(self, targets: NodeTargets) -> Tensor:
+        """The training seeds ``[n_train]`` (row ids of ``targets``), in id order."""
+        return self.is_train_seed(targets).nonzero().flatten()
 
     def seed_nodes(self, seeds: Tensor) -> Tensor:
         """The nodes whose output rows a step on ``seeds`` needs (node tasks: the seeds)."""
@@ -78,11 +78,27 @@ class NodeTask:
 
 
 def split_statistics(
+    task: NodeTask,
+    out: Tensor,
+    targets: NodeTargets,
+    splits: tuple[str, ...],
+    within: Tensor | None = None,
+) -> Tensor:
+    """float64 ``[len(splits), k]``: ``task.statistics`` of the rows of ``targets`` in each
+    split (restricted to the rows ``within``, a bool mask, when given), ``out`` holding one
+    output row per row of ``targets``. What every system's evaluation returns for the caller to
+    sum over ranks."""
+    rows = {}
+    for split in splits:
+        rows[split] = targets.split(split) if within is None else targets.split(split) & within
+    return row_statistics(task, out, targets.target, rows, splits)
+
+
+def row_statistics(
     task: NodeTask, out: Tensor, target: Tensor, rows: Mapping[str, Tensor], splits: tuple[str, ...]
 ) -> Tensor:
     """float64 ``[len(splits), k]``: ``task.statistics`` of the rows ``rows[split]`` (a bool mask
-    or positions into ``out`` and ``target``) of each split. What every system's evaluation
-    returns for the caller to sum over ranks."""
+    or positions into ``out`` and ``target``) of each split."""
     return torch.stack(
         [task.statistics(out[rows[split]], target[rows[split]]) for split in splits]
     ).reshape(len(splits), len(task.statistic_names))

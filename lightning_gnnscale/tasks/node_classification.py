@@ -1,4 +1,4 @@
-"""Node classification: ``Graph.y`` holds int64 labels ``[N]``; cross-entropy; accuracy."""
+"""Node classification: the dataset's labels ``[N]``; cross-entropy; accuracy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..graph.csc import Graph
 from . import TASKS
 from .base import NodeTask
 
@@ -19,9 +18,6 @@ class NodeClassification(NodeTask):
 
     spec = TASKS["node_classification"]
     statistic_names = ("correct", "count")
-
-    def out_dim(self, graph: Graph) -> int:
-        return graph.num_classes
 
     def out_dim_of(self, meta: Mapping) -> int:
         return int(meta["num_classes"])

@@ -1,4 +1,4 @@
-"""Node regression: ``Graph.y`` holds float targets ``[N, d]``; MSE; RMSE and MAE.
+"""Node regression: float targets ``[N, d]``; MSE; RMSE and MAE.
 
 On a labelled dataset (``sbm``'s blocks, Cora's classes) the targets are synthetic
 (:func:`synthetic_targets`): learnable from structure and features, deterministic from the
@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from ..graph.csc import Graph
+from ..graph.node_targets import NodeDataset, NodeTargets
 from . import TASKS
 from .base import NodeTask
 
@@ -20,23 +20,24 @@ TARGET_DIM = 1  # width of the synthetic target
 NOISE = 0.1  # standard deviation of its noise
 
 
-def synthetic_targets(graph: Graph, seed: int) -> Tensor:
+def synthetic_targets(dataset: NodeDataset, seed: int) -> Tensor:
     """float32 ``[N, TARGET_DIM]``: a fixed random linear map of each node's neighbourhood mean
     feature (itself and its in-neighbours), plus an offset of its class (its community on
     ``sbm``; none for unlabelled nodes), plus Gaussian noise ``NOISE``; every random draw
     from ``seed``. Computed in float64 from the features, so the targets do not depend on the
     run's dtype."""
+    graph, labels = dataset.graph, dataset.targets.target
     gen = torch.Generator().manual_seed(seed)
     n, f = graph.num_nodes, graph.num_features
     weight = torch.randn(f, TARGET_DIM, generator=gen, dtype=torch.float64) / f**0.5
-    offset = torch.randn(graph.num_classes, TARGET_DIM, generator=gen, dtype=torch.float64)
+    offset = torch.randn(dataset.num_classes, TARGET_DIM, generator=gen, dtype=torch.float64)
     noise = torch.randn(n, TARGET_DIM, generator=gen, dtype=torch.float64) * NOISE
     x = graph.x.to(torch.float64)
     summed = x.clone().index_add_(0, graph.dst_of_edges(), x.index_select(0, graph.indices))
     mean = summed / (graph.in_degree() + 1).unsqueeze(1)
-    labelled = graph.y >= 0
+    labelled = labels >= 0
     community = torch.zeros(n, TARGET_DIM, dtype=torch.float64)
-    community[labelled] = offset[graph.y[labelled]]
+    community[labelled] = offset[labels[labelled]]
     return (mean @ weight + community + noise).to(torch.float32)
 
 
@@ -48,15 +49,13 @@ class NodeRegression(NodeTask):
     spec = TASKS["node_regression"]
     statistic_names = ("squared_error", "absolute_error", "count")
 
-    def prepare(self, graph: Graph, seed: int) -> Graph:
-        """The graph with :func:`synthetic_targets` as ``y`` when ``y`` holds labels; a graph
-        whose ``y`` is already floating (targets) is returned as it is."""
-        if graph.y.is_floating_point():
-            return graph
-        return replace(graph, y=synthetic_targets(graph, seed), meta=dict(graph.meta))
-
-    def out_dim(self, graph: Graph) -> int:
-        return graph.y.shape[1]
+    def prepare(self, dataset: NodeDataset, seed: int) -> NodeTargets:
+        """:func:`synthetic_targets` over the dataset's splits when its targets are labels; a
+        dataset whose targets are already floating is used as it is."""
+        targets = dataset.targets
+        if targets.target.is_floating_point():
+            return targets
+        return replace(targets, target=synthetic_targets(dataset, seed), out_dim=TARGET_DIM)
 
     def out_dim_of(self, meta: Mapping) -> int:
         return int(meta["target_dim"])
