@@ -1,7 +1,8 @@
 """What a system's folder must not contain (issue 36): the kit owns where a rank's part comes
 from and the checks on it, so ``systems/<name>/`` holds no branch on a partition directory and
-no copy of those checks. Each row of :data:`BANNED` is one rule; a later slice adds its own
-(labels, masks, ``eval_counts``: the task's)."""
+no copy of those checks, and no task logic: targets, splits and class counts are the task's
+(``NodeTargets``, which a system only selects, stores and hands back). Each row of
+:data:`BANNED` is one rule."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ BANNED = {
     r"\breplicated_eval_statistics\(": (
         "whole-graph evaluation is the kit's (kit.sampled.whole_graph_statistics), once"
     ),
+    r"(?i)\blabels?\b": "targets are the task's (NodeTargets), not a system's labels",
+    r"\b(?:train|val|test)_mask\b|\bmasks\b": "splits are the task's (NodeTargets)",
+    r"\bnum_classes\b": "the head's width is the task's (NodeTargets.out_dim)",
+    r"\beval_counts\b": "evaluation statistics are the task's (tasks.base.split_statistics)",
+    r"\bgraph\.y\b|\.split_ids\(": "targets and splits are the task's (NodeTargets)",
 }
 
 
@@ -53,11 +59,17 @@ def test_each_rule_finds_what_it_bans():
         r"\.digest\[": "digest = torch.tensor([int(opened.digest[:15], 16)])",
         r"partitioned into \{": 'raise ValueError(f"partitioned into {n} parts")',
         r"\breplicated_eval_statistics\(": "return replicated_eval_statistics(self.task, g)",
+        r"(?i)\blabels?\b": "self.kv.init_data('label', local.y)",
+        r"\b(?:train|val|test)_mask\b|\bmasks\b": "seeds = graph.train_mask.nonzero()",
+        r"\bnum_classes\b": "head = graph.num_classes",
+        r"\beval_counts\b": "return eval_counts(out, y)",
+        r"\bgraph\.y\b|\.split_ids\(": "y = graph.y[seeds]",
     }
     assert samples.keys() == BANNED.keys()
     for pattern, source in samples.items():
         assert violations(source) == [pattern], source
     assert violations("part = opened.load_part(rank)") == []
+    assert violations("parts = relabel(graph); keep = keep_mask(level)") == []
 
 
 class _Gathered:

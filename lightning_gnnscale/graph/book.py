@@ -323,16 +323,16 @@ def partition_and_relabel(
     seed: int,
     cache_dir,
     *,
-    label: str,
+    system: str,
     **options,
 ) -> PartitionedGraph:
     """Partition ``graph`` (cached on disk by content hash), print the cut and balance under
-    ``[label]``, and relabel it and the task's ``targets`` so that every part owns a
+    ``[system]``, and relabel it and the task's ``targets`` so that every part owns a
     contiguous gid range."""
     parts = cached_partition(graph, method, num_parts, seed, cache_dir, targets=targets, **options)
     report = partition_report(graph, parts, num_parts, splits=targets.split_matrix())
     print(
-        f"[{label}] {method} partition into {num_parts}: edge cut "
+        f"[{system}] {method} partition into {num_parts}: edge cut "
         f"{report['edge_cut_fraction']:.1%}, train balance {report['train_balance']:.3f}, "
         f"node balance {report['node_balance']:.3f}",
         flush=True,
