@@ -28,9 +28,9 @@ def main() -> None:
     args = parser.parse_args()
 
     L.seed_everything(args.seed, workers=True, verbose=False)
-    graph = gs.load_dataset("sbm", num_nodes=args.num_nodes)
+    dataset = gs.load_dataset("sbm", num_nodes=args.num_nodes)
     datamodule = gs.GSplitDataModule(
-        graph,
+        dataset,
         gs.GSplitConfig(),  # the paper's defaults: pre-sampled weighted METIS, 25 % cache
         gs.DataConfig(batch_size=1024, fanouts=[10, 10]),
         seed=args.seed,

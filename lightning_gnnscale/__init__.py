@@ -33,6 +33,7 @@ _LAZY: dict[str, str] = {
     ),
     "Batch": ".graph.batch",
     "Graph": ".graph.csc",
+    **dict.fromkeys(("NodeDataset", "NodeTargets"), ".graph.node_targets"),
     "DATASETS": ".graph.dataset_config",
     "load_dataset": ".graph.datasets",
     **dict.fromkeys(("BlockGNN", "SubgraphModel", "build_model"), ".models.gnn"),

@@ -57,8 +57,8 @@ from .comm.rendezvous import end_process_group
 from .config_types import RunConfig
 from .cpu_memory import apply_malloc_settings, malloc_choice
 from .graph.constructed import ignored_columns_line
-from .graph.csc import Graph
 from .graph.datasets import load_dataset
+from .graph.node_targets import NodeDataset
 from .graph.partition_dir import node_ranks
 from .kit.datamodule import GNNDataModule
 from .kit.strategies import SystemStrategy
@@ -95,22 +95,22 @@ def config_hash(run: RunConfig) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def load_graph(run: RunConfig) -> Graph:
+def load_node_dataset(run: RunConfig) -> NodeDataset:
     """The dataset of ``run.dataset`` in the run's dtype."""
     return load_dataset(run.dataset).to(getattr(torch, run.dtype))
 
 
 def build_datamodule(
-    run: RunConfig, graph: Graph | None = None, *, by_name: bool = False
+    run: RunConfig, dataset: NodeDataset | None = None, *, by_name: bool = False
 ) -> GNNDataModule:
-    """The system's DataModule for ``run`` (on ``graph``, else the run's dataset). On the
+    """The system's DataModule for ``run`` (on ``dataset``, else the run's). On the
     dataset's name, loaded when first used, with ``by_name`` or ``data.partition_dir`` (then
     nothing is loaded: the ranks load their parts)."""
     spec = SYSTEMS[run.strategy.name]
-    if (by_name or run.data.partition_dir is not None) and graph is None:
+    if (by_name or run.data.partition_dir is not None) and dataset is None:
         source, named = run.dataset, {"dtype": getattr(torch, run.dtype)}
     else:
-        source, named = (graph if graph is not None else load_graph(run)), {}
+        source, named = (dataset if dataset is not None else load_node_dataset(run)), {}
     datamodule = spec.datamodule(
         source,
         run.strategy,

@@ -9,14 +9,15 @@ balance, which Algorithm 2 does not target (its balance score counts labelled ve
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from ..files import write_json_atomic
-from ..graph.csc import Graph
 from ..graph.datasets import DatasetNotFoundError, load_dataset
 from ..graph.generators import sbm
+from ..graph.node_targets import NodeDataset
 from ..graph.partition import partition, partition_report
 from .report import command_line, environment, environment_lines, markdown_table
 
@@ -24,19 +25,21 @@ METHODS = ("bytegnn", "random", "metis", "metis_balanced")
 SPARSE_LABELS = (0.05, 0.025, 0.025)  # train / val / test shares of the sparsely labelled SBM
 
 
-def sparsely_labelled_sbm(nodes: int, seed: int) -> Graph:
+def sparsely_labelled_sbm(nodes: int, seed: int) -> NodeDataset:
     """SBM with 5% train, 2.5% val, 2.5% test; the rest unlabelled (the generator gives test
     every remaining node, so test is thinned to its first 2.5% in a seeded order)."""
     train, val, test = SPARSE_LABELS
-    graph = sbm(num_nodes=nodes, train_frac=train, val_frac=val, seed=seed)
-    test_ids = graph.split_ids("test")
+    dataset = sbm(num_nodes=nodes, train_frac=train, val_frac=val, seed=seed)
+    test_ids = dataset.targets.test.nonzero().flatten()
     order = torch.randperm(test_ids.numel(), generator=torch.Generator().manual_seed(seed))
-    test_mask = torch.zeros_like(graph.test_mask)
-    test_mask[test_ids[order[: round(test * nodes)]]] = True
-    return Graph(**{**graph.__dict__, "test_mask": test_mask})
+    thinned = torch.zeros_like(dataset.targets.test)
+    thinned[test_ids[order[: round(test * nodes)]]] = True
+    return NodeDataset(dataset.graph, replace(dataset.targets, test=thinned))
 
 
-def _graphs(nodes: int, seed: int, cora_root: Path | None) -> tuple[dict[str, Graph], list[str]]:
+def _graphs(
+    nodes: int, seed: int, cora_root: Path | None
+) -> tuple[dict[str, NodeDataset], list[str]]:
     """The graphs to compare, and notes on the ones skipped."""
     graphs = {
         "sbm": sbm(num_nodes=nodes, seed=seed),
@@ -69,8 +72,9 @@ def run_bytegnn_partition_bench(
     ``bytegnn_partition.json`` and ``bytegnn_partition.md`` into ``out``."""
     graphs, notes = _graphs(nodes, seed, cora_root)
     rows = []
-    for name, graph in graphs.items():
-        labelled = int((graph.train_mask | graph.val_mask | graph.test_mask).sum())
+    for name, dataset in graphs.items():
+        graph, splits = dataset.graph, dataset.targets.split_matrix()
+        labelled = int(splits.any(1).sum())
         print(
             f"[bench bytegnn-partitions] {name}: {graph.num_nodes:,} nodes, "
             f"{graph.num_edges:,} edges, {labelled:,} labelled",
@@ -80,9 +84,9 @@ def run_bytegnn_partition_bench(
             for method in METHODS:
                 options = {"hops": hops} if method == "bytegnn" else {}
                 start = time.perf_counter()
-                parts = partition(graph, method, p, seed=seed, **options)
+                parts = partition(graph, method, p, seed=seed, splits=splits, **options)
                 seconds = time.perf_counter() - start
-                report = partition_report(graph, parts, p, hops=hops)
+                report = partition_report(graph, parts, p, splits=splits, hops=hops)
                 rows.append({"graph": name, "method": method, "seconds": seconds, **report})
                 print(
                     f"[bench bytegnn-partitions] {name} P={p} {method}: {seconds:.2f} s, "
@@ -99,12 +103,12 @@ def run_bytegnn_partition_bench(
         "sparse_labels": SPARSE_LABELS,
         "graphs": {
             name: {
-                "nodes": g.num_nodes,
-                "edges": g.num_edges,
-                "features": g.num_features,
-                **{f"{s}_nodes": int(g.split_ids(s).numel()) for s in ("train", "val", "test")},
+                "nodes": d.graph.num_nodes,
+                "edges": d.graph.num_edges,
+                "features": d.graph.num_features,
+                **{f"{s}_nodes": int(d.targets.split(s).sum()) for s in ("train", "val", "test")},
             }
-            for name, g in graphs.items()
+            for name, d in graphs.items()
         },
     }
     result = {

@@ -289,11 +289,12 @@ def run_dgl_loop(cfg: DictConfig, epochs: int) -> dict:  # pragma: no cover - ne
     from dgl.nn import SAGEConv
 
     run = validate(cfg)
-    graph = build_datamodule(run).graph
+    datamodule = build_datamodule(run)
+    graph, targets = datamodule.graph, datamodule.targets
     dst = torch.repeat_interleave(torch.arange(graph.num_nodes), graph.indptr.diff())
     g = dgl.graph((graph.indices, dst), num_nodes=graph.num_nodes)
     dims = [graph.num_features] + [run.model.hidden] * (run.model.num_layers - 1)
-    dims.append(graph.num_classes)
+    dims.append(targets.out_dim)
     layers = torch.nn.ModuleList(
         SAGEConv(dims[i], dims[i + 1], "mean") for i in range(run.model.num_layers)
     )
@@ -302,7 +303,7 @@ def run_dgl_loop(cfg: DictConfig, epochs: int) -> dict:  # pragma: no cover - ne
     )
     sampler = dgl.dataloading.NeighborSampler(list(run.data.fanouts)[::-1])  # input layer first
     loader = dgl.dataloading.DataLoader(
-        g, graph.split_ids("train"), sampler, batch_size=run.data.batch_size, shuffle=True
+        g, datamodule.train_ids, sampler, batch_size=run.data.batch_size, shuffle=True
     )
     times = []
     for _ in range(epochs):
@@ -312,7 +313,7 @@ def run_dgl_loop(cfg: DictConfig, epochs: int) -> dict:  # pragma: no cover - ne
             for i, (layer, block) in enumerate(zip(layers, blocks)):
                 h = layer(block, F.dropout(h, run.model.dropout, training=True))
                 h = F.relu(h) if i < len(layers) - 1 else h
-            loss = F.cross_entropy(h, graph.y[output_nodes])
+            loss = F.cross_entropy(h, targets.target[output_nodes])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

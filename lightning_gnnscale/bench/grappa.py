@@ -37,18 +37,17 @@ def make_graph(dataset: str, nodes: int, features: int, seed: int):
     raise ValueError(f"unknown dataset {dataset!r}; valid: ['sbm', 'rmat']")
 
 
-def neighbour_traffic(graph, parts, num_parts, fanouts, batch_size, seed) -> dict:
+def neighbour_traffic(graph, train, parts, num_parts, fanouts, batch_size, seed) -> dict:
     """Per-partition mean of one epoch's conventional traffic (bytes) and step count, and the
     largest partition's step count (``max_steps``: what Grappa's step equalisation runs).
 
-    Each partition samples its own training nodes (batches of ``ceil(batch_size / P)``) on the
+    Each partition samples its own training nodes (of ``train``; batches of ``ceil(batch_size / P)``) on the
     whole graph; a node owned by another partition costs its feature row if it is an input,
     its id if it is expanded (a sampling request), and 16 bytes per edge sampled for it.
     """
     sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, seed)
     row_bytes = graph.num_features * 4
     local_batch = -(-batch_size // num_parts)
-    train = graph.split_ids("train")
     totals = {"feature": 0, "structure": 0, "steps": 0}
     max_steps = 0
     for p in range(num_parts):
@@ -81,16 +80,19 @@ def run_grappa_bench(
     out: Path,
     argv: list[str],
 ) -> list[dict]:
-    graph = make_graph(dataset, nodes, features, seed)
+    data = make_graph(dataset, nodes, features, seed)
+    graph, train = data.graph, data.targets.train.nonzero().flatten()
     rows = []
     for method in methods:
         for p in num_parts:
             start = time.perf_counter()
             parts = partition(graph, method, p, seed=seed)
             for depth in depths:
-                net = BlockGNN("sage", graph.num_features, hidden, graph.num_classes, depth)
+                net = BlockGNN("sage", graph.num_features, hidden, data.num_classes, depth)
                 n_params = sum(t.numel() for t in net.parameters())
-                conv = neighbour_traffic(graph, parts, p, PAPER_FANOUTS[depth], batch_size, seed)
+                conv = neighbour_traffic(
+                    graph, train, parts, p, PAPER_FANOUTS[depth], batch_size, seed
+                )
                 grappa = conv["max_steps"] * ring_allreduce_bytes(4 * n_params, p)
                 rows.append(
                     {

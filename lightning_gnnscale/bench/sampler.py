@@ -79,7 +79,7 @@ def build_graph(kind: str, nodes: int, edges: int, seed: int) -> tuple[Tensor, T
     stored undirected. ``uniform``: ``edges`` uniform random directed edges (the yardstick's graph, docs/benchmarks.md).
     """
     if kind == "rmat":
-        graph = rmat(num_nodes=nodes, num_edges=edges, num_features=1, seed=seed)
+        graph = rmat(num_nodes=nodes, num_edges=edges, num_features=1, seed=seed).graph
         return (
             graph.indptr,
             graph.indices,

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from lightning_gnnscale.files import UnsafeFileError, atomic_write, load_weights_only
 from lightning_gnnscale.graph.csc import Graph
-from lightning_gnnscale.graph.node_targets import NodeDataset, NodeTargets
+from lightning_gnnscale.graph.node_targets import NodeTargets
 from lightning_gnnscale.graph.partition import partition, partition_report
 
 # Bump when a change to the code would change a cached artifact; old entries are then ignored.
@@ -63,7 +63,7 @@ def tensor_digest(tensor: Tensor) -> str:
     return digest.hexdigest()
 
 
-def graph_fingerprint(graph: Graph, targets: NodeTargets | None = None) -> dict:
+def graph_fingerprint(graph: Graph, targets: NodeTargets) -> dict:
     """The identity of ``graph``'s structure and of the task's ``targets`` (targets and
     splits: what partitions and their reports depend on; features are not part of it): name,
     sizes and a digest of every byte of those arrays, so any change to them gives a new key
@@ -71,8 +71,6 @@ def graph_fingerprint(graph: Graph, targets: NodeTargets | None = None) -> dict:
     Floating targets (node regression's) are read as float64, so the run's dtype does not
     change the key: a run given the float32 graph and one loading it in float64 (a partition
     directory) agree."""
-    if targets is None:  # TRANSITIONAL
-        targets = NodeDataset.of_graph(graph).targets
     digest = hashlib.blake2b(digest_size=32)
     y = targets.target
     y = y.to(torch.float64) if y.is_floating_point() else y
@@ -165,7 +163,7 @@ def cached_partition(
     seed: int,
     cache_dir: str | os.PathLike,
     *,
-    targets: NodeTargets | None = None,
+    targets: NodeTargets,
     node_weights: Tensor | None = None,
     edge_weights: Tensor | None = None,
     **options,
@@ -187,8 +185,6 @@ def cached_partition(
         "edge_weights": None if edge_weights is None else tensor_digest(edge_weights),
     }
 
-    if targets is None:  # TRANSITIONAL
-        targets = NodeDataset.of_graph(graph).targets
     splits = targets.split_matrix()
 
     def build() -> Tensor:

@@ -1,4 +1,5 @@
-"""The suite's graph type: CSC over in-edges, with node features, per-node targets and splits.
+"""The suite's graph type: CSC over in-edges, with node features (a task's targets and splits
+are apart from it: :mod:`.node_targets`).
 
 The CSC position of an edge is its edge id. Within each destination's segment the sources are
 sorted by id, so "the in-edges of v in order" is canonical and a hash-keyed sampler picks the
@@ -27,22 +28,12 @@ class Graph:
         indptr: int64 ``[N + 1]``; the in-edges of node ``v`` are ``indptr[v]:indptr[v+1]``.
         indices: int64 ``[E]``; source node of each in-edge, sorted within each segment.
         x: node features ``[N, F]`` (floating point).
-        y: the task's per-node targets: int64 labels ``[N]`` (``-1`` = unlabelled) or
-            floating targets ``[N, d]`` (``tasks.node_regression``). Systems index its rows
-            without interpreting them; the task (``lightning_gnnscale.tasks``) does.
-        train_mask, val_mask, test_mask: bool ``[N]``.
-        num_classes: number of label classes of the dataset.
         name: a short name used in reports and cache keys.
     """
 
     indptr: Tensor
     indices: Tensor
     x: Tensor
-    y: Tensor
-    train_mask: Tensor
-    val_mask: Tensor
-    test_mask: Tensor
-    num_classes: int
     name: str = "graph"
     meta: dict = field(default_factory=dict, compare=False)
 
@@ -62,16 +53,6 @@ class Graph:
             f"Graph.x must be [N={n}, F], got {tuple(self.x.shape)}",
         )
         _check(self.x.is_floating_point(), "Graph.x must be floating point")
-        _check(
-            (self.y.shape == (n,) and self.y.dtype == torch.int64)
-            or (self.y.dim() == 2 and self.y.shape[0] == n and self.y.is_floating_point()),
-            f"Graph.y must be int64 labels [N={n}] or floating targets [N={n}, d], "
-            f"got {self.y.dtype} {tuple(self.y.shape)}",
-        )
-        for name in ("train_mask", "val_mask", "test_mask"):
-            m = getattr(self, name)
-            _check(m.shape == (n,) and m.dtype == torch.bool, f"Graph.{name} must be bool [N]")
-        _check(self.num_classes >= 1, "Graph.num_classes must be >= 1")
         if self.indices.numel():
             _check(
                 int(self.indices.min()) >= 0 and int(self.indices.max()) < n,
@@ -103,13 +84,6 @@ class Graph:
         """int64 ``[2, E]`` with rows (source, destination), in CSC order."""
         return torch.stack([self.indices, self.dst_of_edges()])
 
-    def split_ids(self, split: str) -> Tensor:
-        """Node ids of ``split`` in ``{"train", "val", "test"}``."""
-        masks = {"train": self.train_mask, "val": self.val_mask, "test": self.test_mask}
-        if split not in masks:
-            raise ValueError(f"unknown split {split!r}; valid: {sorted(masks)}")
-        return masks[split].nonzero().flatten()
-
     # ----------------------------------------------------------------------- construction
     @classmethod
     def from_edge_index(
@@ -124,7 +98,7 @@ class Graph:
         """Build a CSC graph from a ``[2, E]`` (source, destination) edge list.
 
         Duplicate edges are merged. With ``undirected=True`` both directions are stored.
-        ``fields`` are the remaining dataclass fields (``x``, ``y``, masks, ``num_classes``...).
+        ``fields`` are the remaining dataclass fields (``x``, ``name``, ``meta``).
         """
         indptr, indices = csc_from_edges(
             edge_index[0],
@@ -140,18 +114,9 @@ class Graph:
         return replace(self, indptr=indptr, indices=indices, meta=dict(self.meta))
 
     def reindexed(self, nodes: Tensor, indptr: Tensor, indices: Tensor) -> Graph:
-        """Node ``i`` of the result carries the data of node ``nodes[i]``; edges are given."""
-        return replace(
-            self,
-            indptr=indptr,
-            indices=indices,
-            x=self.x[nodes],
-            y=self.y[nodes],
-            train_mask=self.train_mask[nodes],
-            val_mask=self.val_mask[nodes],
-            test_mask=self.test_mask[nodes],
-            meta=dict(self.meta),
-        )
+        """Node ``i`` of the result carries the features of node ``nodes[i]``; edges are
+        given."""
+        return replace(self, indptr=indptr, indices=indices, x=self.x[nodes], meta=dict(self.meta))
 
     def to_undirected(self) -> Graph:
         """Add the reverse of every edge (duplicates merged)."""
@@ -174,9 +139,8 @@ class Graph:
         return self.reindexed(nodes, indptr, indices)
 
     def to(self, dtype: torch.dtype) -> Graph:
-        """The same graph with features (and floating targets) cast to ``dtype``."""
-        y = self.y.to(dtype) if self.y.is_floating_point() else self.y
-        return replace(self, x=self.x.to(dtype), y=y, meta=dict(self.meta))
+        """The same graph with features cast to ``dtype``."""
+        return replace(self, x=self.x.to(dtype), meta=dict(self.meta))
 
 
 # Elements per chunk where a build streams over its edges: bounds the temporaries (8 MiB per

@@ -1,4 +1,4 @@
-"""Dataset registry: ``load_dataset(name, root, **options) -> Graph``.
+"""Dataset registry: ``load_dataset(name, root, **options) -> NodeDataset``.
 
 Synthetic graphs (``sbm``, ``rmat``) are generated in memory. Real datasets are read from
 files under ``root`` and never downloaded: this suite runs where only package registries are
@@ -55,12 +55,13 @@ from lightning_gnnscale.graph.dataset_config import (
     dataset_config,
 )
 from lightning_gnnscale.graph.generators import rmat, rmat_peak_bytes, sbm, sbm_peak_bytes
+from lightning_gnnscale.graph.node_targets import NodeDataset, NodeTargets
 from lightning_gnnscale.graph.partition_dir import NPY_HEADER_READERS
 
 DEFAULT_ROOT = Path.home() / ".cache" / "lightning_gnnscale" / "datasets"
 PROCESSED_DATASETS_DIR = Path.home() / ".cache" / "lightning_gnnscale" / "processed"
 
-_GENERATORS: dict[str, Callable[..., Graph]] = {"sbm": sbm, "rmat": rmat}
+_GENERATORS: dict[str, Callable[..., NodeDataset]] = {"sbm": sbm, "rmat": rmat}
 _PEAK_BYTES: dict[str, Callable[..., int]] = {"sbm": sbm_peak_bytes, "rmat": rmat_peak_bytes}
 # The settings that size a synthetic graph (named when it cannot fit).
 _SIZE_KEYS = {
@@ -81,7 +82,7 @@ class DatasetTooLargeError(ConfigError):
 
 def load_dataset(
     dataset: str | DatasetConfig, root: str | os.PathLike | None = None, **options
-) -> Graph:
+) -> NodeDataset:
     """Load ``dataset`` through its registered loader: a :class:`DatasetConfig` (a run's
     ``dataset``), or a name (one of :data:`~.dataset_config.DATASETS`, case-insensitive,
     ``_`` = ``-``) with its ``root`` and options, typed by :func:`~.dataset_config.dataset_config`
@@ -104,7 +105,7 @@ def load_dataset(
         return loader(config)
 
 
-def generate(config: DatasetConfig) -> Graph:
+def generate(config: DatasetConfig) -> NodeDataset:
     """The registered loader of a generated dataset: its generator with its settings."""
     return _GENERATORS[config.source.name](**config.options)
 
@@ -114,7 +115,7 @@ def _root_and_cache(config: FileDatasetConfig) -> tuple[Path, Path]:
     return root, Path(config.cache_dir or PROCESSED_DATASETS_DIR).expanduser()
 
 
-def load_planetoid(config: PlanetoidConfig) -> Graph:
+def load_planetoid(config: PlanetoidConfig) -> NodeDataset:
     """The registered loader of a Planetoid dataset (see :func:`load_dataset`)."""
     root, cache = _root_and_cache(config)
     return _load_planetoid(
@@ -122,13 +123,13 @@ def load_planetoid(config: PlanetoidConfig) -> Graph:
     )
 
 
-def load_ogb(config: FileDatasetConfig) -> Graph:
+def load_ogb(config: FileDatasetConfig) -> NodeDataset:
     """The registered loader of an OGB dataset (see :func:`load_dataset`)."""
     root, cache = _root_and_cache(config)
     return _load_ogb(config.source.name, root, cache, config.download)
 
 
-def load_constructed(config: DatasetConfig) -> Graph:
+def load_constructed(config: DatasetConfig) -> NodeDataset:
     """The registered loader of ``constructed``: the folder ``python -m
     lightning_gnnscale.construct`` wrote at ``root``, every array checked against the digest
     its metadata records."""
@@ -139,12 +140,15 @@ def load_constructed(config: DatasetConfig) -> Graph:
         for array in GRAPH_ARRAYS
     }
     check_arrays(root, meta, arrays)
-    return Graph(
-        **{name: torch.from_numpy(array) for name, array in arrays.items()},
-        num_classes=int(meta["num_classes"]),
+    tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
+    graph = Graph(
+        tensors["indptr"],
+        tensors["indices"],
+        tensors["x"],
         name=str(meta["name"]),
         meta={"source": "constructed", "root": str(root), "digest": meta["digest"]},
     )
+    return NodeDataset(graph, NodeTargets.from_arrays(tensors, int(meta["num_classes"])))
 
 
 # --------------------------------------------------------------------- memory and progress
@@ -344,7 +348,7 @@ def _missing(paths: list[Path]) -> list[Path]:
 # ------------------------------------------------------------------------------- Planetoid
 def _load_planetoid(
     name: str, root: Path, cache_dir: Path, download: bool, normalize_features: bool
-) -> Graph:
+) -> NodeDataset:
     """Cora / CiteSeer / PubMed through PyG's ``Planetoid`` with the public split."""
     folder = PLANETOID[name]
     raw_dir = root / folder / "raw"
@@ -374,19 +378,18 @@ def _load_planetoid(
     x = data.x.float()
     if normalize_features:
         x = x / x.sum(1, keepdim=True).clamp(min=1e-12)
-    return Graph.from_edge_index(
+    graph = Graph.from_edge_index(
         data.edge_index,
         data.num_nodes,
         undirected=True,
         x=x,
-        y=data.y.long(),
-        train_mask=data.train_mask,
-        val_mask=data.val_mask,
-        test_mask=data.test_mask,
-        num_classes=dataset.num_classes,
         name=name,
         meta={"source": "planetoid", "root": str(root)},
     )
+    targets = NodeTargets(
+        data.y.long(), data.train_mask, data.val_mask, data.test_mask, dataset.num_classes
+    )
+    return NodeDataset(graph, targets)
 
 
 def _load_weights_only(load: Callable[[], Any], processed: Path) -> Any:
@@ -455,7 +458,7 @@ def _ogb_compat() -> Iterator[None]:
         del ogb_dataset.input
 
 
-def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> Graph:
+def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> NodeDataset:
     """ogbn-* through ogb's ``NodePropPredDataset`` with ogb's split; NaN labels -> -1."""
     split_name, binary, zip_folder = OGB[name]
     dir_name = name.replace("-", "_")
@@ -497,26 +500,20 @@ def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> Graph:
     y = _writable_tensor(labels).reshape(num_nodes)
     if y.is_floating_point():
         y = torch.nan_to_num(y, nan=-1.0)
-    masks = {}
-    for mask_name, split_key in (
-        ("train_mask", "train"),
-        ("val_mask", "valid"),
-        ("test_mask", "test"),
-    ):
+    masks = []
+    for split_key in ("train", "valid", "test"):
         mask = torch.zeros(num_nodes, dtype=torch.bool)
         mask[_writable_tensor(split[split_key]).long()] = True
-        masks[mask_name] = mask
-    return Graph.from_edge_index(
+        masks.append(mask)
+    graph = Graph.from_edge_index(
         _writable_tensor(ogb_graph["edge_index"]),
         num_nodes,
         undirected=True,
         x=_writable_tensor(ogb_graph["node_feat"]).float(),
-        y=y.long(),
-        num_classes=dataset.num_classes,
         name=name,
         meta={"source": "ogb", "root": str(root)},
-        **masks,
     )
+    return NodeDataset(graph, NodeTargets(y.long(), *masks, dataset.num_classes))
 
 
 def _writable_tensor(array: np.ndarray) -> torch.Tensor:

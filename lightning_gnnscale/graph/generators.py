@@ -1,7 +1,7 @@
 """Seeded synthetic graphs: a stochastic block model and Graph500 R-MAT.
 
 Both are vectorised torch (loops run over R-MAT recursion levels, and over fixed-size chunks of
-edges and features) and return an undirected :class:`Graph` by default, so they stand in for
+edges and features) and return a :class:`~.node_targets.NodeDataset`: an undirected :class:`Graph` by default, with labels and splits, so they stand in for
 real datasets in tests and benches. Chunks bound the temporaries without changing a single
 draw: a graph is the same whatever :data:`~.csc.CHUNK` is (tested).
 """
@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from lightning_gnnscale.graph.csc import CHUNK, Graph, csc_from_edges
+from lightning_gnnscale.graph.node_targets import NodeDataset, NodeTargets
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -103,7 +104,7 @@ def sbm(
     train_frac: float = 0.3,
     val_frac: float = 0.2,
     seed: int = 0,
-) -> Graph:
+) -> NodeDataset:
     """Stochastic block model whose blocks are the class labels.
 
     Nodes get balanced random classes. ``num_nodes * avg_degree / 2`` undirected edges are
@@ -175,18 +176,10 @@ def sbm(
         val_frac=val_frac,
         seed=seed,
     )
-    return Graph(
-        indptr=indptr,
-        indices=indices,
-        x=x,
-        y=y,
-        train_mask=train_mask,
-        val_mask=val_mask,
-        test_mask=test_mask,
-        num_classes=num_classes,
-        name="sbm",
-        meta={"generator": "sbm", **params},
+    graph = Graph(
+        indptr=indptr, indices=indices, x=x, name="sbm", meta={"generator": "sbm", **params}
     )
+    return NodeDataset(graph, NodeTargets(y, train_mask, val_mask, test_mask, num_classes))
 
 
 def rmat(
@@ -201,7 +194,7 @@ def rmat(
     train_frac: float = 0.3,
     val_frac: float = 0.2,
     seed: int = 0,
-) -> Graph:
+) -> NodeDataset:
     """Graph500 R-MAT graph with random features, labels and splits.
 
     ``num_edges`` is the number of *directed* edges drawn, before symmetrisation,
@@ -272,15 +265,7 @@ def rmat(
         val_frac=val_frac,
         seed=seed,
     )
-    return Graph(
-        indptr=indptr,
-        indices=indices,
-        x=x,
-        y=y,
-        train_mask=train_mask,
-        val_mask=val_mask,
-        test_mask=test_mask,
-        num_classes=num_classes,
-        name="rmat",
-        meta={"generator": "rmat", **params},
+    graph = Graph(
+        indptr=indptr, indices=indices, x=x, name="rmat", meta={"generator": "rmat", **params}
     )
+    return NodeDataset(graph, NodeTargets(y, train_mask, val_mask, test_mask, num_classes))

@@ -161,14 +161,6 @@ class NodeDataset:
     def num_classes(self) -> int:
         return self.targets.out_dim
 
-    @classmethod
-    def of_graph(cls, graph: Graph) -> NodeDataset:
-        """TRANSITIONAL: the dataset of a graph that still carries labels and masks."""
-        targets = NodeTargets(
-            graph.y, graph.train_mask, graph.val_mask, graph.test_mask, graph.num_classes
-        )
-        return cls(graph, targets)
-
     def to(self, dtype: torch.dtype) -> NodeDataset:
         """Features (and floating targets) cast to ``dtype``."""
         return NodeDataset(self.graph.to(dtype), self.targets.to(dtype))

@@ -90,20 +90,28 @@ def partition(
         return parts
     if method == "bytegnn":
         return bytegnn_partition(
-            graph, _splits(graph, splits), num_parts, seed=seed, **bytegnn_options
+            graph, _splits(graph, splits, method), num_parts, seed=seed, **bytegnn_options
         )
     metis_options = {"ufactor": options.get("ufactor", 30), "niter": options.get("niter", 10)}
     if method == "metis":
         return _metis(graph, num_parts, seed, node_weights, edge_weights, **metis_options)
-    constraints = balance_constraints(graph, _splits(graph, splits), balance, balance_edges)
+    constraints = balance_constraints(graph, _splits(graph, splits, method), balance, balance_edges)
     return _metis_balanced(graph, num_parts, seed, constraints, overpartition, **metis_options)
 
 
-def _splits(graph: Graph, splits: Tensor | None) -> Tensor:
-    """TRANSITIONAL: the given split membership, else the graph's masks."""
-    if splits is not None:
-        return splits
-    return torch.stack([graph.train_mask, graph.val_mask, graph.test_mask], dim=1)
+def _splits(graph: Graph, splits: Tensor | None, method: str) -> Tensor:
+    """``splits``, checked: bool ``[N, 3]`` (what ``method`` balances)."""
+    if splits is None:
+        raise ValueError(
+            f"partition method {method!r} balances the splits: pass splits= (bool [N, 3], "
+            "the task's NodeTargets.split_matrix())"
+        )
+    if splits.shape != (graph.num_nodes, 3) or splits.dtype != torch.bool:
+        raise ValueError(
+            f"splits must be bool [N={graph.num_nodes}, 3], got {splits.dtype} "
+            f"{tuple(splits.shape)}"
+        )
+    return splits
 
 
 def balance_constraints(
@@ -396,7 +404,7 @@ def partition_report(
     parts: Tensor,
     num_parts: int | None = None,
     *,
-    splits: Tensor | None = None,
+    splits: Tensor,
     hops: int | None = None,
 ) -> dict:
     """Quality of a partition, as JSON-ready numbers (``splits``: bool ``[N, 3]`` membership
@@ -420,8 +428,7 @@ def partition_report(
         num_parts = int(parts.max()) + 1 if num_nodes else 1
     if num_nodes and (int(parts.min()) < 0 or int(parts.max()) >= num_parts):
         raise ValueError(f"parts must lie in [0, {num_parts})")
-    splits = _splits(graph, splits)
-    train, val, test = splits.unbind(1)
+    train, val, test = _splits(graph, splits, "partition_report").unbind(1)
     src, dst = graph.edge_index()
     src_part, dst_part = parts[src], parts[dst]
     cut = src_part != dst_part

@@ -104,7 +104,11 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self.cache_dir = Path(cache_dir if cache_dir is not None else PREPROCESSING_CACHE_DIR)
         self.partition_dir = self.data.partition_dir
         if isinstance(dataset, Graph):
-            dataset = NodeDataset.of_graph(dataset)
+            raise TypeError(
+                "dataset is a Graph, which holds structure and features only: pass "
+                "NodeDataset(graph, NodeTargets(labels, train, val, test, num_classes)) "
+                "(lightning_gnnscale.graph.node_targets), or a dataset name"
+            )
         if self.partition_dir is not None and isinstance(dataset, NodeDataset):
             raise ValueError(
                 "data.partition_dir: the ranks load their parts from the directory; pass the "
@@ -151,8 +155,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
                 "part only, never the whole graph"
             )
         if self._dataset is None:
-            loaded = NodeDataset.of_graph(load_dataset(self.dataset_config))  # TRANSITIONAL
-            self._dataset = loaded.to(self._dtype)
+            self._dataset = load_dataset(self.dataset_config).to(self._dtype)
         return self._dataset
 
     @property

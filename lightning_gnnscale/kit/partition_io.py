@@ -145,7 +145,7 @@ class PartitionDirIO:
             {
                 **self.partition_expectation(world_size),
                 "dataset": identity,
-                "graph": graph_fingerprint(graph),
+                "graph": graph_fingerprint(graph, self.targets),
                 "num_nodes": graph.num_nodes,
                 "num_edges": graph.num_edges,
                 "num_features": graph.num_features,
