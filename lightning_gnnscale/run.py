@@ -225,8 +225,9 @@ def train(cfg: DictConfig | RunConfig, *, checked: bool = False) -> tuple[dict, 
     if metrics:
         table = format_table(metrics, run.task.name)
         print(f"\n{table}\n\nsummary: {output_dir / 'summary.json'}")
-    graph = None if datamodule.partition_dir is not None else datamodule.graph
-    return metrics, {"graph": graph, "output_dir": output_dir}
+    in_memory = datamodule.partition_dir is None
+    graph, targets = (datamodule.graph, datamodule.targets) if in_memory else (None, None)
+    return metrics, {"graph": graph, "targets": targets, "output_dir": output_dir}
 
 
 @contextlib.contextmanager

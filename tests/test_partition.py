@@ -1,4 +1,8 @@
-"""Partitioners, the partition report and the content-hashed artifact cache."""
+"""Partitioners, the partition report and the content-hashed artifact cache.
+
+The tests partition datasets (graph and splits): :func:`partition`, :func:`partition_report`,
+:func:`cached_partition` and :func:`graph_fingerprint` below pass a dataset's graph and its
+targets' splits to the suite's functions of those names."""
 
 from __future__ import annotations
 
@@ -9,25 +13,39 @@ import pytest
 import torch
 from torch import Tensor
 
-from lightning_gnnscale.graph.cache import (
-    artifact_path,
-    cache_key,
-    cached,
-    cached_partition,
-    graph_fingerprint,
-)
+from lightning_gnnscale.graph import cache
+from lightning_gnnscale.graph import partition as partitioners
+from lightning_gnnscale.graph.cache import artifact_path, cache_key, cached
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
-from lightning_gnnscale.graph.partition import (
-    BALANCE_SCHEMES,
-    _pack_clusters,
-    balance_constraints,
-    partition,
-    partition_report,
-)
+from lightning_gnnscale.graph.node_targets import NodeDataset, NodeTargets
+from lightning_gnnscale.graph.partition import BALANCE_SCHEMES, _pack_clusters
 from lightning_gnnscale.graph.partition_config import PARTITION_METHODS
 from lightning_gnnscale.tasks.node_regression import NodeRegression
 from tests.helpers.dist import warm_context
+
+
+def partition(dataset: NodeDataset, method: str, num_parts: int, **options) -> Tensor:
+    splits = dataset.targets.split_matrix()
+    return partitioners.partition(dataset.graph, method, num_parts, splits=splits, **options)
+
+
+def partition_report(dataset: NodeDataset, parts: Tensor, num_parts=None, **options) -> dict:
+    splits = dataset.targets.split_matrix()
+    return partitioners.partition_report(dataset.graph, parts, num_parts, splits=splits, **options)
+
+
+def cached_partition(dataset: NodeDataset, *args, **options) -> Tensor:
+    return cache.cached_partition(dataset.graph, *args, targets=dataset.targets, **options)
+
+
+def graph_fingerprint(dataset: NodeDataset) -> dict:
+    return cache.graph_fingerprint(dataset.graph, dataset.targets)
+
+
+def balance_constraints(dataset: NodeDataset, *args, **options) -> Tensor:
+    splits = dataset.targets.split_matrix()
+    return partitioners.balance_constraints(dataset.graph, splits, *args, **options)
 
 
 @pytest.fixture(scope="module")
@@ -40,33 +58,30 @@ def sbm5k():
     return sbm(num_nodes=5000, seed=0)
 
 
-def _graph(edge_index: Tensor, num_nodes: int, train_mask: Tensor | None = None) -> Graph:
+def _graph(edge_index: Tensor, num_nodes: int, train: Tensor | None = None) -> NodeDataset:
     """Undirected graph without features or labels; every node trains unless told otherwise."""
-    return Graph.from_edge_index(
-        edge_index,
-        num_nodes,
-        undirected=True,
-        x=torch.zeros(num_nodes, 1),
-        y=torch.zeros(num_nodes, dtype=torch.int64),
-        train_mask=torch.ones(num_nodes, dtype=torch.bool) if train_mask is None else train_mask,
-        val_mask=torch.zeros(num_nodes, dtype=torch.bool),
-        test_mask=torch.zeros(num_nodes, dtype=torch.bool),
-        num_classes=1,
+    graph = Graph.from_edge_index(
+        edge_index, num_nodes, undirected=True, x=torch.zeros(num_nodes, 1)
+    )
+    none = torch.zeros(num_nodes, dtype=torch.bool)
+    train = torch.ones(num_nodes, dtype=torch.bool) if train is None else train
+    return NodeDataset(
+        graph, NodeTargets(torch.zeros(num_nodes, dtype=torch.int64), train, none, none, 1)
     )
 
 
-def _path_graph(num_nodes: int) -> Graph:
+def _path_graph(num_nodes: int) -> NodeDataset:
     src = torch.arange(num_nodes - 1)
     return _graph(torch.stack([src, src + 1]), num_nodes)
 
 
-def _grid_with_train_on_the_left(side: int = 60) -> Graph:
+def _grid_with_train_on_the_left(side: int = 60) -> NodeDataset:
     """side x side grid whose leftmost 20% of columns train (spec §1.3.1's fixture)."""
     node = torch.arange(side * side).reshape(side, side)
     src = torch.cat([node[:, :-1].flatten(), node[:-1, :].flatten()])
     dst = torch.cat([node[:, 1:].flatten(), node[1:, :].flatten()])
-    train_mask = (node % side < side // 5).flatten()
-    return _graph(torch.stack([src, dst]), side * side, train_mask)
+    train = (node % side < side // 5).flatten()
+    return _graph(torch.stack([src, dst]), side * side, train)
 
 
 # ----------------------------------------------------------------------------- partitioners
@@ -74,7 +89,7 @@ def _grid_with_train_on_the_left(side: int = 60) -> Graph:
 @pytest.mark.parametrize("num_parts", [1, 3, 4])
 def test_every_node_gets_a_part_in_range(graph, method, num_parts):
     parts = partition(graph, method, num_parts, seed=1)
-    assert parts.shape == (graph.num_nodes,) and parts.dtype == torch.int64
+    assert parts.shape == (graph.graph.num_nodes,) and parts.dtype == torch.int64
     assert int(parts.min()) >= 0 and int(parts.max()) < num_parts
     if num_parts == 1:
         assert not parts.any()
@@ -113,8 +128,8 @@ def test_metis_is_deterministic_for_a_seed_and_balanced(graph):
 
 
 def test_metis_balances_a_node_weight_column(graph):
-    weights = torch.ones(graph.num_nodes, dtype=torch.int64)
-    weights[: graph.num_nodes // 3] = 5
+    weights = torch.ones(graph.graph.num_nodes, dtype=torch.int64)
+    weights[: graph.graph.num_nodes // 3] = 5
     parts = partition(graph, "metis", 3, node_weights=weights[:, None])
     per_part = torch.zeros(3, dtype=torch.int64).index_add_(0, parts, weights)
     assert float(per_part.max()) * 3 / float(per_part.sum()) < 1.05
@@ -122,7 +137,7 @@ def test_metis_balances_a_node_weight_column(graph):
 
 def test_metis_edge_weights_steer_the_cut():
     graph = _path_graph(40)
-    src, dst = graph.edge_index()
+    src, dst = graph.graph.edge_index()
     heavy = torch.where((torch.minimum(src, dst) == 19), 1, 1000)  # only 19-20 is cheap
     parts = partition(graph, "metis", 2, edge_weights=heavy, ufactor=100)
     assert partition_report(graph, parts)["edge_cut"] == 2  # one undirected edge, both ways
@@ -138,15 +153,23 @@ def test_partition_errors(graph):
     with pytest.raises(ValueError, match="unknown options"):
         partition(graph, "metis", 2, ufactr=10)
     with pytest.raises(ValueError, match="only supported by 'metis'"):
-        partition(graph, "random", 2, node_weights=torch.ones(graph.num_nodes, dtype=torch.int64))
+        partition(
+            graph, "random", 2, node_weights=torch.ones(graph.graph.num_nodes, dtype=torch.int64)
+        )
     with pytest.raises(ValueError, match="one node-weight column"):
-        partition(graph, "metis", 2, node_weights=torch.ones(graph.num_nodes, 2, dtype=torch.int64))
+        partition(
+            graph, "metis", 2, node_weights=torch.ones(graph.graph.num_nodes, 2, dtype=torch.int64)
+        )
     with pytest.raises(ValueError, match="all zero"):
-        partition(graph, "metis", 2, node_weights=torch.zeros(graph.num_nodes, dtype=torch.int64))
+        partition(
+            graph, "metis", 2, node_weights=torch.zeros(graph.graph.num_nodes, dtype=torch.int64)
+        )
     with pytest.raises(ValueError, match="integers"):
-        partition(graph, "metis", 2, node_weights=torch.ones(graph.num_nodes))
+        partition(graph, "metis", 2, node_weights=torch.ones(graph.graph.num_nodes))
     with pytest.raises(ValueError, match="positive"):
-        partition(graph, "metis", 2, edge_weights=torch.zeros(graph.num_edges, dtype=torch.int64))
+        partition(
+            graph, "metis", 2, edge_weights=torch.zeros(graph.graph.num_edges, dtype=torch.int64)
+        )
     with pytest.raises(ValueError) as error:  # even with nothing to split
         partition(graph, "metis_balanced", 1, balance="val")
     assert all(scheme in str(error.value) for scheme in BALANCE_SCHEMES)
@@ -157,7 +180,7 @@ def test_partition_errors(graph):
     with pytest.raises(ValueError, match="balance_edges"):
         partition(graph, "metis_balanced", 2, balance_edges="yes")
     with pytest.raises(ValueError, match="only supported by 'metis'"):
-        partition(graph, "metis_balanced", 2, edge_weights=torch.ones(graph.num_edges))
+        partition(graph, "metis_balanced", 2, edge_weights=torch.ones(graph.graph.num_edges))
 
 
 # --------------------------------------------------------------------------- metis_balanced
@@ -186,11 +209,11 @@ def test_metis_balanced_balances_train_where_pymetis_cannot():
     grid = _grid_with_train_on_the_left()
     assert partition_report(grid, partition(grid, "metis", 2))["train_balance"] == 2.0
     # two interleaved constraint columns are silently read as one (ncon = 1 in the wrapper)
-    xadj, adjncy = grid.indptr.numpy(), grid.indices.numpy()
-    train = grid.train_mask.to(torch.int64)
+    xadj, adjncy = grid.graph.indptr.numpy(), grid.graph.indices.numpy()
+    train = grid.targets.train.to(torch.int64)
     interleaved = torch.stack([train, 1 - train], dim=1).flatten().numpy()
     result = pymetis.part_graph(2, xadj=xadj, adjncy=adjncy, vweights=interleaved, recursive=False)
-    parts_of_train = torch.as_tensor(result.vertex_part)[grid.train_mask]
+    parts_of_train = torch.as_tensor(result.vertex_part)[grid.targets.train]
     assert torch.unique(parts_of_train).numel() == 1
     balanced = partition_report(grid, partition(grid, "metis_balanced", 2))
     assert balanced["train_balance"] <= 1.1 and balanced["node_balance"] <= 1.1
@@ -222,8 +245,9 @@ def test_balance_constraints_columns():
     assert balance_constraints(graph, "split").T.tolist() == [[1] * 4, [1] * 4, degree]
     split = sbm(num_nodes=50, seed=1)
     columns = balance_constraints(split, "split", balance_edges=False).T.bool()
-    assert torch.equal(columns[0], split.train_mask) and torch.equal(columns[1], split.val_mask)
-    assert torch.equal(columns[2], split.test_mask)
+    assert torch.equal(columns[0], split.targets.train)
+    assert torch.equal(columns[1], split.targets.val)
+    assert torch.equal(columns[2], split.targets.test)
     assert columns.shape[0] == 4 and bool(columns[3].all())  # every node has a split: no column
 
 
@@ -242,7 +266,7 @@ def test_report_counts_match_brute_force():
     graph = sbm(num_nodes=200, num_classes=3, avg_degree=4.0, seed=3)
     parts = partition(graph, "random", 3, seed=0)
     report = partition_report(graph, parts)
-    src, dst = graph.edge_index()
+    src, dst = graph.graph.edge_index()
     edges = list(zip(src.tolist(), dst.tolist()))
     owner = parts.tolist()
     cut = sum(owner[s] != owner[d] for s, d in edges)
@@ -254,7 +278,7 @@ def test_report_counts_match_brute_force():
         halo = {s for s, d in edges if owner[d] == k and owner[s] != k}
         assert report["halo_nodes_per_part"][k] == len(halo)
         for split in ("train", "val", "test"):
-            ids = graph.split_ids(split).tolist()
+            ids = graph.targets.split(split).nonzero().flatten().tolist()
             assert report[f"{split}_nodes_per_part"][k] == sum(owner[v] == k for v in ids)
     json.dumps(report)
 
@@ -295,9 +319,8 @@ def test_cache_key_depends_on_every_part():
 
 def test_graph_fingerprint_sees_structure_changes(graph):
     other = sbm(num_nodes=3000, num_classes=6, avg_degree=8.0, homophily=0.9, seed=1)
-    assert graph_fingerprint(graph) == graph_fingerprint(
-        graph.with_structure(graph.indptr, graph.indices)
-    )
+    same = graph.graph.with_structure(graph.graph.indptr, graph.graph.indices)
+    assert graph_fingerprint(graph) == graph_fingerprint(NodeDataset(same, graph.targets))
     assert graph_fingerprint(graph) != graph_fingerprint(other)
 
 
@@ -305,30 +328,34 @@ def test_graph_fingerprint_sees_every_byte_of_structure_labels_and_split(graph):
     """A change that keeps every sum and most positions (two neighbours swapped inside one
     segment, two labels swapped, one node moved between splits) still changes the key."""
     base = graph_fingerprint(graph)
-    indices = graph.indices.clone()
-    start = int(graph.indptr[1234])
+    structure, targets = graph.graph, graph.targets
+    indices = structure.indices.clone()
+    start = int(structure.indptr[1234])
     indices[start], indices[start + 1] = indices[start + 1].clone(), indices[start].clone()
-    assert graph_fingerprint(graph.with_structure(graph.indptr, indices)) != base
-    y = graph.y.clone()
+    swapped = structure.with_structure(structure.indptr, indices)
+    assert graph_fingerprint(NodeDataset(swapped, targets)) != base
+    y = targets.target.clone()
     (a,) = (y == 0).nonzero()[0]
     (b,) = (y == 1).nonzero()[0]
     y[a], y[b] = 1, 0
-    assert graph_fingerprint(replace(graph, y=y)) != base
-    val, test = graph.val_mask.clone(), graph.test_mask.clone()
+    assert graph_fingerprint(NodeDataset(structure, replace(targets, target=y))) != base
+    val, test = targets.val.clone(), targets.test.clone()
     (moved,) = val.nonzero()[-1]
     val[moved], test[moved] = False, True
-    assert graph_fingerprint(replace(graph, val_mask=val, test_mask=test)) != base
+    moved_split = replace(targets, val=val, test=test)
+    assert graph_fingerprint(NodeDataset(structure, moved_split)) != base
 
 
 def test_graph_fingerprint_of_float_targets_does_not_depend_on_the_dtype(graph):
     """Regression targets in float32 and the same values in float64 (a run's dtype) are one
     graph; a changed target value is another."""
     targets = NodeRegression().prepare(graph, seed=0)
-    base = graph_fingerprint(targets)
-    assert graph_fingerprint(targets.to(torch.float64)) == base
-    y = targets.y.clone()
+    base = graph_fingerprint(NodeDataset(graph.graph, targets))
+    assert graph_fingerprint(NodeDataset(graph.graph, targets.to(torch.float64))) == base
+    y = targets.target.clone()
     y[7, 0] += 1e-3
-    assert graph_fingerprint(replace(targets, y=y).to(torch.float64)) != base
+    changed = replace(targets, target=y).to(torch.float64)
+    assert graph_fingerprint(NodeDataset(graph.graph, changed)) != base
 
 
 @pytest.mark.parametrize("damage", ["truncate", "overwrite_with_zeros", "garbage"])

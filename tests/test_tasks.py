@@ -19,6 +19,7 @@ from lightning_gnnscale.preflight import check_config
 from lightning_gnnscale.run import train
 from lightning_gnnscale.systems.single import SingleConfig, SingleDataModule
 from lightning_gnnscale.tasks import TASKS, build_task
+from lightning_gnnscale.graph.node_targets import NodeTargets
 from lightning_gnnscale.tasks.base import split_statistics
 from lightning_gnnscale.tasks.node_regression import NOISE, synthetic_targets
 from tests.helpers.config import make_cfg
@@ -42,11 +43,10 @@ def test_classification_statistics_sum_to_the_whole_and_give_accuracy():
     gen = torch.Generator().manual_seed(0)
     out, target = torch.randn(50, 4, generator=gen), torch.randint(4, (50,), generator=gen)
     rows = {"val": torch.arange(50) % 3 == 0, "test": torch.arange(50) % 3 == 1}
-    whole = split_statistics(task, out, target, rows, ("val", "test"))
+    targets = NodeTargets(target, torch.zeros(50, dtype=torch.bool), rows["val"], rows["test"], 4)
+    whole = split_statistics(task, out, targets, ("val", "test"))
     halves = [  # two ranks' rows: the sums are the whole's
-        split_statistics(
-            task, out[part], target[part], {s: m[part] for s, m in rows.items()}, ("val", "test")
-        )
+        split_statistics(task, out[part], targets.rows(part), ("val", "test"))
         for part in (slice(0, 23), slice(23, 50))
     ]
     assert torch.equal(halves[0] + halves[1], whole)
@@ -62,10 +62,10 @@ def test_regression_statistics_give_rmse_and_mae():
     gen = torch.Generator().manual_seed(1)
     out, target = torch.randn(40, 2, generator=gen), torch.randn(40, 2, generator=gen)
     rows = {"val": torch.arange(40) < 25}
+    none = torch.zeros(40, dtype=torch.bool)
+    targets = NodeTargets(target, none, rows["val"], none, 2)
     parts = [slice(0, 10), slice(10, 40)]
-    summed = sum(
-        split_statistics(task, out[p], target[p], {"val": rows["val"][p]}, ("val",)) for p in parts
-    )
+    summed = sum(split_statistics(task, out[p], targets.rows(p), ("val",)) for p in parts)
     err = [float(out[i, j] - target[i, j]) for i in range(40) if rows["val"][i] for j in range(2)]
     values = task.metric_values(summed[0])
     assert values["rmse"] == pytest.approx(math.sqrt(sum(e * e for e in err) / len(err)))
@@ -75,17 +75,18 @@ def test_regression_statistics_give_rmse_and_mae():
 
 
 def test_the_synthetic_target_is_deterministic_and_learnable():
-    graph = sbm(num_nodes=400, num_classes=5, num_features=12, seed=3)
-    target = synthetic_targets(graph, seed=7)
+    dataset = sbm(num_nodes=400, num_classes=5, num_features=12, seed=3)
+    graph, labels = dataset.graph, dataset.targets.target
+    target = synthetic_targets(dataset, seed=7)
     assert target.shape == (400, 1) and target.dtype == torch.float32
-    assert torch.equal(target, synthetic_targets(graph, seed=7))
-    assert not torch.equal(target, synthetic_targets(graph, seed=8))
+    assert torch.equal(target, synthetic_targets(dataset, seed=7))
+    assert not torch.equal(target, synthetic_targets(dataset, seed=8))
     # least squares on what a GNN sees (the neighbourhood mean feature, the community) leaves
     # the noise alone: far below the target's spread
     x = graph.x.double()
     mean = x.clone().index_add_(0, graph.dst_of_edges(), x[graph.indices])
     mean /= (graph.in_degree() + 1).unsqueeze(1)
-    design = torch.cat([mean, torch.nn.functional.one_hot(graph.y, 5).double()], 1)
+    design = torch.cat([mean, torch.nn.functional.one_hot(labels, 5).double()], 1)
     fit = torch.linalg.lstsq(design, target.double()).solution
     residual = float((design @ fit - target).square().mean().sqrt())
     assert residual < 1.5 * NOISE < 0.5 * float(target.std())
@@ -156,10 +157,10 @@ def test_node_regression_trains_through_every_system(tmp_path, name):
             *devices,
         )
     )
-    graph = objects["graph"]
-    assert graph.y.is_floating_point()
-    train_mean = graph.y[graph.train_mask].mean(0)
-    val = graph.y[graph.val_mask]
+    targets = objects["targets"]
+    assert targets.target.is_floating_point()
+    train_mean = targets.target[targets.train].mean(0)
+    val = targets.target[targets.val]
     baseline = float((val - train_mean).square().mean().sqrt())
     assert math.isfinite(metrics["val_rmse"]) and math.isfinite(metrics["val_mae"])
     assert metrics["best_val_rmse"] == min(r["val_rmse"] for r in metrics["history"])
@@ -168,11 +169,13 @@ def test_node_regression_trains_through_every_system(tmp_path, name):
 
 
 def test_load_dataset_labels_feed_regression_unchanged_for_classification():
-    """Node classification keeps the dataset's graph object itself (its results unchanged)."""
-    graph = load_dataset("sbm", num_nodes=100, num_features=4)
-    assert build_task("node_classification").prepare(graph, 0) is graph
-    regression = build_task("node_regression").prepare(graph, 0)
-    assert regression.y.shape == (100, 1) and torch.equal(regression.x, graph.x)
+    """Node classification keeps the dataset's targets object itself (its results unchanged);
+    regression replaces the targets and keeps the splits."""
+    dataset = load_dataset("sbm", num_nodes=100, num_features=4)
+    assert build_task("node_classification").prepare(dataset, 0) is dataset.targets
+    regression = build_task("node_regression").prepare(dataset, 0)
+    assert regression.target.shape == (100, 1) and regression.out_dim == 1
+    assert torch.equal(regression.split_matrix(), dataset.targets.split_matrix())
 
 
 def test_sizing_a_head_from_a_directory_of_another_task_is_refused(tmp_path):
