@@ -12,33 +12,37 @@ from lightning_gnnscale.graph.book import (
 )
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeTargets
 from lightning_gnnscale.graph.partition import partition, partition_report
 
 
-def _random_directed_graph(num_nodes: int = 60, num_edges: int = 300, seed: int = 0) -> Graph:
+def _random_directed_graph(
+    num_nodes: int = 60, num_edges: int = 300, seed: int = 0
+) -> tuple[Graph, NodeTargets]:
     gen = torch.Generator().manual_seed(seed)
     edge_index = torch.randint(num_nodes, (2, num_edges), generator=gen)
-    return Graph.from_edge_index(
-        edge_index,
-        num_nodes,
-        x=torch.randn(num_nodes, 3, generator=gen),
-        y=torch.randint(4, (num_nodes,), generator=gen),
-        train_mask=torch.rand(num_nodes, generator=gen) < 0.5,
-        val_mask=torch.zeros(num_nodes, dtype=torch.bool),
-        test_mask=torch.ones(num_nodes, dtype=torch.bool),
-        num_classes=4,
+    graph = Graph.from_edge_index(edge_index, num_nodes, x=torch.randn(num_nodes, 3, generator=gen))
+    targets = NodeTargets(
+        torch.randint(4, (num_nodes,), generator=gen),
+        torch.rand(num_nodes, generator=gen) < 0.5,
+        torch.zeros(num_nodes, dtype=torch.bool),
+        torch.ones(num_nodes, dtype=torch.bool),
+        4,
     )
+    return graph, targets
 
 
 @pytest.fixture(params=[0, 1, 2])
 def setup(request):
-    """A random directed graph, a random 4-way partition with one empty part, and its book."""
-    graph = _random_directed_graph(seed=request.param)
+    """A random directed graph, a random 4-way partition with one empty part, and its book;
+    the graph relabelled and its targets in gids (as ``partition_and_relabel`` gives them)."""
+    graph, targets = _random_directed_graph(seed=request.param)
     gen = torch.Generator().manual_seed(request.param)
     parts = torch.randint(3, (graph.num_nodes,), generator=gen)
     parts[parts == 2] = 3  # part 2 stays empty
     book = PartitionBook.from_parts(parts, num_parts=4)
-    return graph, parts, book, relabel_graph(graph, book)
+    relabelled = (relabel_graph(graph, book), targets.rows(book.new2old))
+    return (graph, targets), parts, book, relabelled
 
 
 def test_book_round_trips(setup):
@@ -66,14 +70,14 @@ def test_relabelling_is_stable_and_lookups_agree(setup):
 
 
 def test_relabelled_graph_is_the_same_graph(setup):
-    graph, _, book, relabelled = setup
+    (graph, targets), _, book, (relabelled, relabelled_targets) = setup
     src, dst = graph.edge_index()
     new_src, new_dst = relabelled.edge_index()
     expected = set(zip(book.old2new[src].tolist(), book.old2new[dst].tolist()))
     assert set(zip(new_src.tolist(), new_dst.tolist())) == expected
     assert relabelled.num_edges == graph.num_edges
     assert torch.equal(relabelled.x, graph.x[book.new2old])
-    assert torch.equal(relabelled.train_mask[book.old2new], graph.train_mask)
+    assert torch.equal(relabelled_targets.train[book.old2new], targets.train)
     offsets = book.edge_offsets(relabelled)
     assert torch.equal(
         book.nid2part(new_dst),
@@ -82,12 +86,12 @@ def test_relabelled_graph_is_the_same_graph(setup):
 
 
 def test_local_partition_matches_brute_force(setup):
-    _, _, book, relabelled = setup
+    _, _, book, (relabelled, targets) = setup
     src, dst = relabelled.edge_index()
     edges = list(zip(src.tolist(), dst.tolist()))
     seen_edge_ids = []
     for k in range(book.num_parts):
-        local = build_local_partition(relabelled, book, k)
+        local = build_local_partition(relabelled, targets, book, k)
         core = set(book.part_nodes(k).tolist())
         halo = sorted({s for s, d in edges if d in core and s not in core})
         assert local.halo_gids.tolist() == halo
@@ -103,7 +107,8 @@ def test_local_partition_matches_brute_force(setup):
         )
         assert torch.equal(relabelled.indices[local.edge_ids], local_src)
         assert torch.equal(local.x, relabelled.x[local.core_gids])
-        assert torch.equal(local.train_mask, relabelled.train_mask[local.core_gids])
+        assert torch.equal(local.targets.train, targets.train[local.core_gids])
+        assert torch.equal(local.targets.target, targets.target[local.core_gids])
         seen_edge_ids.append(local.edge_ids)
     all_ids = torch.cat(seen_edge_ids)
     assert torch.equal(all_ids.sort().values, torch.arange(relabelled.num_edges)), (
@@ -112,15 +117,17 @@ def test_local_partition_matches_brute_force(setup):
 
 
 def test_local_partition_on_a_metis_partitioned_sbm():
-    graph = sbm(num_nodes=2000, seed=0)
+    dataset = sbm(num_nodes=2000, seed=0)
+    graph, splits = dataset.graph, dataset.targets.split_matrix()
     parts = partition(graph, "metis", 4)
     book = PartitionBook.from_parts(parts)
     relabelled = relabel_graph(graph, book)
-    locals_ = [build_local_partition(relabelled, book, k) for k in range(4)]
+    targets = dataset.targets.rows(book.new2old)
+    locals_ = [build_local_partition(relabelled, targets, book, k) for k in range(4)]
     assert sum(local.num_edges for local in locals_) == graph.num_edges
     assert sum(local.num_core for local in locals_) == graph.num_nodes
     in_degree = relabelled.in_degree()
-    halo_sizes = partition_report(graph, parts)["halo_nodes_per_part"]
+    halo_sizes = partition_report(graph, parts, splits=splits)["halo_nodes_per_part"]
     for k, local in enumerate(locals_):
         assert torch.equal(local.indptr[1:] - local.indptr[:-1], in_degree[local.core_gids])
         assert local.num_halo == halo_sizes[k]
