@@ -34,14 +34,14 @@ def gather(shares: list[dict], output: str, num_nodes: int, requested=None) -> t
     return out[want]
 
 
-def check_predictions(shares: list[dict], graph, model: gs.ModelConfig, state: dict) -> None:
+def check_predictions(shares: list[dict], dataset, model: gs.ModelConfig, state: dict) -> None:
     """The ranks' predictions equal the oracle's full-neighbourhood rows of the trained net
-    (``state``: the module's state dict) in float64."""
+    (``state``: the module's state dict) on ``dataset`` (node classification) in float64."""
     from tests.test_plain_lightning import full_neighbourhood
 
-    net = gs.build_model(model, graph.num_features, graph.num_classes).double()
+    net = gs.build_model(model, dataset.graph.num_features, dataset.num_classes).double()
     net.load_state_dict({k.removeprefix("net."): v for k, v in state.items()})
-    graph = graph.to(torch.float64)
+    graph = dataset.graph.to(torch.float64)
     embeddings = gather(shares, "embeddings", graph.num_nodes)
     logits = gather(shares, "logits", graph.num_nodes, REQUESTED)
     torch.testing.assert_close(

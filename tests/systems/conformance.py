@@ -147,9 +147,9 @@ def plain_datamodule(
     if partition_dir is not None:
         data = gs.DataConfig(batch_size=64, fanouts=[5, 5], partition_dir=str(partition_dir))
         return DataModule(None, config, data, task=task)
-    graph = gs.load_dataset("sbm", **PLAIN_SBM).to(dtype)
+    dataset = gs.load_dataset("sbm", **PLAIN_SBM).to(dtype)
     data = gs.DataConfig(batch_size=64, fanouts=[5, 5])
-    return DataModule(graph, config, data, cache_dir=cache_dir, dtype=dtype, task=task)
+    return DataModule(dataset, config, data, cache_dir=cache_dir, dtype=dtype, task=task)
 
 
 def write_plain_partition_dir(name: str, task: str, out: Path) -> None:

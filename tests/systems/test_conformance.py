@@ -253,9 +253,10 @@ def test_predict_covers_every_node_once(plain_runs, name, task):
     from lightning_gnnscale.tasks import build_task
 
     head = build_task(task)
-    graph = head.prepare(gs.load_dataset("sbm", **PLAIN_SBM), 0).to(torch.float64)
+    dataset = gs.load_dataset("sbm", **PLAIN_SBM).to(torch.float64)
+    graph = dataset.graph
     config = gs.system(name)[2].model_config(hidden=8)
-    net = gs.build_model(config, graph.num_features, head.out_dim(graph)).double()
+    net = gs.build_model(config, graph.num_features, head.prepare(dataset, 0).out_dim).double()
     net.load_state_dict({k.removeprefix("net."): v for k, v in ranks[0]["after"].items()})
     for output, layers in zip(PREDICT_OUTPUTS, (net.num_layers, net.num_layers - 1)):
         rows = _gathered(ranks, output, graph.num_nodes)  # asserts each node exactly once
