@@ -23,7 +23,7 @@ class Task:
     """One node of a DAG instance.
 
     Attributes:
-        kind: operator name (``seed``, ``nsc``, ``merge``, ``ff``, ``label``, ``end``...).
+        kind: operator name (``seed``, ``nsc``, ``merge``, ``ff``, ``target``, ``end``...).
         fn: ``fn(*parent results) -> result``.
         parents: tasks whose results ``fn`` takes, in that order.
         cost_fn: ``cost_fn(*parent results) -> float`` for the ready heap (default 0).
@@ -61,13 +61,13 @@ class Dag:
     Attributes:
         dag_id: launch order (older DAGs have smaller ids and run first).
         tasks: every task, parents before children; ``tasks[-1]`` is the sink.
-        label: what the DAG is for (e.g. ``epoch 3, step 7``), for error messages.
+        name: what the DAG is for (e.g. ``epoch 3, step 7``), for error messages.
         launched: ``time.perf_counter()`` at submission.
     """
 
     dag_id: int
     tasks: list[Task]
-    label: str = ""
+    name: str = ""
     launched: float = 0.0
 
     def __post_init__(self) -> None:
@@ -88,7 +88,7 @@ class Dag:
         return self.tasks[-1]
 
     def __repr__(self) -> str:
-        return f"Dag({self.dag_id}, {self.label!r}, {len(self.tasks)} tasks)"
+        return f"Dag({self.dag_id}, {self.name!r}, {len(self.tasks)} tasks)"
 
 
 class TaskError(RuntimeError):
@@ -183,7 +183,7 @@ class Executor:
 
     def _fail(self, task: Task, exc: Exception) -> None:
         error = TaskError(
-            f"ByteGNN sampling task {task.name} of DAG {task.dag.dag_id} ({task.dag.label}) "
+            f"ByteGNN sampling task {task.name} of DAG {task.dag.dag_id} ({task.dag.name}) "
             f"failed: {type(exc).__name__}: {exc}"
         )
         error.__cause__ = exc

@@ -11,8 +11,8 @@ partitions (halo rows pulled from their owners through ``comm``), as DistDGL's.
 
 With ``data.partition_dir`` a rank loads only its own part (``write_parts`` writes them): its
 partition (core in-edges as a local CSC, the halo's ids), the full-graph degrees of its core and
-halo, its core's features, labels and masks, and its chunk of the training ids with their
-degrees. Its book is the ``[P + 1]`` offsets; the degrees of vertices beyond its halo arrive
+halo, its core's features and task targets (:class:`~...graph.node_targets.NodeTargets` rows),
+and its chunk of the training ids with their degrees. Its book is the ``[P + 1]`` offsets; the degrees of vertices beyond its halo arrive
 with the sampling answers of their owners (docs/systems/bytegnn.md#from-a-partition-directory).
 """
 
@@ -67,11 +67,12 @@ class ByteGNNDataModule(GNNDataModule):
         """Partition once (cached on disk by content hash), relabel, report the balance."""
         return partition_and_relabel(
             self.graph,
+            self.targets,
             self.config.partition.method,
             world_size,
             self.seed,
             self.cache_dir,
-            label="bytegnn",
+            system="bytegnn",
             **self.partition_options(),
         )
 
@@ -89,11 +90,12 @@ class ByteGNNDataModule(GNNDataModule):
     def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart:
         """With the training ids' degrees (for the task costs and GCN) where a rank holds no
         ``[N]`` degrees."""
-        return HaloPart.of(prepared, rank, seed_degrees=True)
+        seeds = self.task.train_seeds(prepared.targets)
+        return HaloPart.of(prepared, rank, seeds, seed_degrees=True)
 
     @override
     def load_part(self, opened: PartitionDir, rank: int) -> HaloPart:
-        return HaloPart.load(opened, rank, self.dtype)
+        return HaloPart.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
 
     @override
     def setup_rank(self, context: RankContext, part: HaloPart) -> None:

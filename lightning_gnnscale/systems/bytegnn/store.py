@@ -3,8 +3,8 @@ transport, and the even split of the training vertices into per-rank, per-step s
 
 A request for vertices goes to their owners: this rank's own vertices are read in place (no
 bytes), the others' go through :class:`~lightning_gnnscale.comm.transport.SocketTransport`
-(ids as ``structure``; sampled edges back as ``structure``, feature rows and labels back as
-``feature``). Sampling is keyed by global ids (``graph/sampler.py``), so the owner draws exactly
+(ids as ``structure``; sampled edges back as ``structure``, feature rows and target rows back
+as ``feature``). Sampling is keyed by global ids (``graph/sampler.py``), so the owner draws exactly
 the edges the whole graph would give: the blocks equal the reference sampler's.
 
 A rank loaded from a partition directory holds no ``[N]`` degree array: its store knows the
@@ -15,7 +15,7 @@ more per source (``structure``). So every vertex of a batch arrives with its deg
 The transport refuses any frame larger than the protocol allows (:meth:`GraphStore.request_bytes`
 for a request this rank serves, :meth:`GraphStore.answer_bytes` for an answer it awaits): a
 request names each vertex at most once, and only the owner's, so it carries at most the owner's
-core size in ids; an answer carries one row, label or count per id, and at most
+core size in ids; an answer carries one feature row, target row or count per id, and at most
 ``min(fanout, the owner's largest in-degree)`` sampled sources (and degrees) per id. Each rank
 advertises its largest in-degree with its address.
 """
@@ -31,11 +31,11 @@ from ...comm.transport import SocketTransport
 from ...graph.book import LocalPartition, RangeBook
 from ...graph.sampler import sample_neighbors
 
-NSC, FEATURES, LABELS = 1, 2, 3  # request kinds
+NSC, FEATURES, TARGETS = 1, 2, 3  # request kinds
 
 
 class GraphStore:
-    """This rank's core vertices (in-edges, features, labels) and access to the others'.
+    """This rank's core vertices (in-edges, features, task targets) and access to the others'.
 
     Args:
         local: this rank's partition (``graph.book.build_local_partition``, or loaded from a
@@ -82,7 +82,7 @@ class GraphStore:
         ids = self.local.num_core * 8
         if kind == NSC:
             return ids + 16
-        return ids if kind in (FEATURES, LABELS) else None
+        return ids if kind in (FEATURES, TARGETS) else None
 
     def answer_bytes(self, owner: int, kind: int, num_ids: int, fanout: int = 0) -> int:
         """Most payload bytes of ``owner``'s answer to a request of ``kind`` for ``num_ids``
@@ -91,7 +91,7 @@ class GraphStore:
             most = self.transport.advertised(owner)
             per_id = most if fanout == -1 else min(fanout, most)
             return num_ids * (8 + per_id * 16)  # a count; a source and its degree each
-        rows = self.local.x if kind == FEATURES else self.local.y
+        rows = self.local.x if kind == FEATURES else self.local.targets.target
         return num_ids * math.prod(rows.shape[1:]) * rows.element_size()
 
     @property
@@ -158,8 +158,8 @@ class GraphStore:
             return self.sample_local(gids, fanout, key), "structure"
         if kind == FEATURES:
             return [self.local.x.index_select(0, gids - self.first_gid)], "feature"
-        if kind == LABELS:
-            return [self.local.y.index_select(0, gids - self.first_gid)], "feature"
+        if kind == TARGETS:
+            return [self.local.targets.target.index_select(0, gids - self.first_gid)], "feature"
         raise ValueError(f"unknown request kind {kind}")
 
     # ------------------------------------------------------------------ any vertex
@@ -227,6 +227,7 @@ class GraphStore:
         """Feature rows ``[n, F]`` of ``gids``."""
         return self._rows(gids, FEATURES, self.local.x)
 
-    def labels(self, gids: Tensor) -> Tensor:
-        """Labels ``[n]`` of ``gids``."""
-        return self._rows(gids, LABELS, self.local.y)
+    def targets(self, gids: Tensor) -> Tensor:
+        """The task's target rows of ``gids`` (``NodeTargets.target`` rows: ``[n]`` or
+        ``[n, d]``)."""
+        return self._rows(gids, TARGETS, self.local.targets.target)

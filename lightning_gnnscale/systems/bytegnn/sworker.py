@@ -3,11 +3,11 @@ controller and run by a thread pool in fine-grained order (spec §3.2; docs/syst
 
 DAG of a supervised mini-batch with ``K`` hops, ``c`` NSC and ``f`` FF tasks per hop::
 
-    seed ─┬─► label                                  (labels of the seeds)
+    seed ─┬─► target                                 (target rows of the seeds)
           ├─► ff[0, 0..f)                            (feature rows of the seeds)
           └─► nsc[1, 0..c) ─► merge[1] ─┬─► ff[1, 0..f)   (rows of hop 1's new vertices)
                                         └─► nsc[2, 0..c) ─► merge[2] ─► ... ─► merge[K] ─► ff[K, ..]
-    every label / ff / merge task ─► end             (assembles the Batch, hands it over)
+    every target / ff / merge task ─► end            (assembles the Batch, hands it over)
 
 An NSC task samples one chunk of the hop's frontier through the vertices' owners; ``merge``
 joins the chunks into the hop's block (sources deduplicated across chunks, as the reference
@@ -19,6 +19,7 @@ thread count or timing.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -69,7 +70,7 @@ class ByteGNNBatch(Batch):
 
 
 def batch_nbytes(batch: Batch) -> int:
-    """Memory of a batch's tensors (features, labels, blocks)."""
+    """Memory of a batch's tensors (features, target rows, blocks)."""
     tensors = [batch.x, batch.y]
     for block in batch.blocks:
         tensors += [block.src_ids, block.edge_index, block.src_deg]
@@ -77,14 +78,15 @@ def batch_nbytes(batch: Batch) -> int:
 
 
 def batch_bytes_bound(
-    seeds: int, fanouts: list[int], num_nodes: int, row_bytes: int, label_bytes: int
+    seeds: int, fanouts: list[int], num_nodes: int, row_bytes: int, target_bytes: int
 ) -> int | None:
-    """The most :func:`batch_nbytes` of a batch of ``seeds`` seeds: every hop's sources are at
+    """The most :func:`batch_nbytes` of a batch of ``seeds`` seeds (``row_bytes``: one
+    feature row's bytes, ``target_bytes``: one target row's): every hop's sources are at
     most ``min(N, dst * (1 + fanout))``, its edges ``dst * fanout`` (int64 ids, degrees and
     edge index); ``None`` with a full-neighbourhood hop (``-1``: no bound without the degrees)."""
     if any(f < 0 for f in fanouts):
         return None
-    dst, total = seeds, seeds * label_bytes
+    dst, total = seeds, seeds * target_bytes
     for fanout in fanouts:
         src = min(num_nodes, dst * (1 + fanout))
         total += 8 * (2 * src + 2 * dst * fanout)
@@ -133,7 +135,7 @@ class SWorker:
         self.timeout_s = timeout_s
         self._cpu = cpu_percent
         self.cores = cores
-        x, y = store.local.x, store.local.y
+        x, y = store.local.x, store.local.targets.target
         self.controller = CoarseController(
             scheduler.threshold,
             scheduler.q_floor,
@@ -145,7 +147,7 @@ class SWorker:
                 self.fanouts,
                 store.book.num_nodes,
                 x.shape[1] * x.element_size(),
-                y.element_size(),
+                math.prod(y.shape[1:]) * y.element_size(),
             ),
         )
         self.executor = Executor(num_threads, self._finished, self._failed, before_task)
@@ -182,8 +184,8 @@ class SWorker:
         width = max(1, store.local.x.shape[1])
 
         seed = Task("seed", lambda: split.seeds(epoch, step), cost_fn=lambda: 1.0)
-        label = Task("label", store.labels, [seed], cost_fn=lambda s: s.numel())
-        tasks, sinks = [seed, label], [label]
+        target = Task("target", store.targets, [seed], cost_fn=lambda s: s.numel())
+        tasks, sinks = [seed, target], [target]
 
         def fetch(hop: int, prev: Task) -> list[Task]:
             def new_vertices(result) -> Tensor:
@@ -250,15 +252,15 @@ class SWorker:
 
         num_merges = len(self.fanouts)
 
-        def end(labels, *rest):
+        def end(targets, *rest):
             blocks = list(rest[:num_merges])[::-1]
             x = torch.cat(rest[num_merges:])
             stats = {"input_nodes": blocks[0].num_src}
             count = split.global_seed_count(step)
-            return ByteGNNBatch(blocks, x, labels, count, epoch, step, stats, dag_id=dag_id)
+            return ByteGNNBatch(blocks, x, targets, count, epoch, step, stats, dag_id=dag_id)
 
-        tasks.append(Task("end", end, [label, *sinks[1:], *ffs]))
-        return Dag(dag_id, tasks, label=f"epoch {epoch}, step {step}")
+        tasks.append(Task("end", end, [target, *sinks[1:], *ffs]))
+        return Dag(dag_id, tasks, name=f"epoch {epoch}, step {step}")
 
     # ------------------------------------------------------------------------ coarse loop
     def now_ms(self) -> float:

@@ -1,9 +1,10 @@
 """``DistDGLDataModule``: partition-local data, KV-store features, distributed sampling.
 
 Each rank keeps only its partition: the local CSC (core nodes + 1-hop halo) and the features
-and labels of its core nodes, in the KV store. A training step samples through the owners
-(``structure`` bytes), then pulls the input rows it does not own (``feature`` bytes: remote
-input rows x F x itemsize, plus remote seed labels). Evaluation is full-graph layer-wise
+and task targets (:class:`~...graph.node_targets.NodeTargets` rows) of its core nodes, in the KV
+store. A training step samples through the owners (``structure`` bytes), then pulls the input
+rows it does not own (``feature`` bytes: remote input rows x F x itemsize, plus the remote
+seeds' target rows). Evaluation is full-graph layer-wise
 inference: every rank computes each layer for its core nodes and pulls its halo's rows of the
 previous layer from their owners (``activation`` bytes, the input layer as ``feature``).
 Every step and every evaluation is collective, so loaders run in the main process.
@@ -158,11 +159,12 @@ class DistDGLDataModule(GNNDataModule):
         partition = self.config.partition
         return partition_and_relabel(
             self.graph,
+            self.targets,
             partition.method,
             world_size,
             self.seed,
             self.cache_dir,
-            label="distdgl",
+            system="distdgl",
             **partition.options(),
         )
 
@@ -178,11 +180,11 @@ class DistDGLDataModule(GNNDataModule):
 
     @override
     def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart:
-        return HaloPart.of(prepared, rank)
+        return HaloPart.of(prepared, rank, self.task.train_seeds(prepared.targets))
 
     @override
     def load_part(self, opened: PartitionDir, rank: int) -> HaloPart:
-        return HaloPart.load(opened, rank, self.dtype)
+        return HaloPart.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
 
     @override
     def setup_rank(self, context: RankContext, part: HaloPart) -> None:
@@ -193,7 +195,7 @@ class DistDGLDataModule(GNNDataModule):
         self.core_orig_ids = part.orig_ids
         self.kv = KVStore(comm, book)
         self.kv.init_data("feat", self.local.x)
-        self.kv.init_data("label", self.local.y)
+        self.kv.init_data("target", self.local.targets.target)
         if self.degree is None:
             self.kv.init_data("degree", self.local_degree[: self.local.num_core])
         config = self.config
@@ -218,8 +220,9 @@ class DistDGLDataModule(GNNDataModule):
 
     @override
     def make_batch(self, epoch: int, step: int) -> DistDGLBatch:
-        """This rank's step: sample through the owners, then pull input rows and labels (with
-        embeddings the rows are looked up in the training step, see :class:`DistDGLBatch`)."""
+        """This rank's step: sample through the owners, then pull input rows and the seeds'
+        target rows (with embeddings the input rows are looked up in the training step, see
+        :class:`DistDGLBatch`)."""
         seeds = self.split.seeds(epoch, step)
         start = time.perf_counter()
         blocks = self.sampler.sample(seeds, epoch, step)
@@ -230,7 +233,7 @@ class DistDGLDataModule(GNNDataModule):
             x = self.kv.pull("feat", blocks[0].src_ids, category="feature")
         else:
             x = self.local.x.new_empty((blocks[0].num_src, 0))
-        y = self.kv.pull("label", seeds)
+        y = self.kv.pull("target", seeds)
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,

@@ -1,7 +1,7 @@
 """DistDGL's KV store and sparse node embeddings (docs/systems/distdgl.md#kv-store).
 
-Node-row tensors (features, labels, learnable embeddings, optimiser state) are sharded like the
-partition book: rank ``r`` stores the rows of its core gids ``[node_offsets[r],
+Node-row tensors (features, task targets, learnable embeddings, optimiser state) are sharded
+like the partition book: rank ``r`` stores the rows of its core gids ``[node_offsets[r],
 node_offsets[r+1])``, nothing is replicated. ``pull`` reads any gid's rows, ``push`` sends rows
 to their owners, who apply a handler (overwrite, add, an optimiser update).
 

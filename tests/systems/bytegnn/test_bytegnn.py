@@ -19,6 +19,7 @@ import torch
 
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.systems.bytegnn.config import DagConfig, SchedulerConfig
@@ -501,14 +502,20 @@ def test_a_task_listed_before_its_parent_is_refused():
 
 
 def _graph():
-    graph = sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=5, seed=4)
-    book = PartitionBook.from_parts(torch.zeros(graph.num_nodes, dtype=torch.int64), 1)
-    return relabel_graph(graph, book), book
+    """One part: the relabelled graph, its targets in gids and the book."""
+    dataset = NodeDataset.of_graph(
+        sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=5, seed=4)
+    )
+    book = PartitionBook.from_parts(torch.zeros(dataset.graph.num_nodes, dtype=torch.int64), 1)
+    return relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old), book
 
 
-def _sworker(graph, book, fanouts, threads, nsc, ff, batch_size=64, before_task=None, seed=7):
-    store = GraphStore(build_local_partition(graph, book, 0), book, graph.in_degree(), None)
-    split = SeedSplit(graph.split_ids("train"), 1, 0, batch_size, seed)
+def _sworker(
+    graph, targets, book, fanouts, threads, nsc, ff, batch_size=64, before_task=None, seed=7
+):
+    local = build_local_partition(graph, targets, book, 0)
+    store = GraphStore(local, book, graph.in_degree(), None)
+    split = SeedSplit(targets.train.nonzero().flatten(), 1, 0, batch_size, seed)
     return SWorker(
         store,
         split,
@@ -528,10 +535,11 @@ def _threads_named(prefix):
 
 
 def test_each_seed_once_per_epoch_and_each_batch_consumed_once_in_order():
-    graph, book = _graph()
+    graph, targets, book = _graph()
     jitter = random.Random(1)
     worker = _sworker(
         graph,
+        targets,
         book,
         [4, 3],
         threads=2,
@@ -548,8 +556,9 @@ def test_each_seed_once_per_epoch_and_each_batch_consumed_once_in_order():
                 batch = worker.take(epoch, step)
                 assert (batch.epoch, batch.step) == (epoch, step)
                 seeds.append(batch.blocks[-1].dst_ids)
-                assert torch.equal(batch.y, graph.y[batch.blocks[-1].dst_ids])
-            assert Counter(torch.cat(seeds).tolist()) == Counter(graph.split_ids("train").tolist())
+                assert torch.equal(batch.y, targets.target[batch.blocks[-1].dst_ids])
+            train = targets.train.nonzero().flatten()
+            assert Counter(torch.cat(seeds).tolist()) == Counter(train.tolist())
         with pytest.raises(SamplingError, match="consumed once"):
             worker.take(1, 0)
     finally:
@@ -561,8 +570,8 @@ def test_each_seed_once_per_epoch_and_each_batch_consumed_once_in_order():
     "fanouts,threads,nsc,ff", [([4, 3], 1, 1, 1), ([4, 3], 2, 3, 2), ([-1, 2, 5], 2, 4, 3)]
 )
 def test_blocks_equal_the_reference_sampler_edge_for_edge(fanouts, threads, nsc, ff):
-    graph, book = _graph()
-    worker = _sworker(graph, book, fanouts, threads, nsc, ff)
+    graph, targets, book = _graph()
+    worker = _sworker(graph, targets, book, fanouts, threads, nsc, ff)
     reference = NeighborSampler(graph.indptr, graph.indices, fanouts, seed=7)
     worker.last_epoch = 0
     worker.start()
@@ -586,8 +595,8 @@ def test_sample_time_is_the_dags_work_not_its_latency():
     """T_avg_sample is the time the DAG's tasks ran, not launch-to-end: a DAG that waited
     5 s behind older ones took 2 ms per task (issue 22 item 13); its batch size feeds the
     memory bound."""
-    graph, book = _graph()
-    worker = _sworker(graph, book, [4, 3], threads=1, nsc=2, ff=1)
+    graph, targets, book = _graph()
+    worker = _sworker(graph, targets, book, [4, 3], threads=1, nsc=2, ff=1)
     dag = worker.build_dag(0, 0, 0)
     for i, task in enumerate(dag.tasks):
         task.result = task.fn(*[p.result for p in task.parents])
@@ -606,7 +615,7 @@ def test_prefetched_batches_stay_within_the_budget_from_the_first_launch():
     the budget at the a-priori bound (no size known, every DAG of the epoch was launched);
     every batch is within that bound, and every launch keeps the queued batches' exact bytes
     plus the reservations in flight within the budget."""
-    graph, book = _graph()
+    graph, targets, book = _graph()
     worker, seen = None, []
 
     def slow_first_dag(task):
@@ -614,7 +623,9 @@ def test_prefetched_batches_stay_within_the_budget_from_the_first_launch():
             time.sleep(0.3)
             seen.append(worker.launched)  # launched while no batch had finished
 
-    worker = _sworker(graph, book, [4, 3], 1, 2, 2, batch_size=16, before_task=slow_first_dag)
+    worker = _sworker(
+        graph, targets, book, [4, 3], 1, 2, 2, batch_size=16, before_task=slow_first_dag
+    )
     bound = worker.controller.batch_bound
     budget = worker.controller.max_prefetch_bytes = 2.5 * bound
     worker.last_epoch = 0
@@ -633,13 +644,13 @@ def test_prefetched_batches_stay_within_the_budget_from_the_first_launch():
 
 
 def test_a_failing_task_ends_the_take_with_the_task_and_dag_named():
-    graph, book = _graph()
+    graph, targets, book = _graph()
 
     def explode(task):
         if task.kind == "nsc" and task.hop == 2:
             raise OSError("disk on fire")
 
-    worker = _sworker(graph, book, [4, 3], threads=2, nsc=2, ff=1, before_task=explode)
+    worker = _sworker(graph, targets, book, [4, 3], threads=2, nsc=2, ff=1, before_task=explode)
     worker.start()
     try:
         with pytest.raises(
@@ -715,17 +726,20 @@ def test_teardown_with_a_request_stuck_on_a_silent_peer_is_prompt_and_clean():
     from lightning_gnnscale.graph.partition import partition
     from lightning_gnnscale.systems.bytegnn.datamodule import ByteGNNDataModule
 
-    graph = sbm(num_nodes=300, num_classes=4, avg_degree=6.0, num_features=4, seed=2)
-    book = PartitionBook.from_parts(partition(graph, "random", 2, seed=1), 2)
-    graph = relabel_graph(graph, book)
+    dataset = NodeDataset.of_graph(
+        sbm(num_nodes=300, num_classes=4, avg_degree=6.0, num_features=4, seed=2)
+    )
+    book = PartitionBook.from_parts(partition(dataset.graph, "random", 2, seed=1), 2)
+    graph, targets = relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old)
     silent = sk.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
     transport = SocketTransport(0, Topology(2, 2), timeout_s=60.0, secret=SECRET)
     transport.start(lambda kind, tensors: ([], "control"), _OneRankComm(), lambda kind: 0)
     transport._addresses = [transport._addresses[0], silent.getsockname()]
-    store = GraphStore(build_local_partition(graph, book, 0), book, graph.in_degree(), transport)
+    local = build_local_partition(graph, targets, book, 0)
+    store = GraphStore(local, book, graph.in_degree(), transport)
     worker = SWorker(
         store,
-        SeedSplit(graph.split_ids("train"), 2, 0, 40, 3),
+        SeedSplit(targets.train.nonzero().flatten(), 2, 0, 40, 3),
         [3, 3],
         3,
         DagConfig(nsc_tasks=1, ff_tasks=1),
@@ -756,9 +770,9 @@ def test_teardown_with_a_request_stuck_on_a_silent_peer_is_prompt_and_clean():
 def test_a_fresh_sworker_resumed_at_an_epoch_start_yields_the_same_batches():
     """Resume from a checkpoint: a new S-Worker whose first request is (epoch 1, step 0)
     launches from there and hands over the batches the uninterrupted worker gave."""
-    graph, book = _graph()
-    straight = _sworker(graph, book, [4, 3], threads=2, nsc=2, ff=2)
-    resumed = _sworker(graph, book, [4, 3], threads=2, nsc=2, ff=2)
+    graph, targets, book = _graph()
+    straight = _sworker(graph, targets, book, [4, 3], threads=2, nsc=2, ff=2)
+    resumed = _sworker(graph, targets, book, [4, 3], threads=2, nsc=2, ff=2)
     for worker in (straight, resumed):
         worker.last_epoch = 1
         worker.start()

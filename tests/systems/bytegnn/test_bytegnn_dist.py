@@ -22,6 +22,7 @@ from lightning_gnnscale.config_types import DataConfig, RunFacts
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.graph.seed_split import SeedSplit
@@ -41,20 +42,25 @@ SEED = 5
 
 
 def _graph(world_size):
-    graph = sbm(num_nodes=500, num_classes=4, avg_degree=7.0, num_features=6, seed=3)
-    book = PartitionBook.from_parts(partition(graph, "random", world_size, seed=1), world_size)
-    return relabel_graph(graph, book), book
+    """The relabelled graph, its targets in gids and the book."""
+    dataset = NodeDataset.of_graph(
+        sbm(num_nodes=500, num_classes=4, avg_degree=7.0, num_features=6, seed=3)
+    )
+    parts = partition(dataset.graph, "random", world_size, seed=1)
+    book = PartitionBook.from_parts(parts, world_size)
+    return relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old), book
 
 
 def _service(rank, world_size, threads, before_task=None, timeout_s=30.0):
-    graph, book = _graph(world_size)
+    graph, targets, book = _graph(world_size)
     meter = CommMeter()
     comm = Comm.create(meter, Topology(world_size, world_size), timeout_s=timeout_s)
-    store = GraphStore(build_local_partition(graph, book, rank), book, graph.in_degree(), None)
+    local = build_local_partition(graph, targets, book, rank)
+    store = GraphStore(local, book, graph.in_degree(), None)
     transport = SocketTransport(rank, comm.topology, timeout_s, read_secret())
     transport.start(store.serve, comm, store.request_bytes, store.max_in_degree)
     store.transport = transport
-    split = SeedSplit(graph.split_ids("train"), world_size, rank, 60, SEED)
+    split = SeedSplit(targets.train.nonzero().flatten(), world_size, rank, 60, SEED)
     worker = SWorker(
         store,
         split,
@@ -67,7 +73,7 @@ def _service(rank, world_size, threads, before_task=None, timeout_s=30.0):
         cpu_percent=lambda: 50.0,
         before_task=before_task,
     )
-    return graph, book, comm, meter, transport, worker
+    return graph, targets, book, comm, meter, transport, worker
 
 
 def _bytegnn_threads():
@@ -76,7 +82,7 @@ def _bytegnn_threads():
 
 def _exactly_once_rank(rank, world_size):
     jitter = random.Random(rank)
-    graph, book, comm, meter, transport, worker = _service(
+    graph, targets, book, comm, meter, transport, worker = _service(
         rank, world_size, threads=2, before_task=lambda t: time.sleep(jitter.random() * 0.002)
     )
     reference = NeighborSampler(graph.indptr, graph.indices, FANOUTS, seed=SEED)
@@ -93,7 +99,7 @@ def _exactly_once_rank(rank, world_size):
                 )
                 mismatches += not same
             mismatches += not torch.equal(batch.x, graph.x[expected[0].src_ids])
-            mismatches += not torch.equal(batch.y, graph.y[batch.blocks[-1].dst_ids])
+            mismatches += not torch.equal(batch.y, targets.target[batch.blocks[-1].dst_ids])
             seeds.append(batch.blocks[-1].dst_ids)
             remote_rows += int((book.nid2part(expected[0].src_ids) != rank).sum())
             remote_seeds += int((book.nid2part(batch.blocks[-1].dst_ids) != rank).sum())
@@ -124,8 +130,8 @@ def test_three_ranks_deliver_the_reference_blocks_and_every_seed_once():
         assert r["mismatches"] == 0
         assert Counter(r["seeds"]) == Counter(r["mine"] * 2)  # two epochs, each seed once
         assert r["threads"] == []
-    assert Counter(train.tolist()) == Counter(_graph(3)[0].split_ids("train").tolist())
-    # every remote input row and seed label was answered by its owner, and counted there
+    assert Counter(train.tolist()) == Counter(_graph(3)[1].train.nonzero().flatten().tolist())
+    # every remote input row and seed target row was answered by its owner, and counted there
     row_bytes = results[0]["row_bytes"]
     expected = sum(r["remote"][0] * row_bytes + r["remote"][1] * 8 for r in results)
     assert sum(r["bytes"]["feature"]["intra_server"] for r in results) == expected
@@ -135,7 +141,7 @@ def test_three_ranks_deliver_the_reference_blocks_and_every_seed_once():
 
 
 def _dead_peer_rank(rank, world_size, out_dir):
-    _, _, comm, _, transport, worker = _service(rank, world_size, threads=2, timeout_s=20.0)
+    _, _, _, comm, _, transport, worker = _service(rank, world_size, threads=2, timeout_s=20.0)
     comm.barrier()
     if rank == 1:
         os.kill(os.getpid(), 9)  # dies without closing anything
@@ -185,7 +191,7 @@ def _failing_fit_rank(rank, world_size, run, dm, where):
     setup_rank = dm.setup_rank
 
     def explode(task):
-        if rank == 0 and task.kind == "ff" and task.dag.label.startswith("epoch 1"):
+        if rank == 0 and task.kind == "ff" and task.dag.name.startswith("epoch 1"):
             raise ValueError("injected")
 
     def setup_with_fault(context, part):

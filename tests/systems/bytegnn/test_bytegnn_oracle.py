@@ -16,6 +16,7 @@ import torch
 
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.systems.bytegnn.config import DagConfig, SchedulerConfig
 from lightning_gnnscale.systems.bytegnn.store import GraphStore
@@ -67,13 +68,16 @@ def oracle_blocks(indptr, indices, seeds, fanouts, seed, epoch, step):
 
 
 def test_blocks_and_rows_equal_an_independent_oracle():
-    graph = sbm(num_nodes=400, num_classes=4, avg_degree=12.0, num_features=3, seed=11)
-    book = PartitionBook.from_parts(torch.zeros(graph.num_nodes, dtype=torch.int64), 1)
-    graph = relabel_graph(graph, book)
+    dataset = NodeDataset.of_graph(
+        sbm(num_nodes=400, num_classes=4, avg_degree=12.0, num_features=3, seed=11)
+    )
+    book = PartitionBook.from_parts(torch.zeros(dataset.graph.num_nodes, dtype=torch.int64), 1)
+    graph, targets = relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old)
     fanouts = [5, 3]
     assert int((graph.indptr.diff() > 5).sum()) > 100  # most vertices are really sampled
-    store = GraphStore(build_local_partition(graph, book, 0), book, graph.in_degree(), None)
-    split = SeedSplit(graph.split_ids("train"), 1, 0, 40, 9)
+    local = build_local_partition(graph, targets, book, 0)
+    store = GraphStore(local, book, graph.in_degree(), None)
+    split = SeedSplit(targets.train.nonzero().flatten(), 1, 0, 40, 9)
     worker = SWorker(
         store,
         split,
@@ -100,6 +104,6 @@ def test_blocks_and_rows_equal_an_independent_oracle():
                 assert got == edges
                 assert block.edge_index.shape[1] == len(edges)  # no duplicate edge
             assert torch.equal(batch.x, graph.x[want[0][0]])
-            assert torch.equal(batch.y, graph.y[seeds])
+            assert torch.equal(batch.y, targets.target[seeds])
     finally:
         worker.stop()

@@ -22,6 +22,7 @@ from lightning_gnnscale.graph.khop_blocks import (
     khop_locality,
     neighbourhood_blocks,
 )
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.partition import partition, partition_report
 from lightning_gnnscale.graph.partition_config import (
     METHOD_OPTIONS,
@@ -30,26 +31,42 @@ from lightning_gnnscale.graph.partition_config import (
 )
 
 
+def _no_splits(num_nodes: int) -> dict:
+    """``Graph``'s own (transitional) target fields, with no vertex in any split: the splits
+    are passed to the partitioner apart, so falling back to the graph's would show."""
+    none = torch.zeros(num_nodes, dtype=torch.bool)
+    return {
+        "y": torch.zeros(num_nodes, dtype=torch.int64),
+        "train_mask": none,
+        "val_mask": none,
+        "test_mask": none,
+        "num_classes": 1,
+    }
+
+
+def _splits_of(graph: Graph) -> Tensor:
+    """bool ``[N, 3]``: a generated dataset's own train / val / test membership."""
+    return NodeDataset.of_graph(graph).targets.split_matrix()
+
+
 def _random_graph(
     num_nodes: int, num_edges: int, labelled: float, seed: int, undirected: bool = False
-) -> Graph:
-    """Random graph (directed by default, so the in-edge direction matters) whose labelled
-    vertices are split evenly at random into train / val / test."""
+) -> tuple[Graph, Tensor]:
+    """Random graph (directed by default, so the in-edge direction matters) and its splits
+    (bool ``[N, 3]``): the labelled vertices split evenly at random into train / val / test."""
     gen = torch.Generator().manual_seed(seed)
     edges = torch.randint(num_nodes, (2, num_edges), generator=gen)
     split = torch.randint(3, (num_nodes,), generator=gen)
     is_labelled = torch.rand(num_nodes, generator=gen) < labelled
-    return Graph.from_edge_index(
+    splits = torch.stack([is_labelled & (split == k) for k in range(3)], dim=1)
+    graph = Graph.from_edge_index(
         edges,
         num_nodes,
         undirected=undirected,
         x=torch.zeros(num_nodes, 3),
-        y=torch.zeros(num_nodes, dtype=torch.int64),
-        train_mask=is_labelled & (split == 0),
-        val_mask=is_labelled & (split == 1),
-        test_mask=is_labelled & (split == 2),
-        num_classes=1,
+        **_no_splits(num_nodes),
     )
+    return graph, splits
 
 
 def _in_lists(graph: Graph) -> list[list[int]]:
@@ -90,13 +107,13 @@ def _weak_components(graph: Graph, members: set[int]) -> dict[int, int]:
 # --------------------------------------------------------------- invariant 8: the blocks
 @pytest.mark.parametrize(("hops", "seed"), [(1, 0), (2, 1), (3, 2)])
 def test_blocks_follow_nearest_center_with_pi_tie_break(hops, seed):
-    graph = _random_graph(300, 450, labelled=0.1, seed=seed)
-    centers = center_order(graph, "random", seed)
+    graph, splits = _random_graph(300, 450, labelled=0.1, seed=seed)
+    centers = center_order(splits, "random", seed)
     block_of, num_labelled = neighbourhood_blocks(graph, centers, hops)
     assert num_labelled == centers.numel() > 0
     in_lists = _in_lists(graph)
     distances = [_distances_into(in_lists, c, hops) for c in centers.tolist()]
-    labelled = (graph.train_mask | graph.val_mask | graph.test_mask).tolist()
+    labelled = (splits[:, 0] | splits[:, 1] | splits[:, 2]).tolist()
     for v in range(graph.num_nodes):
         reach = [(d[v], rank) for rank, d in enumerate(distances) if v in d]
         if not reach:  # farther than K hops from every center: a label-free block
@@ -115,8 +132,8 @@ def test_blocks_follow_nearest_center_with_pi_tie_break(hops, seed):
 
 
 def test_sequential_blocks_go_to_the_first_center_within_k_hops():
-    graph = _random_graph(300, 450, labelled=0.1, seed=8)
-    centers = center_order(graph, "random", 8)
+    graph, splits = _random_graph(300, 450, labelled=0.1, seed=8)
+    centers = center_order(splits, "random", 8)
     block_of, num_labelled = neighbourhood_blocks(graph, centers, 2, block_bfs="sequential")
     in_lists = _in_lists(graph)
     distances = [_distances_into(in_lists, c, 2) for c in centers.tolist()]
@@ -137,8 +154,8 @@ def test_sequential_blocks_go_to_the_first_center_within_k_hops():
 
 
 def test_free_vertices_form_one_block_per_component():
-    graph = _random_graph(400, 420, labelled=0.03, seed=3)
-    centers = center_order(graph, "gid", 0)
+    graph, splits = _random_graph(400, 420, labelled=0.03, seed=3)
+    centers = center_order(splits, "gid", 0)
     block_of, num_labelled = neighbourhood_blocks(graph, centers, 1)
     in_lists = _in_lists(graph)
     reached = set()
@@ -161,8 +178,8 @@ def test_free_vertices_form_one_block_per_component():
 
 
 def test_large_free_components_are_cut_into_pieces_in_id_order():
-    graph = _random_graph(400, 420, labelled=0.03, seed=3)
-    centers = center_order(graph, "gid", 0)
+    graph, splits = _random_graph(400, 420, labelled=0.03, seed=3)
+    centers = center_order(splits, "gid", 0)
     whole, num_labelled = neighbourhood_blocks(graph, centers, 1)
     cut, _ = neighbourhood_blocks(graph, centers, 1, max_free_block=5)
     assert torch.equal(cut[:num_labelled].clamp(max=0), whole[:num_labelled].clamp(max=0))
@@ -184,33 +201,30 @@ def test_one_giant_free_component_does_not_fill_a_part():
     # a long path with one labelled vertex at its end: at K=1 almost all of it is label-free
     num_nodes = 400
     src = torch.arange(num_nodes - 1)
-    first = torch.arange(num_nodes) == 0
+    splits = torch.zeros(num_nodes, 3, dtype=torch.bool)
+    splits[0, 0] = True  # vertex 0 is the one train vertex
     graph = Graph.from_edge_index(
         torch.stack([src, src + 1]),
         num_nodes,
         undirected=True,
         x=torch.zeros(num_nodes, 3),
-        y=torch.zeros(num_nodes, dtype=torch.int64),
-        train_mask=first,
-        val_mask=torch.zeros(num_nodes, dtype=torch.bool),
-        test_mask=torch.zeros(num_nodes, dtype=torch.bool),
-        num_classes=1,
+        **_no_splits(num_nodes),
     )
-    parts = partition(graph, "bytegnn", 4, hops=1)
+    parts = partition(graph, "bytegnn", 4, splits=splits, hops=1)
     counts = torch.bincount(parts, minlength=4).double()
     assert float(counts.max() / counts.mean()) <= 1.1
 
 
 def test_center_order_is_seeded_or_by_id():
-    graph = _random_graph(200, 300, labelled=0.3, seed=4)
-    labelled = (graph.train_mask | graph.val_mask | graph.test_mask).nonzero().flatten()
-    assert torch.equal(center_order(graph, "gid", 7), labelled)
-    shuffled = center_order(graph, "random", 7)
-    assert torch.equal(shuffled, center_order(graph, "random", 7))
-    assert not torch.equal(shuffled, center_order(graph, "random", 8))
+    _, splits = _random_graph(200, 300, labelled=0.3, seed=4)
+    labelled = (splits[:, 0] | splits[:, 1] | splits[:, 2]).nonzero().flatten()
+    assert torch.equal(center_order(splits, "gid", 7), labelled)
+    shuffled = center_order(splits, "random", 7)
+    assert torch.equal(shuffled, center_order(splits, "random", 7))
+    assert not torch.equal(shuffled, center_order(splits, "random", 8))
     assert torch.equal(shuffled.sort().values, labelled)
     with pytest.raises(ValueError, match="valid: \\['random', 'gid'\\]"):
-        center_order(graph, "degree", 0)
+        center_order(splits, "degree", 0)
 
 
 # ----------------------------------------------------------- invariant 9: the assignment
@@ -400,11 +414,7 @@ def test_block_cross_edges_count_each_adjacent_pair_once():
         indptr=torch.tensor([0, 2, 2, 5, 6, 8]),
         indices=torch.tensor([2, 4, 0, 1, 1, 1, 3, 4]),
         x=torch.zeros(5, 1),
-        y=torch.zeros(5, dtype=torch.int64),
-        train_mask=torch.zeros(5, dtype=torch.bool),
-        val_mask=torch.zeros(5, dtype=torch.bool),
-        test_mask=torch.zeros(5, dtype=torch.bool),
-        num_classes=1,
+        **_no_splits(5),
     )
     pairs = block_cross_edges(graph, torch.tensor([0, 0, 1, 2, 2]))
     assert sorted(map(tuple, pairs.sort(0).values.T.tolist())) == [(0, 1), (0, 1), (0, 2), (0, 2)]
@@ -426,28 +436,30 @@ def test_a_block_that_fits_nowhere_ignores_the_cap():
 
 
 @pytest.fixture(scope="module")
-def sbm_sparse() -> Graph:
-    """SBM whose labelled vertices are a third of the nodes (the generator labels all)."""
+def sbm_sparse() -> tuple[Graph, Tensor]:
+    """SBM and splits whose labelled vertices are a third of the nodes (the generator's own
+    splits label all: the graph's own masks differ, so a fallback to them would show)."""
     graph = sbm(num_nodes=2000, avg_degree=6.0, seed=0)
     keep = torch.rand(graph.num_nodes, generator=torch.Generator().manual_seed(0)) < 1 / 3
-    return Graph(
-        **{**graph.__dict__, "val_mask": graph.val_mask & keep, "test_mask": graph.test_mask & keep}
-    )
+    splits = _splits_of(graph)
+    splits[:, 1:] &= keep.unsqueeze(1)
+    return graph, splits
 
 
 @pytest.mark.parametrize("num_parts", [2, 4])
 @pytest.mark.parametrize("graph_name", ["sbm", "sbm_sparse"])
 def test_every_split_balanced_and_more_khop_local_than_random(graph_name, num_parts, request):
-    graph = (
-        sbm(num_nodes=2000, avg_degree=6.0, seed=0)
-        if graph_name == "sbm"
-        else request.getfixturevalue("sbm_sparse")
-    )
-    parts = partition(graph, "bytegnn", num_parts, seed=0)
-    report = partition_report(graph, parts, num_parts, hops=2)
+    if graph_name == "sbm":
+        graph = sbm(num_nodes=2000, avg_degree=6.0, seed=0)
+        splits = _splits_of(graph)
+    else:
+        graph, splits = request.getfixturevalue("sbm_sparse")
+    parts = partition(graph, "bytegnn", num_parts, seed=0, splits=splits)
+    report = partition_report(graph, parts, num_parts, splits=splits, hops=2)
     for split in ("train", "val", "test"):
         assert report[f"{split}_balance"] <= 1.1, split
-    random = partition_report(graph, partition(graph, "random", num_parts), num_parts, hops=2)
+    random_parts = partition(graph, "random", num_parts)
+    random = partition_report(graph, random_parts, num_parts, splits=splits, hops=2)
     assert report["local_khop_ratio"] >= random["local_khop_ratio"]
     assert report["remote_bytes_per_epoch"] <= random["remote_bytes_per_epoch"]
 
@@ -464,21 +476,23 @@ def test_cora_every_split_balanced_only_with_the_cap(tmp_path):
     """Cora's 140 train vertices are 9% of the labelled ones, so Algorithm 2's weighted BS
     alone lets train pile up; the default cap holds every split within 1.1 at P = 2 and 4."""
     cora = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path)
+    splits = _splits_of(cora)
     for num_parts in (2, 4):
-        report = partition_report(
-            cora, partition(cora, "bytegnn", num_parts, seed=0), num_parts, hops=2
-        )
+        parts = partition(cora, "bytegnn", num_parts, seed=0, splits=splits)
+        report = partition_report(cora, parts, num_parts, splits=splits, hops=2)
         assert max(report[f"{s}_balance"] for s in ("train", "val", "test")) <= 1.1
-        random = partition_report(cora, partition(cora, "random", num_parts), num_parts, hops=2)
+        random_parts = partition(cora, "random", num_parts)
+        random = partition_report(cora, random_parts, num_parts, splits=splits, hops=2)
         assert report["local_khop_ratio"] >= random["local_khop_ratio"]
-    uncapped = partition(cora, "bytegnn", 4, seed=0, imbalance=None)
-    assert partition_report(cora, uncapped, 4)["train_balance"] > 1.1
+    uncapped = partition(cora, "bytegnn", 4, seed=0, splits=splits, imbalance=None)
+    assert partition_report(cora, uncapped, 4, splits=splits)["train_balance"] > 1.1
 
 
 def test_each_block_lies_in_exactly_one_part(sbm_sparse):
-    centers = center_order(sbm_sparse, "random", 0)
-    block_of, _ = neighbourhood_blocks(sbm_sparse, centers, 2)
-    parts = partition(sbm_sparse, "bytegnn", 4, seed=0)
+    graph, splits = sbm_sparse
+    centers = center_order(splits, "random", 0)
+    block_of, _ = neighbourhood_blocks(graph, centers, 2)
+    parts = partition(graph, "bytegnn", 4, seed=0, splits=splits)
     parts_per_block = torch.zeros(int(block_of.max()) + 1, 4, dtype=torch.int64)
     parts_per_block.index_put_((block_of, parts), torch.ones_like(parts), accumulate=True)
     assert ((parts_per_block > 0).sum(1) == 1).all()
@@ -486,12 +500,13 @@ def test_each_block_lies_in_exactly_one_part(sbm_sparse):
 
 # ------------------------------------------------------------------ the method and report
 def test_khop_locality_matches_brute_force():
-    graph = _random_graph(120, 260, labelled=0.25, seed=5)
+    graph, splits = _random_graph(120, 260, labelled=0.25, seed=5)
     parts = torch.randint(3, (graph.num_nodes,), generator=torch.Generator().manual_seed(5))
     in_lists = _in_lists(graph)
+    labelled = (splits[:, 0] | splits[:, 1] | splits[:, 2]).nonzero().flatten().tolist()
     for hops in (1, 2):
         local = total = remote = 0
-        for c in (graph.train_mask | graph.val_mask | graph.test_mask).nonzero().flatten().tolist():
+        for c in labelled:
             dist = _distances_into(in_lists, c, hops)
             home = int(parts[c])
             for v, d in dist.items():
@@ -499,9 +514,9 @@ def test_khop_locality_matches_brute_force():
                     for u in in_lists[v]:
                         total += 1
                         local += int(parts[u]) == home and int(parts[v]) == home
-                if bool(graph.train_mask[c]):
+                if bool(splits[c, 0]):  # a train center
                     remote += int(parts[v]) != home
-        got = khop_locality(graph, parts, hops, chunk=7)  # chunks split the centers
+        got = khop_locality(graph, splits, parts, hops, chunk=7)  # chunks split the centers
         assert got["local_khop_ratio"] == pytest.approx(local / total)
         assert got["remote_vertices_per_epoch"] == remote
         assert got["remote_bytes_per_epoch"] == remote * (8 + 3 * 4)  # id + 3 float32
@@ -509,23 +524,29 @@ def test_khop_locality_matches_brute_force():
 
 
 def test_report_adds_khop_keys_only_when_asked(sbm_sparse):
-    parts = partition(sbm_sparse, "random", 2)
-    plain = partition_report(sbm_sparse, parts, 2)
+    graph, splits = sbm_sparse
+    parts = partition(graph, "random", 2)
+    plain = partition_report(graph, parts, 2, splits=splits)
     assert "local_khop_ratio" not in plain
-    with_khop = partition_report(sbm_sparse, parts, 2, hops=2)
-    assert with_khop == {**plain, **khop_locality(sbm_sparse, parts, 2)}
-    assert (
-        partition_report(sbm_sparse, torch.zeros_like(parts), 1, hops=2)["local_khop_ratio"] == 1.0
-    )
+    with_khop = partition_report(graph, parts, 2, splits=splits, hops=2)
+    assert with_khop == {**plain, **khop_locality(graph, splits, parts, 2)}
+    whole = partition_report(graph, torch.zeros_like(parts), 1, splits=splits, hops=2)
+    assert whole["local_khop_ratio"] == 1.0
 
 
 def test_bytegnn_is_a_seeded_partition_method(sbm_sparse):
+    graph, splits = sbm_sparse
     assert "bytegnn" in PARTITION_METHODS
-    parts = partition(sbm_sparse, "bytegnn", 3, seed=1)
-    assert torch.equal(parts, partition(sbm_sparse, "bytegnn", 3, seed=1))
-    assert not torch.equal(parts, partition(sbm_sparse, "bytegnn", 3, seed=2))
-    by_id = partition(sbm_sparse, "bytegnn", 3, seed=1, order="gid")
-    assert torch.equal(by_id, partition(sbm_sparse, "bytegnn", 3, seed=2, order="gid"))
+
+    def cut(seed, **options):
+        return partition(graph, "bytegnn", 3, seed=seed, splits=splits, **options)
+
+    parts = cut(1)
+    assert torch.equal(parts, cut(1))
+    assert not torch.equal(parts, cut(2))
+    assert torch.equal(cut(1, order="gid"), cut(2, order="gid"))
+    # the splits given are the ones balanced: the graph's own (all labelled) cut differently
+    assert not torch.equal(parts, partition(graph, "bytegnn", 3, seed=1, splits=_splits_of(graph)))
 
 
 @pytest.mark.parametrize(
@@ -546,9 +567,9 @@ def test_bytegnn_is_a_seeded_partition_method(sbm_sparse):
 def test_bad_options_fail_before_any_work(options, message):
     with pytest.raises(ValueError, match=message):
         check_partition_options("bytegnn", options)
-    graph = _random_graph(20, 30, labelled=0.5, seed=0)
+    graph, splits = _random_graph(20, 30, labelled=0.5, seed=0)
     with pytest.raises(ValueError, match=message):
-        partition(graph, "bytegnn", 1, **options)  # even with nothing to cut
+        partition(graph, "bytegnn", 1, splits=splits, **options)  # even with nothing to cut
 
 
 def test_check_partition_options_covers_every_method():
@@ -563,13 +584,14 @@ def test_check_partition_options_covers_every_method():
 
 def test_edge_cases_no_labels_empty_split_and_more_parts_than_blocks():
     # no labelled vertex: every block is a component, balanced by size
-    unlabelled = _random_graph(200, 150, labelled=0.0, seed=6)
-    parts = partition(unlabelled, "bytegnn", 2)
+    unlabelled, no_splits = _random_graph(200, 150, labelled=0.0, seed=6)
+    parts = partition(unlabelled, "bytegnn", 2, splits=no_splits)
     assert torch.bincount(parts, minlength=2).min() > 0
     # no val vertex: the empty split drops out of BS, the others still balance
-    graph = _random_graph(600, 1200, labelled=0.5, seed=7, undirected=True)
-    no_val = Graph(**{**graph.__dict__, "val_mask": torch.zeros_like(graph.val_mask)})
-    report = partition_report(no_val, partition(no_val, "bytegnn", 2), 2)
+    graph, splits = _random_graph(600, 1200, labelled=0.5, seed=7, undirected=True)
+    splits[:, 1] = False
+    parts = partition(graph, "bytegnn", 2, splits=splits)
+    report = partition_report(graph, parts, 2, splits=splits)
     assert report["train_balance"] <= 1.1 and report["test_balance"] <= 1.1
     # two blocks (a labelled pair and an isolated vertex) into four parts: empty parts allowed
     tiny = Graph.from_edge_index(
@@ -577,13 +599,11 @@ def test_edge_cases_no_labels_empty_split_and_more_parts_than_blocks():
         3,
         undirected=True,
         x=torch.zeros(3, 1),
-        y=torch.zeros(3, dtype=torch.int64),
-        train_mask=torch.tensor([True, False, False]),
-        val_mask=torch.zeros(3, dtype=torch.bool),
-        test_mask=torch.zeros(3, dtype=torch.bool),
-        num_classes=1,
+        **_no_splits(3),
     )
-    parts = partition(tiny, "bytegnn", 4)
+    tiny_splits = torch.zeros(3, 3, dtype=torch.bool)
+    tiny_splits[0, 0] = True  # vertex 0 trains
+    parts = partition(tiny, "bytegnn", 4, splits=tiny_splits)
     assert int(parts[0]) == int(parts[1]) and int(parts[2]) != int(parts[0])
     assert torch.bincount(parts, minlength=4).tolist().count(0) == 2
 
@@ -595,13 +615,17 @@ def test_distdgl_partition_config_reaches_bytegnn(sbm_sparse):
     config = DistDGLConfig(partition=PartitionConfig(method="bytegnn"))
     options = config.partition.options()
     assert set(options) == set(METHOD_OPTIONS["bytegnn"])
-    parts = partition(sbm_sparse, config.partition.method, 2, seed=0, **options)
-    assert torch.equal(parts, partition(sbm_sparse, "bytegnn", 2, seed=0))
+    graph, splits = sbm_sparse
+    parts = partition(graph, config.partition.method, 2, seed=0, splits=splits, **options)
+    assert torch.equal(parts, partition(graph, "bytegnn", 2, seed=0, splits=splits))
 
 
 def test_metis_cuts_are_reported_next_to_bytegnn_with_the_same_keys(sbm_sparse):
+    graph, splits = sbm_sparse
     reports = {
-        method: partition_report(sbm_sparse, partition(sbm_sparse, method, 2), 2, hops=2)
+        method: partition_report(
+            graph, partition(graph, method, 2, splits=splits), 2, splits=splits, hops=2
+        )
         for method in ("bytegnn", "metis", "metis_balanced", "random")
     }
     assert len({tuple(sorted(r)) for r in reports.values()}) == 1

@@ -14,6 +14,7 @@ from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder
 from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_carried
 from lightning_gnnscale.partition import partition
@@ -60,21 +61,25 @@ def test_the_carried_degree_block_equals_the_dense_builders():
 def test_a_partition_finds_the_ids_it_holds():
     """``LocalPartition.find``: core and halo gids map to their local ids, others are not held;
     ``arrays`` / ``from_arrays`` round-trip the partition."""
-    graph = sbm(num_nodes=200, num_classes=3, avg_degree=4.0, num_features=2, seed=1)
+    dataset = NodeDataset.of_graph(
+        sbm(num_nodes=200, num_classes=3, avg_degree=4.0, num_features=2, seed=1)
+    )
     parts = torch.randint(0, 3, (200,), generator=torch.Generator().manual_seed(2))
     book = PartitionBook.from_parts(parts, 3)
-    graph = relabel_graph(graph, book)
+    graph, targets = relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old)
     for k in range(3):
-        local = build_local_partition(graph, book, k)
+        local = build_local_partition(graph, targets, book, k)
         gids = torch.arange(200)
         lid, held = local.find(gids)
         want = torch.full((200,), -1)
         want[local.local2global] = torch.arange(local.num_local)
         assert torch.equal(held, want >= 0)
         assert torch.equal(lid[held], want[held])
-        again = type(local).from_arrays(local.arrays(), k)
+        again = type(local).from_arrays(local.arrays(), k, targets.out_dim)
+        assert again.targets.out_dim == targets.out_dim
+        assert again.arrays().keys() == local.arrays().keys()
         for name, array in local.arrays().items():
-            assert torch.equal(getattr(again, name), array), name
+            assert torch.equal(again.arrays()[name], array), name
 
 
 # ------------------------------------------------------------ ranks that hold only their part
@@ -118,7 +123,7 @@ def _own_part_rank(rank, world_size, tmp_path):
 
 @pytest.mark.dist
 def test_a_bytegnn_rank_with_only_its_part_equals_the_in_memory_rank(tmp_path):
-    """Blocks (with their degrees), input rows, labels, gradients and evaluation counts of
+    """Blocks (with their degrees), input rows, target rows, gradients and evaluation counts of
     every step are equal, exactly, with the other part's folder deleted; the degrees of
     vertices beyond the halo arrived with the owners' sampling answers."""
     make_dm(tmp_path / "cache").write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)

@@ -20,6 +20,7 @@ from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.block import Block
 from lightning_gnnscale.graph.book import PartitionBook, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
@@ -40,10 +41,14 @@ KINDS = ("gcn", "sage", "gat")
 
 
 def partitioned(world_size, method="random", num_nodes=300):
-    graph = sbm(num_nodes=num_nodes, num_classes=4, avg_degree=8.0, num_features=10, seed=5)
-    parts = partition(graph, method, world_size, seed=0)
+    dataset = NodeDataset.of_graph(
+        sbm(num_nodes=num_nodes, num_classes=4, avg_degree=8.0, num_features=10, seed=5)
+    )
+    graph, targets = dataset.graph, dataset.targets
+    parts = partition(graph, method, world_size, seed=0, splits=targets.split_matrix())
     book = PartitionBook.from_parts(parts, world_size)
-    return PartitionedGraph(relabel_graph(graph, book).to(torch.float64), book, {})
+    relabelled = relabel_graph(graph, book).to(torch.float64)
+    return PartitionedGraph(relabelled, targets.rows(book.new2old), book, {})
 
 
 def datamodule(data, rank, world_size, comm, batch_size=64):
@@ -51,7 +56,10 @@ def datamodule(data, rank, world_size, comm, batch_size=64):
     assert (comm.rank, comm.world_size) == (rank, world_size)
     config = DistDGLConfig(partition=PartitionConfig(method="random"))
     dm = DistDGLDataModule(
-        data.graph, config, DataConfig(batch_size=batch_size, fanouts=FANOUTS), seed=3
+        NodeDataset(data.graph, data.targets),
+        config,
+        DataConfig(batch_size=batch_size, fanouts=FANOUTS),
+        seed=3,
     )
     dm.setup_rank(RankContext(comm, torch.device("cpu")), dm.part_of(data, rank))
     return dm
@@ -59,8 +67,8 @@ def datamodule(data, rank, world_size, comm, batch_size=64):
 
 def make_net(kind, data):
     torch.manual_seed(0)
-    g = data.graph
-    return BlockGNN(kind, g.num_features, 16, g.num_classes, num_layers=2, dropout=0.0).double()
+    width = data.graph.num_features
+    return BlockGNN(kind, width, 16, data.targets.out_dim, num_layers=2, dropout=0.0).double()
 
 
 def _train_rank(rank, world_size):
@@ -117,7 +125,7 @@ def test_training_and_evaluation_equal_single(world_size):
     """Same step seeds -> same gradient as one process; distributed layer-wise inference
     counts equal single-process inference; feature bytes equal an independent count."""
     data = partitioned(world_size)
-    g, book = data.graph, data.book
+    g, book, targets = data.graph, data.book, data.targets
     results = run_distributed(_train_rank, world_size, timeout_s=150)
     sampler = NeighborSampler(g.indptr, g.indices, FANOUTS, seed=3)
     steps = sum(1 for key in results[0] if key[0] == "gcn" and isinstance(key[1], int))
@@ -127,7 +135,8 @@ def test_training_and_evaluation_equal_single(world_size):
             assert seeds.numel() == results[0][kind, step][4]  # global seed count
             net = make_net(kind, data)
             blocks = sampler.sample(seeds, epoch=1, step=step)
-            loss = F.cross_entropy(net(blocks, g.x[blocks[0].src_ids]), g.y[seeds], reduction="sum")
+            out = net(blocks, g.x[blocks[0].src_ids])
+            loss = F.cross_entropy(out, targets.target[seeds], reduction="sum")
             (loss / seeds.numel()).backward()
             ref = torch.cat([p.grad.flatten() for p in net.parameters()])
             expected = 0  # independent count of the bytes all owners send for this step
@@ -135,17 +144,51 @@ def test_training_and_evaluation_equal_single(world_size):
                 own_seeds, inputs, _, grad, _ = r[kind, step]
                 torch.testing.assert_close(grad, ref, rtol=0, atol=1e-12)
                 remote_rows = int((book.nid2part(inputs) != rank).sum())
-                remote_labels = int((book.nid2part(own_seeds) != rank).sum())
-                expected += remote_rows * g.num_features * 8 + remote_labels * 8  # float64, int64
+                remote_seeds = int((book.nid2part(own_seeds) != rank).sum())
+                expected += remote_rows * g.num_features * 8 + remote_seeds * 8  # float64, int64
             # each rank's meter counts what it sends (the rows it serves); summed over ranks
             assert sum(r[kind, step][2] for r in results) == expected
         net = make_net(kind, data).eval()
         pred = _whole_graph_logits(net, g).argmax(1)
         for key in ("eval", "eval_chunked"):
             for split, got in zip(("val", "test"), results[0][kind, key]):
-                ids = g.split_ids(split)
-                assert got.tolist() == [float((pred[ids] == g.y[ids]).sum()), float(ids.numel())]
+                ids = targets.split(split).nonzero().flatten()
+                correct = (pred[ids] == targets.target[ids]).sum()
+                assert got.tolist() == [float(correct), float(ids.numel())]
     assert sum(r["gcn", 0][2] for r in results) > 0  # some rows were remote
+
+
+@pytest.mark.parametrize("task", ["node_classification", "node_regression"])
+def test_a_part_holds_the_tasks_rows_and_seeds_in_memory_and_from_a_directory(tmp_path, task):
+    """``part_of``: each core carries the task's rows (node regression's synthetic float
+    targets, not the dataset's labels) and the trainer chunks are the task's training seeds;
+    ``load_part`` gives the same rows with the task's head width from the directory's meta."""
+
+    def dm(partition_dir=None):
+        data = DataConfig(batch_size=32, fanouts=FANOUTS, partition_dir=partition_dir)
+        options = dict(num_nodes=150, num_classes=3, num_features=6)
+        config = DistDGLConfig(partition=PartitionConfig(method="random"))
+        return DistDGLDataModule(
+            "sbm", config, data, cache_dir=tmp_path, dataset_options=options, task=task
+        )
+
+    in_memory = dm()
+    prepared = in_memory.prepare(2)
+    book, targets = prepared.book, in_memory.targets  # the task's rows, in original ids
+    assert targets.target.is_floating_point() == (task == "node_regression")
+    in_memory.write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
+    from_dir = dm(str(tmp_path / "parts"))
+    opened = from_dir.prepare(2)
+    parts = [in_memory.part_of(prepared, k) for k in range(2)]
+    for k, part in enumerate(parts):
+        core = book.new2old[int(book.node_offsets[k]) : int(book.node_offsets[k + 1])]
+        loaded = from_dir.load_part(opened, k).local.targets
+        for got in (part.local.targets, loaded):
+            assert got.out_dim == in_memory.out_dim == (1 if task == "node_regression" else 3)
+            for name, array in targets.rows(core).arrays().items():
+                assert torch.equal(got.arrays()[name], array), (k, name)
+    seeds = torch.cat([part.trainer_seeds for part in parts])
+    assert torch.equal(book.new2old[seeds].sort().values, in_memory.train_ids)
 
 
 def _feature_bytes_rank(rank, world_size, method):
@@ -180,21 +223,20 @@ def test_distdgl_trains_end_to_end_with_a_clean_audit(tmp_path):
 def test_distdgl_learnable_embeddings(tmp_path):
     """Featureless mode: sparse-Adagrad node embeddings pushed to their owners learn, and the
     pushes show up as `gradient` bytes beyond the dense all-reduce (hand count)."""
-    metrics, objects = train(
-        make_cfg(
-            tmp_path,
-            "strategy=distdgl",
-            "model=sage",
-            "strategy.embedding_dim=16",
-            "trainer.max_epochs=6",
-        )
+    cfg = make_cfg(
+        tmp_path,
+        "strategy=distdgl",
+        "model=sage",
+        "strategy.embedding_dim=16",
+        "trainer.max_epochs=6",
     )
+    metrics, _ = train(cfg)
     history = metrics["history"]
     assert history[-1]["train_loss"] < history[0]["train_loss"]
-    graph = objects["graph"]
-    net = BlockGNN("sage", 16, 64, graph.num_classes, num_layers=2)
+    dm = build_datamodule(validate(cfg))  # the run's task: its head and training seeds
+    net = BlockGNN("sage", 16, 64, dm.out_dim, num_layers=2)
     dense_bytes = 4 * sum(p.numel() for p in net.parameters())  # float32, once per rank
-    steps = -(-(int(graph.train_mask.sum()) // 2) // 32)  # smallest chunk / local batch (64/2)
+    steps = -(-(dm.train_ids.numel() // 2) // 32)  # smallest chunk / local batch (64/2)
     ring = 2 * dense_bytes * steps  # 2 ranks, each sends 2(P-1)/P x param bytes per step
     assert history[-1]["comm_bytes"]["gradient"] > ring
     assert history[-1]["comm_bytes"]["feature"] > 0  # pulled embedding rows

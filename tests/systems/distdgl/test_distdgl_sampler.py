@@ -6,6 +6,7 @@ import torch
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.graph.seed_split import SeedSplit
@@ -18,12 +19,15 @@ FANOUT_CASES = ([4, 3], [-1, -1], [2, 5, 1])
 
 
 def relabelled_graph(world_size, empty_part=False):
-    graph = sbm(num_nodes=240, num_classes=4, avg_degree=7.0, num_features=6, seed=2)
-    parts = partition(graph, "random", world_size, seed=1)
+    """The relabelled graph, its targets in gids and the book."""
+    dataset = NodeDataset.of_graph(
+        sbm(num_nodes=240, num_classes=4, avg_degree=7.0, num_features=6, seed=2)
+    )
+    parts = partition(dataset.graph, "random", world_size, seed=1)
     if empty_part:  # the last rank owns nothing: its collectives must still run
         parts = torch.where(parts == world_size - 1, 0, parts)
     book = PartitionBook.from_parts(parts, world_size)
-    return relabel_graph(graph, book), book
+    return relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old), book
 
 
 def edge_set(blocks):
@@ -34,8 +38,8 @@ def edge_set(blocks):
 
 
 def _sample_rank(rank, world_size, empty_part):
-    graph, book = relabelled_graph(world_size, empty_part)
-    local = build_local_partition(graph, book, rank)
+    graph, targets, book = relabelled_graph(world_size, empty_part)
+    local = build_local_partition(graph, targets, book, rank)
     comm = Comm.create()
     out = []
     for fanouts in FANOUT_CASES:
@@ -52,7 +56,7 @@ def _sample_rank(rank, world_size, empty_part):
 @pytest.mark.dist
 @pytest.mark.parametrize(("world_size", "empty_part"), [(2, False), (3, True)])
 def test_distributed_blocks_equal_single_process_blocks(world_size, empty_part):
-    graph, _ = relabelled_graph(world_size, empty_part)
+    graph, _, _ = relabelled_graph(world_size, empty_part)
     results = run_distributed(_sample_rank, world_size, empty_part, timeout_s=120)
     for per_rank, meter in results:
         for fanouts, step, seeds, blocks in per_rank:
