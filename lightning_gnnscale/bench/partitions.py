@@ -63,7 +63,8 @@ def run_partition_bench(
 ) -> dict:
     graph = sbm(num_nodes=nodes, train_frac=train_frac, seed=seed)
     start = time.perf_counter()
-    counts = presample(graph, fanouts, batch_size, presample_epochs, seed)
+    train = graph.split_ids("train")
+    counts = presample(graph, train, fanouts, batch_size, presample_epochs, seed)
     print(
         f"[bench partitions] pre-sampled {counts.num_batches} mini-batches in "
         f"{time.perf_counter() - start:.1f} s",
@@ -73,7 +74,9 @@ def run_partition_bench(
     rows = []
     for p in num_parts:
         for method in PARTITION_METHODS:
-            parts = probabilistic_partition(graph, p, counts, method=method, seed=seed)
+            parts = probabilistic_partition(
+                graph, p, counts, method=method, is_train=graph.train_mask, seed=seed
+            )
             result = measure(graph, parts, fanouts, batch_size, fresh, seed)
             result.update(
                 method=method,

@@ -15,10 +15,10 @@ topology, in those ids with every in-edge segment in its original order, is one 
 every rank of a machine maps once (``replicated``, with the training ids and every vertex's
 original id, the redundancy probe's sampling keys) or split into the parts, each holding its
 own vertices' rows (``partitioned``; the shared group then holds the training ids and the
-in-degrees). A rank's part holds its own vertices' features, labels, masks, original ids (the
-sampling keys) and pre-sampled input counts. Evaluation and prediction then compute each
-rank's own rows layer by layer, the rows of in-neighbours it does not own pulled from their
-owners (docs/systems/gsplit.md#from-a-partition-directory).
+in-degrees). A rank's part holds its own vertices' features, the task's rows (targets and
+splits), original ids (the sampling keys) and pre-sampled input counts. Evaluation and
+prediction then compute each rank's own rows layer by layer, the rows of in-neighbours it does
+not own pulled from their owners (docs/systems/gsplit.md#from-a-partition-directory).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, RangeBook, relabel_csc
 from ...graph.csc_rows import CSCRows
+from ...graph.node_targets import NodeTargets
 from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, sample_neighbors
 from ...kit.datamodule import GNNDataModule
@@ -49,7 +50,6 @@ from .partition import cached_probabilistic_partition
 from .sampler import LayerPlan, SplitSampler
 
 PRESAMPLE_SEED_SALT = 0x5EED  # pre-sampling must not replay the training samples themselves
-SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,10 @@ class GSplitPart:
             (the redundancy probe's sampling keys); ``None``: the ids are the original ones,
             or only its own rows are held.
         own_ids: int64 ``[n_own]`` its vertices, sorted; ``own_orig_ids`` their original ids.
-        x, y, masks: feature rows, targets and the split masks, vertex ``v``'s at row
-            ``v - first_id`` (the whole graph's, ``first_id`` 0, or the part's own).
+        x, targets: feature rows and the task's rows, vertex ``v``'s at row ``v - first_id``
+            (the whole graph's, ``first_id`` 0, or the part's own).
         input_frequency: pre-sampled input counts, indexed like ``x``.
-        own_rows: the rows of ``x``, ``y`` and ``masks`` that hold its vertices, in id order;
+        own_rows: the rows of ``x`` and ``targets`` that hold its vertices, in id order;
             ``None``: all of them.
         train_ids: the training seeds ``[n_train]`` in these ids, in original id order.
         num_nodes: ``N``; report: :attr:`GSplitPrepared.report`.
@@ -104,8 +104,7 @@ class GSplitPart:
     own_ids: torch.Tensor
     own_orig_ids: torch.Tensor
     x: torch.Tensor
-    y: torch.Tensor
-    masks: dict[str, torch.Tensor]
+    targets: NodeTargets
     input_frequency: torch.Tensor
     first_id: int
     own_rows: torch.Tensor | None
@@ -114,8 +113,12 @@ class GSplitPart:
     report: dict
 
     def own(self, rows: torch.Tensor) -> torch.Tensor:
-        """``rows`` (``x``, ``y`` or a mask) of its own vertices, in id order."""
+        """``rows`` (indexed like ``x``) of its own vertices, in id order."""
         return rows if self.own_rows is None else rows.index_select(0, self.own_rows)
+
+    def own_targets(self) -> NodeTargets:
+        """The task's rows of its own vertices, in id order."""
+        return self.targets if self.own_rows is None else self.targets.rows(self.own_rows)
 
     @property
     def split_table(self) -> torch.Tensor:
@@ -257,11 +260,14 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     # ---------------------------------------------------------------------- preprocessing
     @override
     def preprocess(self, world_size: int) -> GSplitPrepared:
-        """Pre-sample and partition (cached on disk by content hash under ``cache_dir``)."""
+        """Pre-sample the task's training seeds and partition (cached on disk by content hash
+        under ``cache_dir``)."""
         p = self.config.partition
         artifact = cached_probabilistic_partition(
             self.graph,
             world_size,
+            targets=self.targets,
+            is_train=self.task.is_train_seed(self.targets),
             method=p.method,
             fanouts=list(self.data.fanouts),
             batch_size=self.data.batch_size,
@@ -305,16 +311,17 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
         """Relabel so that each rank owns one contiguous id range; per part write its
-        vertices' ``x``, ``y``, masks, ``orig_ids`` and pre-sampled ``input_frequency``. The
+        vertices' ``x``, the task's rows (:meth:`NodeTargets.arrays`), ``orig_ids`` and
+        pre-sampled ``input_frequency``. The
         topology (CSC, segments in their original order) is, with ``replicated``, the shared
         group ``topology`` (with the training ids and every vertex's original id, ``orig_ids``
         ``[N]``: the redundancy probe's sampling keys); with ``partitioned``, each part's own
         rows (``indptr`` ``[n_k + 1]`` from 0, ``indices``), next to a shared group
         ``vertices`` of the training ids and the in-degrees ``degree`` ``[N]``."""
-        prepared, graph = self.prepare(world_size), self.graph
+        prepared, graph, targets = self.prepare(world_size), self.graph, self.targets
         book = PartitionBook.from_parts(prepared.parts, world_size)
         indptr, indices = relabel_csc(graph.indptr, graph.indices, book)
-        train_ids = book.old2new[graph.split_ids("train")]  # in original id order
+        train_ids = book.old2new[self.task.train_seeds(targets)]  # in original id order
         partitioned = self.config.topology == "partitioned"
         if partitioned:
             group = "vertices"
@@ -328,10 +335,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             own = book.new2old[lo:hi]
             arrays = {
                 "x": graph.x[own],
-                "y": graph.y[own],
-                "train_mask": graph.train_mask[own],
-                "val_mask": graph.val_mask[own],
-                "test_mask": graph.test_mask[own],
+                **targets.rows(own).arrays(),
                 "orig_ids": own,
                 "input_frequency": prepared.input_frequency[own],
             }
@@ -374,8 +378,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             own_ids=own,
             own_orig_ids=own,
             x=graph.x,
-            y=graph.y,
-            masks={split: getattr(graph, f"{split}_mask") for split in SPLITS},
+            targets=self.targets,
             input_frequency=prepared.input_frequency,
             first_id=0,
             own_rows=own,
@@ -422,8 +425,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             own_ids=own,
             own_orig_ids=own_orig_ids,
             x=x,
-            y=arrays["y"],
-            masks={split: arrays[f"{split}_mask"] for split in SPLITS},
+            targets=NodeTargets.from_arrays(arrays, self.task.out_dim_of(opened.meta)),
             input_frequency=arrays["input_frequency"],
             first_id=first,
             own_rows=None,
@@ -485,7 +487,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         sampled = time.perf_counter()
         hits, misses = self.cache.hits, self.cache.misses
         x = self.cache.load(inputs)
-        y = self.held.y.index_select(0, blocks[-1].dst_ids - self.cache.first_id)
+        y = self.held.targets.target.index_select(0, blocks[-1].dst_ids - self.cache.first_id)
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
@@ -529,8 +531,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if held.own_topology is None:
             return super().eval_statistics(net, splits)
         out = self.own_rows(net, net.num_layers)
-        masks = {split: held.own(held.masks[split]) for split in splits}
-        return split_statistics(self.task, out, held.own(held.y), masks, splits)
+        return split_statistics(self.task, out, held.own_targets(), splits)
 
     @override
     def predict_rows(

@@ -18,8 +18,9 @@ import torch
 from torch import Tensor
 
 from ...graph.block import Block
-from ...graph.cache import cached, graph_fingerprint
+from ...graph.cache import cached, graph_fingerprint, tensor_digest
 from ...graph.csc import Graph
+from ...graph.node_targets import NodeTargets
 from ...graph.order import epoch_permutation
 from ...graph.partition import metis_kway, partition
 from ...graph.sampler import NeighborSampler
@@ -57,6 +58,7 @@ class PresampleCounts:
 
 def presample(
     graph: Graph,
+    train_ids: Tensor,
     fanouts: list[int],
     batch_size: int,
     epochs: int,
@@ -66,12 +68,12 @@ def presample(
 ) -> PresampleCounts:
     """Count ``k_v``, ``k_e``, ``k0_v`` over ``epochs`` epochs of the training schedule.
 
-    Step ``t`` of epoch ``e`` samples ``epoch_permutation(train_ids, seed, e)[t*B:(t+1)*B]``
-    with ``NeighborSampler(..., fanouts, seed)``, exactly as training does, so the counts
-    describe the distribution the online sampler draws from. ``batch_size=-1`` puts all
-    training nodes in one step; ``drop_last`` skips a final partial batch.
+    ``train_ids``: the task's training seeds ``[n_train]``, in id order. Step ``t`` of epoch
+    ``e`` samples ``epoch_permutation(train_ids, seed, e)[t*B:(t+1)*B]`` with
+    ``NeighborSampler(..., fanouts, seed)``, exactly as training does, so the counts describe
+    the distribution the online sampler draws from. ``batch_size=-1`` puts all training nodes
+    in one step; ``drop_last`` skips a final partial batch.
     """
-    train_ids = graph.split_ids("train")
     if train_ids.numel() == 0:
         raise ValueError(f"graph {graph.name!r} has no training nodes to pre-sample from")
     if epochs < 1:
@@ -199,11 +201,11 @@ def _metis_parts(
     )
 
 
-def edge_balance_weights(graph: Graph) -> Tensor:
+def edge_balance_weights(graph: Graph, is_train: Tensor) -> Tensor:
     """The ``edge`` baseline's folded vertex weight ``deg(v) + alpha * 1[train]`` with
     ``alpha = E / |train|`` (docs/systems/gsplit.md#ablations), times ``|train|`` to keep it
-    an exact integer."""
-    is_train = graph.train_mask.to(torch.int64)
+    an exact integer; ``is_train``: bool ``[N]``, the task's training seeds."""
+    is_train = is_train.to(torch.int64)
     num_train = int(is_train.sum())
     if num_train == 0:
         raise ValueError(f"the 'edge' partitioner needs training nodes; {graph.name!r} has none")
@@ -216,6 +218,7 @@ def probabilistic_partition(
     counts: PresampleCounts | None = None,
     *,
     method: str = "gsplit",
+    is_train: Tensor | None = None,
     seed: int = 0,
     ufactor: int = 30,
     zero_edge_policy: str = "auto",
@@ -225,7 +228,7 @@ def probabilistic_partition(
     Methods (docs/systems/gsplit.md#ablations): ``gsplit`` (vertex ``k_v``, edge ``k_e`` over
     the pair), ``node`` (vertex ``k_v``, uniform edges), ``edge`` (degree plus train mass,
     uniform edges), ``naive`` (unweighted METIS), ``random``. ``gsplit`` and ``node`` need
-    ``counts``.
+    ``counts``, ``edge`` needs ``is_train`` (bool ``[N]``: the task's training seeds).
     ``seed`` seeds METIS (or the random draw); ``ufactor`` is METIS's imbalance in 1/1000.
     """
     _check_choice("method", method, PARTITION_METHODS)
@@ -235,6 +238,8 @@ def probabilistic_partition(
             raise ValueError(f"method {method!r} needs the pre-sampling counts")
         if counts.k_v.shape != (graph.num_nodes,) or counts.k_e.shape != (graph.num_edges,):
             raise ValueError("counts were not pre-sampled on this graph")
+    if method == "edge" and is_train is None:
+        raise ValueError("method 'edge' needs is_train (the task's training seeds)")
     if num_parts < 1:
         raise ValueError(f"num_parts must be >= 1, got {num_parts}")
     if num_parts == 1 or graph.num_nodes == 0:
@@ -248,7 +253,7 @@ def probabilistic_partition(
     if method == "node":
         node_weights = integer_vertex_weights(counts.k_v, graph.num_edges)
     elif method == "edge":
-        node_weights = edge_balance_weights(graph)
+        node_weights = edge_balance_weights(graph, is_train)
     return partition(
         graph, "metis", num_parts, seed=seed, node_weights=node_weights, ufactor=ufactor
     )
@@ -265,6 +270,8 @@ def cached_probabilistic_partition(
     graph: Graph,
     num_parts: int,
     *,
+    targets: NodeTargets,
+    is_train: Tensor,
     method: str,
     fanouts: list[int],
     batch_size: int,
@@ -278,7 +285,9 @@ def cached_probabilistic_partition(
 ) -> dict:
     """Pre-sample, partition and keep the artifact in ``cache_dir`` (step 5).
 
-    ``seed`` drives pre-sampling (schedule and sampler), ``metis_seed`` the partitioner.
+    ``targets``: the task's rows of every node; ``is_train``: bool ``[N]``, its training seeds
+    (what pre-sampling draws from). ``seed`` drives pre-sampling (schedule and sampler),
+    ``metis_seed`` the partitioner.
     Returns ``{"parts": int64 [N], "k_v": int64 [N], "k0_v": int64 [N], "num_batches": int,
     "expected_cross_fraction": float, "method": str}``; ``k_e`` ([E], large) is not kept.
     Every method pre-samples: ``k0_v`` ranks the feature cache and ``k_e`` gives the
@@ -286,12 +295,13 @@ def cached_probabilistic_partition(
     """
     _check_choice("method", method, PARTITION_METHODS)
     _check_choice("zero_edge_policy", zero_edge_policy, ZERO_EDGE_POLICIES)
-    # Everything the artifact depends on: the graph's structure and train mask (through the
-    # fingerprint), the pre-sampling schedule and sampler, and the partitioner's settings.
+    # Everything the artifact depends on: the graph's structure (through the fingerprint), the
+    # training seeds, the pre-sampling schedule and sampler, and the partitioner's settings.
     key_parts = {
         "kind": "gsplit_partition",
         "version": ARTIFACT_VERSION,
-        "graph": graph_fingerprint(graph),
+        "graph": graph_fingerprint(graph, targets),
+        "train_seeds": tensor_digest(is_train),
         "method": method,
         "num_parts": num_parts,
         "fanouts": list(fanouts),
@@ -305,12 +315,16 @@ def cached_probabilistic_partition(
     }
 
     def build() -> dict:
-        counts = presample(graph, fanouts, batch_size, presample_epochs, seed, drop_last=drop_last)
+        train_ids = is_train.nonzero().flatten()
+        counts = presample(
+            graph, train_ids, fanouts, batch_size, presample_epochs, seed, drop_last=drop_last
+        )
         parts = probabilistic_partition(
             graph,
             num_parts,
             counts,
             method=method,
+            is_train=is_train,
             seed=metis_seed,
             ufactor=ufactor,
             zero_edge_policy=zero_edge_policy,

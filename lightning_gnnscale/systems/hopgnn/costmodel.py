@@ -38,7 +38,7 @@ class CostParams:
     """What the byte counts depend on besides the plan.
 
     Attributes:
-        feature_dim: ``D``. hidden: ``H``. classes: ``C``. layers: ``L``.
+        feature_dim: ``D``. hidden: ``H``. out_dim: ``C``, the head's width. layers: ``L``.
         model_params: ``|theta|``.
         itemsize: bytes per value (4: fp32).
         bandwidth: bytes/s (10 GbE: 1.25e9). latency: s per message.
@@ -48,7 +48,7 @@ class CostParams:
 
     feature_dim: int
     hidden: int
-    classes: int
+    out_dim: int
     layers: int
     model_params: int
     itemsize: int = 4
@@ -102,7 +102,7 @@ def naive_bytes(blocks: list[list[Block] | None], part: Tensor, cost: CostParams
     consume, the partial aggregates of the layer's destinations and the activations saved so
     far."""
     total = 0
-    dims = [cost.feature_dim] + [cost.hidden] * (cost.layers - 1) + [cost.classes]
+    dims = [cost.feature_dim] + [cost.hidden] * (cost.layers - 1) + [cost.out_dim]
     for b in blocks:
         if b is None:
             continue
@@ -119,6 +119,7 @@ def naive_bytes(blocks: list[list[Block] | None], part: Tensor, cost: CostParams
 
 def table(
     graph: Graph,
+    train_ids: Tensor,
     part: Tensor,
     n: int,
     batch_size: int,
@@ -127,9 +128,10 @@ def table(
     iterations: int = 5,
     seed: int = 0,
 ) -> dict[str, float]:
-    """Mean per-iteration counts over the first ``iterations`` steps of epoch 0."""
+    """Mean per-iteration counts over the first ``iterations`` steps of epoch 0 (``train_ids``:
+    the task's training seeds, in id order)."""
     sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, seed)
-    order = EpochOrder(graph.split_ids("train"), seed)
+    order = EpochOrder(train_ids, seed)
     row_bytes = cost.feature_dim * cost.itemsize
     model_bytes = cost.model_params * cost.itemsize
     allreduce = n * ring_allreduce_bytes(model_bytes, n)
@@ -188,7 +190,9 @@ def table(
 
 def main(argv: list[str] | None = None) -> None:
     from ...graph.generators import sbm
+    from ...graph.node_targets import NodeDataset
     from ...graph.partition import partition
+    from ...tasks import build_task
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=20000)
@@ -201,13 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--iterations", type=int, default=5)
     args = parser.parse_args(argv)
-    graph = sbm(
-        num_nodes=args.nodes,
-        num_classes=args.classes,
-        avg_degree=args.degree,
-        num_features=args.features,
-        seed=0,
-    )
+    # blocks = classes = the head's width
+    graph = sbm(args.nodes, args.classes, args.degree, num_features=args.features, seed=0)
+    train_ids = build_task().train_seeds(NodeDataset.of_graph(graph).targets)  # TRANSITIONAL
     layers = len(args.fanouts)
     cost = CostParams(
         args.features,
@@ -219,7 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for n in args.ranks:
         part = partition(graph, "metis", n, seed=0)
-        rows.append(table(graph, part, n, args.batch, args.fanouts, cost, args.iterations))
+        rows.append(
+            table(graph, train_ids, part, n, args.batch, args.fanouts, cost, args.iterations)
+        )
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))

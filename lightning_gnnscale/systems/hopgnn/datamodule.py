@@ -1,10 +1,11 @@
 """``HopGNNDataModule``: partitioned features, replicated topology, the iteration planner and the
 feature fetches (docs/systems/hopgnn.md).
 
-Every rank holds the whole topology and labels (the paper's placement). Training reads only the
-feature rows of the nodes its partition owns (:class:`FeatureShard`) plus the rows it fetches;
-the whole feature matrix stays resident in every process for evaluation. A training batch is one iteration of this rank: the micrograph
-set of every kept time step (blocks sampled with the global batch's keys, input rows gathered),
+Every rank holds the whole topology and every node's targets (the paper's placement).
+Training reads only the feature rows of the nodes its partition owns (:class:`FeatureShard`)
+plus the rows it fetches; the whole feature matrix stays resident in every process for
+evaluation. A training batch is one iteration of this rank: the micrograph set of every kept
+time step (blocks sampled with the global batch's keys, input rows gathered),
 the migrations between steps, and the global seed count. Remote rows are fetched from their
 owners through :class:`~lightning_gnnscale.comm.OwnerRoute` (``structure`` for the ids,
 ``feature`` for the rows): once per iteration, deduplicated over all kept steps, with
@@ -14,11 +15,11 @@ while the batch is built, in the main process, in step order.
 With ``data.partition_dir`` (``write_parts``) the nodes are relabelled so that each server owns
 one contiguous id range (the partition becomes the ``[P + 1]`` offsets). What every server
 replicates is one shared group a machine maps once: the topology (CSC in those ids, each
-in-edge segment in its original order), the labels, the training ids and the original id of
+in-edge segment in its original order), the targets, the training ids and the original id of
 every node (the sampling keys, so a run samples what ``single`` samples; the paper's servers
 hold the ``[N]`` partition array in its place). A rank's part is its feature shard and its
-nodes' masks; it holds no other rank's feature row, and evaluates and predicts its own nodes
-with its in-neighbours' rows fetched from their owners
+nodes' split columns (the task's); it holds no other rank's feature row, and evaluates and
+predicts its own nodes with its in-neighbours' rows fetched from their owners
 (docs/systems/hopgnn.md#from-a-partition-directory).
 """
 
@@ -40,6 +41,7 @@ from ...graph.batch import Batch
 from ...graph.block import Block
 from ...graph.book import PartitionBook, RangeBook, relabel_csc, sort_sources
 from ...graph.cache import cached_partition
+from ...graph.node_targets import NodeTargets
 from ...graph.partition import partition_report
 from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, build_block_sorted, sample_neighbors
@@ -60,13 +62,17 @@ from .planner import (
     sample_steps,
 )
 
+# A partition directory's files of the task's rows (NodeTargets.arrays' names): the target
+# column, replicated in the shared group, and the split columns, each part its own nodes'.
+TARGET_FILE, *SPLIT_FILES = NodeTargets.array_names()
+
 
 @dataclass
 class HopGNNBatch(Batch):
     """One rank's iteration: the micrograph sets of its kept time steps.
 
     The base fields summarise the iteration: ``blocks`` is empty, ``x`` is ``[n_roots, 0]``
-    (no input rows of its own), ``y`` holds the labels of the ``n_roots`` roots this rank
+    (no input rows of its own), ``y`` holds the targets of the ``n_roots`` roots this rank
     trains (over all steps) and ``global_seed_count`` the iteration's global mini-batch size.
     ``x`` has a row per root so that the first tensor Lightning's batch-size guess
     (``extract_batch_size``) meets gives ``n_roots``: a module's ``self.log(...,
@@ -76,8 +82,8 @@ class HopGNNBatch(Batch):
 
     Attributes:
         steps: per kept step ``j`` (``T`` entries), a plain :class:`Batch` of the micrograph set
-            this rank trains (``blocks``, input rows ``[n_src, F]``, labels ``[n_j]``, the same
-            ``global_seed_count``), or ``None`` when the set is empty.
+            this rank trains (``blocks``, input rows ``[n_src, F]``, the targets of its ``n_j``
+            roots, the same ``global_seed_count``), or ``None`` when the set is empty.
         hops: per migration ``j = 1..T-1`` (``T - 1`` entries), ``(send_to, recv_from)``: where
             this rank sends the replica it hosted at step ``j - 1`` and whence it receives the
             one it hosts at step ``j``.
@@ -108,11 +114,10 @@ class HopGNNPrepared:
 @dataclass(frozen=True)
 class OwnNodes:
     """The nodes a rank evaluates and predicts itself, its own (a part that holds no other
-    rank's feature rows): their original ids ``[n]``, targets and split masks ``[n]``."""
+    rank's feature rows): their original ids ``[n]`` and the task's rows."""
 
     orig_ids: Tensor
-    y: Tensor
-    masks: dict[str, Tensor]
+    targets: NodeTargets
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,8 @@ class HopGNNPart:
             offsets of a relabelled graph.
         rows, local_row: its feature shard (:class:`FeatureShard`'s ``rows`` and
             ``local_row``).
-        y: the labels of every node ``[N]`` (replicated).
+        target: every node's target rows (``NodeTargets.target``, replicated): what the
+            training steps' ``y`` are gathered from.
         sampler: the hash-keyed sampler over the replicated topology (a relabelled one's,
             :class:`RelabelledSampler`, draws what the original graph's does).
         train_ids: the training seeds ``[n_train]`` in these ids, in original id order.
@@ -138,7 +144,7 @@ class HopGNNPart:
     home: Tensor | RangeBook
     rows: Tensor
     local_row: Tensor | None
-    y: Tensor
+    target: Tensor
     sampler: NeighborSampler | RelabelledSampler
     train_ids: Tensor
     num_nodes: int
@@ -255,7 +261,7 @@ class RelabelledSampler:
 
 
 class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
-    """METIS-partitioned features, replicated topology and labels, HopGNN's planner.
+    """METIS-partitioned features, replicated topology and targets, HopGNN's planner.
 
     Every rank cuts the same global mini-batch of ``data.batch_size`` seeds per step as
     ``single`` / ``ddp`` (one seeded permutation per epoch) and splits it into the ``N``
@@ -284,11 +290,17 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def preprocess(self, world_size: int) -> HopGNNPrepared:
         """Partition once (cached on disk by content hash) and report the cut."""
-        graph, partition = self.graph, self.config.partition
+        graph, targets, partition = self.graph, self.targets, self.config.partition
         parts = cached_partition(
-            graph, partition.method, world_size, self.seed, self.cache_dir, **partition.options()
+            graph,
+            partition.method,
+            world_size,
+            self.seed,
+            self.cache_dir,
+            targets=targets,
+            **partition.options(),
         )
-        report = partition_report(graph, parts, world_size)
+        report = partition_report(graph, parts, world_size, splits=targets.split_matrix())
         print(
             f"[{self.config.name}] {partition.method} partition into {world_size}: edge cut "
             f"{report['edge_cut_fraction']:.1%}, node balance {report['node_balance']:.3f}",
@@ -310,17 +322,17 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
         """Relabel so that each server owns one contiguous id range; write what every server
-        replicates (CSC with segments in their original order, labels, training ids,
+        replicates (CSC with segments in their original order, targets, training ids,
         original ids) as the shared group ``topology``, and per part its feature shard and its
-        nodes' masks."""
-        prepared, graph = self.prepare(world_size), self.graph
+        nodes' split columns."""
+        prepared, graph, targets = self.prepare(world_size), self.graph, self.targets
         book = PartitionBook.from_parts(prepared.part, world_size)
         indptr, indices = relabel_csc(graph.indptr, graph.indices, book)
         replicated = {
             "indptr": indptr,
             "indices": indices,
-            "y": graph.y[book.new2old],
-            "train_ids": book.old2new[graph.split_ids("train")],  # in original id order
+            TARGET_FILE: targets.target[book.new2old],
+            "train_ids": book.old2new[self.task.train_seeds(targets)],  # in original id order
             "orig_ids": book.new2old,
         }
         writer.write_shared("topology", replicated)
@@ -328,12 +340,8 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         for k in range(world_size):
             lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
             own = book.new2old[lo:hi]
-            arrays = {
-                "x": graph.x[own],
-                "train_mask": graph.train_mask[own],
-                "val_mask": graph.val_mask[own],
-                "test_mask": graph.test_mask[own],
-            }
+            columns = targets.rows(own).arrays()
+            arrays = {"x": graph.x[own], **{name: columns[name] for name in SPLIT_FILES}}
             sizes = {"nodes": hi - lo, "edges": int(indptr[hi] - indptr[lo])}
             writer.write_part(k, arrays, sizes, shared=["topology"])
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
@@ -341,25 +349,25 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
-        """The replicated group's arrays have ``num_nodes`` rows (``indptr`` one more; ``y``
-        the task's target shape)."""
+        """The replicated group's arrays have ``num_nodes`` rows (``indptr`` one more; the
+        targets the task's target shape)."""
         nodes, folder, key = opened.meta["num_nodes"], shared_folder("topology"), "'num_nodes'"
         opened.expect_shape(folder, "indptr", (nodes + 1,), key)
         opened.expect_shape(folder, "orig_ids", (nodes,), key)
-        opened.expect_shape(folder, "y", self.task.target_shape(nodes, opened.meta), key)
+        opened.expect_shape(folder, TARGET_FILE, self.task.target_shape(nodes, opened.meta), key)
 
     # ------------------------------------------------------------------------ rank parts
     @override
     def part_of(self, prepared: HopGNNPrepared, rank: int) -> HopGNNPart:
         """Rank ``rank``'s share of the in-memory graph: a copy of its feature rows; the
-        whole graph (topology, labels, features for evaluation) stays resident."""
+        whole graph (topology, targets, features for evaluation) stays resident."""
         graph, home = self.graph, prepared.part
         rows, local_row = FeatureShard.own_rows(graph.x, home, rank)
         return HopGNNPart(
             home=home,
             rows=rows,
             local_row=local_row,
-            y=graph.y,
+            target=self.targets.target,
             sampler=NeighborSampler(
                 graph.indptr, graph.indices, list(self.data.fanouts), self.seed
             ),
@@ -371,20 +379,18 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def load_part(self, opened: PartitionDir, rank: int) -> HopGNNPart:
         """The replicated group (memory-mapped, held once per machine) and rank ``rank``'s
-        part: its feature shard and masks."""
+        part: its feature shard and its nodes' split columns."""
         book = RangeBook(opened.node_offsets)
         replicated = opened.load_shared("topology", rank)
         arrays = opened.load_part(rank)
         if replicated["train_ids"].numel() == 0:  # as the base's train_ids
             raise ValueError(f"partition directory {opened.path}: no training nodes")
         x = arrays["x"] if arrays["x"].dtype == self.dtype else arrays["x"].to(self.dtype)
-        orig_ids, y = replicated["orig_ids"], replicated["y"]
+        orig_ids, target = replicated["orig_ids"], replicated[TARGET_FILE]
         first, stop = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
-        own = OwnNodes(
-            orig_ids[first:stop],
-            y[first:stop],
-            {split: arrays[f"{split}_mask"] for split in ("train", "val", "test")},
-        )
+        columns = {**arrays, TARGET_FILE: target[first:stop]}
+        out_dim = self.task.out_dim_of(opened.meta)
+        own = OwnNodes(orig_ids[first:stop], NodeTargets.from_arrays(columns, out_dim))
         sampler = RelabelledSampler(
             replicated["indptr"],
             replicated["indices"],
@@ -392,7 +398,8 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             list(self.data.fanouts),
             self.seed,
         )
-        return HopGNNPart(book, x, None, y, sampler, replicated["train_ids"], orig_ids.numel(), own)
+        train_ids = replicated["train_ids"]
+        return HopGNNPart(book, x, None, target, sampler, train_ids, orig_ids.numel(), own)
 
     # ------------------------------------------------------------------------ rank set-up
     @override
@@ -403,7 +410,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if part.num_parts > self.world_size:
             raise ValueError(f"the partition has more parts than the {self.world_size} ranks")
         assert_same_on_all_ranks(context.comm, part.split_table, "the HopGNN partition")
-        self.held, self.part, self.labels = part, part.home, part.y
+        self.held, self.part = part, part.home
         self.train_ids, self.sampler = part.train_ids, part.sampler
         self.shard = FeatureShard(context.comm, part.rows, part.home, part.local_row)
         config = self.config
@@ -426,8 +433,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if own is None:
             return super().eval_statistics(net, splits)
         out = self.own_rows(net, net.num_layers)
-        masks = {split: own.masks[split] for split in splits}
-        return split_statistics(self.task, out, own.y, masks, splits)
+        return split_statistics(self.task, out, own.targets, splits)
 
     @override
     def predict_rows(
@@ -538,7 +544,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         else:
             tables = [(ids, shard.fetch(ids)) for ids in remote]
             fetched_rows = sum(ids.numel() for ids in remote)
-        y = self.labels
+        y = self.held.target
         steps: list[Batch | None] = []
         for blocks, (ids, table) in zip(sampled, tables):
             if blocks is None:
@@ -548,7 +554,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             x = shard.gather(blocks[0].src_ids, ids, table)
             steps.append(Batch(blocks, x, y[roots], plan.global_seed_count, epoch, step))
         trained = [s.y for s in steps if s is not None]
-        labels = torch.cat([y.new_empty(0), *trained])
+        root_targets = torch.cat([y.new_empty((0, *y.shape[1:])), *trained])
         load = plan.load()
         stats = {
             "sample_s": sample_done - start,
@@ -567,11 +573,12 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             "load": load[:, rank].tolist(),
         }
         hops = [plan.hop(j, rank) for j in range(1, plan.num_steps)]
-        no_inputs = shard.rows.new_empty((labels.numel(), 0))  # a row per root: see the class
+        # a row per root: see the class
+        no_inputs = shard.rows.new_empty((root_targets.shape[0], 0))
         return HopGNNBatch(
             [],
             no_inputs,
-            labels,
+            root_targets,
             plan.global_seed_count,
             epoch,
             step,

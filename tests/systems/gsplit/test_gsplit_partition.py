@@ -9,6 +9,7 @@ import torch
 
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset, NodeTargets
 from lightning_gnnscale.graph.order import epoch_permutation
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.systems.gsplit import partition as gsplit_partition
@@ -17,6 +18,7 @@ from lightning_gnnscale.systems.gsplit.partition import (
     PresampleCounts,
     cached_probabilistic_partition,
     cross_split_fraction,
+    edge_balance_weights,
     expected_cross_fraction,
     gsplit_metis_input,
     integer_edge_weights,
@@ -53,9 +55,35 @@ def tiny_graph(seed: int = 0, num_nodes: int = 14, self_loop: bool = False) -> G
     )
 
 
+def targets_of(graph: Graph) -> NodeTargets:
+    """The task's rows of a generated graph: its own labels and splits (TRANSITIONAL: read
+    off the graph, which still carries them)."""
+    return NodeDataset.of_graph(graph).targets
+
+
+def train_ids_of(graph: Graph) -> torch.Tensor:
+    return targets_of(graph).train.nonzero().flatten()
+
+
+def without_splits(graph: Graph) -> Graph:
+    """``graph`` with no node in any split of its own: what a partitioner given the task's
+    training seeds must not look at."""
+    none = torch.zeros(graph.num_nodes, dtype=torch.bool)
+    return dataclasses.replace(graph, train_mask=none, val_mask=none, test_mask=none)
+
+
+def cached_parts(graph: Graph, num_parts: int, targets: NodeTargets | None = None, **options):
+    """:func:`cached_probabilistic_partition` with ``targets`` (default: the graph's own) and
+    their training rows as the seeds."""
+    targets = targets_of(graph) if targets is None else targets
+    return cached_probabilistic_partition(
+        graph, num_parts, targets=targets, is_train=targets.train, **options
+    )
+
+
 def schedule_blocks(graph, fanouts, batch_size, seed, epochs):
     """The training schedule's blocks, step by step (what presample must count)."""
-    train_ids = graph.split_ids("train")
+    train_ids = train_ids_of(graph)
     sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, seed)
     steps = -(-train_ids.numel() // batch_size)
     for epoch in epochs:
@@ -90,8 +118,9 @@ def brute_force_counts(graph, fanouts, batch_size, seed, epochs) -> PresampleCou
 @pytest.mark.parametrize("fanouts,batch_size", [([3, 2], 4), ([2, 2, 2], 5), ([1], -1)])
 def test_presample_counts_equal_brute_force(fanouts, batch_size):
     graph = tiny_graph()
-    counts = presample(graph, fanouts, batch_size, epochs=3, seed=7)
-    size = graph.split_ids("train").numel() if batch_size == -1 else batch_size
+    train_ids = train_ids_of(graph)
+    counts = presample(without_splits(graph), train_ids, fanouts, batch_size, epochs=3, seed=7)
+    size = train_ids.numel() if batch_size == -1 else batch_size
     expected = brute_force_counts(graph, fanouts, size, seed=7, epochs=3)
     assert counts.num_batches == expected.num_batches
     for name in ("k_v", "k_e", "k0_v"):
@@ -103,9 +132,10 @@ def test_presample_closed_form_when_sampling_is_deterministic():
     graph = tiny_graph(seed=3)
     num_layers = 3
     max_degree = int(graph.in_degree().max())
-    counts = presample(graph, [max_degree] * num_layers, -1, epochs=2, seed=1)
+    train_ids = train_ids_of(graph)
+    counts = presample(graph, train_ids, [max_degree] * num_layers, -1, epochs=2, seed=1)
     indptr, indices = graph.indptr.tolist(), graph.indices.tolist()
-    dist = dict.fromkeys(graph.split_ids("train").tolist(), 0)
+    dist = dict.fromkeys(train_ids.tolist(), 0)
     frontier = list(dist)
     for hop in range(1, num_layers + 1):
         frontier = [
@@ -122,22 +152,25 @@ def test_presample_closed_form_when_sampling_is_deterministic():
 
 
 def test_presample_drop_last_and_bad_arguments(capsys, monkeypatch):
-    graph = tiny_graph()  # 6 training nodes
+    graph = tiny_graph()
+    train_ids = train_ids_of(graph)  # 6 training nodes
     monkeypatch.setattr(gsplit_partition, "PROGRESS_EVERY_S", 0.0)  # a line every step
-    assert presample(graph, [2], 4, epochs=2, seed=0).num_batches == 4
+    assert presample(graph, train_ids, [2], 4, epochs=2, seed=0).num_batches == 4
     assert "pre-sampling: epoch 2/2, mini-batch 2/2" in capsys.readouterr().out
-    assert presample(graph, [2], 4, epochs=2, seed=0, drop_last=True).num_batches == 2
+    assert presample(graph, train_ids, [2], 4, epochs=2, seed=0, drop_last=True).num_batches == 2
     with pytest.raises(ValueError, match="drop_last"):
-        presample(graph, [2], 8, epochs=1, seed=0, drop_last=True)
+        presample(graph, train_ids, [2], 8, epochs=1, seed=0, drop_last=True)
     with pytest.raises(ValueError, match="epochs"):
-        presample(graph, [2], 4, epochs=0, seed=0)
+        presample(graph, train_ids, [2], 4, epochs=0, seed=0)
+    with pytest.raises(ValueError, match="no training nodes"):
+        presample(graph, train_ids[:0], [2], 4, epochs=1, seed=0)
 
 
 def test_expectation_identities_on_the_presampled_batches():
     """Mean cross edges and per-split loads over the pre-sampled batches equal the weights."""
     graph = tiny_graph(seed=1)
     fanouts, batch_size, seed = [3, 2], 3, 5
-    counts = presample(graph, fanouts, batch_size, epochs=4, seed=seed)
+    counts = presample(graph, train_ids_of(graph), fanouts, batch_size, epochs=4, seed=seed)
     parts = probabilistic_partition(graph, 3, counts, method="gsplit")
     cross = total = 0
     loads = torch.zeros(3, dtype=torch.int64)
@@ -213,18 +246,22 @@ def test_metis_input_is_symmetric_and_sums_both_directions():
 @pytest.fixture(scope="module")
 def small_sbm():
     graph = sbm(num_nodes=600, num_classes=4, train_frac=0.2, seed=1)
-    return graph, presample(graph, [5, 5], 32, epochs=3, seed=0)
+    return graph, presample(graph, train_ids_of(graph), [5, 5], 32, epochs=3, seed=0)
 
 
 @pytest.mark.parametrize("method", PARTITION_METHODS)
 @pytest.mark.parametrize("num_parts", [1, 3])
 def test_every_method_assigns_every_node_deterministically(small_sbm, method, num_parts):
     graph, counts = small_sbm
-    parts = probabilistic_partition(graph, num_parts, counts, method=method, seed=4)
+    is_train = targets_of(graph).train
+    parts = probabilistic_partition(
+        graph, num_parts, counts, method=method, is_train=is_train, seed=4
+    )
     assert parts.dtype == torch.int64 and parts.shape == (graph.num_nodes,)
     assert int(parts.min()) >= 0 and int(parts.max()) < num_parts
     assert torch.equal(
-        parts, probabilistic_partition(graph, num_parts, counts, method=method, seed=4)
+        parts,
+        probabilistic_partition(graph, num_parts, counts, method=method, is_train=is_train, seed=4),
     )
     if num_parts > 1:
         assert torch.bincount(parts, minlength=num_parts).min() > 0
@@ -236,6 +273,8 @@ def test_bad_method_and_missing_counts(small_sbm):
         probabilistic_partition(graph, 2, counts, method="metis")
     with pytest.raises(ValueError, match="counts"):
         probabilistic_partition(graph, 2, None, method="gsplit")
+    with pytest.raises(ValueError, match="'edge' needs is_train"):
+        probabilistic_partition(graph, 2, None, method="edge")
     with pytest.raises(ValueError, match="zero_edge_policy"):
         probabilistic_partition(graph, 2, counts, zero_edge_policy="never")
     assert probabilistic_partition(graph, 2, None, method="naive").shape == (graph.num_nodes,)
@@ -249,10 +288,11 @@ def sbm3k():
 @pytest.mark.parametrize("num_parts", [2, 4])
 def test_gsplit_cuts_fewer_sampled_edges_than_random(sbm3k, num_parts):
     graph, fanouts, batch_size, seed = sbm3k, [10, 5], 64, 0
-    counts = presample(graph, fanouts, batch_size, epochs=10, seed=seed)
+    counts = presample(graph, train_ids_of(graph), fanouts, batch_size, epochs=10, seed=seed)
     measured, predicted, balance = {}, {}, {}
     for method in ("gsplit", "node", "edge", "naive", "random"):
-        parts = probabilistic_partition(graph, num_parts, counts, method=method)
+        is_train = targets_of(graph).train
+        parts = probabilistic_partition(graph, num_parts, counts, method=method, is_train=is_train)
         cross = total = 0
         for blocks in schedule_blocks(graph, fanouts, batch_size, seed, range(10, 15)):
             batch_cross, batch_total = cross_split_fraction(blocks, parts)
@@ -290,8 +330,8 @@ def test_cache_returns_the_same_parts_without_recomputing(tmp_path, monkeypatch)
     real_presample = gsplit_partition.presample
     calls = count_presample_calls(monkeypatch)
     options = dict(fanouts=[3, 2], batch_size=4, presample_epochs=2, seed=3, cache_dir=tmp_path)
-    first = cached_probabilistic_partition(graph, 2, method="gsplit", **options)
-    second = cached_probabilistic_partition(graph, 2, method="gsplit", **options)
+    first = cached_parts(graph, 2, method="gsplit", **options)
+    second = cached_parts(graph, 2, method="gsplit", **options)
     assert len(calls) == 1
     assert set(first) == {
         "parts",
@@ -306,14 +346,31 @@ def test_cache_returns_the_same_parts_without_recomputing(tmp_path, monkeypatch)
     assert first["num_batches"] == second["num_batches"] == 4
     assert first["expected_cross_fraction"] == second["expected_cross_fraction"]
     assert second["method"] == "gsplit"
-    counts = real_presample(graph, [3, 2], 4, 2, 3)
+    counts = real_presample(graph, train_ids_of(graph), [3, 2], 4, 2, 3)
     assert torch.equal(first["parts"], probabilistic_partition(graph, 2, counts))
 
-    cached_probabilistic_partition(graph, 2, method="random", **options)
-    cached_probabilistic_partition(graph, 2, method="gsplit", ufactor=100, **options)
+    cached_parts(graph, 2, method="random", **options)
+    cached_parts(graph, 2, method="gsplit", ufactor=100, **options)
     assert len(calls) == 3
     with pytest.raises(ValueError, match="valid"):
-        cached_probabilistic_partition(graph, 2, method="hash", **options)
+        cached_parts(graph, 2, method="hash", **options)
+
+
+def test_the_task_seeds_are_what_is_presampled_and_balanced(tmp_path):
+    """The artifact and the ``edge`` weights come from the given targets and training seeds,
+    never the graph's own splits (here empty: a graph the old masks would call unlabelled)."""
+    graph = tiny_graph()
+    targets, bare = targets_of(graph), without_splits(graph)
+    options = dict(fanouts=[3, 2], batch_size=4, presample_epochs=2, seed=3, cache_dir=tmp_path)
+    got = cached_parts(bare, 2, targets=targets, method="gsplit", **options)
+    counts = presample(graph, train_ids_of(graph), [3, 2], 4, 2, 3)
+    assert torch.equal(got["k_v"], counts.k_v) and torch.equal(got["k0_v"], counts.k0_v)
+    is_train = targets.train.to(torch.int64)
+    n_train = int(is_train.sum())
+    assert torch.equal(
+        edge_balance_weights(bare, targets.train),
+        graph.in_degree() * n_train + graph.num_edges * is_train,
+    )
 
 
 def test_gsplit_with_no_sampled_edges_still_partitions(small_sbm):
@@ -355,11 +412,11 @@ def _moved_edge(graph: Graph) -> Graph:
     )
 
 
-def _flipped_train(graph: Graph) -> Graph:
-    """``graph`` with one more training node."""
-    mask = graph.train_mask.clone()
-    mask[int((~mask).nonzero()[0])] = True
-    return dataclasses.replace(graph, train_mask=mask)
+def _flipped_train(targets: NodeTargets) -> NodeTargets:
+    """``targets`` with one more training row."""
+    train = targets.train.clone()
+    train[int((~train).nonzero()[0])] = True
+    return dataclasses.replace(targets, train=train)
 
 
 @pytest.mark.parametrize(
@@ -367,6 +424,7 @@ def _flipped_train(graph: Graph) -> Graph:
     [
         "graph structure",
         "train mask",
+        "training seeds",
         "num_parts",
         "method",
         "fanouts",
@@ -385,11 +443,12 @@ def test_cache_key_covers_every_input(tmp_path, monkeypatch, change):
     inputs hit the cache."""
     builds = count_presample_calls(monkeypatch)
     graph = tiny_graph()
-    base = cached_probabilistic_partition(graph, 2, cache_dir=tmp_path, **KEY_BASE)
-    cached_probabilistic_partition(graph, 2, cache_dir=tmp_path, **KEY_BASE)
+    targets = targets_of(graph)
+    base = cached_parts(graph, 2, cache_dir=tmp_path, **KEY_BASE)
+    cached_parts(graph, 2, cache_dir=tmp_path, **KEY_BASE)
     assert len(builds) == 1 and len(list(tmp_path.glob("gsplit-partition-*.pt"))) == 1
 
-    options, num_parts = dict(KEY_BASE), 2
+    options, num_parts, is_train = dict(KEY_BASE), 2, targets.train
     changes = {
         "method": ("method", "node"),
         "fanouts": ("fanouts", [3, 3]),
@@ -404,24 +463,32 @@ def test_cache_key_covers_every_input(tmp_path, monkeypatch, change):
     }
     if change == "graph structure":
         graph = _moved_edge(graph)
-    elif change == "train mask":
-        graph = _flipped_train(graph)
+    elif change == "train mask":  # the targets' split and, with it, the seeds
+        targets = _flipped_train(targets)
+        is_train = targets.train
+    elif change == "training seeds":  # the same targets, other seeds (a task's choice)
+        is_train = _flipped_train(targets).train
     elif change == "num_parts":
         num_parts = 3
     else:
         name, value = changes[change]
         assert options[name] != value
         options[name] = value
-    changed = cached_probabilistic_partition(graph, num_parts, cache_dir=tmp_path, **options)
+    changed = cached_probabilistic_partition(
+        graph, num_parts, targets=targets, is_train=is_train, cache_dir=tmp_path, **options
+    )
     assert len(builds) == 2, f"changing {change} reused the cached artifact"
     assert len(list(tmp_path.glob("gsplit-partition-*.pt"))) == 2
-    if change == "train mask":  # the rebuilt artifact counts the new training node's batch
+    if change in (
+        "train mask",
+        "training seeds",
+    ):  # the rebuilt artifact counts the new training node's batch
         assert changed["num_batches"] != base["num_batches"] or not torch.equal(
             changed["k_v"], base["k_v"]
         )
 
 
-def _invisible_to_sampling(graph: Graph) -> tuple[Graph, Graph]:
+def _invisible_to_sampling(graph: Graph) -> tuple[Graph, NodeTargets]:
     """Two edits that keep every size and every array sum and change no entry whose position is
     a multiple of ``len // 4096`` (so hashing only strided samples and sums cannot see them): a
     source ``a`` -> ``a + 1`` in one in-edge list and ``a + 1`` -> ``a`` in another (both lists
@@ -448,11 +515,12 @@ def _invisible_to_sampling(graph: Graph) -> tuple[Graph, Graph]:
         if edited is not None:
             break
     structure = dataclasses.replace(graph, indices=edited)
-    mask = graph.train_mask.clone()
+    targets = targets_of(graph)
+    mask = targets.train.clone()
     off_nodes = torch.arange(graph.num_nodes) % node_stride != 0
     on, off = (off_nodes & mask).nonzero().flatten(), (off_nodes & ~mask).nonzero().flatten()
     mask[on[0]], mask[off[0]] = False, True
-    return structure, dataclasses.replace(graph, train_mask=mask)
+    return structure, dataclasses.replace(targets, train=mask)
 
 
 def test_cache_key_sees_edits_a_sampled_fingerprint_would_miss(tmp_path, monkeypatch):
@@ -462,14 +530,14 @@ def test_cache_key_sees_edits_a_sampled_fingerprint_would_miss(tmp_path, monkeyp
     builds = count_presample_calls(monkeypatch)
     graph = sbm(num_nodes=10000, num_classes=4, avg_degree=4.0, train_frac=0.05, seed=2)
     options = dict(KEY_BASE, fanouts=[2, 2], batch_size=256, presample_epochs=1)
-    cached_probabilistic_partition(graph, 2, cache_dir=tmp_path, **options)
+    cached_parts(graph, 2, cache_dir=tmp_path, **options)
     structure, train = _invisible_to_sampling(graph)
     assert structure.num_edges == graph.num_edges
     assert int(structure.indices.sum()) == int(graph.indices.sum())
     assert not torch.equal(structure.indices, graph.indices)
-    assert int(train.train_mask.sum()) == int(graph.train_mask.sum())
-    assert not torch.equal(train.train_mask, graph.train_mask)
-    cached_probabilistic_partition(structure, 2, cache_dir=tmp_path, **options)
+    assert int(train.train.sum()) == int(targets_of(graph).train.sum())
+    assert not torch.equal(train.train, targets_of(graph).train)
+    cached_parts(structure, 2, cache_dir=tmp_path, **options)
     assert len(builds) == 2, "an edit of the graph structure reused the cached artifact"
-    cached_probabilistic_partition(train, 2, cache_dir=tmp_path, **options)
+    cached_parts(graph, 2, targets=train, cache_dir=tmp_path, **options)
     assert len(builds) == 3, "an edit of the train mask reused the cached artifact"

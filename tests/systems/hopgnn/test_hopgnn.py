@@ -316,7 +316,7 @@ def test_cost_model_on_the_toy_and_on_sbm():
     graph = sbm(num_nodes=1500, num_classes=4, avg_degree=10.0, num_features=32, seed=0)
     part = partition(graph, "metis", 2, seed=0)
     cost = CostParams(32, 16, 4, 2, gcn_param_count(32, 16, 4, 2))
-    row = table(graph, part, 2, 256, [5, 5], cost, iterations=2)
+    row = table(graph, graph.split_ids("train"), part, 2, 256, [5, 5], cost, iterations=2)
     assert 0.4 < row["mc_miss_rate"] < 0.6 and row["hop_miss_rate"] < 0.75 * row["mc_miss_rate"]
     assert row["hop_pg_remote_rows"] < row["hop_remote_rows"] < row["mc_remote_rows"]
     assert row["migration_bytes"] < 0.2 * row["feature_bytes_saved"]

@@ -14,6 +14,7 @@ from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.order import EpochOrder
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
@@ -299,7 +300,8 @@ def _mc_vs_distdgl_rank(rank, world_size, part):
         RankContext(comm, torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), rank)
     )
     book = PartitionBook.from_parts(part, world_size)
-    local = build_local_partition(relabel_graph(graph, book), book, rank)
+    targets = NodeDataset.of_graph(graph).targets.rows(book.new2old)  # TRANSITIONAL
+    local = build_local_partition(relabel_graph(graph, book), targets, book, rank)
     kv = KVStore(comm, book)
     kv.init_data("feat", local.x)
     out = []
