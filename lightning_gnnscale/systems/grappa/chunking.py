@@ -2,12 +2,13 @@
 
 The DataModule's ``preprocess`` cuts the graph into ``C`` chunks and writes one file per chunk:
 its nodes (sorted global ids), their in-edges (CSC over the chunk's nodes, sources as global
-ids, in global segment order), features, labels, split masks and global in-degrees. A rank then
+ids, in global segment order), features and the task's target rows (``NodeTargets.arrays``:
+``y`` and the three split columns). A rank then
 reads only the chunks its partition owns, plus the halo rows it needs from the others, so its
 memory follows the partition's size, not the graph's.
 
 The store's folder name is a hash of everything the chunk files hold (structure, features,
-labels, the three split masks, dtype, each hashed in full) and of how they were cut (method,
+the task's targets and splits, dtype, each hashed in full) and of how they were cut (method,
 seed, count), so a changed input writes a new store. ``meta.json`` records the sha256 of every
 chunk file: ``write_chunk_store`` checks every file before reusing a store and rewrites the
 ones that do not match; a rank that received the store from its launcher checks each file
@@ -31,7 +32,10 @@ from torch import Tensor
 from ...files import atomic_write
 from ...graph.cache import cache_key, graph_fingerprint
 from ...graph.csc import Graph
+from ...graph.node_targets import NodeDataset, NodeTargets
 from ...graph.partition import partition
+from ...graph.partition_dir import GRAPH_COUNTS
+from ...tasks.base import NodeTask
 from .config import CHUNKINGS
 
 # Bump when the store's layout or the meaning of a field changes: old stores are then ignored.
@@ -42,7 +46,7 @@ _READ_BLOCK = 1 << 24
 _VERIFIED: set[tuple] = set()
 # a chunk's record as partitions read it (``chunk_payload``'s keys; the in-degrees are
 # ``indptr``'s differences, so the ``deg`` that stores written before kept is never read)
-CHUNK_FILES = ("nodes", "indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask")
+CHUNK_FILES = ("nodes", "indptr", "indices", "x", *NodeTargets.array_names())
 
 
 class ChunkStoreError(RuntimeError):
@@ -87,8 +91,9 @@ def chunk_assignment(graph: Graph, num_chunks: int, method: str, seed: int) -> T
     raise ValueError(f"unknown chunking {method!r}; valid: {list(CHUNKINGS)}")
 
 
-def chunk_payload(graph: Graph, nodes: Tensor) -> dict:
-    """The stored record of one chunk (``nodes`` sorted global ids)."""
+def chunk_payload(graph: Graph, targets: NodeTargets, nodes: Tensor) -> dict:
+    """The stored record of one chunk (``nodes`` sorted global ids; ``targets``: the task's
+    rows of every node)."""
     start, end = graph.indptr[nodes], graph.indptr[nodes + 1]
     deg = end - start
     indptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
@@ -100,10 +105,7 @@ def chunk_payload(graph: Graph, nodes: Tensor) -> dict:
         "indptr": indptr,
         "indices": graph.indices[eids].clone(),
         "x": graph.x[nodes].clone(),
-        "y": graph.y[nodes].clone(),
-        "train_mask": graph.train_mask[nodes].clone(),
-        "val_mask": graph.val_mask[nodes].clone(),
-        "test_mask": graph.test_mask[nodes].clone(),
+        **targets.rows(nodes).clone().arrays(),
     }
 
 
@@ -118,6 +120,7 @@ class GrappaPart:
         key: the chunking's content key (what a checkpoint's super-epoch ``t`` indexes):
             :func:`chunking_key`'s, whatever dtype holds the features.
         dtype: the dtype partitions hold the features in (the run's).
+        out_dim: the head width of the chunks' target rows (the task's).
         home: the chunks this rank evaluates and predicts (``c mod W = rank``).
         read: ``read(chunk, names)``: those files of chunk ``chunk``'s record
             (:data:`CHUNK_FILES`), memory-mapped, ``x`` in the dtype it is stored in.
@@ -127,6 +130,7 @@ class GrappaPart:
     meta: dict
     key: str
     dtype: torch.dtype
+    out_dim: int
     home: tuple[int, ...]
     read: Callable[[int, tuple[str, ...]], dict[str, Tensor]]
     sources: list[list[int]] | None = None
@@ -165,9 +169,10 @@ class GrappaPart:
 class ChunkStore:
     """A written chunk store: its folder and the small replicated metadata.
 
-    ``meta`` holds ``format``, ``num_chunks``, ``num_nodes``, ``num_edges``, ``num_features``,
-    ``num_classes``, ``name``, ``method``, and per chunk ``train_counts``, ``sizes`` (nodes)
-    and ``digests`` (sha256 of the chunk file).
+    ``meta`` holds ``format``, ``num_chunks``, the whole graph's counts
+    (:data:`~...graph.partition_dir.GRAPH_COUNTS`, the dataset's class count among them),
+    ``name``, ``method``, and per chunk ``train_counts`` (the task's training seeds), ``sizes``
+    (nodes) and ``digests`` (sha256 of the chunk file).
     """
 
     path: str
@@ -228,11 +233,11 @@ class ChunkStore:
         record = self.load(chunk)
         return {name: record[name] for name in names}
 
-    def part(self, home: tuple[int, ...]) -> GrappaPart:
+    def part(self, home: tuple[int, ...], out_dim: int) -> GrappaPart:
         """The part of the rank whose home chunks are ``home``: every chunk, read from this
-        store, features in its dtype."""
+        store, features in its dtype; ``out_dim``: its target rows' head width (the task's)."""
         meta = {k: self.meta[k] for k in ("num_chunks", "num_nodes", "sizes", "train_counts")}
-        return GrappaPart(meta, self.key, self.dtype, home, self.read)
+        return GrappaPart(meta, self.key, self.dtype, out_dim, home, self.read)
 
 
 def features_digest(x: Tensor) -> str:
@@ -254,9 +259,11 @@ def features_digest(x: Tensor) -> str:
     return digest.hexdigest()
 
 
-def chunking_key(graph: Graph, num_chunks: int, method: str, seed: int) -> dict:
-    """What the chunks hold, whatever dtype: structure, labels and the three masks
-    (``graph_fingerprint``, every byte), the features' values (:func:`features_digest`, every
+def chunking_key(
+    graph: Graph, targets: NodeTargets, num_chunks: int, method: str, seed: int
+) -> dict:
+    """What the chunks hold, whatever dtype: structure and the task's ``targets`` with their
+    splits (``graph_fingerprint``, every byte), the features' values (:func:`features_digest`, every
     value; the fingerprint leaves them out), and the chunking's method, seed and count. A
     checkpoint's layout names it (with the run's dtype apart), so a run from a partition
     directory and the in-memory run agree. Halo settings are not in it: the chunks hold no
@@ -264,7 +271,7 @@ def chunking_key(graph: Graph, num_chunks: int, method: str, seed: int) -> dict:
     return {
         "kind": "grappa_chunks",
         "format": STORE_FORMAT,
-        "graph": graph_fingerprint(graph),
+        "graph": graph_fingerprint(graph, targets),
         "features": features_digest(graph.x),
         "num_chunks": num_chunks,
         "method": method,
@@ -272,15 +279,20 @@ def chunking_key(graph: Graph, num_chunks: int, method: str, seed: int) -> dict:
     }
 
 
-def chunk_store_key(graph: Graph, num_chunks: int, method: str, seed: int) -> dict:
+def chunk_store_key(
+    graph: Graph, targets: NodeTargets, num_chunks: int, method: str, seed: int
+) -> dict:
     """Everything a chunk store's files depend on: :func:`chunking_key` and the dtype the
     features are stored in (the run's)."""
-    return {**chunking_key(graph, num_chunks, method, seed), "dtype": str(graph.x.dtype)}
+    key = chunking_key(graph, targets, num_chunks, method, seed)
+    return {**key, "dtype": str(graph.x.dtype)}
 
 
-def chunk_store_path(graph: Graph, num_chunks: int, method: str, seed: int, cache_dir) -> Path:
+def chunk_store_path(
+    graph: Graph, targets: NodeTargets, num_chunks: int, method: str, seed: int, cache_dir
+) -> Path:
     """The folder of the store for these inputs."""
-    key = cache_key(chunk_store_key(graph, num_chunks, method, seed))
+    key = cache_key(chunk_store_key(graph, targets, num_chunks, method, seed))
     return Path(cache_dir) / f"grappa-chunks-{key[:24]}"
 
 
@@ -321,13 +333,22 @@ def _bad_chunks(folder: Path, meta: dict) -> list[int]:
 
 
 def write_chunk_store(
-    graph: Graph, num_chunks: int, method: str, seed: int, cache_dir: str
+    dataset: NodeDataset,
+    targets: NodeTargets,
+    task: NodeTask,
+    num_chunks: int,
+    method: str,
+    seed: int,
+    cache_dir: str,
 ) -> ChunkStore:
-    """Chunk ``graph`` and write the store under ``cache_dir`` (content-keyed, reused).
+    """Chunk ``dataset``'s graph with ``task``'s ``targets`` (its rows of every node) and write
+    the store under ``cache_dir`` (content-keyed, reused). ``train_counts`` counts the task's
+    training seeds (``task.is_train_seed``); the metadata records the dataset's class count.
 
     An existing store is reused after every chunk file has been checked against its digest;
     a missing or corrupt file is rewritten (the chunking is a pure function of the key)."""
-    key = chunking_key(graph, num_chunks, method, seed)
+    graph = dataset.graph
+    key = chunking_key(graph, targets, num_chunks, method, seed)
     store_key = cache_key({**key, "dtype": str(graph.x.dtype)})
     folder = Path(cache_dir) / f"grappa-chunks-{store_key[:24]}"
     meta = _read_meta(folder)
@@ -336,7 +357,8 @@ def write_chunk_store(
         return ChunkStore(str(folder), meta)
     chunk = chunk_assignment(graph, num_chunks, method, seed)
     sizes = torch.bincount(chunk, minlength=num_chunks).tolist()
-    train_counts = torch.bincount(chunk[graph.train_mask], minlength=num_chunks).tolist()
+    seeds = task.is_train_seed(targets)
+    train_counts = torch.bincount(chunk[seeds], minlength=num_chunks).tolist()
     if meta is not None and (meta["sizes"], meta["train_counts"]) != (sizes, train_counts):
         todo = list(range(num_chunks))  # the chunking itself changed: no old file is kept
     folder.mkdir(parents=True, exist_ok=True)
@@ -347,20 +369,18 @@ def write_chunk_store(
             digests.append(meta["digests"][c])
             continue
         buffer = io.BytesIO()
-        torch.save(chunk_payload(graph, nodes), buffer)
+        torch.save(chunk_payload(graph, targets, nodes), buffer)
         data = buffer.getbuffer()
         digests.append(hashlib.sha256(data).hexdigest())
         path = folder / f"chunk_{c}.pt"
         atomic_write(path, lambda f, d=data: f.write(d))
         _VERIFIED.add(_version(path))
         del data, buffer
+    counts = (graph.num_nodes, graph.num_edges, graph.num_features, dataset.targets.out_dim)
     meta = {
         "format": STORE_FORMAT,
         "num_chunks": num_chunks,
-        "num_nodes": graph.num_nodes,
-        "num_edges": graph.num_edges,
-        "num_features": graph.num_features,
-        "num_classes": graph.num_classes,
+        **dict(zip(GRAPH_COUNTS, counts, strict=True)),
         "name": graph.name,
         "train_counts": train_counts,
         "sizes": sizes,

@@ -121,14 +121,23 @@ class GrappaDataModule(GNNDataModule):
         cfg.check_world(world_size)
         cfg.check_graph(self.graph.num_nodes, world_size)  # in the launcher, before any spawn
         c = cfg.chunk_count(world_size)
-        store = write_chunk_store(self.graph, c, cfg.chunking, self.seed, str(self.cache_dir))
+        store = write_chunk_store(
+            self.node_dataset,
+            self.targets,
+            self.task,
+            c,
+            cfg.chunking,
+            self.seed,
+            str(self.cache_dir),
+        )
         if cfg.whole_graph(world_size):
             print(
                 "[grappa] WARNING: 1 chunk: the only partition is the whole graph, so this is "
                 "plain data parallelism (ddp), not isolated training",
                 flush=True,
             )
-        return tuple(store.part(home_chunks(k, world_size, c)) for k in range(world_size))
+        out_dim = self.targets.out_dim
+        return tuple(store.part(home_chunks(k, world_size, c), out_dim) for k in range(world_size))
 
     @override
     def partition_settings(self) -> dict[str, Any]:
@@ -177,8 +186,8 @@ class GrappaDataModule(GNNDataModule):
     @override
     def load_part(self, opened: PartitionDir, rank: int) -> GrappaPart:
         """The part's chunk groups, features cast to this run's dtype as partitions copy them
-        (:func:`~.directory.load_chunk_part`)."""
-        return load_chunk_part(opened, rank, self.dtype)
+        (:func:`~.directory.load_chunk_part`), the head width the task's from the metadata."""
+        return load_chunk_part(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
 
     @override
     def setup_rank(self, context: RankContext, part: GrappaPart) -> None:
@@ -318,7 +327,9 @@ class GrappaDataModule(GNNDataModule):
             cfg = self.config
             if not cfg.cache_partitions:
                 self._parts.clear()  # drop the previous partition before reading the next
-            part = build_partition(self.chunks, spec, cfg.halo_hops, cfg.count_halo_as_local)
+            part = build_partition(
+                self.chunks, spec, self.task, cfg.halo_hops, cfg.count_halo_as_local
+            )
             self.io_bytes += part.io_bytes
             self.builds += 1
             if part.num_nodes > self.largest_partition["nodes"]:
@@ -398,7 +409,7 @@ class GrappaDataModule(GNNDataModule):
         return GrappaBatch(
             blocks,
             x,
-            part.y.index_select(0, seeds),
+            part.targets.target.index_select(0, seeds),
             seeds.numel(),  # rank mean: the strategy's factor c / W makes the aggregate
             epoch,
             step,
@@ -432,7 +443,7 @@ class GrappaDataModule(GNNDataModule):
         if key in self._parts:
             return self._parts[key][0]
         cfg = self.config
-        return build_partition(self.chunks, spec, cfg.halo_hops, cfg.count_halo_as_local)
+        return build_partition(self.chunks, spec, self.task, cfg.halo_hops, cfg.count_halo_as_local)
 
     def isolated_logits(self, net: BlockGNN, part: IsolatedPartition) -> Tensor:
         """Logits ``[n, C]`` of every local node of ``part`` from its local graph alone (every
@@ -457,9 +468,8 @@ class GrappaDataModule(GNNDataModule):
             return stats
         if mode == "global_fullgraph" and isinstance(net, BlockGNN):
             part, out = self.home_rows(net, net.num_layers)  # in memory too: one kernel
-            core = part.num_core
-            masks = {split: getattr(part, f"{split}_mask")[:core] for split in splits}
-            return split_statistics(self.task, out, part.y[:core], masks, splits)
+            owned = part.targets.rows(slice(0, part.num_core))
+            return split_statistics(self.task, out, owned, splits)
         if mode == "global_fullgraph":  # another net runs on the whole graph
             return whole_graph_statistics(self, net, splits)
         assert isinstance(net, BlockGNN)
@@ -467,10 +477,8 @@ class GrappaDataModule(GNNDataModule):
             part = self._eval_partition(phase)
             core = part.num_core
             out = self.isolated_logits(net, part)[:core]
-            masks = {
-                split: getattr(part, f"{split}_mask")[:core] & part.seed_owned for split in splits
-            }
-            stats += split_statistics(self.task, out, part.y[:core], masks, splits)
+            owned = part.targets.rows(slice(0, core))
+            stats += split_statistics(self.task, out, owned, splits, within=part.seed_owned)
         return stats
 
     # ------------------------------------------------------ full-graph inference by home chunk
@@ -480,7 +488,7 @@ class GrappaDataModule(GNNDataModule):
         owners' in-edges and rows from it. Not counted in ``builds`` / ``io_bytes``."""
         if self._home_part is None:
             spec = PartitionSpec(self.home, self.home)
-            self._home_part = build_partition(self.chunks, spec, halo_hops=1)
+            self._home_part = build_partition(self.chunks, spec, self.task, halo_hops=1)
         return self._home_part
 
     @torch.no_grad()

@@ -17,6 +17,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from ...graph.node_targets import NodeTargets
 from ...graph.partition_dir import (
     METADATA,
     PartitionDir,
@@ -30,7 +31,7 @@ from .config import GrappaConfig
 from .schedule import Schedule
 
 # chunk files with one row per node of the chunk
-CHUNK_ROW_FILES = ("nodes", "x", "y", "train_mask", "val_mask", "test_mask")
+CHUNK_ROW_FILES = ("nodes", "x", *NodeTargets.array_names())
 
 
 def chunk_group(chunk: int) -> str:
@@ -153,11 +154,14 @@ def check_chunk_counts(opened: PartitionDir, part: int) -> None:
         opened.expect_shape(folder, "indptr", (size + 1,), key)
 
 
-def load_chunk_part(opened: PartitionDir, part: int, dtype: torch.dtype) -> GrappaPart:
+def load_chunk_part(
+    opened: PartitionDir, part: int, out_dim: int, dtype: torch.dtype
+) -> GrappaPart:
     """Part ``part`` of a partition directory: its chunk groups, each memory-mapped when read
     (:meth:`~...graph.partition_dir.PartitionDir.load_shared`; a chunk the part does not list
     cannot be read, ``PartitionDirError``), features in the directory's dtype (a partition
-    casts the rows it copies to ``dtype``, the run's), its ``home_chunks.npy`` checked against
+    casts the rows it copies to ``dtype``, the run's), ``out_dim`` its target rows' head width
+    (the task's, from the metadata), its ``home_chunks.npy`` checked against
     :func:`home_chunks`. A directory without ``chunking_key`` (older) is refused."""
     meta = opened.meta
     key = meta.get("chunking_key")
@@ -182,6 +186,7 @@ def load_chunk_part(opened: PartitionDir, part: int, dtype: torch.dtype) -> Grap
         },
         key,
         dtype,
+        out_dim,
         tuple(stored),
         partial(_read_group, opened, part),
         meta["chunk_sources"],

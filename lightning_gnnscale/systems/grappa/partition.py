@@ -15,7 +15,9 @@ import torch
 from torch import Tensor
 
 from ...graph.block import Block
+from ...graph.node_targets import NodeTargets
 from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors
+from ...tasks.base import NodeTask
 from .chunking import GrappaPart
 from .schedule import PartitionSpec
 
@@ -26,7 +28,8 @@ class IsolatedPartition:
 
     The vocabulary is that of DistDGL's :class:`~lightning_gnnscale.graph.book.LocalPartition`
     (``num_core`` owned nodes first, ``local2global`` ids); unlike it, a Grappa partition also
-    holds its halo nodes' features and labels (read from the chunk store), so it trains alone.
+    holds its halo nodes' features and target rows (read from the chunk store), so it trains
+    alone.
 
     Attributes (``n`` local nodes, ``n_core`` of them owned):
         spec: the chunks it seeds and owns.
@@ -34,12 +37,13 @@ class IsolatedPartition:
         num_core: ``n_core``.
         indptr, indices: int64 local CSC ``[n + 1]`` / ``[E]`` (sources as local ids); halo
             nodes have no in-edges.
-        x ``[n, F]``, y ``[n]``, train_mask / val_mask / test_mask bool ``[n]``: per local node
-            (``y``: the task's target rows; halo rows ``-1``, halo masks false).
+        x ``[n, F]``: features per local node.
+        targets: the task's rows per local node (:class:`~...graph.node_targets.NodeTargets`);
+            halo rows are in no split (a partition trains and scores its owned rows only).
         deg: int64 ``[n]``, global in-degree.
         ell: int64 ``[n_core]``, owned (or, with ``count_halo_as_local``, local)
             in-neighbours of each owned node.
-        seeds: int64, local ids of the training nodes of the seed chunks.
+        seeds: int64, local ids of the task's training seeds in the seed chunks.
         seed_owned: bool ``[n_core]``, the node is in a seed chunk.
         io_bytes: bytes read from the store to build it (features in the dtype they are
             stored in).
@@ -52,10 +56,7 @@ class IsolatedPartition:
     indptr: Tensor
     indices: Tensor
     x: Tensor
-    y: Tensor
-    train_mask: Tensor
-    val_mask: Tensor
-    test_mask: Tensor
+    targets: NodeTargets
     deg: Tensor
     ell: Tensor
     seeds: Tensor
@@ -91,11 +92,13 @@ def _nbytes(*tensors: Tensor) -> int:
 def build_partition(
     part: GrappaPart,
     spec: PartitionSpec,
+    task: NodeTask,
     halo_hops: int = 1,
     count_halo_as_local: bool = False,
 ) -> IsolatedPartition:
     """Read the owned chunks of the rank's ``part``, then the halo rows, and assemble the
-    local graph (docs/systems/grappa.md, "Partitions").
+    local graph (docs/systems/grappa.md, "Partitions"); its seeds are ``task``'s training
+    seeds (``task.is_train_seed``) among the seed chunks' nodes.
 
     Peak memory is the partition plus about three ``[E]`` int64 arrays: the features are
     written once into the partition's ``x`` (owned rows straight from each chunk's mapping),
@@ -108,16 +111,15 @@ def build_partition(
     order = own.argsort()
     own = own[order]
     n_own = own.numel()
-    cat = {
-        k: torch.cat([chunks[c][k] for c in spec.owned_chunks])[order]
-        for k in ("y", "train_mask", "val_mask", "test_mask", "deg")
-    }
+    owned = NodeTargets.cat(
+        [NodeTargets.from_arrays(chunks[c], part.out_dim) for c in spec.owned_chunks]
+    ).rows(order)
+    deg_local = torch.cat([chunks[c]["deg"] for c in spec.owned_chunks])[order]
     seed_owned = torch.cat(
         [torch.full((n,), c in spec.seed_chunks) for c, n in zip(spec.owned_chunks, sizes)]
     )[order]
     # in-edges of the owned nodes, in the new (sorted) node order: node i's segment starts at
     # starts[i] in the chunks' concatenated indices and lands at ptr[i]
-    deg_local = cat["deg"]
     starts = torch.cat(
         [
             chunks[c]["indptr"][:-1] + off
@@ -132,7 +134,8 @@ def build_partition(
     del gather, starts
     stored = chunks[spec.owned_chunks[0]]["x"]
     width = stored.shape[1]
-    io = _nbytes(own, *cat.values(), src) + n_own * width * stored.element_size()
+    io = _nbytes(own, *owned.arrays().values(), deg_local, src)
+    io += n_own * width * stored.element_size()
     # owned sources' local ids from one search in the sorted owned ids
     pos = torch.searchsorted(own, src).clamp_(max=max(n_own - 1, 0))
     owned_src = own[pos] == src if n_own else torch.zeros_like(src, dtype=torch.bool)
@@ -162,7 +165,8 @@ def build_partition(
         x[new_pos[offset : offset + n]] = chunks[c]["x"].to(part.dtype)
         offset += n
     del chunks, new_pos
-    hy = cat["y"].new_full((halo.numel(), *cat["y"].shape[1:]), -1)  # halo rows: no target
+    # halo target rows, every one filled below (a halo node in no chunk read is an error)
+    hy = owned.target.new_empty((halo.numel(), *owned.target.shape[1:]))
     hdeg = torch.zeros(halo.numel(), dtype=torch.int64)
     hchunk = torch.full((halo.numel(),), -1, dtype=torch.int64)
     if halo.numel():
@@ -184,6 +188,7 @@ def build_partition(
     counted = torch.ones_like(local_src_owned) if count_halo_as_local else local_src_owned
     ell = _segment_counts(counted, indptr[: n_own + 1])
     no_halo = torch.zeros(halo.numel(), dtype=torch.bool)
+    halo_targets = NodeTargets(hy, no_halo, no_halo, no_halo, part.out_dim)
     return IsolatedPartition(
         spec=spec,
         local2global=torch.cat([own, halo]),
@@ -191,13 +196,10 @@ def build_partition(
         indptr=indptr,
         indices=indices,
         x=x,
-        y=torch.cat([cat["y"], hy]),
-        train_mask=torch.cat([cat["train_mask"], no_halo]),
-        val_mask=torch.cat([cat["val_mask"], no_halo]),
-        test_mask=torch.cat([cat["test_mask"], no_halo]),
+        targets=NodeTargets.cat([owned, halo_targets]),
         deg=torch.cat([deg_local, hdeg]),
         ell=ell,
-        seeds=(cat["train_mask"] & seed_owned).nonzero().flatten(),
+        seeds=(task.is_train_seed(owned) & seed_owned).nonzero().flatten(),
         seed_owned=seed_owned,
         io_bytes=io,
         halo_chunk=hchunk,

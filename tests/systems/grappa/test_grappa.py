@@ -1,6 +1,6 @@
 """Grappa, single process: chunking, schedules, partitions, in-partition sampling, step
 equalisation, the super-epoch clock, estimators (E1-E8) and Monte-Carlo checks (S1-S3, S5);
-the labels are those of docs/systems/grappa.md, "Tests"."""
+the test names' labels are those of docs/systems/grappa.md, "Tests"."""
 
 import dataclasses
 import itertools
@@ -17,6 +17,7 @@ from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import SPLITS, NodeDataset
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.inference import layerwise_inference
@@ -42,20 +43,42 @@ from lightning_gnnscale.systems.grappa.estimators import (
 from lightning_gnnscale.systems.grappa.partition import PartitionSampler, build_partition
 from lightning_gnnscale.systems.grappa.schedule import Schedule, super_epoch_len
 from lightning_gnnscale.systems.grappa.superepochs import SuperEpochClock
+from lightning_gnnscale.tasks import build_task
+
+TASK = build_task("node_classification")
 
 
 def small_graph(n=400, seed=1):
     return sbm(num_nodes=n, num_classes=4, avg_degree=8.0, num_features=6, seed=seed)
 
 
+def targets_of(g):
+    """The node classification targets of a generated graph (TRANSITIONAL: read from the
+    labelled ``Graph`` the generators still return)."""
+    return NodeDataset.of_graph(g).targets
+
+
+def chunk_store(g, *args, targets=None, task=TASK):
+    """``write_chunk_store`` of ``g``'s dataset and ``task``'s ``targets`` (default: the
+    dataset's own, node classification's); ``args``: count, method, seed, folder."""
+    dataset = NodeDataset.of_graph(g)
+    targets = targets if targets is not None else dataset.targets
+    return write_chunk_store(dataset, targets, task, *args)
+
+
 def rank_part(store, rank, world):
     """Rank ``rank`` of ``world``'s part of ``store`` (what ``preprocess`` gives it)."""
-    return store.part(home_chunks(rank, world, store.num_chunks))
+    return store.part(home_chunks(rank, world, store.num_chunks), TASK.out_dim_of(store.meta))
+
+
+def every_chunk(store):
+    """A part that reads every chunk of ``store`` and evaluates none."""
+    return store.part((), TASK.out_dim_of(store.meta))
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    return write_chunk_store(small_graph(), 4, "random", 0, str(tmp_path_factory.mktemp("chunks")))
+    return chunk_store(small_graph(), 4, "random", 0, str(tmp_path_factory.mktemp("chunks")))
 
 
 # ------------------------------------------------------------------------- P1-P3: chunks
@@ -124,40 +147,48 @@ def _rewired(g):
 
 
 def _changed(g, name, index=7):
-    value = getattr(g, name).clone()
+    value = g.x.clone()
+    value[index] += 1.0
+    return dataclasses.replace(g, x=value)
+
+
+def _changed_targets(targets, column, index=7):
+    """``targets`` with row ``index`` of ``column`` (``target`` or a split) changed."""
+    value = getattr(targets, column).clone()
     if value.dtype == torch.bool:
         value[index] = ~value[index]
-    elif name == "y":
-        value[index] = (value[index] + 1) % g.num_classes
     else:
-        value[index] += 1.0
-    return dataclasses.replace(g, **{name: value})
+        value[index] = (value[index] + 1) % targets.out_dim
+    return dataclasses.replace(targets, **{column: value})
 
 
 def test_chunk_store_key_covers_everything_the_chunks_hold(tmp_path):
-    """Changing any one input of the chunk files (features, labels, each mask, structure,
-    dtype) or of the chunking (count, method, seed) gives another store; the issue's case,
-    ``feature_signal=0`` on the same sbm, writes a store holding the new features."""
+    """Changing any one input of the chunk files (features, the task's targets, each split,
+    structure, dtype) or of the chunking (count, method, seed) gives another store; the
+    issue's case, ``feature_signal=0`` on the same sbm, writes a store holding the new
+    features."""
     g = small_graph()
+    t = targets_of(g)
     assert g.num_edges == _rewired(g).num_edges and g.num_nodes == _rewired(g).num_nodes
     variants = {
-        "base": (g, 4, "random", 0),
-        "rewired": (_rewired(g), 4, "random", 0),
-        "dtype": (g.to(torch.float64), 4, "random", 0),
-        "num_chunks": (g, 5, "random", 0),
-        "method": (g, 4, "random_iid", 0),
-        "seed": (g, 4, "random", 1),
-        **{name: (_changed(g, name), 4, "random", 0) for name in ("x", "y")},
-        **{m: (_changed(g, m), 4, "random", 0) for m in ("train_mask", "val_mask", "test_mask")},
+        "base": (g, t, 4, "random", 0),
+        "rewired": (_rewired(g), t, 4, "random", 0),
+        "dtype": (g.to(torch.float64), t, 4, "random", 0),
+        "num_chunks": (g, t, 5, "random", 0),
+        "method": (g, t, 4, "random_iid", 0),
+        "seed": (g, t, 4, "random", 1),
+        "x": (_changed(g, "x"), t, 4, "random", 0),
+        **{c: (g, _changed_targets(t, c), 4, "random", 0) for c in ("target", *SPLITS)},
     }
     paths = {name: chunk_store_path(*args, tmp_path) for name, args in variants.items()}
     assert len(set(paths.values())) == len(paths)
-    assert chunk_store_path(small_graph(), 4, "random", 0, tmp_path) == paths["base"]
+    assert chunk_store_path(small_graph(), t, 4, "random", 0, tmp_path) == paths["base"]
     flat = sbm(
         num_nodes=400, num_classes=4, avg_degree=8.0, num_features=6, seed=1, feature_signal=0.0
     )
-    assert torch.equal(flat.indices, g.indices) and torch.equal(flat.y, g.y)
-    old, new = (write_chunk_store(h, 4, "random", 0, str(tmp_path)) for h in (g, flat))
+    assert torch.equal(flat.indices, g.indices)
+    assert torch.equal(targets_of(flat).target, t.target)
+    old, new = (chunk_store(h, 4, "random", 0, str(tmp_path)) for h in (g, flat))
     assert old.path != new.path
     for c in range(4):
         record = new.load(c)
@@ -165,8 +196,7 @@ def test_chunk_store_key_covers_everything_the_chunks_hold(tmp_path):
     # the chunking's key (a checkpoint's layout) is the same for the float64 store, and
     # changes with the features' values
     f64, changed = (
-        write_chunk_store(variants[name][0], 4, "random", 0, str(tmp_path))
-        for name in ("dtype", "x")
+        chunk_store(variants[name][0], 4, "random", 0, str(tmp_path)) for name in ("dtype", "x")
     )
     assert f64.path != old.path and f64.key == old.key != changed.key != new.key
     assert (old.dtype, f64.dtype) == (torch.float32, torch.float64)
@@ -185,7 +215,7 @@ def test_corrupt_chunk_files_are_rebuilt_by_the_launcher_and_named_by_a_rank(
     the file and the fix; the launching process (``write_chunk_store``) rewrites both, and the
     rank then reads the original records."""
     g = small_graph()
-    store = write_chunk_store(g, 4, "random", 0, str(tmp_path))
+    store = chunk_store(g, 4, "random", 0, str(tmp_path))
     folder = Path(store.path)
     original = {c: (folder / f"chunk_{c}.pt").read_bytes() for c in range(4)}
     truncated, wrong = folder / "chunk_1.pt", folder / "chunk_2.pt"
@@ -199,9 +229,9 @@ def test_corrupt_chunk_files_are_rebuilt_by_the_launcher_and_named_by_a_rank(
         assert str(path) in str(err.value) and str(folder) in str(err.value)
         assert "rerun" in str(err.value) and "delete" in str(err.value)
     with pytest.raises(ChunkStoreError, match=str(wrong)):
-        build_partition(rank.part(()), Schedule("pinned_sweep", 4).partition(2, 0))
+        build_partition(every_chunk(rank), Schedule("pinned_sweep", 4).partition(2, 0), TASK)
     capsys.readouterr()
-    rebuilt = write_chunk_store(g, 4, "random", 0, str(tmp_path))
+    rebuilt = chunk_store(g, 4, "random", 0, str(tmp_path))
     said = capsys.readouterr().out
     assert str(truncated) in said and str(wrong) in said and "chunk_0.pt" not in said
     assert rebuilt.path == store.path and rebuilt.meta == store.meta
@@ -211,13 +241,13 @@ def test_corrupt_chunk_files_are_rebuilt_by_the_launcher_and_named_by_a_rank(
     for c in range(4):
         assert torch.equal(rank.load(c)["nodes"], (chunk == c).nonzero().flatten())
     (folder / "meta.json").write_text("{not json")  # unreadable metadata: rebuilt too
-    assert write_chunk_store(g, 4, "random", 0, str(tmp_path)).meta == store.meta
+    assert chunk_store(g, 4, "random", 0, str(tmp_path)).meta == store.meta
 
 
 def test_a_chunk_file_that_torch_cannot_load_is_named(tmp_path, monkeypatch):
     """A file that matches its recorded digest but is no torch file (a store written by hand or
     corrupted before its digest was taken): the load error names the file."""
-    store = write_chunk_store(small_graph(), 2, "random", 0, str(tmp_path))
+    store = chunk_store(small_graph(), 2, "random", 0, str(tmp_path))
     path = Path(store.path) / "chunk_1.pt"
     path.write_bytes(b"not a torch file")
     meta = {**store.meta, "digests": [*store.meta["digests"][:1], chunking.file_digest(path)]}
@@ -231,18 +261,25 @@ def test_a_chunk_file_that_torch_cannot_load_is_named(tmp_path, monkeypatch):
 # ------------------------------------------------------------------- P4, P5, P8: partitions
 @pytest.mark.parametrize("halo_hops", [0, 1])
 def test_partitions_seeds_locality_and_degrees(store, halo_hops):
+    """Each partition's nodes, edges, degrees and rows, its target rows those of its nodes
+    (its halo's in no split), and its seeds the task's training seeds, each in one partition."""
     g = small_graph()
+    targets = targets_of(g)
     deg = g.in_degree()
-    chunk = store.part(()).chunk_ids()
+    chunk = every_chunk(store).chunk_ids()
     for t in range(3):
         seeds = []
         for spec in Schedule("pinned_sweep", 4).partitions(t):
-            part = build_partition(store.part(()), spec, halo_hops)
+            part = build_partition(every_chunk(store), spec, TASK, halo_hops)
             own = part.local2global[: part.num_core]
             assert torch.equal(own, torch.isin(torch.arange(g.num_nodes), own).nonzero().flatten())
             assert set(chunk[own].tolist()) == set(spec.owned_chunks)
             assert torch.equal(part.deg, deg[part.local2global])  # P8: global degree
             assert torch.equal(part.x, g.x[part.local2global])
+            assert torch.equal(part.targets.target, targets.target[part.local2global])
+            core = part.targets.rows(slice(0, part.num_core))
+            assert torch.equal(core.split_matrix(), targets.rows(own).split_matrix())
+            assert not part.targets.split_matrix()[part.num_core :].any()
             dst = torch.repeat_interleave(torch.arange(part.num_nodes), part.n_avail)
             edges = set(
                 zip(part.local2global[part.indices].tolist(), part.local2global[dst].tolist())
@@ -268,18 +305,19 @@ def test_partitions_seeds_locality_and_degrees(store, halo_hops):
             seeds.append(part.local2global[part.seeds])
         all_seeds = torch.cat(seeds)
         assert all_seeds.unique().numel() == all_seeds.numel()  # P4: disjoint
-        assert torch.equal(all_seeds.sort().values, g.split_ids("train"))  # P4: cover
+        assert torch.equal(all_seeds.sort().values, TASK.train_seeds(targets))  # P4: cover
 
 
 def test_count_halo_as_local_makes_coverage_full_with_one_hop_halo(store):
-    part = build_partition(store.part(()), Schedule("pinned_sweep", 4).partition(0, 0), 1, True)
+    spec = Schedule("pinned_sweep", 4).partition(0, 0)
+    part = build_partition(every_chunk(store), spec, TASK, 1, True)
     assert torch.equal(part.ell, part.deg[: part.num_core])
 
 
 # ---------------------------------------------------------------------- P6, P7: sampling
 def test_sampling_stays_inside_the_partition_and_matches_the_whole_graph_at_the_seed_hop(store):
     g = small_graph()
-    part = build_partition(store.part(()), Schedule("pinned_sweep", 4).partition(2, 1), 1)
+    part = build_partition(every_chunk(store), Schedule("pinned_sweep", 4).partition(2, 1), TASK, 1)
     fanouts = [3, 2]
     seeds = part.seeds[:20]
     blocks = PartitionSampler(part, fanouts, seed=7).sample(seeds, 1, 2, 5)
@@ -344,7 +382,7 @@ def test_equalised_steps_visit_every_seed_once_per_epoch(store, world, k):
                 assert batch.global_seed_count == batch.num_seeds
                 assert batch.kappa.shape == (batch.num_seeds,)
         got = torch.cat(seeds)
-        assert torch.equal(got.sort().values, small_graph().split_ids("train"))
+        assert torch.equal(got.sort().values, dms[0].train_ids)
 
 
 @pytest.mark.parametrize("batch_size", [8, 12, 24, 40])
@@ -419,10 +457,10 @@ def test_isolated_evaluation_neither_counts_builds_nor_evicts_the_training_parti
     counts = dm.eval_statistics(BlockGNN("sage", 6, 16, 4, 2), ("val", "test"))
     assert (dm.builds, dm.io_bytes) == (builds, io)
     assert dm.partition(1) is held and dm.builds == builds
-    g, seeds = small_graph(), [dm.partition(i) for i in range(2)]
+    targets, seeds = dm.targets, [dm.partition(i) for i in range(2)]
     owned = torch.cat([p.local2global[: p.num_core][p.seed_owned] for p in seeds])
-    assert counts[0, 1] == int(g.val_mask[owned].sum())
-    assert counts[1, 1] == int(g.test_mask[owned].sum())
+    assert counts[0, 1] == int(targets.val[owned].sum())
+    assert counts[1, 1] == int(targets.test[owned].sum())
 
 
 def dense_gcn_logits(net, x, src, dst, deg):
@@ -447,7 +485,7 @@ def test_isolated_evaluation_of_a_whole_graph_partition_equals_global_evaluation
     """One chunk: the partition is the whole graph, so isolated evaluation (local graph) must
     give the global evaluation's logits and counts."""
     g = small_graph().to(torch.float64)
-    one = write_chunk_store(g, 1, "random", 0, str(tmp_path))
+    one = chunk_store(g, 1, "random", 0, str(tmp_path))
     net = gcn_net()
     iso = make_dm(one, 1, 0, eval_mode="isolated")
     glob = make_dm(one, 1, 0, eval_mode="global_fullgraph", graph=g)
@@ -471,7 +509,7 @@ def test_isolated_evaluation_normalises_gcn_by_global_degrees(tmp_path, halo_hop
     edges (built from the whole graph) normalised by the *global* degrees, as training is;
     halo nodes (no local in-edges) and, without a halo, the owned nodes lose in-edges."""
     g = small_graph().to(torch.float64)
-    st = write_chunk_store(g, 4, "random", 0, str(tmp_path))
+    st = chunk_store(g, 4, "random", 0, str(tmp_path))
     dm = make_dm(st, 4, 1, eval_mode="isolated", halo_hops=halo_hops)
     part = dm.partition(0)
     assert bool((part.n_avail < part.deg).any())  # local in-degrees are not the global ones
@@ -672,7 +710,7 @@ def test_default_partitions_are_strict_subsets_and_the_presets_differ_on_two_ran
     graph, world = small_graph(), 2
     chunks = GrappaConfig().chunk_count(world)
     assert chunks >= 3
-    store = write_chunk_store(graph, chunks, "random", 1, str(tmp_path))
+    store = chunk_store(graph, chunks, "random", 1, str(tmp_path))
     presets = ("grappa", "grappa_uw", "grappa_fp", "grappa_naive")
     runs = {name: _preset_epochs(store, graph, name, world, epochs=2) for name in presets}
     for name, (_, largest) in runs.items():
@@ -964,10 +1002,10 @@ def test_s5_expected_coverage_under_random_chunking(tmp_path, c):
         test_mask=torch.zeros(n, dtype=torch.bool),
         num_classes=1,
     )
-    st = write_chunk_store(g, c, "random", 0, str(tmp_path))
+    st = chunk_store(g, c, "random", 0, str(tmp_path))
     ks = []
     for spec in Schedule("pinned_sweep", c).partitions(0):
-        part = build_partition(st.part(()), spec, halo_hops=0)
+        part = build_partition(every_chunk(st), spec, TASK, halo_hops=0)
         ks.append(kappa(part.ell[part.seeds], part.deg[part.seeds], 0.0))
     assert float(torch.cat(ks).mean()) == pytest.approx(2 / c, abs=0.02)
 
@@ -1007,7 +1045,34 @@ def test_a_chunk_file_holds_what_partitions_read_and_the_degrees_come_from_indpt
     """A chunk file holds no ``deg`` (an older store's is never read: partitions read
     :data:`~.chunking.CHUNK_FILES` only); the record's in-degrees are ``indptr``'s differences."""
     graph = small_graph()
-    store = write_chunk_store(graph, 4, "random", 0, str(tmp_path))
+    store = chunk_store(graph, 4, "random", 0, str(tmp_path))
     assert set(torch.load(Path(store.path) / "chunk_1.pt")) == set(chunking.CHUNK_FILES)
-    record = store.part((0, 1)).load(1)
+    record = store.part((0, 1), 4).load(1)
     assert torch.equal(record["deg"], graph.in_degree()[record["nodes"]])
+
+
+def test_the_chunks_hold_the_tasks_targets_and_the_metadata_the_datasets_class_count(tmp_path):
+    """Under node regression the chunk files' ``y`` are the task's targets (float rows, not the
+    dataset's labels), ``train_counts`` count the task's training seeds, a partition's target
+    rows are those of its nodes and its seeds the task's, and the store's metadata keeps the
+    dataset's class count (its parts the task's head width)."""
+    data = DataConfig(batch_size=40, fanouts=[3, 2])
+    dm = GrappaDataModule(
+        small_graph(), GrappaConfig(), data, seed=1, cache_dir=tmp_path, task="node_regression"
+    )
+    targets, part = dm.targets, dm.prepare(2)[0]
+    assert targets.target.is_floating_point() and part.out_dim == targets.out_dim == 1
+    chunk = part.chunk_ids()
+    for c in range(part.num_chunks):
+        record = part.load(c)
+        assert torch.equal(record["y"], targets.target[record["nodes"]])
+    seeds = torch.bincount(chunk[dm.train_ids], minlength=part.num_chunks)
+    assert part.meta["train_counts"] == seeds.tolist()
+    path = chunk_store_path(dm.graph, targets, part.num_chunks, "random", 1, tmp_path)
+    assert json.loads((path / "meta.json").read_text())["num_classes"] == 4
+    spec = Schedule("pinned_sweep", part.num_chunks).partition(1, 0)
+    isolated = build_partition(part, spec, dm.task)
+    assert torch.equal(isolated.targets.target, targets.target[isolated.local2global])
+    owned = isolated.local2global[: isolated.num_core]
+    in_seed_chunks = torch.isin(chunk[dm.train_ids], torch.tensor(spec.seed_chunks))
+    assert torch.equal(owned[isolated.seeds], dm.train_ids[in_seed_chunks])

@@ -132,7 +132,7 @@ FIXED = dict(num_chunks=6, schedule="fixed", halo_hops=0, chunking="metis")
 def test_a_grappa_rank_with_only_its_chunks_equals_the_in_memory_rank(
     tmp_path, preset, settings, options, world_size
 ):
-    """Over three super-epochs, every batch (blocks with degrees, input rows, labels, coverage)
+    """Over three super-epochs, every batch (blocks with degrees, input rows, targets, coverage)
     and gradient, and both evaluation modes' counts are equal, exactly, with the other parts'
     folders and every chunk group the rank does not list deleted (under the pinned sweep each
     part lists every chunk; under ``fixed`` without halo some lists leave chunks out); the
@@ -185,11 +185,12 @@ def test_a_part_whose_home_chunks_file_disagrees_is_refused(tmp_path, monkeypatc
     monkeypatch.setattr(datamodule, "home_chunks", lambda k, w, c: rule(k, w, c)[::-1])
     make_dm(tmp_path / "cache").write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
     monkeypatch.setattr(datamodule, "home_chunks", rule)
-    opened = make_dm(tmp_path / "cache", str(tmp_path / "parts")).prepare(2, [1])
+    dm = make_dm(tmp_path / "cache", str(tmp_path / "parts"))
+    opened = dm.prepare(2, [1])
     with pytest.raises(
         PartitionDirError, match=r"home_chunks.npy is \[3, 1\], but rank 1 .*\[1, 3\]"
     ):
-        load_chunk_part(opened, 1, torch.float64)
+        load_chunk_part(opened, 1, dm.out_dim, torch.float64)
 
 
 def test_partitions_from_a_float32_directory_cast_only_their_rows(tmp_path):
@@ -201,19 +202,23 @@ def test_partitions_from_a_float32_directory_cast_only_their_rows(tmp_path):
     f32 = make_dm(tmp_path / "cache", config=config, dtype=torch.float32)
     f32.write_partition_dir(tmp_path / "f32", 2, log=lambda *_: 0)
     opened = make_dm(tmp_path / "cache", str(tmp_path / "f32"), config=config).prepare(2, [0])
-    chunks = load_chunk_part(opened, 0, torch.float64)
+    out_dim = f32.task.out_dim_of(opened.meta)
+    chunks = load_chunk_part(opened, 0, out_dim, torch.float64)
     assert chunks.load(1)["x"].dtype == torch.float32
     assert set(chunks.index(1)) == {"nodes", "deg"}
     stores = {dtype: make_dm(tmp_path / "cache", dtype=dtype).prepare(2)[0] for dtype in F32_F64}
     assert chunks.key == stores[torch.float32].key == stores[torch.float64].key
     assert chunks.meta == stores[torch.float64].meta and chunks.home == stores[torch.float64].home
-    spec = PartitionSpec((0, 1), (0, 1))
-    got = build_partition(chunks, spec)
+    assert chunks.out_dim == stores[torch.float64].out_dim == f32.out_dim
+    spec, task = PartitionSpec((0, 1), (0, 1)), f32.task
+    got = build_partition(chunks, spec, task)
     want, stored = (
-        build_partition(stores[dtype], spec) for dtype in (torch.float64, torch.float32)
+        build_partition(stores[dtype], spec, task) for dtype in (torch.float64, torch.float32)
     )
-    for name in ("local2global", "indptr", "indices", "x", "y", "deg", "halo_chunk"):
+    for name in ("local2global", "indptr", "indices", "x", "deg", "halo_chunk"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert torch.equal(got.targets.split_matrix(), want.targets.split_matrix())
+    assert torch.equal(got.targets.target, want.targets.target)
     assert got.x.dtype == torch.float64
     assert got.io_bytes == stored.io_bytes < want.io_bytes
 
@@ -244,7 +249,7 @@ def test_parts_list_the_chunks_their_schedule_reads(tmp_path):
     assert unlisted, "every chunk is listed: the graph's chunks are not its communities"
     name = min(unlisted)
     dm = make_dm(tmp_path / "cache", str(tmp_path / "fixed"), config=fixed, options=communities)
-    chunks = load_chunk_part(dm.prepare(4, [0]), 0, torch.float64)
+    chunks = load_chunk_part(dm.prepare(4, [0]), 0, dm.out_dim, torch.float64)
     with pytest.raises(PartitionDirError, match=f"part 0 does not list shared group '{name}'"):
         chunks.load(int(name.removeprefix("chunk")))
 
