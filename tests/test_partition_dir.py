@@ -501,8 +501,7 @@ def _sancus_rank(rank, world_size, tmp_path):
                 "consumer": layout.consumer,
                 "seed_rows": layout.seed_rows,
                 "x": dm.x,
-                "y": dm.y,
-                **{f"mask_{k}": v for k, v in dm.masks.items()},
+                **dm.own_targets.arrays(),
                 "own_ids": dm.own_ids,
                 "train_count": torch.tensor(dm.train_count),
             }

@@ -1,5 +1,5 @@
 """``strategy=granndis``: GraNNDIS (Song et al., PACT '24), server-aware full-graph and
-co-batched training on one-hop graphs with per-layer masks, and its baselines FB_base and
+co-batched training on one-hop graphs with per-layer vertex masking, and its baselines FB_base and
 MB_base. See docs/systems/granndis.md."""
 
 from __future__ import annotations

@@ -14,9 +14,12 @@ import torch
 from torch import Tensor
 
 from ...graph.csc import Graph
+from ...graph.node_targets import NodeTargets
 from ...graph.order import epoch_permutation
 from ...graph.partition import partition
 from ...graph.sampler import NeighborSampler
+from ...tasks import build_task
+from ...tasks.base import NodeTask
 from .costmodel import (
     StepMemoryEstimate,
     estimate_memory,
@@ -72,7 +75,9 @@ def _sum_estimates(estimates: list[StepMemoryEstimate]) -> dict:
 
 def e4_compare(
     graph: Graph,
+    targets: NodeTargets,
     *,
+    task: NodeTask | str | None = None,
     num_layers: int,
     num_servers: int,
     workers_per_server: int,
@@ -85,10 +90,12 @@ def e4_compare(
     intra_partition: str = "metis",
     seed: int = 0,
 ) -> dict:
-    """One step of MB_base vs CoB-SAGE vs CoB-EAS on ``graph`` (spec §8.3 E4).
+    """One step of MB_base vs CoB-SAGE vs CoB-EAS on ``graph`` (spec §8.3 E4), whose nodes'
+    rows of the task's targets are ``targets`` (``task``: default ``node_classification``;
+    its training seeds are the step's targets, ``targets.out_dim`` the head's width).
 
     The step's targets are CoB's: server ``s`` (partition ``server_partition``) takes its
-    first co-batch of ``workers_per_server * batch_per_worker`` training targets. CoB extracts
+    first co-batch of ``workers_per_server * batch_per_worker`` training seeds. CoB extracts
     ``sage_expand`` (``fanout``, ``num_layers`` hops) or ``eas_expand`` (``eas_hops``,
     ``eas_fanout``) from it and splits the induced graph over the server's workers
     (``intra_partition``). MB_base deals the same targets, shuffled, to the
@@ -106,11 +113,12 @@ def e4_compare(
         )
     world = num_servers * workers_per_server
     dims = [graph.num_features] + [hidden] * num_layers
-    params = sage_num_params(graph.num_features, hidden, graph.num_classes, num_layers)
-    train = graph.split_ids("train")
+    params = sage_num_params(graph.num_features, hidden, targets.out_dim, num_layers)
+    train = build_task(task).train_seeds(targets)
 
     # the step's targets: the first co-batch of every server (CoB's step 0)
-    server_of = partition(graph, server_partition, num_servers, seed=seed)
+    splits = targets.split_matrix()
+    server_of = partition(graph, server_partition, num_servers, seed=seed, splits=splits)
     targets = [train[server_of[train] == s] for s in range(num_servers)]
     per_step = num_cobatches(max(t.numel() for t in targets), batch_per_worker, workers_per_server)
     first = [cobatches(t, per_step, seed=seed, server=s)[0] for s, t in enumerate(targets)]
@@ -154,7 +162,9 @@ def e4_compare(
         for s, cobatch in enumerate(first):
             nodes, _ = grow(cobatch, s)
             sub = graph.induced_subgraph(nodes)
-            parts = partition(sub, intra_partition, workers_per_server, seed=seed + s)
+            parts = partition(
+                sub, intra_partition, workers_per_server, seed=seed + s, splits=splits[nodes]
+            )
             sizes = one_hop_sizes(sub, parts, workers_per_server)
             vertices += nodes.numel()
             rows += int(sizes[:, :2].sum())

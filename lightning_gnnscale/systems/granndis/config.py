@@ -148,7 +148,7 @@ class GraNNDISConfig(SystemConfig):
             (spec §4.8, :func:`~.costmodel.estimate_memory`, worst rank) fits
             ``memory_budget_mb`` (the paper's "largest k that fits"; no budget: ``k = L``).
         memory_budget_mb: the per-worker budget of ``preload_auto``; ``None`` = unlimited.
-        masking: the per-layer vertex masks of one-hop graph masking (spec §4.2.1); ``false``
+        masking: the per-layer vertex masking of one-hop graph masking (spec §4.2.1); ``false``
             keeps every row at every layer (the loss still covers level-0 targets only).
         grad_sync: ``ddp`` (the metered DDP all-reduce over all ranks) | ``hierarchical``
             (after backward: sum inside each server, among the server heads, then broadcast
@@ -238,7 +238,7 @@ class GraNNDISConfig(SystemConfig):
     def check_layers(self, layers: int) -> None:
         """Rules between these settings and the model's depth ``L`` (a run's check, and the
         DataModule's for plain Lightning scripts): depths past ``L`` only add rows that every
-        layer masks, so they are refused where the mode uses them."""
+        layer drops, so they are refused where the mode uses them."""
         require(
             self.preload_k is None or self.preload_k <= layers,
             f"strategy.preload_k={self.preload_k} must be <= model.num_layers={layers}",

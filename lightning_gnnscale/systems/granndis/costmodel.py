@@ -168,12 +168,12 @@ class StepMemoryEstimate:
     features: int
     activations: int
     graph: int
-    masks: int
+    keep_masks: int
     parameters: int
 
     @property
     def total(self) -> int:
-        return self.features + self.activations + self.graph + self.masks + self.parameters
+        return self.features + self.activations + self.graph + self.keep_masks + self.parameters
 
 
 def estimate_memory(
@@ -216,7 +216,7 @@ def estimate_memory(
         features=rows * dims[0] * value_bytes,
         activations=act,
         graph=num_edges * 16,
-        masks=masked * rows,
+        keep_masks=masked * rows,
         parameters=num_params * value_bytes * 4,
     )
 
@@ -235,7 +235,7 @@ def estimate_mfg_memory(
 
     ``src_rows[j]`` / ``dst_rows[j]``: source and destination rows of the block of conv layer
     ``j`` (input layer first); ``num_edges`` summed over blocks. Same per-row costs as the
-    one-hop estimate, whose rows are the same at every layer; an MFG has no masks.
+    one-hop estimate, whose rows are the same at every layer; an MFG has no keep mask.
     """
     dims = list(dims)
     if len(dims) < 2 or min(dims) < 1:
@@ -251,17 +251,17 @@ def estimate_mfg_memory(
         features=src_rows[0] * dims[0] * value_bytes,
         activations=act,
         graph=num_edges * 16,
-        masks=0,
+        keep_masks=0,
         parameters=num_params * value_bytes * 4,
     )
 
 
-def sage_num_params(in_dim: int, hidden: int, num_classes: int, num_layers: int) -> int:
+def sage_num_params(in_dim: int, hidden: int, out_dim: int, num_layers: int) -> int:
     """Parameters of the spec's GraphSAGE (§4.7): per conv two biased linears and a LayerNorm,
-    then ``Linear(H, C)``."""
+    then the head ``Linear(H, out_dim)``."""
     dims = [in_dim] + [hidden] * num_layers
     conv = sum(2 * (a * b + b) + 2 * b for a, b in zip(dims[:-1], dims[1:]))
-    return conv + hidden * num_classes + num_classes
+    return conv + hidden * out_dim + out_dim
 
 
 def choose_k(memory_by_k: Sequence[float], budget: float | None) -> int | None:

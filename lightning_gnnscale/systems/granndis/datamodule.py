@@ -55,7 +55,6 @@ from .plan import OneHopPlan, StepPlan, build_layout
 
 PLAN_PREFIX = "granndis-plans"  # cache files of one rank's plans
 EVAL_PREFIX = "granndis-eval"  # cache files of the inference shares' owners
-SPLITS = ("train", "val", "test")
 
 
 def topology_record(topology: Topology) -> dict:
@@ -72,7 +71,7 @@ def recorded_topology(record: dict) -> Topology:
 @dataclass
 class OneHopBatch(Batch):
     """One rank's step on one-hop graphs: ``blocks`` are ``plan.blocks``, ``x`` the input
-    rows of ``plan.input_ids`` ``[n, F]``, ``y`` the labels of the loss rows.
+    rows of ``plan.input_ids`` ``[n, F]``, ``y`` the targets of the loss rows.
 
     Attributes:
         plan: the rank's plans of this step (the strategy's layer hook exchanges their halos).
@@ -125,7 +124,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.preload_depth: int | None = None  # FLX's k once set up (None in other modes)
         self.memory_by_k: list[float] | None = None  # preload_auto's estimates, k = 0..L
         self.inputs: list[Tensor] = []  # per step: input rows of plan.input_ids
-        self.labels: list[Tensor] = []  # per step: labels of the loss rows
+        self.loss_targets: list[Tensor] = []  # per step: targets of the loss rows
         self.part: GraNNDISPart | None = None  # this rank's part (None in mb_base)
         self.num_nodes = 0  # |V|, once set up
         self._eval_books: dict[Topology, tuple[PartitionBook, list[Tensor]]] = {}
@@ -155,7 +154,9 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         )
         self.check_budget(world_size, graph.num_nodes, graph.x.element_size())
         if config.mode == "fb_base" and config.partition.fb_base == "flat":
-            cached_partition(graph, "metis", world_size, self.seed, self.cache_dir)
+            cached_partition(
+                graph, "metis", world_size, self.seed, self.cache_dir, targets=self.targets
+            )
         topology = self.layout_topology()
         if topology is not None:
             self.prepare_layouts(topology)
@@ -217,8 +218,14 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @cached_property
     def graph_identity(self) -> dict:
-        """The graph's fingerprint (hashed once: it reads every byte of the structure)."""
-        return graph_fingerprint(self.graph)
+        """The graph's and the task's targets' fingerprint (hashed once: it reads every byte
+        of the structure)."""
+        return graph_fingerprint(self.graph, self.targets)
+
+    @cached_property
+    def is_seed(self) -> Tensor:
+        """bool ``[N]``: the task's training seeds (the targets the layouts' loss rows cover)."""
+        return self.task.is_train_seed(self.targets)
 
     def layout_key(self, topology: Topology, k: int | None, rank: int) -> dict:
         """What one rank's plans depend on (the artifact cache key)."""
@@ -284,7 +291,9 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def server_parts(self, num_servers: int) -> Tensor:
         """int64 ``[N]`` server of every vertex (``partition.server``; cached)."""
         method = self.config.partition.server
-        return cached_partition(self.graph, method, num_servers, self.seed, self.cache_dir)
+        return cached_partition(
+            self.graph, method, num_servers, self.seed, self.cache_dir, targets=self.targets
+        )
 
     def intra_owner(self, vertices: Tensor, is_target: Tensor, server: int, workers: int) -> Tensor:
         """Owning rank of each of ``vertices`` (a server graph of ``server``): the server
@@ -298,8 +307,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if workers == 1 or vertices.numel() == 0:
             return torch.full_like(vertices, server * workers)
         if method == "metis":
-            sub = replace(self.graph.induced_subgraph(vertices), train_mask=is_target)
-            parts = partition(sub, "metis_balanced", workers, seed=workers_seed, balance="train")
+            sub = self.graph.induced_subgraph(vertices)
+            splits = replace(self.targets.rows(vertices), train=is_target).split_matrix()
+            parts = partition(
+                sub, "metis_balanced", workers, seed=workers_seed, splits=splits, balance="train"
+            )
             return server * workers + parts
         parts = torch.empty_like(vertices)
         gen = torch.Generator().manual_seed(workers_seed)
@@ -344,9 +356,9 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         return self.eas_graph(cobatch, server)
 
     def server_targets(self, topology: Topology) -> list[Tensor]:
-        """The training nodes of every server's partition."""
-        servers, train = self.server_parts(topology.num_servers), self.graph.train_mask
-        return [((servers == s) & train).nonzero().flatten() for s in range(topology.num_servers)]
+        """The training seeds of every server's partition."""
+        servers, seeds = self.server_parts(topology.num_servers), self.is_seed
+        return [((servers == s) & seeds).nonzero().flatten() for s in range(topology.num_servers)]
 
     def build_all_plans(
         self, topology: Topology, k: int | None = None
@@ -394,7 +406,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 inner = targets[server] if config.mode == "flx" else mine
                 graphs = [self.server_graph(inner, server)]
             for vertices, level in graphs:
-                is_target = graph.train_mask[vertices] & (level == 0)
+                is_target = self.is_seed[vertices] & (level == 0)
                 owner = self.intra_owner(vertices, is_target, server, workers)
                 layout = build_layout(
                     graph, vertices, level, owner, ranks, world, num_layers,
@@ -416,7 +428,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         ]
 
     def base_layout(self, owner: Tensor, world: int, num_layers: int) -> dict[int, OneHopPlan]:
-        """Every rank's plan of the whole-graph layout ``owner`` (no masks), running the
+        """Every rank's plan of the whole-graph layout ``owner`` (unmasked), running the
         model's last ``num_layers`` layers."""
         graph = self.graph
         vertices = torch.arange(graph.num_nodes)
@@ -424,7 +436,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         ranks = range(world)
         return build_layout(
             graph, vertices, level, owner, ranks, world, num_layers,
-            is_target=graph.train_mask, masking=False,
+            is_target=self.is_seed, masking=False,
         )  # fmt: skip
 
     def partial_preload_plans(
@@ -440,7 +452,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         preload, server_vertices = {}, [0] * world
         for s in range(topology.num_servers):
             vertices, level = khop_levels(graph, (servers == s).nonzero().flatten(), k)
-            is_target = graph.train_mask[vertices] & (level == 0)
+            is_target = self.is_seed[vertices] & (level == 0)
             owner = self.intra_owner(vertices, is_target, s, workers)
             base_owner[vertices[level == 0]] = owner[level == 0]
             ranks = range(s * workers, (s + 1) * workers)
@@ -470,7 +482,9 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         split by ``partition.intra`` (``hierarchical``)."""
         graph, world = self.graph, topology.world_size
         if self.config.partition.fb_base == "flat":
-            return cached_partition(graph, "metis", world, self.seed, self.cache_dir)
+            return cached_partition(
+                graph, "metis", world, self.seed, self.cache_dir, targets=self.targets
+            )
         return self.server_owner(topology)
 
     def server_owner(self, topology: Topology) -> Tensor:
@@ -481,7 +495,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         owner = torch.empty(graph.num_nodes, dtype=torch.int64)
         for s in range(topology.num_servers):
             vertices = (servers == s).nonzero().flatten()
-            is_target = graph.train_mask[vertices]
+            is_target = self.is_seed[vertices]
             owner[vertices] = self.intra_owner(vertices, is_target, s, topology.workers_per_server)
         return owner
 
@@ -553,7 +567,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         return {
             "node_offsets": book.node_offsets.tolist(),
             "topology": topology_record(topology),
-            "train_count": int(self.graph.train_mask.sum()),
+            "train_count": self.train_ids.numel(),
         }
 
     def write_server(self, server: int, topology: Topology, writer, log) -> None:
@@ -644,7 +658,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 plans,
                 summary,
                 [take(p.input_ids) for p in plans],
-                [graph.y.index_select(0, rows) for rows in loss_rows],
+                [self.targets.target.index_select(0, rows) for rows in loss_rows],
             )
         book, halos = self.eval_book(topology)
         lo, hi = book.node_offsets[rank : rank + 2].tolist()
@@ -658,8 +672,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             dtype=graph.x.dtype,
             eval_share=eval_share(graph, book, halos, rank),
             eval_x_range=eval_x_range,
-            eval_y=graph.y.index_select(0, core),
-            eval_masks={split: getattr(graph, f"{split}_mask")[core] for split in SPLITS},
+            eval_targets=self.targets.rows(core),
             orig_ids=core,
             num_nodes=graph.num_nodes,
             train_count=self.train_ids.numel(),
@@ -688,7 +701,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             opened.load_part(rank),
             server_x,
             self.depths(),
-            SPLITS,
+            self.task.out_dim_of(opened.meta),
             topology=topology,
             dtype=self.dtype,
             num_nodes=int(opened.meta["num_nodes"]),
@@ -706,6 +719,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.num_nodes = self.graph.num_nodes
             self.batcher = StepBatcher.on_graph(
                 self.graph,
+                self.targets,
                 self.data.fanouts,
                 self.train_ids,
                 self.batch_size,
@@ -735,7 +749,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.plan_bytes = sum(p.nbytes() for p in plans)
         self.plans = [p.to(context.device) for p in plans]
         self.inputs = [part.rows(span).to(context.device) for span in layout.x_ranges]
-        self.labels = [y.to(context.device) for y in layout.targets]
+        self.loss_targets = [y.to(context.device) for y in layout.targets]
 
     @override
     def build_model(self, model: ModelConfig) -> torch.nn.Module:
@@ -748,7 +762,8 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     def memory_estimate(self, step: StepPlan) -> int:
         """Estimated bytes of one step on this rank (spec §4.8): each stage's rows, edges
-        and masks over its layers' widths, plus the parameters with their optimiser state."""
+        and keep-mask rows over its layers' widths, plus the parameters with their optimiser
+        state."""
         if self.model_dims is None:
             raise RuntimeError(
                 "strategy.preload_auto=true estimates memory from the model's widths: build "
@@ -846,7 +861,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         return OneHopBatch(
             list(plan.blocks),
             self.inputs[step],
-            self.labels[step],
+            self.loss_targets[step],
             self.step_counts[step],
             epoch,
             step,
@@ -863,7 +878,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if not self.config.layout_mode:
             return super().eval_statistics(net, splits)
         out = self.share_rows(net, net.num_layers)
-        return split_statistics(self.task, out, self.part.eval_y, self.part.eval_masks, splits)
+        return split_statistics(self.task, out, self.part.eval_targets, splits)
 
     def share_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
         """The first ``layers`` layers' rows of this rank's inference share."""

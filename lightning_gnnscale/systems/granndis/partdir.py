@@ -2,7 +2,7 @@
 and from a partition directory) and its files (docs/systems/granndis.md#from-a-partition-directory).
 
 A rank's part holds its plans (every step's one-hop graphs over local rows: the ids of the
-rows are not kept, only their numbers), the labels of their loss rows, and its share of
+rows are not kept, only their numbers), the targets of their loss rows, and its share of
 full-graph inference (:class:`EvalShare`); the input rows of every rank of a server (its
 preloaded set, and its partition's rows for inference) are one shared group per server,
 which each rank reads as contiguous slices. Plans keep the row order of the in-memory ones,
@@ -19,6 +19,7 @@ from torch import Tensor
 from ...comm import Comm, Topology, exchange_rows
 from ...graph.book import PartitionBook
 from ...graph.csc import Graph
+from ...graph.node_targets import NodeTargets
 from ...graph.sampler import BlockBuilder
 from ...models.gnn import BlockGNN
 from ...models.inference import layer_rows
@@ -34,7 +35,7 @@ def plan_arrays(plan: OneHopPlan, prefix: str) -> dict[str, Tensor]:
     """``plan``'s tensors but ``owned`` and ``halo``, and its plain values with the numbers of
     owned and halo rows as one int64 array ``values`` ``[2 W + 6]``, named
     ``<prefix><name>``. The ids of the rows are not stored: a rank reads its input rows and
-    labels from the part, and everything else addresses rows by local position."""
+    targets from the part, and everything else addresses rows by local position."""
     arrays = {name: getattr(plan, name) for name in LOCAL_TENSORS}
     arrays["values"] = torch.tensor(
         [*plan.send_splits, *plan.recv_splits, plan.num_layers, plan.num_loss]
@@ -206,8 +207,8 @@ def depth_tag(k: int | None) -> str:
 @dataclass(frozen=True)
 class RankLayout:
     """A rank's steps at one preload depth: its plans and their :class:`LayoutSummary`, per
-    step the ``[start, stop)`` rows of its ``input_ids`` in the part's ``x`` and the targets
-    of its loss rows."""
+    step the ``[start, stop)`` rows of its ``input_ids`` in the part's ``x`` and the task's
+    targets of its loss rows (``NodeTargets.target`` rows: a step's ``Batch.y``)."""
 
     plans: list[StepPlan]
     summary: LayoutSummary
@@ -227,8 +228,8 @@ class GraNNDISPart:
             shared group, memory-mapped; in memory the whole graph's, addressed by ``x_ids``.
         dtype: the run's feature dtype (``x`` is cast slice by slice).
         eval_share: its share of full-graph inference; ``eval_x_range`` its core's input rows
-            in ``x``; ``eval_y`` ``[n_core, ...]`` and ``eval_masks`` (split -> bool
-            ``[n_core]``) their targets and splits; ``orig_ids`` ``[n_core]`` their ids.
+            in ``x``; ``eval_targets`` (``n_core`` rows) the task's rows of that core;
+            ``orig_ids`` ``[n_core]`` their ids.
         num_nodes, train_count: the whole graph's nodes and training nodes.
         x_ids: in memory ``[n]`` the rows' ids in ``x`` (gathered when read: a rank holds
             the input rows of the depth it runs only); ``None``: ``x`` is the rows.
@@ -240,8 +241,7 @@ class GraNNDISPart:
     dtype: torch.dtype
     eval_share: EvalShare
     eval_x_range: tuple[int, int]
-    eval_y: Tensor
-    eval_masks: dict[str, Tensor]
+    eval_targets: NodeTargets
     orig_ids: Tensor
     num_nodes: int
     train_count: int
@@ -282,8 +282,7 @@ class GraNNDISPart:
                 arrays[prefix + "y"] = y
         arrays |= self.eval_share.arrays()
         arrays["eval_x_range"] = span(*self.eval_x_range)
-        arrays["eval_y"] = self.eval_y
-        arrays |= {f"eval_{split}_mask": mask for split, mask in self.eval_masks.items()}
+        arrays |= self.eval_targets.arrays(prefix="eval_")
         arrays["orig_ids"] = self.orig_ids
         return arrays
 
@@ -293,10 +292,11 @@ class GraNNDISPart:
         part: dict[str, Tensor],
         x: Tensor,
         depths: list[int | None],
-        splits: tuple[str, ...],
+        out_dim: int,
         **fields,
     ) -> GraNNDISPart:
-        """The part :meth:`arrays` wrote (its ranges address ``x``, its server's group);
+        """The part :meth:`arrays` wrote (its ranges address ``x``, its server's group;
+        ``out_dim``: the targets' head width, the task's from the directory's metadata);
         ``fields``: ``topology``, ``dtype``, ``num_nodes``, ``train_count``."""
         world = fields["topology"].world_size
         layouts = {}
@@ -315,8 +315,7 @@ class GraNNDISPart:
             x=x,
             eval_share=EvalShare.from_arrays(part),
             eval_x_range=tuple(part["eval_x_range"].tolist()),
-            eval_y=part["eval_y"],
-            eval_masks={split: part[f"eval_{split}_mask"] for split in splits},
+            eval_targets=NodeTargets.from_arrays(part, out_dim, prefix="eval_"),
             orig_ids=part["orig_ids"],
             **fields,
         )

@@ -27,7 +27,7 @@ from .expand import in_edges
 
 @dataclass(frozen=True)
 class OneHopPlan:
-    """One rank's one-hop graph in one layout: one static structure, and the per-layer masks
+    """One rank's one-hop graph in one layout: one static structure, and the per-layer masking
     as the rows' hop levels (a layer's :class:`Block` is derived on use by :meth:`block`, so
     what a plan holds does not grow with the number of layers).
 
@@ -159,7 +159,7 @@ def build_layout(
         world_size: length of the split vectors.
         num_layers: layers run on this layout (``K``).
         is_target: bool ``[n]``: the loss rows (level-0 training targets).
-        masking: apply the per-layer masks.
+        masking: apply the per-layer masking.
         final: the layout runs the model's last layer, which then computes the loss rows
             only (``False`` for FLX's preload stage with ``k < L``: every owned row goes on).
 

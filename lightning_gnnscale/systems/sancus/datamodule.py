@@ -17,6 +17,7 @@ from ...graph.batch import Batch
 from ...graph.book import PartitionBook, relabel_graph
 from ...graph.cache import cached_partition
 from ...graph.csc import Graph
+from ...graph.node_targets import NodeTargets
 from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError, part_folder
 from ...kit.datamodule import GNNDataModule
 from ...kit.partitions import assert_same_on_all_ranks, own_predictions
@@ -27,15 +28,16 @@ from .layout import RowBlocks, check_symmetric, consumer_matrix, every_row_block
 from .policy import StalenessPolicy
 from .runtime import SancusGCN
 
-SPLITS = ("train", "val", "test")
-
 
 @dataclass(frozen=True)
 class SancusPrepared:
-    """The graph relabelled into row-block order and the int64 ``[P + 1]`` row-block
-    boundaries (rank ``i`` owns rows ``offsets[i]:offsets[i + 1]``)."""
+    """The graph and the task's rows relabelled into row-block order, the task's training
+    seeds in that order (bool ``[N]``) and the int64 ``[P + 1]`` row-block boundaries (rank
+    ``i`` owns rows ``offsets[i]:offsets[i + 1]``)."""
 
     graph: Graph
+    targets: NodeTargets
+    is_seed: torch.Tensor
     offsets: torch.Tensor
     new2old: torch.Tensor  # original id of every relabelled row
 
@@ -43,13 +45,12 @@ class SancusPrepared:
 @dataclass(frozen=True)
 class SancusPart:
     """What rank ``i`` holds, in memory and from a partition directory alike: its row block of
-    ``Â`` (:class:`RowBlocks`), its rows ``[n_i, ...]`` of ``X``, ``y`` and the split masks,
+    ``Â`` (:class:`RowBlocks`), its rows ``[n_i, ...]`` of ``X`` and of the task's targets,
     the global training count and its rows' original ids ``[n_i]``."""
 
     layout: RowBlocks
     x: torch.Tensor
-    y: torch.Tensor
-    masks: dict[str, torch.Tensor]
+    targets: NodeTargets
     train_count: int
     own_ids: torch.Tensor
 
@@ -61,20 +62,20 @@ def _part(prepared: SancusPrepared, layout: RowBlocks) -> SancusPart:
     return SancusPart(
         layout,
         graph.x[lo:hi],
-        graph.y[lo:hi],
-        {s: getattr(graph, f"{s}_mask")[lo:hi] for s in SPLITS},
-        int(graph.train_mask.sum()),
+        prepared.targets.rows(slice(lo, hi)),
+        int(prepared.is_seed.sum()),
         prepared.new2old[lo:hi],
     )
 
 
 class SancusDataModule(GNNDataModule):
-    """Rank ``i`` keeps ``Â_i*`` (CSR per column block, :class:`RowBlocks`), ``X_i``, ``y_i``
-    and its masks; the net (:class:`SancusGCN`, from :meth:`build_model`) holds the caches.
+    """Rank ``i`` keeps ``Â_i*`` (CSR per column block, :class:`RowBlocks`), ``X_i`` and its
+    rows of the task's targets; the net (:class:`SancusGCN`, from :meth:`build_model`) holds
+    the caches.
 
-    Each training batch is the whole own block: ``Batch([row blocks], X_i [n_i, F], y of the
-    own train rows [n_train_i], global train count)``. Evaluation is the exact stateless
-    distributed forward.
+    Each training batch is the whole own block: ``Batch([row blocks], X_i [n_i, F], targets of
+    the own training seeds [n_train_i], global train count)``. Evaluation is the exact
+    stateless distributed forward.
 
     Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``SancusConfig()``.
     """
@@ -90,11 +91,20 @@ class SancusDataModule(GNNDataModule):
         check_symmetric(graph)
         if graph.num_nodes < world_size:
             raise ValueError(f"{graph.num_nodes} nodes cannot fill {world_size} row blocks")
-        parts = cached_partition(graph, rows, world_size, self.seed, self.cache_dir)
+        parts = cached_partition(
+            graph, rows, world_size, self.seed, self.cache_dir, targets=self.targets
+        )
         book = PartitionBook.from_parts(parts, world_size)
         sizes = (book.node_offsets[1:] - book.node_offsets[:-1]).tolist()
         print(f"[{self.config.name}] {rows} row blocks of {sizes} rows", flush=True)
-        return SancusPrepared(relabel_graph(graph, book), book.node_offsets, book.new2old)
+        targets = self.targets.rows(book.new2old)
+        return SancusPrepared(
+            relabel_graph(graph, book),
+            targets,
+            self.task.is_train_seed(targets),
+            book.node_offsets,
+            book.new2old,
+        )
 
     # ------------------------------------------------------------- partition directories
     @override
@@ -105,21 +115,22 @@ class SancusDataModule(GNNDataModule):
 
     @override
     def part_of(self, prepared: SancusPrepared, rank: int) -> SancusPart:
-        return _part(prepared, row_blocks(prepared.graph, prepared.offsets, rank))
+        layout = row_blocks(prepared.graph, prepared.offsets, rank, prepared.is_seed)
+        return _part(prepared, layout)
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
         """Per part (:meth:`part_of`'s, ``Â`` computed once for all): its row block of ``Â``
-        as one CSR (``crow``, ``col``, ``val``) per column block, its rows of ``X``, ``y`` and
-        the masks, its training rows and original ids."""
+        as one CSR (``crow``, ``col``, ``val``) per column block, its rows of ``X`` and of the
+        task's targets (:meth:`~...graph.node_targets.NodeTargets.arrays`), its training rows
+        and original ids."""
         prepared = self.prepare(world_size)
         graph, offsets = prepared.graph, prepared.offsets
-        for k, layout in enumerate(every_row_block(graph, offsets)):
+        for k, layout in enumerate(every_row_block(graph, offsets, prepared.is_seed)):
             part = _part(prepared, layout)
             arrays = {
                 "x": part.x,
-                "y": part.y,
-                **{f"{s}_mask": mask for s, mask in part.masks.items()},
+                **part.targets.arrays(),
                 "seed_rows": layout.seed_rows,
                 "own_ids": part.own_ids,
             }
@@ -136,7 +147,7 @@ class SancusDataModule(GNNDataModule):
         return {
             "node_offsets": offsets.tolist(),
             "consumer": consumer_matrix(graph, offsets).tolist(),
-            "train_count": int(graph.train_mask.sum()),
+            "train_count": int(prepared.is_seed.sum()),
         }
 
     @override
@@ -178,8 +189,7 @@ class SancusDataModule(GNNDataModule):
         return SancusPart(
             RowBlocks(rank, offsets, blocks, consumer, arrays["seed_rows"]),
             arrays["x"],
-            arrays["y"],
-            {s: arrays[f"{s}_mask"] for s in SPLITS},
+            NodeTargets.from_arrays(arrays, self.task.out_dim_of(opened.meta)),
             int(opened.meta["train_count"]),
             arrays["own_ids"],
         )
@@ -191,8 +201,7 @@ class SancusDataModule(GNNDataModule):
             raise ValueError(f"row blocks for {offsets.numel() - 1} ranks, world size {world}")
         assert_same_on_all_ranks(context.comm, offsets, "the SANCUS row blocks")
         self.layout = part.layout.to(device)
-        self.x, self.y = part.x.to(device), part.y.to(device)
-        self.masks = {s: mask.to(device) for s, mask in part.masks.items()}
+        self.x, self.own_targets = part.x.to(device), part.targets.to_device(device)
         self.train_count, self.own_ids = part.train_count, part.own_ids
 
     @override
@@ -244,7 +253,7 @@ class SancusDataModule(GNNDataModule):
     @override
     def make_batch(self, epoch: int, step: int) -> Batch:
         stats = {"sample_s": 0.0, "load_s": 0.0, "input_nodes": self.x.shape[0]}
-        y = self.y[self.layout.seed_rows]
+        y = self.own_targets.target[self.layout.seed_rows]
         return Batch([self.layout], self.x, y, self.train_count, epoch, step, stats)
 
     @override
@@ -260,4 +269,4 @@ class SancusDataModule(GNNDataModule):
     @override
     def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         out = SancusGCN.of(net).exact_logits(self.x, self.layout)
-        return split_statistics(self.task, out, self.y, self.masks, splits)
+        return split_statistics(self.task, out, self.own_targets, splits)

@@ -1,5 +1,6 @@
 """Single-process SANCUS emulator: ``P`` virtual ranks over a dense ``Â``, versioned blocks and
-the same staleness policies, with a hand-written backward. The tests check that the
+the same staleness policies, with a hand-written backward through the layers (the task's
+loss and its gradient at the output come from autograd). The tests check that the
 distributed run reproduces it (flags, losses, parameters) for every policy.
 
 Because every broadcast reaches every rank, one copy per (layer input, root) stands for all the
@@ -15,6 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ...graph.csc import Graph
+from ...graph.node_targets import NodeTargets
+from ...tasks.base import NodeTask
 from .layout import normalized_adjacency
 from .policy import NEVER, StalenessPolicy, variation_flag
 
@@ -34,6 +37,8 @@ class EmulatorTrace:
 
 def emulate(
     graph: Graph,
+    targets: NodeTargets,
+    task: NodeTask,
     offsets: Tensor,
     params: list[tuple[Tensor, Tensor]],
     policy: StalenessPolicy,
@@ -42,9 +47,11 @@ def emulate(
     weight_decay: float = 0.0,
 ) -> EmulatorTrace:
     """Train a GCN (``params[l] = (weight [out, in], bias [out])``) full-graph for ``epochs``
-    epochs with Adam, as ``P = len(offsets) - 1`` ranks running SANCUS would.
+    epochs with Adam on ``task``'s loss over its training seeds of ``targets``, as
+    ``P = len(offsets) - 1`` ranks running SANCUS would.
 
-    ``graph`` must already be in row-block order (rank ``i`` owns ``offsets[i]:offsets[i+1]``).
+    ``graph`` and ``targets`` (one row per node) must already be in row-block order (rank
+    ``i`` owns ``offsets[i]:offsets[i+1]``).
     """
     n, p = graph.num_nodes, offsets.numel() - 1
     rows, cols, values = normalized_adjacency(graph)
@@ -62,8 +69,8 @@ def emulate(
     last = [torch.full((p,), NEVER, dtype=torch.int64) for _ in range(num_layers)]
     grad_cache = [[None] * p for _ in range(num_layers)]
     grad_last = [torch.full((p,), NEVER, dtype=torch.int64) for _ in range(num_layers)]
-    train = graph.train_mask
-    n_train = int(train.sum())
+    train = task.is_train_seed(targets)
+    target, n_train = targets.target[train], int(train.sum())
     trace = EmulatorTrace()
 
     def mix(layer_cache, fresh: Tensor) -> Tensor:
@@ -97,12 +104,10 @@ def emulate(
             z = aggregated @ w.t() + b
             saved.append((aggregated, z))
             h = F.relu(z) if layer < num_layers - 1 else z
-        logits = h
-        trace.losses.append(float(F.cross_entropy(logits[train], graph.y[train], reduction="sum")))
-        grad = torch.zeros_like(logits)
-        probs = torch.softmax(logits[train], 1)
-        probs[torch.arange(n_train), graph.y[train]] -= 1.0
-        grad[train] = probs / n_train
+        out = h.detach().requires_grad_()
+        loss_sum = task.loss_sum(out[train], target)
+        trace.losses.append(float(loss_sum.detach()))
+        (grad,) = torch.autograd.grad(loss_sum / n_train, out)
         for layer in reversed(range(num_layers)):
             w, b = weights[layer]
             aggregated, _ = saved[layer]

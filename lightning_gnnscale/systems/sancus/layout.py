@@ -56,7 +56,7 @@ class RowBlocks:
         offsets: int64 ``[P + 1]`` row-block boundaries (the same on every rank).
         blocks: ``P`` sparse CSR tensors, ``blocks[j] = Â_ij`` of shape ``[n_i, n_j]``.
         consumer: bool ``[P, P]``; ``consumer[k, j] = nnz(Â_kj) > 0`` for ``k != j``.
-        seed_rows: int64 local positions of this rank's training nodes.
+        seed_rows: int64 local positions of this rank's training seeds.
     """
 
     rank: int
@@ -100,24 +100,26 @@ def consumer_matrix(graph: Graph, offsets: Tensor) -> Tensor:
     return consumer
 
 
-def row_blocks(graph: Graph, offsets: Tensor, rank: int) -> RowBlocks:
-    """Rank ``rank``'s :class:`RowBlocks` of a graph already relabelled into row-block order."""
+def row_blocks(graph: Graph, offsets: Tensor, rank: int, is_seed: Tensor) -> RowBlocks:
+    """Rank ``rank``'s :class:`RowBlocks` of a graph already relabelled into row-block order
+    (``is_seed``: bool ``[N]``, the task's training seeds in that order)."""
     adjacency, consumer = normalized_adjacency(graph), consumer_matrix(graph, offsets)
-    return _row_blocks(graph, offsets, rank, adjacency, consumer)
+    return _row_blocks(graph, offsets, rank, is_seed, adjacency, consumer)
 
 
-def every_row_block(graph: Graph, offsets: Tensor) -> Iterator[RowBlocks]:
+def every_row_block(graph: Graph, offsets: Tensor, is_seed: Tensor) -> Iterator[RowBlocks]:
     """Every rank's :class:`RowBlocks` in rank order, ``Â`` and the consumer matrix computed
     once (the partition step writes them all)."""
     adjacency, consumer = normalized_adjacency(graph), consumer_matrix(graph, offsets)
     for rank in range(offsets.numel() - 1):
-        yield _row_blocks(graph, offsets, rank, adjacency, consumer)
+        yield _row_blocks(graph, offsets, rank, is_seed, adjacency, consumer)
 
 
 def _row_blocks(
     graph: Graph,
     offsets: Tensor,
     rank: int,
+    is_seed: Tensor,
     adjacency: tuple[Tensor, Tensor, Tensor],
     consumer: Tensor,
 ) -> RowBlocks:
@@ -138,5 +140,5 @@ def _row_blocks(
         with warnings.catch_warnings():  # "sparse CSR support is in beta"
             warnings.simplefilter("ignore", UserWarning)
             blocks.append(coo.to_sparse_csr())
-    seed_rows = graph.train_mask[lo:hi].nonzero().flatten()
+    seed_rows = is_seed[lo:hi].nonzero().flatten()
     return RowBlocks(rank, offsets.clone(), blocks, consumer, seed_rows)

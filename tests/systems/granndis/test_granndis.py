@@ -64,7 +64,7 @@ def test_fb_base_halos_of_the_worked_example():
     owner = vertices // 2
     plans = build_layout(
         graph, vertices, torch.zeros(8, dtype=torch.int64), owner, range(4), 4, 2,
-        is_target=graph.train_mask, masking=False,
+        is_target=torch.ones(8, dtype=torch.bool), masking=False,
     )  # fmt: skip
     assert [plans[r].halo.tolist() for r in range(4)] == [[2], [1, 4], [3, 6], [5]]
     inter = sum(int((owner[plans[r].halo] // 2 != r // 2).sum()) for r in range(4))

@@ -98,7 +98,7 @@ def test_estimate_memory_by_hand():
     assert est.features == rows * 8 * 4
     # inputs and their grads (rows x d_j, j < L) + 3 outputs per owned row (d_{j+1})
     assert est.activations == rows * (8 + 4) * 4 * 2 + 10 * (4 + 3) * 4 * 3
-    assert est.graph == 40 * 16 and est.masks == 2 * rows and est.parameters == 100 * 16
+    assert est.graph == 40 * 16 and est.keep_masks == 2 * rows and est.parameters == 100 * 16
     assert est.total == 480 + 2280 + 640 + 30 + 1600
     with pytest.raises(ValueError, match="dims"):
         estimate_memory(n_owned=1, n_halo=0, num_edges=0, dims=[8], num_params=1)
@@ -110,7 +110,7 @@ def test_estimate_mfg_memory_by_hand_and_against_one_hop():
     )
     assert est.features == 20 * 5 * 4
     assert est.activations == (20 * 5 + 8 * 4) * 4 * 2 + (8 * 4 + 2 * 3) * 4 * 3
-    assert (est.graph, est.masks, est.parameters) == (480, 0, 160)
+    assert (est.graph, est.keep_masks, est.parameters) == (480, 0, 160)
     # a one-hop graph is an MFG whose rows do not shrink (masks aside)
     one_hop = estimate_memory(
         n_owned=10, n_halo=5, num_edges=40, dims=[8, 4, 3], num_params=7, masked_layers=0

@@ -17,6 +17,7 @@ from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.block import Block
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.systems.granndis import GraNNDISConfig, GraNNDISDataModule, halo_hook
@@ -27,7 +28,7 @@ from lightning_gnnscale.systems.granndis.config import (
 )
 from tests.helpers.dist import run_distributed
 
-WORLD, WORKERS, LAYERS, HIDDEN = 4, 2, 2, 8
+WORLD, WORKERS, LAYERS, HIDDEN, CLASSES = 4, 2, 2, 8, 3
 KINDS = ("sage", "gcn", "gat")
 CONTIGUOUS = GraNNDISPartitionConfig(
     server="contiguous", intra="contiguous", fb_base="hierarchical"
@@ -55,18 +56,19 @@ EXACT_VARIANTS = [v for v in VARIANTS if v not in ("flx_eas", "cob_sage", "cob_e
 FEW_TARGETS = ("fb_base_no_targets", "flx_empty_server")
 
 
-def small_graph(few_targets: bool = False):
-    graph = sbm(num_nodes=240, num_classes=3, avg_degree=6.0, num_features=5, seed=5)
-    graph = graph.to(torch.float64)
+def small_dataset(few_targets: bool = False) -> NodeDataset:
+    graph = sbm(num_nodes=240, num_classes=CLASSES, avg_degree=6.0, num_features=5, seed=5)
+    dataset = NodeDataset.of_graph(graph).to(torch.float64)  # TRANSITIONAL: a Graph's targets
     if few_targets:  # training targets only among the first 100 ids (server 0, contiguous)
-        mask = graph.train_mask & (torch.arange(graph.num_nodes) < 100)
-        graph = dataclasses.replace(graph, train_mask=mask)
-    return graph
+        targets = dataset.targets
+        train = targets.train & (torch.arange(targets.num_rows) < 100)
+        dataset = NodeDataset(dataset.graph, dataclasses.replace(targets, train=train))
+    return dataset
 
 
 def make_net(kind, graph):
     torch.manual_seed(0)
-    net = BlockGNN(kind, graph.num_features, HIDDEN, graph.num_classes, LAYERS, 0.0, heads=2)
+    net = BlockGNN(kind, graph.num_features, HIDDEN, CLASSES, LAYERS, 0.0, heads=2)
     return net.double()
 
 
@@ -77,9 +79,10 @@ def _rank(rank, world_size, cache_dir):
     data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
     out = {}
     for label, config in VARIANTS.items():
-        graph = small_graph(label in FEW_TARGETS)
+        dataset = small_dataset(label in FEW_TARGETS)
+        graph = dataset.graph
         dm = GraNNDISDataModule(
-            graph, config, data, seed=0, cache_dir=cache_dir, topology=comm.topology
+            dataset, config, data, seed=0, cache_dir=cache_dir, topology=comm.topology
         )
         dm.setup_rank(context, dm.rank_part(context))
         for kind in KINDS:
@@ -122,7 +125,7 @@ def _disagreement_probe(rank, world_size, cache_dir):
     config = GraNNDISConfig(mode="flx", partition=GraNNDISPartitionConfig(intra=intra))
     data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
     dm = GraNNDISDataModule(
-        small_graph(), config, data, seed=0, cache_dir=cache_dir, topology=comm.topology
+        small_dataset(), config, data, seed=0, cache_dir=cache_dir, topology=comm.topology
     )
     context = RankContext(comm, torch.device("cpu"))
     try:
@@ -142,12 +145,14 @@ def results(cache_dir):
     return run_distributed(_rank, WORLD, str(cache_dir), timeout_s=300)
 
 
-def reference(kind, graph, targets):
+def reference(kind, dataset, targets):
     """One process, full neighbourhoods: logits of ``targets``, the mean loss, gradients."""
+    graph = dataset.graph
     net = make_net(kind, graph)
     blocks = NeighborSampler(graph.indptr, graph.indices, [-1] * LAYERS).sample(targets)
     logits = net(blocks, graph.x[blocks[0].src_ids])
-    loss = F.cross_entropy(logits, graph.y[targets], reduction="sum") / targets.numel()
+    loss = F.cross_entropy(logits, dataset.targets.target[targets], reduction="sum")
+    loss = loss / targets.numel()
     loss.backward()
     return logits.detach(), loss.item(), [p.grad for p in net.parameters()]
 
@@ -158,7 +163,7 @@ def test_each_step_equals_one_process_full_graph_training(results, label, kind):
     """Every step's targets, logits, loss and summed gradients (flat all-reduce and the
     hierarchical one) equal the one-process full-graph values on the same targets (the whole
     training set for full-graph modes, the co-batch for CoB): float64, 1e-10."""
-    graph = small_graph(label in FEW_TARGETS)
+    dataset = small_dataset(label in FEW_TARGETS)
     steps = len(results[0][label, kind])
     covered = []
     for step in range(steps):
@@ -168,7 +173,7 @@ def test_each_step_equals_one_process_full_graph_training(results, label, kind):
         targets = ids[order]
         covered.append(targets)
         assert all(s["count"] == targets.numel() for s in per_rank)
-        want_logits, want_loss, want_grads = reference(kind, graph, targets)
+        want_logits, want_loss, want_grads = reference(kind, dataset, targets)
         logits = torch.cat([s["logits"] for s in per_rank])[order]
         torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-10)
         assert sum(s["loss"] for s in per_rank) == pytest.approx(want_loss, abs=1e-10)
@@ -177,7 +182,8 @@ def test_each_step_equals_one_process_full_graph_training(results, label, kind):
                 for got, want in zip(s[key], want_grads, strict=True):
                     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
     every = torch.cat(covered).sort().values
-    assert torch.equal(every, graph.split_ids("train"))  # each target once per epoch
+    train = dataset.targets.train.nonzero().flatten()
+    assert torch.equal(every, train)  # each target once per epoch
     if label in FEW_TARGETS:
         assert [len(results[r][label, kind][0]["ids"]) for r in (2, 3)] == [0, 0]
 
@@ -190,9 +196,10 @@ def test_server_graphs_split_over_workers_equal_one_worker_per_server(
     """Spec §7 tests 13 and 15: the logits of the (sampled) server graphs split over 2
     workers with intra-server halo exchange equal those of the same server graphs on one
     worker per server (no exchange); the intra-server split is an implementation detail."""
-    graph = small_graph()
+    dataset = small_dataset()
+    graph = dataset.graph
     data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
-    dm = GraNNDISDataModule(graph, VARIANTS[label], data, seed=0, cache_dir=cache_dir)
+    dm = GraNNDISDataModule(dataset, VARIANTS[label], data, seed=0, cache_dir=cache_dir)
     net = make_net(kind, graph)
     for step in range(len(results[0][label, kind])):
         got = {}
@@ -252,10 +259,11 @@ def test_masked_one_hop_graphs_equal_the_layerwise_computation_graph(
     distributed logits equal a layer-wise computation graph that shrinks by level (the mask
     rule as MFG semantics), with full-graph GCN degrees in every mode. Catches masks that are
     dropped or off by one layer."""
-    graph = small_graph()
+    dataset = small_dataset()
+    graph = dataset.graph
     config = VARIANTS[label]
     data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
-    dm = GraNNDISDataModule(graph, config, data, seed=0, cache_dir=cache_dir)
+    dm = GraNNDISDataModule(dataset, config, data, seed=0, cache_dir=cache_dir)
     net = make_net(kind, graph)
     for step in range(len(results[0][label, kind])):
         got = {}
@@ -268,7 +276,7 @@ def test_masked_one_hop_graphs_equal_the_layerwise_computation_graph(
             plan = plans[step].final  # one worker: every vertex of G_s owned, none in a halo
             order = torch.argsort(plan.owned)
             vertices, level = plan.owned[order], plan.level[order]
-            is_target = graph.train_mask[vertices] & (level == 0)
+            is_target = dataset.targets.train[vertices] & (level == 0)
             want.update(mfg_reference(net, graph, vertices, level, is_target, LAYERS))
         assert sorted(got) == sorted(want)
         for v, row in want.items():
@@ -296,7 +304,7 @@ def test_fb_base_bytes_follow_the_cut(results):
     """FB_base's halo bytes per step: layer 0 moves F-wide input rows, layer 1 H-wide hidden
     rows forward and their gradients back, over the cut counted from the owners (spec §5):
     inter = (F + 2H) * 8 * cut_inter, intra likewise."""
-    graph = small_graph()
+    graph = small_dataset().graph
     owner = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
     for r in range(WORLD):
         owner[results[r]["fb_base", "owned"][0]] = r

@@ -5,6 +5,7 @@ import torch
 
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.systems.granndis.analysis import (
     boundary_share,
     e4_compare,
@@ -589,11 +590,22 @@ def test_one_hop_sizes_against_sets():
         assert sizes[p] == [len(owned), len(halo), edges]
 
 
+def sbm_dataset(seed: int) -> NodeDataset:
+    """TRANSITIONAL: the generator's graph still carries its targets."""
+    return NodeDataset.of_graph(sbm(2000, avg_degree=5, seed=seed))
+
+
 def test_e4_cob_shares_dependencies_and_gap_grows_with_depth():
-    graph = sbm(2000, avg_degree=5, seed=0)
+    dataset = sbm_dataset(0)
+    graph, targets = dataset.graph, dataset.targets
     runs = {
         layers: e4_compare(
-            graph, num_layers=layers, num_servers=2, workers_per_server=2, batch_per_worker=4
+            graph,
+            targets,
+            num_layers=layers,
+            num_servers=2,
+            workers_per_server=2,
+            batch_per_worker=4,
         )
         for layers in (3, 8)
     }
@@ -608,8 +620,15 @@ def test_e4_cob_shares_dependencies_and_gap_grows_with_depth():
 
 def test_e4_same_targets_when_cobatches_are_not_full():
     # 600 training targets, ~300 per server: B = 2 co-batches of ~150 < N_g * 100
-    graph = sbm(2000, avg_degree=5, seed=1)
-    r = e4_compare(graph, num_layers=2, num_servers=2, workers_per_server=2, batch_per_worker=100)
+    dataset = sbm_dataset(1)
+    r = e4_compare(
+        dataset.graph,
+        dataset.targets,
+        num_layers=2,
+        num_servers=2,
+        workers_per_server=2,
+        batch_per_worker=100,
+    )
     assert r["setup"]["cobatches_per_epoch"] == 2
     assert r["mb_base"]["targets"] == r["cob_sage"]["targets"] < 4 * 100
 

@@ -15,20 +15,22 @@ from lightning_gnnscale.comm import Topology
 from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.systems.granndis import GraNNDISConfig, GraNNDISDataModule, build_layout
 from lightning_gnnscale.systems.granndis.config import CoBConfig, EASConfig
 
 TOPOLOGY = Topology(4, 2)  # 2 servers x 2 workers
 
 
-def graph_of(num_nodes=400, seed=3):
-    return sbm(num_nodes=num_nodes, num_classes=4, avg_degree=6.0, num_features=4, seed=seed)
+def dataset_of(num_nodes=400, seed=3) -> NodeDataset:
+    graph = sbm(num_nodes=num_nodes, num_classes=4, avg_degree=6.0, num_features=4, seed=seed)
+    return NodeDataset.of_graph(graph)  # TRANSITIONAL: the generator's graph carries targets
 
 
-def module(config, layers=2, graph=None, cache_dir=None):
+def module(config, layers=2, dataset=None, cache_dir=None):
     data = DataConfig(batch_size=-1, fanouts=[-1] * layers)
-    graph = graph if graph is not None else graph_of()
-    return GraNNDISDataModule(graph, config, data, seed=0, cache_dir=cache_dir)
+    dataset = dataset if dataset is not None else dataset_of()
+    return GraNNDISDataModule(dataset, config, data, seed=0, cache_dir=cache_dir)
 
 
 def held_bytes(value) -> int:
@@ -66,16 +68,16 @@ def test_a_budget_no_depth_can_meet_fails_before_spawn(tmp_path):
 
 
 def test_cobatch_count_is_bounded_by_the_targets(tmp_path):
-    graph = graph_of()
-    num_train = int(graph.train_mask.sum())
+    dataset = dataset_of()
+    num_train = int(dataset.targets.train.sum())
     too_many = GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=num_train + 1))
     with pytest.raises(ConfigError, match="strategy.cob.num_per_epoch=.*exceeds the"):
-        module(too_many, graph=graph, cache_dir=tmp_path).prepare(4)
+        module(too_many, dataset=dataset, cache_dir=tmp_path).prepare(4)
     # fewer than the training nodes, more than the largest server's: empty on every server
-    servers = module(GraNNDISConfig(mode="cob"), graph=graph, cache_dir=tmp_path)
+    servers = module(GraNNDISConfig(mode="cob"), dataset=dataset, cache_dir=tmp_path)
     most = max(t.numel() for t in servers.server_targets(TOPOLOGY))
     config = GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=most + 1, sampler="none"))
-    dm = module(config, graph=graph, cache_dir=tmp_path)
+    dm = module(config, dataset=dataset, cache_dir=tmp_path)
     dm.prepare(4)
     with pytest.raises(ConfigError, match=f"exceeds the {most} training nodes of the largest"):
         dm.build_all_plans(TOPOLOGY)
@@ -119,7 +121,7 @@ def test_prepare_data_lays_out_the_given_topology_without_asking_the_strategy(tm
     one_per_node = Topology(4, 4)
     for given, laid_out in ((TOPOLOGY, TOPOLOGY), (None, one_per_node)):
         dm = GraNNDISDataModule(
-            graph_of(), config, DataConfig(-1, [-1, -1]), cache_dir=tmp_path, topology=given
+            dataset_of(), config, DataConfig(-1, [-1, -1]), cache_dir=tmp_path, topology=given
         )
         dm.trainer = trainer
         dm.prepare_data()
@@ -137,7 +139,8 @@ def test_prepare_data_lays_out_the_given_topology_without_asking_the_strategy(tm
 def test_a_plan_holds_one_structure_whatever_the_depth():
     """FB_base's layout is the same at every depth: what its plans hold must not grow with L
     (one static one-hop graph plus the rows' levels, no per-layer copy of the edges)."""
-    graph = graph_of()
+    dataset = dataset_of()
+    graph = dataset.graph
     vertices = torch.arange(graph.num_nodes)
     owner = vertices % 4
     level = torch.zeros_like(vertices)
@@ -145,7 +148,7 @@ def test_a_plan_holds_one_structure_whatever_the_depth():
     def plan_bytes(layers):
         plans = build_layout(
             graph, vertices, level, owner, range(4), 4, layers,
-            is_target=graph.train_mask, masking=False,
+            is_target=dataset.targets.train, masking=False,
         )  # fmt: skip
         return sum(held_bytes(p) for p in plans.values())
 
@@ -155,11 +158,11 @@ def test_a_plan_holds_one_structure_whatever_the_depth():
 def test_intra_server_split_balances_the_loss_rows(tmp_path):
     """FLX's server graph is its targets plus their L-hop closure: a split by vertices alone
     can leave one worker without targets. Each server's workers get loss rows within 5%."""
-    graph = graph_of(num_nodes=1200)
+    dataset = dataset_of(num_nodes=1200)
     for intra in ("metis", "contiguous", "random"):
         config = GraNNDISConfig(mode="flx", partition=dataclasses.replace(
             GraNNDISConfig().partition, intra=intra))  # fmt: skip
-        built = module(config, graph=graph, cache_dir=tmp_path).build_all_plans(TOPOLOGY)
+        built = module(config, dataset=dataset, cache_dir=tmp_path).build_all_plans(TOPOLOGY)
         loss = [plans[0].final.num_loss for plans, _ in built]
         for a, b in ((loss[0], loss[1]), (loss[2], loss[3])):
             assert abs(a - b) <= 0.05 * max(a, b), (intra, loss)
@@ -169,17 +172,19 @@ def test_gcn_degrees_are_the_whole_graph_s_in_every_mode(tmp_path):
     """CoB-SAGE with a fanout above every degree samples nothing: its plans must equal CoB
     without sampling (the exact mode the distributed test checks against ``single``), GCN
     degrees included, on a graph with one-way edges."""
-    graph = graph_of()
+    dataset = dataset_of()
+    graph = dataset.graph
     src, dst = graph.edge_index()
     one_way = src < dst  # drop every edge from a higher id: a directed graph
     from lightning_gnnscale.graph.csc import csc_from_edges
 
     indptr, indices = csc_from_edges(src[one_way], dst[one_way], graph.num_nodes)
-    graph = dataclasses.replace(graph, indptr=indptr, indices=indices)
+    graph = graph.with_structure(indptr, indices)
+    dataset = NodeDataset(graph, dataset.targets)
     exact = GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=2, sampler="none"))
     nothing_sampled = GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=2, fanout=10**6))
-    want = module(exact, graph=graph, cache_dir=tmp_path).build_all_plans(TOPOLOGY)
-    got = module(nothing_sampled, graph=graph, cache_dir=tmp_path).build_all_plans(TOPOLOGY)
+    want = module(exact, dataset=dataset, cache_dir=tmp_path).build_all_plans(TOPOLOGY)
+    got = module(nothing_sampled, dataset=dataset, cache_dir=tmp_path).build_all_plans(TOPOLOGY)
     for (plans, _), (exact_plans, _) in zip(got, want, strict=True):
         for step, exact_step in zip(plans, exact_plans, strict=True):
             for name, value in step.final.state().items():
@@ -196,14 +201,14 @@ def test_a_prepare_that_knew_no_topology_lays_out_the_rank_s_when_it_takes_its_p
     from types import SimpleNamespace
 
     config, data = GraNNDISConfig(mode="flx"), DataConfig(-1, [-1, -1])
-    dm = GraNNDISDataModule(graph_of(), config, data, cache_dir=tmp_path / "a")
+    dm = GraNNDISDataModule(dataset_of(), config, data, cache_dir=tmp_path / "a")
     assert dm.prepare(4) is None
     with pytest.raises(ConfigError, match="no servers x workers are known"):
         dm.part_of(dm.prepare(4), 1)
     dm.trainer = SimpleNamespace(world_size=4, num_nodes=2, num_devices=2, node_rank=0)
     got = dm.part_of(dm.prepare(4), 1)
     given = GraNNDISDataModule(
-        graph_of(), config, data, cache_dir=tmp_path / "b", topology=TOPOLOGY
+        dataset_of(), config, data, cache_dir=tmp_path / "b", topology=TOPOLOGY
     )
     want = given.part_of(given.prepare(4), 1)
     assert got.topology == want.topology == TOPOLOGY

@@ -13,6 +13,7 @@ from lightning_gnnscale.contract import ModuleRuntime, RankContext
 from lightning_gnnscale.graph.book import PartitionBook, relabel_graph
 from lightning_gnnscale.graph.csc import csc_from_edges
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
@@ -27,9 +28,11 @@ from lightning_gnnscale.systems.sancus.policy import (
 )
 from lightning_gnnscale.systems.sancus.runtime import SancusGCN, cache_bytes_formula
 from lightning_gnnscale.systems.sancus.strategy import sum_gradients
+from lightning_gnnscale.tasks import build_task
 from tests.helpers.dist import run_distributed
 
-HIDDEN, LAYERS, EPOCHS, LR = 6, 3, 6, 0.05
+HIDDEN, LAYERS, EPOCHS, LR, CLASSES = 6, 3, 6, 0.05, 3
+TASK = build_task("node_classification")
 UNEVEN = {2: [0, 55, 130], 3: [0, 30, 75, 130]}
 GAP = 0.3  # checked below to lie >= 1e-6 away from every distance the emulator sees
 POLICIES = [
@@ -53,15 +56,21 @@ KEEP_X_ONLY = {
 }
 
 
-def original_graph():
-    return sbm(num_nodes=130, num_classes=3, avg_degree=5.0, num_features=5, seed=3).to(
-        torch.float64
-    )
+def as_dataset(graph) -> NodeDataset:
+    """The generators' graph with its targets (TRANSITIONAL: the graph still carries them)."""
+    return NodeDataset.of_graph(graph)
+
+
+def original_dataset() -> NodeDataset:
+    dataset = sbm(num_nodes=130, num_classes=CLASSES, avg_degree=5.0, num_features=5, seed=3)
+    return as_dataset(dataset).to(torch.float64)
 
 
 def setup_graph(world_size, rows):
-    """A tiny float64 SBM in row-block order (uneven contiguous blocks, or METIS) and its book."""
-    graph = original_graph()
+    """A tiny float64 SBM in row-block order (uneven contiguous blocks, or METIS), its targets
+    in that order and its book."""
+    dataset = original_dataset()
+    graph, targets = dataset.graph, dataset.targets
     if rows == "metis":
         book = PartitionBook.from_parts(partition(graph, "metis", world_size), world_size)
     else:
@@ -69,29 +78,29 @@ def setup_graph(world_size, rows):
         offsets = torch.tensor(UNEVEN[world_size])
         parts = torch.bucketize(torch.arange(n), offsets[1:], right=True)
         book = PartitionBook.from_parts(parts, world_size)
-    return relabel_graph(graph, book), book
+    return relabel_graph(graph, book), targets.rows(book.new2old), book
 
 
 def make_params(graph):
     torch.manual_seed(0)
-    net = BlockGNN("gcn", graph.num_features, HIDDEN, graph.num_classes, LAYERS, dropout=0.0)
+    net = BlockGNN("gcn", graph.num_features, HIDDEN, CLASSES, LAYERS, dropout=0.0)
     return net.double()
 
 
 def sancus_net(graph, policy, comm):
     """A float64 ``SancusGCN`` with ``make_params``' weights, broadcasting through ``comm``."""
-    net = SancusGCN(graph.num_features, HIDDEN, graph.num_classes, LAYERS, policy).double()
+    net = SancusGCN(graph.num_features, HIDDEN, CLASSES, LAYERS, policy).double()
     net.load_state_dict(make_params(graph).state_dict())
     net.configure_runtime(ModuleRuntime(RankContext(comm, torch.device("cpu"))))
     return net
 
 
-def _train(graph, book, rank, comm, policy) -> dict:
+def _train(graph, targets, book, rank, comm, policy) -> dict:
     """``EPOCHS`` full-graph steps of ``policy`` on this rank's row block, and what they did."""
-    layout = row_blocks(graph, book.node_offsets, rank)
+    layout = row_blocks(graph, book.node_offsets, rank, targets.train)
     lo, hi = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
-    x, y = graph.x[lo:hi], graph.y[lo:hi]
-    n_train = int(graph.train_mask.sum())
+    x, y = graph.x[lo:hi], targets.target[lo:hi]
+    n_train = int(targets.train.sum())
     net = sancus_net(graph, policy, comm)
     runtime = net.runtime
     optimizer = torch.optim.Adam(net.parameters(), lr=LR)
@@ -126,22 +135,23 @@ def _train(graph, book, rank, comm, policy) -> dict:
 
 
 def _train_rank(rank, world_size, rows):
-    graph, book = setup_graph(world_size, rows)
+    graph, targets, book = setup_graph(world_size, rows)
     comm = Comm.create()
-    return [_train(graph, book, rank, comm, policy) for policy in POLICIES]
+    return [_train(graph, targets, book, rank, comm, policy) for policy in POLICIES]
 
 
-def reference(graph, epochs):
+def reference(dataset, epochs):
     """`single`'s full-graph GCN: per-epoch losses, epoch-0 logits and gradients, final params."""
+    graph, targets = dataset.graph, dataset.targets
     net = make_params(graph)
-    train = graph.split_ids("train")
+    train = targets.train.nonzero().flatten()
     blocks = NeighborSampler(graph.indptr, graph.indices, [-1] * LAYERS, 0).sample(train, 0, 0)
     optimizer = torch.optim.Adam(net.parameters(), lr=LR)
     losses = []
     for epoch in range(epochs):
         optimizer.zero_grad()
         logits = net(blocks, graph.x[blocks[0].src_ids])
-        loss = F.cross_entropy(logits, graph.y[train], reduction="sum")
+        loss = F.cross_entropy(logits, targets.target[train], reduction="sum")
         (loss / train.numel()).backward()
         if epoch == 0:
             first = (train, logits.detach(), [p.grad.clone() for p in net.parameters()])
@@ -161,10 +171,10 @@ def runs(request):
 def test_bound_zero_equals_single(runs):
     """Against `single` on the ORIGINAL node order, the relabelling mapped back."""
     world_size, rows, results = runs
-    graph, book = setup_graph(world_size, rows)
-    original = original_graph()
-    ref_losses, (train, ref_logits, ref_grads), ref_params = reference(original, EPOCHS)
-    own_train = graph.split_ids("train")  # gids of the ranks' training rows, in rank order
+    graph, targets, book = setup_graph(world_size, rows)
+    original = original_dataset().graph
+    ref_losses, (train, ref_logits, ref_grads), ref_params = reference(original_dataset(), EPOCHS)
+    own_train = targets.train.nonzero().flatten()  # gids of the ranks' seeds, in rank order
     position = torch.searchsorted(train, book.new2old[own_train])
     for k in (0, 1):  # policy none, with X cached once or re-broadcast every epoch
         got = [r[k] for r in results]
@@ -197,10 +207,10 @@ def test_bound_zero_equals_single(runs):
 @pytest.mark.parametrize("k", range(len(POLICIES)), ids=POLICY_IDS)
 def test_distributed_run_equals_the_emulator(runs, k):
     world_size, rows, results = runs
-    graph, book = setup_graph(world_size, rows)
+    graph, targets, book = setup_graph(world_size, rows)
     policy = POLICIES[k]
     params = [(layer.lin.weight, layer.bias) for layer in make_params(graph).layers]
-    trace = emulate(graph, book.node_offsets, params, policy, EPOCHS, lr=LR)
+    trace = emulate(graph, targets, TASK, book.node_offsets, params, policy, EPOCHS, lr=LR)
     for rank, r in enumerate(results):  # the same flag matrix on every rank (consensus)
         assert r[k]["forward_flags"].keys() == trace.forward_flags.keys()
         for key, flags in trace.forward_flags.items():
@@ -234,25 +244,26 @@ def test_distributed_run_equals_the_emulator(runs, k):
 def one_way_graph():
     """The 2-block contiguous SBM without its edges from block 1 into block 0: block 0's rows
     read nothing of block 1, so nobody consumes block 1."""
-    graph, book = setup_graph(2, "contiguous")
+    graph, targets, book = setup_graph(2, "contiguous")
     src, dst = graph.edge_index()
     cut = int(book.node_offsets[1])
     keep = ~((dst < cut) & (src >= cut))
-    return graph.with_structure(*csc_from_edges(src[keep], dst[keep], graph.num_nodes)), book
+    one_way = graph.with_structure(*csc_from_edges(src[keep], dst[keep], graph.num_nodes))
+    return one_way, targets, book
 
 
 def _train_one_way(rank, world_size):
-    graph, book = one_way_graph()
+    graph, targets, book = one_way_graph()
     comm = Comm.create()
     policies = (StalenessPolicy("none"), StalenessPolicy("adaptive", epoch_bound=0))
-    return [_train(graph, book, rank, comm, policy) for policy in policies]
+    return [_train(graph, targets, book, rank, comm, policy) for policy in policies]
 
 
 @pytest.mark.dist
 def test_a_block_nobody_reads_is_neither_sent_nor_kept():
     """SCS-A with bound 0 sends every read block every epoch and keeps none; a block nobody
     reads is never sent, and its readers' absence must not make a rank look it up."""
-    graph, book = one_way_graph()
+    graph, _, book = one_way_graph()
     (none0, adaptive0), (none1, adaptive1) = run_distributed(_train_one_way, 2, timeout_s=120)
     assert not bool(none0["consumer"][0, 1]) and bool(none1["consumer"][1, 0])  # the setting
     for rank, (none, adaptive) in enumerate(((none0, adaptive0), (none1, adaptive1))):
@@ -370,7 +381,7 @@ def test_flag_matrices_match_an_independent_oracle(runs, k):
     """The distributed ranks' and the emulator's flags equal the plain-Python oracle (the
     emulator shares the implementation's flag functions, so it cannot catch a wrong rule)."""
     world_size, rows, results = runs
-    graph, book = setup_graph(world_size, rows)
+    graph, targets, book = setup_graph(world_size, rows)
     policy = POLICIES[k]
     consumer = oracle_consumers(graph, book.node_offsets)
     for r in results:
@@ -378,7 +389,7 @@ def test_flag_matrices_match_an_independent_oracle(runs, k):
             r[k]["forward_flags"], r[k]["backward_flags"], policy, consumer, EPOCHS
         )
     params = [(layer.lin.weight, layer.bias) for layer in make_params(graph).layers]
-    trace = emulate(graph, book.node_offsets, params, policy, EPOCHS, lr=LR)
+    trace = emulate(graph, targets, TASK, book.node_offsets, params, policy, EPOCHS, lr=LR)
     assert_flags_match_oracle(trace.forward_flags, trace.backward_flags, policy, consumer, EPOCHS)
 
 
@@ -396,11 +407,11 @@ def test_flag_matrices_match_an_independent_oracle(runs, k):
 )
 def test_emulator_flags_match_the_oracle_with_a_block_nobody_reads(policy):
     """Longer runs and other bounds, on a graph where block 2 reads and is read by nobody."""
-    graph, offsets, epochs = two_components(), torch.tensor([0, 30, 60, 90]), 9
+    (graph, targets), offsets, epochs = two_components(), torch.tensor([0, 30, 60, 90]), 9
     consumer = oracle_consumers(graph, offsets)
     assert not any(consumer[k][2] or consumer[2][k] for k in range(3))
     params = [(layer.lin.weight, layer.bias) for layer in make_params(graph).layers]
-    trace = emulate(graph, offsets, params, policy, epochs, lr=LR)
+    trace = emulate(graph, targets, TASK, offsets, params, policy, epochs, lr=LR)
     assert_flags_match_oracle(trace.forward_flags, trace.backward_flags, policy, consumer, epochs)
 
 
@@ -410,10 +421,10 @@ def test_meter_and_cache_match_the_formulas(runs, k):
     """Bytes each rank sends = docs/systems/sancus.md's per-epoch formulas for the recorded
     flags; cache bytes = Σ es (N - n_i) F_l."""
     world_size, rows, results = runs
-    graph, book = setup_graph(world_size, rows)
+    graph, _, book = setup_graph(world_size, rows)
     policy = POLICIES[k]
     widths = [graph.num_features] + [HIDDEN] * (LAYERS - 1)
-    outs = [HIDDEN] * (LAYERS - 1) + [graph.num_classes]
+    outs = [HIDDEN] * (LAYERS - 1) + [CLASSES]
     sizes = (book.node_offsets[1:] - book.node_offsets[:-1]).tolist()
     n_params = sum(w * o + o for w, o in zip(widths, outs))
     es, peers = 8, world_size - 1
@@ -490,12 +501,12 @@ def test_variation_gap_monotone_and_infinite_gap():
 
 def test_every_row_block_gives_each_ranks_row_blocks():
     """The partition step's one pass over Â equals building each rank's blocks on its own."""
-    graph, book = setup_graph(3, "contiguous")
+    graph, targets, book = setup_graph(3, "contiguous")
     offsets = book.node_offsets
-    together = list(every_row_block(graph, offsets))
+    together = list(every_row_block(graph, offsets, targets.train))
     assert [layout.rank for layout in together] == [0, 1, 2]
     for rank, layout in enumerate(together):
-        alone = row_blocks(graph, offsets, rank)
+        alone = row_blocks(graph, offsets, rank, targets.train)
         assert torch.equal(layout.consumer, alone.consumer)
         assert torch.equal(layout.seed_rows, alone.seed_rows)
         for got, expected in zip(layout.blocks, alone.blocks, strict=True):
@@ -503,11 +514,13 @@ def test_every_row_block_gives_each_ranks_row_blocks():
 
 
 def test_row_blocks_rebuild_the_normalised_adjacency_and_reject_directed_graphs():
-    graph, book = setup_graph(3, "contiguous")
+    graph, targets, book = setup_graph(3, "contiguous")
     offsets = book.node_offsets
     dense = torch.cat(
         [
-            torch.cat([b.to_dense() for b in row_blocks(graph, offsets, i).blocks], 1)
+            torch.cat(
+                [b.to_dense() for b in row_blocks(graph, offsets, i, targets.train).blocks], 1
+            )
             for i in range(3)
         ]
     )
@@ -527,25 +540,28 @@ def test_row_blocks_rebuild_the_normalised_adjacency_and_reject_directed_graphs(
 
 def two_components():
     """90 nodes: rows 0-59 and 60-89 are separate components, so with row blocks
-    [0, 30, 60, 90] nobody reads block 2 and block 2 reads nobody."""
-    base = sbm(num_nodes=90, num_classes=3, avg_degree=4.0, num_features=5, seed=5)
-    src, dst = base.indices, base.dst_of_edges()
+    [0, 30, 60, 90] nobody reads block 2 and block 2 reads nobody; with its targets."""
+    base = as_dataset(
+        sbm(num_nodes=90, num_classes=CLASSES, avg_degree=4.0, num_features=5, seed=5)
+    )
+    src, dst = base.graph.indices, base.graph.dst_of_edges()
     keep = (src < 60) == (dst < 60)
     indptr, indices = csc_from_edges(src[keep], dst[keep], 90, undirected=True)
-    return base.with_structure(indptr, indices).to(torch.float64)
+    return base.graph.with_structure(indptr, indices).to(torch.float64), base.targets
 
 
 def _adaptive_then_evaluate(rank, world_size):
-    graph, offsets = two_components(), torch.tensor([0, 30, 60, 90])
+    (graph, targets), offsets = two_components(), torch.tensor([0, 30, 60, 90])
     comm = Comm.create()
-    layout = row_blocks(graph, offsets, rank)
+    layout = row_blocks(graph, offsets, rank, targets.train)
     lo, hi = int(offsets[rank]), int(offsets[rank + 1])
     net = sancus_net(graph, StalenessPolicy("adaptive", 1, input_policy="same_as_hidden"), comm)
     optimizer = torch.optim.Adam(net.parameters(), lr=LR)
     for _ in range(2):
         optimizer.zero_grad()
         logits = net([layout], graph.x[lo:hi])
-        F.cross_entropy(logits, graph.y[lo:hi][layout.seed_rows], reduction="sum").backward()
+        seed_targets = targets.target[lo:hi][layout.seed_rows]
+        F.cross_entropy(logits, seed_targets, reduction="sum").backward()
         sum_gradients(comm, list(net.parameters()))
         optimizer.step()
     return (
@@ -561,13 +577,13 @@ def test_exact_evaluation_after_a_block_nobody_consumes():
     broadcast for evaluation by every rank alike, or the ranks' collectives diverge."""
     results = run_distributed(_adaptive_then_evaluate, 3, timeout_s=120)
     assert int(results[0][0][2]) == NEVER  # block 2's X was never broadcast in training
-    graph = two_components()
+    graph, _ = two_components()
     net = make_params(graph)
     net.load_state_dict(results[0][2])
     blocks = NeighborSampler(graph.indptr, graph.indices, [-1] * LAYERS, 0).sample(
         torch.arange(90), 0, 0
     )
-    expected = torch.empty(90, graph.num_classes, dtype=torch.float64)
+    expected = torch.empty(90, CLASSES, dtype=torch.float64)
     expected[blocks[-1].dst_ids] = net(blocks, graph.x[blocks[0].src_ids]).detach()
     logits = torch.cat([r[1] for r in results])
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-10)
@@ -591,11 +607,11 @@ def _plain_lightning_rank(rank, world_size, cache_dir):
     os.environ.update(
         LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1"
     )
-    graph = original_graph()
+    dataset = original_dataset()
     config = SancusConfig(name="cagnet", policy="none", rows="random")
-    dm = SancusDataModule(graph, config, cache_dir=cache_dir)
+    dm = SancusDataModule(dataset, config, cache_dir=cache_dir)
     net = dm.build_model(ModelConfig(hidden=HIDDEN, num_layers=LAYERS, dropout=0.0)).double()
-    net.load_state_dict(make_params(graph).state_dict())
+    net.load_state_dict(make_params(dataset.graph).state_dict())
     trainer = L.Trainer(
         strategy="cagnet",
         devices=world_size,
@@ -619,8 +635,9 @@ def test_a_plain_lightning_script_trains_cagnet_exactly(tmp_path):
     weights after training equal `single`'s full-graph run, and so does validation."""
     results = run_distributed(_plain_lightning_rank, 2, str(tmp_path), timeout_s=240)
     assert list(tmp_path.glob("partition-*.pt"))  # the row order was cached on disk
-    graph = original_graph()
-    _, _, ref_params = reference(graph, EPOCHS)
+    dataset = original_dataset()
+    graph, targets = dataset.graph, dataset.targets
+    _, _, ref_params = reference(dataset, EPOCHS)
     for params, _ in results:
         for p, ref in zip(params, ref_params, strict=True):
             torch.testing.assert_close(p, ref, atol=1e-10, rtol=0)
@@ -630,8 +647,8 @@ def test_a_plain_lightning_script_trains_cagnet_exactly(tmp_path):
         torch.arange(graph.num_nodes), 0, 0
     )
     pred = net(full, graph.x[full[0].src_ids]).argmax(1)  # dst_ids = every node, in order
-    val = graph.split_ids("val")
-    expected = float((pred[val] == graph.y[val]).double().mean())
+    val = targets.val
+    expected = float((pred[val] == targets.target[val]).double().mean())
     # logged as float32; accuracies differ by >= 1 / len(val)
     assert [acc for _, acc in results] == pytest.approx([expected, expected], abs=1e-6)
 
@@ -643,9 +660,9 @@ def test_a_plain_lightning_resume_is_refused_unless_policy_none():
     from lightning_gnnscale.graph.generators import sbm
     from lightning_gnnscale.systems.sancus import SancusConfig, SancusDataModule
 
-    graph = sbm(num_nodes=60, num_classes=3, num_features=4, seed=1)
-    stale = SancusDataModule(graph, SancusConfig(policy="adaptive"))
+    dataset = as_dataset(sbm(num_nodes=60, num_classes=3, num_features=4, seed=1))
+    stale = SancusDataModule(dataset, SancusConfig(policy="adaptive"))
     with pytest.raises(ConfigError, match="cannot resume from ckpt_path"):
         stale.load_state_dict(stale.state_dict())
-    exact = SancusDataModule(graph, SancusConfig(name="cagnet", policy="none"))
+    exact = SancusDataModule(dataset, SancusConfig(name="cagnet", policy="none"))
     exact.load_state_dict(exact.state_dict())  # CAGNET's state is all in the weights
