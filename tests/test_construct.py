@@ -26,6 +26,7 @@ from lightning_gnnscale.graph.constructed import METADATA, node_ids
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.dataset_config import dataset_config
 from lightning_gnnscale.graph.datasets import load_dataset
+from lightning_gnnscale.graph.node_targets import NodeDataset, NodeTargets
 from lightning_gnnscale.graph.partition_dir import dataset_identity
 from tests.helpers.config import REPO
 
@@ -126,24 +127,25 @@ def test_csv_and_parquet_give_the_graph_from_edge_index(tmp_path):
     index = {raw: i for i, raw in enumerate(nodes["node"])}
     edge_index = torch.tensor([[index[r] for r in edges["a"]], [index[r] for r in edges["b"]]])
     split = np.array(nodes["split"])
-    expected = Graph.from_edge_index(
-        edge_index,
-        n,
-        undirected=True,
-        x=torch.from_numpy(x),
-        y=torch.tensor([c == "Officer" for c in nodes["club"]], dtype=torch.int64),
-        train_mask=torch.from_numpy(train),
-        val_mask=torch.from_numpy(split == "val"),
-        test_mask=torch.from_numpy(split == "test"),
-        num_classes=2,
-        name="karate",
+    expected = NodeDataset(
+        Graph.from_edge_index(edge_index, n, undirected=True, x=torch.from_numpy(x), name="karate"),
+        NodeTargets(
+            torch.tensor([c == "Officer" for c in nodes["club"]], dtype=torch.int64),
+            torch.from_numpy(train),
+            torch.from_numpy(split == "val"),
+            torch.from_numpy(split == "test"),
+            2,
+        ),
     )
-    for graph in (from_csv, from_parquet):
-        assert graph.name == "karate" and graph.num_classes == 2
-        for field in ("indptr", "indices", "y", "train_mask", "val_mask", "test_mask"):
-            assert torch.equal(getattr(graph, field), getattr(expected, field)), field
-        assert float((graph.x - expected.x).abs().max()) < 1e-6  # float32 of float64 statistics
-    assert torch.equal(from_csv.x, from_parquet.x)
+    for dataset in (from_csv, from_parquet):
+        assert dataset.name == "karate" and dataset.num_classes == 2
+        for field in ("indptr", "indices"):
+            assert torch.equal(getattr(dataset.graph, field), getattr(expected.graph, field))
+        for field in ("target", "train", "val", "test"):
+            assert torch.equal(getattr(dataset.targets, field), getattr(expected.targets, field))
+        # float32 of float64 statistics
+        assert float((dataset.graph.x - expected.graph.x).abs().max()) < 1e-6
+    assert torch.equal(from_csv.graph.x, from_parquet.graph.x)
 
 
 def test_gzipped_csv_reads_as_the_plain_one(tmp_path):
@@ -168,7 +170,7 @@ def test_the_id_map_and_edge_weights_follow_the_rows(tmp_path):
     out = build(tmp_path)
     ids = node_ids(out).to_pylist()
     assert ids == nodes["node"], "node i is row i, its raw id kept as written ('007')"
-    graph = load_dataset("constructed", root=out)
+    graph = load_dataset("constructed", root=out).graph
     weight = np.load(out / "edge_weight.npy")
     given = {}
     for a, b, w in zip(edges["a"], edges["b"], edges["w"]):
@@ -207,7 +209,8 @@ def test_int_ids_equal_by_value_and_duplicates_merge_first_row(tmp_path):
         "self_loops": "keep",
     }
     out = build(tmp_path, spec, nodes, edges)
-    graph = load_dataset("constructed", root=out)
+    dataset = load_dataset("constructed", root=out)
+    graph = dataset.graph
     assert node_ids(out).to_pylist() == [7, 12, 30]
     src, dst = graph.edge_index()
     weight = np.load(out / "edge_weight.npy").tolist()
@@ -217,7 +220,7 @@ def test_int_ids_equal_by_value_and_duplicates_merge_first_row(tmp_path):
         (1, 2, 2.0),
         (2, 0, 3.0),
     ]
-    assert graph.name == "out" and graph.num_classes == 2
+    assert dataset.name == "out" and dataset.num_classes == 2
 
 
 def test_seeded_fractions_split_the_labelled_nodes(tmp_path):
@@ -227,14 +230,14 @@ def test_seeded_fractions_split_the_labelled_nodes(tmp_path):
     del spec["nodes"]["split"]
     spec["nodes"]["split_fractions"] = {"train": 0.5, "val": 0.25, "seed": 3}
     spec["nodes"]["classes"] = ["Officer", "Mr. Hi"]  # declared order = class index
-    first = load_dataset("constructed", root=build(tmp_path / "a", spec, nodes))
-    again = load_dataset("constructed", root=build(tmp_path / "b", spec, nodes))
-    masks = torch.stack([first.train_mask, first.val_mask, first.test_mask])
+    first = load_dataset("constructed", root=build(tmp_path / "a", spec, nodes)).targets
+    again = load_dataset("constructed", root=build(tmp_path / "b", spec, nodes)).targets
+    masks = torch.stack([first.train, first.val, first.test])
     assert masks[:, :4].sum() == 0 and bool((masks[:, 4:].sum(0) == 1).all())
     assert masks.sum(1).tolist() == [15, 8, 7]
-    assert torch.equal(first.train_mask, again.train_mask)
-    assert first.y[:4].tolist() == [-1] * 4
-    assert first.y[4:].tolist() == [int(club == "Mr. Hi") for club in nodes["club"][4:]]
+    assert torch.equal(first.train, again.train)
+    assert first.target[:4].tolist() == [-1] * 4
+    assert first.target[4:].tolist() == [int(club == "Mr. Hi") for club in nodes["club"][4:]]
 
 
 def test_the_content_is_the_identity_a_partition_dir_checks(tmp_path):

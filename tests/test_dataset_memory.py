@@ -35,7 +35,8 @@ def test_the_refusal_names_the_estimate_the_memory_and_the_settings(monkeypatch)
     assert "and 0.0 GiB is available" in message
     assert "dataset.num_nodes / dataset.avg_degree / dataset.num_features" in message
     monkeypatch.setattr(datasets, "available_memory_bytes", lambda: estimate.peak_bytes)
-    assert load_dataset("sbm", num_nodes=3000, avg_degree=8.0, num_features=16).num_nodes == 3000
+    dataset = load_dataset("sbm", num_nodes=3000, avg_degree=8.0, num_features=16)
+    assert dataset.graph.num_nodes == 3000
 
 
 def test_a_real_datasets_estimate_comes_from_its_files_before_loading(tmp_path, monkeypatch):

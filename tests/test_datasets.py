@@ -24,15 +24,16 @@ from lightning_gnnscale.graph.generators import rmat, sbm
 PLANETOID_ROOT = Path(__file__).parents[2] / "shared/datasets/planetoid"
 
 
-def _graph_tensors(graph):
+def _graph_tensors(dataset):
+    graph, targets = dataset.graph, dataset.targets
     return (
         graph.indptr,
         graph.indices,
         graph.x,
-        graph.y,
-        graph.train_mask,
-        graph.val_mask,
-        graph.test_mask,
+        targets.target,
+        targets.train,
+        targets.val,
+        targets.test,
     )
 
 
@@ -41,11 +42,12 @@ def _edge_set(graph) -> set[tuple[int, int]]:
     return set(zip(src.tolist(), dst.tolist()))
 
 
-def _assert_split_partition(graph, train_frac, val_frac):
-    masks = torch.stack([graph.train_mask, graph.val_mask, graph.test_mask])
+def _assert_split_partition(dataset, train_frac, val_frac):
+    targets, num_nodes = dataset.targets, dataset.graph.num_nodes
+    masks = torch.stack([targets.train, targets.val, targets.test])
     assert bool((masks.sum(0) == 1).all()), "every node is in exactly one split"
-    assert int(graph.train_mask.sum()) == round(train_frac * graph.num_nodes)
-    assert int(graph.val_mask.sum()) == round(val_frac * graph.num_nodes)
+    assert int(targets.train.sum()) == round(train_frac * num_nodes)
+    assert int(targets.val.sum()) == round(val_frac * num_nodes)
 
 
 # ------------------------------------------------------------------------------- generators
@@ -56,40 +58,44 @@ def test_sbm_is_deterministic_by_seed_and_sized_as_asked():
         sbm(num_nodes=2000, seed=4),
     )
     assert all(torch.equal(a, b) for a, b in zip(_graph_tensors(first), _graph_tensors(again)))
-    assert not torch.equal(first.indices, other.indices)
-    assert first.num_nodes == 2000 and first.num_features == 64 and first.num_classes == 8
-    assert torch.bincount(first.y).tolist() == [250] * 8
-    assert first.x.dtype == torch.float32
+    graph = first.graph
+    assert not torch.equal(graph.indices, other.graph.indices)
+    assert graph.num_nodes == 2000 and graph.num_features == 64 and first.num_classes == 8
+    assert torch.bincount(first.targets.target).tolist() == [250] * 8
+    assert graph.x.dtype == torch.float32
     _assert_split_partition(first, 0.3, 0.2)
-    assert _edge_set(first) == {(d, s) for s, d in _edge_set(first)}, "stored undirected"
-    assert abs(first.num_edges / first.num_nodes - 10.0) < 0.5
+    assert _edge_set(graph) == {(d, s) for s, d in _edge_set(graph)}, "stored undirected"
+    assert abs(graph.num_edges / graph.num_nodes - 10.0) < 0.5
 
 
 @pytest.mark.parametrize("homophily", [0.2, 0.8, 1.0])
 def test_sbm_edge_homophily_is_as_configured(homophily):
-    graph = sbm(num_nodes=4000, num_classes=4, homophily=homophily, seed=0)
-    src, dst = graph.edge_index()
-    measured = (graph.y[src] == graph.y[dst]).float().mean().item()
+    dataset = sbm(num_nodes=4000, num_classes=4, homophily=homophily, seed=0)
+    src, dst = dataset.graph.edge_index()
+    y = dataset.targets.target
+    measured = (y[src] == y[dst]).float().mean().item()
     assert abs(measured - homophily) < 0.03
 
 
 def test_sbm_features_carry_the_class_signal():
-    graph = sbm(num_nodes=4000, num_features=32, feature_signal=4.0, seed=1)
-    centroids = torch.stack([graph.x[graph.y == c].mean(0) for c in range(graph.num_classes)])
-    nearest = torch.cdist(graph.x, centroids).argmin(1)
-    assert (nearest == graph.y).float().mean() > 0.9
+    dataset = sbm(num_nodes=4000, num_features=32, feature_signal=4.0, seed=1)
+    x, y = dataset.graph.x, dataset.targets.target
+    centroids = torch.stack([x[y == c].mean(0) for c in range(dataset.num_classes)])
+    nearest = torch.cdist(x, centroids).argmin(1)
+    assert (nearest == y).float().mean() > 0.9
 
 
 def test_rmat_is_deterministic_sized_and_skewed():
-    graph = rmat(num_nodes=3000, num_edges=30_000, num_features=8, num_classes=5, seed=7)
+    dataset = rmat(num_nodes=3000, num_edges=30_000, num_features=8, num_classes=5, seed=7)
     again = rmat(num_nodes=3000, num_edges=30_000, num_features=8, num_classes=5, seed=7)
-    assert all(torch.equal(a, b) for a, b in zip(_graph_tensors(graph), _graph_tensors(again)))
-    assert not torch.equal(graph.indices, rmat(num_nodes=3000, num_edges=30_000, seed=8).indices)
-    assert graph.num_nodes == 3000 and graph.num_features == 8 and graph.num_classes == 5
-    assert int(graph.y.max()) < 5
+    assert all(torch.equal(a, b) for a, b in zip(_graph_tensors(dataset), _graph_tensors(again)))
+    graph, other = dataset.graph, rmat(num_nodes=3000, num_edges=30_000, seed=8).graph
+    assert not torch.equal(graph.indices, other.indices)
+    assert graph.num_nodes == 3000 and graph.num_features == 8 and dataset.num_classes == 5
+    assert int(dataset.targets.target.max()) < 5
     assert graph.num_edges <= 2 * 30_000
     assert _edge_set(graph) == {(d, s) for s, d in _edge_set(graph)}
-    _assert_split_partition(graph, 0.3, 0.2)
+    _assert_split_partition(dataset, 0.3, 0.2)
     degree = graph.in_degree().float()
     assert degree.max() > 20 * degree.mean(), "R-MAT has hubs"
     top_one_percent = degree.sort(descending=True).values[: graph.num_nodes // 100]
@@ -97,7 +103,7 @@ def test_rmat_is_deterministic_sized_and_skewed():
 
 
 def test_rmat_directed_keeps_at_most_the_drawn_edges():
-    graph = rmat(num_nodes=1 << 10, num_edges=5000, undirected=False, seed=0)
+    graph = rmat(num_nodes=1 << 10, num_edges=5000, undirected=False, seed=0).graph
     assert 0.8 * 5000 < graph.num_edges <= 5000
     assert _edge_set(graph) != {(d, s) for s, d in _edge_set(graph)}
 
@@ -127,10 +133,12 @@ def test_unknown_option_lists_the_valid_ones():
 
 
 def test_generators_load_through_the_registry_and_refuse_a_root(tmp_path):
-    graph = load_dataset("SBM", num_nodes=300, num_classes=3, seed=2)
-    assert graph.num_nodes == 300 and graph.num_classes == 3
-    assert torch.equal(graph.indices, sbm(num_nodes=300, num_classes=3, seed=2).indices)
-    assert load_dataset("rmat", num_nodes=256, num_edges=1000).num_nodes == 256
+    dataset = load_dataset("SBM", num_nodes=300, num_classes=3, seed=2)
+    assert dataset.graph.num_nodes == 300 and dataset.num_classes == 3
+    assert torch.equal(
+        dataset.graph.indices, sbm(num_nodes=300, num_classes=3, seed=2).graph.indices
+    )
+    assert load_dataset("rmat", num_nodes=256, num_edges=1000).graph.num_nodes == 256
     for name in ("sbm", "rmat"):  # a root is a mistake: it would be ignored
         with pytest.raises(ValueError, match=r"dataset.root=.*paths.data_dir.*GNNSCALE_DATA_DIR"):
             load_dataset(name, root=tmp_path, num_nodes=300)
@@ -178,10 +186,11 @@ def test_missing_ogb_files_name_the_directory(tmp_path, name):
 )
 def test_cora_loads_from_the_read_only_shared_folder(tmp_path):
     shared_before = sorted(p.name for p in (PLANETOID_ROOT / "Cora").iterdir())
-    graph = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path)
-    assert graph.num_nodes == 2708 and graph.num_edges == 10556 and graph.num_classes == 7
+    dataset = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path)
+    graph, targets = dataset.graph, dataset.targets
+    assert graph.num_nodes == 2708 and graph.num_edges == 10556 and dataset.num_classes == 7
     assert graph.num_features == 1433
-    assert [int(m.sum()) for m in (graph.train_mask, graph.val_mask, graph.test_mask)] == [
+    assert [int(m.sum()) for m in (targets.train, targets.val, targets.test)] == [
         140,
         500,
         1000,
@@ -199,7 +208,7 @@ def test_a_writable_root_is_never_written(tmp_path):
     root = tmp_path / "user_data"
     shutil.copytree(PLANETOID_ROOT / "Cora" / "raw", root / "Cora" / "raw")
     before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-    graph = load_dataset("cora", root=root, cache_dir=tmp_path / "cache")
+    graph = load_dataset("cora", root=root, cache_dir=tmp_path / "cache").graph
     assert graph.num_nodes == 2708
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
     assert any((tmp_path / "cache").rglob("data.pt"))
@@ -225,7 +234,7 @@ def test_ogb_writable_root_is_never_written(tmp_path):
     data_root = tmp_path / "data"
     _write_ogb_fixture(data_root, "ogbn-arxiv")
     before = sorted(str(p.relative_to(data_root)) for p in data_root.rglob("*"))
-    graph = load_dataset("ogbn-arxiv", root=data_root, cache_dir=tmp_path / "cache")
+    graph = load_dataset("ogbn-arxiv", root=data_root, cache_dir=tmp_path / "cache").graph
     assert graph.num_nodes == 50
     assert sorted(str(p.relative_to(data_root)) for p in data_root.rglob("*")) == before
     assert any((tmp_path / "cache").rglob("data_processed"))
@@ -292,15 +301,16 @@ def test_ogb_fixture_loads_through_ogb_and_reloads_its_processed_file(tmp_path, 
     assert not (tmp_path / name.replace("-", "_") / "processed").exists()
     assert all(torch.equal(a, b) for a, b in zip(_graph_tensors(first), _graph_tensors(second)))
 
-    assert first.num_nodes == 50 and first.num_classes == (40 if name == "ogbn-arxiv" else 172)
-    assert torch.allclose(first.x, torch.from_numpy(features), atol=1e-5)
+    graph, targets = first.graph, first.targets
+    assert graph.num_nodes == 50 and first.num_classes == (40 if name == "ogbn-arxiv" else 172)
+    assert torch.allclose(graph.x, torch.from_numpy(features), atol=1e-5)
     expected_y = torch.from_numpy(np.nan_to_num(labels.reshape(-1), nan=-1)).long()
-    assert torch.equal(first.y, expected_y)
+    assert torch.equal(targets.target, expected_y)
     loop_free = {(int(s), int(d)) for s, d in edges if s != d}
-    assert _edge_set(first) == loop_free | {(d, s) for s, d in loop_free}
-    assert first.train_mask.nonzero().flatten().tolist() == sorted(order[:20].tolist())
-    assert first.val_mask.nonzero().flatten().tolist() == sorted(order[20:30].tolist())
-    assert int(first.test_mask.sum()) == 20
+    assert _edge_set(graph) == loop_free | {(d, s) for s, d in loop_free}
+    assert targets.train.nonzero().flatten().tolist() == sorted(order[:20].tolist())
+    assert targets.val.nonzero().flatten().tolist() == sorted(order[20:30].tolist())
+    assert int(targets.test.sum()) == 20
 
 
 def test_ogb_read_only_root_processes_into_the_cache_mirror(tmp_path):
@@ -309,7 +319,7 @@ def test_ogb_read_only_root_processes_into_the_cache_mirror(tmp_path):
     dataset_dir = data_root / "ogbn_arxiv"
     dataset_dir.chmod(stat.S_IRUSR | stat.S_IXUSR | stat.S_IRGRP | stat.S_IXGRP)
     try:
-        graph = load_dataset("ogbn-arxiv", root=data_root, cache_dir=tmp_path / "cache")
+        graph = load_dataset("ogbn-arxiv", root=data_root, cache_dir=tmp_path / "cache").graph
         assert not (dataset_dir / "processed").exists()
         assert any((tmp_path / "cache").rglob("data_processed"))
         assert graph.num_nodes == 50
@@ -351,10 +361,12 @@ def test_every_dataset_schema_is_in_hydras_config_store():
 @pytest.mark.cora
 @pytest.mark.skipif(not (PLANETOID_ROOT / "Cora" / "raw").is_dir(), reason="no Cora files")
 def test_cora_features_are_row_normalised_by_default(tmp_path):
-    graph = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path)
+    graph = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path).graph
     sums = graph.x.sum(1)
     assert torch.allclose(sums[sums > 0], torch.ones(int((sums > 0).sum())))
-    raw = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path, normalize_features=False)
+    raw = load_dataset(
+        "cora", root=PLANETOID_ROOT, cache_dir=tmp_path, normalize_features=False
+    ).graph
     assert torch.equal(raw.x > 0, graph.x > 0) and raw.x.max() == 1.0
 
 
@@ -379,10 +391,10 @@ def test_a_registered_source_loads_through_its_loader_with_its_settings(monkeypa
     del dataset_config.DATASETS["tiny"]
     source = dataset_config.DatasetSource("tiny", TinyConfig, f"{__name__}:tiny_path")
     dataset_config.register_dataset(source)
-    graph = load_dataset("tiny", length=12)
+    graph = load_dataset("tiny", length=12).graph
     assert graph.num_nodes == 12
-    assert torch.equal(graph.indices, tiny_path(TinyConfig(name="tiny")).indices)
-    assert load_dataset(TinyConfig(name="tiny", length=20)).num_nodes == 20
+    assert torch.equal(graph.indices, tiny_path(TinyConfig(name="tiny")).graph.indices)
+    assert load_dataset(TinyConfig(name="tiny", length=20)).graph.num_nodes == 20
     with pytest.raises(ValueError, match=r"dataset.length=1\.5 is a float, expected int"):
         load_dataset("tiny", length=1.5)
     with pytest.raises(ValueError, match=r"unknown options \['width'\]; valid: \['length'\]"):

@@ -122,7 +122,7 @@ def test_block_gnn_uses_row_dropout_in_training():
     from lightning_gnnscale.graph.generators import sbm
     from lightning_gnnscale.graph.sampler import NeighborSampler
 
-    g = sbm(num_nodes=200, num_classes=3, avg_degree=5.0, num_features=6, seed=1)
+    g = sbm(num_nodes=200, num_classes=3, avg_degree=5.0, num_features=6, seed=1).graph
     blocks = NeighborSampler(g.indptr, g.indices, [3, 3], 0).sample(torch.arange(20), 0, 0, 0)
     x = g.x[blocks[0].src_ids]
     net = BlockGNN("sage", 6, 8, 3, num_layers=2, dropout=0.5)

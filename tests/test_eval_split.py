@@ -18,27 +18,29 @@ CLASSIFICATION = build_task("node_classification")
 CHUNK = 37  # several chunks per rank, boundaries that differ from the one-process run
 
 
-def make_graph():
+def make_dataset():
     return sbm(num_nodes=301, num_classes=4, avg_degree=6.0, num_features=10, seed=5).to(
         torch.float64
     )
 
 
-def make_net(kind, graph, num_layers=3):
+def make_net(kind, dataset, num_layers=3):
     torch.manual_seed(1)
-    net = BlockGNN(kind, graph.num_features, 16, graph.num_classes, num_layers=num_layers)
+    num_features = dataset.graph.num_features
+    net = BlockGNN(kind, num_features, 16, dataset.num_classes, num_layers=num_layers)
     return net.double().eval()
 
 
 def _rank(rank, world_size):
     comm = Comm.create()
-    graph = make_graph()
+    dataset = make_dataset()
+    graph, targets = dataset.graph, dataset.targets
     out = {}
     for kind in KINDS:
-        net = make_net(kind, graph)
+        net = make_net(kind, dataset)
         before = comm.meter.snapshot()
         counts = replicated_eval_statistics(
-            CLASSIFICATION, graph, net, SPLITS, rank, world_size, CHUNK, comm
+            CLASSIFICATION, graph, targets, net, SPLITS, rank, world_size, CHUNK, comm
         )
         delta = comm.meter.delta(before)
         own = full_logits(graph, net, CHUNK, comm, gather=False)
@@ -49,12 +51,15 @@ def _rank(rank, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_split_evaluation_equals_one_process(world_size):
-    graph = make_graph()
+    dataset = make_dataset()
+    graph, targets = dataset.graph, dataset.targets
     results = run_distributed(_rank, world_size, timeout_s=120)
     for kind in KINDS:
-        net = make_net(kind, graph)
+        net = make_net(kind, dataset)
         ref_logits = full_logits(graph, net, 1000)
-        ref_counts = replicated_eval_statistics(CLASSIFICATION, graph, net, SPLITS, 0, 1, 1000)
+        ref_counts = replicated_eval_statistics(
+            CLASSIFICATION, graph, targets, net, SPLITS, 0, 1, 1000
+        )
         total = sum(r[kind][0] for r in results)
         assert torch.equal(total, ref_counts), kind
         own = torch.cat([r[kind][1] for r in results])
@@ -78,11 +83,14 @@ def test_node_range_covers_the_nodes_once():
 
 
 def test_without_a_comm_every_rank_counts_every_pth_node():
-    graph = make_graph()
-    net = make_net("sage", graph, num_layers=2)
-    ref = replicated_eval_statistics(CLASSIFICATION, graph, net, SPLITS, 0, 1, 50)
+    dataset = make_dataset()
+    graph, targets = dataset.graph, dataset.targets
+    net = make_net("sage", dataset, num_layers=2)
+    ref = replicated_eval_statistics(CLASSIFICATION, graph, targets, net, SPLITS, 0, 1, 50)
     parts = [
-        replicated_eval_statistics(CLASSIFICATION, graph, net, SPLITS, r, 3, 50, Comm.local())
+        replicated_eval_statistics(
+            CLASSIFICATION, graph, targets, net, SPLITS, r, 3, 50, Comm.local()
+        )
         for r in range(3)
     ]
     assert torch.equal(sum(parts), ref)

@@ -148,9 +148,11 @@ def test_float64_precision_example_matches_train_py_in_float64(tmp_path):
 def test_predict_example_saves_every_nodes_embedding(tmp_path):
     example = run_example("predict_embeddings.py", tmp_path / "predict")
     saved = torch.load(tmp_path / "predict" / "embeddings.pt", weights_only=True)
-    graph = load_dataset("sbm", num_nodes=NUM_NODES)
+    dataset = load_dataset("sbm", num_nodes=NUM_NODES)
+    graph = dataset.graph
     assert saved["node_ids"].tolist() == list(range(graph.num_nodes))
-    net = build_model(ModelConfig(name="sage", hidden=32), graph.num_features, graph.num_classes)
+    model = ModelConfig(name="sage", hidden=32)
+    net = build_model(model, graph.num_features, dataset.num_classes)
     net.load_state_dict({k[len("net.") :]: v for k, v in example["weights"].items()})
     expected = full_neighbourhood(graph, net, layers=1)  # the last layer's input
     torch.testing.assert_close(saved["embeddings"], expected, rtol=1e-5, atol=1e-5)

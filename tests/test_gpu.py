@@ -27,13 +27,13 @@ CUDA = torch.device("cuda", 0)
 
 @pytest.mark.parametrize("kind", ["gcn", "sage", "gat"])
 def test_layers_on_cuda_equal_the_cpu_on_one_sampled_batch(kind):
-    graph = sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=12, seed=3)
+    dataset = sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=12, seed=3)
     dm = SingleDataModule(
-        graph.to(torch.float64), SingleConfig(), DataConfig(batch_size=128, fanouts=[5, 4])
+        dataset.to(torch.float64), SingleConfig(), DataConfig(batch_size=128, fanouts=[5, 4])
     )
     batch = dm.make_batch(0, 0)
     torch.manual_seed(0)
-    net = BlockGNN(kind, 12, 16, graph.num_classes, num_layers=2, dropout=0.0, heads=4).double()
+    net = BlockGNN(kind, 12, 16, dataset.num_classes, num_layers=2, dropout=0.0, heads=4).double()
     net_cuda = copy.deepcopy(net).to(CUDA)
     outputs = []
     for model, b in ((net, batch), (net_cuda, batch.to(CUDA))):

@@ -20,8 +20,10 @@ from lightning_gnnscale.kit.loaders import EpochSteps
 
 def datamodule(tmp_path, trainer=None):
     _, DataModule, config = gs.system("single")
-    graph = gs.load_dataset("sbm", num_nodes=120, num_features=4)
-    dm = DataModule(graph, config, gs.DataConfig(batch_size=32, fanouts=[2, 2]), cache_dir=tmp_path)
+    dataset = gs.load_dataset("sbm", num_nodes=120, num_features=4)
+    dm = DataModule(
+        dataset, config, gs.DataConfig(batch_size=32, fanouts=[2, 2]), cache_dir=tmp_path
+    )
     dm.trainer = trainer
     return dm
 

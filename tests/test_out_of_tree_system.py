@@ -54,9 +54,9 @@ import lightning as L
 import lightning_gnnscale as gs
 
 spec = gs.SYSTEMS["ext_ddp"]
-graph = gs.load_dataset("sbm", num_nodes=300, num_features=8)
-dm = spec.datamodule(graph, spec.default_config(), gs.DataConfig(batch_size=64, fanouts=[5, 5]),
-                     cache_dir=sys.argv[1])
+dataset = gs.load_dataset("sbm", num_nodes=300, num_features=8)
+dm = spec.datamodule(dataset, spec.default_config(), gs.DataConfig(batch_size=64, fanouts=[5, 5]),
+                       cache_dir=sys.argv[1])
 module = gs.GNNModule(dm.build_model(gs.ModelConfig(dropout=0.0)))
 before = [p.detach().clone() for p in module.parameters()]
 trainer = L.Trainer(strategy="metered_ext_ddp", accelerator="cpu", devices=1, max_epochs=1,

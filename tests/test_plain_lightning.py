@@ -26,10 +26,10 @@ from lightning_gnnscale.launch import launch_local
 SBM = {"num_nodes": 300, "num_features": 8}
 
 
-def datamodule(name: str, cache: Path, config=None, graph=None):
+def datamodule(name: str, cache: Path, config=None, dataset=None):
     Strategy, DataModule, default = gs.system(name)
     dm = DataModule(
-        graph if graph is not None else gs.load_dataset("sbm", **SBM),
+        dataset if dataset is not None else gs.load_dataset("sbm", **SBM),
         config if config is not None else default,
         gs.DataConfig(batch_size=64, fanouts=[5, 5]),
         cache_dir=cache,
@@ -115,11 +115,11 @@ def test_single_refuses_two_devices(tmp_path):
 def test_precision_64_true_trains_what_float64_data_and_weights_train(tmp_path):
     """``precision="64-true"`` (the DataModule follows it) equals the float64 run train.py
     makes: a float64 graph and a float64 net under the default precision."""
-    graph = gs.load_dataset("sbm", **SBM)
+    dataset = gs.load_dataset("sbm", **SBM)
     runs = []
     for precision, dtype in (("64-true", torch.float32), ("32-true", torch.float64)):
         L.seed_everything(0, verbose=False)
-        Strategy, dm = datamodule("single", tmp_path / precision, graph=graph.to(dtype))
+        Strategy, dm = datamodule("single", tmp_path / precision, dataset=dataset.to(dtype))
         module = gs.GNNModule(dm.build_model(gs.ModelConfig(hidden=8)).to(dtype))
         trainer("single", precision=precision, callbacks=[gs.StepSeed(0)]).fit(module, dm)
         runs.append(weights(module))
@@ -218,7 +218,7 @@ def expect_error(results: dict, key: str, fit) -> None:
 
 def rank_scenarios(out: Path) -> None:
     """Every 2-rank check, in one launch; each rank writes ``rank<r>.pt``."""
-    graph = gs.load_dataset("sbm", **SBM)
+    dataset = gs.load_dataset("sbm", **SBM)
     results: dict = {}
     model = gs.ModelConfig(hidden=8)
 
@@ -226,7 +226,7 @@ def rank_scenarios(out: Path) -> None:
     runs = []
     for flag in ({}, {"use_distributed_sampler": False}):
         L.seed_everything(0, verbose=False)
-        Strategy, dm = datamodule("data_parallel", out / "cache", graph=graph)
+        Strategy, dm = datamodule("data_parallel", out / "cache", dataset=dataset)
         module = gs.GNNModule.from_config(model, dm)
         t = trainer(Strategy(dm.config), 2, precision="64-true", callbacks=[gs.StepSeed(0)], **flag)
         with warnings.catch_warnings(record=True) as caught:
@@ -245,7 +245,7 @@ def rank_scenarios(out: Path) -> None:
 
     # 5: a user's epoch log under HopGNN
     L.seed_everything(0, verbose=False)
-    Strategy, dm = datamodule("hopgnn", out / "cache", graph=graph)
+    Strategy, dm = datamodule("hopgnn", out / "cache", dataset=dataset)
     module = LogsItsOwnLoss.from_config(model, dm)
     t = trainer(Strategy(dm.config), 2)
     with warnings.catch_warnings(record=True) as caught:
@@ -254,7 +254,7 @@ def rank_scenarios(out: Path) -> None:
     results["hopgnn_warnings"] = [str(w.message) for w in caught]
     # 5b: a user's own module, no batch_size given
     L.seed_everything(0, verbose=False)
-    Strategy, dm = datamodule("hopgnn", out / "cache", graph=graph)
+    Strategy, dm = datamodule("hopgnn", out / "cache", dataset=dataset)
     module = UsersOwnModule(dm.build_model(model))
     t = trainer(Strategy(dm.config), 2)
     with warnings.catch_warnings():
@@ -264,20 +264,20 @@ def rank_scenarios(out: Path) -> None:
     results["own_module_logged"] = module.logged
 
     # 6: SANCUS evaluates its best checkpoint; a resume is refused in a plain script's words
-    Strategy, dm = datamodule("sancus", out / "cache", graph=graph)
+    Strategy, dm = datamodule("sancus", out / "cache", dataset=dataset)
     module = gs.GNNModule.from_config(dm.config.model_config(hidden=8), dm)
     best = ModelCheckpoint(dirpath=out / "ckpt", monitor="val/acc", mode="max")
     t = trainer(Strategy(dm.config), 2, callbacks=[best], enable_checkpointing=True)
     t.fit(module, datamodule=dm)
     expect_error(results, "sancus_test", lambda: t.test(module, datamodule=dm, ckpt_path="best"))
     path = best.best_model_path
-    Strategy, dm = datamodule("sancus", out / "cache", graph=graph)
+    Strategy, dm = datamodule("sancus", out / "cache", dataset=dataset)
     t = trainer(Strategy(dm.config), 2, max_epochs=2)
     expect_error(results, "sancus_resume", lambda: t.fit(module, datamodule=dm, ckpt_path=path))
 
     # 2: rules involving the world size and the model, checked before any step
     hop = gs.HopGNNConfig(steps=5)
-    Strategy, dm = datamodule("hopgnn", out / "cache", config=hop, graph=graph)
+    Strategy, dm = datamodule("hopgnn", out / "cache", config=hop, dataset=dataset)
     t = trainer(Strategy(hop), 2)
     expect_error(results, "hopgnn_steps", lambda: t.fit(gs.GNNModule.from_config(model, dm), dm))
     results["hopgnn_steps_taken"] = t.global_step
@@ -285,11 +285,11 @@ def rank_scenarios(out: Path) -> None:
     expect_error(
         results,
         "granndis_k",
-        lambda: datamodule("granndis", out / "cache", config=flx, graph=graph),
+        lambda: datamodule("granndis", out / "cache", config=flx, dataset=dataset),
     )
 
     # 10c: a module that takes the runtime but never calls the layer hook
-    Strategy, dm = datamodule("gsplit", out / "cache", graph=graph)
+    Strategy, dm = datamodule("gsplit", out / "cache", dataset=dataset)
     module = IgnoresTheLayerHook(dm.build_model(model))
     t = trainer(Strategy(dm.config, timeout_s=30), 2)  # the other rank may wait in a collective
     expect_error(results, "unused_hook", lambda: t.fit(module, datamodule=dm))
@@ -347,8 +347,9 @@ def test_a_users_own_module_logs_the_root_weighted_epoch_mean_under_hopgnn(two_r
 @pytest.mark.dist
 @pytest.mark.timeout(600)  # the first one runs the shared 2-rank launch
 def test_predictions_are_every_nodes_rows_split_over_ranks(two_ranks):
-    graph = gs.load_dataset("sbm", **SBM).to(torch.float64)
-    net = gs.build_model(gs.ModelConfig(hidden=8), graph.num_features, graph.num_classes)
+    dataset = gs.load_dataset("sbm", **SBM).to(torch.float64)
+    graph = dataset.graph
+    net = gs.build_model(gs.ModelConfig(hidden=8), graph.num_features, dataset.num_classes)
     net.load_state_dict(two_ranks[0]["net"])
     net = net.double()
     embeddings = [r["predictions"][0] for r in two_ranks]

@@ -25,10 +25,10 @@ import lightning as L
 import torch
 import lightning_gnnscale as gs
 
-def fit(spec, strategy, graph, cache_dir):
+def fit(spec, strategy, dataset, cache_dir):
     L.seed_everything(0, verbose=False)
     data = gs.DataConfig(batch_size=64, fanouts=[5, 5])
-    dm = spec.datamodule(graph, spec.default_config(), data, cache_dir=cache_dir)
+    dm = spec.datamodule(dataset, spec.default_config(), data, cache_dir=cache_dir)
     module = gs.GNNModule(dm.build_model(gs.ModelConfig(name="gcn", dropout=0.0)))
     initial = [p.detach().clone() for p in module.parameters()]
     trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_epochs=1,
@@ -41,10 +41,10 @@ def fit(spec, strategy, graph, cache_dir):
     return trainer.strategy, list(module.parameters()), moved
 
 results = {}
-graph = gs.load_dataset("sbm", num_nodes=300, num_features=8)
+dataset = gs.load_dataset("sbm", num_nodes=300, num_features=8)
 for name, spec in sorted(gs.SYSTEMS.items()):
-    strategy, weights, moved = fit(spec, spec.registered_as, graph, sys.argv[1])
-    _, reference, _ = fit(spec, spec.strategy(spec.default_config()), graph, sys.argv[1])
+    strategy, weights, moved = fit(spec, spec.registered_as, dataset, sys.argv[1])
+    _, reference, _ = fit(spec, spec.strategy(spec.default_config()), dataset, sys.argv[1])
     results[name] = {
         "strategy": type(strategy).__name__,
         "adopted_config": strategy.system_config == spec.default_config(),
@@ -110,8 +110,8 @@ def _trainer(strategy) -> L.Trainer:
 
 def test_a_datamodule_refuses_another_systems_strategy(tmp_path):
     """The strategy and the DataModule must belong to the same system (no silent mismatch)."""
-    graph = gs.load_dataset("sbm", num_nodes=200, num_features=8)
-    dm = gs.GSplitDataModule(graph, cache_dir=tmp_path)
+    dataset = gs.load_dataset("sbm", num_nodes=200, num_features=8)
+    dm = gs.GSplitDataModule(dataset, cache_dir=tmp_path)
     module = gs.GNNModule(dm.build_model(gs.ModelConfig()))
     with pytest.raises(TypeError, match="SingleStrategy runs SingleConfig systems"):
         _trainer(gs.SingleStrategy()).fit(module, datamodule=dm)
@@ -132,8 +132,8 @@ def test_a_trainer_with_another_strategy_is_told_every_suite_name():
 def test_a_datamodule_set_up_for_one_trainer_refuses_another(tmp_path):
     """Its stores and samplers hold the first strategy's comm: reusing it would meter the
     second run's traffic on the first run's meter."""
-    graph = gs.load_dataset("sbm", num_nodes=200, num_features=8)
-    dm = gs.SingleDataModule(graph, data=gs.DataConfig(batch_size=64), cache_dir=tmp_path)
+    dataset = gs.load_dataset("sbm", num_nodes=200, num_features=8)
+    dm = gs.SingleDataModule(dataset, data=gs.DataConfig(batch_size=64), cache_dir=tmp_path)
     module = gs.GNNModule(dm.build_model(gs.ModelConfig()))
     _trainer("single").fit(module, datamodule=dm)
     with pytest.raises(RuntimeError, match="build a new DataModule for each Trainer"):
@@ -142,11 +142,11 @@ def test_a_datamodule_set_up_for_one_trainer_refuses_another(tmp_path):
 
 def test_plain_datamodules_check_the_data_rules():
     """Rules a RunConfig checks also hold for a DataModule built in a plain script."""
-    graph = gs.load_dataset("sbm", num_nodes=200, num_features=8)
+    dataset = gs.load_dataset("sbm", num_nodes=200, num_features=8)
     with pytest.raises(gs.ConfigError, match="data.num_workers=2; set data.num_workers=0"):
-        gs.GSplitDataModule(graph, data=gs.DataConfig(num_workers=2))
-    gs.SingleDataModule(graph, data=gs.DataConfig(num_workers=2))  # samples in workers
-    dm = gs.SingleDataModule(graph, data=gs.DataConfig(fanouts=[5, 5, 5]))
+        gs.GSplitDataModule(dataset, data=gs.DataConfig(num_workers=2))
+    gs.SingleDataModule(dataset, data=gs.DataConfig(num_workers=2))  # samples in workers
+    dm = gs.SingleDataModule(dataset, data=gs.DataConfig(fanouts=[5, 5, 5]))
     with pytest.raises(gs.ConfigError, match="one fanout per layer"):
         dm.build_model(gs.ModelConfig(num_layers=2))
 

@@ -62,8 +62,9 @@ def test_chunked_normal_draws_the_numbers_of_one_randn(monkeypatch, size, chunk)
     assert torch.equal(torch.rand(4, generator=chunked), torch.rand(4, generator=whole))
 
 
-def _graph_tensors(graph):
-    return [graph.indptr, graph.indices, graph.x, graph.y, graph.train_mask, graph.test_mask]
+def _graph_tensors(dataset):
+    graph, targets = dataset.graph, dataset.targets
+    return [graph.indptr, graph.indices, graph.x, targets.target, targets.train, targets.test]
 
 
 @pytest.mark.parametrize(
