@@ -82,6 +82,40 @@ def test_a_partition_finds_the_ids_it_holds():
             assert torch.equal(again.arrays()[name], array), name
 
 
+@pytest.mark.parametrize("task", ["node_classification", "node_regression"])
+def test_a_part_holds_the_tasks_rows_and_seeds_in_memory_and_from_a_directory(tmp_path, task):
+    """``part_of``: each core carries the task's rows (node regression's synthetic float
+    targets, not the dataset's labels) and the trainer chunks are the task's training seeds
+    (with their degrees); ``load_part`` gives the same rows with the task's head width from
+    the directory's meta."""
+
+    def dm(partition_dir=None):
+        data = DataConfig(batch_size=32, fanouts=FANOUTS, partition_dir=partition_dir)
+        options = dict(num_nodes=150, num_classes=3, num_features=6)
+        return ByteGNNDataModule(
+            "sbm", ByteGNNConfig(), data, cache_dir=tmp_path, dataset_options=options, task=task
+        )
+
+    in_memory = dm()
+    prepared = in_memory.prepare(2)
+    book, targets = prepared.book, in_memory.targets  # the task's rows, in original ids
+    assert targets.target.is_floating_point() == (task == "node_regression")
+    in_memory.write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
+    from_dir = dm(str(tmp_path / "parts"))
+    opened = from_dir.prepare(2)
+    parts = [in_memory.part_of(prepared, k) for k in range(2)]
+    for k, part in enumerate(parts):
+        core = book.new2old[int(book.node_offsets[k]) : int(book.node_offsets[k + 1])]
+        loaded = from_dir.load_part(opened, k).local.targets
+        for got in (part.local.targets, loaded):
+            assert got.out_dim == in_memory.out_dim == (1 if task == "node_regression" else 3)
+            for name, array in targets.rows(core).arrays().items():
+                assert torch.equal(got.arrays()[name], array), (k, name)
+        assert torch.equal(part.seed_degree, prepared.graph.in_degree()[part.trainer_seeds])
+    seeds = torch.cat([part.trainer_seeds for part in parts])
+    assert torch.equal(book.new2old[seeds].sort().values, in_memory.train_ids)
+
+
 # ------------------------------------------------------------ ranks that hold only their part
 def _run_steps(dm, comm):
     """:func:`tests.test_partition_dir._steps` on the S-Worker's batches of epoch 1."""
