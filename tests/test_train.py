@@ -9,7 +9,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 
 from lightning_gnnscale.preflight import ConfigError, validate
-from lightning_gnnscale.run import train
+from lightning_gnnscale.run import load_node_dataset, train
 from lightning_gnnscale.systems.registry import SYSTEMS
 from tests.helpers.config import REPO, make_cfg
 from tests.helpers.scripts import run_script, start_script
@@ -133,7 +133,8 @@ def test_cli_errors_before_spawning(tmp_path):
 # ------------------------------------------------------------------------------- runs
 @pytest.mark.e2e
 def test_default_ddp_run_summary_and_gradient_bytes(tmp_path):
-    metrics, objects = train(make_cfg(tmp_path, "audit=true"))
+    cfg = make_cfg(tmp_path, "audit=true")
+    metrics, objects = train(cfg)
     assert set(metrics) >= SUMMARY_KEYS
     on_disk = json.loads((objects["output_dir"] / "summary.json").read_text())
     assert on_disk["config_hash"] == metrics["config_hash"]
@@ -141,10 +142,10 @@ def test_default_ddp_run_summary_and_gradient_bytes(tmp_path):
     assert metrics["audited_collectives"] > 0  # the audit saw calls and found all metered
     # Hand count: 2 ranks, ring all-reduce of every float32 parameter once per step: each rank
     # sends 2 (P-1) / P * param_bytes = param_bytes, so both ranks together send 2 * param_bytes.
-    graph = objects["graph"]
-    hidden, classes, feats = 64, graph.num_classes, graph.num_features
+    targets = load_node_dataset(validate(cfg)).targets  # the run's labels and splits
+    hidden, classes, feats = 64, targets.out_dim, objects["graph"].num_features
     param_bytes = 4 * (feats * hidden + hidden + hidden * classes + classes)  # GCN: W and b
-    steps = -(-int(graph.train_mask.sum()) // 64)
+    steps = -(-int(targets.train.sum()) // 64)
     assert metrics["comm_bytes_per_epoch"]["gradient"] == steps * 2 * param_bytes
     # Lightning's per-step SIGTERM flag broadcast (one int64 per step) is reported, not metered
     framework = metrics["unmetered_framework_calls"]

@@ -104,16 +104,18 @@ def test_a_partition_artifact_copied_over_another_keys_file_is_rebuilt(tmp_path)
     from lightning_gnnscale.graph.generators import sbm
     from lightning_gnnscale.graph.partition import partition
 
-    graph = sbm(num_nodes=400, num_features=4, seed=0)
-    random_parts = cached_partition(graph, "random", 2, 0, tmp_path)
-    metis = cached_partition(graph, "metis_balanced", 2, 0, tmp_path)
+    dataset = sbm(num_nodes=400, num_features=4, seed=0)
+    graph, targets = dataset.graph, dataset.targets
+    random_parts = cached_partition(graph, "random", 2, 0, tmp_path, targets=targets)
+    metis = cached_partition(graph, "metis_balanced", 2, 0, tmp_path, targets=targets)
     files = sorted(tmp_path.glob("partition-*.pt"))
     assert len(files) == 2 and not torch.equal(random_parts, metis)
     random_file = next(p for p in files if torch.equal(read_verified(p), random_parts))
     metis_file = next(p for p in files if p != random_file)
     metis_file.write_bytes(random_file.read_bytes())
     with pytest.warns(UserWarning, match=f"cache entry {metis_file} was built for another key"):
-        again = cached_partition(graph, "metis_balanced", 2, 0, tmp_path)
+        again = cached_partition(graph, "metis_balanced", 2, 0, tmp_path, targets=targets)
     assert torch.equal(again, metis)
-    assert torch.equal(again, partition(graph, "metis_balanced", 2, seed=0))
+    splits = targets.split_matrix()
+    assert torch.equal(again, partition(graph, "metis_balanced", 2, seed=0, splits=splits))
     assert not torch.equal(again, random_parts)
