@@ -141,10 +141,10 @@ def test_a_part_holds_its_partition_and_loads_memory_mapped(tmp_path):
     for k in range(2):
         from lightning_gnnscale.graph.book import build_local_partition
 
-        local = build_local_partition(prepared.graph, prepared.book, k)
-        part = opened.load_part(k)
+        local = build_local_partition(prepared.graph, prepared.targets, prepared.book, k)
+        part, arrays = opened.load_part(k), local.arrays()
         for name in ("indptr", "indices", "local2global", "x", "y", "train_mask", "test_mask"):
-            assert torch.equal(part[name], getattr(local, name)), name
+            assert torch.equal(part[name], arrays[name]), name
         assert torch.equal(part["degree"], degree[local.local2global])
         lo, hi = prepared.book.node_offsets[k : k + 2].tolist()
         assert torch.equal(part["orig_ids"], prepared.book.new2old[lo:hi])
@@ -183,7 +183,7 @@ def test_a_halo_part_from_a_directory_is_the_in_memory_part(tmp_path, system):
     in_memory.write_partition_dir(tmp_path / "parts", 3, log=lambda *_: 0)
     from_dir = dm(str(tmp_path / "parts"))
     prepared, opened = in_memory.prepare(3), from_dir.prepare(3)
-    train = prepared.graph.split_ids("train")
+    train = prepared.targets.split("train").nonzero().flatten()
     for k in range(3):
         want, got = in_memory.part_of(prepared, k), from_dir.load_part(opened, k)
         files = want.arrays()
