@@ -13,7 +13,6 @@ from pathlib import Path
 
 from ..files import write_json_atomic
 from ..graph.generators import sbm
-from ..graph.node_targets import NodeDataset
 from ..systems.granndis.analysis import e4_compare
 from .report import command_line, environment, environment_lines, markdown_table
 
@@ -39,8 +38,7 @@ def run_granndis_e4_bench(
 ) -> dict:
     """Run E4 at every depth in ``layers``; write ``granndis_e4.json`` and ``granndis_e4.md``
     under ``out``; return the report."""
-    # TRANSITIONAL: the generator's graph still carries its targets
-    dataset = NodeDataset.of_graph(sbm(num_nodes=nodes, avg_degree=avg_degree, seed=seed))
+    dataset = sbm(num_nodes=nodes, avg_degree=avg_degree, seed=seed)
     graph = dataset.graph
     results = []
     for num_layers in layers:

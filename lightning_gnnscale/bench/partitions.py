@@ -24,13 +24,14 @@ from ..systems.gsplit.partition import (
     presample,
     probabilistic_partition,
 )
+from ..tasks import build_task
 from .report import command_line, environment, environment_lines, markdown_table
 
 
-def measure(graph, parts, fanouts, batch_size, epochs, seed) -> dict:
-    """Cross-split share and mean per-step edge imbalance on the given (fresh) epochs."""
+def measure(graph, train, parts, fanouts, batch_size, epochs, seed) -> dict:
+    """Cross-split share and mean per-step edge imbalance on the given (fresh) epochs;
+    ``train``: the training seeds ``[n_train]``, in id order."""
     sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, seed)
-    train = graph.split_ids("train")
     num_parts = int(parts.max()) + 1
     cross = total = 0
     imbalance = []
@@ -61,9 +62,10 @@ def run_partition_bench(
     out: Path,
     argv: list[str],
 ) -> dict:
-    graph = sbm(num_nodes=nodes, train_frac=train_frac, seed=seed)
+    dataset = sbm(num_nodes=nodes, train_frac=train_frac, seed=seed)
+    graph, task = dataset.graph, build_task()
     start = time.perf_counter()
-    train = graph.split_ids("train")
+    train = task.train_seeds(dataset.targets)
     counts = presample(graph, train, fanouts, batch_size, presample_epochs, seed)
     print(
         f"[bench partitions] pre-sampled {counts.num_batches} mini-batches in "
@@ -75,9 +77,14 @@ def run_partition_bench(
     for p in num_parts:
         for method in PARTITION_METHODS:
             parts = probabilistic_partition(
-                graph, p, counts, method=method, is_train=graph.train_mask, seed=seed
+                graph,
+                p,
+                counts,
+                method=method,
+                is_train=task.is_train_seed(dataset.targets),
+                seed=seed,
             )
-            result = measure(graph, parts, fanouts, batch_size, fresh, seed)
+            result = measure(graph, train, parts, fanouts, batch_size, fresh, seed)
             result.update(
                 method=method,
                 num_parts=p,

@@ -190,7 +190,6 @@ def table(
 
 def main(argv: list[str] | None = None) -> None:
     from ...graph.generators import sbm
-    from ...graph.node_targets import NodeDataset
     from ...graph.partition import partition
     from ...tasks import build_task
 
@@ -206,8 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iterations", type=int, default=5)
     args = parser.parse_args(argv)
     # blocks = classes = the head's width
-    graph = sbm(args.nodes, args.classes, args.degree, num_features=args.features, seed=0)
-    train_ids = build_task().train_seeds(NodeDataset.of_graph(graph).targets)  # TRANSITIONAL
+    dataset = sbm(args.nodes, args.classes, args.degree, num_features=args.features, seed=0)
+    graph = dataset.graph
+    train_ids = build_task().train_seeds(dataset.targets)
     layers = len(args.fanouts)
     cost = CostParams(
         args.features,
