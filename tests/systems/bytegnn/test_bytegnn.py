@@ -19,7 +19,6 @@ import torch
 
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
-from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.systems.bytegnn.config import DagConfig, SchedulerConfig
@@ -503,9 +502,7 @@ def test_a_task_listed_before_its_parent_is_refused():
 
 def _graph():
     """One part: the relabelled graph, its targets in gids and the book."""
-    dataset = NodeDataset.of_graph(
-        sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=5, seed=4)
-    )
+    dataset = sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=5, seed=4)
     book = PartitionBook.from_parts(torch.zeros(dataset.graph.num_nodes, dtype=torch.int64), 1)
     return relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old), book
 
@@ -726,9 +723,7 @@ def test_teardown_with_a_request_stuck_on_a_silent_peer_is_prompt_and_clean():
     from lightning_gnnscale.graph.partition import partition
     from lightning_gnnscale.systems.bytegnn.datamodule import ByteGNNDataModule
 
-    dataset = NodeDataset.of_graph(
-        sbm(num_nodes=300, num_classes=4, avg_degree=6.0, num_features=4, seed=2)
-    )
+    dataset = sbm(num_nodes=300, num_classes=4, avg_degree=6.0, num_features=4, seed=2)
     book = PartitionBook.from_parts(partition(dataset.graph, "random", 2, seed=1), 2)
     graph, targets = relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old)
     silent = sk.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers

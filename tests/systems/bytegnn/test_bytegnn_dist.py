@@ -22,7 +22,6 @@ from lightning_gnnscale.config_types import DataConfig, RunFacts
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
-from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.graph.seed_split import SeedSplit
@@ -43,9 +42,7 @@ SEED = 5
 
 def _graph(world_size):
     """The relabelled graph, its targets in gids and the book."""
-    dataset = NodeDataset.of_graph(
-        sbm(num_nodes=500, num_classes=4, avg_degree=7.0, num_features=6, seed=3)
-    )
+    dataset = sbm(num_nodes=500, num_classes=4, avg_degree=7.0, num_features=6, seed=3)
     parts = partition(dataset.graph, "random", world_size, seed=1)
     book = PartitionBook.from_parts(parts, world_size)
     return relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old), book

@@ -16,7 +16,6 @@ import torch
 
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
-from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.systems.bytegnn.config import DagConfig, SchedulerConfig
 from lightning_gnnscale.systems.bytegnn.store import GraphStore
@@ -68,9 +67,7 @@ def oracle_blocks(indptr, indices, seeds, fanouts, seed, epoch, step):
 
 
 def test_blocks_and_rows_equal_an_independent_oracle():
-    dataset = NodeDataset.of_graph(
-        sbm(num_nodes=400, num_classes=4, avg_degree=12.0, num_features=3, seed=11)
-    )
+    dataset = sbm(num_nodes=400, num_classes=4, avg_degree=12.0, num_features=3, seed=11)
     book = PartitionBook.from_parts(torch.zeros(dataset.graph.num_nodes, dtype=torch.int64), 1)
     graph, targets = relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old)
     fanouts = [5, 3]

@@ -31,22 +31,9 @@ from lightning_gnnscale.graph.partition_config import (
 )
 
 
-def _no_splits(num_nodes: int) -> dict:
-    """``Graph``'s own (transitional) target fields, with no vertex in any split: the splits
-    are passed to the partitioner apart, so falling back to the graph's would show."""
-    none = torch.zeros(num_nodes, dtype=torch.bool)
-    return {
-        "y": torch.zeros(num_nodes, dtype=torch.int64),
-        "train_mask": none,
-        "val_mask": none,
-        "test_mask": none,
-        "num_classes": 1,
-    }
-
-
-def _splits_of(graph: Graph) -> Tensor:
-    """bool ``[N, 3]``: a generated dataset's own train / val / test membership."""
-    return NodeDataset.of_graph(graph).targets.split_matrix()
+def _splits_of(dataset: NodeDataset) -> Tensor:
+    """bool ``[N, 3]``: a dataset's own train / val / test membership."""
+    return dataset.targets.split_matrix()
 
 
 def _random_graph(
@@ -64,7 +51,6 @@ def _random_graph(
         num_nodes,
         undirected=undirected,
         x=torch.zeros(num_nodes, 3),
-        **_no_splits(num_nodes),
     )
     return graph, splits
 
@@ -208,7 +194,6 @@ def test_one_giant_free_component_does_not_fill_a_part():
         num_nodes,
         undirected=True,
         x=torch.zeros(num_nodes, 3),
-        **_no_splits(num_nodes),
     )
     parts = partition(graph, "bytegnn", 4, splits=splits, hops=1)
     counts = torch.bincount(parts, minlength=4).double()
@@ -414,7 +399,6 @@ def test_block_cross_edges_count_each_adjacent_pair_once():
         indptr=torch.tensor([0, 2, 2, 5, 6, 8]),
         indices=torch.tensor([2, 4, 0, 1, 1, 1, 3, 4]),
         x=torch.zeros(5, 1),
-        **_no_splits(5),
     )
     pairs = block_cross_edges(graph, torch.tensor([0, 0, 1, 2, 2]))
     assert sorted(map(tuple, pairs.sort(0).values.T.tolist())) == [(0, 1), (0, 1), (0, 2), (0, 2)]
@@ -436,12 +420,17 @@ def test_a_block_that_fits_nowhere_ignores_the_cap():
 
 
 @pytest.fixture(scope="module")
-def sbm_sparse() -> tuple[Graph, Tensor]:
+def sbm_dataset() -> NodeDataset:
+    return sbm(num_nodes=2000, avg_degree=6.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def sbm_sparse(sbm_dataset) -> tuple[Graph, Tensor]:
     """SBM and splits whose labelled vertices are a third of the nodes (the generator's own
-    splits label all: the graph's own masks differ, so a fallback to them would show)."""
-    graph = sbm(num_nodes=2000, avg_degree=6.0, seed=0)
+    splits label all, so the dataset's own splits differ from these)."""
+    graph = sbm_dataset.graph
     keep = torch.rand(graph.num_nodes, generator=torch.Generator().manual_seed(0)) < 1 / 3
-    splits = _splits_of(graph)
+    splits = _splits_of(sbm_dataset)
     splits[:, 1:] &= keep.unsqueeze(1)
     return graph, splits
 
@@ -450,8 +439,8 @@ def sbm_sparse() -> tuple[Graph, Tensor]:
 @pytest.mark.parametrize("graph_name", ["sbm", "sbm_sparse"])
 def test_every_split_balanced_and_more_khop_local_than_random(graph_name, num_parts, request):
     if graph_name == "sbm":
-        graph = sbm(num_nodes=2000, avg_degree=6.0, seed=0)
-        splits = _splits_of(graph)
+        dataset = request.getfixturevalue("sbm_dataset")
+        graph, splits = dataset.graph, _splits_of(dataset)
     else:
         graph, splits = request.getfixturevalue("sbm_sparse")
     parts = partition(graph, "bytegnn", num_parts, seed=0, splits=splits)
@@ -475,8 +464,8 @@ PLANETOID_ROOT = Path(__file__).parents[4] / "shared/datasets/planetoid"
 def test_cora_every_split_balanced_only_with_the_cap(tmp_path):
     """Cora's 140 train vertices are 9% of the labelled ones, so Algorithm 2's weighted BS
     alone lets train pile up; the default cap holds every split within 1.1 at P = 2 and 4."""
-    cora = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path)
-    splits = _splits_of(cora)
+    dataset = load_dataset("cora", root=PLANETOID_ROOT, cache_dir=tmp_path)
+    cora, splits = dataset.graph, _splits_of(dataset)
     for num_parts in (2, 4):
         parts = partition(cora, "bytegnn", num_parts, seed=0, splits=splits)
         report = partition_report(cora, parts, num_parts, splits=splits, hops=2)
@@ -534,7 +523,7 @@ def test_report_adds_khop_keys_only_when_asked(sbm_sparse):
     assert whole["local_khop_ratio"] == 1.0
 
 
-def test_bytegnn_is_a_seeded_partition_method(sbm_sparse):
+def test_bytegnn_is_a_seeded_partition_method(sbm_sparse, sbm_dataset):
     graph, splits = sbm_sparse
     assert "bytegnn" in PARTITION_METHODS
 
@@ -545,8 +534,9 @@ def test_bytegnn_is_a_seeded_partition_method(sbm_sparse):
     assert torch.equal(parts, cut(1))
     assert not torch.equal(parts, cut(2))
     assert torch.equal(cut(1, order="gid"), cut(2, order="gid"))
-    # the splits given are the ones balanced: the graph's own (all labelled) cut differently
-    assert not torch.equal(parts, partition(graph, "bytegnn", 3, seed=1, splits=_splits_of(graph)))
+    # the splits given are the ones balanced: the dataset's own (all labelled) cut differently
+    own = _splits_of(sbm_dataset)
+    assert not torch.equal(parts, partition(graph, "bytegnn", 3, seed=1, splits=own))
 
 
 @pytest.mark.parametrize(
@@ -599,7 +589,6 @@ def test_edge_cases_no_labels_empty_split_and_more_parts_than_blocks():
         3,
         undirected=True,
         x=torch.zeros(3, 1),
-        **_no_splits(3),
     )
     tiny_splits = torch.zeros(3, 3, dtype=torch.bool)
     tiny_splits[0, 0] = True  # vertex 0 trains

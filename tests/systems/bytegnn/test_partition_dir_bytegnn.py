@@ -14,7 +14,6 @@ from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
-from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.partition_dir import PartitionDirError, part_folder
 from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_carried
 from lightning_gnnscale.partition import partition
@@ -61,9 +60,7 @@ def test_the_carried_degree_block_equals_the_dense_builders():
 def test_a_partition_finds_the_ids_it_holds():
     """``LocalPartition.find``: core and halo gids map to their local ids, others are not held;
     ``arrays`` / ``from_arrays`` round-trip the partition."""
-    dataset = NodeDataset.of_graph(
-        sbm(num_nodes=200, num_classes=3, avg_degree=4.0, num_features=2, seed=1)
-    )
+    dataset = sbm(num_nodes=200, num_classes=3, avg_degree=4.0, num_features=2, seed=1)
     parts = torch.randint(0, 3, (200,), generator=torch.Generator().manual_seed(2))
     book = PartitionBook.from_parts(parts, 3)
     graph, targets = relabel_graph(dataset.graph, book), dataset.targets.rows(book.new2old)
