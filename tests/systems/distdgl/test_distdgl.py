@@ -41,9 +41,7 @@ KINDS = ("gcn", "sage", "gat")
 
 
 def partitioned(world_size, method="random", num_nodes=300):
-    dataset = NodeDataset.of_graph(
-        sbm(num_nodes=num_nodes, num_classes=4, avg_degree=8.0, num_features=10, seed=5)
-    )
+    dataset = sbm(num_nodes=num_nodes, num_classes=4, avg_degree=8.0, num_features=10, seed=5)
     graph, targets = dataset.graph, dataset.targets
     parts = partition(graph, method, world_size, seed=0, splits=targets.split_matrix())
     book = PartitionBook.from_parts(parts, world_size)

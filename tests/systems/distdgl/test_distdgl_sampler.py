@@ -6,7 +6,6 @@ import torch
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
-from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.graph.seed_split import SeedSplit
@@ -20,9 +19,7 @@ FANOUT_CASES = ([4, 3], [-1, -1], [2, 5, 1])
 
 def relabelled_graph(world_size, empty_part=False):
     """The relabelled graph, its targets in gids and the book."""
-    dataset = NodeDataset.of_graph(
-        sbm(num_nodes=240, num_classes=4, avg_degree=7.0, num_features=6, seed=2)
-    )
+    dataset = sbm(num_nodes=240, num_classes=4, avg_degree=7.0, num_features=6, seed=2)
     parts = partition(dataset.graph, "random", world_size, seed=1)
     if empty_part:  # the last rank owns nothing: its collectives must still run
         parts = torch.where(parts == world_size - 1, 0, parts)
