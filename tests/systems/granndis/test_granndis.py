@@ -15,7 +15,7 @@ from lightning_gnnscale.systems.granndis.plan import keep_mask
 
 
 def path_graph(n: int = 8) -> Graph:
-    """Undirected path 0-1-...-(n-1) with self-loops; every vertex is a training target."""
+    """Undirected path 0-1-...-(n-1) with self-loops."""
     ids = torch.arange(n - 1)
     loops = torch.arange(n)
     src = torch.cat([ids, ids + 1, loops])
@@ -25,11 +25,6 @@ def path_graph(n: int = 8) -> Graph:
         indptr,
         indices,
         torch.arange(n, dtype=torch.float64).unsqueeze(1),
-        torch.zeros(n, dtype=torch.int64),
-        torch.ones(n, dtype=torch.bool),
-        torch.zeros(n, dtype=torch.bool),
-        torch.zeros(n, dtype=torch.bool),
-        num_classes=1,
     )
 
 
@@ -150,10 +145,10 @@ def _auto_module(budget_mb):
     from lightning_gnnscale.graph.generators import sbm
     from lightning_gnnscale.systems.granndis import GraNNDISDataModule
 
-    graph = sbm(num_nodes=200, num_classes=3, avg_degree=5.0, num_features=4, seed=1)
+    dataset = sbm(num_nodes=200, num_classes=3, avg_degree=5.0, num_features=4, seed=1)
     config = GraNNDISConfig(mode="flx", preload_auto=True, memory_budget_mb=budget_mb)
     data = DataConfig(batch_size=-1, fanouts=[-1, -1, -1])
-    dm = GraNNDISDataModule(graph, config, data, topology=Topology.single())
+    dm = GraNNDISDataModule(dataset, config, data, topology=Topology.single())
     dm.build_model(ModelConfig(name="sage", hidden=16, num_layers=3))
     return dm
 
@@ -281,11 +276,11 @@ def test_mb_base_batches_are_data_parallel_micro_batches():
     from lightning_gnnscale.systems.ddp import DataParallelDataModule
     from lightning_gnnscale.systems.granndis import GraNNDISDataModule
 
-    graph = sbm(num_nodes=300, num_classes=3, avg_degree=5.0, num_features=4, seed=2)
+    dataset = sbm(num_nodes=300, num_classes=3, avg_degree=5.0, num_features=4, seed=2)
     data = DataConfig(batch_size=32, fanouts=[3, 2])
-    mb_base = GraNNDISDataModule(graph, GraNNDISConfig(mode="mb_base"), data)
+    mb_base = GraNNDISDataModule(dataset, GraNNDISConfig(mode="mb_base"), data)
     _setup_one_process(mb_base)
-    ddp = DataParallelDataModule(graph, data=data)
+    ddp = DataParallelDataModule(dataset, data=data)
     assert mb_base.steps_per_epoch == ddp.steps_per_epoch > 1
     for step in range(mb_base.steps_per_epoch):
         got, want = mb_base.make_batch(1, step), ddp.make_batch(1, step)

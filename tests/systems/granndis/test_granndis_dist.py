@@ -57,8 +57,9 @@ FEW_TARGETS = ("fb_base_no_targets", "flx_empty_server")
 
 
 def small_dataset(few_targets: bool = False) -> NodeDataset:
-    graph = sbm(num_nodes=240, num_classes=CLASSES, avg_degree=6.0, num_features=5, seed=5)
-    dataset = NodeDataset.of_graph(graph).to(torch.float64)  # TRANSITIONAL: a Graph's targets
+    dataset = sbm(num_nodes=240, num_classes=CLASSES, avg_degree=6.0, num_features=5, seed=5).to(
+        torch.float64
+    )
     if few_targets:  # training targets only among the first 100 ids (server 0, contiguous)
         targets = dataset.targets
         train = targets.train & (torch.arange(targets.num_rows) < 100)

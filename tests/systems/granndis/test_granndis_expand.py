@@ -28,18 +28,13 @@ VARIANTS = [(s, c, f) for s in SELECTIONS for c in FANOUT_SCOPES for f in FRONTI
 
 
 def make_graph(src, dst, num_nodes, *, undirected=True):
-    """A Graph over the given edges with dummy node data."""
+    """A Graph over the given edges with dummy features."""
     edges = torch.tensor([src, dst], dtype=torch.int64).reshape(2, -1)
     return Graph.from_edge_index(
         edges,
         num_nodes,
         undirected=undirected,
         x=torch.zeros(num_nodes, 1),
-        y=torch.zeros(num_nodes, dtype=torch.int64),
-        train_mask=torch.ones(num_nodes, dtype=torch.bool),
-        val_mask=torch.zeros(num_nodes, dtype=torch.bool),
-        test_mask=torch.zeros(num_nodes, dtype=torch.bool),
-        num_classes=1,
     )
 
 
@@ -591,8 +586,7 @@ def test_one_hop_sizes_against_sets():
 
 
 def sbm_dataset(seed: int) -> NodeDataset:
-    """TRANSITIONAL: the generator's graph still carries its targets."""
-    return NodeDataset.of_graph(sbm(2000, avg_degree=5, seed=seed))
+    return sbm(2000, avg_degree=5, seed=seed)
 
 
 def test_e4_cob_shares_dependencies_and_gap_grows_with_depth():

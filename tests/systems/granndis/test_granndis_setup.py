@@ -23,8 +23,7 @@ TOPOLOGY = Topology(4, 2)  # 2 servers x 2 workers
 
 
 def dataset_of(num_nodes=400, seed=3) -> NodeDataset:
-    graph = sbm(num_nodes=num_nodes, num_classes=4, avg_degree=6.0, num_features=4, seed=seed)
-    return NodeDataset.of_graph(graph)  # TRANSITIONAL: the generator's graph carries targets
+    return sbm(num_nodes=num_nodes, num_classes=4, avg_degree=6.0, num_features=4, seed=seed)
 
 
 def module(config, layers=2, dataset=None, cache_dir=None):
