@@ -24,27 +24,30 @@ EPOCH, STEP = 3, 1
 
 
 def setup_graph(world_size):
-    graph = sbm(num_nodes=260, num_classes=4, avg_degree=7.0, num_features=8, seed=4)
-    graph = graph.to(torch.float64)
+    """The float64 dataset, a split function over ``world_size`` ranks and 48 training seeds."""
+    dataset = sbm(num_nodes=260, num_classes=4, avg_degree=7.0, num_features=8, seed=4)
+    dataset = dataset.to(torch.float64)
+    graph = dataset.graph
     parts = torch.randint(
         0, world_size, (graph.num_nodes,), generator=torch.Generator().manual_seed(7)
     )
     if world_size == 3:  # rank 2 owns a single, isolated-from-the-batch vertex
         parts = torch.where(parts == 2, 0, parts)
         parts[graph.num_nodes - 1] = 2
-    seeds = graph.split_ids("train")[:48]
-    return graph, parts, seeds
+    seeds = dataset.targets.train.nonzero().flatten()[:48]
+    return dataset, parts, seeds
 
 
-def make_net(kind, graph):
+def make_net(kind, dataset):
     torch.manual_seed(0)
     return BlockGNN(
-        kind, graph.num_features, 12, graph.num_classes, num_layers=2, dropout=0.0, heads=3
+        kind, dataset.graph.num_features, 12, dataset.num_classes, 2, dropout=0.0, heads=3
     ).double()
 
 
 def _split_rank(rank, world_size):
-    graph, parts, seeds = setup_graph(world_size)
+    dataset, parts, seeds = setup_graph(world_size)
+    graph, y = dataset.graph, dataset.targets.target
     comm = Comm.create()
     sampler = SplitSampler(comm, parts, CSCRows.whole(graph.indptr, graph.indices), FANOUTS, 5)
     targets = seeds[parts[seeds] == rank]
@@ -52,12 +55,12 @@ def _split_rank(rank, world_size):
     out = {"layers": [b.dst_ids for b in blocks], "inputs": inputs, "bytes": {}}
     out["bytes"]["sampling"] = comm.meter.snapshot()["bytes"]
     for kind in KINDS:
-        net = make_net(kind, graph)
+        net = make_net(kind, dataset)
         before = comm.meter.snapshot()
         logits = net(
             blocks, graph.x[inputs], layer_hook=lambda i, h: shuffle(h, plans[i], comm, layer=i)
         )
-        loss = F.cross_entropy(logits, graph.y[blocks[-1].dst_ids], reduction="sum")
+        loss = F.cross_entropy(logits, y[blocks[-1].dst_ids], reduction="sum")
         (loss / seeds.numel()).backward()
         out["bytes"][kind] = comm.meter.delta(before)["bytes"]
         grad = torch.cat([p.grad.flatten() for p in net.parameters()])
@@ -88,7 +91,8 @@ def remote_rows_by_layer(blocks, parts) -> list[int]:
 @pytest.mark.dist
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_split_parallel_equals_single(world_size):
-    graph, parts, seeds = setup_graph(world_size)
+    dataset, parts, seeds = setup_graph(world_size)
+    graph = dataset.graph
     results = run_distributed(_split_rank, world_size, timeout_s=150)
     ref_blocks = NeighborSampler(graph.indptr, graph.indices, FANOUTS, seed=5).sample(
         seeds, EPOCH, STEP
@@ -106,9 +110,10 @@ def test_split_parallel_equals_single(world_size):
     if world_size == 3:
         assert results[2]["layers"][-1].numel() == 0  # rank 2 owns no target
     for kind in KINDS:
-        net = make_net(kind, graph)
+        net = make_net(kind, dataset)
         ref_logits = net(ref_blocks, graph.x[ref_blocks[0].src_ids])
-        loss = F.cross_entropy(ref_logits, graph.y[seeds], reduction="sum") / seeds.numel()
+        y = dataset.targets.target[seeds]
+        loss = F.cross_entropy(ref_logits, y, reduction="sum") / seeds.numel()
         loss.backward()
         ref_grad = torch.cat([p.grad.flatten() for p in net.parameters()])
         row = {int(s): i for i, s in enumerate(seeds)}
@@ -152,11 +157,11 @@ def test_partitioned_cache_ranks_own_rows_by_frequency_and_counts():
     assert by_id.cached.nonzero().flatten().tolist() == [1, 3]
 
 
-def recomputed_epoch(graph, parts, input_frequency, cfg, epoch, world_size):
+def recomputed_epoch(graph, train_ids, parts, input_frequency, cfg, epoch, world_size):
     """What GSplit's statistics and the meter should report for one training epoch, derived by
-    brute force from the global mini-batches (``single``'s sampler and order) and the split
-    function: per-step edges per rank, cross-split edges, inputs, cache hits, remote rows."""
-    train_ids = graph.split_ids("train")
+    brute force from the global mini-batches (``single``'s sampler and order over the training
+    seeds ``train_ids``) and the split function: per-step edges per rank, cross-split edges,
+    inputs, cache hits, remote rows."""
     batch = int(cfg.data.batch_size)
     order = epoch_permutation(train_ids, int(cfg.seed), epoch)
     sampler = NeighborSampler(graph.indptr, graph.indices, list(cfg.data.fanouts), int(cfg.seed))
@@ -217,11 +222,14 @@ def test_gsplit_trains_end_to_end_with_a_clean_audit(tmp_path):
     assert per_epoch["structure"] > 0 and per_epoch["gradient"] > 0
 
     graph, world = objects["graph"], int(cfg.trainer.devices)
+    train_ids = objects["targets"].train.nonzero().flatten()
     artifact = gsplit_artifact(cfg.paths.cache_dir)
     parts = artifact["parts"]
     item, widths = graph.x.element_size(), [graph.num_features, int(cfg.model.hidden)]
     for row in metrics["history"]:
-        steps = recomputed_epoch(graph, parts, artifact["k0_v"], cfg, row["epoch"], world)
+        steps = recomputed_epoch(
+            graph, train_ids, parts, artifact["k0_v"], cfg, row["epoch"], world
+        )
         remote = [sum(s["remote"][layer] for s in steps) for layer in range(2)]
         assert remote[0] > 0 and remote[1] > 0
         # layer 0 moves input rows (`feature`), layer 1 hidden rows; inputs have no gradient
@@ -249,7 +257,6 @@ def test_gsplit_trains_end_to_end_with_a_clean_audit(tmp_path):
         )
 
     # Redundancy probe: rank-salted data-parallel micro-batches of the first steps of epoch 0.
-    train_ids = graph.split_ids("train")
     sampler = NeighborSampler(graph.indptr, graph.indices, list(cfg.data.fanouts), cfg.seed)
     order, batch = epoch_permutation(train_ids, cfg.seed, 0), int(cfg.data.batch_size)
     dp_rows = split_rows = 0
@@ -384,7 +391,7 @@ def test_redundancy_probe_sums_travel_in_checkpoints():
     assert resumed.summary_stats()["dp_over_split_input_rows"] == 1.5
 
 
-def _plain_lightning_rank(rank, world_size, graph, strategy, cache_dir):
+def _plain_lightning_rank(rank, world_size, dataset, strategy, cache_dir):
     """One rank of the documented plain-Lightning script: no train(), no report callbacks,
     the strategy created by name, nothing prepared before the ranks start."""
     import os
@@ -406,9 +413,9 @@ def _plain_lightning_rank(rank, world_size, graph, strategy, cache_dir):
     data = DataConfig(batch_size=40, fanouts=FANOUTS)
     if strategy == "gsplit":
         config = GSplitConfig(partition=GSplitPartitionConfig(presample_epochs=1))
-        dm = GSplitDataModule(graph, config, data, seed=5, cache_dir=cache_dir)
+        dm = GSplitDataModule(dataset, config, data, seed=5, cache_dir=cache_dir)
     else:
-        dm = SingleDataModule(graph, data=data, seed=5, cache_dir=cache_dir)
+        dm = SingleDataModule(dataset, data=data, seed=5, cache_dir=cache_dir)
     torch.manual_seed(0)
     net = dm.build_model(ModelConfig(name="gat", hidden=12, heads=3, dropout=0.0))
     module = GNNModule(net.double())
@@ -435,12 +442,12 @@ def test_plain_lightning_script_equals_single(tmp_path):
     """``L.Trainer(strategy="gsplit")`` with a ``GSplitDataModule`` and no report callbacks:
     each rank prepares (one builds the partition, the other loads it from the cache) and the
     2-rank run trains the same weights as ``single`` (float64, GAT, no dropout)."""
-    graph, _, _ = setup_graph(2)
+    dataset, _, _ = setup_graph(2)
     split = run_distributed(
-        _plain_lightning_rank, 2, graph, "gsplit", tmp_path / "cache", timeout_s=240
+        _plain_lightning_rank, 2, dataset, "gsplit", tmp_path / "cache", timeout_s=240
     )
     ((initial, ref, ref_acc),) = run_distributed(
-        _plain_lightning_rank, 1, graph, "single", tmp_path / "cache", timeout_s=240
+        _plain_lightning_rank, 1, dataset, "single", tmp_path / "cache", timeout_s=240
     )
     assert len(list((tmp_path / "cache").glob("gsplit-partition-*.pt"))) == 1
     assert any(not torch.equal(ref[name], initial[name]) for name in ref)  # it trained
@@ -458,7 +465,8 @@ def test_owner_order_builder_equals_a_sort_by_owner():
     from lightning_gnnscale.graph.sampler import BlockBuilder, SampleKey, sample_neighbors
     from lightning_gnnscale.systems.gsplit.sampler import OwnerOrderBuilder
 
-    graph, parts, seeds = setup_graph(3)
+    dataset, parts, seeds = setup_graph(3)
+    graph = dataset.graph
     degree = graph.indptr[1:] - graph.indptr[:-1]
     plain, ordered = BlockBuilder(graph.num_nodes, degree), OwnerOrderBuilder(parts, degree)
     frontier = torch.sort(seeds).values

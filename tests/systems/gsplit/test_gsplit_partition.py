@@ -30,8 +30,9 @@ from lightning_gnnscale.systems.gsplit.partition import (
 )
 
 
-def tiny_graph(seed: int = 0, num_nodes: int = 14, self_loop: bool = False) -> Graph:
-    """Random directed graph: a hub (node 0, in-degree > fanouts), two isolated nodes."""
+def tiny_dataset(seed: int = 0, num_nodes: int = 14, self_loop: bool = False) -> NodeDataset:
+    """Random directed graph: a hub (node 0, in-degree > fanouts), two isolated nodes; six
+    training nodes, the rest test nodes."""
     gen = torch.Generator().manual_seed(seed)
     connected = num_nodes - 2
     src = torch.randint(connected, (30,), generator=gen)
@@ -42,48 +43,34 @@ def tiny_graph(seed: int = 0, num_nodes: int = 14, self_loop: bool = False) -> G
         src, dst = torch.cat([src, torch.tensor([3])]), torch.cat([dst, torch.tensor([3])])
     train_mask = torch.zeros(num_nodes, dtype=torch.bool)
     train_mask[torch.tensor([0, 2, 5, 7, 9, num_nodes - 1])] = True
-    return Graph.from_edge_index(
+    graph = Graph.from_edge_index(
         torch.stack([src, dst]),
         num_nodes,
         remove_self_loops=not self_loop,
         x=torch.zeros(num_nodes, 1),
-        y=torch.zeros(num_nodes, dtype=torch.int64),
-        train_mask=train_mask,
-        val_mask=torch.zeros(num_nodes, dtype=torch.bool),
-        test_mask=~train_mask,
-        num_classes=1,
     )
+    none = torch.zeros(num_nodes, dtype=torch.bool)
+    targets = NodeTargets(
+        torch.zeros(num_nodes, dtype=torch.int64), train_mask, none, ~train_mask, 1
+    )
+    return NodeDataset(graph, targets)
 
 
-def targets_of(graph: Graph) -> NodeTargets:
-    """The task's rows of a generated graph: its own labels and splits (TRANSITIONAL: read
-    off the graph, which still carries them)."""
-    return NodeDataset.of_graph(graph).targets
+def train_ids_of(targets: NodeTargets) -> torch.Tensor:
+    return targets.train.nonzero().flatten()
 
 
-def train_ids_of(graph: Graph) -> torch.Tensor:
-    return targets_of(graph).train.nonzero().flatten()
-
-
-def without_splits(graph: Graph) -> Graph:
-    """``graph`` with no node in any split of its own: what a partitioner given the task's
-    training seeds must not look at."""
-    none = torch.zeros(graph.num_nodes, dtype=torch.bool)
-    return dataclasses.replace(graph, train_mask=none, val_mask=none, test_mask=none)
-
-
-def cached_parts(graph: Graph, num_parts: int, targets: NodeTargets | None = None, **options):
-    """:func:`cached_probabilistic_partition` with ``targets`` (default: the graph's own) and
-    their training rows as the seeds."""
-    targets = targets_of(graph) if targets is None else targets
+def cached_parts(graph: Graph, num_parts: int, targets: NodeTargets, **options):
+    """:func:`cached_probabilistic_partition` with ``targets`` and their training rows as the
+    seeds."""
     return cached_probabilistic_partition(
         graph, num_parts, targets=targets, is_train=targets.train, **options
     )
 
 
-def schedule_blocks(graph, fanouts, batch_size, seed, epochs):
-    """The training schedule's blocks, step by step (what presample must count)."""
-    train_ids = train_ids_of(graph)
+def schedule_blocks(graph, train_ids, fanouts, batch_size, seed, epochs):
+    """The training schedule's blocks on seeds ``train_ids``, step by step (what presample
+    must count)."""
     sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, seed)
     steps = -(-train_ids.numel() // batch_size)
     for epoch in epochs:
@@ -93,13 +80,13 @@ def schedule_blocks(graph, fanouts, batch_size, seed, epochs):
             yield sampler.sample(seeds, epoch, step)
 
 
-def brute_force_counts(graph, fanouts, batch_size, seed, epochs) -> PresampleCounts:
+def brute_force_counts(graph, train_ids, fanouts, batch_size, seed, epochs) -> PresampleCounts:
     """k_v, k_e, k0_v by plain Python loops over nodes and edges."""
     indptr, indices = graph.indptr.tolist(), graph.indices.tolist()
     k_v, k0_v = [0] * graph.num_nodes, [0] * graph.num_nodes
     k_e = [0] * graph.num_edges
     num_batches = 0
-    for blocks in schedule_blocks(graph, fanouts, batch_size, seed, range(epochs)):
+    for blocks in schedule_blocks(graph, train_ids, fanouts, batch_size, seed, range(epochs)):
         num_batches += 1
         for v in set(blocks[0].src_ids.tolist()):
             k0_v[v] += 1
@@ -117,11 +104,11 @@ def brute_force_counts(graph, fanouts, batch_size, seed, epochs) -> PresampleCou
 
 @pytest.mark.parametrize("fanouts,batch_size", [([3, 2], 4), ([2, 2, 2], 5), ([1], -1)])
 def test_presample_counts_equal_brute_force(fanouts, batch_size):
-    graph = tiny_graph()
-    train_ids = train_ids_of(graph)
-    counts = presample(without_splits(graph), train_ids, fanouts, batch_size, epochs=3, seed=7)
+    data = tiny_dataset()
+    graph, train_ids = data.graph, train_ids_of(data.targets)
+    counts = presample(graph, train_ids, fanouts, batch_size, epochs=3, seed=7)
     size = train_ids.numel() if batch_size == -1 else batch_size
-    expected = brute_force_counts(graph, fanouts, size, seed=7, epochs=3)
+    expected = brute_force_counts(graph, train_ids, fanouts, size, seed=7, epochs=3)
     assert counts.num_batches == expected.num_batches
     for name in ("k_v", "k_e", "k0_v"):
         assert torch.equal(getattr(counts, name), getattr(expected, name)), name
@@ -129,10 +116,10 @@ def test_presample_counts_equal_brute_force(fanouts, batch_size):
 
 def test_presample_closed_form_when_sampling_is_deterministic():
     """Fanouts >= max in-degree and one batch: k_v/N = L - dist, k_e/N = L - dist(dst)."""
-    graph = tiny_graph(seed=3)
-    num_layers = 3
+    data = tiny_dataset(seed=3)
+    graph, num_layers = data.graph, 3
     max_degree = int(graph.in_degree().max())
-    train_ids = train_ids_of(graph)
+    train_ids = train_ids_of(data.targets)
     counts = presample(graph, train_ids, [max_degree] * num_layers, -1, epochs=2, seed=1)
     indptr, indices = graph.indptr.tolist(), graph.indices.tolist()
     dist = dict.fromkeys(train_ids.tolist(), 0)
@@ -152,8 +139,8 @@ def test_presample_closed_form_when_sampling_is_deterministic():
 
 
 def test_presample_drop_last_and_bad_arguments(capsys, monkeypatch):
-    graph = tiny_graph()
-    train_ids = train_ids_of(graph)  # 6 training nodes
+    data = tiny_dataset()
+    graph, train_ids = data.graph, train_ids_of(data.targets)  # 6 training nodes
     monkeypatch.setattr(gsplit_partition, "PROGRESS_EVERY_S", 0.0)  # a line every step
     assert presample(graph, train_ids, [2], 4, epochs=2, seed=0).num_batches == 4
     assert "pre-sampling: epoch 2/2, mini-batch 2/2" in capsys.readouterr().out
@@ -168,13 +155,14 @@ def test_presample_drop_last_and_bad_arguments(capsys, monkeypatch):
 
 def test_expectation_identities_on_the_presampled_batches():
     """Mean cross edges and per-split loads over the pre-sampled batches equal the weights."""
-    graph = tiny_graph(seed=1)
+    data = tiny_dataset(seed=1)
+    graph, train_ids = data.graph, train_ids_of(data.targets)
     fanouts, batch_size, seed = [3, 2], 3, 5
-    counts = presample(graph, train_ids_of(graph), fanouts, batch_size, epochs=4, seed=seed)
+    counts = presample(graph, train_ids, fanouts, batch_size, epochs=4, seed=seed)
     parts = probabilistic_partition(graph, 3, counts, method="gsplit")
     cross = total = 0
     loads = torch.zeros(3, dtype=torch.int64)
-    for blocks in schedule_blocks(graph, fanouts, batch_size, seed, range(4)):
+    for blocks in schedule_blocks(graph, train_ids, fanouts, batch_size, seed, range(4)):
         batch_cross, batch_total = cross_split_fraction(blocks, parts)
         cross, total = cross + batch_cross, total + batch_total
         for block in blocks:
@@ -218,7 +206,7 @@ def test_integer_edge_weights_zero_edge_policy():
 
 
 def test_metis_input_is_symmetric_and_sums_both_directions():
-    graph = tiny_graph(seed=2, self_loop=True)
+    graph = tiny_dataset(seed=2, self_loop=True).graph
     gen = torch.Generator().manual_seed(0)
     k_e = torch.randint(0, 4, (graph.num_edges,), generator=gen)
     xadj, adjncy, pair_weights = symmetric_pair_weights(graph, k_e)
@@ -245,15 +233,17 @@ def test_metis_input_is_symmetric_and_sums_both_directions():
 
 @pytest.fixture(scope="module")
 def small_sbm():
-    graph = sbm(num_nodes=600, num_classes=4, train_frac=0.2, seed=1)
-    return graph, presample(graph, train_ids_of(graph), [5, 5], 32, epochs=3, seed=0)
+    """The graph, its pre-sampled counts and its targets."""
+    dataset = sbm(num_nodes=600, num_classes=4, train_frac=0.2, seed=1)
+    graph, targets = dataset.graph, dataset.targets
+    return graph, presample(graph, train_ids_of(targets), [5, 5], 32, epochs=3, seed=0), targets
 
 
 @pytest.mark.parametrize("method", PARTITION_METHODS)
 @pytest.mark.parametrize("num_parts", [1, 3])
 def test_every_method_assigns_every_node_deterministically(small_sbm, method, num_parts):
-    graph, counts = small_sbm
-    is_train = targets_of(graph).train
+    graph, counts, targets = small_sbm
+    is_train = targets.train
     parts = probabilistic_partition(
         graph, num_parts, counts, method=method, is_train=is_train, seed=4
     )
@@ -268,7 +258,7 @@ def test_every_method_assigns_every_node_deterministically(small_sbm, method, nu
 
 
 def test_bad_method_and_missing_counts(small_sbm):
-    graph, counts = small_sbm
+    graph, counts, _ = small_sbm
     with pytest.raises(ValueError, match="gsplit.*node.*edge.*naive.*random"):
         probabilistic_partition(graph, 2, counts, method="metis")
     with pytest.raises(ValueError, match="counts"):
@@ -287,14 +277,15 @@ def sbm3k():
 
 @pytest.mark.parametrize("num_parts", [2, 4])
 def test_gsplit_cuts_fewer_sampled_edges_than_random(sbm3k, num_parts):
-    graph, fanouts, batch_size, seed = sbm3k, [10, 5], 64, 0
-    counts = presample(graph, train_ids_of(graph), fanouts, batch_size, epochs=10, seed=seed)
+    graph, fanouts, batch_size, seed = sbm3k.graph, [10, 5], 64, 0
+    train_ids = train_ids_of(sbm3k.targets)
+    counts = presample(graph, train_ids, fanouts, batch_size, epochs=10, seed=seed)
     measured, predicted, balance = {}, {}, {}
     for method in ("gsplit", "node", "edge", "naive", "random"):
-        is_train = targets_of(graph).train
+        is_train = sbm3k.targets.train
         parts = probabilistic_partition(graph, num_parts, counts, method=method, is_train=is_train)
         cross = total = 0
-        for blocks in schedule_blocks(graph, fanouts, batch_size, seed, range(10, 15)):
+        for blocks in schedule_blocks(graph, train_ids, fanouts, batch_size, seed, range(10, 15)):
             batch_cross, batch_total = cross_split_fraction(blocks, parts)
             cross, total = cross + batch_cross, total + batch_total
         measured[method] = cross / total
@@ -326,12 +317,13 @@ def count_presample_calls(monkeypatch) -> list:
 
 
 def test_cache_returns_the_same_parts_without_recomputing(tmp_path, monkeypatch):
-    graph = tiny_graph()
+    data = tiny_dataset()
+    graph, targets = data.graph, data.targets
     real_presample = gsplit_partition.presample
     calls = count_presample_calls(monkeypatch)
     options = dict(fanouts=[3, 2], batch_size=4, presample_epochs=2, seed=3, cache_dir=tmp_path)
-    first = cached_parts(graph, 2, method="gsplit", **options)
-    second = cached_parts(graph, 2, method="gsplit", **options)
+    first = cached_parts(graph, 2, targets, method="gsplit", **options)
+    second = cached_parts(graph, 2, targets, method="gsplit", **options)
     assert len(calls) == 1
     assert set(first) == {
         "parts",
@@ -346,36 +338,36 @@ def test_cache_returns_the_same_parts_without_recomputing(tmp_path, monkeypatch)
     assert first["num_batches"] == second["num_batches"] == 4
     assert first["expected_cross_fraction"] == second["expected_cross_fraction"]
     assert second["method"] == "gsplit"
-    counts = real_presample(graph, train_ids_of(graph), [3, 2], 4, 2, 3)
+    counts = real_presample(graph, train_ids_of(targets), [3, 2], 4, 2, 3)
     assert torch.equal(first["parts"], probabilistic_partition(graph, 2, counts))
 
-    cached_parts(graph, 2, method="random", **options)
-    cached_parts(graph, 2, method="gsplit", ufactor=100, **options)
+    cached_parts(graph, 2, targets, method="random", **options)
+    cached_parts(graph, 2, targets, method="gsplit", ufactor=100, **options)
     assert len(calls) == 3
     with pytest.raises(ValueError, match="valid"):
-        cached_parts(graph, 2, method="hash", **options)
+        cached_parts(graph, 2, targets, method="hash", **options)
 
 
 def test_the_task_seeds_are_what_is_presampled_and_balanced(tmp_path):
-    """The artifact and the ``edge`` weights come from the given targets and training seeds,
-    never the graph's own splits (here empty: a graph the old masks would call unlabelled)."""
-    graph = tiny_graph()
-    targets, bare = targets_of(graph), without_splits(graph)
+    """The artifact and the ``edge`` weights come from the given targets and training seeds
+    (the graph carries structure and features only)."""
+    data = tiny_dataset()
+    graph, targets = data.graph, data.targets
     options = dict(fanouts=[3, 2], batch_size=4, presample_epochs=2, seed=3, cache_dir=tmp_path)
-    got = cached_parts(bare, 2, targets=targets, method="gsplit", **options)
-    counts = presample(graph, train_ids_of(graph), [3, 2], 4, 2, 3)
+    got = cached_parts(graph, 2, targets, method="gsplit", **options)
+    counts = presample(graph, train_ids_of(targets), [3, 2], 4, 2, 3)
     assert torch.equal(got["k_v"], counts.k_v) and torch.equal(got["k0_v"], counts.k0_v)
     is_train = targets.train.to(torch.int64)
     n_train = int(is_train.sum())
     assert torch.equal(
-        edge_balance_weights(bare, targets.train),
+        edge_balance_weights(graph, targets.train),
         graph.in_degree() * n_train + graph.num_edges * is_train,
     )
 
 
 def test_gsplit_with_no_sampled_edges_still_partitions(small_sbm):
     """``auto`` drops every edge when none was sampled; METIS then balances ``k_v`` alone."""
-    graph, counts = small_sbm
+    graph, counts, _ = small_sbm
     unsampled = PresampleCounts(counts.k_v, torch.zeros_like(counts.k_e), counts.k0_v, 1)
     xadj, adjncy, _, _ = gsplit_metis_input(graph, unsampled)
     assert adjncy.numel() == 0 and int(xadj[-1]) == 0
@@ -407,8 +399,7 @@ def _moved_edge(graph: Graph) -> Graph:
     return Graph.from_edge_index(
         torch.stack([src, dst]),
         graph.num_nodes,
-        **{f: getattr(graph, f) for f in ("x", "y", "train_mask", "val_mask", "test_mask")},
-        num_classes=graph.num_classes,
+        x=graph.x,
     )
 
 
@@ -442,10 +433,10 @@ def test_cache_key_covers_every_input(tmp_path, monkeypatch, change):
     """Changing any one input of the artifact writes (and builds) a new one; the unchanged
     inputs hit the cache."""
     builds = count_presample_calls(monkeypatch)
-    graph = tiny_graph()
-    targets = targets_of(graph)
-    base = cached_parts(graph, 2, cache_dir=tmp_path, **KEY_BASE)
-    cached_parts(graph, 2, cache_dir=tmp_path, **KEY_BASE)
+    data = tiny_dataset()
+    graph, targets = data.graph, data.targets
+    base = cached_parts(graph, 2, targets, cache_dir=tmp_path, **KEY_BASE)
+    cached_parts(graph, 2, targets, cache_dir=tmp_path, **KEY_BASE)
     assert len(builds) == 1 and len(list(tmp_path.glob("gsplit-partition-*.pt"))) == 1
 
     options, num_parts, is_train = dict(KEY_BASE), 2, targets.train
@@ -488,7 +479,7 @@ def test_cache_key_covers_every_input(tmp_path, monkeypatch, change):
         )
 
 
-def _invisible_to_sampling(graph: Graph) -> tuple[Graph, NodeTargets]:
+def _invisible_to_sampling(graph: Graph, targets: NodeTargets) -> tuple[Graph, NodeTargets]:
     """Two edits that keep every size and every array sum and change no entry whose position is
     a multiple of ``len // 4096`` (so hashing only strided samples and sums cannot see them): a
     source ``a`` -> ``a + 1`` in one in-edge list and ``a + 1`` -> ``a`` in another (both lists
@@ -515,7 +506,6 @@ def _invisible_to_sampling(graph: Graph) -> tuple[Graph, NodeTargets]:
         if edited is not None:
             break
     structure = dataclasses.replace(graph, indices=edited)
-    targets = targets_of(graph)
     mask = targets.train.clone()
     off_nodes = torch.arange(graph.num_nodes) % node_stride != 0
     on, off = (off_nodes & mask).nonzero().flatten(), (off_nodes & ~mask).nonzero().flatten()
@@ -528,16 +518,17 @@ def test_cache_key_sees_edits_a_sampled_fingerprint_would_miss(tmp_path, monkeyp
     two sum-preserving edits (one of the structure, one of the train mask) each still build a
     new artifact. This needs a graph fingerprint over the whole structure and train mask."""
     builds = count_presample_calls(monkeypatch)
-    graph = sbm(num_nodes=10000, num_classes=4, avg_degree=4.0, train_frac=0.05, seed=2)
+    dataset = sbm(num_nodes=10000, num_classes=4, avg_degree=4.0, train_frac=0.05, seed=2)
+    graph, targets = dataset.graph, dataset.targets
     options = dict(KEY_BASE, fanouts=[2, 2], batch_size=256, presample_epochs=1)
-    cached_parts(graph, 2, cache_dir=tmp_path, **options)
-    structure, train = _invisible_to_sampling(graph)
+    cached_parts(graph, 2, targets, cache_dir=tmp_path, **options)
+    structure, train = _invisible_to_sampling(graph, targets)
     assert structure.num_edges == graph.num_edges
     assert int(structure.indices.sum()) == int(graph.indices.sum())
     assert not torch.equal(structure.indices, graph.indices)
-    assert int(train.train.sum()) == int(targets_of(graph).train.sum())
-    assert not torch.equal(train.train, targets_of(graph).train)
-    cached_parts(structure, 2, cache_dir=tmp_path, **options)
+    assert int(train.train.sum()) == int(targets.train.sum())
+    assert not torch.equal(train.train, targets.train)
+    cached_parts(structure, 2, targets, cache_dir=tmp_path, **options)
     assert len(builds) == 2, "an edit of the graph structure reused the cached artifact"
-    cached_parts(graph, 2, targets=train, cache_dir=tmp_path, **options)
+    cached_parts(graph, 2, train, cache_dir=tmp_path, **options)
     assert len(builds) == 3, "an edit of the train mask reused the cached artifact"

@@ -55,7 +55,8 @@ def test_owned_rows_are_the_whole_csc_rows_in_order(monkeypatch, copy_edges):
     from lightning_gnnscale.graph import csc_rows
 
     monkeypatch.setattr(csc_rows, "COPY_EDGES", copy_edges)
-    graph, parts, _ = setup_graph(3)
+    dataset, parts, _ = setup_graph(3)
+    graph = dataset.graph
     for rank in range(3):
         own = (parts == rank).nonzero().flatten()
         held = CSCRows.owned(graph.indptr, graph.indices, own)
@@ -80,7 +81,8 @@ class ReadLog(CSCRows):
 
 
 def _sampling_rank(rank, world_size):
-    graph, parts, seeds = setup_graph(world_size)
+    dataset, parts, seeds = setup_graph(world_size)
+    graph = dataset.graph
     comm = Comm.create()
     own = (parts == rank).nonzero().flatten()
     whole = CSCRows.whole(graph.indptr, graph.indices)
@@ -285,16 +287,17 @@ def test_trainer_predict_under_a_partitioned_topology_gives_the_replicated_rows(
     )
     launch_local(_plain_lightning_ranks, (tmp_path,), devices=2, num_nodes=1, timeout_s=300)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
-    graph = load_dataset("sbm", **SBM)
+    dataset = load_dataset("sbm", **SBM)
+    num_nodes = dataset.graph.num_nodes
     replicated = [r["replicated"][1] for r in ranks]
     for key in ("memory", "directory"):
         _assert_equal(ranks[0]["replicated"][0], ranks[0][key][0])
         shares = [r[key][1] for r in ranks]
-        check_predictions(shares, graph, MODEL, ranks[0][key][0])
+        check_predictions(shares, dataset, MODEL, ranks[0][key][0])
         for output, requested in (("embeddings", None), ("logits", REQUESTED)):
             torch.testing.assert_close(
-                gather(shares, output, graph.num_nodes, requested),
-                gather(replicated, output, graph.num_nodes, requested),
+                gather(shares, output, num_nodes, requested),
+                gather(replicated, output, num_nodes, requested),
                 rtol=0,
                 atol=1e-12,
             )

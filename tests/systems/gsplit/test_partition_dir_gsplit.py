@@ -48,7 +48,7 @@ def make_dm(cache_dir, partition_dir=None, config=None):
 
 def test_the_relabelled_csc_keeps_every_segments_order():
     """Position ``i`` of a node's in-edge segment is the same neighbour before and after."""
-    graph = sbm(num_nodes=200, num_classes=3, avg_degree=6.0, num_features=2, seed=1)
+    graph = sbm(num_nodes=200, num_classes=3, avg_degree=6.0, num_features=2, seed=1).graph
     parts = torch.randint(0, 3, (200,), generator=torch.Generator().manual_seed(2))
     book = PartitionBook.from_parts(parts, 3)
     indptr, indices = relabel_csc(graph.indptr, graph.indices, book)
