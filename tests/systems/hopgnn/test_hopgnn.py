@@ -39,11 +39,6 @@ def toy_graph() -> Graph:
         edges,
         n,
         x=torch.eye(n),
-        y=torch.zeros(n, dtype=torch.int64),
-        train_mask=torch.ones(n, dtype=torch.bool),
-        val_mask=torch.zeros(n, dtype=torch.bool),
-        test_mask=torch.zeros(n, dtype=torch.bool),
-        num_classes=2,
     )
 
 
@@ -313,10 +308,11 @@ def test_cost_model_on_the_toy_and_on_sbm():
     )
     assert naive_bytes(blocks, TOY_PART, cost) > 0
 
-    graph = sbm(num_nodes=1500, num_classes=4, avg_degree=10.0, num_features=32, seed=0)
+    dataset = sbm(num_nodes=1500, num_classes=4, avg_degree=10.0, num_features=32, seed=0)
+    graph, train = dataset.graph, dataset.targets.train.nonzero().flatten()
     part = partition(graph, "metis", 2, seed=0)
     cost = CostParams(32, 16, 4, 2, gcn_param_count(32, 16, 4, 2))
-    row = table(graph, graph.split_ids("train"), part, 2, 256, [5, 5], cost, iterations=2)
+    row = table(graph, train, part, 2, 256, [5, 5], cost, iterations=2)
     assert 0.4 < row["mc_miss_rate"] < 0.6 and row["hop_miss_rate"] < 0.75 * row["mc_miss_rate"]
     assert row["hop_pg_remote_rows"] < row["hop_remote_rows"] < row["mc_remote_rows"]
     assert row["migration_bytes"] < 0.2 * row["feature_bytes_saved"]
@@ -328,9 +324,9 @@ def test_without_pregathering_hopgnn_beats_model_centric_only_on_small_cones():
     (small fanouts): on this sbm, fanouts [5, 5] give fewer rows, the suite's default [10, 10]
     more (as on the default 10k-node sbm at N = 2, 3: docs/systems/hopgnn.md, issue 22
     item 8). Pre-gathering (one union per iteration) is below model-centric in both."""
-    graph = sbm(num_nodes=1000, num_classes=4, avg_degree=10.0, num_features=4, seed=1)
+    dataset = sbm(num_nodes=1000, num_classes=4, avg_degree=10.0, num_features=4, seed=1)
+    graph, train = dataset.graph, dataset.targets.train.nonzero().flatten()
     part = partition(graph, "metis", 2, seed=0)
-    train = graph.split_ids("train")
     rows = {}
     for fanouts, batch in (([5, 5], 128), ([10, 10], 256)):
         sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, 3)
@@ -359,8 +355,8 @@ def _fit_with(tmp_path, **trainer_kwargs):
     from lightning_gnnscale.systems.hopgnn import HopGNNDataModule
     from lightning_gnnscale.systems.hopgnn.strategy import HopGNNStrategy
 
-    graph = sbm(num_nodes=60, num_classes=3, avg_degree=4.0, num_features=4, seed=0)
-    dm = HopGNNDataModule(graph, HopGNNConfig(), DataConfig(16, [3, 3]), cache_dir=tmp_path)
+    dataset = sbm(num_nodes=60, num_classes=3, avg_degree=4.0, num_features=4, seed=0)
+    dm = HopGNNDataModule(dataset, HopGNNConfig(), DataConfig(16, [3, 3]), cache_dir=tmp_path)
     module = GNNModule(dm.build_model(ModelConfig(name="sage", hidden=8, dropout=0.0)))
     trainer = L.Trainer(
         strategy=HopGNNStrategy(),
@@ -411,9 +407,9 @@ def _one_rank_dm(config, world_size=1):
     from lightning_gnnscale.contract import RankContext
     from lightning_gnnscale.systems.hopgnn import HopGNNDataModule, HopGNNPrepared
 
-    graph = sbm(num_nodes=60, num_classes=3, avg_degree=4.0, num_features=4, seed=0)
-    dm = HopGNNDataModule(graph, config, DataConfig(8, [3, 3]))
-    part = torch.zeros(graph.num_nodes, dtype=torch.int64)
+    dataset = sbm(num_nodes=60, num_classes=3, avg_degree=4.0, num_features=4, seed=0)
+    dm = HopGNNDataModule(dataset, config, DataConfig(8, [3, 3]))
+    part = torch.zeros(dataset.graph.num_nodes, dtype=torch.int64)
     dm.setup_rank(
         RankContext(Comm.create(), torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), 0)
     )

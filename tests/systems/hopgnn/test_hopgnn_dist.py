@@ -14,7 +14,6 @@ from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.book import PartitionBook, build_local_partition, relabel_graph
 from lightning_gnnscale.graph.generators import sbm
-from lightning_gnnscale.graph.node_targets import NodeDataset
 from lightning_gnnscale.graph.order import EpochOrder
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
@@ -50,15 +49,16 @@ VARIANTS = {
 }
 
 
-def small_graph():
+def small_dataset():
     return sbm(num_nodes=120, num_classes=3, avg_degree=6.0, num_features=6, seed=5).to(
         torch.float64
     )
 
 
-def make_net(kind, graph):
+def make_net(kind, dataset):
     torch.manual_seed(0)
-    return BlockGNN(kind, graph.num_features, 8, graph.num_classes, 2, 0.0, heads=2).double()
+    features, classes = dataset.graph.num_features, dataset.num_classes
+    return BlockGNN(kind, features, 8, classes, 2, 0.0, heads=2).double()
 
 
 def make_optimizer(kind, net):
@@ -74,19 +74,19 @@ def step_loss(net):
 
 
 def _train_rank(rank, world_size, part, batch_size):
-    graph = small_graph()
+    dataset = small_dataset()
     comm = Comm.create()
     out = {}
     for label, changes in VARIANTS.items():
         config = dataclasses.replace(HopGNNConfig(), **changes)
         if config.steps is not None and config.steps > world_size:
             continue
-        dm = HopGNNDataModule(graph, config, DataConfig(batch_size, FANOUTS), seed=SEED)
+        dm = HopGNNDataModule(dataset, config, DataConfig(batch_size, FANOUTS), seed=SEED)
         dm.setup_rank(
             RankContext(comm, torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), rank)
         )
         for kind in KINDS:
-            net = make_net(kind, graph)
+            net = make_net(kind, dataset)
             opt = make_optimizer(kind, net)
             params = list(net.parameters())
             empty_steps, fetched = 0, 0
@@ -108,18 +108,19 @@ def _train_rank(rank, world_size, part, batch_size):
     return out
 
 
-def reference(kind, graph, batch_size):
+def reference(kind, dataset, batch_size):
     """One process, the same global mini-batches and sampling keys."""
-    net = make_net(kind, graph)
+    graph, y = dataset.graph, dataset.targets.target
+    net = make_net(kind, dataset)
     opt = make_optimizer(kind, net)
-    order = EpochOrder(graph.split_ids("train"), SEED)
+    order = EpochOrder(dataset.targets.train.nonzero().flatten(), SEED)
     sampler = NeighborSampler(graph.indptr, graph.indices, FANOUTS, SEED)
     for step in range(ITERS):
         seeds = order.step(1, step, batch_size)
         blocks = sampler.sample(seeds, epoch=1, step=step)
         opt.zero_grad()
         logits = net(blocks, graph.x[blocks[0].src_ids])
-        (F.cross_entropy(logits, graph.y[seeds], reduction="sum") / seeds.numel()).backward()
+        (F.cross_entropy(logits, y[seeds], reduction="sum") / seeds.numel()).backward()
         opt.step()
     return list(net.parameters())
 
@@ -130,12 +131,12 @@ def test_parameters_equal_one_process(world_size, batch_size):
     """float64, SAGE / GCN / GAT, ``ITERS`` iterations: every variant's parameters equal the
     one-process run on the same global mini-batches on every rank; with 3 ranks and a batch of
     4, some rank homes no root in some step."""
-    graph = small_graph()
-    part = partition(graph, "metis", world_size, seed=0)
+    dataset = small_dataset()
+    part = partition(dataset.graph, "metis", world_size, seed=0)
     results = run_distributed(_train_rank, world_size, part, batch_size, timeout_s=240)
     compared = 0
     for kind in KINDS:
-        want = reference(kind, graph, batch_size)
+        want = reference(kind, dataset, batch_size)
         for label in VARIANTS:
             if (label, kind) not in results[0]:
                 continue
@@ -159,16 +160,17 @@ def _accumulator_rank(rank, world_size, part, batch_size):
     """Per variant: this rank's accumulator after one iteration (before the all-reduce) and
     the one-process gradient sum, over the kept steps ``j < T - 1``, of the roots trained by
     the model this rank hosts at the last step (computed here from ``graph.x``, no comm)."""
-    graph = small_graph()
+    dataset = small_dataset()
+    graph, y = dataset.graph, dataset.targets.target
     comm = Comm.create()
     out = {}
     for label, changes in ACCUMULATOR_VARIANTS.items():
         config = dataclasses.replace(HopGNNConfig(), **changes)
-        dm = HopGNNDataModule(graph, config, DataConfig(batch_size, FANOUTS), seed=SEED)
+        dm = HopGNNDataModule(dataset, config, DataConfig(batch_size, FANOUTS), seed=SEED)
         dm.setup_rank(
             RankContext(comm, torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), rank)
         )
-        net = make_net("sage", graph)
+        net = make_net("sage", dataset)
         params = list(net.parameters())
         batch = dm.make_batch(1, 0)
         _, accumulator = run_iteration(batch, comm, params, step_loss(net), config)
@@ -183,7 +185,7 @@ def _accumulator_rank(rank, world_size, part, batch_size):
                     continue
                 blocks = dm.sampler.sample(roots, epoch=1, step=0)
                 logits = net(blocks, graph.x[blocks[0].src_ids])
-                loss = F.cross_entropy(logits, graph.y[roots], reduction="sum") / batch_size
+                loss = F.cross_entropy(logits, y[roots], reduction="sum") / batch_size
                 grads = torch.autograd.grad(loss, params, allow_unused=True)
                 want += torch.cat(
                     [
@@ -208,8 +210,7 @@ def test_each_accumulator_is_its_models_gradient():
     equals the one-process gradient of the roots that the model it hosts at the last step
     trained in the earlier steps. A dropped or misrouted accumulator fails here, although the
     summed gradient (``test_parameters_equal_one_process``) would still be right."""
-    graph = small_graph()
-    part = partition(graph, "metis", 3, seed=0)
+    part = partition(small_dataset().graph, "metis", 3, seed=0)
     results = run_distributed(_accumulator_rank, 3, part, 16, timeout_s=180)
     for label in ACCUMULATOR_VARIANTS:
         wants = [r[label][1] for r in results]
@@ -222,12 +223,12 @@ def test_each_accumulator_is_its_models_gradient():
 
 
 def _fetched_rank(rank, world_size, part, pregather, mode):
-    graph = sbm(num_nodes=2000, num_classes=4, avg_degree=10.0, num_features=16, seed=1)
+    dataset = sbm(num_nodes=2000, num_classes=4, avg_degree=10.0, num_features=16, seed=1)
     comm = Comm.create()
     config = dataclasses.replace(
         HopGNNConfig(), pregather=pregather, mode=mode, merge_adaptive=mode == "micrograph"
     )
-    dm = HopGNNDataModule(graph, config, DataConfig(256, [5, 5]), seed=SEED)
+    dm = HopGNNDataModule(dataset, config, DataConfig(256, [5, 5]), seed=SEED)
     dm.setup_rank(
         RankContext(comm, torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), rank)
     )
@@ -262,11 +263,12 @@ def test_metered_feature_bytes_match_the_planner_and_rank_the_modes():
     both use ``remote_inputs``. The independent checks are the metered bytes (counted by the
     owners that serve the rows), the recount from ``blocks[0].src_ids`` with Python sets in
     ``_fetched_rank``, and the hand-counted golden toy example (tests/systems/hopgnn/test_hopgnn.py)."""
-    graph = sbm(num_nodes=2000, num_classes=4, avg_degree=10.0, num_features=16, seed=1)
+    dataset = sbm(num_nodes=2000, num_classes=4, avg_degree=10.0, num_features=16, seed=1)
+    graph, train = dataset.graph, dataset.targets.train.nonzero().flatten()
     part = partition(graph, "metis", 2, seed=0)
     sampler = NeighborSampler(graph.indptr, graph.indices, [5, 5], SEED)
-    order = EpochOrder(graph.split_ids("train"), SEED)
-    steps = -(-graph.split_ids("train").numel() // 256)
+    order = EpochOrder(train, SEED)
+    steps = -(-train.numel() // 256)
     totals = {}
     for label, pregather, mode in [
         ("pg", True, "micrograph"),
@@ -292,15 +294,16 @@ def test_metered_feature_bytes_match_the_planner_and_rank_the_modes():
 
 
 def _mc_vs_distdgl_rank(rank, world_size, part):
-    graph = sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=8, seed=2)
+    dataset = sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=8, seed=2)
+    graph = dataset.graph
     comm = Comm.create()
     config = HopGNNConfig.preset("hopgnn_mc")
-    dm = HopGNNDataModule(graph, config, DataConfig(64, [5, 5]), seed=SEED)
+    dm = HopGNNDataModule(dataset, config, DataConfig(64, [5, 5]), seed=SEED)
     dm.setup_rank(
         RankContext(comm, torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), rank)
     )
     book = PartitionBook.from_parts(part, world_size)
-    targets = NodeDataset.of_graph(graph).targets.rows(book.new2old)  # TRANSITIONAL
+    targets = dataset.targets.rows(book.new2old)
     local = build_local_partition(relabel_graph(graph, book), targets, book, rank)
     kv = KVStore(comm, book)
     kv.init_data("feat", local.x)
@@ -323,7 +326,7 @@ def _mc_vs_distdgl_rank(rank, world_size, part):
 def test_model_centric_baseline_moves_what_distdgl_pulls(world_size):
     """``hopgnn_mc``: per step and rank, the feature (and id) bytes equal those of DistDGL's KV
     store pulling the same subgraph's input rows on the same partition, and the rows agree."""
-    graph = sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=8, seed=2)
+    graph = sbm(num_nodes=600, num_classes=4, avg_degree=8.0, num_features=8, seed=2).graph
     part = partition(graph, "metis", world_size, seed=0)
     results = run_distributed(_mc_vs_distdgl_rank, world_size, part, timeout_s=120)
     for steps in results:
@@ -372,7 +375,7 @@ def test_trainer_runs_equal_single_with_a_clean_audit(tmp_path, model):
     assert stats["time_step_trajectory"] == [2, 2] and mc_stats["time_step_trajectory"] == [1, 1]
     assert 0 < stats["miss_rate"] < mc_stats["miss_rate"] < 1
     assert stats["remote_rows_per_iteration"] < mc_stats["remote_rows_per_iteration"]
-    n_train = a["graph"].split_ids("train").numel()  # the mean global batch over the epoch
+    n_train = int(a["targets"].train.sum())  # the mean global batch over the epoch
     assert sum(map(sum, stats["load_matrix"])) == pytest.approx(n_train / -(-n_train // 64))
     assert hop["comm_bytes_per_epoch"]["parameter"] > 0
     assert mc["comm_bytes_per_epoch"]["feature"] > hop["comm_bytes_per_epoch"]["feature"]
