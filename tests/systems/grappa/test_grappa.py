@@ -17,7 +17,7 @@ from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.generators import sbm
-from lightning_gnnscale.graph.node_targets import SPLITS, NodeDataset
+from lightning_gnnscale.graph.node_targets import SPLITS, NodeDataset, NodeTargets
 from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.inference import layerwise_inference
@@ -48,20 +48,17 @@ from lightning_gnnscale.tasks import build_task
 TASK = build_task("node_classification")
 
 
-def small_graph(n=400, seed=1):
+def small_dataset(n=400, seed=1) -> NodeDataset:
     return sbm(num_nodes=n, num_classes=4, avg_degree=8.0, num_features=6, seed=seed)
 
 
-def targets_of(g):
-    """The node classification targets of a generated graph (TRANSITIONAL: read from the
-    labelled ``Graph`` the generators still return)."""
-    return NodeDataset.of_graph(g).targets
+def small_graph(n=400, seed=1) -> Graph:
+    return small_dataset(n, seed).graph
 
 
-def chunk_store(g, *args, targets=None, task=TASK):
-    """``write_chunk_store`` of ``g``'s dataset and ``task``'s ``targets`` (default: the
+def chunk_store(dataset, *args, targets=None, task=TASK):
+    """``write_chunk_store`` of ``dataset`` and ``task``'s ``targets`` (default: the
     dataset's own, node classification's); ``args``: count, method, seed, folder."""
-    dataset = NodeDataset.of_graph(g)
     targets = targets if targets is not None else dataset.targets
     return write_chunk_store(dataset, targets, task, *args)
 
@@ -78,7 +75,7 @@ def every_chunk(store):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    return chunk_store(small_graph(), 4, "random", 0, str(tmp_path_factory.mktemp("chunks")))
+    return chunk_store(small_dataset(), 4, "random", 0, str(tmp_path_factory.mktemp("chunks")))
 
 
 # ------------------------------------------------------------------------- P1-P3: chunks
@@ -167,8 +164,8 @@ def test_chunk_store_key_covers_everything_the_chunks_hold(tmp_path):
     structure, dtype) or of the chunking (count, method, seed) gives another store; the
     issue's case, ``feature_signal=0`` on the same sbm, writes a store holding the new
     features."""
-    g = small_graph()
-    t = targets_of(g)
+    data = small_dataset()
+    g, t = data.graph, data.targets
     assert g.num_edges == _rewired(g).num_edges and g.num_nodes == _rewired(g).num_nodes
     variants = {
         "base": (g, t, 4, "random", 0),
@@ -186,17 +183,18 @@ def test_chunk_store_key_covers_everything_the_chunks_hold(tmp_path):
     flat = sbm(
         num_nodes=400, num_classes=4, avg_degree=8.0, num_features=6, seed=1, feature_signal=0.0
     )
-    assert torch.equal(flat.indices, g.indices)
-    assert torch.equal(targets_of(flat).target, t.target)
-    old, new = (chunk_store(h, 4, "random", 0, str(tmp_path)) for h in (g, flat))
+    assert torch.equal(flat.graph.indices, g.indices)
+    assert torch.equal(flat.targets.target, t.target)
+    old, new = (chunk_store(h, 4, "random", 0, str(tmp_path)) for h in (data, flat))
     assert old.path != new.path
     for c in range(4):
         record = new.load(c)
-        assert torch.equal(record["x"], flat.x[record["nodes"]])
+        assert torch.equal(record["x"], flat.graph.x[record["nodes"]])
     # the chunking's key (a checkpoint's layout) is the same for the float64 store, and
     # changes with the features' values
     f64, changed = (
-        chunk_store(variants[name][0], 4, "random", 0, str(tmp_path)) for name in ("dtype", "x")
+        chunk_store(NodeDataset(variants[name][0], t), 4, "random", 0, str(tmp_path))
+        for name in ("dtype", "x")
     )
     assert f64.path != old.path and f64.key == old.key != changed.key != new.key
     assert (old.dtype, f64.dtype) == (torch.float32, torch.float64)
@@ -214,8 +212,9 @@ def test_corrupt_chunk_files_are_rebuilt_by_the_launcher_and_named_by_a_rank(
     """A truncated chunk and a loadable chunk file of the wrong chunk: a rank fails naming
     the file and the fix; the launching process (``write_chunk_store``) rewrites both, and the
     rank then reads the original records."""
-    g = small_graph()
-    store = chunk_store(g, 4, "random", 0, str(tmp_path))
+    data = small_dataset()
+    g = data.graph
+    store = chunk_store(data, 4, "random", 0, str(tmp_path))
     folder = Path(store.path)
     original = {c: (folder / f"chunk_{c}.pt").read_bytes() for c in range(4)}
     truncated, wrong = folder / "chunk_1.pt", folder / "chunk_2.pt"
@@ -231,7 +230,7 @@ def test_corrupt_chunk_files_are_rebuilt_by_the_launcher_and_named_by_a_rank(
     with pytest.raises(ChunkStoreError, match=str(wrong)):
         build_partition(every_chunk(rank), Schedule("pinned_sweep", 4).partition(2, 0), TASK)
     capsys.readouterr()
-    rebuilt = chunk_store(g, 4, "random", 0, str(tmp_path))
+    rebuilt = chunk_store(data, 4, "random", 0, str(tmp_path))
     said = capsys.readouterr().out
     assert str(truncated) in said and str(wrong) in said and "chunk_0.pt" not in said
     assert rebuilt.path == store.path and rebuilt.meta == store.meta
@@ -241,13 +240,13 @@ def test_corrupt_chunk_files_are_rebuilt_by_the_launcher_and_named_by_a_rank(
     for c in range(4):
         assert torch.equal(rank.load(c)["nodes"], (chunk == c).nonzero().flatten())
     (folder / "meta.json").write_text("{not json")  # unreadable metadata: rebuilt too
-    assert chunk_store(g, 4, "random", 0, str(tmp_path)).meta == store.meta
+    assert chunk_store(data, 4, "random", 0, str(tmp_path)).meta == store.meta
 
 
 def test_a_chunk_file_that_torch_cannot_load_is_named(tmp_path, monkeypatch):
     """A file that matches its recorded digest but is no torch file (a store written by hand or
     corrupted before its digest was taken): the load error names the file."""
-    store = chunk_store(small_graph(), 2, "random", 0, str(tmp_path))
+    store = chunk_store(small_dataset(), 2, "random", 0, str(tmp_path))
     path = Path(store.path) / "chunk_1.pt"
     path.write_bytes(b"not a torch file")
     meta = {**store.meta, "digests": [*store.meta["digests"][:1], chunking.file_digest(path)]}
@@ -263,8 +262,8 @@ def test_a_chunk_file_that_torch_cannot_load_is_named(tmp_path, monkeypatch):
 def test_partitions_seeds_locality_and_degrees(store, halo_hops):
     """Each partition's nodes, edges, degrees and rows, its target rows those of its nodes
     (its halo's in no split), and its seeds the task's training seeds, each in one partition."""
-    g = small_graph()
-    targets = targets_of(g)
+    data = small_dataset()
+    g, targets = data.graph, data.targets
     deg = g.in_degree()
     chunk = every_chunk(store).chunk_ids()
     for t in range(3):
@@ -357,7 +356,7 @@ def make_dm(store, world, rank, k=1, batch_size=40, graph=None, comm=None, max_e
     """Rank ``rank`` of ``world``'s DataModule over ``store`` (seed 1, fanouts [3, 2], a
     Trainer of ``max_epochs``), set up; ``kw`` are ``GrappaConfig`` settings."""
     dm = GrappaDataModule(
-        graph if graph is not None else small_graph(),
+        graph if graph is not None else small_dataset(),
         GrappaConfig(partitions_per_rank=k, **kw),
         DataConfig(batch_size=batch_size, fanouts=[3, 2]),
         seed=1,
@@ -484,11 +483,12 @@ def gcn_net(in_dim=6):
 def test_isolated_evaluation_of_a_whole_graph_partition_equals_global_evaluation(tmp_path):
     """One chunk: the partition is the whole graph, so isolated evaluation (local graph) must
     give the global evaluation's logits and counts."""
-    g = small_graph().to(torch.float64)
-    one = chunk_store(g, 1, "random", 0, str(tmp_path))
+    data = small_dataset().to(torch.float64)
+    g = data.graph
+    one = chunk_store(data, 1, "random", 0, str(tmp_path))
     net = gcn_net()
     iso = make_dm(one, 1, 0, eval_mode="isolated")
-    glob = make_dm(one, 1, 0, eval_mode="global_fullgraph", graph=g)
+    glob = make_dm(one, 1, 0, eval_mode="global_fullgraph", graph=data)
     part = iso.partition(0)
     assert part.num_core == g.num_nodes and torch.equal(
         part.local2global, torch.arange(g.num_nodes)
@@ -508,8 +508,9 @@ def test_isolated_evaluation_normalises_gcn_by_global_degrees(tmp_path, halo_hop
     """A strict subset (2 of 4 chunks): isolated evaluation equals a dense GCN over the local
     edges (built from the whole graph) normalised by the *global* degrees, as training is;
     halo nodes (no local in-edges) and, without a halo, the owned nodes lose in-edges."""
-    g = small_graph().to(torch.float64)
-    st = chunk_store(g, 4, "random", 0, str(tmp_path))
+    data = small_dataset().to(torch.float64)
+    g = data.graph
+    st = chunk_store(data, 4, "random", 0, str(tmp_path))
     dm = make_dm(st, 4, 1, eval_mode="isolated", halo_hops=halo_hops)
     part = dm.partition(0)
     assert bool((part.n_avail < part.deg).any())  # local in-degrees are not the global ones
@@ -681,14 +682,14 @@ def test_training_batches_count_each_epoch_end_and_keep_the_trained_partitions(s
     assert dm.partition(0).spec == dm.schedule.partition(0, 1)
 
 
-def _preset_epochs(store, graph, name, world, epochs):
+def _preset_epochs(store, dataset, name, world, epochs):
     """Every rank's training batches of preset ``name`` over ``epochs`` epochs (one-epoch
     super-epochs): per batch, its coverage and its input nodes' global ids; and the largest
     partition's node count."""
     trace, largest = [], 0
     for rank in range(world):
         dm = GrappaDataModule(
-            graph, GrappaConfig.preset(name), DataConfig(batch_size=40, fanouts=[3, 2]), seed=1
+            dataset, GrappaConfig.preset(name), DataConfig(batch_size=40, fanouts=[3, 2]), seed=1
         )
         dm.trainer = SimpleNamespace(max_epochs=epochs)
         context = RankContext(RankComm(rank, world), torch.device("cpu"))
@@ -707,14 +708,14 @@ def test_default_partitions_are_strict_subsets_and_the_presets_differ_on_two_ran
     graph, coverage is below 1, and grappa, grappa_uw, grappa_fp and grappa_naive train
     different batches (before, ``partitions_per_rank=1`` gave 2 chunks: every partition was the
     whole graph, c = 1, and the four presets were identical)."""
-    graph, world = small_graph(), 2
+    dataset, world = small_dataset(), 2
     chunks = GrappaConfig().chunk_count(world)
     assert chunks >= 3
-    store = chunk_store(graph, chunks, "random", 1, str(tmp_path))
+    store = chunk_store(dataset, chunks, "random", 1, str(tmp_path))
     presets = ("grappa", "grappa_uw", "grappa_fp", "grappa_naive")
-    runs = {name: _preset_epochs(store, graph, name, world, epochs=2) for name in presets}
+    runs = {name: _preset_epochs(store, dataset, name, world, epochs=2) for name in presets}
     for name, (_, largest) in runs.items():
-        assert largest < graph.num_nodes, name
+        assert largest < dataset.graph.num_nodes, name
     coverage = {name: [c for c, _ in trace] for name, (trace, _) in runs.items()}
     assert max(coverage["grappa"]) < 1 and max(coverage["grappa_fp"]) < 1
     assert set(coverage["grappa_uw"]) == set(coverage["grappa_naive"]) == {1.0}
@@ -996,13 +997,10 @@ def test_s5_expected_coverage_under_random_chunking(tmp_path, c):
         n,
         undirected=True,
         x=torch.zeros(n, 1),
-        y=torch.zeros(n, dtype=torch.int64),
-        train_mask=torch.ones(n, dtype=torch.bool),
-        val_mask=torch.zeros(n, dtype=torch.bool),
-        test_mask=torch.zeros(n, dtype=torch.bool),
-        num_classes=1,
     )
-    st = chunk_store(g, c, "random", 0, str(tmp_path))
+    none = torch.zeros(n, dtype=torch.bool)
+    targets = NodeTargets(torch.zeros(n, dtype=torch.int64), ~none, none, none, 1)
+    st = chunk_store(NodeDataset(g, targets), c, "random", 0, str(tmp_path))
     ks = []
     for spec in Schedule("pinned_sweep", c).partitions(0):
         part = build_partition(every_chunk(st), spec, TASK, halo_hops=0)
@@ -1025,8 +1023,8 @@ def test_bench_grappa_table(tmp_path):
     one, two, four = rows
     assert one["conventional_feature_mb"] == one["grappa_gradient_mb"] == 0  # no peers
     n_params = sum(p.numel() for p in BlockGNN("sage", 8, 128, 8, 2).parameters())
-    graph = make_graph("sbm", 600, 8, 0)
-    train = graph.split_ids("train")
+    dataset = make_graph("sbm", 600, 8, 0)
+    graph, train = dataset.graph, dataset.targets.train.nonzero().flatten()
     for row in (two, four):
         p = row["parts"]
         assert row["conventional_feature_mb"] > 0 and row["conventional_structure_mb"] > 0
@@ -1044,8 +1042,9 @@ def test_bench_grappa_table(tmp_path):
 def test_a_chunk_file_holds_what_partitions_read_and_the_degrees_come_from_indptr(tmp_path):
     """A chunk file holds no ``deg`` (an older store's is never read: partitions read
     :data:`~.chunking.CHUNK_FILES` only); the record's in-degrees are ``indptr``'s differences."""
-    graph = small_graph()
-    store = chunk_store(graph, 4, "random", 0, str(tmp_path))
+    dataset = small_dataset()
+    graph = dataset.graph
+    store = chunk_store(dataset, 4, "random", 0, str(tmp_path))
     assert set(torch.load(Path(store.path) / "chunk_1.pt")) == set(chunking.CHUNK_FILES)
     record = store.part((0, 1), 4).load(1)
     assert torch.equal(record["deg"], graph.in_degree()[record["nodes"]])
@@ -1058,7 +1057,7 @@ def test_the_chunks_hold_the_tasks_targets_and_the_metadata_the_datasets_class_c
     dataset's class count (its parts the task's head width)."""
     data = DataConfig(batch_size=40, fanouts=[3, 2])
     dm = GrappaDataModule(
-        small_graph(), GrappaConfig(), data, seed=1, cache_dir=tmp_path, task="node_regression"
+        small_dataset(), GrappaConfig(), data, seed=1, cache_dir=tmp_path, task="node_regression"
     )
     targets, part = dm.targets, dm.prepare(2)[0]
     assert targets.target.is_floating_point() and part.out_dim == targets.out_dim == 1

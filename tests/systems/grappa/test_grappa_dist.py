@@ -19,7 +19,7 @@ from lightning_gnnscale.run import train
 from lightning_gnnscale.systems.grappa.callbacks import gradient_only_problems
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed, start_process, warm_context
-from tests.systems.grappa.test_grappa import chunk_store, make_dm, small_graph
+from tests.systems.grappa.test_grappa import chunk_store, make_dm, small_dataset
 
 ESTIMATOR = "resampling"
 F_SEED, ALPHA = 3, 1.0  # make_dm's seed-hop fanout; the default smoothing
@@ -81,11 +81,11 @@ def test_aggregate_is_mean_of_coverage_scaled_rank_gradients_and_gradient_only(t
     """M1: the all-reduced gradient equals (1/W) sum_w c_w g_w replayed in one process (float64);
     M4: a step issues only gradient all-reduces of all parameters, and an injected feature
     gather is caught."""
-    g = small_graph()
-    store = chunk_store(g.to(torch.float64), 4, "random", 0, str(tmp_path))
+    data = small_dataset()
+    store = chunk_store(data.to(torch.float64), 4, "random", 0, str(tmp_path))
     by_kind = run_distributed(_scaled_step_rank, 2, store, ("gcn", "gat"), timeout_s=120)
     for kind in ("gcn", "gat"):
-        _check_scaled_steps(kind, [r[kind] for r in by_kind], g)
+        _check_scaled_steps(kind, [r[kind] for r in by_kind], data.graph)
 
 
 def _check_scaled_steps(kind, results, graph):
