@@ -56,14 +56,9 @@ KEEP_X_ONLY = {
 }
 
 
-def as_dataset(graph) -> NodeDataset:
-    """The generators' graph with its targets (TRANSITIONAL: the graph still carries them)."""
-    return NodeDataset.of_graph(graph)
-
-
 def original_dataset() -> NodeDataset:
     dataset = sbm(num_nodes=130, num_classes=CLASSES, avg_degree=5.0, num_features=5, seed=3)
-    return as_dataset(dataset).to(torch.float64)
+    return dataset.to(torch.float64)
 
 
 def setup_graph(world_size, rows):
@@ -541,9 +536,7 @@ def test_row_blocks_rebuild_the_normalised_adjacency_and_reject_directed_graphs(
 def two_components():
     """90 nodes: rows 0-59 and 60-89 are separate components, so with row blocks
     [0, 30, 60, 90] nobody reads block 2 and block 2 reads nobody; with its targets."""
-    base = as_dataset(
-        sbm(num_nodes=90, num_classes=CLASSES, avg_degree=4.0, num_features=5, seed=5)
-    )
+    base = sbm(num_nodes=90, num_classes=CLASSES, avg_degree=4.0, num_features=5, seed=5)
     src, dst = base.graph.indices, base.graph.dst_of_edges()
     keep = (src < 60) == (dst < 60)
     indptr, indices = csc_from_edges(src[keep], dst[keep], 90, undirected=True)
@@ -660,7 +653,7 @@ def test_a_plain_lightning_resume_is_refused_unless_policy_none():
     from lightning_gnnscale.graph.generators import sbm
     from lightning_gnnscale.systems.sancus import SancusConfig, SancusDataModule
 
-    dataset = as_dataset(sbm(num_nodes=60, num_classes=3, num_features=4, seed=1))
+    dataset = sbm(num_nodes=60, num_classes=3, num_features=4, seed=1)
     stale = SancusDataModule(dataset, SancusConfig(policy="adaptive"))
     with pytest.raises(ConfigError, match="cannot resume from ckpt_path"):
         stale.load_state_dict(stale.state_dict())

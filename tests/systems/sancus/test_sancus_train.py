@@ -58,7 +58,6 @@ def test_default_policy_matches_the_code_and_skips_in_a_short_run(tmp_path):
 
     from lightning_gnnscale.config_types import run_config
     from lightning_gnnscale.graph.generators import sbm
-    from lightning_gnnscale.graph.node_targets import NodeDataset
     from lightning_gnnscale.models.gnn import BlockGNN
     from lightning_gnnscale.systems.sancus.emulator import emulate
     from lightning_gnnscale.systems.sancus.policy import StalenessPolicy
@@ -69,9 +68,7 @@ def test_default_policy_matches_the_code_and_skips_in_a_short_run(tmp_path):
     policy = StalenessPolicy.of(run_config(cfg).strategy)
     assert policy == StalenessPolicy()
     d, m, ranks = cfg.dataset, cfg.model, int(cfg.trainer.devices)
-    dataset = NodeDataset.of_graph(  # TRANSITIONAL: the generator's graph carries its targets
-        sbm(num_nodes=400, num_classes=d.num_classes, num_features=d.num_features, seed=0)
-    )
+    dataset = sbm(num_nodes=400, num_classes=d.num_classes, num_features=d.num_features, seed=0)
     graph, targets, task = dataset.graph, dataset.targets, build_task("node_classification")
     torch.manual_seed(0)
     net = BlockGNN("gcn", d.num_features, m.hidden, d.num_classes, m.num_layers, dropout=0.0)
