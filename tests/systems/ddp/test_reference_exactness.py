@@ -20,30 +20,30 @@ FANOUTS = [4, 3]
 EPOCH, STEP = 1, 1  # step 1 is the short last step (24 of 120 seeds)
 
 
-def make_graph():
+def make_dataset():
     return sbm(num_nodes=400, num_classes=4, avg_degree=8.0, num_features=12, seed=3).to(
         torch.float64
     )
 
 
-def make_net(kind, graph):
+def make_net(kind, dataset):
     torch.manual_seed(0)
     return BlockGNN(
-        kind, graph.num_features, 16, graph.num_classes, num_layers=2, dropout=0.0, heads=4
+        kind, dataset.graph.num_features, 16, dataset.targets.out_dim, 2, dropout=0.0, heads=4
     ).double()
 
 
 def step_outputs(kind, rank, world_size, salt_by_rank=False):
     """(seed ids, logits, loss contribution, flat gradient) of this rank for one step."""
-    graph = make_graph()
+    dataset = make_dataset()
     dm = DataParallelDataModule(
-        graph,
+        dataset,
         DataParallelConfig(salt_by_rank=salt_by_rank),
         DataConfig(batch_size=96, fanouts=FANOUTS),
         seed=7,
     )
     dm.rank, dm.world_size = rank, world_size
-    net = make_net(kind, graph)
+    net = make_net(kind, dataset)
     batch = dm.make_batch(EPOCH, STEP)
     logits = net(batch.blocks, batch.x)
     loss = F.cross_entropy(logits, batch.y, reduction="sum") / batch.global_seed_count
