@@ -46,10 +46,9 @@ def ranking_statistics(pos: Tensor, neg: Tensor, ks: tuple[int, ...] = HITS_KS) 
     _check_finite("negative", neg)
     p = pos.unsqueeze(1)
     rank = 1.0 + ((neg > p).sum(1) + (neg >= p).sum(1)).to(torch.float64) / 2.0
+    count = torch.full((), pos.numel(), dtype=torch.float64, device=rank.device)
     hits = [(rank <= k).sum().to(torch.float64) for k in ks]
-    return torch.stack(
-        [torch.tensor(float(pos.numel()), dtype=torch.float64), (1.0 / rank).sum(), *hits]
-    ).cpu()
+    return torch.stack([count, (1.0 / rank).sum(), *hits]).cpu()
 
 
 def ranking_metrics(stats: Tensor, ks: tuple[int, ...] = HITS_KS) -> dict[str, float]:
