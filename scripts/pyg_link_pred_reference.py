@@ -4,8 +4,9 @@ Written with PyG and scikit-learn's ``roc_auc_score`` only, never the suite's ow
 128 -> 64, dot-product decoder, ``RandomLinkSplit(0.05, 0.1, is_undirected=True,
 add_negative_train_samples=False)``, one fresh negative per training positive each epoch
 (``negative_sampling``), BCE, Adam 0.01, 100 full-graph epochs; the test AUC at the epoch of
-the best validation AUC. ``torch.manual_seed(seed)`` seeds the split, the initialisation and
-the negatives. Recorded in docs/benchmarks.md, "Link prediction: the PyG reference".
+the best validation AUC. ``torch_geometric.seed_everything(seed)`` seeds the split and the
+initialisation (torch) and the negatives (``negative_sampling`` draws with Python's
+``random``). Recorded in docs/benchmarks.md, "Link prediction: the PyG reference".
 
     python scripts/pyg_link_pred_reference.py --root ../shared/datasets/planetoid --seeds 0 1 2 3 4
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 import torch_geometric.transforms as T
 from sklearn.metrics import roc_auc_score
+from torch_geometric import seed_everything
 from torch_geometric.datasets import Planetoid
 from torch_geometric.nn import GCNConv
 from torch_geometric.utils import negative_sampling
@@ -69,7 +71,7 @@ def evaluate(model, data) -> float:
 
 def run_seed(raw_root: Path, seed: int, epochs: int) -> tuple[float, float]:
     """``(best validation AUC, test AUC at that epoch)`` of one seed."""
-    torch.manual_seed(seed)
+    seed_everything(seed)
     transform = T.Compose(
         [
             T.NormalizeFeatures(),
