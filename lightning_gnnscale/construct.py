@@ -556,20 +556,33 @@ def _one_hot(values, train: np.ndarray) -> tuple[np.ndarray, list[str]]:
 
 
 # ----------------------------------------------------------------------------- edges
+# An integer id map is a dense table when the ids span at most this many values per node.
+DENSE_IDS_PER_NODE = 8
+
+
 class IdMap:
-    """Raw ids -> contiguous ids (node ``i`` has raw id ``ids[i]``), O(nodes), built once:
-    integer ids by binary search in a sorted copy, string ids by ``pc.index_in`` against the
-    node ids (which hashes them on each call: one call per chunk)."""
+    """Raw ids -> contiguous ids (node ``i`` has raw id ``ids[i]``), O(nodes), built once.
+    Integer ids: a dense table ``raw - min -> node`` when the ids span at most
+    :data:`DENSE_IDS_PER_NODE` values a node (int32: at most 32 bytes a node), else a binary
+    search of each chunk's ids, sorted first, in a sorted copy. String ids: ``pc.index_in``
+    against the node ids (which hashes them on each call: one call per chunk)."""
 
     def __init__(self, ids):
         import pyarrow as pa
 
-        self.ids = ids
+        self.ids, self.table = ids, None
         self.integer = pa.types.is_integer(ids.type)
-        if self.integer:
-            raw = ids.to_numpy()
-            self.order = np.argsort(raw, kind="stable")
-            self.sorted = raw[self.order]
+        if not self.integer:
+            return
+        raw = ids.to_numpy()
+        self.low, span = int(raw.min()), int(raw.max()) - int(raw.min()) + 1
+        if span <= DENSE_IDS_PER_NODE * len(raw):
+            dtype = np.int32 if len(raw) < 2**31 else np.int64
+            self.table = np.full(span, -1, dtype=dtype)
+            self.table[raw - self.low] = np.arange(len(raw), dtype=dtype)
+            return
+        self.order = np.argsort(raw, kind="stable")
+        self.sorted = raw[self.order]
 
     def __call__(self, raw) -> np.ndarray:
         """int64 contiguous ids of ``raw`` (an id array, or int64 numpy); -1: no such node."""
@@ -580,8 +593,18 @@ class IdMap:
                 pc.fill_null(pc.index_in(raw, value_set=self.ids), -1).to_numpy().astype(np.int64)
             )
         values = raw if isinstance(raw, np.ndarray) else raw.to_numpy()
-        pos = np.minimum(np.searchsorted(self.sorted, values), len(self.sorted) - 1)
-        return np.where(self.sorted[pos] == values, self.order[pos], -1)
+        if self.table is not None:
+            offset = values - self.low  # may wrap for ids far outside: then out of range
+            inside = (values >= self.low) & (offset >= 0) & (offset < len(self.table))
+            found = np.full(len(values), -1, dtype=np.int64)
+            found[inside] = self.table[offset[inside]]
+            return found
+        by_value = np.argsort(values)  # sorted queries: a cache-friendly binary search
+        pos = np.minimum(np.searchsorted(self.sorted, values[by_value]), len(self.sorted) - 1)
+        found = np.empty(len(values), dtype=np.int64)
+        hit = self.sorted[pos] == values[by_value]
+        found[by_value] = np.where(hit, self.order[pos], -1)
+        return found
 
 
 class EdgeTable:

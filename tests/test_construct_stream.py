@@ -140,12 +140,13 @@ def test_a_tiny_chunk_writes_the_files_of_one_chunk(tmp_path, undirected, self_l
         assert np.array_equal(feat[edge], row["f"].astype(np.float32)), pair
 
 
-def test_npy_edge_arrays_stream_in_either_memory_order(tmp_path):
+@pytest.mark.parametrize("stride", [1, 1000])  # a dense id table, and a binary search
+def test_npy_edge_arrays_stream_in_either_memory_order(tmp_path, stride):
     """An ``[E, 2]`` ``.npy`` read in slices: C order (int64) and Fortran order (int32) give
     the CSC of the whole arrays."""
     rng = np.random.default_rng(1)
     n = 30
-    raw = rng.permutation(np.arange(n) * 7 + 3)  # sparse integer ids, shuffled
+    raw = rng.permutation(np.arange(n) * stride + 3)  # integer ids, shuffled
     write(tmp_path, "nodes.csv", {"id": raw.tolist(), "y": [0, 1] * (n // 2), "v": [1.0] * n})
     edges = rng.integers(0, n, (90, 2))
     np.save(tmp_path / "c.npy", raw[edges])
@@ -168,6 +169,20 @@ def test_npy_edge_arrays_stream_in_either_memory_order(tmp_path):
     indptr, indices = csc_from_edges(torch.from_numpy(both[:, 0]), torch.from_numpy(both[:, 1]), n)
     assert np.array_equal(np.load(out / "indptr.npy"), indptr.numpy())
     assert np.array_equal(np.load(out / "indices.npy"), indices.numpy())
+
+
+@pytest.mark.parametrize("stride", [1, 9, 10**15])
+def test_the_integer_id_map_finds_every_node_and_no_other_id(stride):
+    from lightning_gnnscale.construct import IdMap
+
+    rng = np.random.default_rng(2)
+    raw = rng.permutation(np.arange(-50, 50, dtype=np.int64) * stride)
+    lookup = IdMap(pa.array(raw))
+    assert (lookup.table is not None) == (stride == 1)  # the two paths
+    extremes = np.array([-(2**63), 2**63 - 1, raw.min() - 1, raw.max() + 1], dtype=np.int64)
+    queries = np.concatenate([rng.choice(raw, 500), rng.integers(-(2**62), 2**62, 500), extremes])
+    index = {int(v): i for i, v in enumerate(raw)}
+    assert lookup(queries).tolist() == [index.get(int(q), -1) for q in queries]
 
 
 BAD_LATE = {
