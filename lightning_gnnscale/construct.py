@@ -787,6 +787,11 @@ def edge_chunk(
 def open_edge_tables(spec: ConstructSpec) -> tuple[list[EdgeTable], dict[str, Any]]:
     """The edge tables, opened, and the edge data every one of them carries (``{column:
     (dtype, width)}``); tables that carry different edge data are refused."""
+    for e in spec.edges:
+        if e.format == "npy" and spec.node_id_type != "int":
+            raise ConstructError(
+                f"{e.file}: an .npy edge array holds integers; id_type str needs a table"
+            )
     tables = [EdgeTable(e, spec.chunk_rows) for e in spec.edges]
     for key, given in (
         ("weight", [e.weight is not None for e in spec.edges]),
@@ -1075,7 +1080,8 @@ def construct(spec_path: str | os.PathLike, out: str | os.PathLike, log=print) -
     finally:
         os.close(folder)
     log(f"[construct] wrote {out} ({time.perf_counter() - start:.1f} s)")
-    log(f"[construct] train with: python train.py dataset=constructed dataset.root={out}")
+    if meta["num_classes"]:
+        log(f"[construct] train with: python train.py dataset=constructed dataset.root={out}")
     return meta
 
 
@@ -1100,7 +1106,8 @@ def _build(spec: ConstructSpec, name: str, tmp: Path, log) -> dict:
     chunks = -(-int(rows[-1]) // spec.chunk_rows)
     log(
         f"[construct] {int(rows[-1]):,} edge rows -> {num_edges:,} stored edges "
-        f"({chunks:,} chunks of <= {spec.chunk_rows:,} rows, {time.perf_counter() - passes:.1f} s)"
+        f"(in {chunks:,} chunk{'s' * (chunks > 1)} of <= {spec.chunk_rows:,} rows, "
+        f"{time.perf_counter() - passes:.1f} s)"
     )
     arrays = {"indptr": indptr, **node.pop("arrays"), **_id_arrays(ids)}
     files = {**write_arrays(tmp, arrays), **files}

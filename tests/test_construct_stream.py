@@ -368,6 +368,13 @@ def test_an_edge_only_spec_past_the_identity_size_is_refused(tmp_path):
     assert not list(tmp_path.glob(".out.construct-*"))
 
 
+def test_npy_edges_with_string_ids_are_refused(tmp_path):
+    np.save(tmp_path / "e.npy", np.zeros((3, 2), dtype=np.int64))
+    spec = {"id_type": "str", "edges": {"file": "e.npy"}}
+    with pytest.raises(ConstructError, match=r"e.npy: an .npy edge array holds integers; id_type"):
+        construct(write_spec(tmp_path, spec), tmp_path / "out", **QUIET)
+
+
 def test_a_header_less_tsv_row_is_its_line(tmp_path):
     (tmp_path / "t.txt").write_text("a\tr\tb\nb\tr\t\nb\tr\tc\n")
     spec = {
