@@ -146,7 +146,7 @@ def check_arrays(root: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         raise ConstructedDatasetError(
             f"{root}: no labels (it was built from an edge-only spec: nodes from the edges); "
             "node_classification and node_regression need a node table with a label column "
-            "(docs/datasets.md, \"Edge-only specs\"). Edge-only datasets are for link "
+            '(docs/datasets.md, "Edge-only specs"). Edge-only datasets are for link '
             "prediction, which does not read them yet"
         )
     indptr, indices, y = arrays["indptr"], arrays["indices"], arrays["y"]
