@@ -681,8 +681,8 @@ class EdgeTable:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        if self.spec.format == "parquet":
-            with pq.ParquetFile(self.spec.file) as parquet:
+        if self.spec.format == "parquet":  # pre-buffering would keep every row group read
+            with pq.ParquetFile(self.spec.file, pre_buffer=False) as parquet:
                 yield from parquet.iter_batches(batch_size=self.chunk_rows, columns=self.columns)
             return
         types = {
