@@ -16,12 +16,12 @@ from __future__ import annotations
 import os
 import re
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .run_folder import check_writable
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -229,16 +229,7 @@ def check_checkpoint(run: RunConfig, job: PredictJob) -> PredictJob:
 
 def check_out_folder(job: PredictJob) -> None:
     """``out``'s folder exists (created) and takes a new file."""
-    folder = job.out.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        raise ConfigError(
-            f"out={job.out}: its folder cannot be written ({type(err).__name__}: "
-            f"{err.strerror or err})"
-        ) from None
+    check_writable(job.out.parent, f"out={job.out}: its folder", hint="")
 
 
 def predict(
