@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from lightning_gnnscale.errors import ConfigError
-from lightning_gnnscale.files import file_digest, write_json_atomic
+from lightning_gnnscale.files import file_digest, fsync_folder, write_json_atomic
 from lightning_gnnscale.graph.construct_spec import (
     IDENTITY_FEATURES_MAX,
     SPLITS,
@@ -1074,11 +1074,7 @@ def construct(spec_path: str | os.PathLike, out: str | os.PathLike, log=print) -
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    folder = os.open(out.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    fsync_folder(out.parent)
     log(f"[construct] wrote {out} ({time.perf_counter() - start:.1f} s)")
     if meta["num_classes"]:
         log(f"[construct] train with: python train.py dataset=constructed dataset.root={out}")
