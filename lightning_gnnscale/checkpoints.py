@@ -328,6 +328,18 @@ def read_checkpoint(path: str | Path) -> dict:
     return checkpoint
 
 
+def identity_differences(ours: dict, theirs: dict) -> list[str]:
+    """One line per setting where a checkpoint's run identity ``theirs`` differs from the
+    run identity ``ours`` (empty: the same run)."""
+    # a checkpoint written before runs had a task trained node classification
+    theirs = {"task.name": DEFAULT_TASK, **theirs}
+    return [
+        f"{key}: checkpoint {theirs.get(key)!r}, this run {ours.get(key)!r}"
+        for key in sorted(set(ours) | set(theirs))
+        if theirs.get(key) != ours.get(key)
+    ]
+
+
 def check_resume(cfg: RunConfig) -> None:
     """Refuse ``ckpt_path`` from another run (strategy, model, dataset, dtype, world size) or
     from a run that already reached ``trainer.max_epochs``."""
@@ -338,14 +350,7 @@ def check_resume(cfg: RunConfig) -> None:
             f"ckpt_path={path} carries no run identity (written by another program or an older "
             f"version); to start from its weights alone use weights_from={path}"
         )
-    ours = cfg.identity
-    # a checkpoint written before runs had a task trained node classification
-    theirs = {"task.name": DEFAULT_TASK, **block["identity"]}
-    differences = [
-        f"{key}: checkpoint {theirs.get(key)!r}, this run {ours.get(key)!r}"
-        for key in sorted(set(ours) | set(theirs))
-        if theirs.get(key) != ours.get(key)
-    ]
+    differences = identity_differences(cfg.identity, block["identity"])
     if differences:
         raise ConfigError(
             f"ckpt_path={path} was written by a different run; resuming it would label one run "

@@ -1,15 +1,19 @@
 """``python -m lightning_gnnscale.construct spec=<file.yaml> out=<dir>``: a dataset from the
 user's tables (docs/datasets.md, "Your own tables").
 
-Reads the node and edge tables the spec names (CSV, gzipped CSV and Parquet through pyarrow;
-``.npy`` arrays), remaps raw ids to contiguous ones (node ``i`` = row ``i`` of the node
-table), applies the feature transforms with statistics from the training split only, builds
-the CSC as :meth:`Graph.from_edge_index` does, and writes the ``constructed`` dataset
-(:mod:`lightning_gnnscale.graph.constructed`) that ``train.py dataset=constructed
-dataset.root=<dir>`` trains on. Bad input is refused naming the file, row and column; the
-output appears only complete (written in a temporary folder, renamed at the end).
+Reads the node table and the edge tables the spec names (CSV, TSV, gzipped or not, and Parquet
+through pyarrow; ``.npy`` arrays), remaps raw ids to contiguous ones (node ``i`` = row ``i`` of
+the node table; without one, the ids the edges name, sorted), applies the feature transforms
+with statistics from the training split only, builds the CSC as :meth:`Graph.from_edge_index`
+does, and writes the ``constructed`` dataset (:mod:`lightning_gnnscale.graph.constructed`) that
+``train.py dataset=constructed dataset.root=<dir>`` trains on. Bad input is refused naming the
+file, row and column; the output appears only complete (written in a temporary folder, renamed
+at the end).
 
-Everything is vectorised (pyarrow compute, numpy); the whole tables are held in memory.
+The node table is held in memory (O(nodes)); the edge tables are streamed in chunks of
+``chunk_rows`` rows and the CSC is built through scratch files (:func:`streamed_csc`), so the
+peak memory does not grow with the edges (docs/datasets.md, "Larger than memory"). Everything
+is vectorised (pyarrow compute, numpy), with a Python loop per chunk at most.
 """
 
 from __future__ import annotations
@@ -21,23 +25,23 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lightning_gnnscale.errors import ConfigError
-from lightning_gnnscale.files import write_json_atomic
+from lightning_gnnscale.files import file_digest, fsync_folder, write_json_atomic
 from lightning_gnnscale.graph.construct_spec import (
+    IDENTITY_FEATURES_MAX,
     SPLITS,
     ConstructSpec,
     EdgeTableSpec,
     FeatureSpec,
     NodeTableSpec,
     load_spec,
-    table_format,
 )
 from lightning_gnnscale.graph.constructed import (
     FORMAT,
@@ -59,91 +63,167 @@ class ConstructError(ConfigError):
     """Input that cannot become a dataset; names the file, row and column."""
 
 
-def _at(path: Path, row: int | None, column: str | None, message: str) -> ConstructError:
-    """An error at 1-based data row ``row`` (header not counted) of ``path``'s ``column``."""
-    where = str(path)
+@dataclass(frozen=True)
+class Source:
+    """A table file as messages name it (``str`` is its path), with its format and whether
+    its first line is a header (``column_names`` given: it is not)."""
+
+    path: Path
+    format: str
+    column_names: tuple[str, ...] | None = None
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def line(self, row: int) -> int | None:
+        """The file line of 1-based data row ``row`` (text tables only)."""
+        if self.format not in ("csv", "tsv"):
+            return None
+        return row + (0 if self.column_names else 1)
+
+
+def _source(spec: NodeTableSpec | EdgeTableSpec) -> Source:
+    return Source(spec.file, spec.format, spec.column_names)
+
+
+def _at(where: Source | Path, row: int | None, column: str | None, message: str):
+    """A :class:`ConstructError` at 1-based data row ``row`` (header not counted) of
+    ``where``'s ``column`` (a :class:`Source`, or an ``.npy`` file's path)."""
+    text = str(where)
     if row is not None:
-        line = f" (line {row + 1})" if table_format(path) == "csv" else ""
-        where += f", row {row}{line}"
+        line = where.line(row) if isinstance(where, Source) else None
+        text += f", row {row}" + ("" if line is None else f" (line {line})")
     if column is not None:
-        where += f", column {column!r}"
-    return ConstructError(f"{where}: {message}")
+        text += f", column {column!r}"
+    return ConstructError(f"{text}: {message}")
 
 
 # ---------------------------------------------------------------------------- reading
-def read_table(path: Path, text_columns: list[str], text_prefixes: tuple[str, ...] = ()):
-    """The whole table at ``path`` (pyarrow); ``text_columns`` and the columns starting with
+def _arrow_errors():
+    import pyarrow as pa
+
+    return (pa.ArrowException, OSError)  # OSError: a corrupt .gz
+
+
+def read_table(where: Source, text_columns: list[str], text_prefixes: tuple[str, ...] = ()):
+    """The whole table ``where`` (pyarrow); ``text_columns`` and the columns starting with
     one of ``text_prefixes`` are read as strings from CSV (ids, labels, categories: ``007``
     stays ``007``; an empty value is null). A ragged CSV row, a repeated column name or an
     empty table is refused."""
-    import pyarrow as pa
-    import pyarrow.csv as pa_csv
     import pyarrow.parquet as pq
 
-    if not path.is_file():
-        raise ConstructError(f"{path}: no such file")
+    if not where.path.is_file():
+        raise ConstructError(f"{where}: no such file")
     try:
-        if table_format(path) == "parquet":
-            table = pq.read_table(path)
+        if where.format == "parquet":
+            table = pq.read_table(where.path)
         else:
-            table = _read_csv(path, text_columns, text_prefixes, pa, pa_csv)
-    except (pa.ArrowException, OSError) as err:  # OSError: a corrupt .gz
-        raise ConstructError(f"{path}: cannot be read: {err}") from None
-    names = table.column_names
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise ConstructError(f"{path}: column names {repeated} appear more than once: {names}")
+            table = _read_csv(where, text_columns, text_prefixes)
+    except _arrow_errors() as err:
+        raise ConstructError(f"{where}: cannot be read: {err}") from None
+    names = _check_names(where, table.column_names)
     if table.num_rows == 0:
-        raise ConstructError(f"{path}: the table is empty (0 rows); columns: {table.column_names}")
+        raise ConstructError(f"{where}: the table is empty (0 rows); columns: {names}")
     return table
 
 
-def _read_csv(path: Path, text_columns: list[str], text_prefixes: tuple[str, ...], pa, pa_csv):
-    ragged = []
+def _read_csv(where: Source, text_columns: list[str], text_prefixes: tuple[str, ...]):
+    """A whole CSV or TSV file, read with threads (again without, to number a ragged row)."""
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+
+    if text_prefixes:  # the header names, to resolve the prefixes against
+        text_columns = text_columns + [n for n in _csv_header(where) if n.startswith(text_prefixes)]
+    types = dict.fromkeys(text_columns, pa.string())
+
+    def read(threads: bool):
+        options, parse, convert, ragged = _csv_options(where, 1 << 20, column_types=types)
+        options.use_threads = threads
+        return pa_csv.read_csv(
+            where.path, read_options=options, parse_options=parse, convert_options=convert
+        ), ragged
+
+    table, ragged = read(True)
+    if ragged and ragged[0].number is None:  # threaded reading does not number rows
+        _, ragged = read(False)
+    _refuse_ragged(where, ragged)
+    return table
+
+
+def _check_names(where: Source, names: list[str]) -> list[str]:
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConstructError(f"{where}: column names {repeated} appear more than once: {names}")
+    return names
+
+
+def _csv_options(where: Source, block_size: int, **convert):
+    """pyarrow's read, parse and convert options for ``where``, and the list its
+    ``invalid_row_handler`` fills with the ragged rows (skipped; :func:`_refuse_ragged`)."""
+    import pyarrow.csv as pa_csv
+
+    ragged: list = []
 
     def invalid_row(row) -> str:
         ragged.append(row)
         return "skip"
 
-    parse = pa_csv.ParseOptions(invalid_row_handler=invalid_row)
-    if text_prefixes:  # the header names, to resolve the prefixes against
-        with pa_csv.open_csv(path, parse_options=parse) as reader:
-            header = reader.schema.names
-        text_columns = text_columns + [n for n in header if n.startswith(text_prefixes)]
-        ragged.clear()
+    read = pa_csv.ReadOptions(  # one thread numbers the rows pyarrow calls ragged
+        use_threads=False, block_size=block_size, column_names=where.column_names
+    )
+    parse = pa_csv.ParseOptions(
+        delimiter="\t" if where.format == "tsv" else ",", invalid_row_handler=invalid_row
+    )
+    return read, parse, pa_csv.ConvertOptions(strings_can_be_null=True, **convert), ragged
 
-    def read(threads: bool):
-        return pa_csv.read_csv(
-            path,
-            read_options=pa_csv.ReadOptions(use_threads=threads),
-            parse_options=parse,
-            convert_options=pa_csv.ConvertOptions(
-                column_types=dict.fromkeys(text_columns, pa.string()), strings_can_be_null=True
-            ),
-        )
 
-    table = read(True)
-    if ragged and ragged[0].number is None:  # threaded reading does not number rows
-        ragged.clear()
-        read(False)
+def _csv_header(where: Source) -> list[str]:
+    import pyarrow.csv as pa_csv
+
+    read, parse, convert, _ = _csv_options(where, 1 << 20)
+    with pa_csv.open_csv(where.path, read_options=read, parse_options=parse) as reader:
+        return reader.schema.names
+
+
+def _csv_batches(where: Source, types: dict, include: list[str] | None, block_size: int):
+    """The record batches of a CSV or TSV file, read by one streaming reader (``types``: the
+    columns read as given; ``include``: only these columns); a ragged row is refused."""
+    import pyarrow.csv as pa_csv
+
+    read, parse, convert, ragged = _csv_options(
+        where, block_size, column_types=types, include_columns=include or []
+    )
+    with pa_csv.open_csv(
+        where.path, read_options=read, parse_options=parse, convert_options=convert
+    ) as reader:
+        for batch in reader:
+            _refuse_ragged(where, ragged)
+            yield batch
+    _refuse_ragged(where, ragged)
+
+
+def _refuse_ragged(where: Source, ragged: list) -> None:
     if ragged:
         bad = ragged[0]
-        where = f"line {bad.number}" if bad.number is not None else "a row"
+        at = f"line {bad.number}" if bad.number is not None else "a row"
         raise ConstructError(
-            f"{path}, {where}: {bad.actual_columns} values where the header has "
+            f"{where}, {at}: {bad.actual_columns} values where the header has "
             f"{bad.expected_columns} columns: {bad.text[:200]!r}"
         )
-    return table
 
 
-def column(table, name: str, path: Path):
-    """Column ``name`` of ``table`` (one array); a missing one is named with those that exist."""
+def _missing(name: str, names: list[str], where) -> ConstructError:
     import difflib
 
+    near = difflib.get_close_matches(name, names, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return ConstructError(f"{where}: no column {name!r}{hint}; its columns: {names}")
+
+
+def column(table, name: str, where):
+    """Column ``name`` of ``table`` (one array); a missing one is named with those that exist."""
     if name not in table.column_names:
-        near = difflib.get_close_matches(name, table.column_names, n=1)
-        hint = f" (did you mean {near[0]!r}?)" if near else ""
-        raise ConstructError(f"{path}: no column {name!r}{hint}; its columns: {table.column_names}")
+        raise _missing(name, table.column_names, where)
     return _plain(table.column(name).combine_chunks())
 
 
@@ -163,23 +243,26 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def _refuse_rows(bad: np.ndarray, path: Path, column: str, message: Callable[[int], str]) -> None:
+def _refuse_rows(
+    bad: np.ndarray, where, column: str, message: Callable[[int], str], offset: int = 0
+) -> None:
     """A :class:`ConstructError` at the first row where ``bad`` is set (none: nothing), its
-    text ``message(row)`` (``row``: 0-based)."""
+    text ``message(row)`` (``row``: 0-based in ``bad``, which starts at table row
+    ``offset``)."""
     if bad.any():
         row = _first(bad)
-        raise _at(path, row + 1, column, message(row))
+        raise _at(where, offset + row + 1, column, message(row))
 
 
-def parse_ids(values, id_type: str, path: Path, name: str):
+def parse_ids(values, id_type: str, path, name: str, offset: int = 0):
     """``values`` as ids of ``id_type`` (int64 or string array); a null or a value that does
-    not parse is named."""
+    not parse is named (its row: ``offset`` + its index + 1)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     nulls = values.is_null().to_numpy(zero_copy_only=False)
     if nulls.any():
-        raise _at(path, _first(nulls) + 1, name, "an empty id")
+        raise _at(path, offset + _first(nulls) + 1, name, "an empty id")
     if id_type == "str":
         if not (pa.types.is_string(values.type) or pa.types.is_integer(values.type)):
             raise _at(path, None, name, f"ids of type {values.type} are not strings")
@@ -189,14 +272,22 @@ def parse_ids(values, id_type: str, path: Path, name: str):
             limit = pa.scalar(2**63 - 1, pa.uint64())
             over = pc.greater(values, limit).to_numpy(zero_copy_only=False)
             _refuse_rows(
-                over, path, name, lambda row: f"{values[row].as_py()} is above the int64 range"
+                over,
+                path,
+                name,
+                lambda row: f"{values[row].as_py()} is above the int64 range",
+                offset,
             )
         return values.cast(pa.int64())
     if not pa.types.is_string(values.type):
         raise _at(path, None, name, f"ids of type {values.type} are not integers (id_type int)")
     good = pc.match_substring_regex(values, _INT.pattern).to_numpy(zero_copy_only=False)
     _refuse_rows(
-        ~good, path, name, lambda row: f"{values[row].as_py()!r} is not an integer (id_type int)"
+        ~good,
+        path,
+        name,
+        lambda row: f"{values[row].as_py()!r} is not an integer (id_type int)",
+        offset,
     )
     trimmed = pc.utf8_trim_whitespace(values)
     digits = pc.replace_substring_regex(trimmed, "^-?0*", "")
@@ -206,7 +297,7 @@ def parse_ids(values, id_type: str, path: Path, name: str):
         (length == 19) & pc.greater(digits, limit).to_numpy(zero_copy_only=False)
     )
     _refuse_rows(
-        over, path, name, lambda row: f"{values[row].as_py()!r} is outside the int64 range"
+        over, path, name, lambda row: f"{values[row].as_py()!r} is outside the int64 range", offset
     )
     return trimmed.cast(pa.int64())
 
@@ -223,14 +314,14 @@ def node_ids(table, spec: NodeTableSpec):
     """The node table's ids; a duplicate is named with the row it first appeared in."""
     import pyarrow.compute as pc
 
-    ids = parse_ids(column(table, spec.id, spec.file), spec.id_type, spec.file, spec.id)
+    ids = parse_ids(column(table, spec.id, _source(spec)), spec.id_type, _source(spec), spec.id)
     unique = pc.unique(ids)
     if len(unique) != len(ids):
         codes = pc.index_in(ids, value_set=unique).to_numpy()
         _, first = np.unique(codes, return_index=True)
         row = _first(first[codes] != np.arange(len(codes)))
         raise _at(
-            spec.file,
+            _source(spec),
             row + 1,
             spec.id,
             f"duplicate node id {ids[row].as_py()!r} (first in row {first[codes[row]] + 1})",
@@ -244,7 +335,7 @@ def labels(table, spec: NodeTableSpec) -> tuple[np.ndarray, list[str]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    values = _label_strings(column(table, spec.label, spec.file), spec)
+    values = _label_strings(column(table, spec.label, _source(spec)), spec)
     present = values.is_valid().to_numpy(zero_copy_only=False)
     if spec.classes is not None:
         classes = list(spec.classes)
@@ -253,12 +344,12 @@ def labels(table, spec: NodeTableSpec) -> tuple[np.ndarray, list[str]]:
         numeric = all(_INT.match(v) for v in found)
         classes = sorted(found, key=int) if numeric else sorted(found)
     if not classes:
-        raise _at(spec.file, None, spec.label, "no node has a label")
+        raise _at(_source(spec), None, spec.label, "no node has a label")
     codes = pc.index_in(values, value_set=pa.array(classes, pa.string()))
     unknown = present & codes.is_null().to_numpy(zero_copy_only=False)
     _refuse_rows(
         unknown,
-        spec.file,
+        _source(spec),
         spec.label,
         lambda row: f"label {values[row].as_py()!r} is not one of the declared classes {classes}",
     )
@@ -277,7 +368,7 @@ def _label_strings(values, spec: NodeTableSpec):
         whole = whole.to_numpy(zero_copy_only=False)
         _refuse_rows(
             ~whole,
-            spec.file,
+            _source(spec),
             spec.label,
             lambda row: f"label {values[row].as_py()!r} is not a whole number (a class index)",
         )
@@ -293,12 +384,12 @@ def split_masks(table, spec: NodeTableSpec, y: np.ndarray) -> dict[str, np.ndarr
 
     n = len(y)
     if spec.split is not None:
-        values = pc.fill_null(_strings(column(table, spec.split, spec.file)), "")
+        values = pc.fill_null(_strings(column(table, spec.split, _source(spec))), "")
         codes = pc.index_in(values, value_set=pa.array(["", *SPLITS], pa.string()))
         bad = codes.is_null().to_numpy(zero_copy_only=False)
         _refuse_rows(
             bad,
-            spec.file,
+            _source(spec),
             spec.split,
             lambda row: f"split {values[row].as_py()!r} is unknown; valid: {list(SPLITS)} or empty",
         )
@@ -306,7 +397,7 @@ def split_masks(table, spec: NodeTableSpec, y: np.ndarray) -> dict[str, np.ndarr
         unlabelled = (code > 0) & (y < 0)
         _refuse_rows(
             unlabelled,
-            spec.file,
+            _source(spec),
             spec.split,
             lambda row: (
                 f"the node is in split {values[row].as_py()!r} but has no label (column "
@@ -326,20 +417,20 @@ def split_masks(table, spec: NodeTableSpec, y: np.ndarray) -> dict[str, np.ndarr
     return masks
 
 
-def feature_columns(table, group: FeatureSpec, path: Path) -> list[str]:
-    """The column names of one feature group, in table order for a prefix."""
+def feature_columns(columns: list[str], group: FeatureSpec, path) -> list[str]:
+    """The column names of one feature group (``columns``: the table's), in table order for
+    a prefix."""
     if group.prefix is None:
         return list(group.columns)
-    names = [name for name in table.column_names if name.startswith(group.prefix)]
+    names = [name for name in columns if name.startswith(group.prefix)]
     if not names:
         raise ConstructError(
-            f"{path}: no column starts with prefix {group.prefix!r}; its columns: "
-            f"{table.column_names}"
+            f"{path}: no column starts with prefix {group.prefix!r}; its columns: {columns}"
         )
     return names
 
 
-def numeric_matrix(table, names: list[str], path: Path) -> np.ndarray:
+def numeric_matrix(table, names: list[str], path, offset: int = 0) -> np.ndarray:
     """float64 ``[rows, len(names)]`` of numeric columns; a NaN, infinite or empty value or a
     non-numeric column is named."""
     import pyarrow as pa
@@ -356,15 +447,16 @@ def numeric_matrix(table, names: list[str], path: Path) -> np.ndarray:
                 "transform: one-hot)",
             )
         out[:, j] = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
-    check_finite(out, path, names)
+    check_finite(out, path, names, offset)
     return out
 
 
-def check_finite(matrix: np.ndarray, path: Path, names: list[str]) -> None:
+def check_finite(matrix: np.ndarray, path, names: list[str], offset: int = 0) -> None:
     bad = ~np.isfinite(matrix)
     if bad.any():
         row, col = np.argwhere(bad)[0]
-        raise _at(path, int(row) + 1, names[col], f"feature value {matrix[row, col]} is not finite")
+        value = matrix[row, col]
+        raise _at(path, offset + int(row) + 1, names[col], f"feature value {value} is not finite")
 
 
 def node_features(
@@ -379,10 +471,10 @@ def node_features(
             matrix, source = _npy_features(group.npy, n), str(group.npy)
             cols = [f"{group.npy.name}[{j}]" for j in range(matrix.shape[1])]
         else:
-            cols, source = feature_columns(table, group, spec.file), str(spec.file)
+            cols, source = feature_columns(table.column_names, group, _source(spec)), str(spec.file)
         if group.transform == "one-hot":
             for name in cols:
-                block, categories = _one_hot(column(table, name, spec.file), train)
+                block, categories = _one_hot(column(table, name, _source(spec)), train)
                 blocks.append(block)
                 names += [f"{name}={c}" for c in categories] + [f"{name}=<unknown>"]
                 records.append(
@@ -390,13 +482,13 @@ def node_features(
                 )
             continue
         if group.npy is None:
-            matrix = numeric_matrix(table, cols, spec.file)
+            matrix = numeric_matrix(table, cols, _source(spec))
         matrix, stats = _scale(matrix, group.transform, train, source)
         blocks.append(matrix)
         names += cols
         records.append({"columns": cols, "transform": group.transform, **stats})
     if not blocks:
-        raise ConstructError(f"{spec.file}: the spec names no node features (nodes.features)")
+        raise ConstructError(f"{_source(spec)}: the spec names no node features (nodes.features)")
     return np.concatenate(blocks, axis=1).astype(np.float32), names, records
 
 
@@ -464,31 +556,227 @@ def _one_hot(values, train: np.ndarray) -> tuple[np.ndarray, list[str]]:
 
 
 # ----------------------------------------------------------------------------- edges
-def edge_table(spec: EdgeTableSpec, ids, id_type: str, types: dict[str, int]) -> dict[str, Any]:
-    """One edge table as contiguous ``src``/``dst`` (int64), ``weight``, ``feat``, ``type``
-    (``None`` when not given); an id no node has is named."""
+# An integer id map is a dense table when the ids span at most this many values per node.
+DENSE_IDS_PER_NODE = 8
+
+
+class IdMap:
+    """Raw ids -> contiguous ids (node ``i`` has raw id ``ids[i]``), O(nodes), built once.
+    Integer ids: a dense table ``raw - min -> node`` when the ids span at most
+    :data:`DENSE_IDS_PER_NODE` values a node (int32: at most 32 bytes a node), else a binary
+    search of each chunk's ids, sorted first, in a sorted copy. String ids: ``pc.index_in``
+    against the node ids (which hashes them on each call: one call per chunk)."""
+
+    def __init__(self, ids):
+        import pyarrow as pa
+
+        self.ids, self.table = ids, None
+        self.integer = pa.types.is_integer(ids.type)
+        if not self.integer:
+            return
+        raw = ids.to_numpy()
+        self.low, span = int(raw.min()), int(raw.max()) - int(raw.min()) + 1
+        if span <= DENSE_IDS_PER_NODE * len(raw):
+            dtype = np.int32 if len(raw) < 2**31 else np.int64
+            self.table = np.full(span, -1, dtype=dtype)
+            self.table[raw - self.low] = np.arange(len(raw), dtype=dtype)
+            return
+        self.order = np.argsort(raw, kind="stable")
+        self.sorted = raw[self.order]
+
+    def __call__(self, raw) -> np.ndarray:
+        """int64 contiguous ids of ``raw`` (an id array, or int64 numpy); -1: no such node."""
+        import pyarrow.compute as pc
+
+        if not self.integer:
+            return (
+                pc.fill_null(pc.index_in(raw, value_set=self.ids), -1).to_numpy().astype(np.int64)
+            )
+        values = raw if isinstance(raw, np.ndarray) else raw.to_numpy()
+        if self.table is not None:
+            offset = values - self.low  # may wrap for ids far outside: then out of range
+            inside = (values >= self.low) & (offset >= 0) & (offset < len(self.table))
+            found = np.full(len(values), -1, dtype=np.int64)
+            found[inside] = self.table[offset[inside]]
+            return found
+        by_value = np.argsort(values)  # sorted queries: a cache-friendly binary search
+        pos = np.minimum(np.searchsorted(self.sorted, values[by_value]), len(self.sorted) - 1)
+        found = np.empty(len(values), dtype=np.int64)
+        hit = self.sorted[pos] == values[by_value]
+        found[by_value] = np.where(hit, self.order[pos], -1)
+        return found
+
+
+class EdgeTable:
+    """One edge table, read in chunks of at most ``chunk_rows`` rows (a streaming CSV reader,
+    Parquet's batches, ``.npy`` slices read from the file); its columns are checked when it
+    is opened, before any row is read."""
+
+    def __init__(self, spec: EdgeTableSpec, chunk_rows: int):
+        self.spec, self.where, self.chunk_rows = spec, _source(spec), chunk_rows
+        self.feat_names: list[str] = []
+        if not spec.file.is_file():
+            raise ConstructError(f"{self.where}: no such file")
+        if spec.format == "npy":
+            self._open_npy()
+            return
+        try:
+            if spec.format == "parquet":
+                import pyarrow.parquet as pq
+
+                parquet = pq.ParquetFile(spec.file)
+                self.names, self.num_rows = parquet.schema_arrow.names, parquet.metadata.num_rows
+                parquet.close()
+            else:
+                self.names, self.num_rows = _csv_header(self.where), None
+        except _arrow_errors() as err:
+            raise ConstructError(f"{self.where}: cannot be read: {err}") from None
+        _check_names(self.where, self.names)
+        self.feat_names = [
+            n for group in spec.features for n in feature_columns(self.names, group, self.where)
+        ]
+        numeric = [n for n in (spec.weight, *self.feat_names) if n is not None]
+        self.text = [n for n in (spec.src, spec.dst, spec.type) if n is not None]
+        for name in (*self.text, *numeric):
+            if name not in self.names:
+                raise _missing(name, self.names, self.where)
+        self.columns = list(dict.fromkeys([*self.text, *numeric]))
+        self.numeric = numeric
+        if self.num_rows == 0:
+            self._empty()
+
+    def _open_npy(self) -> None:
+        edges = _load_npy(self.spec.file, mmap_mode="r")
+        shape, dtype = edges.shape, edges.dtype
+        if len(shape) != 2 or shape[1] != 2 or not np.issubdtype(dtype, np.integer):
+            raise ConstructError(f"{self.where}: shape {shape} {dtype}, expected integer [E, 2]")
+        if not shape[0]:
+            raise ConstructError(f"{self.where}: the edge array is empty (0 rows)")
+        fortran = edges.flags.f_contiguous and not edges.flags.c_contiguous
+        self.npy = (int(edges.offset), dtype, fortran)
+        self.num_rows = int(shape[0])
+        del edges  # unmapped: its pages are read chunk by chunk (_npy_chunk)
+
+    def _empty(self):
+        raise ConstructError(f"{self.where}: the table is empty (0 rows); columns: {self.names}")
+
+    def chunks(self) -> Iterator[tuple[int, Any]]:
+        """``(offset, chunk)``: the rows from table row ``offset`` (0-based), a pyarrow table
+        (an ``int64 [m, 2]`` array for ``.npy``)."""
+        if self.spec.format == "npy":
+            for start in range(0, self.num_rows, self.chunk_rows):
+                yield start, self._npy_chunk(start, min(self.num_rows, start + self.chunk_rows))
+            return
+        offset = 0
+        try:
+            for chunk in _rechunk(self._batches(), self.chunk_rows):
+                yield offset, chunk
+                offset += chunk.num_rows
+        except _arrow_errors() as err:
+            raise ConstructError(f"{self.where}: cannot be read: {err}") from None
+        if not offset:
+            self._empty()
+
+    def _batches(self):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if self.spec.format == "parquet":  # pre-buffering would keep every row group read
+            with pq.ParquetFile(self.spec.file, pre_buffer=False) as parquet:
+                yield from parquet.iter_batches(batch_size=self.chunk_rows, columns=self.columns)
+            return
+        types = {
+            **dict.fromkeys(self.numeric, pa.float64()),
+            **dict.fromkeys(self.text, pa.string()),
+        }
+        block = int(np.clip(self.chunk_rows * 32, 1 << 20, 1 << 26))
+        yield from _csv_batches(self.where, types, self.columns, block)
+
+    def _npy_chunk(self, start: int, stop: int) -> np.ndarray:
+        offset, dtype, fortran = self.npy
+        rows = stop - start
+        if not fortran:
+            flat = np.fromfile(
+                self.spec.file, dtype, count=2 * rows, offset=offset + 2 * start * dtype.itemsize
+            )
+            return flat.reshape(rows, 2).astype(np.int64)
+        columns = [
+            np.fromfile(
+                self.spec.file,
+                dtype,
+                count=rows,
+                offset=offset + (j * self.num_rows + start) * dtype.itemsize,
+            )
+            for j in range(2)
+        ]
+        return np.stack(columns, axis=1).astype(np.int64)
+
+
+def _rechunk(batches, rows: int):
+    """Tables of exactly ``rows`` rows (the last: fewer) from record batches of any size."""
+    import pyarrow as pa
+
+    held, count = [], 0
+    for batch in batches:
+        held.append(batch)
+        count += batch.num_rows
+        while count >= rows:
+            table = pa.Table.from_batches(held)
+            yield table.slice(0, rows)
+            rest = table.slice(rows)
+            held, count = rest.to_batches(), rest.num_rows
+    if count:
+        yield pa.Table.from_batches(held)
+
+
+def _raw_ids(table: EdgeTable, chunk, offset: int, id_type: str) -> tuple:
+    """The chunk's raw ``(src, dst)`` ids, parsed as ``id_type``."""
+    if table.spec.format == "npy":
+        return chunk[:, 0], chunk[:, 1]
+    where = table.where
+    return tuple(
+        parse_ids(column(chunk, name, where), id_type, where, name, offset)
+        for name in (table.spec.src, table.spec.dst)
+    )
+
+
+def _raw_value(raw, row: int):
+    return int(raw[row]) if isinstance(raw, np.ndarray) else raw[row].as_py()
+
+
+def edge_chunk(
+    table: EdgeTable, chunk, offset: int, ids: IdMap, id_type: str, types: dict[str, int]
+) -> dict[str, np.ndarray]:
+    """One chunk as contiguous ``src``/``dst`` (int64) and, where the table has them,
+    ``weight`` (float32), ``feat`` (float32 ``[m, Fe]``), ``type`` (int64; ``types``, the
+    type names in order of first appearance, grows); an id no node has is named."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if table_format(spec.file) == "npy":
-        return _npy_edges(spec.file, ids, id_type)
-    text = [name for name in (spec.src, spec.dst, spec.type) if name is not None]
-    table = read_table(spec.file, text)
-    out: dict[str, Any] = {"rows": table.num_rows, "weight": None, "feat": None, "type": None}
-    for end in ("src", "dst"):
-        name = getattr(spec, end)
-        raw = parse_ids(column(table, name, spec.file), id_type, spec.file, name)
-        out[end] = _contiguous(raw, ids, spec.file, name)
+    spec, where = table.spec, table.where
+    npy = spec.format == "npy"
+    out = {}
+    for j, (end, raw) in enumerate(zip(("src", "dst"), _raw_ids(table, chunk, offset, id_type))):
+        index = ids(raw)
+        name = f"[{j}]" if npy else getattr(spec, end)
+        _refuse_rows(
+            index < 0,
+            where,
+            name,
+            lambda row, raw=raw: f"id {_raw_value(raw, row)!r} is not in the node table",
+            offset,
+        )
+        out[end] = index
+    if npy:
+        return out
     if spec.weight is not None:
-        out["weight"] = numeric_matrix(table, [spec.weight], spec.file)[:, 0]
-    names = [n for group in spec.features for n in feature_columns(table, group, spec.file)]
-    if names:
-        out["feat"] = numeric_matrix(table, names, spec.file)
-        out["feat_names"] = names
+        out["weight"] = numeric_matrix(chunk, [spec.weight], where, offset)[:, 0].astype(np.float32)
+    if table.feat_names:
+        out["feat"] = numeric_matrix(chunk, table.feat_names, where, offset).astype(np.float32)
     if spec.type is not None:
-        values = _strings(column(table, spec.type, spec.file))
+        values = _strings(column(chunk, spec.type, where))
         empty = values.is_null().to_numpy(zero_copy_only=False)
-        _refuse_rows(empty, spec.file, spec.type, lambda row: "an empty edge type")
+        _refuse_rows(empty, where, spec.type, lambda row: "an empty edge type", offset)
         for name in pc.unique(values).to_pylist():
             types.setdefault(name, len(types))
         known = pa.array(list(types), pa.string())
@@ -496,155 +784,412 @@ def edge_table(spec: EdgeTableSpec, ids, id_type: str, types: dict[str, int]) ->
     return out
 
 
-def _contiguous(raw, ids, path: Path, name: str) -> np.ndarray:
-    import pyarrow.compute as pc
-
-    index = pc.index_in(raw, value_set=ids)
-    unknown = index.is_null().to_numpy(zero_copy_only=False)
-    _refuse_rows(
-        unknown, path, name, lambda row: f"id {raw[row].as_py()!r} is not in the node table"
-    )
-    return index.to_numpy().astype(np.int64)
-
-
-def _npy_edges(path: Path, ids, id_type: str) -> dict[str, Any]:
-    import pyarrow as pa
-
-    if not path.is_file():
-        raise ConstructError(f"{path}: no such file")
-    if id_type != "int":
-        raise ConstructError(
-            f"{path}: an .npy edge array holds integers; id_type str needs a table"
-        )
-    edges = _load_npy(path)
-    if edges.ndim != 2 or edges.shape[1] != 2 or not np.issubdtype(edges.dtype, np.integer):
-        raise ConstructError(f"{path}: shape {edges.shape} {edges.dtype}, expected integer [E, 2]")
-    if not len(edges):
-        raise ConstructError(f"{path}: the edge array is empty (0 rows)")
-    out = {"rows": len(edges), "weight": None, "feat": None, "type": None}
-    for j, end in enumerate(("src", "dst")):
-        out[end] = _contiguous(pa.array(edges[:, j].astype(np.int64)), ids, path, f"[{j}]")
-    return out
-
-
-def merge_edge_tables(tables: list[dict], specs: tuple[EdgeTableSpec, ...]) -> dict[str, Any]:
-    """All tables' edges in one set of arrays; every table must carry the same edge data."""
-    merged: dict[str, Any] = {}
-    for key in ("src", "dst", "weight", "feat", "type"):
-        given = [t[key] is not None for t in tables]
-        if any(given) and not all(given):
-            lacking = specs[given.index(False)].file
+def open_edge_tables(spec: ConstructSpec) -> tuple[list[EdgeTable], dict[str, Any]]:
+    """The edge tables, opened, and the edge data every one of them carries (``{column:
+    (dtype, width)}``); tables that carry different edge data are refused."""
+    for e in spec.edges:
+        if e.format == "npy" and spec.node_id_type != "int":
             raise ConstructError(
-                f"{lacking}: this edge table has no {key} but another one has; every edge "
-                f"table carries the same edge data"
+                f"{e.file}: an .npy edge array holds integers; id_type str needs a table"
             )
-        merged[key] = np.concatenate([t[key] for t in tables]) if all(given) else None
-    widths = {t["feat"].shape[1] for t in tables if t["feat"] is not None}
+    tables = [EdgeTable(e, spec.chunk_rows) for e in spec.edges]
+    for key, given in (
+        ("weight", [e.weight is not None for e in spec.edges]),
+        ("feat", [bool(t.feat_names) for t in tables]),
+        ("type", [e.type is not None for e in spec.edges]),
+    ):
+        if any(given) and not all(given):
+            raise ConstructError(
+                f"{spec.edges[given.index(False)].file}: this edge table has no {key} but "
+                f"another one has; every edge table carries the same edge data"
+            )
+    widths = {len(t.feat_names) for t in tables}
     if len(widths) > 1:
         raise ConstructError(f"edge tables have {sorted(widths)} edge features; they must agree")
-    merged["feat_names"] = tables[0].get("feat_names", [])
-    merged["rows"] = np.cumsum([0] + [t["rows"] for t in tables])
-    return merged
+    data = {}
+    if spec.edges[0].weight is not None:
+        data["weight"] = (np.float32, 1)
+    if tables[0].feat_names:
+        data["feat"] = (np.float32, len(tables[0].feat_names))
+    if spec.edges[0].type is not None:
+        data["type"] = (np.int64, 1)
+    return tables, data
 
 
-def build_csc(
-    src: np.ndarray, dst: np.ndarray, n: int, spec: ConstructSpec, rows: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(indptr, indices, edge_row)``: the CSC :func:`~.graph.csc.csc_from_edges` builds
-    (sorted by (dst, src); duplicates merged unless ``duplicates: error``; self-loops as
-    declared) and, per stored edge, the input edge whose data it carries (its first
-    occurrence; the reverse of an undirected edge carries the edge's)."""
-    keys = dst * n + src
-    loops = src == dst
-    if spec.self_loops == "error" and loops.any():
-        raise _edge_error(spec, rows, _first(loops), "a self-loop (self_loops: error)")
-    if spec.duplicates == "error":
-        order = np.argsort(keys, kind="stable")
-        repeat = np.flatnonzero(keys[order][1:] == keys[order][:-1])
-        if repeat.size:
-            edge = int(order[1:][repeat].min())
-            raise _edge_error(spec, rows, edge, "a duplicate edge (duplicates: error)")
-    edge_row = np.arange(len(keys), dtype=np.int64)
-    if spec.undirected:
-        keys = np.concatenate([keys, src * n + dst])
-        edge_row = np.concatenate([edge_row, edge_row])
-    order = np.argsort(keys, kind="stable")
-    keys, edge_row = keys[order], edge_row[order]
-    keep = np.ones(len(keys), dtype=bool)
-    keep[1:] = keys[1:] != keys[:-1]
-    if spec.self_loops == "remove":
-        keep &= keys % (n + 1) != 0
-    keys, edge_row = keys[keep], edge_row[keep]
-    indptr = np.searchsorted(keys, np.arange(n + 1, dtype=np.int64) * n)
-    return indptr.astype(np.int64), keys % n, edge_row
+def nodes_from_edges(tables: list[EdgeTable], spec: ConstructSpec):
+    """An edge-only spec's node ids: every id its edges name, sorted (numerically for
+    ``int``, by UTF-8 bytes for ``str``); refused past :data:`IDENTITY_FEATURES_MAX`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    id_type = spec.id_type
+    seen = np.empty(0, np.int64) if id_type == "int" else pa.array([], pa.string())
+    for table in tables:
+        for offset, chunk in table.chunks():
+            src, dst = _raw_ids(table, chunk, offset, id_type)
+            if id_type == "int":
+                seen = np.unique(np.concatenate([seen, np.asarray(src), np.asarray(dst)]))
+            else:
+                seen = pc.unique(pa.concat_arrays([seen, src, dst]))
+            if len(seen) > IDENTITY_FEATURES_MAX:
+                raise ConstructError(
+                    f"spec {spec.path}: no node table, and the edges name more than "
+                    f"{IDENTITY_FEATURES_MAX:,} nodes (past {table.where}, row {offset + 1}): "
+                    f"an edge-only spec gives each node a one-hot identity feature, up to "
+                    f"{IDENTITY_FEATURES_MAX:,} nodes. Give a node table with features (nodes:) "
+                    "for a larger graph (learnable node embeddings are not there yet)"
+                )
+    if id_type == "int":
+        return pa.array(seen, pa.int64())
+    return seen.take(pc.sort_indices(seen))
+
+
+# ------------------------------------------------------------------------ scratch files
+class _Column:
+    """A raw scratch file of fixed-width rows (``dtype``, ``width`` values a row), appended
+    to, written at a row and read by row range through plain file calls (opened per call: a
+    few thousand in all): no memory map, so the pages read or written never count in the
+    process's resident set."""
+
+    def __init__(self, path: Path, dtype, width: int = 1):
+        self.path, self.dtype, self.width = path, np.dtype(dtype), width
+        self.row_bytes = self.dtype.itemsize * width
+        self.rows = 0
+        path.write_bytes(b"")
+
+    def append(self, array: np.ndarray) -> None:
+        self.write_at(self.rows, array)
+
+    def write_at(self, row: int, array: np.ndarray) -> None:
+        with open(self.path, "r+b") as file:
+            file.seek(row * self.row_bytes)
+            file.write(np.ascontiguousarray(array, dtype=self.dtype).data)
+        self.rows = max(self.rows, row + len(array))
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        count = (stop - start) * self.width
+        array = np.fromfile(self.path, self.dtype, count=count, offset=start * self.row_bytes)
+        return array.reshape(-1, self.width) if self.width > 1 else array
+
+
+class _NpyWriter:
+    """An ``.npy`` file written row block by row block, byte for byte what ``np.save`` writes
+    for the whole array: the header (whose length does not depend on the row count) is
+    rewritten with the final shape by :meth:`close`."""
+
+    def __init__(self, path: Path, dtype, row_shape: tuple[int, ...] = ()):
+        self.path, self.dtype, self.row_shape, self.rows = path, np.dtype(dtype), row_shape, 0
+        self.header = self._header()
+        path.write_bytes(self.header)
+
+    def _header(self) -> bytes:
+        import io
+
+        buffer = io.BytesIO()
+        header = {
+            "descr": np.lib.format.dtype_to_descr(self.dtype),
+            "fortran_order": False,
+            "shape": (self.rows, *self.row_shape),
+        }
+        np.lib.format.write_array_header_1_0(buffer, header)
+        return buffer.getvalue()
+
+    def append(self, array: np.ndarray) -> None:
+        with open(self.path, "ab") as file:
+            file.write(np.ascontiguousarray(array, dtype=self.dtype).data)
+        self.rows += len(array)
+
+    def close(self) -> dict:
+        """Finish the file; its ``{bytes, blake2b}`` record (as :func:`write_arrays`)."""
+        header = self._header()
+        if len(header) != len(self.header):
+            raise AssertionError(f"{self.path}: the .npy header changed length")
+        with open(self.path, "r+b") as file:
+            file.write(header)
+            file.flush()
+            os.fsync(file.fileno())
+        return {"bytes": self.path.stat().st_size, "blake2b": file_digest(self.path)}
+
+
+# ------------------------------------------------------------------------------- the CSC
+def spool_edges(
+    tables: list[EdgeTable], data: dict, ids: IdMap, spec: ConstructSpec, n: int, scratch: Path
+) -> tuple[dict[str, _Column], np.ndarray, np.ndarray, list[str]]:
+    """Pass 1: every table's chunks mapped to contiguous ids and appended to scratch columns
+    (``src``, ``dst`` and the edge data, in input order), with the CSC entries per destination
+    (the in-degree, and the out-degree too when ``undirected``). Returns the columns, the
+    entry counts ``[N]``, each table's first input edge (``[T + 1]``) and the type names."""
+    columns = {"src": _Column(scratch / "src", np.int64), "dst": _Column(scratch / "dst", np.int64)}
+    columns.update({k: _Column(scratch / k, dt, width) for k, (dt, width) in data.items()})
+    counts = np.zeros(n, dtype=np.int64)
+    rows, loop, types = [0], None, {}
+    for table in tables:
+        for offset, chunk in table.chunks():
+            mapped = edge_chunk(table, chunk, offset, ids, spec.node_id_type, types)
+            src, dst = mapped["src"], mapped["dst"]
+            counts += np.bincount(dst, minlength=n)
+            if spec.undirected:
+                counts += np.bincount(src, minlength=n)
+            if spec.self_loops == "error" and loop is None and (src == dst).any():
+                loop = rows[-1] + offset + _first(src == dst)
+            for key, values in mapped.items():
+                columns[key].append(values)
+        rows.append(columns["src"].rows)
+    if loop is not None:
+        raise _edge_error(spec, np.array(rows), loop, "a self-loop (self_loops: error)")
+    return columns, counts, np.array(rows), list(types)
+
+
+def _buckets(starts: np.ndarray, budget: int) -> np.ndarray:
+    """Destination bounds ``[B + 1]`` of consecutive ranges holding at most ``budget`` CSC
+    entries each (``starts``: each destination's first entry, ``[N + 1]``); a destination
+    with more has a range of its own."""
+    n, bounds = len(starts) - 1, [0]
+    while bounds[-1] < n:
+        lo = bounds[-1]
+        hi = int(np.searchsorted(starts, starts[lo] + budget, side="right")) - 1
+        bounds.append(max(hi, lo + 1))
+    return np.array(bounds, dtype=np.int64)
+
+
+def streamed_csc(
+    columns: dict[str, _Column],
+    counts: np.ndarray,
+    rows: np.ndarray,
+    spec: ConstructSpec,
+    scratch: Path,
+    folder: Path,
+) -> tuple[np.ndarray, dict[str, dict]]:
+    """The CSC :meth:`Graph.from_edge_index` builds (sorted by (dst, src), duplicates merged
+    unless ``duplicates: error``, self-loops as declared), each stored edge carrying the data
+    of its first occurrence (a reverse of an undirected edge: after every input edge), from
+    the pass-1 ``columns``; ``indices`` and the edge data are written to ``folder`` as
+    ``.npy`` files. Returns ``indptr`` and the files' records.
+
+    Pass 2 scatters each entry (key ``dst * N + src``, its priority: input edge ``e``, or
+    ``E + e`` for the reverse of edge ``e``, and its data) into the scratch region of its
+    destination range (:func:`_buckets`, at most ``chunk_rows`` entries); pass 3 sorts each
+    region by (key, priority), keeps each key's first entry and appends it to the output.
+    Memory: O(N) and a chunk; the scratch files hold every entry once."""
+    n, edges, chunk = len(counts), columns["src"].rows, spec.chunk_rows
+    if n > 3_037_000_499:  # dst * N + src must fit in int64
+        raise ConstructError(f"{n:,} nodes: the CSC keys (dst * N + src) need N < 3,037,000,500")
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    bounds = _buckets(starts, chunk)
+    first_entry = starts[bounds]
+    data = [k for k in ("weight", "feat", "type") if k in columns]
+    region = {
+        "key": _Column(scratch / "key", np.int64),
+        "prio": _Column(scratch / "prio", np.int64),
+    }
+    region.update(
+        {k: _Column(scratch / f"region-{k}", columns[k].dtype, columns[k].width) for k in data}
+    )
+    cursor = first_entry[:-1].copy()
+    for start in range(0, edges, chunk):  # pass 2
+        stop = min(edges, start + chunk)
+        src, dst = columns["src"].read(start, stop), columns["dst"].read(start, stop)
+        values = {k: columns[k].read(start, stop) for k in data}
+        prio = np.arange(start, stop, dtype=np.int64)
+        key, dest = dst * n + src, dst
+        if spec.undirected:
+            key, dest, prio = (
+                np.concatenate([key, src * n + dst]),
+                np.concatenate([dst, src]),
+                np.concatenate([prio, prio + edges]),
+            )
+            values = {k: np.concatenate([v, v]) for k, v in values.items()}
+        bucket = np.searchsorted(bounds, dest, side="right") - 1
+        order = np.argsort(bucket, kind="stable")
+        per_bucket = np.bincount(bucket, minlength=len(bounds) - 1)
+        entries = {
+            "key": key[order],
+            "prio": prio[order],
+            **{k: v[order] for k, v in values.items()},
+        }
+        ends = np.cumsum(per_bucket)
+        for b in np.flatnonzero(per_bucket):
+            lo, hi = ends[b] - per_bucket[b], ends[b]
+            for name, column_ in region.items():
+                column_.write_at(int(cursor[b]), entries[name][lo:hi])
+            cursor[b] += per_bucket[b]
+    dtype = {"weight": np.float32, "feat": np.float32, "type": np.int64}
+    writers = {"indices": _NpyWriter(folder / "indices.npy", np.int64)}
+    names = {"weight": "edge_weight", "feat": "edge_feat", "type": "edge_type"}
+    for k in data:
+        shape = (columns[k].width,) if k == "feat" else ()
+        writers[names[k]] = _NpyWriter(folder / f"{names[k]}.npy", dtype[k], shape)
+    stored = np.zeros(n, dtype=np.int64)
+    repeat = None
+    for b in range(len(bounds) - 1):  # pass 3
+        lo, hi = int(first_entry[b]), int(first_entry[b + 1])
+        if lo == hi:
+            continue
+        key, prio = region["key"].read(lo, hi), region["prio"].read(lo, hi)
+        order = np.lexsort((prio, key))
+        key, prio = key[order], prio[order]
+        keep = np.ones(len(key), dtype=bool)
+        keep[1:] = key[1:] != key[:-1]
+        if spec.duplicates == "error":  # a repeat of an input edge (not a reverse)
+            again = ~keep & (prio < edges)
+            if again.any():
+                first = int(prio[again].min())
+                repeat = first if repeat is None else min(repeat, first)
+        if spec.self_loops == "remove":
+            keep &= key % (n + 1) != 0
+        key = key[keep]
+        stored[bounds[b] : bounds[b + 1]] = np.bincount(
+            key // n - bounds[b], minlength=int(bounds[b + 1] - bounds[b])
+        )
+        writers["indices"].append(key % n)
+        for k in data:
+            writers[names[k]].append(region[k].read(lo, hi)[order][keep])
+    if repeat is not None:
+        raise _edge_error(spec, rows, repeat, "a duplicate edge (duplicates: error)")
+    files = {f"{name}.npy": writer.close() for name, writer in writers.items()}
+    return np.concatenate([[0], np.cumsum(stored)]).astype(np.int64), files
 
 
 def _edge_error(spec: ConstructSpec, rows: np.ndarray, edge: int, message: str):
     table = int(np.searchsorted(rows, edge, side="right")) - 1
-    return _at(spec.edges[table].file, edge - int(rows[table]) + 1, None, message)
+    return _at(_source(spec.edges[table]), edge - int(rows[table]) + 1, None, message)
 
 
 # ---------------------------------------------------------------------------- command
 def construct(spec_path: str | os.PathLike, out: str | os.PathLike, log=print) -> dict:
     """Build the dataset the spec at ``spec_path`` describes into the new folder ``out``;
-    returns its metadata. Nothing is left at ``out`` on an error."""
+    returns its metadata. Everything is written in a hidden temporary folder beside ``out``
+    (scratch files included), renamed to ``out`` at the end: nothing is left at ``out`` on an
+    error, and the temporary folder is removed."""
     start = time.perf_counter()
     spec = load_spec(spec_path)
     out = _check_out(Path(out))
+    tmp = out.parent / f".{out.name}.construct-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        meta = _build(spec, out.name, tmp, log)
+        with contextlib.suppress(FileNotFoundError):
+            out.rmdir()  # an empty folder given as out
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_folder(out.parent)
+    log(f"[construct] wrote {out} ({time.perf_counter() - start:.1f} s)")
+    if meta["num_classes"]:
+        log(f"[construct] train with: python train.py dataset=constructed dataset.root={out}")
+    return meta
+
+
+def _build(spec: ConstructSpec, name: str, tmp: Path, log) -> dict:
+    """Write the dataset's arrays and metadata into ``tmp``; its metadata."""
     nodes = spec.nodes
-    text = [nodes.id, nodes.label] + [c for c in (nodes.split,) if c]
-    one_hot = [g for g in nodes.features if g.transform == "one-hot"]
-    text += [c for g in one_hot for c in g.columns]
-    table = read_table(nodes.file, text, tuple(g.prefix for g in one_hot if g.prefix))
-    ids = node_ids(table, nodes)
+    if nodes is not None:
+        node = _node_arrays(nodes, log)
+        tables, data = open_edge_tables(spec)
+    else:
+        tables, data = open_edge_tables(spec)
+        node = _edge_only_nodes(tables, spec, log)
+    ids = node.pop("ids")
     n = len(ids)
-    y, classes = labels(table, nodes)
-    masks = split_masks(table, nodes, y)
-    x, feature_names, transforms = node_features(table, nodes, masks["train_mask"])
-    log(f"[construct] {nodes.file}: {n:,} nodes, {x.shape[1]} features, {len(classes)} classes")
-    types: dict[str, int] = {}
-    tables = [edge_table(e, ids, nodes.id_type, types) for e in spec.edges]
-    edges = merge_edge_tables(tables, spec.edges)
-    indptr, indices, edge_row = build_csc(edges["src"], edges["dst"], n, spec, edges["rows"])
-    log(f"[construct] {int(edges['rows'][-1]):,} edge rows -> {len(indices):,} stored edges")
-    arrays = {"indptr": indptr, "indices": indices, "x": x, "y": y, **masks}
-    arrays.update(_id_arrays(ids))
-    edge_columns = {"weight": [], "features": [], "type": []}
-    if edges["weight"] is not None:
-        arrays["edge_weight"] = edges["weight"][edge_row].astype(np.float32)
-        edge_columns["weight"] = [spec.edges[0].weight]
-    if edges["feat"] is not None:
-        arrays["edge_feat"] = edges["feat"][edge_row].astype(np.float32)
-        edge_columns["features"] = edges["feat_names"]
-    if edges["type"] is not None:
-        arrays["edge_type"] = edges["type"][edge_row]
-        edge_columns["type"] = [spec.edges[0].type]
+    scratch = tmp / "scratch"
+    scratch.mkdir()
+    passes = time.perf_counter()
+    columns, counts, rows, types = spool_edges(tables, data, IdMap(ids), spec, n, scratch)
+    indptr, files = streamed_csc(columns, counts, rows, spec, scratch, tmp)
+    shutil.rmtree(scratch)
+    num_edges = int(indptr[-1])
+    chunks = -(-int(rows[-1]) // spec.chunk_rows)
+    log(
+        f"[construct] {int(rows[-1]):,} edge rows -> {num_edges:,} stored edges "
+        f"(in {chunks:,} chunk{'s' * (chunks > 1)} of <= {spec.chunk_rows:,} rows, "
+        f"{time.perf_counter() - passes:.1f} s)"
+    )
+    arrays = {"indptr": indptr, **node.pop("arrays"), **_id_arrays(ids)}
+    files = {**write_arrays(tmp, arrays), **files}
+    first = spec.edges[0]
+    edge_columns = {
+        "weight": [first.weight] if "weight" in data else [],
+        "features": tables[0].feat_names,
+        "type": [first.type] if "type" in data else [],
+    }
     meta = {
         "format": FORMAT,
         "version": VERSION,
-        "name": spec.name or out.name,
+        "name": spec.name or name,
         "num_nodes": n,
-        "num_edges": len(indices),
-        "num_features": x.shape[1],
-        "num_classes": len(classes),
-        "classes": classes,
-        "id_type": nodes.id_type,
-        "feature_names": feature_names,
-        "transforms": transforms,
+        "num_edges": num_edges,
+        **node,
+        "id_type": spec.node_id_type,
         "edge_columns": edge_columns,
-        "edge_types": list(types),
-        "split": {"column": nodes.split}
-        if nodes.split
-        else {"fractions": asdict(nodes.split_fractions)},
+        "edge_types": types,
         "undirected": spec.undirected,
         "duplicates": spec.duplicates,
         "self_loops": spec.self_loops,
-        "sources": [str(nodes.file)] + [str(e.file) for e in spec.edges],
+        "sources": ([str(nodes.file)] if nodes else []) + [str(e.file) for e in spec.edges],
+        "files": files,
     }
-    _write(out, arrays, meta)
-    log(f"[construct] wrote {out} ({time.perf_counter() - start:.1f} s)")
-    log(f"[construct] train with: python train.py dataset=constructed dataset.root={out}")
+    write_json_atomic(tmp / METADATA, seal(meta))
     return meta
+
+
+def _node_arrays(nodes: NodeTableSpec, log) -> dict:
+    """The node table's ids, its arrays (``x``, ``y``, the masks) and its metadata fields."""
+    text = [nodes.id, nodes.label] + [c for c in (nodes.split,) if c]
+    one_hot = [g for g in nodes.features if g.transform == "one-hot"]
+    text += [c for g in one_hot for c in g.columns]
+    table = read_table(_source(nodes), text, tuple(g.prefix for g in one_hot if g.prefix))
+    ids = node_ids(table, nodes)
+    y, classes = labels(table, nodes)
+    masks = split_masks(table, nodes, y)
+    x, feature_names, transforms = node_features(table, nodes, masks["train_mask"])
+    del table
+    log(
+        f"[construct] {nodes.file}: {len(ids):,} nodes, {x.shape[1]} features, {len(classes)} classes"
+    )
+    return {
+        "ids": ids,
+        "arrays": {"x": x, "y": y, **masks},
+        "num_features": x.shape[1],
+        "num_classes": len(classes),
+        "classes": classes,
+        "feature_names": feature_names,
+        "transforms": transforms,
+        "split": {"column": nodes.split}
+        if nodes.split
+        else {"fractions": asdict(nodes.split_fractions)},
+    }
+
+
+def _edge_only_nodes(tables: list[EdgeTable], spec: ConstructSpec, log) -> dict:
+    """An edge-only spec's nodes (:func:`nodes_from_edges`): one-hot identity features, no
+    labels (``y`` -1, empty splits, no classes)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ids = nodes_from_edges(tables, spec)
+    n = len(ids)
+    log(
+        f"[construct] no node table: {n:,} nodes from the edges (ids sorted), one-hot identity "
+        "features, no labels: a dataset for link prediction; node tasks refuse it"
+    )
+    empty = np.zeros(n, dtype=bool)
+    names = pc.binary_join_element_wise("id=", ids.cast(pa.string()), "")
+    return {
+        "ids": ids,
+        "arrays": {
+            "x": np.eye(n, dtype=np.float32),
+            "y": np.full(n, -1, dtype=np.int64),
+            **{f"{split}_mask": empty for split in SPLITS},
+        },
+        "num_features": n,
+        "num_classes": 0,
+        "classes": [],
+        "feature_names": names.to_pylist(),
+        "transforms": [{"columns": [], "transform": "identity"}],
+        "split": None,
+        "nodes_from": "edges",
+    }
 
 
 def _id_arrays(ids) -> dict[str, np.ndarray]:
@@ -682,27 +1227,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _write(out: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
-    """Write the arrays, then the metadata with their digests, in a temporary folder beside
-    ``out``, and rename it to ``out``: ``out`` never exists half-written."""
-    tmp = out.parent / f".{out.name}.construct-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
-    try:
-        files = write_arrays(tmp, arrays)
-        write_json_atomic(tmp / METADATA, seal({**meta, "files": files}))
-        with contextlib.suppress(FileNotFoundError):
-            out.rmdir()  # an empty folder given as out
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    folder = os.open(out.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,11 +52,16 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    folder = os.open(path.parent, os.O_RDONLY)
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: str | os.PathLike) -> None:
+    """Make a rename into ``folder`` durable (fsync of the folder itself)."""
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(folder)
+        os.fsync(fd)
     finally:
-        os.close(folder)
+        os.close(fd)
 
 
 def replacement_mode(path: str | os.PathLike) -> int:

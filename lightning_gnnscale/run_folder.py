@@ -45,16 +45,21 @@ def claimed(output_dir: Path) -> Iterator[None]:
             _release(lock)
 
 
-def check_writable(folder: Path) -> None:
-    """Create ``folder`` and write a file in it, or raise a :class:`ConfigError` naming it."""
+def check_writable(
+    folder: Path,
+    what: str | None = None,
+    hint: str = "; give the run a writable folder (hydra.run.dir=... or paths.output_dir=...)",
+) -> None:
+    """Create ``folder`` and write a file in it, or raise a :class:`ConfigError` naming it
+    (``what``; default ``run folder <folder>``) and saying what to do (``hint``)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as err:
         raise ConfigError(
-            f"run folder {folder} cannot be written ({type(err).__name__}: {err.strerror or err}); "
-            f"give the run a writable folder (hydra.run.dir=... or paths.output_dir=...)"
+            f"{what or f'run folder {folder}'} cannot be written ({type(err).__name__}: "
+            f"{err.strerror or err}){hint}"
         ) from None
 
 

@@ -33,4 +33,8 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     fi
 fi
 "${PIP[@]}" "${TORCH[@]}" -e ".[dev]"
+# The tests read PyKEEN's knowledge-graph triples (Nations, Kinships) by path, without
+# importing pykeen: its wheel alone (730 KB), not its dependencies, which a pyproject extra
+# cannot say (docs/testing.md).
+"${PIP[@]}" --no-deps "pykeen==1.11.1"
 echo "install: ok ($(.venv/bin/python -c 'import torch, lightning, torch_geometric as g; print(f"torch {torch.__version__}, lightning {lightning.__version__}, pyg {g.__version__}")'))"

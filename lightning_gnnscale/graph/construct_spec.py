@@ -1,6 +1,7 @@
 """The spec ``python -m lightning_gnnscale.construct`` reads: a small YAML file naming one node
-table and one or more edge tables, checked once into the typed classes below (an unknown key is
-named with the valid ones). The format is documented in docs/datasets.md, "Your own tables".
+table (or none: the nodes come from the edges) and one or more edge tables, checked once into
+the typed classes below (an unknown key is named with the valid ones). The format is documented
+in docs/datasets.md, "Your own tables".
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ TRANSFORMS = ("none", "standardise", "min-max", "one-hot")
 DUPLICATES = ("merge", "error")
 SELF_LOOPS = ("remove", "keep", "error")
 SPLITS = ("train", "val", "test")
-# file suffix -> format
-FORMATS = {".csv": "csv", ".gz": "csv", ".parquet": "parquet", ".pq": "parquet", ".npy": "npy"}
+# file suffix -> format (tsv: a CSV whose delimiter is a tab)
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet", ".npy": "npy"}
+TABLE_FORMATS = ("csv", "tsv", "parquet", "npy")
+# Rows of an edge table read at once, and the most CSC entries sorted at once (one
+# destination's in-edges are never split); docs/datasets.md, "Larger than memory".
+CHUNK_ROWS = 1 << 22
+# An edge-only spec's nodes get one-hot identity features up to this many nodes.
+IDENTITY_FEATURES_MAX = 4096
 
 
 class SpecError(ConfigError):
@@ -56,6 +63,8 @@ class NodeTableSpec:
     classes: tuple[str, ...] | None = None  # declared label values, in class-index order
     split: str | None = None  # a column of train / val / test (empty: in no split)
     split_fractions: SplitFractions | None = None
+    format: str = "csv"  # one of TABLE_FORMATS (default: from the file's suffix)
+    column_names: tuple[str, ...] | None = None  # a header-less CSV's columns
 
 
 @dataclass(frozen=True)
@@ -68,25 +77,39 @@ class EdgeTableSpec:
     weight: str | None = None
     features: tuple[FeatureSpec, ...] = ()
     type: str | None = None
+    format: str = "csv"
+    column_names: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
 class ConstructSpec:
-    nodes: NodeTableSpec
+    """``nodes`` ``None``: an edge-only spec (its nodes are the ids the edges name, sorted,
+    of type ``id_type``)."""
+
+    nodes: NodeTableSpec | None
     edges: tuple[EdgeTableSpec, ...]
     name: str | None = None
     undirected: bool = False  # Graph.from_edge_index's defaults
     duplicates: str = "merge"
     self_loops: str = "remove"
+    id_type: str | None = None  # an edge-only spec's; a node table declares its own
+    chunk_rows: int = CHUNK_ROWS
     path: Path | None = None  # the spec file (messages)
+
+    @property
+    def node_id_type(self) -> str:
+        return self.id_type if self.nodes is None else self.nodes.id_type
 
 
 def table_format(path: Path) -> str:
-    """``csv`` (``.csv``, ``.csv.gz``), ``parquet`` or ``npy``, from the file's suffix."""
-    kind = FORMATS.get(path.suffix.lower())
-    if kind is None or (path.suffix.lower() == ".gz" and not path.name.lower().endswith(".csv.gz")):
+    """``csv`` (``.csv``, ``.csv.gz``), ``tsv`` (``.tsv``, ``.tsv.gz``), ``parquet`` or
+    ``npy``, from the file's suffix."""
+    name = path.name.lower()
+    kind = FORMATS.get(Path(name[:-3]).suffix if name.endswith(".gz") else path.suffix.lower())
+    if kind is None or (name.endswith(".gz") and kind not in ("csv", "tsv")):
         raise SpecError(
-            f"{path}: unknown table format; valid suffixes: .csv, .csv.gz, .parquet, .pq, .npy"
+            f"{path}: unknown table format; valid suffixes: .csv, .csv.gz, .tsv, .tsv.gz, "
+            ".parquet, .pq, .npy, or give format: one of {list(TABLE_FORMATS)}"
         )
     return kind
 
@@ -105,31 +128,63 @@ def load_spec(path: str | Path) -> ConstructSpec:
 
 def parse_spec(raw: Any, path: Path) -> ConstructSpec:
     base = path.parent
-    top = _keys(raw, f"spec {path}", ConstructSpec, required=("nodes", "edges"), skip=("path",))
+    where = f"spec {path}"
+    top = _keys(raw, where, ConstructSpec, required=("edges",), skip=("path",))
     edges = top["edges"]
     if isinstance(edges, dict):
         edges = [edges]
     if not isinstance(edges, list) or not edges:
-        raise SpecError(f"spec {path}: edges must be a table or a list of tables")
-    spec = ConstructSpec(
-        nodes=_node_table(top["nodes"], base, f"spec {path}: nodes"),
+        raise SpecError(f"{where}: edges must be a table or a list of tables")
+    if top.get("nodes") is None:
+        if top.get("id_type") is None:
+            raise SpecError(
+                f"{where}: without a node table (nodes) the nodes come from the edges, and "
+                f"id_type (one of {list(ID_TYPES)}) must be given at the top level"
+            )
+        id_type = _choice(top["id_type"], ID_TYPES, f"{where}: id_type")
+        nodes = None
+    else:
+        if top.get("id_type") is not None:
+            raise SpecError(f"{where}: id_type belongs to the node table (nodes.id_type)")
+        id_type, nodes = None, _node_table(top["nodes"], base, f"{where}: nodes")
+    chunk_rows = top.get("chunk_rows", CHUNK_ROWS)
+    if not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool) or chunk_rows < 1:
+        raise SpecError(f"{where}: chunk_rows={chunk_rows!r} must be a positive integer")
+    return ConstructSpec(
+        nodes=nodes,
         edges=tuple(
-            _edge_table(table, base, f"spec {path}: edges[{i}]") for i, table in enumerate(edges)
+            _edge_table(table, base, f"{where}: edges[{i}]") for i, table in enumerate(edges)
         ),
-        name=_opt_str(top, "name", f"spec {path}"),
-        undirected=_bool(top.get("undirected", False), f"spec {path}: undirected"),
-        duplicates=_choice(top.get("duplicates", "merge"), DUPLICATES, f"spec {path}: duplicates"),
-        self_loops=_choice(top.get("self_loops", "remove"), SELF_LOOPS, f"spec {path}: self_loops"),
+        name=_opt_str(top, "name", where),
+        undirected=_bool(top.get("undirected", False), f"{where}: undirected"),
+        duplicates=_choice(top.get("duplicates", "merge"), DUPLICATES, f"{where}: duplicates"),
+        self_loops=_choice(top.get("self_loops", "remove"), SELF_LOOPS, f"{where}: self_loops"),
+        id_type=id_type,
+        chunk_rows=chunk_rows,
         path=path,
     )
-    return spec
+
+
+def _file(table: dict, base: Path, where: str) -> tuple[Path, str, tuple[str, ...] | None]:
+    """A table's file, its format (given, else from the suffix) and its header-less columns."""
+    file = base / _str(table["file"], f"{where}.file")
+    given = table.get("format")
+    kind = table_format(file) if given is None else _choice(given, TABLE_FORMATS, f"{where}.format")
+    names = table.get("column_names")
+    if names is not None:
+        if kind not in ("csv", "tsv"):
+            raise SpecError(f"{where}.column_names: only a CSV or TSV file has no header")
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise SpecError(f"{where}.column_names must be a non-empty list of column names")
+        names = tuple(names)
+    return file, kind, names
 
 
 def _node_table(raw: Any, base: Path, where: str) -> NodeTableSpec:
     table = _keys(raw, where, NodeTableSpec, required=("file", "id", "id_type", "label"))
-    file = base / _str(table["file"], f"{where}.file")
-    if table_format(file) == "npy":
-        raise SpecError(f"{where}.file={file}: a node table is CSV or Parquet")
+    file, kind, column_names = _file(table, base, where)
+    if kind == "npy":
+        raise SpecError(f"{where}.file={file}: a node table is CSV, TSV or Parquet")
     classes = table.get("classes")
     if classes is not None:
         if not isinstance(classes, list) or not classes:
@@ -164,15 +219,17 @@ def _node_table(raw: Any, base: Path, where: str) -> NodeTableSpec:
         classes=classes,
         split=split,
         split_fractions=fractions,
+        format=kind,
+        column_names=column_names,
     )
 
 
 def _edge_table(raw: Any, base: Path, where: str) -> EdgeTableSpec:
     table = _keys(raw, where, EdgeTableSpec, required=("file",))
-    file = base / _str(table["file"], f"{where}.file")
+    file, kind, column_names = _file(table, base, where)
     columns = {key: _opt_str(table, key, where) for key in ("src", "dst", "weight", "type")}
     features = _features(table.get("features", []), base, f"{where}.features", nodes=False)
-    if table_format(file) == "npy":
+    if kind == "npy":
         named = [key for key, value in columns.items() if value is not None]
         if named or features:
             raise SpecError(
@@ -181,7 +238,9 @@ def _edge_table(raw: Any, base: Path, where: str) -> EdgeTableSpec:
             )
     elif columns["src"] is None or columns["dst"] is None:
         raise SpecError(f"{where}: a CSV or Parquet edge table needs src and dst (column names)")
-    return EdgeTableSpec(file=file, features=features, **columns)
+    return EdgeTableSpec(
+        file=file, features=features, format=kind, column_names=column_names, **columns
+    )
 
 
 def _features(raw: Any, base: Path, where: str, nodes: bool) -> tuple[FeatureSpec, ...]:

@@ -16,8 +16,11 @@ Layout (docs/datasets.md, "Your own tables"; every array memory-mappable, no pic
     <root>/edge_weight.npy    float32 [E], edge_feat.npy float32 [E, Fe], edge_type.npy int64
                               [E] (optional; aligned with indices, stored for later use)
 
-Node ``i`` is row ``i`` of the node table. The metadata is written last, inside a temporary
-folder that is renamed to ``<root>`` at the end: a folder without it was never finished.
+Node ``i`` is row ``i`` of the node table; without one (an edge-only spec: ``nodes_from`` is
+``edges``) the ids the edges name, sorted, with one-hot identity features, ``y`` all -1, empty
+splits and no classes: the node tasks refuse such a dataset (:func:`check_arrays`). The
+metadata is written last, inside a temporary folder that is renamed to ``<root>`` at the end:
+a folder without it was never finished.
 No torch here (the construct command needs none): the loader is
 :func:`~.datasets.load_constructed`.
 """
@@ -136,8 +139,16 @@ def read_metadata(root: str | os.PathLike | None) -> dict:
 
 def check_arrays(root: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """The graph arrays agree with each other and ``meta``: the CSC is well formed, every
-    label is ``-1`` or a class, and every split node has a label."""
+    label is ``-1`` or a class, and every split node has a label. A dataset without labels
+    (from an edge-only spec) is refused: the node tasks train on labels."""
     n, e, c = meta["num_nodes"], meta["num_edges"], meta["num_classes"]
+    if c == 0:
+        raise ConstructedDatasetError(
+            f"{root}: no labels (it was built from an edge-only spec: nodes from the edges); "
+            "node_classification and node_regression need a node table with a label column "
+            '(docs/datasets.md, "Edge-only specs"). Edge-only datasets are for link '
+            "prediction, which does not read them yet"
+        )
     indptr, indices, y = arrays["indptr"], arrays["indices"], arrays["y"]
     shapes = {"indptr": (n + 1,), "indices": (e,), "x": (n, meta["num_features"]), "y": (n,)}
     shapes.update({f"{split}_mask": (n,) for split in ("train", "val", "test")})

@@ -1,0 +1,83 @@
+"""Link-prediction metrics: MRR and Hits@K as summable statistics, and exact AUC.
+
+Ranking follows OGB's tie rule: a positive scored against its ``m`` negatives has the rank
+``1 + (#(neg > pos) + #(neg >= pos)) / 2``, the mean of its optimistic and pessimistic ranks.
+MRR is the mean of ``1 / rank``, Hits@K the fraction with ``rank <= K``. Their statistics are
+sums, so ranks sum them (one ``all_reduce``) before :func:`ranking_metrics`. AUC is not a sum
+of per-edge terms: :func:`auc` takes every score (docs/tasks.md, "Link prediction building
+blocks").
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+HITS_KS = (1, 3, 10)
+
+
+def ranking_statistic_names(ks: tuple[int, ...] = HITS_KS) -> tuple[str, ...]:
+    """Names of :func:`ranking_statistics`' entries."""
+    return ("count", "reciprocal_rank_sum", *(f"hits@{k}" for k in ks))
+
+
+def _check_finite(name: str, scores: Tensor) -> None:
+    if torch.isnan(scores).any():
+        raise ValueError(f"{name} scores hold NaN")
+
+
+def ranking_statistics(pos: Tensor, neg: Tensor, ks: tuple[int, ...] = HITS_KS) -> Tensor:
+    """float64 ``[2 + len(ks)]``: count, sum of ``1 / rank`` and hits count per ``K``.
+
+    Args:
+        pos: ``[n]`` scores of the positives.
+        neg: ``[n, m]`` scores of each positive's ``m`` negatives; every ``K`` must be below
+            ``m`` (Hits@K with ``K >= m`` counts every positive).
+    """
+    if neg.dim() != 2 or pos.shape != (neg.shape[0],):
+        raise ValueError(
+            f"need pos [n] and neg [n, m], got {tuple(pos.shape)} and {tuple(neg.shape)}"
+        )
+    m = neg.shape[1]
+    bad = [k for k in ks if not 1 <= k < m]
+    if bad:
+        raise ValueError(f"Hits@K needs 1 <= K < m = {m} negatives per positive; got K={bad}")
+    _check_finite("positive", pos)
+    _check_finite("negative", neg)
+    p = pos.unsqueeze(1)
+    rank = 1.0 + ((neg > p).sum(1) + (neg >= p).sum(1)).to(torch.float64) / 2.0
+    count = torch.full((), pos.numel(), dtype=torch.float64, device=rank.device)
+    hits = [(rank <= k).sum().to(torch.float64) for k in ks]
+    return torch.stack([count, (1.0 / rank).sum(), *hits]).cpu()
+
+
+def ranking_metrics(stats: Tensor, ks: tuple[int, ...] = HITS_KS) -> dict[str, float]:
+    """``{"mrr": ..., "hits@K": ...}`` from :func:`ranking_statistics` summed over ranks."""
+    if stats.shape != (2 + len(ks),):
+        raise ValueError(f"need {2 + len(ks)} statistics for K={list(ks)}, got {stats.shape}")
+    count = float(stats[0])
+    if count <= 0:
+        raise ValueError("no evaluation edge was counted")
+    return {"mrr": float(stats[1]) / count} | {
+        f"hits@{k}": float(h) / count for k, h in zip(ks, stats[2:])
+    }
+
+
+def auc(pos: Tensor, neg: Tensor) -> float:
+    """ROC AUC of positives ``pos [n]`` against negatives ``neg [q]``, ties counting 1/2.
+
+    The Mann-Whitney statistic ``(#(pos > neg) + #(pos == neg) / 2) / (n q)`` over all pairs,
+    counted by sorting the negatives and two ``searchsorted`` (``O((n + q) log q)``).
+    """
+    if pos.dim() != 1 or neg.dim() != 1 or pos.numel() == 0 or neg.numel() == 0:
+        raise ValueError(
+            f"auc needs non-empty 1-D scores, got {tuple(pos.shape)} and {tuple(neg.shape)}"
+        )
+    _check_finite("positive", pos)
+    _check_finite("negative", neg)
+    ordered = torch.sort(neg.to(torch.float64)).values
+    p = pos.to(torch.float64)
+    below = torch.searchsorted(ordered, p, right=False).sum()
+    at_or_below = torch.searchsorted(ordered, p, right=True).sum()
+    wins_twice = below + at_or_below  # 2 * (#greater + #tied / 2)
+    return float(wins_twice) / (2.0 * pos.numel() * neg.numel())
