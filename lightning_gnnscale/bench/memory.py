@@ -159,26 +159,26 @@ def partition_dir(out: Path, job: Job, parts: int | None = None) -> Path:
 
 
 def ensure_partition(settings: MemorySettings, job: Job, parts: int, out: Path, log) -> Path:
-    """The job's partition directory for ``parts`` parts, written by the partition command
-    unless a finished one is there; returns it."""
+    """The job's partition directory for ``parts`` parts, written as the partition command
+    writes it (in this process, which has imported everything already: a fresh interpreter
+    would add its imports to every job) unless a finished one is there; returns it."""
+    from ..partition import partition
+
     folder = partition_dir(out, job, parts)
     if (folder / "partition.json").is_file():
         return folder
     if folder.exists():  # unfinished: the partition command refuses a used folder
         shutil.rmtree(folder)
     overrides = job_overrides(settings, job.strategy, parts, job.nodes)
-    command = [
-        sys.executable,
-        "-m",
-        "lightning_gnnscale.partition",
-        *overrides,
-        f"paths.cache_dir={out / 'cache'}",
-        f"out={folder}",
-    ]
     log(f"partitioning {job.strategy} for P={parts} ({job.nodes:,} nodes)")
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-    if done.returncode != 0:
-        raise RuntimeError(f"partition command failed: {_last_line(done.stderr)}")
+    try:
+        partition(
+            [f"paths.root={REPO}", *overrides, f"paths.cache_dir={out / 'cache'}"],
+            folder,
+            log=lambda *_: None,
+        )
+    except Exception as err:
+        raise RuntimeError(f"partition command failed: {_last_line(str(err))}") from err
     return folder
 
 
