@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from lightning_gnnscale.preflight import ConfigError, check_config, validate
 from lightning_gnnscale.run import claimed, read_summary, train
 from tests.helpers.config import REPO, make_cfg
+from tests.helpers.scripts import start_script
 
 TINY_CLI = (
     "dataset.num_nodes=300",
@@ -37,20 +38,16 @@ def _ckpt(output_dir: Path, name: str = "last") -> dict:
 # ---------------------------------------------------------------------- output folders
 @pytest.mark.e2e
 def test_runs_started_together_get_their_own_folders(tmp_path):
-    """Two `train.py` runs started in the same second: two folders, each with its own result."""
-    args = [sys.executable, str(REPO / "train.py"), "strategy=single", "trainer.max_epochs=1"]
-    procs = [
-        subprocess.Popen(
-            [*args, *TINY_CLI, f"seed={seed}"],
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for seed in (0, 1)
+    """Two `train.py` runs started in the same second: two folders, each with its own result
+    (both forked warm, :func:`tests.helpers.scripts.start_script`: the folder is claimed by
+    train.py's own code, whatever imported it)."""
+    args = ["strategy=single", "trainer.max_epochs=1", *TINY_CLI]
+    starts = [
+        start_script(REPO / "train.py", *args, f"seed={seed}", cwd=tmp_path) for seed in (0, 1)
     ]
-    outputs = [p.communicate(timeout=300) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs[0][1][-2000:] + outputs[1][1][-2000:]
+    done = [run.wait(timeout=300) for run in starts]
+    outputs = [(d.stdout, d.stderr) for d in done]
+    assert all(d.returncode == 0 for d in done), outputs[0][1][-2000:] + outputs[1][1][-2000:]
     summaries = sorted((tmp_path / "outputs").glob("*/*/summary.json"))
     assert len(summaries) == 2
     seeds = [OmegaConf.load(s.parent / ".hydra" / "config.yaml").seed for s in summaries]
