@@ -31,7 +31,15 @@ from typing_extensions import override
 from .config_types import RunConfig
 from .errors import ConfigError
 from .files import UnsafeFileError, atomic_write, load_weights_only
-from .tasks import DEFAULT_TASK
+from .tasks import DEFAULT_TASK, TaskConfig
+
+# settings added after checkpoints were first written, at the value every earlier run had: a
+# checkpoint without them is of the run that has them so (node classification, torch init)
+SETTINGS_ADDED_SINCE = {
+    "task.name": DEFAULT_TASK,
+    **{f"task.{k}": v for k, v in vars(TaskConfig()).items() if k != "name"},
+    "model.init": "torch",
+}
 
 CHECKPOINT_KEY = "lightning_gnnscale"
 
@@ -331,8 +339,7 @@ def read_checkpoint(path: str | Path) -> dict:
 def identity_differences(ours: dict, theirs: dict) -> list[str]:
     """One line per setting where a checkpoint's run identity ``theirs`` differs from the
     run identity ``ours`` (empty: the same run)."""
-    # a checkpoint written before runs had a task trained node classification
-    theirs = {"task.name": DEFAULT_TASK, **theirs}
+    theirs = {**SETTINGS_ADDED_SINCE, **theirs}
     return [
         f"{key}: checkpoint {theirs.get(key)!r}, this run {ours.get(key)!r}"
         for key in sorted(set(ours) | set(theirs))

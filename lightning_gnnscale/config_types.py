@@ -21,10 +21,11 @@ from omegaconf import MISSING, DictConfig, MissingMandatoryValue, OmegaConf
 from .comm.network import NetworkModel  # torch-free, as this module is
 from .errors import ConfigError, check_field_types, choice, require
 from .graph.dataset_config import DATASETS, DatasetConfig, dataset_content
-from .tasks import DEFAULT_TASK, TASKS, task_spec
+from .tasks import NODE_TASKS, TaskConfig, task_spec
 
 MODEL_NAMES = ("gcn", "sage", "gat", "custom")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+MODEL_INITS = ("torch", "glorot")  # BlockGNN's weight initialisation
 DTYPES = ("float32", "float64")
 ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
 START_METHODS = ("forkserver", "spawn")  # how local ranks start (launch.py)
@@ -94,6 +95,8 @@ class ModelConfig:
         heads: GAT attention heads (other models ignore it).
         optimizer: ``adam`` | ``adamw`` | ``sgd``.
         lr, weight_decay: optimiser settings.
+        init: ``torch`` (the layers' own initialisation) | ``glorot`` (every 2-D layer
+            weight Glorot-uniform, as PyG's ``GCNConv``; link prediction's task sets it).
         target, kwargs: ``custom`` only: the model class's dotted path and extra arguments.
     """
 
@@ -105,6 +108,7 @@ class ModelConfig:
     optimizer: str = "adam"
     lr: float = 0.01
     weight_decay: float = 5e-4
+    init: str = "torch"
     target: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -115,6 +119,11 @@ class ModelConfig:
         require(self.num_layers >= 1, f"model.num_layers={self.num_layers} must be >= 1")
         require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         choice("model.optimizer", self.optimizer, OPTIMIZERS)
+        choice("model.init", self.init, MODEL_INITS)
+        require(
+            self.name != "custom" or self.init == "torch",
+            f"model.init={self.init}: a custom model initialises itself; leave model.init=torch",
+        )
         require(
             math.isfinite(self.lr) and self.lr > 0,
             f"model.lr={self.lr} must be > 0 and finite",
@@ -289,7 +298,8 @@ class SystemConfig:
     accepts_custom_models: ClassVar[bool] = False  # can train a user model(x, edge_index)
     batches_in_main_process: ClassVar[bool] = True  # batches may run collectives: no workers
     supports_partition_dir: ClassVar[bool] = False  # ranks can load from data.partition_dir
-    TASKS: ClassVar[tuple[str, ...]] = tuple(TASKS)  # the tasks it trains (SystemSpec.tasks)
+    # the tasks it trains (SystemSpec.tasks): node tasks unless the system lists link prediction
+    TASKS: ClassVar[tuple[str, ...]] = NODE_TASKS
     # the rank's threads build blocks the trainer frees: one malloc arena (cpu_memory.py)
     shares_malloc_arenas: ClassVar[bool] = False
 
@@ -342,24 +352,22 @@ class SystemConfig:
     def check_task(self, task: str) -> None:
         """The system trains ``task`` (one of :attr:`TASKS`); checked by :class:`RunConfig`
         (:func:`check_run`) and by the DataModule, which a plain script builds without one."""
-        require(
-            task in self.TASKS,
-            f"task={task} is not supported by strategy={self.name}; it trains {list(self.TASKS)}",
+        if task in self.TASKS:
+            return
+        able = sorted(n for n, c in registered_systems().items() if task in c.TASKS)
+        package = type(self).__module__.rpartition(".")[0]
+        page = (
+            f"docs/systems/{package.rpartition('.')[2]}.md"
+            if package.startswith(f"{__package__}.systems.")
+            else "its documentation"
+        )
+        raise ConfigError(
+            f"task={task} is not supported by strategy={self.name} (it trains "
+            f"{list(self.TASKS)}; {page} says why); strategies that train it: {able}"
         )
 
     def check_run(self, run: RunFacts) -> None:
         """Rules between this system and the rest of the run (model, data, world size...)."""
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """What the run learns (``task=<name>``, ``conf/task/<name>.yaml``): one of
-    ``lightning_gnnscale.tasks.TASKS`` (docs/configuration.md, "Tasks")."""
-
-    name: str = DEFAULT_TASK
-
-    def __post_init__(self) -> None:
-        task_spec(self.name)
 
 
 # ${task_monitor:${task.name}} / ${task_mode:${task.name}}: the task's monitored metric and its

@@ -118,7 +118,7 @@ def build_datamodule(
         seed=run.seed,
         cache_dir=run.paths.cache_dir,
         checked_run=run,
-        task=run.task.name,
+        task=run.task,
         **named,
     )
     datamodule.launch_topology = Topology.from_launch(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lightning_gnnscale.graph.csc import csc_from_edges
-from lightning_gnnscale.models.decoders import DotDecoder, MLPDecoder
+from lightning_gnnscale.tasks.link.decoders import DotDecoder, MLPDecoder
 from lightning_gnnscale.tasks.link.metrics import (
     auc,
     ranking_metrics,

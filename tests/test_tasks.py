@@ -13,13 +13,13 @@ from hydra.utils import instantiate
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.node_targets import NodeTargets
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.module import GNNModule
 from lightning_gnnscale.preflight import check_config
 from lightning_gnnscale.run import train
 from lightning_gnnscale.systems.single import SingleConfig, SingleDataModule
 from lightning_gnnscale.tasks import TASKS, build_task
-from lightning_gnnscale.graph.node_targets import NodeTargets
 from lightning_gnnscale.tasks.base import split_statistics
 from lightning_gnnscale.tasks.node_regression import NOISE, synthetic_targets
 from tests.helpers.config import make_cfg
@@ -101,7 +101,10 @@ def test_the_task_setting_is_checked_and_monitored(tmp_path):
     cfg = make_cfg(tmp_path, "callbacks=early_stopping")
     stopping = instantiate(check_config(cfg).callbacks["early_stopping"])
     assert (stopping.monitor, stopping.mode) == ("val/acc", "max")
-    assert sorted(TASKS) == ["node_classification", "node_regression"]
+    assert sorted(TASKS) == ["link_prediction", "node_classification", "node_regression"]
+    cfg = make_cfg(tmp_path, "task=link_prediction", "callbacks=early_stopping")
+    stopping = instantiate(check_config(cfg).callbacks["early_stopping"])
+    assert (stopping.monitor, stopping.mode) == ("val/mrr", "max")
 
 
 def test_a_task_its_system_does_not_list_is_refused_before_spawn(tmp_path, monkeypatch):

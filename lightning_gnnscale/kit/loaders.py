@@ -16,6 +16,7 @@ from ..graph.csc import Graph
 from ..graph.node_targets import NodeTargets
 from ..graph.order import EpochOrder
 from ..graph.sampler import NeighborSampler
+from ..tasks.base import NodeTask
 
 
 class StepSource(Protocol):
@@ -79,10 +80,15 @@ class EpochSteps(RankShareSampler):
 @dataclass
 class StepBatcher(Dataset):
     """Builds one rank's batch of a step; self-contained so DataLoader workers (spawned inside
-    spawned ranks) can pickle it without the Trainer. Indexed by ``(epoch, step)``."""
+    spawned ranks) can pickle it without the Trainer. Indexed by ``(epoch, step)``.
+
+    A step's seeds are the task's (``train_ids``: nodes, or link prediction's training
+    pairs); the task turns a rank's share into the nodes to sample and the targets
+    (:meth:`~..tasks.base.NodeTask.step_rows`)."""
 
     graph: Graph
     targets: NodeTargets
+    task: NodeTask
     sampler: NeighborSampler
     train_ids: torch.Tensor
     batch_size: int
@@ -102,6 +108,7 @@ class StepBatcher(Dataset):
         cls,
         graph: Graph,
         targets: NodeTargets,
+        task: NodeTask,
         fanouts: list[int],
         train_ids: torch.Tensor,
         batch_size: int,
@@ -110,11 +117,21 @@ class StepBatcher(Dataset):
         world_size: int,
         salt_by_rank: bool,
     ) -> StepBatcher:
-        """A batcher sampling ``graph`` whole with the suite's hash-keyed ``fanouts`` sampler
-        (``targets``: the task's rows of its nodes)."""
-        sampler = NeighborSampler(graph.indptr, graph.indices, list(fanouts), seed)
+        """A batcher sampling ``graph`` whole (over the task's training structure) with the
+        suite's hash-keyed ``fanouts`` sampler (``targets``: the task's rows of its nodes)."""
+        indptr, indices = task.training_structure(graph, targets)
+        sampler = NeighborSampler(indptr, indices, list(fanouts), seed)
         return cls(
-            graph, targets, sampler, train_ids, batch_size, seed, rank, world_size, salt_by_rank
+            graph,
+            targets,
+            task,
+            sampler,
+            train_ids,
+            batch_size,
+            seed,
+            rank,
+            world_size,
+            salt_by_rank,
         )
 
     def step_seeds(self, epoch: int, step: int) -> torch.Tensor:
@@ -125,19 +142,23 @@ class StepBatcher(Dataset):
         """This rank's share of step ``step``: sample, then gather input rows and targets."""
         epoch, step = key
         global_seeds = self.step_seeds(epoch, step)
-        seeds = torch.tensor_split(global_seeds, self.world_size)[self.rank]
+        positions = torch.tensor_split(torch.arange(global_seeds.numel()), self.world_size)
+        share = positions[self.rank]
         start = time.perf_counter()
+        nodes, y = self.task.step_rows(
+            self.targets, global_seeds[share], share, epoch=epoch, step=step
+        )
         salt = self.rank if self.salt_by_rank else 0
-        blocks = self.sampler.sample(seeds, epoch=epoch, step=step, salt=salt)
+        blocks = self.sampler.sample(nodes, epoch=epoch, step=step, salt=salt)
         sampled = time.perf_counter()
         x = self.graph.x.index_select(0, blocks[0].src_ids)
-        y = self.targets.target.index_select(0, seeds)
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
             "input_nodes": blocks[0].num_src,
         }
-        return Batch(blocks, x, y, global_seeds.numel(), epoch, step, stats)
+        global_terms = self.task.loss_terms(global_seeds.numel())
+        return Batch(blocks, x, y, global_terms, epoch, step, stats)
 
 
 def no_collate(batch):

@@ -10,7 +10,7 @@ from typing_extensions import override
 
 from ..contract import RankContext
 from ..graph.batch import Batch
-from ..models.inference import replicated_eval_statistics
+from ..models.inference import full_logits, replicated_eval_statistics
 from .datamodule import GNNDataModule
 from .loaders import EpochSteps, StepBatcher, no_collate
 
@@ -23,6 +23,8 @@ def whole_graph_statistics(
     ``dm.world_size`` ranks (:func:`replicated_eval_statistics`). Also Grappa's, for a net
     that runs on the whole graph."""
     comm = dm.context.comm if dm.context is not None else None
+    if dm.task.spec.seeds == "edges":
+        return whole_graph_link_statistics(dm, net, splits, comm)
     return replicated_eval_statistics(
         dm.task,
         dm.graph,
@@ -34,6 +36,22 @@ def whole_graph_statistics(
         dm.data.eval_chunk_size,
         comm,
     )
+
+
+def whole_graph_link_statistics(
+    dm: GNNDataModule, net: torch.nn.Module, splits: tuple[str, ...], comm
+) -> torch.Tensor:
+    """Link prediction's statistics on a rank that holds the whole graph: every node embedded
+    once per stage (layer-wise, split across ranks and all-gathered as ``activation`` with a
+    distributed ``comm``), then this rank's share of the evaluation edges scored
+    (:meth:`~..tasks.link_prediction.LinkPrediction.link_statistics`)."""
+    distributed = comm if comm is not None and comm.world_size > 1 else None
+
+    def embed(structure: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        graph = dm.graph.with_structure(*structure)
+        return full_logits(graph, net, dm.data.eval_chunk_size, distributed)
+
+    return dm.task.link_statistics(embed, dm.targets, splits, dm.rank, dm.world_size)
 
 
 class ReplicatedGraphEvaluation:
@@ -71,6 +89,7 @@ class SampledDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         return StepBatcher.on_graph(
             self.graph,
             self.targets,
+            self.task,
             self.data.fanouts,
             self.train_ids,
             self.batch_size,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config_types import MODEL_INITS
 from ..contract import LayerHook
 from ..graph.block import Block, blocks_to_subgraph
 from .layers import BlockGAT, BlockGCN, BlockSAGE, row_dropout
@@ -27,6 +28,10 @@ class BlockGNN(nn.Module):
     first). ``layer_hook(l, h)`` is called before every layer, after dropout (so the rows' owner
     applies the mask); systems use it to move rows between processes (e.g. GSplit's shuffle)
     without the model knowing anything about distribution.
+
+    ``init="glorot"`` redraws every 2-D weight of the layers Glorot-uniform (PyG's
+    ``GCNConv`` and the GCN paper draw GCN's so; ``torch``, the default, keeps the layers' own
+    initialisation: ``nn.Linear``'s for GCN, PyG's for SAGE and GAT).
     """
 
     def __init__(
@@ -38,6 +43,7 @@ class BlockGNN(nn.Module):
         num_layers: int = 2,
         dropout: float = 0.5,
         heads: int = 4,
+        init: str = "torch",
     ):
         super().__init__()
         if kind not in MODEL_KINDS:
@@ -51,6 +57,13 @@ class BlockGNN(nn.Module):
             self._layer(kind, dims[i], dims[i + 1], heads, dropout, last=i == num_layers - 1)
             for i in range(num_layers)
         )
+        if init not in MODEL_INITS:
+            raise ValueError(f"unknown init {init!r}; valid: {list(MODEL_INITS)}")
+        self.init = init
+        if init == "glorot":
+            for weight in self.layers.parameters():
+                if weight.dim() == 2:
+                    nn.init.xavier_uniform_(weight)
 
     @staticmethod
     def _layer(
@@ -130,4 +143,5 @@ def build_model(cfg: ModelConfig, in_dim: int, out_dim: int) -> nn.Module:
         num_layers=cfg.num_layers,
         dropout=cfg.dropout,
         heads=cfg.heads,
+        init=cfg.init,
     )

@@ -213,6 +213,7 @@ def described(net: nn.Module, optimizer: str, lr: float, weight_decay: float) ->
             optimizer,
             lr,
             weight_decay,
+            init=net.init,
         )
     except ConfigError:
         return None

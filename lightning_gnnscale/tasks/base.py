@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -21,12 +21,17 @@ class NodeTask:
     correct, count; regression: squared-error sum, absolute-error sum, count), so a system sums
     them across ranks (one ``all_reduce``) and :meth:`metric_values` turns the sums into metrics.
 
-    For tasks whose seeds are not nodes (link prediction, next): :meth:`seed_nodes` names the
-    nodes a step's seeds need outputs for, and :meth:`excluded_edges` the edges sampling must not
-    use; node tasks return the seeds themselves and nothing.
+    A step's seeds are ids into the task's training seeds (:meth:`train_seeds`: nodes for a
+    node task, training pairs for link prediction). :meth:`step_rows` turns a rank's share of
+    them into the nodes whose output rows it needs and the targets of its loss terms, and
+    :meth:`training_structure` is the CSC its blocks are sampled on; node tasks: the seeds,
+    their rows of ``targets``, the graph's own edges.
     """
 
     spec: ClassVar[TaskSpec]
+
+    def __init__(self, config: Any = None):
+        self.config = config  # the run's TaskConfig (None: the defaults)
 
     @property
     def name(self) -> str:
@@ -53,13 +58,24 @@ class NodeTask:
         """The training seeds ``[n_train]`` (row ids of ``targets``), in id order."""
         return self.is_train_seed(targets).nonzero().flatten()
 
-    def seed_nodes(self, seeds: Tensor) -> Tensor:
-        """The nodes whose output rows a step on ``seeds`` needs (node tasks: the seeds)."""
-        return seeds
+    def training_structure(self, graph, targets) -> tuple[Tensor, Tensor]:
+        """``(indptr, indices)`` a training step's blocks are sampled on (node tasks: the
+        graph's edges)."""
+        return graph.indptr, graph.indices
 
-    def excluded_edges(self, seeds: Tensor) -> Tensor | None:
-        """Edge ids a step on ``seeds`` must not sample (node tasks: none)."""
-        return None
+    def step_rows(
+        self, targets, seeds: Tensor, positions: Tensor, *, epoch: int, step: int
+    ) -> tuple[Tensor, Tensor]:
+        """``(nodes, y)`` of a rank's share ``seeds`` of a step (``positions``: their places
+        in the step's global batch): the nodes whose output rows the loss needs, in the
+        order of the net's output rows, and ``Batch.y`` (node tasks: the seeds and their
+        rows of ``targets.target``)."""
+        return seeds, targets.target.index_select(0, seeds)
+
+    def loss_terms(self, global_seeds: int) -> int:
+        """The loss terms of a step of ``global_seeds`` seeds over all ranks: the loss
+        denominator (node tasks: one per seed)."""
+        return global_seeds
 
     def loss_sum(self, out: Tensor, target: Tensor, weight: Tensor | None = None) -> Tensor:
         """Sum over seeds of the per-seed loss of ``out [n, out_dim]`` against ``target``

@@ -19,6 +19,8 @@ class TaskSpec:
             ``summary.json``'s ``val_<metric>`` / ``test_<metric>``).
         monitor: the metric that picks the best epoch (best checkpoint, ``best_val_<monitor>``,
             early stopping), and ``mode``: ``max`` or ``min`` of it.
+        seeds: what a step trains on: ``nodes`` (node tasks) or ``edges`` (link prediction:
+            a system trains it only where its config lists it in ``TASKS``).
     """
 
     name: str
@@ -26,8 +28,11 @@ class TaskSpec:
     metrics: tuple[str, ...]
     monitor: str
     mode: str
+    seeds: str = "nodes"
 
-    def build(self) -> Any:
-        """A new instance of the task's :class:`~.base.NodeTask` (imports torch)."""
+    def build(self, config: Any = None) -> Any:
+        """A new instance of the task's :class:`~.base.NodeTask` with the run's ``task``
+        settings ``config`` (a ``TaskConfig``), importing torch."""
         module, cls = self.target.split(":")
-        return getattr(import_module(f"{__package__}.{module}"), cls)()
+        task_class = getattr(import_module(f"{__package__}.{module}"), cls)
+        return task_class(config)

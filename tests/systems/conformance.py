@@ -25,6 +25,7 @@ CI_TASKS = 2  # node classification plus one other task
 TASK_OVERRIDES: dict[str, tuple[str, ...]] = {
     "node_classification": (),
     "node_regression": ("task=node_regression",),
+    "link_prediction": ("task=link_prediction",),
 }
 EPOCHS = 2
 

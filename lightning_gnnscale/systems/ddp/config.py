@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...config_types import SystemConfig
+from ...tasks import TASKS
 
 
 @dataclass(frozen=True)
@@ -20,5 +21,6 @@ class DataParallelConfig(SystemConfig):
     salt_by_rank: bool = True
 
     NAMES = ("ddp",)
+    TASKS = tuple(TASKS)  # node tasks and link prediction
     accepts_custom_models = True
     batches_in_main_process = False  # sampled in DataLoader workers if asked

@@ -720,6 +720,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.batcher = StepBatcher.on_graph(
                 self.graph,
                 self.targets,
+                self.task,
                 self.data.fanouts,
                 self.train_ids,
                 self.batch_size,

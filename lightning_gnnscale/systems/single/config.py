@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...config_types import RunFacts, SystemConfig, require
+from ...tasks import TASKS
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,7 @@ class SingleConfig(SystemConfig):
     name: str = "single"
 
     NAMES = ("single",)
+    TASKS = tuple(TASKS)  # node tasks and link prediction
     accepts_custom_models = True
     batches_in_main_process = False  # sampled in DataLoader workers if asked
 

@@ -3,9 +3,8 @@
 Ranking follows OGB's tie rule: a positive scored against its ``m`` negatives has the rank
 ``1 + (#(neg > pos) + #(neg >= pos)) / 2``, the mean of its optimistic and pessimistic ranks.
 MRR is the mean of ``1 / rank``, Hits@K the fraction with ``rank <= K``. Their statistics are
-sums, so ranks sum them (one ``all_reduce``) before :func:`ranking_metrics`. AUC is not a sum
-of per-edge terms: :func:`auc` takes every score (docs/tasks.md, "Link prediction building
-blocks").
+sums, so ranks sum them (one ``all_reduce``) before :func:`ranking_metrics`. AUC's are sums too
+when every rank holds every negative's score (:func:`auc_statistics`; docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-HITS_KS = (1, 3, 10)
+from .. import HITS_KS
 
 
 def ranking_statistic_names(ks: tuple[int, ...] = HITS_KS) -> tuple[str, ...]:
@@ -63,15 +62,17 @@ def ranking_metrics(stats: Tensor, ks: tuple[int, ...] = HITS_KS) -> dict[str, f
     }
 
 
-def auc(pos: Tensor, neg: Tensor) -> float:
-    """ROC AUC of positives ``pos [n]`` against negatives ``neg [q]``, ties counting 1/2.
+def auc_statistics(pos: Tensor, neg: Tensor) -> Tensor:
+    """float64 ``[2]``: twice the Mann-Whitney wins of positives ``pos [n]`` over negatives
+    ``neg [q]`` (``2 #(pos > neg) + #(pos == neg)``) and twice the pairs (``2 n q``).
 
-    The Mann-Whitney statistic ``(#(pos > neg) + #(pos == neg) / 2) / (n q)`` over all pairs,
-    counted by sorting the negatives and two ``searchsorted`` (``O((n + q) log q)``).
-    """
-    if pos.dim() != 1 or neg.dim() != 1 or pos.numel() == 0 or neg.numel() == 0:
+    Summable: ranks that each hold a share of the positives and *every* negative sum them,
+    and :func:`auc_of` divides. Counted by sorting the negatives and two ``searchsorted``
+    (``O((n + q) log q)``)."""
+    if pos.dim() != 1 or neg.dim() != 1 or neg.numel() == 0:
         raise ValueError(
-            f"auc needs non-empty 1-D scores, got {tuple(pos.shape)} and {tuple(neg.shape)}"
+            f"auc needs 1-D scores and non-empty 1-D negatives, got {tuple(pos.shape)} and "
+            f"{tuple(neg.shape)}"
         )
     _check_finite("positive", pos)
     _check_finite("negative", neg)
@@ -79,5 +80,20 @@ def auc(pos: Tensor, neg: Tensor) -> float:
     p = pos.to(torch.float64)
     below = torch.searchsorted(ordered, p, right=False).sum()
     at_or_below = torch.searchsorted(ordered, p, right=True).sum()
-    wins_twice = below + at_or_below  # 2 * (#greater + #tied / 2)
-    return float(wins_twice) / (2.0 * pos.numel() * neg.numel())
+    pairs_twice = torch.tensor(2.0 * pos.numel() * neg.numel(), dtype=torch.float64)
+    return torch.stack([(below + at_or_below).to(torch.float64).cpu(), pairs_twice])
+
+
+def auc_of(stats: Tensor) -> float:
+    """AUC from :func:`auc_statistics` summed over ranks."""
+    if float(stats[1]) <= 0:
+        raise ValueError("no evaluation edge was counted")
+    return float(stats[0]) / float(stats[1])
+
+
+def auc(pos: Tensor, neg: Tensor) -> float:
+    """ROC AUC of positives ``pos [n]`` against negatives ``neg [q]``, ties counting 1/2: the
+    Mann-Whitney statistic ``(#(pos > neg) + #(pos == neg) / 2) / (n q)`` over all pairs."""
+    if pos.numel() == 0:
+        raise ValueError(f"auc needs non-empty 1-D scores, got {tuple(pos.shape)} positives")
+    return auc_of(auc_statistics(pos, neg))

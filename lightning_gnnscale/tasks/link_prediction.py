@@ -1,0 +1,218 @@
+"""Link prediction: seeds are training edges; BCE on dot-product scores; AUC, MRR, Hits@K.
+
+The split is PyG's ``RandomLinkSplit`` on the suite's CSC (:mod:`.link.split`): training
+blocks and validation pass messages over the training edges only, test over training and
+validation edges, so no evaluation edge reaches a training block. A step's seeds are positive
+training pairs; its seed *nodes* are their endpoints and their negatives' (docs/tasks.md,
+"Link prediction").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..graph.node_targets import NodeDataset
+from . import HITS_KS, TASKS, TaskConfig
+from .base import NodeTask
+from .link.decoders import DotDecoder
+from .link.metrics import auc_of, auc_statistics, ranking_metrics, ranking_statistics
+from .link.negatives import evaluation_negatives, joint_negatives, uniform_negatives
+from .link.split import EdgeLookup, LinkSplit, random_link_split
+
+SPLIT_STAGE = {"val": "train", "test": "test"}  # the structure each split is scored over
+
+
+@dataclass(frozen=True)
+class LinkTargets:
+    """Link prediction's targets: the edge split of the graph and the embedding width.
+
+    Attributes:
+        split: the positive pairs of each split and each stage's message-passing CSC.
+        num_nodes: nodes of the graph (negatives are drawn among them).
+        out_dim: the width of the node embeddings the decoder scores.
+        seed: the run's seed, which keys the split and every negative.
+    """
+
+    split: LinkSplit
+    num_nodes: int
+    out_dim: int
+    seed: int
+
+    def to(self, dtype: torch.dtype) -> LinkTargets:
+        """Itself: the pairs are ids, whatever the features' dtype."""
+        return self
+
+    @cached_property
+    def train_lookup(self) -> EdgeLookup:
+        """The training edges by endpoints (what ``filter_negatives`` redraws against)."""
+        return EdgeLookup(*self.split.structure("train"))
+
+
+class LinkPrediction(NodeTask):
+    """Positive training pairs as seeds, ``num_negatives`` corrupted destinations per positive
+    (or per step, ``joint``), the dot-product decoder, the sum of per-pair binary
+    cross-entropies, and AUC, MRR and Hits@K over fixed evaluation negatives.
+
+    ``Batch.y`` of a step is int64 ``[pairs, 3]``: each pair's source row and destination row
+    in the step's output rows, and its label (1 positive, 0 negative).
+
+    Statistics per split (summable; AUC's because every rank scores every AUC negative): twice
+    the AUC wins and pairs, then the ranking statistics (count, ``1 / rank`` sum, hits per K).
+    """
+
+    spec = TASKS["link_prediction"]
+    statistic_names = ("auc_wins_x2", "auc_pairs_x2", "count", "reciprocal_rank_sum") + tuple(
+        f"hits@{k}" for k in HITS_KS
+    )
+    decoder = DotDecoder()
+
+    def __init__(self, config: TaskConfig):
+        super().__init__(config)
+
+    def prepare(self, dataset: NodeDataset, seed: int) -> LinkTargets:
+        """The seeded edge split of ``dataset``'s graph (``undirected`` when the graph is
+        symmetric, unless the settings say)."""
+        graph, c = dataset.graph, self.config
+        undirected = c.undirected
+        if undirected is None:
+            reverse = EdgeLookup(graph.indptr, graph.indices).find(
+                graph.dst_of_edges(), graph.indices
+            )
+            undirected = bool((reverse >= 0).all())
+        split = random_link_split(
+            graph.indptr,
+            graph.indices,
+            seed=seed,
+            val=c.val_fraction,
+            test=c.test_fraction,
+            undirected=undirected,
+        )
+        return LinkTargets(split, graph.num_nodes, c.embedding_dim, seed)
+
+    def out_dim_of(self, meta: Mapping) -> int:
+        return self.config.embedding_dim
+
+    def train_seeds(self, targets: LinkTargets) -> Tensor:
+        """Positions ``[n_train]`` of the training pairs."""
+        return torch.arange(targets.split.train_pos.shape[1])
+
+    def training_structure(self, graph, targets: LinkTargets) -> tuple[Tensor, Tensor]:
+        """The CSC training blocks are sampled on: the training edges only."""
+        return targets.split.structure("train")
+
+    def pairs_per_positive(self) -> int:
+        """Loss terms per positive: itself and its negatives."""
+        return 1 + self.config.num_negatives
+
+    def loss_terms(self, global_seeds: int) -> int:
+        return global_seeds * self.pairs_per_positive()
+
+    def step_rows(
+        self,
+        targets: LinkTargets,
+        seeds: Tensor,
+        positions: Tensor,
+        *,
+        epoch: int,
+        step: int,
+    ) -> tuple[Tensor, Tensor]:
+        """``(nodes, y)``: the sorted endpoints ``[n]`` of this share's positives ``seeds``
+        (at ``positions`` of the step's global batch) and of their negatives, and ``y``
+        ``[pairs, 3]`` (source row, destination row, label; rows index ``nodes``). The
+        negatives are keyed by ``(seed, epoch, step, position)``: a step split over any
+        number of ranks draws the same ones."""
+        c, split = self.config, targets.split
+        src, dst = split.train_pos[0, seeds], split.train_pos[1, seeds]
+        k, n = c.num_negatives, src.numel()
+        if c.negatives == "uniform":
+            lookup = targets.train_lookup if c.filter_negatives else None
+            negs = uniform_negatives(
+                src,
+                positions,
+                targets.num_nodes,
+                seed=targets.seed,
+                epoch=epoch,
+                step=step,
+                k=k,
+                filter_by=lookup,
+            ).flatten()
+        else:
+            shared = joint_negatives(
+                targets.num_nodes, seed=targets.seed, epoch=epoch, step=step, k=k
+            )
+            negs = shared.repeat(n)
+        pair_src = torch.cat([src, src.repeat_interleave(k)])
+        pair_dst = torch.cat([dst, negs])
+        labels = torch.cat(
+            [torch.ones(n, dtype=torch.int64), torch.zeros(n * k, dtype=torch.int64)]
+        )
+        nodes, rows = torch.unique(torch.cat([pair_src, pair_dst]), return_inverse=True)
+        m = pair_src.numel()
+        return nodes, torch.stack([rows[:m], rows[m:], labels], 1)
+
+    def loss_sum(self, out: Tensor, target: Tensor, weight: Tensor | None = None) -> Tensor:
+        if weight is not None:
+            raise ValueError("link prediction takes no per-seed loss weights")
+        scores = self.decoder(out[target[:, 0]], out[target[:, 1]])
+        return F.binary_cross_entropy_with_logits(
+            scores, target[:, 2].to(scores.dtype), reduction="sum"
+        )
+
+    def link_statistics(
+        self,
+        embed: Callable[[tuple[Tensor, Tensor]], Tensor],
+        targets: LinkTargets,
+        splits: tuple[str, ...],
+        rank: int,
+        world_size: int,
+    ) -> Tensor:
+        """float64 ``[len(splits), k]``: this rank's statistics of each split.
+
+        ``embed(structure)`` returns every node's embedding ``[N, d]`` over a message-passing
+        CSC (called once per stage). A rank ranks the evaluation edges ``rank::world_size``
+        against their ``eval_negatives`` fixed negatives, and counts its positives' AUC wins
+        against every edge's AUC negative (its first fixed negative), so the sums over ranks
+        are the one-process statistics."""
+        embedded: dict[str, Tensor] = {}
+        rows = []
+        for split in splits:
+            stage = SPLIT_STAGE[split]
+            if stage not in embedded:
+                embedded[stage] = embed(targets.split.structure(stage))
+            rows.append(self._split_statistics(embedded[stage], targets, split, rank, world_size))
+        return torch.stack(rows)
+
+    def _split_statistics(
+        self, emb: Tensor, targets: LinkTargets, split: str, rank: int, world_size: int
+    ) -> Tensor:
+        pos = targets.split.positives(split)
+        index = torch.arange(pos.shape[1])
+        first = evaluation_negatives(
+            pos[0], index, targets.num_nodes, seed=targets.seed, split=split, m=1
+        )[:, 0]
+        auc_neg = self.decoder(emb[pos[0]], emb[first])
+        mine = index[rank::world_size]
+        src, dst = pos[0, mine], pos[1, mine]
+        negs = evaluation_negatives(
+            src,
+            mine,
+            targets.num_nodes,
+            seed=targets.seed,
+            split=split,
+            m=self.config.eval_negatives,
+        )
+        h_src = emb[src]
+        pos_scores = self.decoder(h_src, emb[dst])
+        neg_scores = self.decoder.score_candidates(h_src, emb[negs])
+        return torch.cat(
+            [auc_statistics(pos_scores, auc_neg), ranking_statistics(pos_scores, neg_scores)]
+        )
+
+    def metric_values(self, stats: Tensor) -> dict[str, float]:
+        return {"auc": auc_of(stats[:2])} | ranking_metrics(stats[2:])

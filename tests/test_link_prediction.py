@@ -1,0 +1,257 @@
+"""``task=link_prediction``: leakage, exactness across ranks, evaluation split across ranks,
+the metrics against a brute-force count, the run's summary, the recipe and bad values
+(docs/tasks.md, "Link prediction")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import lightning_gnnscale as gs
+from lightning_gnnscale.config_types import DataConfig, run_config
+from lightning_gnnscale.errors import ConfigError
+from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.systems.registry import SYSTEMS
+from lightning_gnnscale.tasks import TaskConfig, build_task
+from tests.helpers.config import make_cfg
+
+LINK_SYSTEMS = [name for name, spec in SYSTEMS.items() if "link_prediction" in spec.tasks]
+FANOUTS = [4, 3]
+
+
+def make_dataset():
+    return sbm(num_nodes=300, num_classes=3, avg_degree=8.0, num_features=10, seed=5).to(
+        torch.float64
+    )
+
+
+def make_datamodule(name: str, task: TaskConfig | None = None, batch_size: int = 96):
+    _, DataModule, config = gs.system(name)
+    if name == "ddp":
+        config = type(config)(salt_by_rank=False)
+    return DataModule(
+        make_dataset(),
+        config,
+        DataConfig(batch_size=batch_size, fanouts=FANOUTS),
+        seed=7,
+        task=task or TaskConfig("link_prediction"),
+    )
+
+
+def evaluation_pairs(split) -> set[tuple[int, int]]:
+    pairs = torch.cat([split.val_pos, split.test_pos], 1)
+    both = torch.cat([pairs, pairs.flip(0)], 1)
+    return set(map(tuple, both.t().tolist()))
+
+
+def test_link_prediction_systems_are_listed():
+    assert set(LINK_SYSTEMS) == {"single", "ddp"}
+
+
+@pytest.mark.parametrize("name", LINK_SYSTEMS)
+def test_no_evaluation_edge_reaches_a_training_block(name):
+    """Every edge of every block of every step of two epochs, on each of 2 ranks: none joins
+    the endpoints of a validation or test pair, in either direction."""
+    dm = make_datamodule(name)
+    held_out = evaluation_pairs(dm.targets.split)
+    assert held_out
+    ranks = 2 if name == "ddp" else 1
+    edges = 0
+    for rank in range(ranks):
+        dm.rank, dm.world_size = rank, ranks
+        for epoch in range(2):
+            for step in range(dm.steps_per_epoch):
+                for block in dm.make_batch(epoch, step).blocks:
+                    src, dst = block.edge_index
+                    pairs = torch.stack([block.src_ids[src], block.dst_ids[dst]], 1)
+                    edges += pairs.shape[0]
+                    assert not held_out & set(map(tuple, pairs.tolist()))
+    assert edges > 1000
+
+
+def _step_gradient(dm, net, epoch: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss, flat gradient)`` of this rank's share of one step."""
+    net.zero_grad()
+    batch = dm.make_batch(epoch, step)
+    out = net(batch.blocks, batch.x)
+    loss = dm.task.loss_sum(out, batch.y) / batch.global_seed_count
+    loss.backward()
+    return loss.detach(), torch.cat([p.grad.flatten() for p in net.parameters()])
+
+
+@pytest.mark.parametrize("negatives", ["uniform", "joint"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_sum_to_the_one_process_step_in_float64(negatives, world_size):
+    """ddp's ranks (unsalted keys) each take a share of a step's positive pairs and draw the
+    same negatives as one process: their losses and gradients sum to ``single``'s."""
+    task = TaskConfig("link_prediction", negatives=negatives, num_negatives=3)
+    single, ddp = make_datamodule("single", task), make_datamodule("ddp", task)
+    torch.manual_seed(0)
+    net = BlockGNN("sage", 10, 16, 8, 2, dropout=0.0).double()
+    epoch, step = 1, single.steps_per_epoch - 1  # the short last step
+    assert single.train_ids.numel() % single.batch_size
+    loss, grad = _step_gradient(single, net, epoch, step)
+    losses, grads = [], []
+    for rank in range(world_size):
+        ddp.rank, ddp.world_size = rank, world_size
+        rank_loss, rank_grad = _step_gradient(ddp, net, epoch, step)
+        losses.append(rank_loss)
+        grads.append(rank_grad)
+    torch.testing.assert_close(sum(losses), loss, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(sum(grads), grad, rtol=1e-10, atol=1e-13)
+
+
+def test_the_evaluation_split_across_ranks_sums_to_one_process():
+    """``link_statistics`` on 1 rank and summed over 3: equal counts, equal metrics."""
+    dm = make_datamodule("single")
+    torch.manual_seed(0)
+    emb = torch.randn(dm.graph.num_nodes, 8, dtype=torch.float64)
+    task, targets = dm.task, dm.targets
+    one = task.link_statistics(lambda s: emb, targets, ("val", "test"), 0, 1)
+    three = sum(
+        task.link_statistics(lambda s: emb, targets, ("val", "test"), r, 3) for r in range(3)
+    )
+    torch.testing.assert_close(three, one, rtol=1e-12, atol=0)
+    for split, row in zip(("val", "test"), one):
+        assert row[2] == targets.split.positives(split).shape[1]  # every edge counted once
+
+
+def test_metrics_equal_a_brute_force_count():
+    """AUC: every positive against every edge's first fixed negative, ties 1/2; MRR and
+    Hits@K: each positive's rank among its own 100, OGB's tie rule (a loop per edge)."""
+    from lightning_gnnscale.tasks.link.negatives import evaluation_negatives
+
+    dm = make_datamodule("single")
+    task, targets = dm.task, dm.targets
+    emb = torch.randint(-2, 3, (dm.graph.num_nodes, 4)).to(torch.float64)  # many ties
+    metrics = task.metric_values(task.link_statistics(lambda s: emb, targets, ("val",), 0, 1)[0])
+    pos = targets.split.val_pos
+    negs = evaluation_negatives(
+        pos[0], torch.arange(pos.shape[1]), targets.num_nodes, seed=7, split="val", m=100
+    )
+    score = lambda a, b: float((emb[a] * emb[b]).sum())  # noqa: E731
+    pos_scores = [score(s, d) for s, d in pos.t().tolist()]
+    neg0 = [score(s, int(n[0])) for s, n in zip(pos[0].tolist(), negs)]
+    wins = sum((p > q) + 0.5 * (p == q) for p in pos_scores for q in neg0)
+    assert metrics["auc"] == pytest.approx(wins / (len(pos_scores) * len(neg0)), abs=1e-12)
+    ranks = []
+    for i, (s, p) in enumerate(zip(pos[0].tolist(), pos_scores)):
+        scores = [score(s, int(n)) for n in negs[i]]
+        better = sum(q > p for q in scores)
+        tied = sum(q == p for q in scores)
+        ranks.append(1 + better + tied / 2)
+    assert metrics["mrr"] == pytest.approx(sum(1 / r for r in ranks) / len(ranks), abs=1e-12)
+    for k in (1, 3, 10):
+        assert metrics[f"hits@{k}"] == pytest.approx(sum(r <= k for r in ranks) / len(ranks))
+
+
+def test_train_py_reports_the_link_metrics(tmp_path):
+    """``task=link_prediction`` through ``train.py``: the task's metrics in ``summary.json``,
+    the best epoch picked by validation MRR."""
+    from lightning_gnnscale.run import train
+
+    cfg = make_cfg(tmp_path, "strategy=single", "task=link_prediction", "trainer.max_epochs=3")
+    metrics, objects = train(cfg)
+    summary = json.loads((Path(objects["output_dir"]) / "summary.json").read_text())
+    for split in ("val", "test"):
+        for name in ("auc", "mrr", "hits@1", "hits@3", "hits@10"):
+            assert 0.0 <= summary[f"{split}_{name}"] <= 1.0, (split, name)
+    history = summary["history"]
+    assert summary["best_val_mrr"] == max(e["val_mrr"] for e in history)
+    best = max(history, key=lambda e: e["val_mrr"])
+    assert summary["test_auc"] == best["test_auc"]
+    assert metrics["best_val_mrr"] == summary["best_val_mrr"]
+
+
+def test_the_cora_recipe_is_pygs_link_prediction_recipe(tmp_path):
+    """``task=link_prediction dataset=cora``: GCN 128 -> 64, no dropout or weight decay,
+    Adam 0.01, 100 full-batch epochs, Glorot weights; another model keeps the recipe."""
+    run = run_config(make_cfg(tmp_path, "task=link_prediction", "dataset=cora", tiny=False))
+    assert (run.model.name, run.model.hidden, run.model.num_layers) == ("gcn", 128, 2)
+    assert (run.model.dropout, run.model.weight_decay, run.model.lr) == (0.0, 0.0, 0.01)
+    assert (run.model.init, run.task.embedding_dim, run.trainer.max_epochs) == ("glorot", 64, 100)
+    assert (run.data.batch_size, run.data.fanouts) == (-1, [-1, -1])
+    node = run_config(make_cfg(tmp_path, "dataset=cora", tiny=False))
+    assert (node.model.hidden, node.model.init, node.trainer.max_epochs) == (64, "torch", 200)
+    sage = run_config(
+        make_cfg(tmp_path, "task=link_prediction", "dataset=cora", "model=sage", tiny=False)
+    )
+    assert (sage.model.name, sage.model.hidden, sage.model.dropout) == ("sage", 128, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (["task.num_negatives=0"], r"task.num_negatives=0 must be in \[1, 10000\]"),
+        (["task.eval_negatives=10"], r"task.eval_negatives=10 must be in \[11, 10000\]"),
+        (["task.negatives=hard"], r"task.negatives.*'hard'.*uniform"),
+        (["task.val_fraction=0.6", "task.test_fraction=0.5"], "must be below 1"),
+        (["task.embedding_dim=0"], r"task.embedding_dim=0 must be in"),
+    ],
+)
+def test_bad_link_settings_fail_at_compose(tmp_path, settings, message):
+    with pytest.raises(ConfigError, match=message):
+        run_config(make_cfg(tmp_path, "strategy=single", "task=link_prediction", *settings))
+
+
+def test_a_link_setting_on_a_node_task_is_refused():
+    with pytest.raises(ConfigError, match="task.num_negatives: link_prediction settings"):
+        TaskConfig("node_classification", num_negatives=5)
+
+
+def test_a_system_without_link_prediction_refuses_before_spawn(tmp_path):
+    """Refused when the run is typed (before any rank starts), naming the systems that train
+    link prediction."""
+    with pytest.raises(ConfigError, match=r"strategies that train it: \['ddp', 'single'\]"):
+        run_config(make_cfg(tmp_path, "strategy=distdgl", "task=link_prediction"))
+
+
+def test_build_task_takes_the_settings():
+    task = build_task(TaskConfig("link_prediction", num_negatives=4))
+    assert task.pairs_per_positive() == 5 and task.loss_terms(10) == 50
+
+
+def test_a_checkpoint_written_before_the_link_settings_resumes_as_node_classification(tmp_path):
+    """A run identity without ``model.init`` and the ``task.*`` link settings (checkpoints
+    written before they existed) is node classification's with the torch init; a link
+    prediction run differs from it."""
+    from lightning_gnnscale.checkpoints import identity_differences
+
+    node = run_config(make_cfg(tmp_path)).identity
+    link_settings = ["val_fraction", "test_fraction", "undirected", "negatives", "num_negatives"]
+    link_settings += ["filter_negatives", "eval_negatives", "embedding_dim"]
+    added = ["model.init", "task.name", *(f"task.{key}" for key in link_settings)]
+    old = {k: v for k, v in node.items() if k not in added}
+    assert len(old) == len(node) - len(added)
+    assert identity_differences(node, old) == []
+    link = run_config(make_cfg(tmp_path, "strategy=single", "task=link_prediction")).identity
+    assert "task.name: checkpoint 'node_classification'" in " ".join(
+        identity_differences(link, old)
+    )
+
+
+def test_filtered_negatives_are_never_training_edges():
+    """``task.filter_negatives=true``: no negative of any step is a training edge or its own
+    source; unfiltered, some are (the test graph is dense enough for both)."""
+
+    def negatives(filtered: bool) -> set[tuple[int, int]]:
+        task = TaskConfig("link_prediction", num_negatives=8, filter_negatives=filtered)
+        dm = make_datamodule("single", task)
+        found = set()
+        for step in range(dm.steps_per_epoch):
+            batch = dm.make_batch(0, step)
+            nodes = batch.blocks[-1].dst_ids
+            neg = batch.y[batch.y[:, 2] == 0]
+            found |= set(zip(nodes[neg[:, 0]].tolist(), nodes[neg[:, 1]].tolist()))
+        return found
+
+    dm = make_datamodule("single")
+    train = dm.targets.split.train_pos
+    true = set(map(tuple, torch.cat([train, train.flip(0)], 1).t().tolist()))
+    assert negatives(False) & true
+    filtered = negatives(True)
+    assert not filtered & true and all(s != d for s, d in filtered)
