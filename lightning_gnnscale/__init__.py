@@ -35,6 +35,7 @@ _LAZY: dict[str, str] = {
     "Graph": ".graph.csc",
     **dict.fromkeys(("NodeDataset", "NodeTargets"), ".graph.node_targets"),
     "DATASETS": ".graph.dataset_config",
+    "TaskConfig": ".tasks",
     "load_dataset": ".graph.datasets",
     **dict.fromkeys(("BlockGNN", "SubgraphModel", "build_model"), ".models.gnn"),
     "layerwise_inference": ".models.inference",

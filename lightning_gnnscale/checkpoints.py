@@ -31,13 +31,20 @@ from typing_extensions import override
 from .config_types import RunConfig
 from .errors import ConfigError
 from .files import UnsafeFileError, atomic_write, load_weights_only
-from .tasks import DEFAULT_TASK, TaskConfig
+from .tasks import DEFAULT_TASK
 
 # settings added after checkpoints were first written, at the value every earlier run had: a
 # checkpoint without them is of the run that has them so (node classification, torch init)
 SETTINGS_ADDED_SINCE = {
     "task.name": DEFAULT_TASK,
-    **{f"task.{k}": v for k, v in vars(TaskConfig()).items() if k != "name"},
+    "task.val_fraction": 0.05,
+    "task.test_fraction": 0.1,
+    "task.undirected": None,
+    "task.negatives": "uniform",
+    "task.num_negatives": 1,
+    "task.filter_negatives": False,
+    "task.eval_negatives": 100,
+    "task.embedding_dim": 64,
     "model.init": "torch",
 }
 

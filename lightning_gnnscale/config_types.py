@@ -374,6 +374,11 @@ class SystemConfig:
 # mode where a config names them (conf/callbacks/early_stopping.yaml)
 OmegaConf.register_new_resolver("task_monitor", lambda name: task_spec(name).monitor, replace=True)
 OmegaConf.register_new_resolver("task_mode", lambda name: task_spec(name).mode, replace=True)
+# ${link_init:${model.name}}: link prediction's weight initialisation (conf/task/link_prediction.yaml):
+# Glorot for the suite's layers; a custom model initialises itself
+OmegaConf.register_new_resolver(
+    "link_init", lambda name: "torch" if name == "custom" else "glorot", replace=True
+)
 
 
 @dataclass(frozen=True)

@@ -105,19 +105,34 @@ def test_ranks_sum_to_the_one_process_step_in_float64(negatives, world_size):
     torch.testing.assert_close(sum(grads), grad, rtol=1e-10, atol=1e-13)
 
 
-def test_the_evaluation_split_across_ranks_sums_to_one_process():
-    """``link_statistics`` on 1 rank and summed over 3: equal counts, equal metrics."""
+def test_the_evaluation_split_across_ranks_sums_to_one_process(monkeypatch):
+    """``link_statistics`` on 1 rank, summed over 3, and scored in chunks of 3 edges: equal
+    counts and metrics; validation embeds over the training edges, test over training and
+    validation edges."""
+    import lightning_gnnscale.tasks.link_prediction as link
+
     dm = make_datamodule("single")
     torch.manual_seed(0)
     emb = torch.randn(dm.graph.num_nodes, 8, dtype=torch.float64)
     task, targets = dm.task, dm.targets
-    one = task.link_statistics(lambda s: emb, targets, ("val", "test"), 0, 1)
-    three = sum(
-        task.link_statistics(lambda s: emb, targets, ("val", "test"), r, 3) for r in range(3)
-    )
+    seen = []
+
+    def embed(structure):
+        seen.append(structure)
+        return emb
+
+    splits = ("val", "test")
+    one = task.link_statistics(embed, targets, splits, 0, 1)
+    split = targets.split
+    assert [len(seen), seen[0], seen[1]] == [2, split.structure("train"), split.structure("test")]
+    assert seen[0][1].numel() + 2 * split.val_pos.shape[1] == seen[1][1].numel()
+    three = sum(task.link_statistics(lambda s: emb, targets, splits, r, 3) for r in range(3))
     torch.testing.assert_close(three, one, rtol=1e-12, atol=0)
-    for split, row in zip(("val", "test"), one):
-        assert row[2] == targets.split.positives(split).shape[1]  # every edge counted once
+    monkeypatch.setattr(link, "SCORED_ELEMENTS", 3 * 100 * 8)  # 3 edges' candidates at once
+    chunked = task.link_statistics(lambda s: emb, targets, splits, 0, 1)
+    torch.testing.assert_close(chunked, one, rtol=1e-12, atol=0)
+    for name, row in zip(splits, one):
+        assert row[2] == split.positives(name).shape[1] > 3  # every edge counted once
 
 
 def test_metrics_equal_a_brute_force_count():
@@ -191,6 +206,7 @@ def test_the_cora_recipe_is_pygs_link_prediction_recipe(tmp_path):
         (["task.negatives=hard"], r"task.negatives.*'hard'.*uniform"),
         (["task.val_fraction=0.6", "task.test_fraction=0.5"], "must be below 1"),
         (["task.embedding_dim=0"], r"task.embedding_dim=0 must be in"),
+        (["task.negatives=joint", "task.filter_negatives=true"], "filters uniform negatives only"),
     ],
 )
 def test_bad_link_settings_fail_at_compose(tmp_path, settings, message):
@@ -255,3 +271,19 @@ def test_filtered_negatives_are_never_training_edges():
     assert negatives(False) & true
     filtered = negatives(True)
     assert not filtered & true and all(s != d for s, d in filtered)
+
+
+def test_a_split_without_validation_pairs_is_refused():
+    dm = make_datamodule("single", TaskConfig("link_prediction", val_fraction=1e-4))
+    with pytest.raises(ConfigError, match=r"task.val_fraction=0.0001 leaves no val pair"):
+        dm.task.prepare(dm.node_dataset, 7)
+
+
+def test_the_init_follows_the_model(tmp_path):
+    """Glorot for the suite's layers under link prediction; a custom model keeps its own;
+    SANCUS, whose layers are its own, refuses Glorot."""
+    custom = ["model=custom", "model.target=torch_geometric.nn.models.GraphSAGE"]
+    run = run_config(make_cfg(tmp_path, "strategy=single", "task=link_prediction", *custom))
+    assert (run.model.name, run.model.init) == ("custom", "torch")
+    with pytest.raises(ConfigError, match="model.init=glorot: strategy=sancus"):
+        run_config(make_cfg(tmp_path, "strategy=sancus", "model.init=glorot"))

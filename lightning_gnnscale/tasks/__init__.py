@@ -108,6 +108,11 @@ class TaskConfig:
         )
         choice("task.negatives", self.negatives, LINK_NEGATIVES)
         require(
+            not (self.filter_negatives and self.negatives == "joint"),
+            "task.filter_negatives=true filters uniform negatives only (one joint set cannot "
+            "avoid every source's edges); use task.negatives=uniform or leave it false",
+        )
+        require(
             1 <= self.num_negatives <= MAX_NEGATIVES,
             f"task.num_negatives={self.num_negatives} must be in [1, {MAX_NEGATIVES}]",
         )

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import ConfigError
 from ..graph.node_targets import NodeDataset
 from . import HITS_KS, TASKS, TaskConfig
 from .base import NodeTask
@@ -26,6 +27,7 @@ from .link.negatives import evaluation_negatives, joint_negatives, uniform_negat
 from .link.split import EdgeLookup, LinkSplit, random_link_split
 
 SPLIT_STAGE = {"val": "train", "test": "test"}  # the structure each split is scored over
+SCORED_ELEMENTS = 1 << 24  # embedding elements gathered at once for scoring (64 MiB in float32)
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,10 @@ class LinkPrediction(NodeTask):
     )
     decoder = DotDecoder()
 
-    def __init__(self, config: TaskConfig):
+    def __init__(self, config: TaskConfig | None = None):
+        config = config or TaskConfig(self.spec.name)
+        if config.name != self.spec.name:
+            raise ValueError(f"a {self.spec.name} task built from task.name={config.name!r}")
         super().__init__(config)
 
     def prepare(self, dataset: NodeDataset, seed: int) -> LinkTargets:
@@ -93,6 +98,12 @@ class LinkPrediction(NodeTask):
             test=c.test_fraction,
             undirected=undirected,
         )
+        for name, pairs in (("val", split.val_pos), ("test", split.test_pos)):
+            if pairs.shape[1] == 0:
+                raise ConfigError(
+                    f"task.{name}_fraction={getattr(c, f'{name}_fraction')} leaves no {name} "
+                    f"pair of the graph's {split.edge_split.numel()} edges; raise it"
+                )
         return LinkTargets(split, graph.num_nodes, c.embedding_dim, seed)
 
     def out_dim_of(self, meta: Mapping) -> int:
@@ -193,25 +204,31 @@ class LinkPrediction(NodeTask):
     ) -> Tensor:
         pos = targets.split.positives(split)
         index = torch.arange(pos.shape[1])
-        first = evaluation_negatives(
-            pos[0], index, targets.num_nodes, seed=targets.seed, split=split, m=1
-        )[:, 0]
-        auc_neg = self.decoder(emb[pos[0]], emb[first])
-        mine = index[rank::world_size]
-        src, dst = pos[0, mine], pos[1, mine]
-        negs = evaluation_negatives(
-            src,
-            mine,
-            targets.num_nodes,
-            seed=targets.seed,
-            split=split,
-            m=self.config.eval_negatives,
+        m, width = self.config.eval_negatives, emb.shape[1]
+        chunk = max(1, SCORED_ELEMENTS // (m * width))  # edges whose candidates fit at once
+        auc_neg = torch.cat(
+            [
+                self.decoder(emb[pos[0, rows]], emb[self._negatives(targets, split, rows, 1)[:, 0]])
+                for rows in index.split(chunk * m)
+            ]
         )
-        h_src = emb[src]
-        pos_scores = self.decoder(h_src, emb[dst])
-        neg_scores = self.decoder.score_candidates(h_src, emb[negs])
-        return torch.cat(
-            [auc_statistics(pos_scores, auc_neg), ranking_statistics(pos_scores, neg_scores)]
+        total = torch.zeros(len(self.statistic_names), dtype=torch.float64)
+        for rows in index[rank::world_size].split(chunk):
+            h_src = emb[pos[0, rows]]
+            pos_scores = self.decoder(h_src, emb[pos[1, rows]])
+            negs = self._negatives(targets, split, rows, m)
+            neg_scores = self.decoder.score_candidates(h_src, emb[negs])
+            total += torch.cat(
+                [auc_statistics(pos_scores, auc_neg), ranking_statistics(pos_scores, neg_scores)]
+            )
+        return total
+
+    @staticmethod
+    def _negatives(targets: LinkTargets, split: str, rows: Tensor, m: int) -> Tensor:
+        """The ``m`` fixed negatives ``[len(rows), m]`` of ``split``'s edges ``rows``."""
+        pos = targets.split.positives(split)
+        return evaluation_negatives(
+            pos[0, rows], rows, targets.num_nodes, seed=targets.seed, split=split, m=m
         )
 
     def metric_values(self, stats: Tensor) -> dict[str, float]:

@@ -71,6 +71,11 @@ class SancusConfig(SystemConfig):
             f"model.dropout={model.dropout}: strategy={self.name} trains without dropout "
             f"({DOCS}#what-is-not-implemented-and-deviations); set model.dropout=0",
         )
+        require(
+            model.init == "torch",
+            f"model.init={model.init}: strategy={self.name}'s GCN layers initialise as "
+            "BlockGNN's default (torch); set model.init=torch",
+        )
 
     def check_run(self, run: RunFacts) -> None:
         if run.model is not None:
