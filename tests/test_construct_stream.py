@@ -25,6 +25,7 @@ from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.constructed import METADATA, node_ids
 from lightning_gnnscale.graph.csc import csc_from_edges
 from lightning_gnnscale.graph.datasets import load_dataset
+from lightning_gnnscale.tasks import build_task
 from tests.helpers.config import REPO
 from tests.test_construct import write, write_spec
 
@@ -358,8 +359,11 @@ def test_an_edge_only_spec_takes_its_nodes_from_pykeen_triples(tmp_path, dataset
         first[(int(d), int(s))] for d, s in zip(stored_dst, indices.tolist())
     ]
     assert any("no node table" in line and "no labels" in line for line in lines), lines
-    with pytest.raises(ConfigError, match=r"no labels \(it was built from an edge-only spec"):
-        load_dataset("constructed", root=out)
+    dataset = load_dataset("constructed", root=out)  # loads; the node tasks refuse it
+    assert dataset.graph.num_nodes == n and dataset.targets.out_dim == 0
+    for task in ("node_classification", "node_regression"):
+        with pytest.raises(ConfigError, match=rf"no labels \(built from an edge-only.*task={task}"):
+            build_task(task).prepare(dataset, 0)
 
 
 def test_node_classification_on_an_edge_only_dataset_is_refused_before_training(tmp_path):
@@ -372,8 +376,35 @@ def test_node_classification_on_an_edge_only_dataset_is_refused_before_training(
     out = tmp_path / "out"
     construct(write_spec(tmp_path, _triples_spec(_pykeen_dataset("nations"))), out, **QUIET)
     run = validate(make_cfg(tmp_path, "dataset=constructed", f"dataset.root={out}", tiny=False))
-    with pytest.raises(ConfigError, match="node_classification and node_regression need a node"):
+    with pytest.raises(ConfigError, match="task=node_classification needs a node table"):
         build_datamodule(run).prepare(1)
+
+
+def test_link_prediction_trains_on_pykeen_kinships_in_its_own_ids(tmp_path):
+    """Kinships' triples through construct (an edge-only spec: 104 people, one-hot
+    features), then ``task=link_prediction`` through ``train.py``: its split holds every
+    (head, tail) pair once, and the run reports the task's metrics."""
+    from lightning_gnnscale.run import train
+    from lightning_gnnscale.tasks import TaskConfig
+    from tests.helpers.config import make_cfg
+
+    folder = _pykeen_dataset("kinships")
+    out = tmp_path / "out"
+    construct(write_spec(tmp_path, _triples_spec(folder)), out, **QUIET)
+    pairs = {(h, t) for h, _, t in _read_triples(folder)}
+    symmetric = all((t, h) in pairs for h, t in pairs)
+    dataset = load_dataset("constructed", root=out)
+    split = build_task(TaskConfig("link_prediction")).prepare(dataset, 0).split
+    held = [split.train_pos.shape[1], split.val_pos.shape[1], split.test_pos.shape[1]]
+    assert sum(held) == (len(pairs) // 2 if symmetric else len(pairs))
+    settings = ["strategy=single", "task=link_prediction", "dataset=constructed"]
+    settings += [f"dataset.root={out}", "trainer.max_epochs=2", "logger=none"]
+    metrics, _ = train(
+        make_cfg(tmp_path, *settings, "trainer.enable_progress_bar=false", tiny=False)
+    )
+    for name in ("auc", "mrr", "hits@1", "hits@3", "hits@10"):
+        assert 0.0 <= metrics[f"test_{name}"] <= 1.0, name
+    assert metrics["best_val_mrr"] > 0
 
 
 def test_an_edge_only_spec_past_the_identity_size_is_refused(tmp_path):

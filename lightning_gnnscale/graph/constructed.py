@@ -140,15 +140,9 @@ def read_metadata(root: str | os.PathLike | None) -> dict:
 def check_arrays(root: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """The graph arrays agree with each other and ``meta``: the CSC is well formed, every
     label is ``-1`` or a class, and every split node has a label. A dataset without labels
-    (from an edge-only spec) is refused: the node tasks train on labels."""
+    (from an edge-only spec: no classes, every node ``-1``) loads; the node tasks refuse it
+    (:meth:`~..tasks.base.NodeTask.labelled`)."""
     n, e, c = meta["num_nodes"], meta["num_edges"], meta["num_classes"]
-    if c == 0:
-        raise ConstructedDatasetError(
-            f"{root}: no labels (it was built from an edge-only spec: nodes from the edges); "
-            "node_classification and node_regression need a node table with a label column "
-            '(docs/datasets.md, "Edge-only specs"). Edge-only datasets are for link '
-            "prediction, which does not read them yet"
-        )
     indptr, indices, y = arrays["indptr"], arrays["indices"], arrays["y"]
     shapes = {"indptr": (n + 1,), "indices": (e,), "x": (n, meta["num_features"]), "y": (n,)}
     shapes.update({f"{split}_mask": (n,) for split in ("train", "val", "test")})

@@ -56,7 +56,12 @@ class NodeTargets:
                 f"NodeTargets.{split} must be bool [n={n}], got {column.dtype} "
                 f"{tuple(column.shape)}",
             )
-        _check(self.out_dim >= 1, f"NodeTargets.out_dim must be >= 1, got {self.out_dim}")
+        unlabelled = not any(bool(getattr(self, split).any()) for split in SPLITS)
+        _check(
+            self.out_dim >= 1 or (self.out_dim == 0 and unlabelled),
+            f"NodeTargets.out_dim must be >= 1 (0 only for a dataset without labels, whose "
+            f"splits are empty), got {self.out_dim}",
+        )
 
     @property
     def num_rows(self) -> int:

@@ -167,9 +167,14 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     def targets(self) -> NodeTargets:
         """The task's rows of every node (``task.prepare`` of :attr:`node_dataset`): what a
         system selects, per node it holds, beside the graph's rows."""
+        self.prepare_targets()
+        return self._targets
+
+    def prepare_targets(self) -> None:
+        """Have the task prepare its rows of the whole dataset, once (a task refuses a
+        dataset it cannot train on here: :meth:`prepare` calls it first, before any rank)."""
         if self._targets is None:
             self._targets = self.task.prepare(self.node_dataset, self.seed).to(self._dtype)
-        return self._targets
 
     @property
     def input_dim(self) -> int:
@@ -192,6 +197,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         :func:`~..graph.partition_dir.node_ranks`)."""
         if world_size not in self._prepared:
             if self.partition_dir is None:
+                self.prepare_targets()
                 self._prepared[world_size] = self.preprocess(world_size)
             else:
                 self._prepared[world_size] = self.open_partition_dir(world_size)

@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from ..errors import ConfigError
 from ..graph.node_targets import NodeDataset, NodeTargets
 from .spec import TaskSpec
 
@@ -38,8 +39,21 @@ class NodeTask:
         return self.spec.name
 
     def prepare(self, dataset: NodeDataset, seed: int) -> NodeTargets:
-        """This task's rows for every node of ``dataset`` (default: the dataset's own)."""
-        return dataset.targets
+        """This task's rows for every node of ``dataset`` (default: the dataset's own, which
+        must be :meth:`labelled`)."""
+        return self.labelled(dataset).targets
+
+    def labelled(self, dataset: NodeDataset) -> NodeDataset:
+        """``dataset``, refused (``ConfigError``) when it has no classes: a graph built from an
+        edge-only spec, whose nodes come from the edges, has nothing a node task trains on."""
+        if dataset.targets.out_dim == 0 and not dataset.targets.target.is_floating_point():
+            raise ConfigError(
+                f"dataset {dataset.graph.name!r} has no labels (built from an edge-only spec: "
+                f"nodes from the edges); task={self.name} needs a node table with a label "
+                'column (docs/datasets.md, "Edge-only specs"); task=link_prediction trains on '
+                "its edges"
+            )
+        return dataset
 
     def out_dim_of(self, meta: Mapping) -> int:
         """The head's width from a partition directory's metadata (no graph is loaded)."""

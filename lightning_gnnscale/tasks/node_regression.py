@@ -52,7 +52,7 @@ class NodeRegression(NodeTask):
     def prepare(self, dataset: NodeDataset, seed: int) -> NodeTargets:
         """:func:`synthetic_targets` over the dataset's splits when its targets are labels; a
         dataset whose targets are already floating is used as it is."""
-        targets = dataset.targets
+        targets = self.labelled(dataset).targets
         if targets.target.is_floating_point():
             return targets
         return replace(targets, target=synthetic_targets(dataset, seed), out_dim=TARGET_DIM)
