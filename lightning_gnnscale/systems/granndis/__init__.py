@@ -26,6 +26,7 @@ SYSTEM = tuple(
         bench_baseline="granndis_fb_base" if name == "granndis" else None,
         exact=_EXACT.get(name) == (),
         exact_settings=_EXACT.get(name, ()),
+        exact_full_batch=name in _EXACT,  # full-graph (FLX, FB_base) or co-batched steps
     )
     for name, description in GRANNDIS_PRESETS.items()
 )
