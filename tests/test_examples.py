@@ -156,3 +156,19 @@ def test_predict_example_saves_every_nodes_embedding(tmp_path):
     net.load_state_dict({k[len("net.") :]: v for k, v in example["weights"].items()})
     expected = full_neighbourhood(graph, net, layers=1)  # the last layer's input
     torch.testing.assert_close(saved["embeddings"], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.e2e
+def test_link_prediction_example_matches_train_py(tmp_path):
+    """A plain script's ``TaskConfig("link_prediction")`` and Glorot weights give the weights
+    and link metrics of ``train.py strategy=ddp task=link_prediction``."""
+    reference = run_train_py(tmp_path / "train", "ddp", "gcn", "task=link_prediction")
+    example = run_example("link_prediction_ddp.py", tmp_path / "lightning")
+    last = reference["summary"]["history"][-1]
+    for name in ("auc", "mrr", "hits@10"):
+        for split in ("val", "test"):
+            got = example["metrics"][f"{split}/{name}"]
+            assert got == pytest.approx(last[f"{split}_{name}"], abs=1e-6), (split, name)
+    assert example["weights"].keys() == reference["weights"].keys()
+    for name, value in reference["weights"].items():
+        torch.testing.assert_close(example["weights"][name], value, rtol=0, atol=0, msg=name)
