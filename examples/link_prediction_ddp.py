@@ -3,8 +3,8 @@
     python examples/link_prediction_ddp.py            # 2 CPU processes, Lightning launches them
 
 The task is a ``TaskConfig`` handed to the DataModule; the module takes it from there
-(``GNNModule.from_config``). ``init="glorot"`` is what ``task=link_prediction`` sets in
-``train.py`` (docs/tasks.md, "Link prediction"). The settings below are those of ``python
+(``GNNModule.from_config``), and so does the net's initialisation: Glorot, the task's, unless
+``init=`` says otherwise (docs/tasks.md, "Link prediction"). The settings below are those of ``python
 train.py strategy=ddp task=link_prediction dataset=sbm``, which gives the same weights.
 """
 
@@ -37,7 +37,7 @@ def main() -> None:
         cache_dir=args.cache_dir,
         task=gs.TaskConfig("link_prediction"),  # RandomLinkSplit's 0.05 / 0.1, 1 negative each
     )
-    module = gs.GNNModule.from_config(config.model_config(name="gcn", init="glorot"), datamodule)
+    module = gs.GNNModule.from_config(config.model_config(name="gcn"), datamodule)
     trainer = L.Trainer(
         strategy=Strategy(config),
         accelerator="cpu",

@@ -34,7 +34,7 @@ from .files import UnsafeFileError, atomic_write, load_weights_only
 from .tasks import DEFAULT_TASK
 
 # settings added after checkpoints were first written, at the value every earlier run had: a
-# checkpoint without them is of the run that has them so (node classification, torch init)
+# checkpoint without them is of the run that has them so (node classification, the task's init)
 SETTINGS_ADDED_SINCE = {
     "task.name": DEFAULT_TASK,
     "task.val_fraction": 0.05,
@@ -45,7 +45,7 @@ SETTINGS_ADDED_SINCE = {
     "task.filter_negatives": False,
     "task.eval_negatives": 100,
     "task.embedding_dim": 64,
-    "model.init": "torch",
+    "model.init": None,
 }
 
 CHECKPOINT_KEY = "lightning_gnnscale"

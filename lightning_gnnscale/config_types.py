@@ -96,7 +96,9 @@ class ModelConfig:
         optimizer: ``adam`` | ``adamw`` | ``sgd``.
         lr, weight_decay: optimiser settings.
         init: ``torch`` (the layers' own initialisation) | ``glorot`` (every 2-D layer
-            weight Glorot-uniform, as PyG's ``GCNConv``; link prediction's task sets it).
+            weight Glorot-uniform, as PyG's ``GCNConv``) | ``None``: the task's
+            (``NodeTask.default_init``: ``glorot`` for link prediction, ``torch`` for the node
+            tasks and for a custom model, which initialises itself).
         target, kwargs: ``custom`` only: the model class's dotted path and extra arguments.
     """
 
@@ -108,7 +110,7 @@ class ModelConfig:
     optimizer: str = "adam"
     lr: float = 0.01
     weight_decay: float = 5e-4
-    init: str = "torch"
+    init: str | None = None
     target: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -119,10 +121,11 @@ class ModelConfig:
         require(self.num_layers >= 1, f"model.num_layers={self.num_layers} must be >= 1")
         require(0.0 <= self.dropout < 1.0, f"model.dropout={self.dropout} must be in [0, 1)")
         choice("model.optimizer", self.optimizer, OPTIMIZERS)
-        choice("model.init", self.init, MODEL_INITS)
+        if self.init is not None:
+            choice("model.init", self.init, MODEL_INITS)
         require(
-            self.name != "custom" or self.init == "torch",
-            f"model.init={self.init}: a custom model initialises itself; leave model.init=torch",
+            self.name != "custom" or self.init in (None, "torch"),
+            f"model.init={self.init}: a custom model initialises itself; leave model.init unset",
         )
         require(
             math.isfinite(self.lr) and self.lr > 0,
@@ -374,11 +377,6 @@ class SystemConfig:
 # mode where a config names them (conf/callbacks/early_stopping.yaml)
 OmegaConf.register_new_resolver("task_monitor", lambda name: task_spec(name).monitor, replace=True)
 OmegaConf.register_new_resolver("task_mode", lambda name: task_spec(name).mode, replace=True)
-# ${link_init:${model.name}}: link prediction's weight initialisation (conf/task/link_prediction.yaml):
-# Glorot for the suite's layers; a custom model initialises itself
-OmegaConf.register_new_resolver(
-    "link_init", lambda name: "torch" if name == "custom" else "glorot", replace=True
-)
 
 
 @dataclass(frozen=True)

@@ -188,10 +188,10 @@ def test_the_cora_recipe_is_pygs_link_prediction_recipe(tmp_path):
     run = run_config(make_cfg(tmp_path, "task=link_prediction", "dataset=cora", tiny=False))
     assert (run.model.name, run.model.hidden, run.model.num_layers) == ("gcn", 128, 2)
     assert (run.model.dropout, run.model.weight_decay, run.model.lr) == (0.0, 0.0, 0.01)
-    assert (run.model.init, run.task.embedding_dim, run.trainer.max_epochs) == ("glorot", 64, 100)
+    assert (run.task.embedding_dim, run.trainer.max_epochs) == (64, 100)
     assert (run.data.batch_size, run.data.fanouts) == (-1, [-1, -1])
     node = run_config(make_cfg(tmp_path, "dataset=cora", tiny=False))
-    assert (node.model.hidden, node.model.init, node.trainer.max_epochs) == (64, "torch", 200)
+    assert (node.model.hidden, node.trainer.max_epochs) == (64, 200)
     sage = run_config(
         make_cfg(tmp_path, "task=link_prediction", "dataset=cora", "model=sage", tiny=False)
     )
@@ -284,6 +284,14 @@ def test_the_init_follows_the_model(tmp_path):
     SANCUS, whose layers are its own, refuses Glorot."""
     custom = ["model=custom", "model.target=torch_geometric.nn.models.GraphSAGE"]
     run = run_config(make_cfg(tmp_path, "strategy=single", "task=link_prediction", *custom))
-    assert (run.model.name, run.model.init) == ("custom", "torch")
+    assert (run.model.name, run.model.init) == ("custom", None)
     with pytest.raises(ConfigError, match="model.init=glorot: strategy=sancus"):
         run_config(make_cfg(tmp_path, "strategy=sancus", "model.init=glorot"))
+    model = gs.ModelConfig(hidden=8)  # a plain script's: init unset, the task's
+    assert make_datamodule("single").build_model(model).init == "glorot"
+    torch_init = gs.ModelConfig(hidden=8, init="torch")
+    assert make_datamodule("single").build_model(torch_init).init == "torch"
+    node = gs.system("single")[1](
+        make_dataset(), gs.system("single")[2], DataConfig(fanouts=FANOUTS)
+    )
+    assert node.build_model(model).init == "torch"

@@ -4,6 +4,7 @@ preprocess once, set up per rank, batches, evaluation and predict."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -402,6 +403,8 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         distributed layers override it)."""
         if self.checked_run is None or model != self.checked_run.model:
             check_depth(self.data, model)
+        if model.init is None and model.name != "custom":
+            model = replace(model, init=self.task.default_init)
         return build_model(model, self.input_dim, self.out_dim)
 
     def callbacks(self) -> list[L.Callback]:

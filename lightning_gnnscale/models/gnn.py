@@ -143,5 +143,5 @@ def build_model(cfg: ModelConfig, in_dim: int, out_dim: int) -> nn.Module:
         num_layers=cfg.num_layers,
         dropout=cfg.dropout,
         heads=cfg.heads,
-        init=cfg.init,
+        init=cfg.init or "torch",
     )

@@ -30,6 +30,8 @@ class NodeTask:
     """
 
     spec: ClassVar[TaskSpec]
+    # the weight initialisation of the suite's layers when model.init is unset (BlockGNN's)
+    default_init: ClassVar[str] = "torch"
 
     def __init__(self, config: Any = None):
         self.config = config  # the run's TaskConfig (None: the defaults)

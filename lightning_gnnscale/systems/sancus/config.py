@@ -72,9 +72,9 @@ class SancusConfig(SystemConfig):
             f"({DOCS}#what-is-not-implemented-and-deviations); set model.dropout=0",
         )
         require(
-            model.init == "torch",
+            model.init in (None, "torch"),
             f"model.init={model.init}: strategy={self.name}'s GCN layers initialise as "
-            "BlockGNN's default (torch); set model.init=torch",
+            "BlockGNN's default (torch); leave model.init unset",
         )
 
     def check_run(self, run: RunFacts) -> None:
