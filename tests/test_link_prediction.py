@@ -295,3 +295,16 @@ def test_the_init_follows_the_model(tmp_path):
         make_dataset(), gs.system("single")[2], DataConfig(fanouts=FANOUTS)
     )
     assert node.build_model(model).init == "torch"
+
+
+def test_a_step_of_too_many_pairs_is_refused_before_any_rank(tmp_path):
+    """Every training pair in one step with 10,000 negatives each: refused by the
+    DataModule's ``prepare`` (the launcher's, before spawn), naming both settings."""
+    from lightning_gnnscale.run import build_datamodule
+
+    settings = ["strategy=single", "task=link_prediction", "task.num_negatives=10000"]
+    run = run_config(make_cfg(tmp_path, *settings, "data.batch_size=-1", "dataset.num_nodes=5000"))
+    with pytest.raises(ConfigError, match=r"lower data.batch_size .* or task.num_negatives"):
+        build_datamodule(run).prepare(1)
+    small = run_config(make_cfg(tmp_path, *settings, "data.batch_size=64"))
+    build_datamodule(small).prepare(1)

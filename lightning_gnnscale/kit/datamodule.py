@@ -199,6 +199,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         if world_size not in self._prepared:
             if self.partition_dir is None:
                 self.prepare_targets()
+                self.task.check_step(self.batch_size)
                 self._prepared[world_size] = self.preprocess(world_size)
             else:
                 self._prepared[world_size] = self.open_partition_dir(world_size)

@@ -88,6 +88,10 @@ class NodeTask:
         rows of ``targets.target``)."""
         return seeds, targets.target.index_select(0, seeds)
 
+    def check_step(self, batch_size: int) -> None:
+        """Refuse a step of ``batch_size`` global seeds this task cannot hold (node tasks:
+        any the data settings allow)."""
+
     def loss_terms(self, global_seeds: int) -> int:
         """The loss terms of a step of ``global_seeds`` seeds over all ranks: the loss
         denominator (node tasks: one per seed)."""

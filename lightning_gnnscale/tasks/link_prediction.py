@@ -27,6 +27,7 @@ from .link.negatives import evaluation_negatives, joint_negatives, uniform_negat
 from .link.split import EdgeLookup, LinkSplit, random_link_split
 
 SPLIT_STAGE = {"val": "train", "test": "test"}  # the structure each split is scored over
+MAX_STEP_PAIRS = 1 << 24  # scored pairs of one training step, over all ranks (Batch.y: 384 MiB)
 SCORED_ELEMENTS = 1 << 24  # embedding elements gathered at once for scoring (64 MiB in float32)
 
 
@@ -123,6 +124,16 @@ class LinkPrediction(NodeTask):
     def pairs_per_positive(self) -> int:
         """Loss terms per positive: itself and its negatives."""
         return 1 + self.config.num_negatives
+
+    def check_step(self, batch_size: int) -> None:
+        pairs = batch_size * self.pairs_per_positive()
+        if pairs > MAX_STEP_PAIRS:
+            raise ConfigError(
+                f"a step of {batch_size:,} positive pairs x (1 + task.num_negatives="
+                f"{self.config.num_negatives}) = {pairs:,} scored pairs, more than "
+                f"{MAX_STEP_PAIRS:,}; lower data.batch_size (-1: every training pair) or "
+                "task.num_negatives"
+            )
 
     def loss_terms(self, global_seeds: int) -> int:
         return global_seeds * self.pairs_per_positive()
