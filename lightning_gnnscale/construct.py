@@ -86,7 +86,7 @@ def _source(spec: NodeTableSpec | EdgeTableSpec) -> Source:
     return Source(spec.file, spec.format, spec.column_names)
 
 
-def _at(where: Source | Path, row: int | None, column: str | None, message: str):
+def error_at(where: Source | Path, row: int | None, column: str | None, message: str):
     """A :class:`ConstructError` at 1-based data row ``row`` (header not counted) of
     ``where``'s ``column`` (a :class:`Source`, or an ``.npy`` file's path)."""
     text = str(where)
@@ -251,7 +251,7 @@ def _refuse_rows(
     ``offset``)."""
     if bad.any():
         row = _first(bad)
-        raise _at(where, offset + row + 1, column, message(row))
+        raise error_at(where, offset + row + 1, column, message(row))
 
 
 def parse_ids(values, id_type: str, path, name: str, offset: int = 0):
@@ -262,10 +262,10 @@ def parse_ids(values, id_type: str, path, name: str, offset: int = 0):
 
     nulls = values.is_null().to_numpy(zero_copy_only=False)
     if nulls.any():
-        raise _at(path, offset + _first(nulls) + 1, name, "an empty id")
+        raise error_at(path, offset + _first(nulls) + 1, name, "an empty id")
     if id_type == "str":
         if not (pa.types.is_string(values.type) or pa.types.is_integer(values.type)):
-            raise _at(path, None, name, f"ids of type {values.type} are not strings")
+            raise error_at(path, None, name, f"ids of type {values.type} are not strings")
         return values.cast(pa.string())
     if pa.types.is_integer(values.type):
         if pa.types.is_uint64(values.type):
@@ -280,7 +280,9 @@ def parse_ids(values, id_type: str, path, name: str, offset: int = 0):
             )
         return values.cast(pa.int64())
     if not pa.types.is_string(values.type):
-        raise _at(path, None, name, f"ids of type {values.type} are not integers (id_type int)")
+        raise error_at(
+            path, None, name, f"ids of type {values.type} are not integers (id_type int)"
+        )
     good = pc.match_substring_regex(values, _INT.pattern).to_numpy(zero_copy_only=False)
     _refuse_rows(
         ~good,
@@ -320,7 +322,7 @@ def node_ids(table, spec: NodeTableSpec):
         codes = pc.index_in(ids, value_set=unique).to_numpy()
         _, first = np.unique(codes, return_index=True)
         row = _first(first[codes] != np.arange(len(codes)))
-        raise _at(
+        raise error_at(
             _source(spec),
             row + 1,
             spec.id,
@@ -344,7 +346,7 @@ def labels(table, spec: NodeTableSpec) -> tuple[np.ndarray, list[str]]:
         numeric = all(_INT.match(v) for v in found)
         classes = sorted(found, key=int) if numeric else sorted(found)
     if not classes:
-        raise _at(_source(spec), None, spec.label, "no node has a label")
+        raise error_at(_source(spec), None, spec.label, "no node has a label")
     codes = pc.index_in(values, value_set=pa.array(classes, pa.string()))
     unknown = present & codes.is_null().to_numpy(zero_copy_only=False)
     _refuse_rows(
@@ -439,7 +441,7 @@ def numeric_matrix(table, names: list[str], path, offset: int = 0) -> np.ndarray
     for j, name in enumerate(names):
         values = column(table, name, path)
         if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
-            raise _at(
+            raise error_at(
                 path,
                 None,
                 name,
@@ -456,7 +458,9 @@ def check_finite(matrix: np.ndarray, path, names: list[str], offset: int = 0) ->
     if bad.any():
         row, col = np.argwhere(bad)[0]
         value = matrix[row, col]
-        raise _at(path, offset + int(row) + 1, names[col], f"feature value {value} is not finite")
+        raise error_at(
+            path, offset + int(row) + 1, names[col], f"feature value {value} is not finite"
+        )
 
 
 def node_features(
@@ -1052,7 +1056,7 @@ def streamed_csc(
 
 def _edge_error(spec: ConstructSpec, rows: np.ndarray, edge: int, message: str):
     table = int(np.searchsorted(rows, edge, side="right")) - 1
-    return _at(_source(spec.edges[table]), edge - int(rows[table]) + 1, None, message)
+    return error_at(_source(spec.edges[table]), edge - int(rows[table]) + 1, None, message)
 
 
 # ---------------------------------------------------------------------------- command

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 USAGE = (
     "usage: python -m lightning_gnnscale.predict run=<run folder> out=<file.parquet|file.csv> "
-    "[output=<kind>] [checkpoint=best|last] [train.py overrides, e.g. dataset.root=<dir>]\n"
+    "[output=<kind>] [checkpoint=best|last] [pairs=<file.parquet|file.csv>, link prediction] "
+    "[train.py overrides, e.g. dataset.root=<dir>]\n"
     "  e.g. python -m lightning_gnnscale.predict run=outputs/2025-01-01/12-00-00_ab12cd34 "
     "out=predictions.parquet"
 )
@@ -40,10 +41,15 @@ CHECKPOINTS = ("best", "last")
 FORMATS = {".parquet": "parquet", ".csv": "csv"}
 # what each task can write, its default first: class and probabilities, the regression value,
 # or the hidden representation the last layer reads
+# (link prediction: the node embeddings the decoder scores, or with pairs= the given pairs'
+# scores)
 OUTPUTS = {
     "node_classification": ("probabilities", "embeddings"),
     "node_regression": ("values", "embeddings"),
+    "link_prediction": ("embeddings", "scores"),
 }
+PAIR_COLUMNS = ("src", "dst")  # the columns of a pairs= table, raw ids
+MAX_PAIRS = 1 << 25  # pairs one command scores (their ids: 512 MiB of int64)
 ALL_OUTPUTS = tuple(dict.fromkeys(kind for kinds in OUTPUTS.values() for kind in kinds))
 # where train.py's Hydra records the run's command-line overrides
 RECORD = Path(".hydra") / "overrides.yaml"
@@ -65,6 +71,9 @@ class PredictJob:
     checkpoint: str = "best"
     output: str | None = None
     epochs_done: int | None = None  # the checkpoint's, for the manifest
+    pairs: Path | None = None  # link prediction: a table of raw-id pairs to score
+    # the pairs as contiguous node ids [P, 2], once read and checked (read_pairs)
+    pair_ids: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.checkpoint not in CHECKPOINTS:
@@ -78,6 +87,14 @@ class PredictJob:
                 f"out={self.out}: the file's extension must be one of {list(FORMATS)} (the "
                 "format it is written in)"
             )
+        if self.pairs is not None:
+            if self.pairs.suffix not in FORMATS:
+                raise ConfigError(
+                    f"pairs={self.pairs}: the file's extension must be one of {list(FORMATS)} "
+                    "(the format it is read in)"
+                )
+            if not self.pairs.is_file():
+                raise ConfigError(f"pairs={self.pairs}: no such file")
         if not self.run_dir.is_dir():
             raise ConfigError(
                 f"run={self.run_dir} is not a folder; give the run folder train.py printed "
@@ -129,7 +146,7 @@ def parse_args(args: list[str]) -> tuple[PredictJob, list[str]]:
     overrides = []
     for arg in args:
         key, _, value = arg.partition("=")
-        if key in ("run", "out", "output", "checkpoint"):
+        if key in ("run", "out", "output", "checkpoint", "pairs"):
             if key in own:
                 raise ConfigError(f"{key}= is given twice")
             own[key] = value
@@ -149,6 +166,7 @@ def parse_args(args: list[str]) -> tuple[PredictJob, list[str]]:
         Path(own["out"]).expanduser().absolute(),
         own.get("checkpoint", "best"),
         own.get("output"),
+        pairs=Path(own["pairs"]).expanduser().absolute() if own.get("pairs") else None,
     )
     return job, overrides
 
@@ -206,9 +224,15 @@ def check_checkpoint(run: RunConfig, job: PredictJob) -> PredictJob:
     kinds = OUTPUTS.get(run.task.name)
     if kinds is None:
         raise ConfigError(f"task={run.task.name} has no predictions yet; tasks: {list(OUTPUTS)}")
-    output = job.output or kinds[0]
+    output = job.output or ("scores" if job.pairs is not None else kinds[0])
     if output not in kinds:
         raise ConfigError(f"output={output} is not one of task={run.task.name}'s: {list(kinds)}")
+    if (output == "scores") != (job.pairs is not None):
+        raise ConfigError(
+            "output=scores scores the pairs of pairs=<file.parquet|file.csv> (columns src, dst)"
+            if job.pairs is None
+            else f"pairs= is scored as output=scores, not output={output}"
+        )
     if not SYSTEMS[run.strategy.name].supports_predict:
         predicting = [name for name, spec in SYSTEMS.items() if spec.supports_predict]
         raise ConfigError(f"strategy={run.strategy.name} cannot predict; strategies: {predicting}")
@@ -238,17 +262,20 @@ def predict(
     *,
     output: str | None = None,
     checkpoint: str = "best",
+    pairs: str | os.PathLike | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     log=print,
 ) -> list[Path]:
-    """The command: ``run_dir``'s predictions to ``out``; returns the files it writes (at world
-    size 1 ``[out]``, else the manifest, then the parts)."""
+    """The command: ``run_dir``'s predictions to ``out`` (with ``pairs``, a link-prediction
+    run's scores of those pairs); returns the files it writes (at world size 1 ``[out]``, else
+    the manifest, then the parts)."""
     job, rest = parse_args(
         [
             f"run={run_dir}",
             f"out={out}",
             f"checkpoint={checkpoint}",
             *([f"output={output}"] if output is not None else []),
+            *([f"pairs={pairs}"] if pairs is not None else []),
             *overrides,
         ]
     )
@@ -260,6 +287,8 @@ def run_job(job: PredictJob, overrides: list[str], log=print) -> list[Path]:
     run = compose_run(job, overrides)
     job = check_checkpoint(run, job)
     check_out_folder(job)
+    if job.pairs is not None:
+        job = replace(job, pair_ids=read_pairs(job.pairs, run))
 
     from .bounds import externally_launched
     from .comm.rendezvous import end_process_group
@@ -280,6 +309,9 @@ def run_job(job: PredictJob, overrides: list[str], log=print) -> list[Path]:
         use_rank_threads(run.trainer.devices)
     datamodule = build_datamodule(run)
     datamodule.prepare(world, node_ranks(world, run.trainer.devices))
+    if job.pair_ids is not None:
+        check_pair_range(job.pairs, job.pair_ids, datamodule.graph.num_nodes)
+        log(f"[predict] {job.pair_ids.shape[0]:,} pairs from {job.pairs}")
     if external:
         predict_rank(run, datamodule, job)
     elif world == 1:  # in this process: leave it as it was found (as train() does)
@@ -335,7 +367,11 @@ def predict_rank(run: RunConfig, datamodule: GNNDataModule, job: PredictJob) -> 
         deterministic=tr.deterministic,
         default_root_dir=str(job.run_dir),
     )
-    datamodule.predict_on(output="embeddings" if job.output == "embeddings" else "logits")
+    # a node task's embeddings: its last layer's input; link prediction's: the net's output,
+    # what the decoder scores
+    embeddings = job.output == "embeddings" and run.task.name != "link_prediction"
+    endpoints = None if job.pair_ids is None else torch.unique(job.pair_ids)
+    datamodule.predict_on(endpoints, output="embeddings" if embeddings else "logits")
     (share,) = trainer.predict(
         build_module(run, datamodule),
         datamodule=datamodule,
@@ -343,10 +379,14 @@ def predict_rank(run: RunConfig, datamodule: GNNDataModule, job: PredictJob) -> 
         weights_only=True,
     )
     ids, rows = share["node_ids"].cpu(), share[datamodule.predict_output].cpu()
-    order = ids.argsort()
-    table = prediction_table(ids[order], rows[order], job.output, *dataset_ids(run))
     comm = rank_context(trainer).comm
     rank, world = comm.rank, comm.world_size
+    raw_ids, classes = dataset_ids(run)
+    if job.pair_ids is None:
+        order = ids.argsort()
+        table = prediction_table(ids[order], rows[order], job.output, raw_ids, classes)
+    else:
+        table = pair_table(job.pair_ids, ids, rows, datamodule.task.decoder, comm, raw_ids)
     if world == 1:
         write_table(job.out, table, job.fmt)
         for path in job.earlier_outputs():
@@ -394,6 +434,7 @@ def write_manifest(run: RunConfig, job: PredictJob, columns: list[str], every) -
             "strategy": run.strategy.name,
             "task": run.task.name,
             "output": job.output,
+            **({"pairs": str(job.pairs)} if job.pairs is not None else {}),
             "world_size": world,
             "columns": columns,
             "rows": total,
@@ -460,6 +501,95 @@ def prediction_table(
         columns.update({f"emb_{j}": values[:, j] for j in range(width)})
     else:
         raise ValueError(f"output={output!r} is unknown; valid: {list(ALL_OUTPUTS)}")
+    return pa.table(columns)
+
+
+def read_pairs(path: Path, run: RunConfig) -> torch.Tensor:
+    """The pairs of the table at ``path`` (columns ``src`` and ``dst``, raw ids in the
+    dataset's ``id_type``; a dataset without raw ids: node ids) as contiguous node ids
+    ``[P, 2]``. A missing column, an id that does not parse or names no node, an empty table
+    or more than :data:`MAX_PAIRS` rows is refused with the file, row and column named (a node
+    id past the graph's nodes: :func:`check_pair_range`, once the graph is loaded)."""
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    from .construct import IdMap, Source, column, parse_ids, read_table
+
+    where = Source(path, FORMATS[path.suffix])
+    table = read_table(where, list(PAIR_COLUMNS))
+    if table.num_rows > MAX_PAIRS:
+        raise ConfigError(f"pairs={path}: {table.num_rows:,} pairs, more than {MAX_PAIRS:,}")
+    raw_ids, _ = dataset_ids(run)
+    id_type = "int" if raw_ids is None or pa.types.is_integer(raw_ids.type) else "str"
+    find = IdMap(raw_ids) if raw_ids is not None else None
+    ends = []
+    for name in PAIR_COLUMNS:
+        values = parse_ids(column(table, name, where), id_type, where, name)
+        nodes = find(values) if find is not None else values.to_numpy().astype(np.int64)
+        known = "no node of the dataset" if find is not None else "negative: not a node id"
+        _refuse_unknown(where, name, nodes < 0, values, known)
+        ends.append(torch.from_numpy(nodes))
+    return torch.stack(ends, 1)
+
+
+def check_pair_range(path: Path, pairs: torch.Tensor, num_nodes: int) -> None:
+    """Refuse a node id of ``pairs [P, 2]`` (read from ``path``) outside ``[0, num_nodes)``."""
+    from .construct import Source
+
+    where = Source(path, FORMATS[path.suffix])
+    for j, name in enumerate(PAIR_COLUMNS):
+        nodes = pairs[:, j].numpy()
+        beyond = f"not a node id: the graph has {num_nodes:,} nodes (ids 0 .. {num_nodes - 1})"
+        _refuse_unknown(where, name, nodes >= num_nodes, nodes, beyond)
+
+
+def _refuse_unknown(where, name: str, unknown, values, why: str) -> None:
+    """A ``ConstructError`` at the first row ``unknown`` marks in column ``name``: its value
+    (of ``values``) is ``why``."""
+    import numpy as np
+
+    from .construct import error_at
+
+    if unknown.any():
+        row = int(np.flatnonzero(unknown)[0])
+        value = values[row].as_py() if hasattr(values[row], "as_py") else int(values[row])
+        raise error_at(where, row + 1, name, f"{value!r} is {why}")
+
+
+def pair_table(
+    pairs: torch.Tensor,
+    ids: torch.Tensor,
+    rows: torch.Tensor,
+    decoder,
+    comm,
+    raw_ids: pa.Array | None = None,
+) -> pa.Table:
+    """This rank's block (:func:`~.models.inference.node_range` of the pair order) of
+    ``pairs [P, 2]`` (node ids) scored by ``decoder`` from the embeddings ``rows [n, d]`` of
+    this rank's endpoints ``ids [n]``: ``src``, ``dst`` (raw ids, else node ids), ``score``
+    (the decoder's logit) and ``probability`` (its sigmoid). The endpoints' rows are
+    all-gathered through ``comm`` (``activation``): every rank's, of the pairs' endpoints only."""
+    import pyarrow as pa
+    import torch
+
+    from .models.inference import node_range
+
+    every_id, _ = comm.all_gather_varlen(ids, category="control")
+    every_row, _ = comm.all_gather_varlen(rows, category="activation")
+    order = every_id.argsort()
+    every_id, every_row = every_id[order], every_row[order]
+    start, stop = node_range(pairs.shape[0], comm.rank, comm.world_size)
+    mine = pairs[start:stop]
+    position = torch.searchsorted(every_id, mine)
+    with torch.no_grad():
+        scores = decoder(every_row[position[:, 0]], every_row[position[:, 1]]).double()
+    columns = {}
+    for j, name in enumerate(PAIR_COLUMNS):
+        index = pa.array(mine[:, j].numpy())
+        columns[name] = index if raw_ids is None else raw_ids.take(index)
+    columns["score"] = scores.numpy()
+    columns["probability"] = torch.sigmoid(scores).numpy()
     return pa.table(columns)
 
 

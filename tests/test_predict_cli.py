@@ -25,6 +25,7 @@ import yaml
 from lightning_gnnscale import predict as predict_command
 from lightning_gnnscale.checkpoints import read_checkpoint
 from lightning_gnnscale.construct import construct
+from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import file_digest
 from lightning_gnnscale.predict import predict
 from tests.helpers.config import REPO, make_cfg
@@ -106,13 +107,15 @@ def runs(tmp_path_factory):
     return {"tmp": tmp, "data": data, "raw": raw, **folders}
 
 
-def oracle(tmp: Path, data: Path, checkpoint: Path, output: str) -> torch.Tensor:
+def oracle(tmp: Path, data: Path, checkpoint: Path, output: str, *extra: str) -> torch.Tensor:
     """``trainer.predict``'s ``output`` rows ``[N, d]`` (node order) of the checkpoint's
-    weights, in this process under ``single``: the rows the command's must equal."""
+    weights, in this process under ``single`` (with the overrides ``extra``): the rows the
+    command's must equal."""
     from lightning_gnnscale.preflight import validate
     from lightning_gnnscale.run import build_datamodule, build_module, build_strategy
 
-    run = validate(make_cfg(tmp, *TRAIN, f"dataset.root={data}", "strategy=single", tiny=False))
+    cfg = make_cfg(tmp, *TRAIN, f"dataset.root={data}", "strategy=single", *extra, tiny=False)
+    run = validate(cfg)
     datamodule = build_datamodule(run)
     module = build_module(run, datamodule)
     module.load_state_dict(read_checkpoint(checkpoint)["state_dict"])
@@ -228,6 +231,123 @@ def test_a_failed_write_leaves_nothing_behind(runs, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.fixture(scope="module")
+def link_runs(runs):
+    """Link prediction on the same karate club: a ``single`` and a 2-rank ``ddp`` run of
+    ``train.py``, and a pairs table of raw ids (members' pairs, edges and not, in a shuffled
+    order with a repeat)."""
+    tmp = runs["tmp"]
+    folders = {}
+    for name, extra in (("single", ()), ("ddp", ("trainer.devices=2",))):
+        folders[name] = tmp / f"link-{name}"
+        done = run_script(
+            "train.py",
+            *TRAIN,
+            "task=link_prediction",
+            f"dataset.root={runs['data']}",
+            f"strategy={name}",
+            *extra,
+            f"hydra.run.dir={folders[name]}",
+            cwd=REPO,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    rng = np.random.default_rng(3)
+    members = rng.integers(0, 34, size=(40, 2))
+    members[7] = members[3]  # a pair asked for twice
+    pairs = {"src": [f"m-{s}" for s, _ in members], "dst": [f"m-{d}" for _, d in members]}
+    pa_csv.write_csv(pa.table(pairs), tmp / "pairs.csv")
+    pq.write_table(pa.table(pairs), tmp / "pairs.parquet")
+    return {**folders, "pairs": pairs, "csv": tmp / "pairs.csv", "parquet": tmp / "pairs.parquet"}
+
+
+def check_scores(table: pa.Table, pairs: dict, raw: list[str], embeddings: torch.Tensor) -> None:
+    """Row by row: the pairs in the file's order, each scored as the dot product of its raw
+    ids' embedding rows, and its sigmoid."""
+    assert table.column_names == ["src", "dst", "score", "probability"]
+    assert table.column("src").to_pylist() == pairs["src"]
+    assert table.column("dst").to_pylist() == pairs["dst"]
+    node = {r: i for i, r in enumerate(raw)}
+    emb = embeddings.double().numpy()
+    src = emb[[node[r] for r in pairs["src"]]]
+    dst = emb[[node[r] for r in pairs["dst"]]]
+    expected = (src * dst).sum(1)
+    np.testing.assert_allclose(table.column("score").to_numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        table.column("probability").to_numpy(), 1 / (1 + np.exp(-expected)), rtol=1e-5
+    )
+
+
+def test_link_prediction_scores_raw_id_pairs_and_writes_embeddings(runs, link_runs, tmp_path):
+    link = ("task=link_prediction",)
+    best = link_runs["single"] / "checkpoints" / "best.ckpt"
+    embeddings = oracle(tmp_path, runs["data"], best, "logits", *link)
+    out = tmp_path / "scores.csv"
+    assert predict(link_runs["single"], out, pairs=link_runs["csv"], log=lambda *_: None) == [out]
+    table = pa_csv.read_csv(
+        out,
+        convert_options=pa_csv.ConvertOptions(
+            column_types=dict.fromkeys(("src", "dst"), pa.string())
+        ),
+    )
+    check_scores(table, link_runs["pairs"], runs["raw"], embeddings)
+    emb = tmp_path / "emb.parquet"
+    predict(link_runs["single"], emb, log=lambda *_: None)  # the default: embeddings
+    table = read(emb)
+    assert table.column_names == ["id", *(f"emb_{j}" for j in range(embeddings.shape[1]))]
+    check_rows(table, runs["raw"], embeddings, "embeddings")
+
+    out = tmp_path / "ranks" / "scores.parquet"
+    written = predict(link_runs["ddp"], out, pairs=link_runs["parquet"], log=lambda *_: None)
+    manifest = json.loads(written[0].read_text())
+    assert manifest["output"] == "scores" and manifest["rows"] == 40
+    parts = [pq.read_table(part) for part in written[1:]]
+    assert [p["rows"] for p in manifest["parts"]] == [20, 20]  # each rank its block of pairs
+    last = link_runs["ddp"] / "checkpoints" / "best.ckpt"
+    embeddings = oracle(tmp_path, runs["data"], last, "logits", *link, "strategy=ddp")
+    check_scores(pa.concat_tables(parts), link_runs["pairs"], runs["raw"], embeddings)
+
+
+def test_bad_pairs_are_refused_before_any_rank_starts(runs, link_runs, tmp_path, capsys):
+    out = tmp_path / "scores.csv"
+    unknown = tmp_path / "unknown.csv"
+    unknown.write_text("src,dst\nm-1,m-2\nm-3,m-99\n")
+    misspelt = tmp_path / "misspelt.csv"
+    misspelt.write_text("source,dst\nm-1,m-2\n")
+    single = link_runs["single"]
+    cases = {
+        "an unknown id": (
+            [f"run={single}", f"out={out}", f"pairs={unknown}"],
+            f"{unknown}, row 2 (line 3), column 'dst': 'm-99' is no node of the dataset",
+        ),
+        "a misspelt column": (
+            [f"run={single}", f"out={out}", f"pairs={misspelt}"],
+            "no column 'src' (did you mean 'source'?); its columns: ['source', 'dst']",
+        ),
+        "no such file": (
+            [f"run={single}", f"out={out}", f"pairs={tmp_path / 'none.csv'}"],
+            "none.csv: no such file",
+        ),
+        "scores without pairs": (
+            [f"run={single}", f"out={out}", "output=scores"],
+            "output=scores scores the pairs of pairs=<file.parquet|file.csv>",
+        ),
+        "pairs of a node task": (
+            [f"run={runs['single']}", f"out={out}", f"pairs={link_runs['csv']}"],
+            "output=scores is not one of task=node_classification's",
+        ),
+    }
+    for name, (args, message) in cases.items():
+        code, err = _main(args, capsys)
+        assert code == 1 and message in err, (name, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["misspelt.csv", "unknown.csv"]
+    # a dataset without raw ids: node ids, checked against the graph once it is loaded
+    node_ids = torch.tensor([[0, 1], [4, 5]])
+    predict_command.check_pair_range(unknown, node_ids, 6)
+    with pytest.raises(ConfigError, match=r"row 2 \(line 3\), column 'dst': 5 is not a node id: "):
+        predict_command.check_pair_range(unknown, node_ids, 5)
+
+
 def _main(args: list[str], capsys) -> tuple[int, str]:
     with (
         mock.patch("lightning_gnnscale.launch.launch_local", side_effect=AssertionError),
@@ -264,7 +384,7 @@ def test_bad_input_is_refused_before_any_rank_starts(runs, tmp_path, capsys):
         ),
         "unknown output": (
             [f"run={ranks}", f"out={out}", "output=logits"],
-            "output='logits' is unknown; valid: ['probabilities', 'embeddings', 'values']",
+            "output='logits' is unknown; valid: ['probabilities', 'embeddings', 'values', 'scores']",
         ),
         "another task's output": (
             [f"run={ranks}", f"out={out}", "output=values"],
