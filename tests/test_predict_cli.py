@@ -303,8 +303,8 @@ def test_link_prediction_scores_raw_id_pairs_and_writes_embeddings(runs, link_ru
     assert manifest["output"] == "scores" and manifest["rows"] == 40
     parts = [pq.read_table(part) for part in written[1:]]
     assert [p["rows"] for p in manifest["parts"]] == [20, 20]  # each rank its block of pairs
-    last = link_runs["ddp"] / "checkpoints" / "best.ckpt"
-    embeddings = oracle(tmp_path, runs["data"], last, "logits", *link, "strategy=ddp")
+    best = link_runs["ddp"] / "checkpoints" / "best.ckpt"
+    embeddings = oracle(tmp_path, runs["data"], best, "logits", *link)  # its weights, in single
     check_scores(pa.concat_tables(parts), link_runs["pairs"], runs["raw"], embeddings)
 
 
