@@ -50,6 +50,7 @@ OUTPUTS = {
 }
 PAIR_COLUMNS = ("src", "dst")  # the columns of a pairs= table, raw ids
 MAX_PAIRS = 1 << 25  # pairs one command scores (their ids: 512 MiB of int64)
+SCORED_ELEMENTS = 1 << 24  # embedding elements gathered at once per endpoint while scoring
 ALL_OUTPUTS = tuple(dict.fromkeys(kind for kinds in OUTPUTS.values() for kind in kinds))
 # where train.py's Hydra records the run's command-line overrides
 RECORD = Path(".hydra") / "overrides.yaml"
@@ -166,7 +167,7 @@ def parse_args(args: list[str]) -> tuple[PredictJob, list[str]]:
         Path(own["out"]).expanduser().absolute(),
         own.get("checkpoint", "best"),
         own.get("output"),
-        pairs=Path(own["pairs"]).expanduser().absolute() if own.get("pairs") else None,
+        pairs=Path(own["pairs"]).expanduser().absolute() if "pairs" in own else None,
     )
     return job, overrides
 
@@ -582,8 +583,12 @@ def pair_table(
     start, stop = node_range(pairs.shape[0], comm.rank, comm.world_size)
     mine = pairs[start:stop]
     position = torch.searchsorted(every_id, mine)
+    chunk = max(1, SCORED_ELEMENTS // max(1, every_row.shape[1]))  # pairs scored at once
+    scores = torch.empty(mine.shape[0], dtype=torch.float64)
     with torch.no_grad():
-        scores = decoder(every_row[position[:, 0]], every_row[position[:, 1]]).double()
+        for first in range(0, mine.shape[0], chunk):
+            at = position[first : first + chunk]
+            scores[first : first + chunk] = decoder(every_row[at[:, 0]], every_row[at[:, 1]])
     columns = {}
     for j, name in enumerate(PAIR_COLUMNS):
         index = pa.array(mine[:, j].numpy())

@@ -328,6 +328,10 @@ def test_bad_pairs_are_refused_before_any_rank_starts(runs, link_runs, tmp_path,
             [f"run={single}", f"out={out}", f"pairs={tmp_path / 'none.csv'}"],
             "none.csv: no such file",
         ),
+        "an empty pairs=": (
+            [f"run={single}", f"out={out}", "pairs="],
+            "the file's extension must be one of ['.parquet', '.csv'] (the format it is read in)",
+        ),
         "scores without pairs": (
             [f"run={single}", f"out={out}", "output=scores"],
             "output=scores scores the pairs of pairs=<file.parquet|file.csv>",
