@@ -1,0 +1,94 @@
+"""``kit.link_partitioned``: link statistics from ranks that hold only their own nodes'
+embeddings sum to the one-process statistics (docs/tasks.md, "Evaluation on partitioned
+ranks")."""
+
+from __future__ import annotations
+
+import torch
+
+from lightning_gnnscale.comm import Comm, CommMeter
+from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.kit.link_partitioned import owned_link_statistics
+from lightning_gnnscale.tasks import TaskConfig, build_task
+from tests.helpers.dist import run_distributed
+
+SPLITS = ("val", "test")
+WIDTH = 6
+
+
+def _problem():
+    dataset = sbm(num_nodes=240, num_classes=3, avg_degree=8.0, num_features=4, seed=3)
+    task = build_task(TaskConfig("link_prediction", eval_negatives=20))
+    targets = task.prepare(dataset, 11)
+    generator = torch.Generator().manual_seed(0)
+    tables = {
+        stage: torch.randint(-2, 3, (dataset.graph.num_nodes, WIDTH), generator=generator).double()
+        for stage in ("train", "test")
+    }  # small integers: many tied scores
+    return task, targets, tables
+
+
+def _owner(ids: torch.Tensor, world_size: int) -> torch.Tensor:
+    return (ids * 7 + 3) % world_size  # scattered ownership, not ranges
+
+
+def _rank_statistics(rank: int, world_size: int, chunk_elements: int | None) -> dict:
+    import lightning_gnnscale.kit.link_partitioned as partitioned
+
+    if chunk_elements is not None:
+        partitioned.SCORED_ELEMENTS = chunk_elements
+    task, targets, tables = _problem()
+    comm = Comm.create(CommMeter(), timeout_s=30) if world_size > 1 else Comm.local()
+    n = targets.num_nodes
+    own = (_owner(torch.arange(n), world_size) == rank).nonzero().flatten().flip(0)
+    pairs = {}
+    for split in SPLITS:
+        pos = targets.split.positives(split)
+        mine = (_owner(pos[1], world_size) == rank).nonzero().flatten()  # by destination
+        pairs[split] = pos[:, mine], mine
+    stats = owned_link_statistics(
+        task,
+        lambda stage: tables[stage][own],
+        own,
+        lambda ids: _owner(ids, world_size),
+        pairs,
+        n,
+        targets.seed,
+        SPLITS,
+        comm,
+    )
+    return {"stats": stats, "meter": comm.meter.snapshot() if world_size > 1 else None}
+
+
+def _one_process() -> torch.Tensor:
+    task, targets, tables = _problem()
+    seen = {}
+
+    def embed(structure):
+        stage = (
+            "train" if structure[1].numel() < targets.split.structure("test")[1].numel() else "test"
+        )
+        seen[stage] = True
+        return tables[stage]
+
+    stats = task.link_statistics(embed, targets, SPLITS, 0, 1)
+    assert set(seen) == {"train", "test"}
+    return stats
+
+
+def test_owned_statistics_on_one_process_equal_link_statistics():
+    expected = _one_process()
+    torch.testing.assert_close(_rank_statistics(0, 1, None)["stats"], expected, rtol=1e-12, atol=0)
+    chunked = _rank_statistics(0, 1, 22 * WIDTH * 3)["stats"]  # 3 edges per round
+    torch.testing.assert_close(chunked, expected, rtol=1e-12, atol=0)
+
+
+def test_owned_statistics_of_three_ranks_sum_to_one_process():
+    """Three ranks, uneven shares and round counts (small chunks): the sums are the
+    one-process statistics, and the rows an edge needs came as counted ``activation``
+    bytes."""
+    expected = _one_process()
+    results = run_distributed(_rank_statistics, 3, 22 * WIDTH * 5, timeout_s=90)
+    torch.testing.assert_close(sum(r["stats"] for r in results), expected, rtol=1e-12, atol=0)
+    for result in results:
+        assert result["meter"]["bytes"]["activation"] > 0
