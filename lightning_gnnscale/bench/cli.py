@@ -9,6 +9,7 @@ from pathlib import Path
 from hydra.errors import HydraException
 
 from ..systems.registry import SYSTEMS as STRATEGIES
+from ..tasks import TASKS
 from .bytegnn_partition import run_bytegnn_partition_bench
 from .cluster import add_cluster_parser, run_cluster_command
 from .compare import compose_configs, run_compare
@@ -247,6 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="steps of the hand-written loop profiled per dropout (0: no profile)",
     )
     e2e.add_argument("--seed", type=int, default=0)
+    e2e.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default=e2e_defaults.task,
+        help="what every runner trains (default: node_classification; link_prediction: DGL's "
+        "loop is as_edge_prediction_sampler with a uniform negative sampler)",
+    )
     e2e.add_argument(
         "--accelerator",
         choices=["cpu", "gpu"],
@@ -543,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_steps=max(0, args.profile_steps),
             seed=args.seed,
             accelerator=args.accelerator,
+            task=args.task,
         )
         for dropout in dropouts:  # every config is checked before any training
             for strategy in (*settings.strategies, "single"):
