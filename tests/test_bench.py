@@ -320,3 +320,17 @@ def test_bench_cluster_reports_steady_and_whole_run_speedups(tmp_path, monkeypat
     calls.clear()
     bench_cluster.run_cluster_bench(settings, tmp_path, ["cluster"])
     assert calls == ["strategy=distdgl"]
+
+
+def test_cluster_task_is_checked_and_reaches_every_run(tmp_path, capsys):
+    """`bench cluster --task`: an unknown task is refused with the valid ones before any
+    host starts, and the task is an override of every run."""
+    import lightning_gnnscale.bench.cluster as bench_cluster
+
+    with pytest.raises(SystemExit):
+        main(["cluster", "--task", "edge_regression", "--out", str(tmp_path)])
+    assert "--task 'edge_regression': unknown; valid: ['link_prediction'" in capsys.readouterr().err
+    settings = bench_cluster.ClusterBenchConfig(task="link_prediction")
+    for variant in ("distdgl", "ddp"):
+        overrides = bench_cluster.variant_overrides(settings, variant, None, tmp_path)
+        assert "task=link_prediction" in overrides
