@@ -64,6 +64,51 @@ def test_a_multi_rank_run_is_one_wandb_run_with_every_epoch_and_an_exit_record(d
     assert records[kinds.index("exit")].exit.exit_code == 0
 
 
+def _history(log) -> list[dict]:
+    """The history records of a W&B log, each as ``{key: JSON value}``."""
+    rows = []
+    for record in read_records(log):
+        if record.WhichOneof("record_type") == "history":
+            rows.append(
+                {"/".join(i.nested_key) or i.key: i.value_json for i in record.history.item}
+            )
+    return rows
+
+
+def test_a_two_rank_link_prediction_run_logs_its_metrics_to_wandb(tmp_path):
+    """``task=link_prediction`` on 2 ranks with ``logger=wandb``: one W&B run whose history
+    holds every epoch's validation AUC, MRR and Hits@K (summed over both ranks' edges) and
+    whose summary carries the test metrics."""
+    out = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "GNNSCALE_WARM": "0"}
+    env |= {f"WANDB_{d}_DIR": str(tmp_path / "wandb_home" / d) for d in ("CACHE", "CONFIG", "DATA")}
+    proc = run_script(
+        "train.py",
+        "logger=wandb",
+        "task=link_prediction",
+        "trainer.max_epochs=2",
+        "dataset.num_nodes=300",
+        "dataset.num_features=8",
+        "data.batch_size=64",
+        "launcher.timeout_s=240",
+        f"paths.cache_dir={tmp_path / 'cache'}",
+        f"hydra.run.dir={out}",
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = sorted((out / "wandb").glob("offline-run-*"))
+    (log,) = run.glob("run-*.wandb")
+    history = _history(log)
+    names = ("val/auc", "val/mrr", "val/hits@1", "val/hits@3", "val/hits@10")
+    epochs = {int(row["epoch"]) for row in history if all(n in row for n in names)}
+    assert epochs == {0, 1}
+    summaries = [r for r in read_records(log) if r.WhichOneof("record_type") == "summary"]
+    keys = {"/".join(i.nested_key) or i.key for r in summaries for i in r.summary.update}
+    assert {"test/auc", "test/mrr"} <= keys
+
+
 def test_train_log_holds_the_epoch_lines_and_lightnings_lines_of_every_rank(ddp_wandb_run):
     out, _ = ddp_wandb_run
     log = (out / "train.log").read_text()
