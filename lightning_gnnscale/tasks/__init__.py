@@ -72,6 +72,9 @@ class TaskConfig:
         eval_negatives: the fixed negatives each evaluation edge is ranked against (MRR,
             Hits@K; K = 1, 3, 10 must stay below it).
         embedding_dim: the width of the node embeddings the decoder scores.
+        exclude_target_edges: GraphStorm's exclusion: a training step's blocks also leave out
+            the step's own positive pairs, both directions (on top of the training structure,
+            which already holds no validation or test edge).
     """
 
     name: str = DEFAULT_TASK
@@ -83,6 +86,7 @@ class TaskConfig:
     filter_negatives: bool = False
     eval_negatives: int = 100
     embedding_dim: int = 64
+    exclude_target_edges: bool = False
 
     def __post_init__(self) -> None:
         check_field_types(self, "task.")

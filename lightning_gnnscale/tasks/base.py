@@ -88,6 +88,11 @@ class NodeTask:
         rows of ``targets.target``)."""
         return seeds, targets.target.index_select(0, seeds)
 
+    def excluded_edges(self, targets, global_seeds: Tensor) -> Tensor | None:
+        """Sorted int64 keys ``dst * N + src`` of the edges a step of ``global_seeds`` (all
+        ranks' seeds) leaves out of its blocks, or ``None`` (node tasks: none)."""
+        return None
+
     def check_step(self, batch_size: int) -> None:
         """Refuse a step of ``batch_size`` global seeds this task cannot hold (node tasks:
         any the data settings allow)."""

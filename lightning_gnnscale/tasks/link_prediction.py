@@ -121,6 +121,16 @@ class LinkPrediction(NodeTask):
         """The CSC training blocks are sampled on: the training edges only."""
         return targets.split.structure("train")
 
+    def excluded_edges(self, targets: LinkTargets, global_seeds: Tensor) -> Tensor | None:
+        """With ``exclude_target_edges``: the keys of the step's positive pairs in both
+        directions (every rank leaves out the whole step's, so a step split over ranks samples
+        what one process does); else ``None``."""
+        if not self.config.exclude_target_edges:
+            return None
+        src, dst = targets.split.train_pos[:, global_seeds]
+        n = targets.num_nodes
+        return torch.unique(torch.cat([dst * n + src, src * n + dst]))
+
     def pairs_per_positive(self) -> int:
         """Loss terms per positive: itself and its negatives."""
         return 1 + self.config.num_negatives
