@@ -374,6 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     memory.add_argument("--seed", type=int, default=0)
     memory.add_argument(
+        "--no-evaluation",
+        action="store_true",
+        help="training steps only (default: each job validates and tests after them, so the "
+        "peaks include evaluation)",
+    )
+    memory.add_argument(
         "--override",
         action="append",
         default=[],
@@ -444,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=args.timeout,
             seed=args.seed,
             overrides=tuple(args.override),
+            evaluation=not args.no_evaluation,
         )
         jobs = _composed(parser, plan_jobs, settings, args.out.resolve())  # bad override: usage
         run_memory(settings, args.out, argv, jobs, fresh=args.fresh)
