@@ -305,6 +305,8 @@ class SystemConfig:
     TASKS: ClassVar[tuple[str, ...]] = NODE_TASKS
     # its training blocks can leave out a step's own target pairs (task.exclude_target_edges)
     EXCLUDES_TARGET_EDGES: ClassVar[bool] = False
+    # it trains and syncs a task's own parameters with the net (task.decoder=mlp)
+    TRAINS_TASK_HEAD: ClassVar[bool] = False
     # the rank's threads build blocks the trainer frees: one malloc arena (cpu_memory.py)
     shares_malloc_arenas: ClassVar[bool] = False
 
@@ -361,13 +363,8 @@ class SystemConfig:
         settings = task if isinstance(task, TaskConfig) else None
         task = task.name if isinstance(task, TaskConfig) else task
         if task in self.TASKS:
-            if settings is not None and settings.exclude_target_edges:
-                able = sorted(n for n, c in registered_systems().items() if c.EXCLUDES_TARGET_EDGES)
-                require(
-                    self.EXCLUDES_TARGET_EDGES,
-                    f"task.exclude_target_edges=true: strategy={self.name} does not leave a "
-                    f"step's target pairs out of its blocks; strategies that do: {able}",
-                )
+            if settings is not None:
+                self._check_task_settings(settings)
             return
         able = sorted(n for n, c in registered_systems().items() if task in c.TASKS)
         package = type(self).__module__.rpartition(".")[0]
@@ -380,6 +377,29 @@ class SystemConfig:
             f"task={task} is not supported by strategy={self.name} (it trains "
             f"{list(self.TASKS)}; {page} says why); strategies that train it: {able}"
         )
+
+    def _check_task_settings(self, task: TaskConfig) -> None:
+        """Refuse the task settings this system cannot honour, naming the systems that can."""
+        needs = (
+            (
+                task.exclude_target_edges,
+                "EXCLUDES_TARGET_EDGES",
+                "task.exclude_target_edges=true",
+                "leave a step's target pairs out of its blocks",
+            ),
+            (
+                task.decoder == "mlp",
+                "TRAINS_TASK_HEAD",
+                "task.decoder=mlp",
+                "train and sync a task's own parameters with the net",
+            ),
+        )
+        for asked, flag, setting, what in needs:
+            if asked and not getattr(self, flag):
+                able = sorted(n for n, c in registered_systems().items() if getattr(c, flag))
+                raise ConfigError(
+                    f"{setting}: strategy={self.name} does not {what}; strategies that do: {able}"
+                )
 
     def check_run(self, run: RunFacts) -> None:
         """Rules between this system and the rest of the run (model, data, world size...)."""

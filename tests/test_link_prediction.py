@@ -365,6 +365,12 @@ def test_graphstorm_exclusion_is_refused_where_a_system_cannot_honour_it(tmp_pat
     excluding = TaskConfig("link_prediction", exclude_target_edges=True)
     with pytest.raises(ConfigError, match=refusal):
         SingleWithoutExclusion().check_task(excluding)
+
+    class SingleWithoutHead(type(SYSTEMS["single"].config_type())):
+        TRAINS_TASK_HEAD = False
+
+    with pytest.raises(ConfigError, match=r"task.decoder=mlp: strategy=single does not train"):
+        SingleWithoutHead().check_task(TaskConfig("link_prediction", decoder="mlp"))
     SingleWithoutExclusion().check_task(TaskConfig("link_prediction"))
     settings = ["task=link_prediction", "task.exclude_target_edges=true"]
     for name in LINK_SYSTEMS:  # through train.py's config, before any rank starts
@@ -373,3 +379,29 @@ def test_graphstorm_exclusion_is_refused_where_a_system_cannot_honour_it(tmp_pat
                 run_config(make_cfg(tmp_path, f"strategy={name}", *settings))
     with pytest.raises(ConfigError, match="task.exclude_target_edges: link_prediction settings"):
         TaskConfig("node_classification", exclude_target_edges=True)
+
+
+def test_the_mlp_decoder_trains_with_the_net_and_ddp_equals_single(tmp_path):
+    """``task.decoder=mlp``: the decoder's weights are the module's (in the checkpoint, moved
+    by the optimiser), and 2 ``ddp`` ranks (unsalted keys, float64) end with ``single``'s net
+    and decoder: its gradients are synced with the net's."""
+    from lightning_gnnscale.run import train
+    from tests.systems.conformance import weights
+
+    common = ["task=link_prediction", "task.decoder=mlp", "dtype=float64", "model.dropout=0.0"]
+    common += ["trainer.max_epochs=2"]
+    runs = {}
+    for name, extra in (("single", []), ("ddp", ["strategy.salt_by_rank=false"])):
+        metrics, objects = train(make_cfg(tmp_path / name, f"strategy={name}", *common, *extra))
+        runs[name] = weights(Path(objects["output_dir"]))
+        assert 0.0 < metrics["test_auc"] <= 1.0
+    single, ddp = runs["single"], runs["ddp"]
+    head = [key for key in single if key.startswith("head.")]
+    assert len(head) == 4  # two linear layers: weight and bias each
+    assert single.keys() == ddp.keys()
+    for key in single:
+        torch.testing.assert_close(ddp[key], single[key], rtol=0, atol=1e-9, msg=key)
+    fresh = build_task(TaskConfig("link_prediction", decoder="mlp"))
+    torch.manual_seed(0)
+    init = fresh.trained_head().double().state_dict()
+    assert not all(torch.equal(init[k[5:]], single[k]) for k in head)  # trained
