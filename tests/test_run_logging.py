@@ -22,8 +22,9 @@ EPOCHS = 3
 
 @pytest.fixture(scope="module")
 def ddp_wandb_run(tmp_path_factory):
-    """``python train.py logger=wandb`` with the default ``ddp`` (2 ranks), offline, all of
-    W&B's files under the test's folder; its output is not a terminal."""
+    """``python train.py logger=wandb task=link_prediction`` with the default ``ddp`` (2
+    ranks), offline, all of W&B's files under the test's folder; its output is not a
+    terminal. (A node task's W&B run: tests/test_train.py.)"""
     tmp = tmp_path_factory.mktemp("ddp_wandb")
     out = tmp / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "GNNSCALE_WARM": "0"}
@@ -31,6 +32,7 @@ def ddp_wandb_run(tmp_path_factory):
     proc = run_script(
         "train.py",
         "logger=wandb",
+        "task=link_prediction",
         f"trainer.max_epochs={EPOCHS}",
         "dataset.num_nodes=300",
         "dataset.num_features=8",
@@ -75,35 +77,15 @@ def _history(log) -> list[dict]:
     return rows
 
 
-def test_a_two_rank_link_prediction_run_logs_its_metrics_to_wandb(tmp_path):
-    """``task=link_prediction`` on 2 ranks with ``logger=wandb``: one W&B run whose history
-    holds every epoch's validation AUC, MRR and Hits@K (summed over both ranks' edges) and
-    whose summary carries the test metrics."""
-    out = tmp_path / "run"
-    env = {**os.environ, "WANDB_MODE": "offline", "GNNSCALE_WARM": "0"}
-    env |= {f"WANDB_{d}_DIR": str(tmp_path / "wandb_home" / d) for d in ("CACHE", "CONFIG", "DATA")}
-    proc = run_script(
-        "train.py",
-        "logger=wandb",
-        "task=link_prediction",
-        "trainer.max_epochs=2",
-        "dataset.num_nodes=300",
-        "dataset.num_features=8",
-        "data.batch_size=64",
-        "launcher.timeout_s=240",
-        f"paths.cache_dir={tmp_path / 'cache'}",
-        f"hydra.run.dir={out}",
-        cwd=REPO,
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_a_two_rank_link_prediction_run_logs_its_metrics_to_wandb(ddp_wandb_run):
+    """The run's history holds every epoch's validation AUC, MRR and Hits@K (summed over both
+    ranks' edges) and its summary the test metrics."""
+    out, _ = ddp_wandb_run
     (run,) = sorted((out / "wandb").glob("offline-run-*"))
     (log,) = run.glob("run-*.wandb")
-    history = _history(log)
     names = ("val/auc", "val/mrr", "val/hits@1", "val/hits@3", "val/hits@10")
-    epochs = {int(row["epoch"]) for row in history if all(n in row for n in names)}
-    assert epochs == {0, 1}
+    epochs = {int(row["epoch"]) for row in _history(log) if all(n in row for n in names)}
+    assert epochs == set(range(EPOCHS))
     summaries = [r for r in read_records(log) if r.WhichOneof("record_type") == "summary"]
     keys = {"/".join(i.nested_key) or i.key for r in summaries for i in r.summary.update}
     assert {"test/auc", "test/mrr"} <= keys
