@@ -42,7 +42,16 @@ from ...models.gnn import BlockGNN
 from ...store_secret import require_secret
 from .address import service_address
 from .config import SECRET_REASON, ByteGNNConfig
-from .link import EVAL_SPLITS, LinkDag, LinkPart, LinkSteps, node_view, prepare_link
+from .link import (
+    EVAL_SPLITS,
+    LinkDag,
+    LinkPart,
+    LinkSteps,
+    check_link_part,
+    node_view,
+    prepare_link,
+    write_link_parts,
+)
 from .store import GraphStore
 from .sworker import ByteGNNBatch, SWorker
 
@@ -110,8 +119,15 @@ class ByteGNNDataModule(GNNDataModule):
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Every rank's :meth:`part_of`, with :func:`~...graph.halo_part.write_halo_parts`."""
-        return write_halo_parts(self.prepare(world_size), self.part_of, writer, log)
+        """Every rank's :meth:`part_of`, with :func:`~...graph.halo_part.write_halo_parts`
+        (link prediction: :func:`~.link.write_link_parts`)."""
+        write = write_link_parts if self.link_prediction else write_halo_parts
+        return write(self.prepare(world_size), self.part_of, writer, log)
+
+    @override
+    def check_partition_part(self, opened, k: int) -> None:
+        if self.link_prediction:
+            check_link_part(opened, k)
 
     @override
     def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart | LinkPart:
@@ -194,9 +210,9 @@ class ByteGNNDataModule(GNNDataModule):
         )
         pairs = part.pair_ids.numel()
         split = SeedSplit.from_chunk(
-            torch.arange(pairs), part.trainer_sizes, rank, self.data.batch_size, self.seed
+            torch.arange(pairs), part.pair_sizes, rank, self.data.batch_size, self.seed
         )
-        steps = LinkSteps(split, part.pair_ids, int(part.trainer_sizes.sum()), self.seed)
+        steps = LinkSteps(split, part.pair_ids, int(part.pair_sizes.sum()), self.seed)
         targets = part.local_targets(self.seed, self.out_dim)
         return store, split, LinkDag(self.task, targets, steps)
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ...graph.book import LocalPartition, PartitionedGraph, partition_and_relabel
-from ...graph.halo_part import HaloPart
+from ...graph.halo_part import HaloPart, write_halo_parts
 from ...graph.node_targets import NodeTargets
 from ...graph.order import epoch_permutation
 from ...graph.seed_split import SeedSplit, even_offsets
@@ -114,7 +114,8 @@ class LinkPart:
             ``[2, m_s]`` and their indices in the split ``[m_s]``.
         id_gid, id_degree: this rank's shard of the id map (original ids
             ``[id_lo, id_lo + len)``): each id's gid and training in-degree.
-        trainer_sizes: int64 ``[P]``: every rank's training pair count.
+        pair_sizes: int64 ``[P]``: every rank's training pair count (the directory's
+            ``pair_sizes``; its ``trainer_sizes`` are the node part's, none).
     """
 
     halo: HaloPart
@@ -126,7 +127,7 @@ class LinkPart:
     eval_index: dict[str, Tensor]
     id_gid: Tensor
     id_degree: Tensor
-    trainer_sizes: Tensor
+    pair_sizes: Tensor
 
     # the node part's fields, as a HaloPart's
     local = property(lambda self: self.halo.local)
@@ -135,7 +136,7 @@ class LinkPart:
     local_degree = property(lambda self: self.halo.local_degree)
     orig_ids = property(lambda self: self.halo.orig_ids)
     agreed = property(lambda self: self.halo.agreed)
-    trainer_seeds = property(lambda self: self.pair_ids)
+    trainer_sizes = property(lambda self: self.halo.trainer_sizes)  # no node seeds
 
     @property
     def num_nodes(self) -> int:
@@ -170,7 +171,7 @@ class LinkPart:
             eval_index=eval_index,
             id_gid=id_gid,
             id_degree=prepared.stage_degree[0, id_gid].clone(),
-            trainer_sizes=torch.tensor([c.numel() for c in chunks], dtype=torch.int64),
+            pair_sizes=torch.tensor([c.numel() for c in chunks], dtype=torch.int64),
         )
 
     @classmethod
@@ -182,20 +183,20 @@ class LinkPart:
             halo=halo,
             edge_split=arrays["edge_split"],
             stage_degree=arrays["stage_degree"],
-            pair_ids=arrays["trainer_seeds"],
+            pair_ids=arrays["link_pair_ids"],
             train_pos=arrays["link_train_pos"],
             eval_pos={s: arrays[f"link_{s}_pos"] for s in EVAL_SPLITS},
             eval_index={s: arrays[f"link_{s}_index"] for s in EVAL_SPLITS},
             id_gid=arrays["id_gid"],
             id_degree=arrays["id_degree"],
-            trainer_sizes=halo.trainer_sizes,
+            pair_sizes=torch.tensor(opened.meta["pair_sizes"], dtype=torch.int64),
         )
 
     def arrays(self) -> dict[str, Tensor]:
         """The part's files (what :meth:`load` reads)."""
         arrays = {
             **self.halo.arrays(),
-            "trainer_seeds": self.pair_ids,
+            "link_pair_ids": self.pair_ids,
             "edge_split": self.edge_split,
             "stage_degree": self.stage_degree,
             "link_train_pos": self.train_pos,
@@ -208,8 +209,8 @@ class LinkPart:
         return arrays
 
     def sizes(self) -> dict[str, int]:
-        """The part's record in the directory's metadata (``trainer_seeds``: its pairs)."""
-        return {**self.halo.sizes(), "trainer_seeds": self.pair_ids.numel()}
+        """The part's record in the directory's metadata (``pairs``: its training pairs)."""
+        return {**self.halo.sizes(), "pairs": self.pair_ids.numel()}
 
     def stage_partition(self, stage: str) -> LocalPartition:
         """The local partition over ``stage``'s edges (``train``: training edges; ``test``:
@@ -235,6 +236,46 @@ class LinkPart:
             undirected=False,
         )
         return LinkTargets(split, self.num_nodes, out_dim, seed)
+
+
+def write_link_parts(prepared: LinkPrepared, part_of, writer, log) -> dict:
+    """:func:`~...graph.halo_part.write_halo_parts` of every :class:`LinkPart`, plus the
+    metadata's ``pair_sizes`` (every rank's training pair count)."""
+    meta = write_halo_parts(prepared, part_of, writer, log)
+    chunks = SeedSplit.chunks(prepared.pair_order, prepared.book.num_parts)
+    return {**meta, "pair_sizes": [c.numel() for c in chunks]}
+
+
+def check_link_part(opened, k: int) -> None:
+    """Part ``k``'s link-prediction files against the metadata: ``pair_sizes`` has one count
+    per part, part ``k``'s is its ``pairs``, and its pair, edge and id-map files have the
+    shapes its counts give."""
+    from ...graph.partition_dir import PartitionDirError, is_count, part_folder
+
+    meta, record = opened.meta, opened.meta["parts"][k]
+    sizes = meta.get("pair_sizes")
+    if (
+        not isinstance(sizes, list)
+        or len(sizes) != opened.num_parts
+        or not all(is_count(size) for size in sizes)
+        or sizes[k] != record.get("pairs")
+    ):
+        raise PartitionDirError(
+            f"{opened.path}: 'pair_sizes' {sizes!r} is not one training pair count per part "
+            f"(part {k}'s 'pairs' is {record.get('pairs')!r}); partition again"
+        )
+    folder, pairs = part_folder(k), record["pairs"]
+    local = record["nodes"] + record["halo"]
+    lo, hi = (int(v) for v in even_offsets(meta["num_nodes"], opened.num_parts)[k : k + 2])
+    for name, shape, key in (
+        ("link_pair_ids", (pairs,), "'pairs'"),
+        ("link_train_pos", (2, pairs), "'pairs'"),
+        ("edge_split", (record["edges"],), "'edges'"),
+        ("stage_degree", (2, local), "'nodes' + 'halo'"),
+        ("id_gid", (hi - lo,), "'num_nodes'"),
+        ("id_degree", (hi - lo,), "'num_nodes'"),
+    ):
+        opened.expect_shape(folder, name, shape, f"part {k}'s {key}")
 
 
 def keep_edges(local: LocalPartition, keep: Tensor) -> LocalPartition:
