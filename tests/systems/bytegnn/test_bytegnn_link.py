@@ -119,6 +119,13 @@ def test_two_ranks_step_and_evaluate_as_single_without_leakage(tmp_path):
     equal to its positive's destination ties with it up to the two scoring kernels'
     rounding, so a last-bit difference in the embeddings can move a reciprocal rank.)"""
     results = run_distributed(_rank, WORLD, tmp_path / "cache", timeout_s=120)
+    for r in results:
+        assert r["leaks"] == 0 and r["edges"] > 500
+        assert r["ahead"] == 2  # sampled ahead of training
+        assert all(r["bytes"][c]["intra_server"] > 0 for c in ("structure", "feature"))
+    row_bytes = _dataset().graph.x.shape[1] * _dataset().graph.x.element_size()
+    moved = sum(r["bytes"]["feature"]["intra_server"] for r in results)
+    assert moved == sum(r["remote_rows"] for r in results) * row_bytes
     single = _datamodule(SingleDataModule, None, tmp_path / "cache")
     net = _net()
     for epoch in range(2):
@@ -141,13 +148,6 @@ def test_two_ranks_step_and_evaluate_as_single_without_leakage(tmp_path):
 
     want = single.task.link_statistics(embed, single.targets, SPLITS, 0, 1)
     torch.testing.assert_close(sum(r["stats"] for r in results), want, rtol=0, atol=1e-9)
-    for r in results:
-        assert r["leaks"] == 0 and r["edges"] > 500
-        assert r["ahead"] == 2  # sampled ahead of training
-        assert all(r["bytes"][c]["intra_server"] > 0 for c in ("structure", "feature"))
-    row_bytes = single.graph.x.shape[1] * single.graph.x.element_size()
-    moved = sum(r["bytes"]["feature"]["intra_server"] for r in results)
-    assert moved == sum(r["remote_rows"] for r in results) * row_bytes
 
 
 def test_each_rank_holds_its_share_of_the_split(tmp_path):
