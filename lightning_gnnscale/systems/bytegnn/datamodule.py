@@ -48,7 +48,6 @@ from .link import (
     LinkPart,
     LinkSteps,
     check_link_part,
-    node_view,
     prepare_link,
     write_link_parts,
 )
@@ -145,7 +144,7 @@ class ByteGNNDataModule(GNNDataModule):
 
     def fingerprint_targets(self):
         """Node rows for the directory's graph fingerprint (link prediction's node view)."""
-        return node_view(self.targets) if self.link_prediction else self.targets
+        return self.targets.node_rows() if self.link_prediction else self.targets
 
     @override
     def setup_rank(self, context: RankContext, part: HaloPart) -> None:

@@ -2,8 +2,7 @@
 its sampling DAG seeds positive training pairs (docs/systems/bytegnn.md, "Link prediction").
 
 - **The partition.** The whole graph is partitioned and relabelled as for the node tasks (the
-  partitioner balances a node view of the split: a node is in a split when it ends one of its
-  pairs); every local edge carries its split (``edge_split``, int8: 0 train, 1 validation,
+  partitioner balances the task's node rows, ``LinkTargets.node_rows``); every local edge carries its split (``edge_split``, int8: 0 train, 1 validation,
   2 test), so a rank cuts its training structure (train edges), its test-stage structure
   (train + validation edges) and its predict structure (all) from its own partition, with the
   in-degrees of its core and halo in the first two (``stage_degree``).
@@ -29,7 +28,6 @@ from torch import Tensor
 
 from ...graph.book import LocalPartition, PartitionedGraph, partition_and_relabel
 from ...graph.halo_part import HaloPart, write_halo_parts
-from ...graph.node_targets import NodeTargets
 from ...graph.order import epoch_permutation
 from ...graph.seed_split import SeedSplit, even_offsets
 from ...tasks.link.split import EdgeLookup, LinkSplit
@@ -39,23 +37,13 @@ EVAL_SPLITS = ("val", "test")
 STAGE_EDGES = {"train": 0, "test": 1}  # the largest edge split a stage passes messages over
 
 
-def node_view(targets: LinkTargets) -> NodeTargets:
-    """The split as node rows (a node is in a split when it ends one of the split's pairs):
-    what the partitioner balances and what a part's node rows hold (no labels)."""
-    n, masks = targets.num_nodes, []
-    for name in ("train", "val", "test"):
-        mask = torch.zeros(n, dtype=torch.bool)
-        mask[targets.split.positives(name).flatten()] = True
-        masks.append(mask)
-    return NodeTargets(torch.full((n,), -1, dtype=torch.int64), *masks, targets.out_dim)
-
-
 @dataclass(frozen=True)
 class LinkPrepared:
     """The in-memory partition of a link-prediction run (what every rank's part is cut from).
 
     Attributes:
-        partitioned: the whole graph relabelled, with :func:`node_view` rows.
+        partitioned: the whole graph relabelled, with the task's node rows
+            (``LinkTargets.node_rows``).
         link: the task's targets (the whole split, original ids).
         edge_split: int8 ``[E]``: the split of every edge of the relabelled graph.
         stage_degree: int64 ``[2, N]``: in-degrees by gid over the training edges and over
@@ -83,7 +71,7 @@ def prepare_link(
 ) -> LinkPrepared:
     """Partition and relabel ``graph`` (cached), and mark every relabelled edge's split."""
     partitioned = partition_and_relabel(
-        graph, node_view(link), method, world_size, seed, cache_dir, system="bytegnn", **options
+        graph, link.node_rows(), method, world_size, seed, cache_dir, system="bytegnn", **options
     )
     book, relabelled = partitioned.book, partitioned.graph
     src, dst = relabelled.edge_index()
