@@ -142,8 +142,10 @@ class ByteGNNDataModule(GNNDataModule):
         kind = LinkPart if self.link_prediction else HaloPart
         return kind.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
 
+    @override
     def fingerprint_targets(self):
-        """Node rows for the directory's graph fingerprint (link prediction's node view)."""
+        """Node rows for the directory's graph fingerprint (link prediction's
+        ``LinkTargets.node_rows``)."""
         return self.targets.node_rows() if self.link_prediction else self.targets
 
     @override

@@ -180,6 +180,33 @@ def test_each_rank_holds_its_share_of_the_split(tmp_path):
     assert got == set(zip(indices.tolist(), want_dst.tolist()))
 
 
+@pytest.mark.parametrize("batch_size", [-1, 50])
+def test_a_steps_positions_are_its_global_batch_once(batch_size):
+    """The ranks' positions of a step are ``0..global - 1`` once each (distinct negatives'
+    keys); in a one-step epoch each pair's position is its place in ``single``'s epoch
+    permutation."""
+    from lightning_gnnscale.graph.order import epoch_permutation
+    from lightning_gnnscale.graph.seed_split import SeedSplit
+    from lightning_gnnscale.systems.bytegnn.link import LinkSteps
+
+    pair_ids = torch.randperm(301, generator=torch.Generator().manual_seed(1))
+    chunks = SeedSplit.chunks(pair_ids, 3)
+    sizes = torch.tensor([c.numel() for c in chunks])
+    steps = []
+    for rank, chunk in enumerate(chunks):
+        split = SeedSplit.from_chunk(torch.arange(chunk.numel()), sizes, rank, batch_size, SEED)
+        steps.append((LinkSteps(split, chunk, 301, SEED), split, chunk))
+    for epoch in range(2):
+        for step in range(steps[0][1].steps):
+            got = [ls.positions(epoch, step, s.seeds(epoch, step)) for ls, s, _ in steps]
+            count = steps[0][1].global_seed_count(step)
+            assert sorted(torch.cat(got).tolist()) == list(range(count))
+            if batch_size == -1:
+                order = epoch_permutation(torch.arange(301), SEED, epoch)
+                for (_, s, chunk), positions in zip(steps, got, strict=True):
+                    assert torch.equal(order[positions], chunk[s.seeds(epoch, step)])
+
+
 def test_filtered_negatives_are_refused_when_the_module_is_built(tmp_path):
     with pytest.raises(ConfigError, match="filter_negatives"):
         ByteGNNDataModule(
