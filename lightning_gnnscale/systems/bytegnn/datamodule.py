@@ -66,8 +66,9 @@ class ByteGNNDataModule(GNNDataModule):
         if self.link_prediction and self.task.config.filter_negatives:
             raise ConfigError(
                 "strategy=bytegnn: task.filter_negatives=true is not built (a rank holds its "
-                "own sources' in-edges, not the training edges a negative is checked "
-                "against); leave it false (DGL's and GraphStorm's default)"
+                "partition's in-edges, not every training edge of the sources it seeds, which "
+                "a negative is checked against); leave it false (DGL's and GraphStorm's "
+                "default)"
             )
         self.sworker: SWorker | None = None
         self.transport: SocketTransport | None = None
