@@ -145,7 +145,7 @@ class PartitionDirIO:
             {
                 **self.partition_expectation(world_size),
                 "dataset": identity,
-                "graph": graph_fingerprint(graph, self.targets),
+                "graph": graph_fingerprint(graph, self.fingerprint_targets()),
                 "num_nodes": graph.num_nodes,
                 "num_edges": graph.num_edges,
                 "num_features": graph.num_features,
@@ -155,6 +155,12 @@ class PartitionDirIO:
                 **extra,
             }
         )
+
+    def fingerprint_targets(self):
+        """The node rows the directory's ``graph`` fingerprint digests (default the task's
+        :attr:`targets`; a system whose task's targets are not node rows, link prediction's,
+        gives the node rows its partition holds)."""
+        return self.targets
 
     def write_parts(self, world_size: int, writer, log) -> dict:
         """Write every part with ``writer.write_part``; return the system's metadata (at least

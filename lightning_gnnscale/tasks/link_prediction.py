@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..graph.node_targets import NodeDataset
+from ..graph.node_targets import NodeDataset, NodeTargets
 from . import HITS_KS, TASKS, TaskConfig
 from .base import NodeTask
 from .link.decoders import DotDecoder, MLPDecoder
@@ -55,6 +55,17 @@ class LinkTargets:
     def train_lookup(self) -> EdgeLookup:
         """The training edges by endpoints (what ``filter_negatives`` redraws against)."""
         return EdgeLookup(*self.split.structure("train"))
+
+    def node_rows(self) -> NodeTargets:
+        """The split as unlabelled node rows: a node is in a split when it ends one of the
+        split's pairs (what a partitioner balances and a partition's node rows hold, for a
+        system that partitions the graph as for the node tasks)."""
+        n, masks = self.num_nodes, []
+        for name in ("train", "val", "test"):
+            mask = torch.zeros(n, dtype=torch.bool)
+            mask[self.split.positives(name).flatten()] = True
+            masks.append(mask)
+        return NodeTargets(torch.full((n,), -1, dtype=torch.int64), *masks, self.out_dim)
 
 
 class LinkPrediction(NodeTask):
