@@ -417,3 +417,25 @@ def test_the_mlp_decoder_trains_with_the_net_and_ddp_equals_single(tmp_path):
     torch.manual_seed(0)
     init = fresh.trained_head().double().state_dict()
     assert not all(torch.equal(init[k[5:]], single[k]) for k in head)  # trained
+
+
+def test_a_negative_equal_to_the_destination_ties_with_the_positive():
+    """OGB's tie rule on the fixed negatives: a negative that is the positive's own
+    destination scores exactly as the positive (one kernel for both), so it counts as half a
+    better candidate whatever the embeddings' last bits (random float32 rows, where the
+    decoder's pairwise sum and the candidates' product differ in the last bit)."""
+    from lightning_gnnscale.tasks.link.metrics import ranking_statistics
+
+    task = build_task(TaskConfig("link_prediction"))
+    generator = torch.Generator().manual_seed(0)
+    h_src = torch.randn(500, 64, generator=generator)
+    h_cand = torch.randn(500, 20, 64, generator=generator)
+    h_dst = h_cand[:, 3].clone()  # every positive's destination is also its 4th negative
+    pos = task.pair_scores(h_src, h_dst)
+    neg = task.decoder.score_candidates(h_src, h_cand)
+    assert torch.equal(pos, neg[:, 3])
+    assert (task.decoder(h_src, h_dst) != pos).any()  # the pairwise kernel would break ties
+    stats = ranking_statistics(pos, neg)
+    rank = 1 + (neg > pos.unsqueeze(1)).sum(1) + (neg == pos.unsqueeze(1)).sum(1) / 2
+    assert stats[1] == pytest.approx(float((1 / rank.double()).sum()), rel=1e-12)
+    assert bool((rank >= 1.5).all())  # the tie is half a place

@@ -253,20 +253,29 @@ class LinkPrediction(NodeTask):
         chunk = max(1, SCORED_ELEMENTS // (m * width))  # edges whose candidates fit at once
         auc_neg = torch.cat(
             [
-                self.decoder(emb[pos[0, rows]], emb[self._negatives(targets, split, rows, 1)[:, 0]])
+                self.pair_scores(
+                    emb[pos[0, rows]], emb[self._negatives(targets, split, rows, 1)[:, 0]]
+                )
                 for rows in index.split(chunk * m)
             ]
         )
         total = torch.zeros(len(self.statistic_names), dtype=torch.float64)
         for rows in index[rank::world_size].split(chunk):
             h_src = emb[pos[0, rows]]
-            pos_scores = self.decoder(h_src, emb[pos[1, rows]])
+            pos_scores = self.pair_scores(h_src, emb[pos[1, rows]])
             negs = self._negatives(targets, split, rows, m)
             neg_scores = self.decoder.score_candidates(h_src, emb[negs])
             total += torch.cat(
                 [auc_statistics(pos_scores, auc_neg), ranking_statistics(pos_scores, neg_scores)]
             )
         return total
+
+    def pair_scores(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
+        """Evaluation scores ``[n]`` of pairs, by the candidates' kernel
+        (``score_candidates``), so that a fixed negative equal to the positive's destination
+        scores exactly as the positive does (a tie, by OGB's rule) whatever the embeddings'
+        last bits; the decoder's pairwise kernel sums in another order."""
+        return self.decoder.score_candidates(h_src, h_dst.unsqueeze(1)).squeeze(1)
 
     @staticmethod
     def _negatives(targets: LinkTargets, split: str, rows: Tensor, m: int) -> Tensor:
