@@ -11,6 +11,8 @@ a tiny SBM, 2 ranks with scattered (random) row blocks and 3 uneven contiguous o
 - evaluation: the ranks' summed statistics are `single`'s, each rank embedding its own rows.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -103,10 +105,11 @@ def _rank(rank, world_size, policy, cache_dir):
     }
 
 
-def single_reference(cache_dir: str):
+@functools.cache
+def single_reference():
     """``single``'s steps (full neighbourhoods over the training edges, one process) on the
     same pairs: losses and weights after every step, and the net."""
-    dm = datamodule(2, "none", cache_dir)  # its targets and seeds: the task's, unrelabelled
+    dm = datamodule(2, "none", "unused")  # its targets and seeds: the task's, unrelabelled
     task, targets = dm.task, dm.targets
     batcher = StepBatcher.on_graph(
         dm.graph, targets, task, [-1] * LAYERS, dm.train_ids, BATCH, dm.seed, 0, 1, False
@@ -141,7 +144,7 @@ def runs(request, tmp_path_factory):
 @pytest.mark.dist
 def test_cagnet_takes_singles_steps_exactly(runs):
     world_size, cache, results = runs
-    ref_losses, ref_weights, _, _ = single_reference(cache)
+    ref_losses, ref_weights, _, _ = single_reference()
     assert len(ref_losses) > EPOCHS  # several steps per epoch
     for r in results["none"]:
         torch.testing.assert_close(r["losses"], ref_losses, rtol=0, atol=1e-10)
@@ -190,7 +193,7 @@ def test_sancus_equals_the_emulator_and_still_skips(runs):
     `activation` bytes than CAGNET on the same steps (the endpoint rows are the same)."""
     world_size, cache, results = runs
     trace = _emulator_steps(world_size, cache, StalenessPolicy("adaptive", epoch_bound=1))
-    ref_losses, _, _, _ = single_reference(cache)
+    ref_losses, _, _, _ = single_reference()
     final = [t for weight, bias in trace.params for t in (bias, weight)]  # module order
     for r in results["adaptive"]:
         assert r["forward_flags"].keys() == trace.forward_flags.keys()
@@ -249,7 +252,7 @@ def test_evaluation_sums_to_singles_statistics(runs):
     scores its own pairs; the ranks' statistics sum to ``single``'s on the same weights, and
     the embeddings are ``single``'s full-neighbourhood ones."""
     world_size, cache, results = runs
-    _, _, _, dm = single_reference(cache)
+    _, _, _, dm = single_reference()
     task, targets, graph = dm.task, dm.targets, dm.graph
     ranks = results["none"]
     net = BlockGNN("gcn", 5, HIDDEN, TASK_CONFIG.embedding_dim, LAYERS, 0.0).double()
