@@ -281,3 +281,59 @@ def test_evaluation_sums_to_singles_statistics(runs):
     )
     got = sum(r["stats"] for r in ranks)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
+
+
+def test_a_rank_draws_the_filtered_negatives_one_process_draws(tmp_path):
+    """``task.filter_negatives``: a rank redraws against the training edges leaving its own
+    nodes (the sources of its pairs), and gets the negatives one process gets from every
+    training edge, for every rank's share of a step (no processes: the parts in memory)."""
+    import dataclasses
+
+    from lightning_gnnscale.systems.sancus.links import RankLinks
+
+    config = dataclasses.replace(TASK_CONFIG, num_negatives=6, filter_negatives=True)
+    dm = SancusDataModule(
+        dataset(),
+        SancusConfig(rows="random"),
+        DataConfig(batch_size=-1),
+        task=build_task(config),
+        cache_dir=tmp_path,
+        dtype=torch.float64,
+    )
+    prepared, task, targets = dm.prepare(3), dm.task, dm.targets
+    seeds = dm.order(1)  # every training pair, epoch 1's order
+    nodes_all, want = task.step_rows(targets, seeds, torch.arange(seeds.numel()), epoch=1, step=0)
+    want_pairs = nodes_all[want[:, :2]]  # original ids of every (src, dst) pair
+    got = torch.zeros_like(want_pairs)
+    for rank in range(3):
+        part = dm.part_of(prepared, rank)
+        links = RankLinks(part.link, part.layout, config.embedding_dim, dm.seed, True)
+        mine, positions = links.own_seeds(seeds)
+        nodes, y = task.step_rows(links.targets, mine, positions, epoch=1, step=0)
+        k = config.num_negatives
+        n = positions.numel()
+        rows = torch.cat(
+            [positions, (positions[:, None] * k + torch.arange(k)).flatten() + seeds.numel()]
+        )
+        got[rows] = nodes[y[:, :2]]
+        assert bool((links.owner(nodes[y[:, 0]]) == rank).all())  # it owns every source
+        assert n == int((prepared.owner[targets.split.train_pos[0, seeds]] == rank).sum())
+    assert torch.equal(got, want_pairs)
+    lookup = targets.train_lookup  # and they were filtered: no negative is a training edge
+    negative = want[:, 2] == 0
+    assert bool((lookup.find(want_pairs[negative, 0], want_pairs[negative, 1]) < 0).all())
+
+
+def test_a_one_way_split_is_refused(tmp_path):
+    """``task.undirected=false`` splits the two directions of an edge apart, so ``Â`` over the
+    training edges is not symmetric: refused when the DataModule prepares (before any rank)."""
+    import dataclasses
+
+    from lightning_gnnscale.errors import ConfigError
+
+    config = dataclasses.replace(TASK_CONFIG, undirected=False)
+    dm = SancusDataModule(
+        dataset(), SancusConfig(), DataConfig(), task=build_task(config), cache_dir=tmp_path
+    )
+    with pytest.raises(ConfigError, match="task.undirected=false"):
+        dm.prepare(2)
