@@ -4,6 +4,7 @@ link prediction: one full-graph pass per step of training pairs)
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -266,20 +267,19 @@ class SancusDataModule(GNNDataModule):
         prepared = self.prepare(world_size)
         graph, offsets, seeds = prepared.graph, prepared.offsets, prepared.is_seed
         link = prepared.test_graph is not None
-        extra = (
+        stages = (  # link prediction's test-stage and every-edge row blocks of each part
             zip(
                 every_row_block(prepared.test_graph, offsets, seeds),
                 every_row_block(prepared.full_graph, offsets, seeds),
                 strict=True,
             )
             if link
-            else iter(lambda: None, 0)  # nothing more per part
+            else itertools.repeat(None)
         )
         if link:
             writer.write_shared("rows", {"new2old": prepared.new2old})
-        for k, layout in enumerate(every_row_block(graph, offsets, seeds)):
+        for k, (layout, more) in enumerate(zip(every_row_block(graph, offsets, seeds), stages)):
             arrays = {"seed_rows": layout.seed_rows, **_block_arrays("a", layout)}
-            more = next(extra)
             if link:
                 test, full = more
                 part = _part(prepared, layout, _link_part(prepared, k, test))
