@@ -294,12 +294,12 @@ def test_a_split_without_validation_pairs_is_refused():
 
 def test_the_init_follows_the_model(tmp_path):
     """Glorot for the suite's layers under link prediction; a custom model keeps its own;
-    SANCUS, whose layers are its own, refuses Glorot."""
+    SANCUS's own layers draw as the suite's."""
     custom = ["model=custom", "model.target=torch_geometric.nn.models.GraphSAGE"]
     run = run_config(make_cfg(tmp_path, "strategy=single", "task=link_prediction", *custom))
     assert (run.model.name, run.model.init) == ("custom", None)
-    with pytest.raises(ConfigError, match="model.init=glorot: strategy=sancus"):
-        run_config(make_cfg(tmp_path, "strategy=sancus", "model.init=glorot"))
+    sancus = make_datamodule("sancus").build_model(gs.ModelConfig(hidden=8, dropout=0.0))
+    assert sancus.init == "glorot"
     model = gs.ModelConfig(hidden=8)  # a plain script's: init unset, the task's
     assert make_datamodule("single").build_model(model).init == "glorot"
     torch_init = gs.ModelConfig(hidden=8, init="torch")
