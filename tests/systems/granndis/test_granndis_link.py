@@ -72,15 +72,19 @@ def quantised(rows):
     return torch.round(rows * 2**20) / 2**20
 
 
+SHARE_ROWS = EvalShare.rows
+
+
+def quantised_rows(self, *args, **kwargs):
+    return quantised(SHARE_ROWS(self, *args, **kwargs))
+
+
 def _rank(rank, world_size, cache_dir):
     comm = Comm.create(CommMeter(), Topology(world_size, WORKERS))
     context = RankContext(comm, torch.device("cpu"))
-    data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
     out = {}
     for label, config in {**EXACT, **SAMPLED}.items():
-        dm = GraNNDISDataModule(
-            dataset(), config, data, seed=0, cache_dir=cache_dir, topology=comm.topology, task=TASK
-        )
+        dm = datamodule(config, cache_dir, comm.topology)
         dm.setup_rank(context, dm.rank_part(context))
         dm.context = context
         net = make_net(dm.input_dim)
@@ -102,10 +106,12 @@ def _rank(rank, world_size, cache_dir):
                     edges.append(layout_pairs(p))
         shares = dm.part.link.shares
         embedded = {s: dm.share_rows(net, LAYERS, shares[s]) for s in ("train", "test")}
-        rows = EvalShare.rows
-        EvalShare.rows = lambda self, *args, **kwargs: quantised(rows(self, *args, **kwargs))
-        stats = comm.all_reduce(dm.eval_statistics(net, ("val", "test")), category="control")
-        EvalShare.rows = rows
+        EvalShare.rows = quantised_rows
+        try:
+            stats = dm.eval_statistics(net, ("val", "test"))
+        finally:
+            EvalShare.rows = SHARE_ROWS
+        stats = comm.all_reduce(stats, category="control")
         out[label] = {
             "steps": steps,
             "edges": edges,
@@ -116,9 +122,23 @@ def _rank(rank, world_size, cache_dir):
     return out
 
 
+def datamodule(config, cache_dir, topology):
+    data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
+    return GraNNDISDataModule(
+        dataset(), config, data, seed=0, cache_dir=cache_dir, topology=topology, task=TASK
+    )
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    return run_distributed(_rank, WORLD, str(tmp_path_factory.mktemp("cache")), timeout_s=300)
+    """Every rank's steps, plans' edges and evaluation; the plans built once here (the
+    launcher's ``prepare``), not by each of the 4 ranks."""
+    cache_dir = str(tmp_path_factory.mktemp("cache"))
+    topology = Topology(WORLD, WORKERS)
+    for config in {**EXACT, **SAMPLED}.values():
+        dm = datamodule(config, cache_dir, topology)
+        dm.part_of(dm.prepare(WORLD), 0)
+    return run_distributed(_rank, WORLD, cache_dir, timeout_s=300)
 
 
 @pytest.fixture(scope="module")
