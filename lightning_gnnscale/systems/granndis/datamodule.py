@@ -849,18 +849,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.rank, self.world_size = context.rank, context.world_size
         if not self.config.layout_mode:
             self.num_nodes = self.graph.num_nodes
-            self.batcher = StepBatcher.on_graph(
-                self.graph,
-                self.targets,
-                self.task,
-                self.data.fanouts,
-                self.train_ids,
-                self.batch_size,
-                self.seed,
-                self.rank,
-                self.world_size,
-                salt_by_rank=True,
-            )
+            self.batcher = self.whole_graph_batcher()
             return
         self.check_layout_topology(part.topology, context)
         self.part, self.num_nodes = part, part.num_nodes
@@ -893,6 +882,22 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.plans = [p.to(context.device) for p in plans]
         self.inputs = [part.rows(span).to(context.device) for span in layout.x_ranges]
         self.loss_targets = [y.to(context.device) for y in layout.targets]
+
+    def whole_graph_batcher(self) -> StepBatcher:
+        """``mb_base``'s batch maker: rank-salted samples of the whole graph (over the task's
+        training structure) for this rank's share of each step."""
+        return StepBatcher.on_graph(
+            self.graph,
+            self.targets,
+            self.task,
+            self.data.fanouts,
+            self.train_ids,
+            self.batch_size,
+            self.seed,
+            self.rank,
+            self.world_size,
+            salt_by_rank=True,
+        )
 
     @override
     def build_model(self, model: ModelConfig) -> torch.nn.Module:
@@ -994,6 +999,14 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def make_batch(self, epoch: int, step: int) -> Batch:
         if self.batcher is not None:
             return self.batcher[epoch, step]
+        if not self.config.layout_mode:  # not set up: this rank's share as ``rank`` says
+            return self.whole_graph_batcher()[epoch, step]
+        if not self.plans:
+            raise RuntimeError(
+                f"strategy.mode={self.config.mode}'s steps run on the layouts set up for a "
+                "servers x workers topology: set the DataModule up on its ranks first "
+                "(setup_rank, which the Trainer's setup calls)"
+            )
         if self.is_link:
             return self.link_batch(epoch, step)
         start = time.perf_counter()
