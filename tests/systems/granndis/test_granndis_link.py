@@ -213,3 +213,19 @@ def test_server_modes_move_no_feature_across_servers(results, label):
     assert total("fb_base", "feature", "inter_server") > 0
     endpoint_bytes = sum(s["pairs"] for r in results for s in r[label]["steps"]) * 2
     assert 0 < total(label, "activation", "inter_server") <= endpoint_bytes * TASK.embedding_dim * 8
+
+
+def test_cob_with_several_co_batches_refuses_link_prediction_before_spawn(tmp_path):
+    """``cob.num_per_epoch > 1`` cannot hold a step's negatives (drawn over the whole graph):
+    refused when the run is typed and by a plain script's DataModule, naming the setting."""
+    from lightning_gnnscale.config_types import run_config
+    from lightning_gnnscale.errors import ConfigError
+    from tests.helpers.config import make_cfg
+
+    settings = ["strategy=granndis_cob", "task=link_prediction", "strategy.cob.num_per_epoch=2"]
+    with pytest.raises(ConfigError, match="strategy.cob.num_per_epoch=2 with task=link_pred"):
+        run_config(make_cfg(tmp_path, *settings))
+    config = GraNNDISConfig(mode="cob", name="granndis_cob", cob=CoBConfig(num_per_epoch=2))
+    with pytest.raises(ConfigError, match="strategy.cob.num_per_epoch=1"):
+        datamodule(config, str(tmp_path), Topology(WORLD, WORKERS))
+    run_config(make_cfg(tmp_path, *settings[:2]))  # one co-batch per server trains it
