@@ -108,6 +108,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     from its partition), ``cob`` (``B`` co-batch graphs per server, built once), ``mb_base``
     (per-rank sampled mini-batches, no layout).
 
+    Link prediction (:mod:`.link`): the layouts run over the training edges with every node a
+    loss row; a step scores every training pair on its source's rank, the other endpoint rows
+    routed to it; evaluation embeds each rank's core per stage and scores its evaluation edges
+    with :func:`~...kit.link_partitioned.owned_link_statistics`.
+
     Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``GraNNDISConfig()``;
     ``topology``: the run's servers x workers (sets ``launch_topology``), needed where it is
     not one server per Trainer node (a strategy given ``servers``).
