@@ -92,7 +92,15 @@ class GraNNDISStrategy(MeteredDDPStrategy):
         """The halo hook; and on the module's net (once) the forward hook that gives link
         prediction's steps their endpoint rows (:func:`finish_rows`)."""
         net = getattr(self.lightning_module, "net", None)
-        if isinstance(net, torch.nn.Module) and self._finish_handle is None:
+        if not isinstance(net, torch.nn.Module):
+            trainer = getattr(self.lightning_module, "_trainer", None)
+            if getattr(getattr(trainer, "datamodule", None), "is_link", False):
+                raise ConfigError(
+                    "GraNNDIS's link prediction turns the net's last rows into the step's "
+                    "endpoint rows through a hook on the LightningModule's `net`; this "
+                    f"{type(self.lightning_module).__name__} has none: use gs.GNNModule"
+                )
+        elif self._finish_handle is None:
             self._finish_handle = net.register_forward_hook(finish_rows, with_kwargs=True)
         return ModuleRuntime(self.context, layer_hook=halo_hook(self.comm))
 
