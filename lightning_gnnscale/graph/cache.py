@@ -72,13 +72,13 @@ def graph_fingerprint(graph: Graph, targets: NodeTargets) -> dict:
     change the key: a run given the float32 graph and one loading it in float64 (a partition
     directory) agree."""
     digest = hashlib.blake2b(digest_size=32)
-    split = getattr(targets, "split", None)
-    if split is not None:  # link prediction's targets: the edge split
-        arrays = (split.edge_split, split.train_pos, split.val_pos, split.test_pos)
-    else:
+    if hasattr(targets, "target"):
         y = targets.target
         y = y.to(torch.float64) if y.is_floating_point() else y
         arrays = (y, targets.train, targets.val, targets.test)
+    else:  # link prediction's targets (tasks.link_prediction.LinkTargets): the edge split
+        split = targets.split
+        arrays = (split.edge_split, split.train_pos, split.val_pos, split.test_pos)
     for tensor in (graph.indptr, graph.indices, *arrays):
         _add_tensor(digest, tensor)
     return {

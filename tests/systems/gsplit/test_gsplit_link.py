@@ -24,6 +24,13 @@ FANOUTS = [4, 3]
 EPOCH = 1
 SPLITS = ("val", "test")
 TASK = TaskConfig("link_prediction", num_negatives=2, eval_negatives=12)
+TASKS = {  # each case's negatives
+    "uniform": TASK,
+    "joint": TaskConfig("link_prediction", negatives="joint", num_negatives=3, eval_negatives=12),
+    "filtered": TaskConfig(
+        "link_prediction", num_negatives=2, filter_negatives=True, eval_negatives=12
+    ),
+}
 
 
 def make_dataset():
@@ -68,9 +75,9 @@ def set_up(dm, comm):
     dm.setup_rank(context, part or dm.part_of(prepared, comm.rank))
 
 
-def _gsplit_rank(rank, world_size, cache_dir, topology, partition_dir):
+def _gsplit_rank(rank, world_size, cache_dir, topology, partition_dir, task):
     comm = Comm.create()
-    dm = make_dm("gsplit", cache_dir, topology, partition_dir)
+    dm = make_dm("gsplit", cache_dir, topology, partition_dir, task)
     set_up(dm, comm)
     net = make_net(dm)
     out = {"steps": [], "edges": []}
@@ -129,10 +136,10 @@ def evaluation_pairs(split) -> set[tuple[int, int]]:
     return set(map(tuple, both.t().tolist()))
 
 
-def write_dir(tmp_path, topology, world_size):
+def write_dir(tmp_path, topology, world_size, task):
     from lightning_gnnscale.comm import Topology
 
-    dm = make_dm("gsplit", tmp_path / "cache", topology)
+    dm = make_dm("gsplit", tmp_path / "cache", topology, task=task)
     dm.launch_topology = Topology.from_launch(world_size)
     out = tmp_path / f"parts-{topology}"
     dm.write_partition_dir(out, world_size, log=lambda *_: 0)
@@ -141,14 +148,23 @@ def write_dir(tmp_path, topology, world_size):
 
 @pytest.mark.dist
 @pytest.mark.parametrize(
-    ("world_size", "topology", "directory"),
-    [(2, "replicated", False), (3, "partitioned", False), (2, "partitioned", True)],
+    ("world_size", "topology", "directory", "negatives"),
+    [
+        (2, "replicated", False, "uniform"),
+        (3, "partitioned", False, "joint"),
+        (2, "partitioned", True, "filtered"),
+    ],
 )
-def test_gsplit_link_prediction_equals_single(tmp_path, world_size, topology, directory):
-    ref_dm, ref_steps, ref_stats = single_reference()
-    parts = write_dir(tmp_path, topology, world_size) if directory else None
+def test_gsplit_link_prediction_equals_single(tmp_path, world_size, topology, directory, negatives):
+    """Every step of an epoch: the ranks' summed loss and gradient are ``single``'s (float64,
+    1e-12), and so are the evaluation statistics; the inputs are ``single``'s, each loaded by
+    one rank; the endpoint exchange's bytes are the rows each rank's pairs need from others; no
+    training block edge is an evaluation pair."""
+    task = TASKS[negatives]
+    ref_dm, ref_steps, ref_stats = single_reference(task)
+    parts = write_dir(tmp_path, topology, world_size, task) if directory else None
     ranks = run_distributed(
-        _gsplit_rank, world_size, tmp_path / "cache", topology, parts, timeout_s=240
+        _gsplit_rank, world_size, tmp_path / "cache", topology, parts, task, timeout_s=240
     )
     assert len(ranks[0]["steps"]) == len(ref_steps) > 1
     for i, want in enumerate(ref_steps):
