@@ -19,6 +19,11 @@ in-degrees). A rank's part holds its own vertices' features, the task's rows (ta
 splits), original ids (the sampling keys) and pre-sampled input counts. Evaluation and
 prediction then compute each rank's own rows layer by layer, the rows of in-neighbours it does
 not own pulled from their owners (docs/systems/gsplit.md#from-a-partition-directory).
+
+Link prediction (:mod:`.link`): a pair belongs to its source's owner; a step's endpoints are
+computed by their owners, split-parallel over the training structure, and their output rows
+move to the pairs' ranks after the last layer; evaluation stays partition-local
+(docs/systems/gsplit.md#link-prediction).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
+from ...comm import Comm
 from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, RangeBook, relabel_csc
@@ -602,6 +608,17 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def make_batch(self, epoch: int, step: int) -> SplitBatch:
+        """This rank's share of step ``step``. Outside a trainer (no rank set up) the
+        DataModule first sets itself up as the one rank of a world of 1 (``single``'s
+        batches), as ``single``'s makes a batch without one."""
+        if self.held is None:
+            if self.context is not None or self.partition_dir is not None:
+                raise RuntimeError(
+                    "the GSplit DataModule's rank is not set up (a partition directory's parts "
+                    "are set up by the trainer's ranks)"
+                )
+            local = RankContext(Comm.local(), torch.device("cpu"))
+            self.setup_rank(local, self.part_of(self.prepare(1), 0))
         seeds = self.step_seeds(epoch, step)
         owner = self.sampler.owner
         start = time.perf_counter()
