@@ -118,6 +118,7 @@ class GrappaDataModule(GNNDataModule):
         # link prediction: the fraction of training pairs no partition of a super-epoch
         # trains (endpoints apart, source not in the halo), per super-epoch trained
         self.excluded_fraction: dict[int, float] = {}
+        self._owner_chunk: Tensor | None = None  # every node's chunk (link evaluation)
 
     @property
     def link(self) -> bool:
@@ -574,7 +575,9 @@ class GrappaDataModule(GNNDataModule):
         evaluation pairs whose destination lies in a home chunk scored, the other rows each
         needs pulled from their owners (:func:`~...kit.link_partitioned.owned_link_statistics`):
         no rank holds every node's embedding. Collective."""
-        owner_chunk = self.chunks.chunk_ids()
+        if self._owner_chunk is None:
+            self._owner_chunk = self.chunks.chunk_ids()
+        owner_chunk = self._owner_chunk
         pairs = {}
         for split in splits:
             records = [self.chunks.load(c) for c in self.home]
@@ -587,19 +590,23 @@ class GrappaDataModule(GNNDataModule):
             part, rows = self.home_rows(net, net.num_layers, stage)
             return rows.cpu()
 
-        own_ids = self.home_partition("train").local2global
-        own_ids = own_ids[: self.home_partition("train").num_core]
-        return owned_link_statistics(
-            self.task,
-            embed,
-            own_ids,
-            lambda ids: owner_chunk[ids] % self.world_size,
-            pairs,
-            int(self.chunks.meta["num_nodes"]),
-            self.seed,
-            splits,
-            self.comm,
-        )
+        home = self.home_partition("train")
+        own_ids = home.local2global[: home.num_core]  # the same nodes in every stage
+        try:
+            return owned_link_statistics(
+                self.task,
+                embed,
+                own_ids,
+                lambda ids: owner_chunk[ids] % self.world_size,
+                pairs,
+                int(self.chunks.meta["num_nodes"]),
+                self.seed,
+                splits,
+                self.comm,
+            )
+        finally:  # the test stage's partition is not kept: evaluation stays near training's peak
+            self._home_part.pop("test", None)
+            self._home_route.pop("test", None)
 
     # ------------------------------------------------------ full-graph inference by home chunk
     def home_partition(self, stage: str = "train") -> IsolatedPartition:

@@ -100,8 +100,8 @@ def test_one_chunk_steps_equal_singles_in_float64(tmp_path, negatives):
     every step's batch, coverage 1, loss and gradient are ``single``'s, bit for bit, and so are
     the evaluation statistics (home chunks through ``owned_link_statistics``)."""
     task = TaskConfig("link_prediction", negatives=negatives, num_negatives=2)
-    grappa = grappa_dm(tmp_path, task=task, partitions_per_rank=1)
-    single = single_dm(task)
+    grappa = grappa_dm(tmp_path, task=task, batch_size=160, partitions_per_rank=1)
+    single = single_dm(task, batch_size=160)
     assert grappa.steps_per_epoch == single.steps_per_epoch > 1
     net = make_net()
     for epoch in (0, 1):
@@ -119,7 +119,7 @@ def test_one_chunk_steps_equal_singles_in_float64(tmp_path, negatives):
 @pytest.mark.parametrize("halo_hops", [1, 0])
 def test_partitions_train_each_pair_once_on_training_edges_only(tmp_path, halo_hops):
     """Two ranks, two phases, every super-epoch of a cycle: no validation or test pair (either
-    direction) is an edge of any partition's local graph or of any block of its steps; the
+    direction) is an edge of any partition's local graph or of any block of an epoch's steps; the
     partitions of a super-epoch train disjoint sets of training pairs, whose union is every
     pair but the excluded ones; those are counted exactly (none with the 1-hop halo, where a
     pair's source is its destination's in-neighbour) and reported."""
@@ -156,9 +156,9 @@ def test_partitions_train_each_pair_once_on_training_edges_only(tmp_path, halo_h
         assert dms[0].excluded_fraction[t] == excluded / n_train
     if halo_hops == 0:
         assert excluded_total > 0
-    # sampled blocks of two epochs' steps on both ranks
+    # sampled blocks of an epoch's steps on both ranks
     for dm in dms:
-        for epoch in (0, 1):
+        for epoch in (0,):
             for step in range(dm.steps_per_epoch):
                 batch = dm.make_batch(epoch, step)
                 gid = dm.partition(dm.locate(step)[0]).local2global
@@ -170,7 +170,7 @@ def test_partitions_train_each_pair_once_on_training_edges_only(tmp_path, halo_h
         report = dm.schedule_report()
         assert report.excluded_pair_fraction == dm.mean_excluded_fraction()
         assert (report.excluded_pair_fraction > 0) == (halo_hops == 0)
-    assert edges > 1000
+    assert edges > 500
 
 
 def test_negatives_are_owned_nodes_and_keyed(tmp_path):
@@ -236,6 +236,7 @@ def test_two_rank_run_is_gradient_only_and_reports_the_excluded_fraction(tmp_pat
         )
     )
     summary = json.loads((Path(objects["output_dir"]) / "summary.json").read_text())
-    assert summary["grappa_audited_steps"] > 0
-    assert 0 < summary["grappa_excluded_pair_fraction"] < 1
-    assert summary["test_auc"] is not None
+    system = summary["system"]
+    assert system["grappa_audited_steps"] > 0
+    assert 0 < system["grappa_excluded_pair_fraction"] < 1
+    assert summary["test_auc"] is not None and summary["comm_bytes_per_epoch"]["gradient"] > 0
