@@ -70,11 +70,17 @@ def graph_fingerprint(graph: Graph, targets: NodeTargets) -> dict:
     (blake2b: 0.76 GiB/s measured here on a 1 GiB int64 tensor with :func:`tensor_digest`).
     Floating targets (node regression's) are read as float64, so the run's dtype does not
     change the key: a run given the float32 graph and one loading it in float64 (a partition
-    directory) agree."""
+    directory) agree. Link prediction's targets (a ``split``) are identified by every split's
+    pairs."""
     digest = hashlib.blake2b(digest_size=32)
-    y = targets.target
-    y = y.to(torch.float64) if y.is_floating_point() else y
-    for tensor in (graph.indptr, graph.indices, y, targets.train, targets.val, targets.test):
+    split = getattr(targets, "split", None)
+    if split is not None:  # link prediction's targets: every split's pairs
+        tensors = (graph.indptr, graph.indices, split.train_pos, split.val_pos, split.test_pos)
+    else:
+        y = targets.target
+        y = y.to(torch.float64) if y.is_floating_point() else y
+        tensors = (graph.indptr, graph.indices, y, targets.train, targets.val, targets.test)
+    for tensor in tensors:
         _add_tensor(digest, tensor)
     return {
         "name": graph.name,

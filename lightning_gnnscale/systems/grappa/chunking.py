@@ -152,23 +152,6 @@ def chunk_payload(graph: Graph, targets, nodes: Tensor, chunk: Tensor | None = N
     return record
 
 
-def link_fingerprint(graph: Graph, targets) -> dict:
-    """:func:`~...graph.cache.graph_fingerprint`'s identity for link prediction's targets:
-    the graph's structure and every split's pairs, each byte digested."""
-    digest = hashlib.blake2b(digest_size=32)
-    split = targets.split
-    for tensor in (graph.indptr, graph.indices, split.train_pos, split.val_pos, split.test_pos):
-        digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
-    return {
-        "name": graph.name,
-        "num_nodes": graph.num_nodes,
-        "num_edges": graph.num_edges,
-        "digest": digest.hexdigest(),
-        "task": "link_prediction",
-    }
-
-
 def pair_count_matrix(targets, chunk: Tensor, num_chunks: int) -> list[list[int]]:
     """``[C][C]``: training pairs by (chunk of the destination, chunk of the source)."""
     pos = targets.split.train_pos
@@ -354,11 +337,10 @@ def chunking_key(
     checkpoint's layout names it (with the run's dtype apart), so a run from a partition
     directory and the in-memory run agree. Halo settings are not in it: the chunks hold no
     halo (partitions build theirs when read)."""
-    link = hasattr(targets, "split")
     return {
         "kind": "grappa_chunks",
         "format": STORE_FORMAT,
-        "graph": link_fingerprint(graph, targets) if link else graph_fingerprint(graph, targets),
+        "graph": graph_fingerprint(graph, targets),
         "features": features_digest(graph.x),
         "num_chunks": num_chunks,
         "method": method,
