@@ -74,7 +74,7 @@ def graph_fingerprint(graph: Graph, targets: NodeTargets) -> dict:
     pairs."""
     digest = hashlib.blake2b(digest_size=32)
     split = getattr(targets, "split", None)
-    if split is not None:  # link prediction's targets: every split's pairs
+    if hasattr(split, "train_pos"):  # link prediction's targets: every split's pairs
         tensors = (graph.indptr, graph.indices, split.train_pos, split.val_pos, split.test_pos)
     else:
         y = targets.target

@@ -135,7 +135,7 @@ def chunk_payload(graph: Graph, targets, nodes: Tensor, chunk: Tensor | None = N
     rows of every node, or link prediction's :class:`~...tasks.link_prediction.LinkTargets`,
     whose chunks hold the training structure and the pairs whose destination they hold; then
     ``chunk`` is every node's chunk)."""
-    link = hasattr(targets, "split")
+    link = not isinstance(targets, NodeTargets)
     split = targets.split if link else None
     indptr, indices = split.structure("train") if link else (graph.indptr, graph.indices)
     ptr, src = _in_edges(indptr, indices, nodes)
