@@ -49,8 +49,9 @@ _VERIFIED: set[tuple] = set()
 CHUNK_FILES = ("nodes", "indptr", "indices", "x", *NodeTargets.array_names())
 # link prediction's record (docs/systems/grappa.md, "Link prediction"): ``indptr``/``indices``
 # are the chunk nodes' in-edges over the *training* edges only, ``test_*`` over training +
-# validation edges (the test stage's structure), and per split the positive pairs whose
-# destination lies in the chunk (global ids ``[2, m]``) with their positions in the split
+# validation edges (the test stage's structure), ``full_*`` over every edge (predictions, as
+# ``single``'s), and per split the positive pairs whose destination lies in the chunk (global
+# ids ``[2, m]``) with their positions in the split
 LINK_SPLITS = ("train", "val", "test")
 LINK_CHUNK_FILES = (
     "nodes",
@@ -59,10 +60,16 @@ LINK_CHUNK_FILES = (
     "x",
     "test_indptr",
     "test_indices",
+    "full_indptr",
+    "full_indices",
     *(f"{s}_{name}" for s in LINK_SPLITS for name in ("pairs", "pair_ids")),
 )
 # the structure files of each message-passing stage (``GrappaPart.load``'s ``stage``)
-STAGE_FILES = {"train": ("indptr", "indices"), "test": ("test_indptr", "test_indices")}
+STAGE_FILES = {
+    "train": ("indptr", "indices"),
+    "test": ("test_indptr", "test_indices"),
+    "full": ("full_indptr", "full_indices"),
+}
 
 
 def is_link(task: NodeTask) -> bool:
@@ -143,6 +150,7 @@ def chunk_payload(graph: Graph, targets, nodes: Tensor, chunk: Tensor | None = N
     if not link:
         return {**record, **targets.rows(nodes).clone().arrays()}
     record["test_indptr"], record["test_indices"] = _in_edges(*split.structure("test"), nodes)
+    record["full_indptr"], record["full_indices"] = _in_edges(graph.indptr, graph.indices, nodes)
     here = int(chunk[nodes[0]]) if nodes.numel() else -1
     for name in LINK_SPLITS:
         pos = split.positives(name)
@@ -204,7 +212,7 @@ class GrappaPart:
         """Chunk ``chunk``'s record with its nodes' in-degrees ``deg`` (a partition casts the
         rows it copies to :attr:`dtype`). Link prediction: ``indptr``/``indices`` (and
         ``deg``) are those of ``stage``'s structure (``train``: training edges, ``test``:
-        training + validation edges)."""
+        training + validation edges, ``full``: every edge)."""
         record = self.read(chunk, self.files)
         if self.link and stage != "train":
             record["indptr"], record["indices"] = (record[n] for n in STAGE_FILES[stage])

@@ -118,6 +118,7 @@ class GrappaDataModule(GNNDataModule):
         # link prediction: the fraction of training pairs no partition of a super-epoch
         # trains (endpoints apart, source not in the halo), per super-epoch trained
         self.excluded_fraction: dict[int, float] = {}
+        self._logged_excluded: set[int] = set()
         self._owner_chunk: Tensor | None = None  # every node's chunk (link evaluation)
 
     @property
@@ -290,27 +291,35 @@ class GrappaDataModule(GNNDataModule):
         )
 
     def mean_excluded_fraction(self) -> float:
-        """The mean over the super-epochs trained so far of the fraction of training pairs
-        that no partition trained (0 before any batch)."""
-        values = list(self.excluded_fraction.values())
-        return sum(values) / len(values) if values else 0.0
+        """The mean over the super-epochs trained so far (``0 .. trained_t``: a resumed run
+        counts those before its checkpoint too) of the fraction of training pairs that no
+        partition of the super-epoch trains."""
+        trained = range(self.trained_t + 1)
+        return sum(self.excluded_at(t) for t in trained) / len(trained)
+
+    def excluded_at(self, t: int) -> float:
+        """The fraction of training pairs no partition of super-epoch ``t`` trains, over every
+        partition of the schedule, from the replicated ``pair_counts`` (no communication)."""
+        if t not in self.excluded_fraction:
+            counts, hops = self.chunks.meta["pair_counts"], self.config.halo_hops
+            total = sum(map(sum, counts))
+            specs = self.schedule.partitions(t)
+            excluded = sum(links.excluded_pairs(counts, spec, hops) for spec in specs)
+            self.excluded_fraction[t] = excluded / max(total, 1)
+        return self.excluded_fraction[t]
 
     def _count_excluded(self, t: int) -> None:
-        """Record super-epoch ``t``'s excluded fraction over every partition of the schedule
-        (replicated metadata, no communication) and log it once (rank 0)."""
-        if not self.link or t in self.excluded_fraction:
+        """Log super-epoch ``t``'s excluded fraction at its first batch (rank 0)."""
+        if not self.link or t in self._logged_excluded:
             return
-        counts, hops = self.chunks.meta["pair_counts"], self.config.halo_hops
-        total = sum(map(sum, counts))
-        excluded = sum(
-            links.excluded_pairs(counts, spec, hops) for spec in self.schedule.partitions(t)
-        )
-        self.excluded_fraction[t] = excluded / max(total, 1)
+        self._logged_excluded.add(t)
+        total = sum(map(sum, self.chunks.meta["pair_counts"]))
+        fraction = self.excluded_at(t)
         if self.rank == 0:
             print(
-                f"[grappa] super-epoch {t}: {excluded} of {total} training pairs "
-                f"({100 * self.excluded_fraction[t]:.2f} %) excluded (endpoints in different "
-                "partitions, source not in the halo)",
+                f"[grappa] super-epoch {t}: {round(fraction * total)} of {total} training pairs "
+                f"({100 * fraction:.2f} %) excluded (endpoints in different partitions, source "
+                "not in the halo)",
                 flush=True,
             )
 
@@ -631,7 +640,7 @@ class GrappaDataModule(GNNDataModule):
         are read from the chunks (storage, as a training partition's); its hidden rows come
         from their home ranks, one exchange per hidden layer (``activation``), by a route
         built on the first call (``structure``, the halo's ids) and kept. Link prediction:
-        over ``stage``'s structure (``train`` or ``test``). Collective."""
+        over ``stage``'s structure (``train``, ``test`` or ``full``). Collective."""
         part = self.home_partition(stage)
         core, device = part.num_core, next(net.parameters()).device
         if stage not in self._home_route and layers > 1 and self.world_size > 1:
@@ -666,9 +675,8 @@ class GrappaDataModule(GNNDataModule):
         directory and in memory alike), in the dataset's ids."""
         if not isinstance(net, BlockGNN):
             raise TypeError(f"predictions need a BlockGNN net, got {type(net).__name__}")
-        # link prediction: over the training and validation edges (the test stage's
-        # structure: the chunks hold no other)
-        stage = "test" if self.link else "train"
+        # link prediction: over every edge, as single predicts (its chunks' ``full_*``)
+        stage = "full" if self.link else "train"
         part, rows = self.home_rows(net, net.num_layers - (output == "embeddings"), stage)
         ids = part.local2global[: part.num_core]
         if node_ids is None:

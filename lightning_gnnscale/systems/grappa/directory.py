@@ -51,9 +51,9 @@ def chunk_sources(part: GrappaPart) -> list[list[int]]:
     """Per chunk, the other chunks its nodes' in-neighbours lie in (where its halo is), from
     a part that reads every chunk."""
     owner = part.chunk_ids()
-    # link prediction: the test stage's structure (training + validation edges) holds the
-    # training one, so its halo is the larger
-    name = "test_indices" if part.link else "indices"
+    # link prediction: every edge (predictions' structure) holds the training and test
+    # stages' ones, so its halo is the largest
+    name = "full_indices" if part.link else "indices"
     return [
         [s for s in torch.unique(owner[part.read(c, (name,))[name]]).tolist() if s != c]
         for c in range(part.num_chunks)
@@ -165,6 +165,7 @@ def check_chunk_counts(opened: PartitionDir, part: int, link: bool = False) -> N
         opened.expect_shape(folder, "indptr", (size + 1,), key)
         if link:
             opened.expect_shape(folder, "test_indptr", (size + 1,), key)
+            opened.expect_shape(folder, "full_indptr", (size + 1,), key)
             for split in ("train", "val", "test"):
                 if (have := opened.shape(folder, f"{split}_pair_ids")) is not None:
                     pairs = (2, *have)

@@ -152,8 +152,7 @@ def test_partitions_train_each_pair_once_on_training_edges_only(tmp_path, halo_h
         assert ids.unique().numel() == ids.numel()  # no pair trained twice
         excluded = n_train - ids.numel()
         assert (excluded == 0) == (halo_hops == 1)
-        dms[0]._count_excluded(t)
-        assert dms[0].excluded_fraction[t] == excluded / n_train
+        assert dms[0].excluded_at(t) == excluded / n_train
     if halo_hops == 0:
         assert excluded_total > 0
     # sampled blocks of an epoch's steps on both ranks
