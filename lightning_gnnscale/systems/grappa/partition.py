@@ -196,7 +196,7 @@ def build_partition(
     hchunk = torch.full((halo.numel(),), -1, dtype=torch.int64)
     if halo.numel():
         for c in part.halo_sources(spec.owned_chunks):
-            record = part.load(c)
+            record = part.load(c, stage)  # the halo's degrees in this stage's structure
             pos = torch.searchsorted(record["nodes"], halo).clamp(max=record["nodes"].numel() - 1)
             hit = (record["nodes"][pos] == halo).nonzero().flatten()
             rows = pos[hit]

@@ -75,9 +75,9 @@ def single_dm(task=None, batch_size=48):
     )
 
 
-def make_net():
+def make_net(kind="sage"):
     torch.manual_seed(0)
-    return BlockGNN("sage", 6, 16, 8, 2, dropout=0.0).double()
+    return BlockGNN(kind, 6, 16, 8, 2, dropout=0.0).double()
 
 
 def step_gradient(dm, net, epoch, step):
@@ -191,18 +191,19 @@ def test_negatives_are_owned_nodes_and_keyed(tmp_path):
 def _eval_rank(rank, world_size, cache):
     comm = Comm.create()
     dm = grappa_dm(cache, rank, world_size, comm=comm)
-    stats = dm.eval_statistics(make_net(), ("val", "test"))
+    stats = dm.eval_statistics(make_net("gcn"), ("val", "test"))
     return stats, comm.meter.snapshot()
 
 
 @pytest.mark.dist
 def test_two_ranks_evaluation_sums_to_singles(tmp_path):
     """Two ranks, each embedding only its home chunks (halo rows exchanged per layer) and
-    pulling the rows its pairs need: the statistics sum to ``single``'s on one process."""
+    pulling the rows its pairs need: the statistics sum to ``single``'s on one process (GCN:
+    the halo's degrees are each stage's)."""
     grappa_dm(tmp_path, 0, 2)  # the chunk store, written once before the ranks read it
     results = run_distributed(_eval_rank, 2, str(tmp_path), timeout_s=120)
     total = sum(stats for stats, _ in results)
-    want = single_dm().eval_statistics(make_net(), ("val", "test"))
+    want = single_dm().eval_statistics(make_net("gcn"), ("val", "test"))
     assert torch.allclose(total, want, rtol=0, atol=1e-9)
 
 
