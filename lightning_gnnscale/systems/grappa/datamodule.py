@@ -128,9 +128,10 @@ class GrappaDataModule(GNNDataModule):
 
     def check_link_settings(self) -> None:
         """Refuse the task settings Grappa cannot honour under link prediction
-        (``ConfigError``, before any rank starts: ``preprocess`` and ``prepare`` of a
-        directory call it in the launcher). The strategy settings are refused in
-        ``GrappaConfig.check_run``."""
+        (``ConfigError``, before any rank starts: ``preprocess``, and a partition directory's
+        ``check_partition_part``, run in the launcher; ``setup_rank`` checks again). The
+        strategy settings are refused in ``GrappaConfig.check_run`` (the run's facts carry
+        the task's name, not its settings)."""
         if self.link and self.task.config.filter_negatives:
             raise ConfigError(
                 "strategy=grappa with task.filter_negatives=true: a partition cannot tell "
@@ -206,6 +207,7 @@ class GrappaDataModule(GNNDataModule):
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
         """The chunk sizes, training counts and sources against the chunks' files."""
+        self.check_link_settings()
         check_chunk_counts(opened, k, link=self.link)
 
     @override
