@@ -54,7 +54,7 @@ def step_rows(
     """``(nodes, y)`` of one partition step over its training pairs ``pair_ids`` (positions
     among the run's training pairs, all trained by ``part``): ``nodes`` the sorted *local* ids
     of the pairs' endpoints and negatives (the net's output rows, in this order), ``y``
-    ``[pairs, 3]`` as the task's ``step_rows`` (source row, destination row, label)."""
+    ``[pairs, 3]`` as the task's ``step_rows`` (source row, destination row, 1 for a positive)."""
     c = task.config
     at = torch.searchsorted(part.pair_ids, pair_ids)
     src, dst = part.pairs[0, at], part.pairs[1, at]
@@ -73,10 +73,10 @@ def step_rows(
     local_src, local_dst = part.local_of(src), part.local_of(dst)
     pair_src = torch.cat([local_src, local_src.repeat_interleave(k)])
     pair_dst = torch.cat([local_dst, local_negs])
-    labels = torch.cat([torch.ones(n, dtype=torch.int64), torch.zeros(n * k, dtype=torch.int64)])
+    positive = torch.cat([torch.ones(n, dtype=torch.int64), torch.zeros(n * k, dtype=torch.int64)])
     nodes, rows = torch.unique(torch.cat([pair_src, pair_dst]), return_inverse=True)
     m = pair_src.numel()
-    return nodes, torch.stack([rows[:m], rows[m:], labels], 1)
+    return nodes, torch.stack([rows[:m], rows[m:], positive], 1)
 
 
 def excluded_pairs(pair_counts: list[list[int]], spec: PartitionSpec, halo_hops: int) -> int:
