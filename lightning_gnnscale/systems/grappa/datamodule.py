@@ -132,6 +132,8 @@ class GrappaDataModule(GNNDataModule):
         ``check_partition_part``, run in the launcher; ``setup_rank`` checks again). The
         strategy settings are refused in ``GrappaConfig.check_run`` (the run's facts carry
         the task's name, not its settings)."""
+        if self.link:  # a plain script's strategy checks the run without its task
+            self.config.check_link_prediction()
         if self.link and self.task.config.filter_negatives:
             raise ConfigError(
                 "strategy=grappa with task.filter_negatives=true: a partition cannot tell "

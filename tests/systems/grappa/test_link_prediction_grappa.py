@@ -218,6 +218,8 @@ def test_refused_settings(tmp_path):
     task = TaskConfig("link_prediction", filter_negatives=True)
     with pytest.raises(ConfigError, match="filter_negatives"):
         grappa_dm(tmp_path, task=task)
+    with pytest.raises(ConfigError, match="estimator=node"):  # a plain script's DataModule
+        grappa_dm(tmp_path, estimator="node")
 
 
 @pytest.mark.e2e
