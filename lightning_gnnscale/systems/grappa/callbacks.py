@@ -28,6 +28,8 @@ class ScheduleReport:
         partition_builds: partitions built from the chunk store; ``repartition_io_bytes``:
             the chunk bytes they read.
         largest_partition: ``{"nodes", "edges", "io_bytes"}`` of the largest one.
+        excluded_pair_fraction: link prediction: the mean over the super-epochs trained of
+            the fraction of training pairs no partition trained (``None``: a node task).
     """
 
     super_epoch_switches: int
@@ -35,6 +37,7 @@ class ScheduleReport:
     partition_builds: int
     repartition_io_bytes: int
     largest_partition: dict[str, int]
+    excluded_pair_fraction: float | None = None
 
 
 class GrappaStats(L.Callback):
@@ -62,7 +65,11 @@ class GrappaStats(L.Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         c, delta, steps = self._epoch_sums
         if steps:  # none in an epoch end that Lightning runs again on resume
-            pl_module.log_dict({"grappa/c": c / steps, "grappa/delta": delta / steps})
+            logged = {"grappa/c": c / steps, "grappa/delta": delta / steps}
+            excluded = self.schedule().excluded_pair_fraction
+            if excluded is not None:
+                logged["grappa/excluded_pair_fraction"] = excluded
+            pl_module.log_dict(logged)
         self._epoch_sums = [0.0, 0.0, 0]
 
     def summary_stats(self) -> dict:
@@ -74,6 +81,11 @@ class GrappaStats(L.Callback):
             "grappa_partition_builds_rank0": schedule.partition_builds,
             "grappa_repartition_io_bytes_rank0": schedule.repartition_io_bytes,
             "grappa_largest_partition_rank0": schedule.largest_partition,
+            **(
+                {"grappa_excluded_pair_fraction": schedule.excluded_pair_fraction}
+                if schedule.excluded_pair_fraction is not None
+                else {}
+            ),
         }
 
 

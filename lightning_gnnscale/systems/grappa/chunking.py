@@ -47,6 +47,40 @@ _VERIFIED: set[tuple] = set()
 # a chunk's record as partitions read it (``chunk_payload``'s keys; the in-degrees are
 # ``indptr``'s differences, so the ``deg`` that stores written before kept is never read)
 CHUNK_FILES = ("nodes", "indptr", "indices", "x", *NodeTargets.array_names())
+# link prediction's record (docs/systems/grappa.md, "Link prediction"): ``indptr``/``indices``
+# are the chunk nodes' in-edges over the *training* edges only, ``test_*`` over training +
+# validation edges (the test stage's structure), ``full_*`` over every edge (predictions, as
+# ``single``'s), and per split the positive pairs whose destination lies in the chunk (global
+# ids ``[2, m]``) with their positions in the split
+LINK_SPLITS = ("train", "val", "test")
+LINK_CHUNK_FILES = (
+    "nodes",
+    "indptr",
+    "indices",
+    "x",
+    "test_indptr",
+    "test_indices",
+    "full_indptr",
+    "full_indices",
+    *(f"{s}_{name}" for s in LINK_SPLITS for name in ("pairs", "pair_ids")),
+)
+# the structure files of each message-passing stage (``GrappaPart.load``'s ``stage``)
+STAGE_FILES = {
+    "train": ("indptr", "indices"),
+    "test": ("test_indptr", "test_indices"),
+    "full": ("full_indptr", "full_indices"),
+}
+
+
+def is_link(task: NodeTask) -> bool:
+    """The task's seeds are edges (link prediction): its chunks hold pairs, not node rows."""
+    return task.spec.seeds == "edges"
+
+
+def chunk_files(link: bool) -> tuple[str, ...]:
+    """The files of a chunk's record: :data:`LINK_CHUNK_FILES` for link prediction, else
+    :data:`CHUNK_FILES`."""
+    return LINK_CHUNK_FILES if link else CHUNK_FILES
 
 
 class ChunkStoreError(RuntimeError):
@@ -91,22 +125,47 @@ def chunk_assignment(graph: Graph, num_chunks: int, method: str, seed: int) -> T
     raise ValueError(f"unknown chunking {method!r}; valid: {list(CHUNKINGS)}")
 
 
-def chunk_payload(graph: Graph, targets: NodeTargets, nodes: Tensor) -> dict:
-    """The stored record of one chunk (``nodes`` sorted global ids; ``targets``: the task's
-    rows of every node)."""
-    start, end = graph.indptr[nodes], graph.indptr[nodes + 1]
+def _in_edges(indptr: Tensor, indices: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
+    """The CSC ``(indptr [n + 1], sources [e])`` of ``nodes``' in-edges (global sources, in
+    global segment order)."""
+    start, end = indptr[nodes], indptr[nodes + 1]
     deg = end - start
-    indptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
-    torch.cumsum(deg, 0, out=indptr[1:])
-    offsets = torch.arange(int(indptr[-1])) - torch.repeat_interleave(indptr[:-1], deg)
+    ptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
+    torch.cumsum(deg, 0, out=ptr[1:])
+    offsets = torch.arange(int(ptr[-1])) - torch.repeat_interleave(ptr[:-1], deg)
     eids = torch.repeat_interleave(start, deg) + offsets
-    return {
-        "nodes": nodes.clone(),
-        "indptr": indptr,
-        "indices": graph.indices[eids].clone(),
-        "x": graph.x[nodes].clone(),
-        **targets.rows(nodes).clone().arrays(),
-    }
+    return ptr, indices[eids].clone()
+
+
+def chunk_payload(graph: Graph, targets, nodes: Tensor, chunk: Tensor | None = None) -> dict:
+    """The stored record of one chunk (``nodes`` sorted global ids; ``targets``: the task's
+    rows of every node, or link prediction's :class:`~...tasks.link_prediction.LinkTargets`,
+    whose chunks hold the training structure and the pairs whose destination they hold; then
+    ``chunk`` is every node's chunk)."""
+    link = not isinstance(targets, NodeTargets)
+    split = targets.split if link else None
+    indptr, indices = split.structure("train") if link else (graph.indptr, graph.indices)
+    ptr, src = _in_edges(indptr, indices, nodes)
+    record = {"nodes": nodes.clone(), "indptr": ptr, "indices": src, "x": graph.x[nodes].clone()}
+    if not link:
+        return {**record, **targets.rows(nodes).clone().arrays()}
+    record["test_indptr"], record["test_indices"] = _in_edges(*split.structure("test"), nodes)
+    record["full_indptr"], record["full_indices"] = _in_edges(graph.indptr, graph.indices, nodes)
+    here = int(chunk[nodes[0]]) if nodes.numel() else -1
+    for name in LINK_SPLITS:
+        pos = split.positives(name)
+        ids = (chunk[pos[1]] == here).nonzero().flatten()
+        record[f"{name}_pairs"] = pos[:, ids].clone()
+        record[f"{name}_pair_ids"] = ids
+    return record
+
+
+def pair_count_matrix(targets, chunk: Tensor, num_chunks: int) -> list[list[int]]:
+    """``[C][C]``: training pairs by (chunk of the destination, chunk of the source)."""
+    pos = targets.split.train_pos
+    flat = chunk[pos[1]] * num_chunks + chunk[pos[0]]
+    counts = torch.bincount(flat, minlength=num_chunks * num_chunks)
+    return counts.reshape(num_chunks, num_chunks).tolist()
 
 
 @dataclass(frozen=True)
@@ -125,6 +184,9 @@ class GrappaPart:
         read: ``read(chunk, names)``: those files of chunk ``chunk``'s record
             (:data:`CHUNK_FILES`), memory-mapped, ``x`` in the dtype it is stored in.
         sources: per chunk, the other chunks its halo lies in; ``None``: any other chunk.
+        link: the chunks hold link prediction's record (:data:`LINK_CHUNK_FILES`).
+        owners: ``() -> [N]`` every node's chunk (a partition directory's shared table);
+            ``None``: read from every chunk's node list (:meth:`chunk_ids`).
     """
 
     meta: dict
@@ -134,15 +196,26 @@ class GrappaPart:
     home: tuple[int, ...]
     read: Callable[[int, tuple[str, ...]], dict[str, Tensor]]
     sources: list[list[int]] | None = None
+    link: bool = False
+    owners: Callable[[], Tensor] | None = None
 
     @property
     def num_chunks(self) -> int:
         return int(self.meta["num_chunks"])
 
-    def load(self, chunk: int) -> dict[str, Tensor]:
+    @property
+    def files(self) -> tuple[str, ...]:
+        """The files of a chunk's record."""
+        return chunk_files(self.link)
+
+    def load(self, chunk: int, stage: str = "train") -> dict[str, Tensor]:
         """Chunk ``chunk``'s record with its nodes' in-degrees ``deg`` (a partition casts the
-        rows it copies to :attr:`dtype`)."""
-        record = self.read(chunk, CHUNK_FILES)
+        rows it copies to :attr:`dtype`). Link prediction: ``indptr``/``indices`` (and
+        ``deg``) are those of ``stage``'s structure (``train``: training edges, ``test``:
+        training + validation edges, ``full``: every edge)."""
+        record = self.read(chunk, self.files)
+        if self.link and stage != "train":
+            record["indptr"], record["indices"] = (record[n] for n in STAGE_FILES[stage])
         record["deg"] = record["indptr"].diff()
         return record
 
@@ -159,6 +232,8 @@ class GrappaPart:
 
     def chunk_ids(self) -> Tensor:
         """int64 ``[N]`` chunk of every node (reads every chunk's node list: O(N) int64)."""
+        if self.owners is not None:
+            return self.owners().to(torch.int64)
         out = torch.empty(int(self.meta["num_nodes"]), dtype=torch.int64)
         for c in range(self.num_chunks):
             out[self.index(c)["nodes"]] = c
@@ -236,8 +311,10 @@ class ChunkStore:
     def part(self, home: tuple[int, ...], out_dim: int) -> GrappaPart:
         """The part of the rank whose home chunks are ``home``: every chunk, read from this
         store, features in its dtype; ``out_dim``: its target rows' head width (the task's)."""
-        meta = {k: self.meta[k] for k in ("num_chunks", "num_nodes", "sizes", "train_counts")}
-        return GrappaPart(meta, self.key, self.dtype, out_dim, home, self.read)
+        names = ("num_chunks", "num_nodes", "sizes", "train_counts", "pair_counts")
+        meta = {k: self.meta[k] for k in names if k in self.meta}
+        link = self.meta.get("seeds") == "edges"
+        return GrappaPart(meta, self.key, self.dtype, out_dim, home, self.read, link=link)
 
 
 def features_digest(x: Tensor) -> str:
@@ -347,7 +424,7 @@ def write_chunk_store(
 
     An existing store is reused after every chunk file has been checked against its digest;
     a missing or corrupt file is rewritten (the chunking is a pure function of the key)."""
-    graph = dataset.graph
+    graph, link = dataset.graph, is_link(task)
     key = chunking_key(graph, targets, num_chunks, method, seed)
     store_key = cache_key({**key, "dtype": str(graph.x.dtype)})
     folder = Path(cache_dir) / f"grappa-chunks-{store_key[:24]}"
@@ -355,10 +432,17 @@ def write_chunk_store(
     todo = list(range(num_chunks)) if meta is None else _bad_chunks(folder, meta)
     if not todo:
         return ChunkStore(str(folder), meta)
-    chunk = chunk_assignment(graph, num_chunks, method, seed)
+    # link prediction chunks the training structure (validation and test edges never shape
+    # the chunks, metis's included)
+    cut = graph.with_structure(*task.training_structure(graph, targets)) if link else graph
+    chunk = chunk_assignment(cut, num_chunks, method, seed)
     sizes = torch.bincount(chunk, minlength=num_chunks).tolist()
-    seeds = task.is_train_seed(targets)
-    train_counts = torch.bincount(chunk[seeds], minlength=num_chunks).tolist()
+    if link:  # training pairs by the chunk of their destination
+        pairs = pair_count_matrix(targets, chunk, num_chunks)
+        train_counts = [sum(row) for row in pairs]
+    else:
+        seeds = task.is_train_seed(targets)
+        train_counts = torch.bincount(chunk[seeds], minlength=num_chunks).tolist()
     if meta is not None and (meta["sizes"], meta["train_counts"]) != (sizes, train_counts):
         todo = list(range(num_chunks))  # the chunking itself changed: no old file is kept
     folder.mkdir(parents=True, exist_ok=True)
@@ -369,7 +453,7 @@ def write_chunk_store(
             digests.append(meta["digests"][c])
             continue
         buffer = io.BytesIO()
-        torch.save(chunk_payload(graph, targets, nodes), buffer)
+        torch.save(chunk_payload(graph, targets, nodes, chunk), buffer)
         data = buffer.getbuffer()
         digests.append(hashlib.sha256(data).hexdigest())
         path = folder / f"chunk_{c}.pt"
@@ -388,6 +472,7 @@ def write_chunk_store(
         "digests": digests,
         "chunking_key": cache_key(key),
         "dtype": str(graph.x.dtype),
+        **({"seeds": "edges", "pair_counts": pairs} if link else {}),
     }
     atomic_write(folder / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
     return ChunkStore(str(folder), meta)

@@ -28,10 +28,12 @@ from typing_extensions import override
 
 from ...comm import Comm, OwnerRoute
 from ...contract import RankContext
+from ...errors import ConfigError
 from ...graph.batch import Batch
 from ...graph.order import EpochOrder
 from ...graph.partition_dir import PartitionDir
 from ...kit.datamodule import GNNDataModule
+from ...kit.link_partitioned import owned_link_statistics
 from ...kit.sampled import whole_graph_statistics
 from ...models.gnn import BlockGNN
 from ...models.inference import (
@@ -40,8 +42,9 @@ from ...models.inference import (
     layerwise_inference,
 )
 from ...tasks.base import split_statistics
+from . import links
 from .callbacks import GradientOnlyAudit, GrappaStats, ScheduleReport
-from .chunking import GrappaPart, write_chunk_store
+from .chunking import GrappaPart, is_link, write_chunk_store
 from .config import GrappaConfig
 from .directory import check_chunk_counts, home_chunks, load_chunk_part, write_chunk_parts
 from .estimators import batch_factor, c_uniform, gcn_kappa, kappa, seed_sample_counts
@@ -109,8 +112,36 @@ class GrappaDataModule(GNNDataModule):
         self.home: tuple[int, ...] = ()  # the chunks this rank evaluates and predicts
         # the home chunks' partition (with their 1-hop halo) and the route its halo's hidden
         # rows come by: built on first use, kept (evaluation, prediction, Grappa-50S)
-        self._home_part: IsolatedPartition | None = None
-        self._home_route: tuple[OwnerRoute, Tensor] | None = None
+        # (keyed by stage: link prediction's test stage passes messages over more edges)
+        self._home_part: dict[str, IsolatedPartition] = {}
+        self._home_route: dict[str, tuple[OwnerRoute, Tensor]] = {}
+        # link prediction: the fraction of training pairs no partition of a super-epoch
+        # trains (endpoints apart, source not in the halo), per super-epoch trained
+        self.excluded_fraction: dict[int, float] = {}
+        self._logged_excluded: set[int] = set()
+        self._owner_chunk: Tensor | None = None  # every node's chunk (link evaluation)
+
+    @property
+    def link(self) -> bool:
+        """The task's seeds are edges (link prediction)."""
+        return is_link(self.task)
+
+    def check_link_settings(self) -> None:
+        """Refuse the task settings Grappa cannot honour under link prediction
+        (``ConfigError``, before any rank starts: ``preprocess``, and a partition directory's
+        ``check_partition_part``, run in the launcher; ``setup_rank`` checks again). The
+        strategy settings are refused in ``GrappaConfig.check_run`` (the run's facts carry
+        the task's name, not its settings)."""
+        if self.link:  # a plain script's strategy checks the run without its task
+            self.config.check_link_prediction()
+        if self.link and self.task.config.filter_negatives:
+            raise ConfigError(
+                "strategy=grappa with task.filter_negatives=true: a partition cannot tell "
+                "whether a negative is a true training edge of a node it holds only as halo "
+                "(no in-edges there), and negatives outside the partition are redrawn among "
+                "its owned nodes; set task.filter_negatives=false (docs/systems/grappa.md, "
+                '"Link prediction")'
+            )
 
     # ------------------------------------------------------------------------ set-up, state
     @override
@@ -120,6 +151,7 @@ class GrappaDataModule(GNNDataModule):
         cfg = self.config
         cfg.check_world(world_size)
         cfg.check_graph(self.graph.num_nodes, world_size)  # in the launcher, before any spawn
+        self.check_link_settings()
         c = cfg.chunk_count(world_size)
         store = write_chunk_store(
             self.node_dataset,
@@ -177,7 +209,8 @@ class GrappaDataModule(GNNDataModule):
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
         """The chunk sizes, training counts and sources against the chunks' files."""
-        check_chunk_counts(opened, k)
+        self.check_link_settings()
+        check_chunk_counts(opened, k, link=self.link)
 
     @override
     def part_of(self, prepared: tuple[GrappaPart, ...], rank: int) -> GrappaPart:
@@ -187,14 +220,17 @@ class GrappaDataModule(GNNDataModule):
     def load_part(self, opened: PartitionDir, rank: int) -> GrappaPart:
         """The part's chunk groups, features cast to this run's dtype as partitions copy them
         (:func:`~.directory.load_chunk_part`), the head width the task's from the metadata."""
-        return load_chunk_part(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
+        return load_chunk_part(
+            opened, rank, self.task.out_dim_of(opened.meta), self.dtype, link=self.link
+        )
 
     @override
     def setup_rank(self, context: RankContext, part: GrappaPart) -> None:
         cfg = self.config
+        self.check_link_settings()
         self.rank, self.world_size, self.comm = context.rank, context.world_size, context.comm
         self.chunks, self.home = part, part.home
-        self._home_part = self._home_route = None
+        self._home_part, self._home_route = {}, {}
         self.schedule = Schedule(cfg.schedule, part.num_chunks, cfg.sweep_order, self.seed)
         max_epochs = self.trainer.max_epochs if self.trainer is not None else None
         length = super_epoch_len(cfg.super_epoch_len, max_epochs, self.schedule.cycle)
@@ -255,7 +291,41 @@ class GrappaDataModule(GNNDataModule):
             partition_builds=self.builds,
             repartition_io_bytes=self.io_bytes,
             largest_partition=self.largest_partition,
+            excluded_pair_fraction=self.mean_excluded_fraction() if self.link else None,
         )
+
+    def mean_excluded_fraction(self) -> float:
+        """The mean over the super-epochs trained so far (``0 .. trained_t``: a resumed run
+        counts those before its checkpoint too) of the fraction of training pairs that no
+        partition of the super-epoch trains."""
+        trained = range(self.trained_t + 1)
+        return sum(self.excluded_at(t) for t in trained) / len(trained)
+
+    def excluded_at(self, t: int) -> float:
+        """The fraction of training pairs no partition of super-epoch ``t`` trains, over every
+        partition of the schedule, from the replicated ``pair_counts`` (no communication)."""
+        if t not in self.excluded_fraction:
+            counts, hops = self.chunks.meta["pair_counts"], self.config.halo_hops
+            total = sum(map(sum, counts))
+            specs = self.schedule.partitions(t)
+            excluded = sum(links.excluded_pairs(counts, spec, hops) for spec in specs)
+            self.excluded_fraction[t] = excluded / max(total, 1)
+        return self.excluded_fraction[t]
+
+    def _count_excluded(self, t: int) -> None:
+        """Log super-epoch ``t``'s excluded fraction at its first batch (rank 0)."""
+        if not self.link or t in self._logged_excluded:
+            return
+        self._logged_excluded.add(t)
+        total = sum(map(sum, self.chunks.meta["pair_counts"]))
+        fraction = self.excluded_at(t)
+        if self.rank == 0:
+            print(
+                f"[grappa] super-epoch {t}: {round(fraction * total)} of {total} training pairs "
+                f"({100 * fraction:.2f} %) excluded (endpoints in different partitions, source "
+                "not in the halo)",
+                flush=True,
+            )
 
     @override
     def callbacks(self) -> list[L.Callback]:
@@ -274,6 +344,8 @@ class GrappaDataModule(GNNDataModule):
         return -1 if size == -1 else -(-size // self.world_size)
 
     def _seed_count(self, spec: PartitionSpec) -> int:
+        if self.link:  # the pairs it trains (its seed chunks' less those excluded)
+            return links.held_pairs(self.chunks.meta["pair_counts"], spec, self.config.halo_hops)
         return sum(self.chunks.meta["train_counts"][c] for c in spec.seed_chunks)
 
     def _phase_steps(self, phase: int) -> int:
@@ -330,6 +402,11 @@ class GrappaDataModule(GNNDataModule):
             part = build_partition(
                 self.chunks, spec, self.task, cfg.halo_hops, cfg.count_halo_as_local
             )
+            if part.seeds.numel() != self._seed_count(spec):  # the step counts' basis
+                raise RuntimeError(
+                    f"partition {key} trains {part.seeds.numel()} seeds, its chunks' metadata "
+                    f"says {self._seed_count(spec)}"
+                )
             self.io_bytes += part.io_bytes
             self.builds += 1
             if part.num_nodes > self.largest_partition["nodes"]:
@@ -390,7 +467,28 @@ class GrappaDataModule(GNNDataModule):
         start = time.perf_counter()
         part, order, sampler = self._partition_entry(phase, self.t)
         self._batch_t = self.t
+        self._count_excluded(self.t)
         seeds = order(epoch)[self.step_slice(part.seeds.numel(), self.n_steps[phase], local_step)]
+        if self.link:  # seeds are pairs: the net's output rows are their endpoints'
+            n_pairs = seeds.numel()
+            seeds, y = links.step_rows(
+                self.task,
+                part,
+                seeds,
+                p,
+                seed=self.seed,
+                epoch=epoch,
+                step=step,
+                num_nodes=int(self.chunks.meta["num_nodes"]),
+            )
+            loss_terms = self.task.loss_terms(n_pairs)
+            # the coverage of the loss nodes whose neighbourhood the partition samples (its
+            # owned ones: every positive's destination and every negative); a halo endpoint
+            # has no in-edges here, so it has nothing to correct
+            covered = seeds[seeds < part.num_core]
+        else:
+            y = part.targets.target.index_select(0, seeds)
+            loss_terms, covered = seeds.numel(), seeds
         fanouts = sampler.fanouts
         if self.remote is not None:
             blocks, x = self.remote.sample(part, seeds, fanouts, epoch, step, salt=p)
@@ -399,8 +497,8 @@ class GrappaDataModule(GNNDataModule):
         sampled = time.perf_counter()
         if x is None:
             x = part.x.index_select(0, blocks[0].src_ids)
-        k = self.seed_kappa(part, seeds)
-        s = seed_sample_counts(part.ell[seeds], fanouts[0])
+        k = self.seed_kappa(part, covered)
+        s = seed_sample_counts(part.ell[covered], fanouts[0])
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
@@ -409,8 +507,8 @@ class GrappaDataModule(GNNDataModule):
         return GrappaBatch(
             blocks,
             x,
-            part.targets.target.index_select(0, seeds),
-            seeds.numel(),  # rank mean: the strategy's factor c / W makes the aggregate
+            y,
+            loss_terms,  # rank mean: the strategy's factor c / W makes the aggregate
             epoch,
             step,
             stats,
@@ -466,6 +564,8 @@ class GrappaDataModule(GNNDataModule):
         mode = self.config.eval_mode
         if mode == "none":
             return stats
+        if self.link and mode == "global_fullgraph" and isinstance(net, BlockGNN):
+            return self.link_statistics(net, splits)
         if mode == "global_fullgraph" and isinstance(net, BlockGNN):
             part, out = self.home_rows(net, net.num_layers)  # in memory too: one kernel
             owned = part.targets.rows(slice(0, part.num_core))
@@ -481,31 +581,77 @@ class GrappaDataModule(GNNDataModule):
             stats += split_statistics(self.task, out, owned, splits, within=part.seed_owned)
         return stats
 
+    @torch.no_grad()
+    def link_statistics(self, net: BlockGNN, splits: tuple[str, ...]) -> Tensor:
+        """Link prediction's statistics of this rank: its home chunks' nodes embedded over
+        each stage's structure (:meth:`home_rows`, halo rows from their home ranks), the
+        evaluation pairs whose destination lies in a home chunk scored, the other rows each
+        needs pulled from their owners (:func:`~...kit.link_partitioned.owned_link_statistics`):
+        no rank holds every node's embedding. Collective."""
+        if self._owner_chunk is None:
+            self._owner_chunk = self.chunks.chunk_ids()
+        owner_chunk = self._owner_chunk
+        pairs = {}
+        for split in splits:
+            records = [self.chunks.load(c) for c in self.home]
+            pos = torch.cat([r[f"{split}_pairs"] for r in records], 1)
+            index = torch.cat([r[f"{split}_pair_ids"] for r in records])
+            pairs[split] = (pos, index)
+            del records
+
+        def embed(stage: str) -> Tensor:
+            part, rows = self.home_rows(net, net.num_layers, stage)
+            return rows.cpu()
+
+        home = self.home_partition("train")
+        own_ids = home.local2global[: home.num_core]  # the same nodes in every stage
+        try:
+            return owned_link_statistics(
+                self.task,
+                embed,
+                own_ids,
+                lambda ids: owner_chunk[ids] % self.world_size,
+                pairs,
+                int(self.chunks.meta["num_nodes"]),
+                self.seed,
+                splits,
+                self.comm,
+            )
+        finally:  # the test stage's partition is not kept: evaluation stays near training's peak
+            self._home_part.pop("test", None)
+            self._home_route.pop("test", None)
+
     # ------------------------------------------------------ full-graph inference by home chunk
-    def home_partition(self) -> IsolatedPartition:
-        """This rank's home chunks (:attr:`home`) with their 1-hop halo, built on first use and
-        kept: the full-graph evaluation and predictions run on it, and Grappa-50S serves its
-        owners' in-edges and rows from it. Not counted in ``builds`` / ``io_bytes``."""
-        if self._home_part is None:
+    def home_partition(self, stage: str = "train") -> IsolatedPartition:
+        """This rank's home chunks (:attr:`home`) with their 1-hop halo over ``stage``'s
+        structure (link prediction; a node task has one), built on first use and kept: the
+        full-graph evaluation and predictions run on it, and Grappa-50S serves its owners'
+        in-edges and rows from it. Not counted in ``builds`` / ``io_bytes``."""
+        if stage not in self._home_part:
             spec = PartitionSpec(self.home, self.home)
-            self._home_part = build_partition(self.chunks, spec, self.task, halo_hops=1)
-        return self._home_part
+            self._home_part[stage] = build_partition(
+                self.chunks, spec, self.task, halo_hops=1, stage=stage
+            )
+        return self._home_part[stage]
 
     @torch.no_grad()
-    def home_rows(self, net: BlockGNN, layers: int) -> tuple[IsolatedPartition, Tensor]:
+    def home_rows(
+        self, net: BlockGNN, layers: int, stage: str = "train"
+    ) -> tuple[IsolatedPartition, Tensor]:
         """Full-neighbourhood rows ``[n_home, d]`` after ``layers`` layers of this rank's home
         chunks' nodes (:func:`~.directory.home_chunks`), with the partition they were computed
         on (:meth:`home_partition`: home nodes, sorted, then their halo). The halo's input rows
         are read from the chunks (storage, as a training partition's); its hidden rows come
         from their home ranks, one exchange per hidden layer (``activation``), by a route
-        built on the first call (``structure``, the halo's ids) and kept. Collective."""
-        part = self.home_partition()
+        built on the first call (``structure``, the halo's ids) and kept. Link prediction:
+        over ``stage``'s structure (``train``, ``test`` or ``full``). Collective."""
+        part = self.home_partition(stage)
         core, device = part.num_core, next(net.parameters()).device
-        if self._home_route is None and layers > 1 and self.world_size > 1:
+        if stage not in self._home_route and layers > 1 and self.world_size > 1:
             halo = part.local2global[core:]
             owners = part.halo_chunk % self.world_size
             route = OwnerRoute.build(self.comm, halo, owners, category="structure")
-            self._home_route = (route, part.local_of(route.served))
+            self._home_route[stage] = (route, part.local_of(route.served))
         builder = inference_builder(part.indptr, part.deg)
         h = part.x.to(device)
         for i in range(layers):
@@ -514,15 +660,15 @@ class GrappaDataModule(GNNDataModule):
             )
             if i == layers - 1:
                 return part, rows
-            h = torch.cat([rows, self._halo_rows(rows).to(device)])
+            h = torch.cat([rows, self._halo_rows(rows, stage).to(device)])
         return part, h[:core]
 
-    def _halo_rows(self, rows: Tensor) -> Tensor:
+    def _halo_rows(self, rows: Tensor, stage: str = "train") -> Tensor:
         """The home partition's halo rows of a hidden layer, from their home ranks (one rank:
         its home chunks are every chunk, so there is no halo)."""
         if self.world_size == 1:
             return rows.new_empty((0, *rows.shape[1:]))
-        route, served = self._home_route
+        route, served = self._home_route[stage]
         return route.reply(self.comm, rows.cpu()[served], category="activation")
 
     @override
@@ -533,7 +679,9 @@ class GrappaDataModule(GNNDataModule):
         directory and in memory alike), in the dataset's ids."""
         if not isinstance(net, BlockGNN):
             raise TypeError(f"predictions need a BlockGNN net, got {type(net).__name__}")
-        part, rows = self.home_rows(net, net.num_layers - (output == "embeddings"))
+        # link prediction: over every edge, as single predicts (its chunks' ``full_*``)
+        stage = "full" if self.link else "train"
+        part, rows = self.home_rows(net, net.num_layers - (output == "embeddings"), stage)
         ids = part.local2global[: part.num_core]
         if node_ids is None:
             return ids, rows

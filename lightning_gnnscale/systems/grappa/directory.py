@@ -26,12 +26,14 @@ from ...graph.partition_dir import (
     part_folder,
     shared_folder,
 )
-from .chunking import CHUNK_FILES, GrappaPart
+from .chunking import GrappaPart
 from .config import GrappaConfig
 from .schedule import Schedule
 
-# chunk files with one row per node of the chunk
+# chunk files with one row per node of the chunk (link prediction's: nodes and features)
 CHUNK_ROW_FILES = ("nodes", "x", *NodeTargets.array_names())
+LINK_ROW_FILES = ("nodes", "x")
+NODE_CHUNKS = "grappa_node_chunks"  # the shared group of every node's chunk (link prediction)
 
 
 def chunk_group(chunk: int) -> str:
@@ -49,8 +51,11 @@ def chunk_sources(part: GrappaPart) -> list[list[int]]:
     """Per chunk, the other chunks its nodes' in-neighbours lie in (where its halo is), from
     a part that reads every chunk."""
     owner = part.chunk_ids()
+    # link prediction: every edge (predictions' structure) holds the training and test
+    # stages' ones, so its halo is the largest
+    name = "full_indices" if part.link else "indices"
     return [
-        [s for s in torch.unique(owner[part.read(c, ("indices",))["indices"]]).tolist() if s != c]
+        [s for s in torch.unique(owner[part.read(c, (name,))[name]]).tolist() if s != c]
         for c in range(part.num_chunks)
     ]
 
@@ -83,8 +88,10 @@ def write_chunk_parts(
     first, world_size = parts[0], len(parts)
     schedule = Schedule(cfg.schedule, first.num_chunks, cfg.sweep_order, seed)
     for c in range(first.num_chunks):
-        writer.write_shared(chunk_group(c), first.read(c, CHUNK_FILES))
+        writer.write_shared(chunk_group(c), first.read(c, first.files))
         log(f"[partition] chunk {c + 1}/{first.num_chunks} written")
+    if first.link:  # evaluation finds the owner of any endpoint (int32 per node)
+        writer.write_shared(NODE_CHUNKS, {"chunk": first.chunk_ids().to(torch.int32)})
     sources = chunk_sources(first)
     sizes = first.meta["sizes"]
     home_sizes = []
@@ -95,7 +102,7 @@ def write_chunk_parts(
             k,
             {"home_chunks": torch.tensor(part.home, dtype=torch.int64)},
             {"nodes": home_sizes[-1], "chunks": len(needed)},
-            shared=[chunk_group(c) for c in needed],
+            shared=[chunk_group(c) for c in needed] + ([NODE_CHUNKS] if first.link else []),
         )
         log(f"[partition] part {k + 1}/{world_size} written (reads {len(needed)} chunks)")
     offsets = torch.tensor([0, *home_sizes]).cumsum(0)
@@ -106,13 +113,16 @@ def write_chunk_parts(
         "chunk_sizes": sizes,
         "train_counts": first.meta["train_counts"],
         "chunk_sources": sources,
+        **({"pair_counts": first.meta["pair_counts"]} if first.link else {}),
     }
 
 
-def check_chunk_counts(opened: PartitionDir, part: int) -> None:
+def check_chunk_counts(opened: PartitionDir, part: int, link: bool = False) -> None:
     """The chunk metadata a rank allocates from agrees with itself and with the verified files
     of part ``part``: one ``chunk_sizes``, ``train_counts`` (at most the size) and
     ``chunk_sources`` (chunk ids) entry per chunk, sizes adding up to ``num_nodes``, the part's
+    (``link``: ``train_counts`` count training pairs, any number, and ``pair_counts`` is their
+    ``[C][C]`` table by chunk, summing by row to them), the part's
     ``nodes`` the sizes of its home chunks, and each verified chunk group's row files one row
     per node of its size (``indptr`` one more). ``PartitionDirError`` naming the key."""
     meta, where = opened.meta, opened.path / METADATA
@@ -128,7 +138,8 @@ def check_chunk_counts(opened: PartitionDir, part: int) -> None:
         and lists
         and len(sizes) == len(train) == len(sources) == num_chunks
         and all(is_count(size) for size in sizes)
-        and all(is_count(t) and t <= size for t, size in zip(train, sizes))
+        and all(is_count(t) and (link or t <= size) for t, size in zip(train, sizes))
+        and (not link or _pair_counts_fit(meta.get("pair_counts"), train))
         and all(
             isinstance(chunks, list) and all(is_count(c) and c < num_chunks for c in chunks)
             for chunks in sources
@@ -148,14 +159,38 @@ def check_chunk_counts(opened: PartitionDir, part: int) -> None:
     opened.expect_shape(part_folder(part), "home_chunks", (len(home),), "'num_chunks'")
     for c, size in enumerate(sizes):
         folder, key = shared_folder(chunk_group(c)), f"'chunk_sizes'[{c}]"
-        for name in CHUNK_ROW_FILES:
+        for name in LINK_ROW_FILES if link else CHUNK_ROW_FILES:
             if (have := opened.shape(folder, name)) is not None:
                 opened.expect_shape(folder, name, (size, *have[1:]), key)
         opened.expect_shape(folder, "indptr", (size + 1,), key)
+        if link:
+            opened.expect_shape(folder, "test_indptr", (size + 1,), key)
+            opened.expect_shape(folder, "full_indptr", (size + 1,), key)
+            for split in ("train", "val", "test"):
+                if (have := opened.shape(folder, f"{split}_pair_ids")) is not None:
+                    pairs = (2, *have)
+                    opened.expect_shape(folder, f"{split}_pairs", pairs, f"{split}_pair_ids")
+    if link:
+        opened.expect_shape(
+            shared_folder(NODE_CHUNKS), "chunk", (meta["num_nodes"],), "'num_nodes'"
+        )
+
+
+def _pair_counts_fit(counts, train: list) -> bool:
+    """``counts`` is a ``[C][C]`` table of counts whose rows sum to ``train``."""
+    return (
+        isinstance(counts, list)
+        and len(counts) == len(train)
+        and all(
+            isinstance(row, list) and len(row) == len(train) and all(is_count(n) for n in row)
+            for row in counts
+        )
+        and [sum(row) for row in counts] == train
+    )
 
 
 def load_chunk_part(
-    opened: PartitionDir, part: int, out_dim: int, dtype: torch.dtype
+    opened: PartitionDir, part: int, out_dim: int, dtype: torch.dtype, link: bool = False
 ) -> GrappaPart:
     """Part ``part`` of a partition directory: its chunk groups, each memory-mapped when read
     (:meth:`~...graph.partition_dir.PartitionDir.load_shared`; a chunk the part does not list
@@ -177,12 +212,15 @@ def load_chunk_part(
             f"{opened.path}: part {part}'s home_chunks.npy is {stored}, but rank {part} of "
             f"{opened.num_parts} evaluates chunks {want}; partition again"
         )
+    counts = {"pair_counts": meta["pair_counts"]} if link else {}
+    owners = partial(_node_chunks, opened, part) if link else None
     return GrappaPart(
         {
             "num_chunks": meta["num_chunks"],
             "num_nodes": meta["num_nodes"],
             "sizes": meta["chunk_sizes"],
             "train_counts": meta["train_counts"],
+            **counts,
         },
         key,
         dtype,
@@ -190,7 +228,13 @@ def load_chunk_part(
         tuple(stored),
         partial(_read_group, opened, part),
         meta["chunk_sources"],
+        link=link,
+        owners=owners,
     )
+
+
+def _node_chunks(opened: PartitionDir, part: int) -> Tensor:
+    return opened.load_shared(NODE_CHUNKS, part, ("chunk",))["chunk"]
 
 
 def _read_group(

@@ -48,6 +48,13 @@ class IsolatedPartition:
         io_bytes: bytes read from the store to build it (features in the dtype they are
             stored in).
         halo_chunk: int64 ``[n - n_core]``, the chunk of each halo node.
+        pairs: link prediction: int64 ``[2, m]`` global ``(src, dst)`` of the training pairs
+            it trains (destination in a seed chunk, source held: owned or in the halo),
+            ordered by ``pair_ids``; ``None`` for a node task.
+        pair_ids: int64 ``[m]`` their positions among the training pairs (sorted); then
+            ``seeds`` are these ids.
+        excluded_pairs: training pairs whose destination lies in a seed chunk but whose
+            source the partition does not hold (``halo_hops=0`` only), not trained here.
     """
 
     spec: PartitionSpec
@@ -63,6 +70,9 @@ class IsolatedPartition:
     seed_owned: Tensor
     io_bytes: int
     halo_chunk: Tensor
+    pairs: Tensor | None = None
+    pair_ids: Tensor | None = None
+    excluded_pairs: int = 0
 
     @property
     def num_nodes(self) -> int:
@@ -95,25 +105,39 @@ def build_partition(
     task: NodeTask,
     halo_hops: int = 1,
     count_halo_as_local: bool = False,
+    stage: str = "train",
 ) -> IsolatedPartition:
     """Read the owned chunks of the rank's ``part``, then the halo rows, and assemble the
     local graph (docs/systems/grappa.md, "Partitions"); its seeds are ``task``'s training
-    seeds (``task.is_train_seed``) among the seed chunks' nodes.
+    seeds (``task.is_train_seed``) among the seed chunks' nodes. Link prediction
+    (``part.link``): the local graph is over ``stage``'s structure (``train``: training edges
+    only), and the seeds are the training pairs whose destination lies in a seed chunk and
+    whose source the partition holds (owned or halo); the others are counted in
+    ``excluded_pairs`` (docs/systems/grappa.md, "Link prediction").
 
     Peak memory is the partition plus about three ``[E]`` int64 arrays: the features are
     written once into the partition's ``x`` (owned rows straight from each chunk's mapping),
     and the owned sources' local ids come from the same search that finds them."""
     if halo_hops not in (0, 1):
         raise ValueError(f"halo_hops={halo_hops} is not supported; valid: 0, 1")
-    chunks = {c: part.load(c) for c in spec.owned_chunks}
+    link = part.link
+    chunks = {c: part.load(c, stage) for c in spec.owned_chunks}
     sizes = [chunks[c]["nodes"].numel() for c in spec.owned_chunks]
     own = torch.cat([chunks[c]["nodes"] for c in spec.owned_chunks])
     order = own.argsort()
     own = own[order]
     n_own = own.numel()
-    owned = NodeTargets.cat(
-        [NodeTargets.from_arrays(chunks[c], part.out_dim) for c in spec.owned_chunks]
-    ).rows(order)
+    if link:  # the seed chunks' training pairs (by destination), in pair order
+        pair_ids = torch.cat([chunks[c]["train_pair_ids"] for c in spec.seed_chunks])
+        pairs = torch.cat([chunks[c]["train_pairs"] for c in spec.seed_chunks], 1)
+        by_id = pair_ids.argsort()
+        pair_ids, pairs = pair_ids[by_id], pairs[:, by_id]
+        no_rows = torch.zeros(n_own, dtype=torch.bool)
+        owned = NodeTargets(torch.zeros(n_own, dtype=torch.int64), no_rows, no_rows, no_rows, 0)
+    else:
+        owned = NodeTargets.cat(
+            [NodeTargets.from_arrays(chunks[c], part.out_dim) for c in spec.owned_chunks]
+        ).rows(order)
     deg_local = torch.cat([chunks[c]["deg"] for c in spec.owned_chunks])[order]
     seed_owned = torch.cat(
         [torch.full((n,), c in spec.seed_chunks) for c, n in zip(spec.owned_chunks, sizes)]
@@ -134,7 +158,8 @@ def build_partition(
     del gather, starts
     stored = chunks[spec.owned_chunks[0]]["x"]
     width = stored.shape[1]
-    io = _nbytes(own, *owned.arrays().values(), deg_local, src)
+    io = _nbytes(own, deg_local, src)
+    io += _nbytes(pair_ids, pairs) if link else _nbytes(*owned.arrays().values())
     io += n_own * width * stored.element_size()
     # owned sources' local ids from one search in the sorted owned ids
     pos = torch.searchsorted(own, src).clamp_(max=max(n_own - 1, 0))
@@ -166,17 +191,19 @@ def build_partition(
         offset += n
     del chunks, new_pos
     # halo target rows, every one filled below (a halo node in no chunk read is an error)
-    hy = owned.target.new_empty((halo.numel(), *owned.target.shape[1:]))
+    hy = owned.target.new_zeros((halo.numel(), *owned.target.shape[1:]))
     hdeg = torch.zeros(halo.numel(), dtype=torch.int64)
     hchunk = torch.full((halo.numel(),), -1, dtype=torch.int64)
     if halo.numel():
         for c in part.halo_sources(spec.owned_chunks):
-            record = part.load(c)
+            record = part.load(c, stage)  # the halo's degrees in this stage's structure
             pos = torch.searchsorted(record["nodes"], halo).clamp(max=record["nodes"].numel() - 1)
             hit = (record["nodes"][pos] == halo).nonzero().flatten()
             rows = pos[hit]
             x[n_own + hit] = record["x"][rows].to(part.dtype)
-            hy[hit], hdeg[hit] = record["y"][rows], record["deg"][rows]
+            if not link:
+                hy[hit] = record["y"][rows]
+            hdeg[hit] = record["deg"][rows]
             hchunk[hit] = c
             del record
         if (hchunk < 0).any():  # a chunk list that misses some (a directory's, say)
@@ -188,10 +215,19 @@ def build_partition(
     counted = torch.ones_like(local_src_owned) if count_halo_as_local else local_src_owned
     ell = _segment_counts(counted, indptr[: n_own + 1])
     no_halo = torch.zeros(halo.numel(), dtype=torch.bool)
-    halo_targets = NodeTargets(hy, no_halo, no_halo, no_halo, part.out_dim)
+    halo_targets = NodeTargets(hy, no_halo, no_halo, no_halo, owned.out_dim)
+    local2global = torch.cat([own, halo])
+    excluded = 0
+    if link:  # a pair trains here iff its source is held (its destination is owned)
+        held = _holds(own, halo, pairs[0])
+        excluded = int((~held).sum())
+        pair_ids, pairs = pair_ids[held], pairs[:, held]
+        seeds = pair_ids
+    else:
+        seeds = (task.is_train_seed(owned) & seed_owned).nonzero().flatten()
     return IsolatedPartition(
         spec=spec,
-        local2global=torch.cat([own, halo]),
+        local2global=local2global,
         num_core=n_own,
         indptr=indptr,
         indices=indices,
@@ -199,11 +235,24 @@ def build_partition(
         targets=NodeTargets.cat([owned, halo_targets]),
         deg=torch.cat([deg_local, hdeg]),
         ell=ell,
-        seeds=(task.is_train_seed(owned) & seed_owned).nonzero().flatten(),
+        seeds=seeds,
         seed_owned=seed_owned,
         io_bytes=io,
         halo_chunk=hchunk,
+        pairs=pairs if link else None,
+        pair_ids=pair_ids if link else None,
+        excluded_pairs=excluded,
     )
+
+
+def _holds(own: Tensor, halo: Tensor, gids: Tensor) -> Tensor:
+    """bool ``[n]``: ``gids`` among the sorted ``own`` or ``halo`` ids."""
+    out = torch.zeros(gids.shape, dtype=torch.bool)
+    for ids in (own, halo):
+        if ids.numel():
+            pos = torch.searchsorted(ids, gids).clamp_(max=ids.numel() - 1)
+            out |= ids[pos] == gids
+    return out
 
 
 def _segment_counts(flags: Tensor, ptr: Tensor) -> Tensor:

@@ -1,0 +1,244 @@
+"""Grappa under ``task=link_prediction`` (docs/systems/grappa.md, "Link prediction"): one
+chunk's step is ``single``'s in float64, no evaluation pair reaches a partition's training
+structure or block, every training pair is trained by exactly one partition per super-epoch
+(or excluded and counted, never dropped), evaluation from the home chunks equals ``single``'s,
+and training stays gradient-only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import lightning_gnnscale as gs
+from lightning_gnnscale.comm import Comm
+from lightning_gnnscale.config_types import DataConfig, run_config
+from lightning_gnnscale.contract import RankContext
+from lightning_gnnscale.errors import ConfigError
+from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.run import train
+from lightning_gnnscale.systems.grappa import GrappaConfig
+from lightning_gnnscale.systems.grappa.datamodule import GrappaDataModule
+from lightning_gnnscale.tasks import TaskConfig
+from tests.helpers.config import make_cfg
+from tests.helpers.dist import run_distributed
+
+FANOUTS = [4, 3]
+
+
+def make_dataset():
+    return sbm(num_nodes=240, num_classes=3, avg_degree=8.0, num_features=6, seed=5).to(
+        torch.float64
+    )
+
+
+class LocalComm:
+    """Rank ``rank`` of ``world_size`` in one process (no collective runs: the early trigger
+    is off and batches need none)."""
+
+    def __init__(self, rank, world_size):
+        self.rank, self.world_size = rank, world_size
+
+    def all_reduce(self, tensor, op="sum", *, category):
+        return tensor
+
+
+def grappa_dm(cache, rank=0, world=1, task=None, comm=None, batch_size=48, **settings):
+    dm = GrappaDataModule(
+        make_dataset(),
+        GrappaConfig(**settings),
+        DataConfig(batch_size=batch_size, fanouts=FANOUTS),
+        seed=7,
+        cache_dir=cache,
+        task=task or TaskConfig("link_prediction"),
+    )
+    dm.trainer = SimpleNamespace(max_epochs=4, is_last_batch=True)
+    parts = dm.prepare(world)
+    if comm is None:
+        comm = Comm.local() if world == 1 else LocalComm(rank, world)
+    dm.setup_rank(RankContext(comm, torch.device("cpu")), parts[rank])
+    return dm
+
+
+def single_dm(task=None, batch_size=48):
+    _, DataModule, config = gs.system("single")
+    return DataModule(
+        make_dataset(),
+        config,
+        DataConfig(batch_size=batch_size, fanouts=FANOUTS),
+        seed=7,
+        task=task or TaskConfig("link_prediction"),
+    )
+
+
+def make_net(kind="sage"):
+    torch.manual_seed(0)
+    return BlockGNN(kind, 6, 16, 8, 2, dropout=0.0).double()
+
+
+def step_gradient(dm, net, epoch, step):
+    net.zero_grad()
+    batch = dm.make_batch(epoch, step)
+    loss = dm.task.loss_sum(net(batch.blocks, batch.x), batch.y) / batch.global_seed_count
+    loss.backward()
+    return batch, loss.detach(), torch.cat([p.grad.flatten() for p in net.parameters()])
+
+
+def evaluation_pairs(split) -> set[tuple[int, int]]:
+    pairs = torch.cat([split.val_pos, split.test_pos], 1)
+    both = torch.cat([pairs, pairs.flip(0)], 1)
+    return set(map(tuple, both.t().tolist()))
+
+
+@pytest.mark.parametrize("negatives", ["uniform", "joint"])
+def test_one_chunk_steps_equal_singles_in_float64(tmp_path, negatives):
+    """One rank, one chunk (``partitions_per_rank=1``: the partition is the whole graph):
+    every step's batch, coverage 1, loss and gradient are ``single``'s, bit for bit, and so are
+    the evaluation statistics (home chunks through ``owned_link_statistics``)."""
+    task = TaskConfig("link_prediction", negatives=negatives, num_negatives=2)
+    grappa = grappa_dm(tmp_path, task=task, batch_size=160, partitions_per_rank=1)
+    single = single_dm(task, batch_size=160)
+    assert grappa.steps_per_epoch == single.steps_per_epoch > 1
+    net = make_net()
+    for epoch in (0, 1):
+        for step in range(single.steps_per_epoch):
+            b_g, loss_g, grad_g = step_gradient(grappa, net, epoch, step)
+            b_s, loss_s, grad_s = step_gradient(single, net, epoch, step)
+            assert b_g.coverage == 1.0
+            assert torch.equal(b_g.y, b_s.y)
+            assert b_g.global_seed_count == b_s.global_seed_count
+            assert torch.equal(loss_g, loss_s) and torch.equal(grad_g, grad_s)
+    splits = ("val", "test")
+    assert torch.equal(grappa.eval_statistics(net, splits), single.eval_statistics(net, splits))
+
+
+@pytest.mark.parametrize("halo_hops", [1, 0])
+def test_partitions_train_each_pair_once_on_training_edges_only(tmp_path, halo_hops):
+    """Two ranks, two phases, every super-epoch of a cycle: no validation or test pair (either
+    direction) is an edge of any partition's local graph or of any block of an epoch's steps; the
+    partitions of a super-epoch train disjoint sets of training pairs, whose union is every
+    pair but the excluded ones; those are counted exactly (none with the 1-hop halo, where a
+    pair's source is its destination's in-neighbour) and reported."""
+    dms = [grappa_dm(tmp_path, r, 2, halo_hops=halo_hops, super_epoch_len=1) for r in range(2)]
+    split = dms[0].targets.split
+    held_out = evaluation_pairs(split)
+    n_train = split.train_pos.shape[1]
+    chunk = dms[0].chunks.chunk_ids()
+    cycle = dms[0].schedule.cycle
+    excluded_total, edges = 0, 0
+    for t in range(cycle):
+        trained = []
+        for dm in dms:
+            for phase in range(dm.phases):
+                part, _, _ = dm._partition_entry(phase, t)
+                gid = part.local2global
+                dst = torch.repeat_interleave(torch.arange(part.num_nodes), part.indptr.diff())
+                local = torch.stack([gid[part.indices], gid[dst]], 1)
+                assert not held_out & set(map(tuple, local.tolist()))
+                trained.append(part.pair_ids)
+                excluded_total += part.excluded_pairs
+                # held: destination owned, source owned or halo; excluded: source elsewhere
+                src_chunk = chunk[split.train_pos[0, part.pair_ids]]
+                assert bool(
+                    torch.isin(chunk[part.pairs[1]], torch.tensor(part.spec.seed_chunks)).all()
+                )
+                if halo_hops == 0:
+                    assert bool(torch.isin(src_chunk, torch.tensor(part.spec.owned_chunks)).all())
+        ids = torch.cat(trained)
+        assert ids.unique().numel() == ids.numel()  # no pair trained twice
+        excluded = n_train - ids.numel()
+        assert (excluded == 0) == (halo_hops == 1)
+        assert dms[0].excluded_at(t) == excluded / n_train
+    if halo_hops == 0:
+        assert excluded_total > 0
+    # sampled blocks of an epoch's steps on both ranks
+    for dm in dms:
+        for epoch in (0,):
+            for step in range(dm.steps_per_epoch):
+                batch = dm.make_batch(epoch, step)
+                gid = dm.partition(dm.locate(step)[0]).local2global
+                for block in batch.blocks:
+                    src, dst = block.edge_index
+                    pairs = torch.stack([gid[block.src_ids[src]], gid[block.dst_ids[dst]]], 1)
+                    edges += pairs.shape[0]
+                    assert not held_out & set(map(tuple, pairs.tolist()))
+        report = dm.schedule_report()
+        assert report.excluded_pair_fraction == dm.mean_excluded_fraction()
+        assert (report.excluded_pair_fraction > 0) == (halo_hops == 0)
+    assert edges > 500
+
+
+def test_negatives_are_owned_nodes_and_keyed(tmp_path):
+    """A partition's negatives are nodes it owns (a global draw it does not own is redrawn
+    among them), the same on a rebuilt DataModule; partitions draw apart (keys offset by the
+    partition id)."""
+    a, b = (grappa_dm(tmp_path, 0, 2, super_epoch_len=1) for _ in range(2))
+    batch_a, batch_b = a.make_batch(0, 0), b.make_batch(0, 0)
+    assert torch.equal(batch_a.y, batch_b.y)
+    assert torch.equal(batch_a.blocks[-1].dst_ids, batch_b.blocks[-1].dst_ids)
+    nodes = batch_a.blocks[-1].dst_ids
+    negative_dst = nodes[batch_a.y[batch_a.y[:, 2] == 0, 1]]
+    positive_dst = nodes[batch_a.y[batch_a.y[:, 2] == 1, 1]]
+    core = a.partition(0).num_core
+    assert bool((negative_dst < core).all()) and bool((positive_dst < core).all())
+    assert 0 < batch_a.coverage < 1  # defined, and below 1: the partition is not the graph
+
+
+def _eval_rank(rank, world_size, cache):
+    comm = Comm.create()
+    dm = grappa_dm(cache, rank, world_size, comm=comm)
+    stats = dm.eval_statistics(make_net("gcn"), ("val", "test"))
+    return stats, comm.meter.snapshot()
+
+
+@pytest.mark.dist
+def test_two_ranks_evaluation_sums_to_singles(tmp_path):
+    """Two ranks, each embedding only its home chunks (halo rows exchanged per layer) and
+    pulling the rows its pairs need: the statistics sum to ``single``'s on one process (GCN:
+    the halo's degrees are each stage's)."""
+    grappa_dm(tmp_path, 0, 2)  # the chunk store, written once before the ranks read it
+    results = run_distributed(_eval_rank, 2, str(tmp_path), timeout_s=120)
+    total = sum(stats for stats, _ in results)
+    want = single_dm().eval_statistics(make_net("gcn"), ("val", "test"))
+    assert torch.allclose(total, want, rtol=0, atol=1e-9)
+
+
+def test_refused_settings(tmp_path):
+    """What link prediction cannot honour under Grappa is refused before any rank starts."""
+    for setting, message in (
+        ("strategy.estimator=node", "estimator=node"),
+        ("strategy.eval_mode=isolated", "eval_mode=isolated"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            run_config(make_cfg(tmp_path, "strategy=grappa", "task=link_prediction", setting))
+    task = TaskConfig("link_prediction", filter_negatives=True)
+    with pytest.raises(ConfigError, match="filter_negatives"):
+        grappa_dm(tmp_path, task=task)
+    with pytest.raises(ConfigError, match="estimator=node"):  # a plain script's DataModule
+        grappa_dm(tmp_path, estimator="node")
+
+
+@pytest.mark.e2e
+def test_two_rank_run_is_gradient_only_and_reports_the_excluded_fraction(tmp_path):
+    """``train.py strategy=grappa task=link_prediction`` on 2 ranks with the gradient-only
+    audit (``halo_hops=0``, so pairs are excluded): every training step moves gradient bytes
+    only, and ``summary.json`` reports the excluded fraction."""
+    metrics, objects = train(
+        make_cfg(
+            tmp_path,
+            "strategy=grappa",
+            "task=link_prediction",
+            "trainer.devices=2",
+            "strategy.audit_collectives=true",
+            "strategy.halo_hops=0",
+        )
+    )
+    summary = json.loads((Path(objects["output_dir"]) / "summary.json").read_text())
+    system = summary["system"]
+    assert system["grappa_audited_steps"] > 0
+    assert 0 < system["grappa_excluded_pair_fraction"] < 1
+    assert summary["test_auc"] is not None and summary["comm_bytes_per_epoch"]["gradient"] > 0
