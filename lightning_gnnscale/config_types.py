@@ -245,8 +245,9 @@ class RunFacts:
             is refused or accepted when the checkpoint is loaded).
         allow_oversubscribe: ``launcher.allow_oversubscribe`` (a plain script has no launcher:
             ``False``), which lifts the core-based bounds (:mod:`lightning_gnnscale.bounds`).
-        task: the run's task settings; ``None`` where the caller does not know them (a
-            strategy binding a DataModule: the DataModule checked its task when it was built).
+        task: the run's task name; ``None`` where the caller does not know it (a strategy
+            binding a DataModule: the DataModule checked its task when it was built).
+        task_config: the run's task settings, where the caller has them (``train.py``).
     """
 
     world_size: int
@@ -257,6 +258,7 @@ class RunFacts:
     ckpt_path: str | None = None
     allow_oversubscribe: bool = False
     task: str | None = None
+    task_config: TaskConfig | None = None
 
     @classmethod
     def of_run(cls, run: RunConfig) -> RunFacts:
@@ -269,6 +271,7 @@ class RunFacts:
             run.model,
             run.ckpt_path,
             run.launcher.allow_oversubscribe,
+            run.task.name,
             run.task,
         )
 
@@ -551,7 +554,7 @@ def check_run(config: SystemConfig, facts: RunFacts) -> None:
     if facts.model is not None:
         check_depth(facts.data, facts.model)
     if facts.task is not None:
-        config.check_task(facts.task)
+        config.check_task(facts.task_config or facts.task)
     config.check_data(facts.data)
     config.check_run(facts)
 
