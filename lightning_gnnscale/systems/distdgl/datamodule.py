@@ -31,12 +31,11 @@ from ...graph.block import Block
 from ...graph.book import PartitionedGraph, partition_and_relabel
 from ...graph.halo_part import HaloPart, write_halo_parts
 from ...graph.partition_dir import PartitionDir
-from ...graph.sampler import BlockBuilder, splitmix64
+from ...graph.sampler import BlockBuilder, sample_neighbors, splitmix64
 from ...kit.datamodule import GNNDataModule
 from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, core_statistics, own_predictions
 from ...models.gnn import BlockGNN
-from ...models.inference import layer_rows
 from .config import DistDGLConfig
 from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
 from .link import (
@@ -161,6 +160,9 @@ class DistDGLDataModule(GNNDataModule):
         super().__init__(dataset, config or DistDGLConfig(), data, **kwargs)
         self.inputs: LearnableInputs | None = None
         self.link: LinkPart | None = None  # link prediction's part of the split (set up)
+        # the last core_outputs' halo rows per layer: pulled (once per chunk that reads them)
+        # and distinct, and the most one chunk held
+        self.eval_halo_rows: dict = {"pulled": [], "distinct": [], "largest": 0}
         if self.is_link and self.task.config.filter_negatives:
             raise ConfigError(
                 "task.filter_negatives=true is not supported by strategy=distdgl: a rank holds "
@@ -372,16 +374,20 @@ class DistDGLDataModule(GNNDataModule):
     @torch.no_grad()
     def core_outputs(self, net: torch.nn.Module, layers: int, stage: str | None = None) -> Tensor:
         """The core's rows ``[n_core, d]`` after ``layers`` layers of full-neighbourhood,
-        layer-wise inference over the partitions: each layer pulls the rows of its halo nodes
-        that the structure references from their owners (``feature``, then ``activation``).
+        layer-wise inference over the partitions.
+
+        A layer runs over ``data.eval_chunk_size`` core rows at a time, and each chunk pulls
+        the rows of its halo sources from their owners (``feature`` for the input layer, then
+        ``activation``): a rank holds one chunk's halo rows at a time, never a layer's whole
+        halo, so evaluation stays near the training peak (issue 38). A halo node that several
+        chunks read is pulled once per chunk: those extra bytes are counted like the others
+        (in the run's evaluation bytes) and this rank's row counts are kept in
+        :attr:`eval_halo_rows` (per layer: pulled and distinct; the most one chunk held). Every rank runs as many chunks as the rank with the most (one
+        ``control`` all-reduce per call), the extra ones empty.
 
         ``stage``: link prediction's message-passing structure (``"train"``: the training
         edges, ``"test"``: training and validation edges, with their in-degrees); ``None``:
-        the whole graph.
-
-        A layer runs over ``data.eval_chunk_size`` core rows at a time: its messages then take
-        memory per chunk, not per local edge (all of them at once peaked at 2.5 GB per rank on
-        a 500k-node graph)."""
+        the whole graph."""
         if not isinstance(net, BlockGNN):
             raise TypeError(f"DistDGL evaluates a BlockGNN net, got {type(net).__name__}")
         local, degree = self.local, self.local_degree
@@ -389,32 +395,38 @@ class DistDGLDataModule(GNNDataModule):
             code = {"train": TRAIN, "test": VAL}[stage]
             local = stage_partition(self.local, self.link.edge_stage, code)
             degree = self.link.stage_degree[code]
-        referenced = local.indices[local.indices >= local.num_core]
-        needed = torch.zeros(local.num_halo, dtype=torch.bool)
-        needed[referenced - local.num_core] = True
-        needed = needed.nonzero().flatten()
-        halo = local.local2global[local.num_core :][needed]
-        builder = BlockBuilder(local.local2global.numel(), degree)
+        n_core, chunk = local.num_core, self.data.eval_chunk_size
+        rounds = torch.tensor([max(1, -(-n_core // chunk))], dtype=torch.int64)
+        self.kv.comm.all_reduce(rounds, "max", category="control")
+        builder = BlockBuilder(local.num_local, degree)
         device = next(net.parameters()).device
         core_rows = self.kv.local_shard(EMBEDDING) if self.inputs is not None else local.x
         core_rows = core_rows.to(device, copy=layers == 0)  # never the live table itself
+        pulled, distinct, largest = [], [], 0
         for i in range(layers):
             self.kv.init_data("hidden", core_rows)
-            pulled = self.kv.pull("hidden", halo, category="feature" if i == 0 else "activation")
-            halo_rows = pulled.new_zeros((local.num_halo, pulled.shape[1]))
-            halo_rows[needed.to(device)] = pulled
-            rows = torch.cat([core_rows, halo_rows])
-            core_rows = layer_rows(
-                net,
-                i,
-                builder,
-                local.indptr,
-                local.indices,
-                rows,
-                0,
-                local.num_core,
-                self.data.eval_chunk_size,
-            )
+            category = "feature" if i == 0 else "activation"
+            outs, seen, count = [], torch.zeros(local.num_halo, dtype=torch.bool), 0
+            for r in range(int(rounds)):
+                lo = min(r * chunk, n_core)
+                dst = torch.arange(lo, min(lo + chunk, n_core))
+                src, dst_pos = sample_neighbors(local.indptr, local.indices, dst, -1, 0)
+                block = builder(dst, src, dst_pos)
+                ids = block.src_ids
+                halo = ids >= n_core
+                rows = self.kv.pull("hidden", local.local2global[ids[halo]], category=category)
+                h = rows.new_empty((ids.numel(), rows.shape[1]))
+                h[halo.to(device)] = rows
+                h[~halo.to(device)] = core_rows[ids[~halo].to(device)]
+                if r == 0 or dst.numel():  # one (maybe empty) chunk gives the output width
+                    outs.append(net.layer_output(i, block.to(device), h))
+                count += int(halo.sum())
+                largest = max(largest, int(halo.sum()))
+                seen[ids[halo] - n_core] = True
+            pulled.append(count)
+            distinct.append(int(seen.sum()))
+            core_rows = torch.cat(outs)
+        self.eval_halo_rows = {"pulled": pulled, "distinct": distinct, "largest": largest}
         return core_rows
 
     @override
