@@ -287,7 +287,6 @@ class DistDGLDataModule(GNNDataModule):
             self.inputs = LearnableInputs(embedding, optimizer, self.core_orig_ids)
         fanouts = list(self.data.fanouts)
         self.sampler = DistNeighborSampler(comm, book, sampled, degree, fanouts, self.seed)
-        self.sampled = sampled
         if link is None:
             self.split = part.seed_split(self.data.batch_size, self.seed)
 
