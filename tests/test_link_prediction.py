@@ -5,6 +5,7 @@ the metrics against a brute-force count, the run's summary, the recipe and bad v
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,9 @@ from lightning_gnnscale.tasks import TaskConfig, build_task
 from tests.helpers.config import make_cfg
 
 LINK_SYSTEMS = [name for name, spec in SYSTEMS.items() if "link_prediction" in spec.tasks]
+# systems whose make_batch samples blocks without a rank's set-up (the others check leakage in
+# their own tests: tests/systems/<name>/)
+BLOCK_SYSTEMS = [name for name in LINK_SYSTEMS if name in ("single", "ddp")]
 FANOUTS = [4, 3]
 
 
@@ -49,10 +53,10 @@ def evaluation_pairs(split) -> set[tuple[int, int]]:
 
 
 def test_link_prediction_systems_are_listed():
-    assert set(LINK_SYSTEMS) == {"single", "ddp"}
+    assert set(LINK_SYSTEMS) >= {"single", "ddp", "bytegnn", "sancus", "cagnet"}
 
 
-@pytest.mark.parametrize("name", LINK_SYSTEMS)
+@pytest.mark.parametrize("name", BLOCK_SYSTEMS)
 def test_no_evaluation_edge_reaches_a_training_block(name):
     """Every edge of every block of every step of two epochs, on each of 2 ranks: none joins
     the endpoints of a validation or test pair, in either direction."""
@@ -221,9 +225,18 @@ def test_a_link_setting_on_a_node_task_is_refused():
 
 def test_a_system_without_link_prediction_refuses_before_spawn(tmp_path):
     """Refused when the run is typed (before any rank starts), naming the systems that train
-    link prediction."""
-    with pytest.raises(ConfigError, match=r"strategies that train it: \['ddp', 'single'\]"):
-        run_config(make_cfg(tmp_path, "strategy=distdgl", "task=link_prediction"))
+    link prediction; every registered system trains it, so a system without it is a subclass
+    of one that does."""
+    able = sorted(LINK_SYSTEMS)
+
+    class SingleWithoutLinks(type(SYSTEMS["single"].config_type())):
+        TASKS = ("node_classification",)
+
+    with pytest.raises(ConfigError, match=rf"strategies that train it: {re.escape(str(able))}"):
+        SingleWithoutLinks().check_task("link_prediction")
+    for name in sorted(set(SYSTEMS) - set(LINK_SYSTEMS)):  # through train.py's config
+        with pytest.raises(ConfigError, match=rf"strategies that train it: {re.escape(str(able))}"):
+            run_config(make_cfg(tmp_path, f"strategy={name}", "task=link_prediction"))
 
 
 def test_build_task_takes_the_settings():
@@ -281,12 +294,12 @@ def test_a_split_without_validation_pairs_is_refused():
 
 def test_the_init_follows_the_model(tmp_path):
     """Glorot for the suite's layers under link prediction; a custom model keeps its own;
-    SANCUS, whose layers are its own, refuses Glorot."""
+    SANCUS's own layers draw as the suite's."""
     custom = ["model=custom", "model.target=torch_geometric.nn.models.GraphSAGE"]
     run = run_config(make_cfg(tmp_path, "strategy=single", "task=link_prediction", *custom))
     assert (run.model.name, run.model.init) == ("custom", None)
-    with pytest.raises(ConfigError, match="model.init=glorot: strategy=sancus"):
-        run_config(make_cfg(tmp_path, "strategy=sancus", "model.init=glorot"))
+    sancus = make_datamodule("sancus").build_model(gs.ModelConfig(hidden=8, dropout=0.0))
+    assert sancus.init == "glorot"
     model = gs.ModelConfig(hidden=8)  # a plain script's: init unset, the task's
     assert make_datamodule("single").build_model(model).init == "glorot"
     torch_init = gs.ModelConfig(hidden=8, init="torch")
@@ -308,3 +321,121 @@ def test_a_step_of_too_many_pairs_is_refused_before_any_rank(tmp_path):
         build_datamodule(run).prepare(1)
     small = run_config(make_cfg(tmp_path, *settings, "data.batch_size=64"))
     build_datamodule(small).prepare(1)
+
+
+def _target_pairs_in_blocks(dm, epoch: int, step: int) -> int:
+    """Block edges of the step joining a positive pair of the step (either direction)."""
+    seeds = dm.batcher().step_seeds(epoch, step)
+    pos = dm.targets.split.train_pos[:, seeds]
+    targets = set(map(tuple, torch.cat([pos, pos.flip(0)], 1).t().tolist()))
+    found = 0
+    for block in dm.make_batch(epoch, step).blocks:
+        src, dst = block.edge_index
+        pairs = torch.stack([block.src_ids[src], block.dst_ids[dst]], 1)
+        found += len(targets & set(map(tuple, pairs.tolist())))
+    return found
+
+
+def test_graphstorm_exclusion_leaves_a_steps_targets_out_of_its_blocks():
+    """``task.exclude_target_edges=true``: no block of a step joins one of the step's positive
+    pairs, in either direction (without it, blocks do); ddp's unsalted ranks, each leaving out
+    the whole step's pairs, still sum to ``single``'s step."""
+    plain, excluding = (
+        TaskConfig("link_prediction", exclude_target_edges=flag) for flag in (False, True)
+    )
+    steps = make_datamodule("single", plain).steps_per_epoch
+    assert sum(
+        _target_pairs_in_blocks(make_datamodule("single", plain), 0, s) for s in range(steps)
+    )
+    single = make_datamodule("single", excluding)
+    assert all(_target_pairs_in_blocks(single, 0, s) == 0 for s in range(steps))
+    ddp = make_datamodule("ddp", excluding)
+    torch.manual_seed(0)
+    net = BlockGNN("sage", 10, 16, 8, 2, dropout=0.0).double()
+    loss, grad = _step_gradient(single, net, 0, 1)
+    losses, grads = [], []
+    for rank in range(2):
+        ddp.rank, ddp.world_size = rank, 2
+        rank_loss, rank_grad = _step_gradient(ddp, net, 0, 1)
+        losses.append(rank_loss)
+        grads.append(rank_grad)
+    torch.testing.assert_close(sum(losses), loss, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(sum(grads), grad, rtol=1e-10, atol=1e-13)
+
+
+def test_graphstorm_exclusion_is_refused_where_a_system_cannot_honour_it(tmp_path):
+    """A strategy whose blocks do not leave out a step's targets refuses the setting before
+    any rank starts, naming the strategies that do; a node task refuses it as any link
+    setting."""
+    able = sorted(n for n, s in SYSTEMS.items() if s.config_type.EXCLUDES_TARGET_EDGES)
+    assert set(able) >= {"ddp", "single"}
+    refusal = rf"strategy=single does not leave .* strategies that do: {re.escape(str(able))}"
+
+    class SingleWithoutExclusion(type(SYSTEMS["single"].config_type())):
+        EXCLUDES_TARGET_EDGES = False
+
+    excluding = TaskConfig("link_prediction", exclude_target_edges=True)
+    with pytest.raises(ConfigError, match=refusal):
+        SingleWithoutExclusion().check_task(excluding)
+
+    class SingleWithoutHead(type(SYSTEMS["single"].config_type())):
+        TRAINS_TASK_HEAD = False
+
+    with pytest.raises(ConfigError, match=r"task.decoder=mlp: strategy=single does not train"):
+        SingleWithoutHead().check_task(TaskConfig("link_prediction", decoder="mlp"))
+    SingleWithoutExclusion().check_task(TaskConfig("link_prediction"))
+    settings = ["task=link_prediction", "task.exclude_target_edges=true"]
+    for name in LINK_SYSTEMS:  # through train.py's config, before any rank starts
+        if name not in able:
+            with pytest.raises(ConfigError, match=f"strategy={name} does not leave"):
+                run_config(make_cfg(tmp_path, f"strategy={name}", *settings))
+    with pytest.raises(ConfigError, match="task.exclude_target_edges: link_prediction settings"):
+        TaskConfig("node_classification", exclude_target_edges=True)
+
+
+def test_the_mlp_decoder_trains_with_the_net_and_ddp_equals_single(tmp_path):
+    """``task.decoder=mlp``: the decoder's weights are the module's (in the checkpoint, moved
+    by the optimiser), and 2 ``ddp`` ranks (unsalted keys, float64) end with ``single``'s net
+    and decoder: its gradients are synced with the net's."""
+    from lightning_gnnscale.run import train
+    from tests.systems.conformance import weights
+
+    common = ["task=link_prediction", "task.decoder=mlp", "dtype=float64", "model.dropout=0.0"]
+    common += ["trainer.max_epochs=2"]
+    runs = {}
+    for name, extra in (("single", []), ("ddp", ["strategy.salt_by_rank=false"])):
+        metrics, objects = train(make_cfg(tmp_path / name, f"strategy={name}", *common, *extra))
+        runs[name] = weights(Path(objects["output_dir"]))
+        assert 0.0 < metrics["test_auc"] <= 1.0
+    single, ddp = runs["single"], runs["ddp"]
+    head = [key for key in single if key.startswith("head.")]
+    assert len(head) == 4  # two linear layers: weight and bias each
+    assert single.keys() == ddp.keys()
+    for key in single:
+        torch.testing.assert_close(ddp[key], single[key], rtol=0, atol=1e-9, msg=key)
+    fresh = build_task(TaskConfig("link_prediction", decoder="mlp"))
+    torch.manual_seed(0)
+    init = fresh.trained_head().double().state_dict()
+    assert not all(torch.equal(init[k[5:]], single[k]) for k in head)  # trained
+
+
+def test_a_negative_equal_to_the_destination_ties_with_the_positive():
+    """OGB's tie rule on the fixed negatives: a negative that is the positive's own
+    destination scores exactly as the positive (one kernel for both), so it counts as half a
+    better candidate whatever the embeddings' last bits (random float32 rows, where the
+    decoder's pairwise sum and the candidates' product differ in the last bit)."""
+    from lightning_gnnscale.tasks.link.metrics import ranking_statistics
+
+    task = build_task(TaskConfig("link_prediction"))
+    generator = torch.Generator().manual_seed(0)
+    h_src = torch.randn(500, 64, generator=generator)
+    h_cand = torch.randn(500, 20, 64, generator=generator)
+    h_dst = h_cand[:, 3].clone()  # every positive's destination is also its 4th negative
+    pos = task.pair_scores(h_src, h_dst)
+    neg = task.decoder.score_candidates(h_src, h_cand)
+    assert torch.equal(pos, neg[:, 3])
+    assert (task.decoder(h_src, h_dst) != pos).any()  # the pairwise kernel would break ties
+    stats = ranking_statistics(pos, neg)
+    rank = 1 + (neg > pos.unsqueeze(1)).sum(1) + (neg == pos.unsqueeze(1)).sum(1) / 2
+    assert stats[1] == pytest.approx(float((1 / rank.double()).sum()), rel=1e-12)
+    assert bool((rank >= 1.5).all())  # the tie is half a place

@@ -145,7 +145,7 @@ class PartitionDirIO:
             {
                 **self.partition_expectation(world_size),
                 "dataset": identity,
-                "graph": graph_fingerprint(graph, self.partition_fingerprint_targets()),
+                "graph": graph_fingerprint(graph, self.fingerprint_targets()),
                 "num_nodes": graph.num_nodes,
                 "num_edges": graph.num_edges,
                 "num_features": graph.num_features,
@@ -156,11 +156,10 @@ class PartitionDirIO:
             }
         )
 
-    def partition_fingerprint_targets(self):
-        """The per-node rows (:class:`~..graph.node_targets.NodeTargets`) whose digest the
-        directory's ``graph`` record carries beside the structure: the task's targets; a
-        system whose task's targets are not per-node rows (link prediction's) gives the rows
-        it partitioned on."""
+    def fingerprint_targets(self):
+        """The node rows the directory's ``graph`` fingerprint digests (default the task's
+        :attr:`targets`; a system whose task's targets are not node rows, link prediction's,
+        gives the node rows its partition holds)."""
         return self.targets
 
     def write_parts(self, world_size: int, writer, log) -> dict:

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import ConfigError
-from ..graph.node_targets import NodeDataset
+from ..graph.node_targets import NodeDataset, NodeTargets
 from . import HITS_KS, TASKS, TaskConfig
 from .base import NodeTask
-from .link.decoders import DotDecoder
+from .link.decoders import DotDecoder, MLPDecoder
 from .link.metrics import auc_of, auc_statistics, ranking_metrics, ranking_statistics
 from .link.negatives import evaluation_negatives, joint_negatives, uniform_negatives
 from .link.split import EdgeLookup, LinkSplit, random_link_split
@@ -56,6 +56,17 @@ class LinkTargets:
         """The training edges by endpoints (what ``filter_negatives`` redraws against)."""
         return EdgeLookup(*self.split.structure("train"))
 
+    def node_rows(self) -> NodeTargets:
+        """The split as unlabelled node rows: a node is in a split when it ends one of the
+        split's pairs (what a partitioner balances and a partition's node rows hold, for a
+        system that partitions the graph as for the node tasks)."""
+        n, masks = self.num_nodes, []
+        for name in ("train", "val", "test"):
+            mask = torch.zeros(n, dtype=torch.bool)
+            mask[self.split.positives(name).flatten()] = True
+            masks.append(mask)
+        return NodeTargets(torch.full((n,), -1, dtype=torch.int64), *masks, self.out_dim)
+
 
 class LinkPrediction(NodeTask):
     """Positive training pairs as seeds, ``num_negatives`` corrupted destinations per positive
@@ -73,7 +84,6 @@ class LinkPrediction(NodeTask):
     statistic_names = ("auc_wins_x2", "auc_pairs_x2", "count", "reciprocal_rank_sum") + tuple(
         f"hits@{k}" for k in HITS_KS
     )
-    decoder = DotDecoder()
     # PyG's GCNConv's: with nn.Linear's smaller weights the dot products start near 0 and the
     # loss sits on its 0.693 plateau (docs/tasks.md, "Link prediction")
     default_init = "glorot"
@@ -83,6 +93,17 @@ class LinkPrediction(NodeTask):
         if config.name != self.spec.name:
             raise ValueError(f"a {self.spec.name} task built from task.name={config.name!r}")
         super().__init__(config)
+        self.decoder: DotDecoder | MLPDecoder = DotDecoder()
+
+    def trained_head(self) -> MLPDecoder | None:
+        """``task.decoder=mlp``: a fresh MLP decoder (drawn from torch's generator, as the net
+        is, by the module that registers it), which this task then scores with; else ``None``
+        (the dot product has no parameters)."""
+        if self.config.decoder != "mlp":
+            return None
+        width = self.config.embedding_dim
+        self.decoder = MLPDecoder(width, width, num_layers=2)
+        return self.decoder
 
     def prepare(self, dataset: NodeDataset, seed: int) -> LinkTargets:
         """The seeded edge split of ``dataset``'s graph (``undirected`` when the graph is
@@ -120,6 +141,16 @@ class LinkPrediction(NodeTask):
     def training_structure(self, graph, targets: LinkTargets) -> tuple[Tensor, Tensor]:
         """The CSC training blocks are sampled on: the training edges only."""
         return targets.split.structure("train")
+
+    def excluded_edges(self, targets: LinkTargets, global_seeds: Tensor) -> Tensor | None:
+        """With ``exclude_target_edges``: the keys of the step's positive pairs in both
+        directions (every rank leaves out the whole step's, so a step split over ranks samples
+        what one process does); else ``None``."""
+        if not self.config.exclude_target_edges:
+            return None
+        src, dst = targets.split.train_pos[:, global_seeds]
+        n = targets.num_nodes
+        return torch.unique(torch.cat([dst * n + src, src * n + dst]))
 
     def pairs_per_positive(self) -> int:
         """Loss terms per positive: itself and its negatives."""
@@ -222,20 +253,29 @@ class LinkPrediction(NodeTask):
         chunk = max(1, SCORED_ELEMENTS // (m * width))  # edges whose candidates fit at once
         auc_neg = torch.cat(
             [
-                self.decoder(emb[pos[0, rows]], emb[self._negatives(targets, split, rows, 1)[:, 0]])
+                self.pair_scores(
+                    emb[pos[0, rows]], emb[self._negatives(targets, split, rows, 1)[:, 0]]
+                )
                 for rows in index.split(chunk * m)
             ]
         )
         total = torch.zeros(len(self.statistic_names), dtype=torch.float64)
         for rows in index[rank::world_size].split(chunk):
             h_src = emb[pos[0, rows]]
-            pos_scores = self.decoder(h_src, emb[pos[1, rows]])
+            pos_scores = self.pair_scores(h_src, emb[pos[1, rows]])
             negs = self._negatives(targets, split, rows, m)
             neg_scores = self.decoder.score_candidates(h_src, emb[negs])
             total += torch.cat(
                 [auc_statistics(pos_scores, auc_neg), ranking_statistics(pos_scores, neg_scores)]
             )
         return total
+
+    def pair_scores(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
+        """Evaluation scores ``[n]`` of pairs, by the candidates' kernel
+        (``score_candidates``), so that a fixed negative equal to the positive's destination
+        scores exactly as the positive does (a tie, by OGB's rule) whatever the embeddings'
+        last bits; the decoder's pairwise kernel sums in another order."""
+        return self.decoder.score_candidates(h_src, h_dst.unsqueeze(1)).squeeze(1)
 
     @staticmethod
     def _negatives(targets: LinkTargets, split: str, rows: Tensor, m: int) -> Tensor:

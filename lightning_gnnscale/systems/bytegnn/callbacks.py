@@ -63,7 +63,7 @@ class ByteGNNStats(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if not hasattr(self, "_start"):
             return
-        self._seeds += batch.global_seed_count
+        self._seeds += batch.stats.get("global_seeds", batch.global_seed_count)
         self._wait += batch.stats.get("sample_s", 0.0)
         self._dag += batch.stats.get("dag_s", 0.0)
         self._last = time.perf_counter()

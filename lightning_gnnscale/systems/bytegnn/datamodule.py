@@ -28,17 +28,29 @@ from ...bounds import usable_cores
 from ...comm import OwnerRoute
 from ...comm.transport import SocketTransport
 from ...contract import RankContext
+from ...errors import ConfigError
 from ...graph.block import Block
 from ...graph.book import PartitionedGraph, partition_and_relabel
 from ...graph.halo_part import HaloPart, write_halo_parts
 from ...graph.partition_config import METHOD_OPTIONS
 from ...graph.partition_dir import PartitionDir
+from ...graph.seed_split import SeedSplit
 from ...kit.datamodule import GNNDataModule
+from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, core_statistics, own_predictions
 from ...models.gnn import BlockGNN
 from ...store_secret import require_secret
 from .address import service_address
 from .config import SECRET_REASON, ByteGNNConfig
+from .link import (
+    EVAL_SPLITS,
+    LinkDag,
+    LinkPart,
+    LinkSteps,
+    check_link_part,
+    prepare_link,
+    write_link_parts,
+)
 from .store import GraphStore
 from .sworker import ByteGNNBatch, SWorker
 
@@ -51,8 +63,21 @@ class ByteGNNDataModule(GNNDataModule):
 
     def __init__(self, dataset, config: ByteGNNConfig | None = None, data=None, **kwargs):
         super().__init__(dataset, config or ByteGNNConfig(), data, **kwargs)
+        if self.link_prediction and self.task.config.filter_negatives:
+            raise ConfigError(
+                "strategy=bytegnn: task.filter_negatives=true is not built (a rank holds its "
+                "partition's in-edges, not every training edge of the sources it seeds, which "
+                "a negative is checked against); leave it false (DGL's and GraphStorm's "
+                "default)"
+            )
         self.sworker: SWorker | None = None
         self.transport: SocketTransport | None = None
+        self.link_part: LinkPart | None = None
+
+    @property
+    def link_prediction(self) -> bool:
+        """Whether this run's seeds are edges (link prediction, ``link.py``)."""
+        return self.task.spec.seeds == "edges"
 
     def partition_options(self) -> dict[str, Any]:
         """The partitioner's options; K-hop blocks get ``hops`` = the model's depth unless set."""
@@ -64,7 +89,18 @@ class ByteGNNDataModule(GNNDataModule):
 
     @override
     def preprocess(self, world_size: int) -> PartitionedGraph:
-        """Partition once (cached on disk by content hash), relabel, report the balance."""
+        """Partition once (cached on disk by content hash), relabel, report the balance
+        (link prediction: with every edge's split, ``link.prepare_link``)."""
+        if self.link_prediction:
+            return prepare_link(
+                self.graph,
+                self.targets,
+                self.config.partition.method,
+                world_size,
+                self.seed,
+                self.cache_dir,
+                **self.partition_options(),
+            )
         return partition_and_relabel(
             self.graph,
             self.targets,
@@ -83,19 +119,35 @@ class ByteGNNDataModule(GNNDataModule):
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
-        """Every rank's :meth:`part_of`, with :func:`~...graph.halo_part.write_halo_parts`."""
-        return write_halo_parts(self.prepare(world_size), self.part_of, writer, log)
+        """Every rank's :meth:`part_of`, with :func:`~...graph.halo_part.write_halo_parts`
+        (link prediction: :func:`~.link.write_link_parts`)."""
+        write = write_link_parts if self.link_prediction else write_halo_parts
+        return write(self.prepare(world_size), self.part_of, writer, log)
 
     @override
-    def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart:
+    def check_partition_part(self, opened, k: int) -> None:
+        if self.link_prediction:
+            check_link_part(opened, k)
+
+    @override
+    def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart | LinkPart:
         """With the training ids' degrees (for the task costs and GCN) where a rank holds no
-        ``[N]`` degrees."""
+        ``[N]`` degrees; link prediction's :class:`~.link.LinkPart`."""
+        if self.link_prediction:
+            return LinkPart.of(prepared, rank)
         seeds = self.task.train_seeds(prepared.targets)
         return HaloPart.of(prepared, rank, seeds, seed_degrees=True)
 
     @override
-    def load_part(self, opened: PartitionDir, rank: int) -> HaloPart:
-        return HaloPart.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
+    def load_part(self, opened: PartitionDir, rank: int) -> HaloPart | LinkPart:
+        kind = LinkPart if self.link_prediction else HaloPart
+        return kind.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
+
+    @override
+    def fingerprint_targets(self):
+        """Node rows for the directory's graph fingerprint (link prediction's
+        ``LinkTargets.node_rows``)."""
+        return self.targets.node_rows() if self.link_prediction else self.targets
 
     @override
     def setup_rank(self, context: RankContext, part: HaloPart) -> None:
@@ -104,16 +156,20 @@ class ByteGNNDataModule(GNNDataModule):
             assert_same_on_all_ranks(comm, part.agreed, "the ByteGNN partition")
         self.local, self.degree, self.local_degree = part.local, part.degree, part.local_degree
         self.core_orig_ids = part.orig_ids
-        split = part.seed_split(self.data.batch_size, self.seed)
-        store = GraphStore(
-            self.local,
-            book,
-            self.degree,
-            None,
-            local_degree=self.local_degree,
-            seed_ids=part.trainer_seeds,
-            seed_degree=part.seed_degree,
-        )
+        link = None
+        if self.link_prediction:
+            store, split, link = self._link_store(part, rank)
+        else:
+            split = part.seed_split(self.data.batch_size, self.seed)
+            store = GraphStore(
+                self.local,
+                book,
+                self.degree,
+                None,
+                local_degree=self.local_degree,
+                seed_ids=part.trainer_seeds,
+                seed_degree=part.seed_degree,
+            )
         self.book = book
         config = self.config
         timeout_s = comm.timeout.total_seconds() if comm.timeout is not None else 300.0
@@ -136,7 +192,31 @@ class ByteGNNDataModule(GNNDataModule):
             config.sampling_threads,
             timeout_s,
             cores=usable_cores() / max(1, local_ranks),
+            link=link,
         )
+
+    def _link_store(self, part: LinkPart, rank: int) -> tuple[GraphStore, SeedSplit, LinkDag]:
+        """Link prediction's store (the training edges of this rank's partition, the
+        degrees they give, the id-map shard), its pair split and its DAG parts."""
+        self.link_part = part
+        none = torch.zeros(0, dtype=torch.int64)
+        store = GraphStore(
+            part.stage_partition("train"),
+            part.book,
+            None,
+            None,
+            local_degree=part.stage_local_degree("train"),
+            seed_ids=none,
+            seed_degree=none,
+            id_shard=(part.id_offsets, part.id_gid, part.id_degree),
+        )
+        pairs = part.pair_ids.numel()
+        split = SeedSplit.from_chunk(
+            torch.arange(pairs), part.pair_sizes, rank, self.data.batch_size, self.seed
+        )
+        steps = LinkSteps(split, part.pair_ids, int(part.pair_sizes.sum()), self.seed)
+        targets = part.local_targets(self.seed, self.out_dim)
+        return store, split, LinkDag(self.task, targets, steps)
 
     # ------------------------------------------------------------------------ lifetime
     @override
@@ -214,20 +294,27 @@ class ByteGNNDataModule(GNNDataModule):
         return own_predictions(self.core_orig_ids, rows, node_ids, self.book.num_nodes)
 
     @torch.no_grad()
-    def core_outputs(self, net: torch.nn.Module, layers: int) -> torch.Tensor:
+    def core_outputs(
+        self, net: torch.nn.Module, layers: int, stage: str | None = None
+    ) -> torch.Tensor:
         """The core's rows ``[n_core, d]`` after ``layers`` layers of full-neighbourhood,
         layer-wise inference over the partitions: each layer's halo rows come from their
-        owners (``feature``, then ``activation``)."""
+        owners (``feature``, then ``activation``). ``stage`` (link prediction): over that
+        stage's edges of the partition (``train``, or ``test``: train + validation) with
+        their degrees; ``None``: every edge."""
         if not isinstance(net, BlockGNN):
             raise TypeError(f"ByteGNN evaluates a BlockGNN net, got {type(net).__name__}")
-        local, comm = self.local, self.context.comm
+        local, degree, comm = self.local, self.local_degree, self.context.comm
+        if stage is not None:
+            local = self.link_part.stage_partition(stage)
+            degree = self.link_part.stage_local_degree(stage)
         halo = local.local2global[local.num_core :]
         dst = torch.repeat_interleave(torch.arange(local.num_core), local.indptr.diff())
         block = Block(
             torch.arange(local.num_local),
             local.num_core,
             torch.stack([local.indices, dst]),
-            self.local_degree,
+            degree,
         )
         device = next(net.parameters()).device
         route = OwnerRoute.build(comm, halo, self.book.nid2part(halo), category="structure")
@@ -242,7 +329,40 @@ class ByteGNNDataModule(GNNDataModule):
 
     @override
     def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """The task's statistics on this rank's core, from :meth:`core_outputs`."""
+        """The task's statistics on this rank's core, from :meth:`core_outputs` (link
+        prediction: :meth:`link_statistics`)."""
+        if self.link_prediction:
+            return self.link_statistics(net, splits)
         return core_statistics(
             self.task, self.local, self.core_outputs(net, net.num_layers), splits
+        )
+
+    def link_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """Link prediction's statistics: this rank's core embedded once per stage (over its
+        partition's training edges for validation, training + validation edges for test),
+        and the evaluation pairs whose source it owns scored by
+        :func:`~...kit.link_partitioned.owned_link_statistics`, which pulls the other rows
+        from their owners. A node's owner comes from its id-map shard (collective:
+        ``structure`` bytes)."""
+        part, comm = self.link_part, self.context.comm
+        offsets = part.id_offsets
+        first = int(offsets[comm.rank])
+
+        def owner(ids: torch.Tensor) -> torch.Tensor:
+            shard = torch.searchsorted(offsets[1:], ids, right=True)
+            route = OwnerRoute.build(comm, ids, shard, category="structure")
+            gids = part.id_gid.index_select(0, route.served - first)
+            return self.book.nid2part(route.reply(comm, gids, category="structure"))
+
+        pairs = {s: (part.eval_pos[s], part.eval_index[s]) for s in EVAL_SPLITS}
+        return owned_link_statistics(
+            self.task,
+            lambda stage: self.core_outputs(net, net.num_layers, stage).cpu(),
+            self.core_orig_ids,
+            owner,
+            pairs,
+            part.num_nodes,
+            self.seed,
+            splits,
+            comm,
         )

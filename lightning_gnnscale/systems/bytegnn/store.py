@@ -31,7 +31,7 @@ from ...comm.transport import SocketTransport
 from ...graph.book import LocalPartition, RangeBook
 from ...graph.sampler import sample_neighbors
 
-NSC, FEATURES, TARGETS = 1, 2, 3  # request kinds
+NSC, FEATURES, TARGETS, IDMAP = 1, 2, 3, 4  # request kinds
 
 
 class GraphStore:
@@ -49,6 +49,9 @@ class GraphStore:
         local_degree: int64 ``[n_core + n_halo]`` full-graph in-degrees of the core and halo.
         seed_ids, seed_degree: sorted training gids of this rank's seed chunk and their
             degrees (a seed need not be in this partition).
+        id_shard: link prediction's id map (``link.py``): ``(offsets [P + 1], gid [n_r],
+            degree [n_r])``, this rank's shard of original ids ``[offsets[rank],
+            offsets[rank + 1])`` with each id's gid and training in-degree; ``None``: none.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class GraphStore:
         local_degree: Tensor | None = None,
         seed_ids: Tensor | None = None,
         seed_degree: Tensor | None = None,
+        id_shard: tuple[Tensor, Tensor, Tensor] | None = None,
     ) -> None:
         self.local, self.book, self.degree, self.transport = local, book, degree, transport
         self.rank = local.part_id
@@ -70,6 +74,7 @@ class GraphStore:
         elif local_degree is None or seed_ids is None or seed_degree is None:
             raise ValueError("a store without the [N] degrees needs local_degree and seed_*")
         self.local_degree, self.seed_ids, self.seed_degree = local_degree, seed_ids, seed_degree
+        self.id_shard = id_shard
 
     @property
     def max_in_degree(self) -> int:
@@ -82,6 +87,8 @@ class GraphStore:
         ids = self.local.num_core * 8
         if kind == NSC:
             return ids + 16
+        if kind == IDMAP:
+            return None if self.id_shard is None else self.id_shard[1].numel() * 8
         return ids if kind in (FEATURES, TARGETS) else None
 
     def answer_bytes(self, owner: int, kind: int, num_ids: int, fanout: int = 0) -> int:
@@ -91,6 +98,8 @@ class GraphStore:
             most = self.transport.advertised(owner)
             per_id = most if fanout == -1 else min(fanout, most)
             return num_ids * (8 + per_id * 16)  # a count; a source and its degree each
+        if kind == IDMAP:
+            return num_ids * 16  # a gid and a degree each
         rows = self.local.x if kind == FEATURES else self.local.targets.target
         return num_ids * math.prod(rows.shape[1:]) * rows.element_size()
 
@@ -160,12 +169,15 @@ class GraphStore:
             return [self.local.x.index_select(0, gids - self.first_gid)], "feature"
         if kind == TARGETS:
             return [self.local.targets.target.index_select(0, gids - self.first_gid)], "feature"
+        if kind == IDMAP and self.id_shard is not None:
+            return [self._id_rows(gids)], "structure"
         raise ValueError(f"unknown request kind {kind}")
 
     # ------------------------------------------------------------------ any vertex
-    def _by_owner(self, gids: Tensor) -> list[tuple[int, Tensor]]:
-        """``[(owner, increasing positions in gids)]``: ``gids`` grouped by owning rank."""
-        owners = self.book.nid2part(gids)
+    def _by_owner(self, gids: Tensor, owners: Tensor | None = None) -> list[tuple[int, Tensor]]:
+        """``[(owner, increasing positions in gids)]``: ``gids`` grouped by owning rank
+        (``owners``: each one's, default the book's)."""
+        owners = self.book.nid2part(gids) if owners is None else owners
         order = torch.argsort(owners, stable=True)
         counts = torch.bincount(owners, minlength=self.book.num_parts).tolist()
         groups, start = [], 0
@@ -231,3 +243,28 @@ class GraphStore:
         """The task's target rows of ``gids`` (``NodeTargets.target`` rows: ``[n]`` or
         ``[n, d]``)."""
         return self._rows(gids, TARGETS, self.local.targets.target)
+
+    # ------------------------------------------------------------------ the id map
+    def _id_rows(self, ids: Tensor) -> Tensor:
+        """``[n, 2]`` (gid, training in-degree) of original ids in this rank's shard."""
+        offsets, gid, degree = self.id_shard
+        at = ids - offsets[self.rank]
+        if ids.numel() and (int(at.min()) < 0 or int(at.max()) >= gid.numel()):
+            raise ValueError(f"rank {self.rank} was asked for ids outside its id-map shard")
+        return torch.stack([gid.index_select(0, at), degree.index_select(0, at)], 1)
+
+    def resolve(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """``(gids, training in-degrees)`` of original ids ``ids`` (link prediction's pairs
+        and negatives), from their id-map shards: this rank's read in place, the others'
+        requested (``structure``: 8 B out and 16 B back per id)."""
+        offsets = self.id_shard[0]
+        owners = torch.searchsorted(offsets[1:], ids, right=True)
+        out = ids.new_empty((ids.numel(), 2))
+        for owner, where in self._by_owner(ids, owners):
+            if owner == self.rank:
+                out[where] = self._id_rows(ids[where])
+            else:
+                bound = self.answer_bytes(owner, IDMAP, len(where))
+                answer = self.transport.request(owner, IDMAP, [ids[where]], "structure", bound)
+                out[where] = answer[0]
+        return out[:, 0], out[:, 1]

@@ -34,6 +34,7 @@ from ...graph.sampler import BlockBuilder, SampleKey, build_block_carried
 from ...graph.seed_split import SeedSplit
 from .config import DagConfig, SchedulerConfig
 from .dag import Dag, Executor, Task, TaskError
+from .link import LinkDag, LinkSeeds
 from .scheduler import CoarseController, CpuMeter, run_coarse_loop
 from .store import GraphStore
 
@@ -51,7 +52,9 @@ def chunk_bounds(n: int, parts: int, i: int) -> tuple[int, int]:
 
 def _frontier(result) -> Tensor:
     """The vertices the next hop expands: the seeds, or a merged block's sources."""
-    return result.src_ids if isinstance(result, Block) else result
+    if isinstance(result, Block):
+        return result.src_ids
+    return result.ids if isinstance(result, LinkSeeds) else result
 
 
 def _frontier_degree(store: GraphStore, result, a: int = 0, b: int | None = None) -> Tensor:
@@ -59,6 +62,8 @@ def _frontier_degree(store: GraphStore, result, a: int = 0, b: int | None = None
     sources'; the seeds' come from the store."""
     if isinstance(result, Block):
         return result.src_deg[a:b]
+    if isinstance(result, LinkSeeds):
+        return result.deg[a:b]
     return store.degree_of(result[a:b])
 
 
@@ -114,6 +119,10 @@ class SWorker:
         cpu_percent: the CPU meter (injectable for tests); default a :class:`CpuMeter` of
             this process over ``scheduler.cpu_window_ms``.
         before_task: passed to :class:`Executor` (tests inject delays or failures).
+        link: link prediction's DAG parts (``None``: a node task's DAG). Its seeds are
+            local training pairs: a ``negative`` task turns them into the step's seed nodes
+            and ``y`` (``task.step_rows``) and a ``resolve`` task maps those nodes to gids
+            through the id map before the hops sample them (module docstring).
     """
 
     def __init__(
@@ -129,13 +138,19 @@ class SWorker:
         cores: float = 1.0,
         cpu_percent: Callable[[], float] | None = None,
         before_task: Callable[[Task], None] | None = None,
+        link: LinkDag | None = None,
     ) -> None:
+        self.link = link
         self.store, self.split, self.fanouts, self.seed = store, split, list(fanouts), seed
         self.dag_config, self.scheduler_config = dag, scheduler
         self.timeout_s = timeout_s
         self._cpu = cpu_percent
         self.cores = cores
         x, y = store.local.x, store.local.targets.target
+        most_seeds = -(-split.mine.numel() // split.steps)  # the most seeds of a step here
+        target_bytes = math.prod(y.shape[1:]) * y.element_size()
+        if link is not None:  # seed nodes per pair; y's rows are fewer than the nodes
+            most_seeds, target_bytes = most_seeds * link.nodes_per_pair, 24
         self.controller = CoarseController(
             scheduler.threshold,
             scheduler.q_floor,
@@ -143,11 +158,11 @@ class SWorker:
             scheduler.max_inflight,
             scheduler.prefetch_mb * 2**20,
             batch_bytes_bound(
-                -(-split.mine.numel() // split.steps),  # the most seeds of a step here
+                most_seeds,
                 self.fanouts,
                 store.book.num_nodes,
                 x.shape[1] * x.element_size(),
-                math.prod(y.shape[1:]) * y.element_size(),
+                target_bytes,
             ),
         )
         self.executor = Executor(num_threads, self._finished, self._failed, before_task)
@@ -184,12 +199,31 @@ class SWorker:
         width = max(1, store.local.x.shape[1])
 
         seed = Task("seed", lambda: split.seeds(epoch, step), cost_fn=lambda: 1.0)
-        target = Task("target", store.targets, [seed], cost_fn=lambda s: s.numel())
-        tasks, sinks = [seed, target], [target]
+        tasks = [seed]
+        link = self.link
+        if link is not None:  # seeds are pairs: negatives, then the seed nodes' gids
+
+            def negative(pairs: Tensor) -> tuple[Tensor, Tensor]:
+                positions = link.steps.positions(epoch, step, pairs)
+                return link.task.step_rows(link.targets, pairs, positions, epoch=epoch, step=step)
+
+            def resolve(rows: tuple[Tensor, Tensor]) -> LinkSeeds:
+                return LinkSeeds(*store.resolve(rows[0]), rows[1])
+
+            k = link.task.config.num_negatives
+            neg = Task("negative", negative, [seed], cost_fn=lambda s: s.numel() * k)
+            ids = Task("resolve", resolve, [neg], cost_fn=lambda r: r[0].numel())
+            target = Task("target", lambda s: s.y, [ids], cost_fn=lambda s: 0.0)
+            tasks += [neg, ids]
+            seed = ids  # the hops start from the seed nodes
+        else:
+            target = Task("target", store.targets, [seed], cost_fn=lambda s: s.numel())
+        tasks.append(target)
+        sinks = [target]
 
         def fetch(hop: int, prev: Task) -> list[Task]:
             def new_vertices(result) -> Tensor:
-                return result if hop == 0 else result.src_ids[result.num_dst :]
+                return _frontier(result) if hop == 0 else result.src_ids[result.num_dst :]
 
             out = []
             for c in range(config.ff_tasks):
@@ -257,7 +291,9 @@ class SWorker:
             x = torch.cat(rest[num_merges:])
             stats = {"input_nodes": blocks[0].num_src}
             count = split.global_seed_count(step)
-            return ByteGNNBatch(blocks, x, targets, count, epoch, step, stats, dag_id=dag_id)
+            stats["global_seeds"] = count  # positives under link prediction
+            terms = count if link is None else link.task.loss_terms(count)
+            return ByteGNNBatch(blocks, x, targets, terms, epoch, step, stats, dag_id=dag_id)
 
         tasks.append(Task("end", end, [target, *sinks[1:], *ffs]))
         return Dag(dag_id, tasks, name=f"epoch {epoch}, step {step}")

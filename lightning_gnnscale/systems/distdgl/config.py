@@ -34,6 +34,7 @@ class DistDGLConfig(SystemConfig):
     NAMES = ("distdgl",)
     # link prediction last: CI's conformance runs a preset's first two tasks
     TASKS = (*NODE_TASKS, "link_prediction")
+    EXCLUDES_TARGET_EDGES = True  # the step's pairs, all-gathered, out of every rank's blocks
     supports_partition_dir = True
 
     def __post_init__(self) -> None:

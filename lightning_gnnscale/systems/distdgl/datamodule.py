@@ -45,7 +45,6 @@ from .link import (
     LinkHaloPart,
     LinkPart,
     PairOrder,
-    link_node_view,
     link_partitioned,
     stage_partition,
 )
@@ -185,9 +184,9 @@ class DistDGLDataModule(GNNDataModule):
     def preprocess(self, world_size: int) -> PartitionedGraph:
         """Partition once (cached on disk by content hash), relabel, report the balance. Under
         link prediction the whole graph is partitioned on the edge split's per-node view
-        (:func:`~.link.link_node_view`) and every relabelled edge keeps its stage."""
+        (``LinkTargets.node_rows``) and every relabelled edge keeps its stage."""
         partition = self.config.partition
-        targets = link_node_view(self.targets) if self.is_link else self.targets
+        targets = self.targets.node_rows() if self.is_link else self.targets
         prepared = partition_and_relabel(
             self.graph,
             targets,
@@ -208,8 +207,8 @@ class DistDGLDataModule(GNNDataModule):
         return {"method": partition.method, "partition_options": partition.options()}
 
     @override
-    def partition_fingerprint_targets(self):
-        return link_node_view(self.targets) if self.is_link else self.targets
+    def fingerprint_targets(self):
+        return self.targets.node_rows() if self.is_link else self.targets
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
@@ -303,6 +302,7 @@ class DistDGLDataModule(GNNDataModule):
         rank's positive pairs of the step and of their negatives (``task.step_rows``, original
         ids, mapped to gids through the owners) and ``y`` comes with them."""
         start = time.perf_counter()
+        exclude = None
         if self.link is None:
             seeds = self.split.seeds(epoch, step)
             y = None
@@ -314,7 +314,9 @@ class DistDGLDataModule(GNNDataModule):
             )
             seeds = self.ids.gids(nodes)
             count = self.task.loss_terms(self.pairs.global_count(step))
-        blocks = self.sampler.sample(seeds, epoch, step)
+            if self.task.config.exclude_target_edges:
+                exclude = self._step_pair_keys(pairs)
+        blocks = self.sampler.sample(seeds, epoch, step, exclude)
         if self.degree is None:  # no [N] degrees here: the owners'
             blocks = self._with_degrees(blocks)
         sampled = time.perf_counter()
@@ -330,6 +332,17 @@ class DistDGLDataModule(GNNDataModule):
             "input_nodes": blocks[0].num_src,
         }
         return DistDGLBatch(blocks, x, y, count, epoch, step, stats, inputs=self.inputs)
+
+    def _step_pair_keys(self, pairs: Tensor) -> Tensor:
+        """``task.exclude_target_edges``: sorted keys ``dst * N + src`` (gids) of the whole
+        step's positive pairs in both directions: every rank's pairs of the step (all-gathered,
+        ``structure``: 16 bytes a pair) mapped to gids through the owners, so that every rank
+        leaves out what one process leaves out."""
+        mine = self.link_targets.split.train_pos[:, pairs].t().contiguous()
+        every, _ = self.kv.comm.all_gather_varlen(mine, category="structure")
+        gids = self.ids.gids(every.flatten()).view(-1, 2)
+        src, dst, n = gids[:, 0], gids[:, 1], self.kv.book.num_nodes
+        return torch.unique(torch.cat([dst * n + src, src * n + dst]))
 
     def _with_degrees(self, blocks: list[Block]) -> list[Block]:
         """``blocks`` with their ``src_deg``: every block's sources are a prefix of the input

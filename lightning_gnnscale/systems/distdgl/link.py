@@ -1,7 +1,7 @@
 """DistDGL's link prediction (docs/systems/distdgl.md, "Link prediction").
 
-The graph is partitioned and relabelled as for node tasks (the whole graph, METIS on a per-node
-view of the edge split); on top of its :class:`~...graph.halo_part.HaloPart` a rank holds its
+The graph is partitioned and relabelled as for node tasks (the whole graph, METIS on the edge
+split's node rows, ``LinkTargets.node_rows``); on top of its :class:`~...graph.halo_part.HaloPart` a rank holds its
 part of the edge split (:class:`LinkPart`): the training pairs whose source it owns (the ones
 it seeds, DistDGL's "edges of its own partition"), the validation and test pairs whose source
 it owns (the ones it scores), the stage of each of its local edges (train, val or test: the
@@ -24,7 +24,6 @@ from torch import Tensor
 from ...comm import Comm, OwnerRoute
 from ...graph.book import LocalPartition, PartitionedGraph, RangeBook
 from ...graph.halo_part import HaloPart
-from ...graph.node_targets import NodeTargets
 from ...graph.order import epoch_permutation
 from ...graph.seed_split import even_offsets
 from ...tasks.link.split import STAGES, EdgeLookup, LinkSplit
@@ -35,27 +34,9 @@ EVAL_SPLITS = ("val", "test")
 PREFIX = "link_"  # the partition directory's names of a LinkPart's arrays
 
 
-def link_node_view(targets: LinkTargets) -> NodeTargets:
-    """The per-node rows a partitioner balances and the partition's parts carry under link
-    prediction: a node is in a split's mask when it is the source of one of its pairs (the
-    pairs a rank owning it seeds or scores); no labels (``-1``); the embedding width as head."""
-    n, split = targets.num_nodes, targets.split
-
-    def sources(pos: Tensor) -> Tensor:
-        return torch.bincount(pos[0], minlength=n) > 0
-
-    return NodeTargets(
-        target=torch.full((n,), -1, dtype=torch.int64),
-        train=sources(split.train_pos),
-        val=sources(split.val_pos),
-        test=sources(split.test_pos),
-        out_dim=targets.out_dim,
-    )
-
-
 @dataclass(frozen=True)
 class LinkPartitioned(PartitionedGraph):
-    """A :class:`PartitionedGraph` of the whole graph (targets: :func:`link_node_view`'s rows)
+    """A :class:`PartitionedGraph` of the whole graph (targets: ``LinkTargets.node_rows``)
     with the edge split in original ids and every relabelled edge's stage.
 
     Attributes:

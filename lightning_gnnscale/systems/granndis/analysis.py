@@ -114,7 +114,14 @@ def e4_compare(
     world = num_servers * workers_per_server
     dims = [graph.num_features] + [hidden] * num_layers
     params = sage_num_params(graph.num_features, hidden, targets.out_dim, num_layers)
-    train = build_task(task).train_seeds(targets)
+    task = build_task(task)
+    if task.spec.seeds != "nodes":
+        raise ValueError(
+            f"e4_compare compares steps of node targets; task={task.name} seeds "
+            f"{task.spec.seeds} (under link prediction every node is a loss row: see "
+            "docs/systems/granndis.md, 'Link prediction')"
+        )
+    train = task.train_seeds(targets)
 
     # the step's targets: the first co-batch of every server (CoB's step 0)
     splits = targets.split_matrix()

@@ -169,6 +169,8 @@ class GraNNDISConfig(SystemConfig):
     grad_sync: str = "ddp"
 
     NAMES: ClassVar[tuple[str, ...]] = tuple(_PRESETS)
+    # link prediction last: CI's conformance runs a preset's first two tasks
+    TASKS: ClassVar[tuple[str, ...]] = ("node_classification", "node_regression", "link_prediction")
     PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
 
     def __post_init__(self) -> None:
@@ -234,6 +236,22 @@ class GraNNDISConfig(SystemConfig):
     def check_run(self, run: RunFacts) -> None:
         if run.model is not None:  # a plain LightningModule that states no model settings
             self.check_layers(run.model.num_layers)
+        if run.task is not None:
+            self.check_task_mode(run.task)
+
+    def check_task_mode(self, task: str) -> None:
+        """Rules between the mode and the task (a run's check, and the DataModule's for plain
+        Lightning scripts). CoB's co-batches are node sets fixed before training, each
+        step's outputs computed for one of them only; a link-prediction step's endpoints
+        include negatives drawn anywhere in the graph at every step, so only one co-batch per
+        server (all of its nodes) holds them."""
+        require(
+            task != "link_prediction" or self.mode != "cob" or self.cob.num_per_epoch == 1,
+            f"strategy.cob.num_per_epoch={self.cob.num_per_epoch} with task=link_prediction: "
+            "a co-batch computes the outputs of its own nodes only, but a link-prediction "
+            "step's negatives are drawn over the whole graph at every step; set "
+            "strategy.cob.num_per_epoch=1 (one co-batch of every node per server)",
+        )
 
     def check_layers(self, layers: int) -> None:
         """Rules between these settings and the model's depth ``L`` (a run's check, and the

@@ -38,9 +38,13 @@ from ...graph.cache import (
     graph_fingerprint,
     read_verified,
 )
+from ...graph.csc import Graph
+from ...graph.node_targets import NodeTargets
+from ...graph.order import epoch_permutation
 from ...graph.partition import partition
 from ...graph.partition_dir import METADATA, PartitionDir, PartitionDirError
 from ...kit.datamodule import GNNDataModule
+from ...kit.link_partitioned import owned_link_statistics
 from ...kit.loaders import StepBatcher
 from ...kit.partitions import own_predictions
 from ...kit.sampled import ReplicatedGraphEvaluation
@@ -50,7 +54,8 @@ from .callbacks import GraNNDISStats, LayoutReport, LayoutSummary
 from .config import DIRECTORY_MODES, GraNNDISConfig
 from .costmodel import choose_k, estimate_memory
 from .expand import cobatches, eas_expand, khop_levels, sage_expand
-from .partdir import GraNNDISPart, RankLayout, eval_halos, eval_share
+from .link import STAGES, EndpointRows, LinkEval, LinkTrain, pair_positions
+from .partdir import EvalShare, GraNNDISPart, RankLayout, eval_halos, eval_share
 from .plan import OneHopPlan, StepPlan, build_layout
 
 PLAN_PREFIX = "granndis-plans"  # cache files of one rank's plans
@@ -75,14 +80,22 @@ class OneHopBatch(Batch):
 
     Attributes:
         plan: the rank's plans of this step (the strategy's layer hook exchanges their halos).
+        endpoints: link prediction: how the last layer's rows become the rows of the step's
+            endpoint nodes, which ``y`` indexes (:class:`~.link.EndpointRows`; ``None`` for
+            node tasks, whose ``y`` are the loss rows' targets).
     """
 
     plan: StepPlan | None = None
+    endpoints: EndpointRows | None = None
 
     @override
     def to(self, device: torch.device | str) -> OneHopBatch:
         moved = super().to(device)
-        return replace(moved, plan=None if self.plan is None else self.plan.to(device))
+        return replace(
+            moved,
+            plan=None if self.plan is None else self.plan.to(device),
+            endpoints=None if self.endpoints is None else self.endpoints.to(device),
+        )
 
 
 class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
@@ -94,6 +107,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     (each server's ``L``-hop closure of its targets), ``flx_eas`` (each server's EAS graph
     from its partition), ``cob`` (``B`` co-batch graphs per server, built once), ``mb_base``
     (per-rank sampled mini-batches, no layout).
+
+    Link prediction (:mod:`.link`): the layouts run over the training edges with every node a
+    loss row; a step scores every training pair on its source's rank, the other endpoint rows
+    routed to it; evaluation embeds each rank's core per stage and scores its evaluation edges
+    with :func:`~...kit.link_partitioned.owned_link_statistics`.
 
     Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``GraNNDISConfig()``;
     ``topology``: the run's servers x workers (sets ``launch_topology``), needed where it is
@@ -113,6 +131,8 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if topology is not None:
             self.launch_topology = topology
         self.config.check_layers(self.num_layers)
+        self.config.check_task_mode(self.task.name)
+        self.is_link = self.task.spec.seeds == "edges"
         self.rank, self.world_size = 0, 1
         self.plan_bytes = 0  # bytes of this rank's plans (every step's), once set up
         self.plans: list[StepPlan] = []
@@ -128,6 +148,14 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.part: GraNNDISPart | None = None  # this rank's part (None in mb_base)
         self.num_nodes = 0  # |V|, once set up
         self._eval_books: dict[Topology, tuple[PartitionBook, list[Tensor]]] = {}
+        self._stage_halos: dict[tuple[Topology, str], list[Tensor]] = {}
+        # link prediction, once set up: this rank's training pairs, the ids of its loss rows
+        # per step, its pairs' targets view and the epoch order's permutation
+        self.link_train: LinkTrain | None = None
+        self.loss_ids: list[Tensor] = []
+        self.link_targets = None
+        self.link_context: RankContext | None = None
+        self._pair_order: tuple[int, Tensor] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -145,8 +173,10 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         Returns that topology (``None``: ``mb_base``, or not known)."""
         if not self.config.layout_mode:
             return None
-        graph, config = self.graph, self.config
+        graph, config = self.layout_graph, self.config
         num_train = self.train_ids.numel()
+        if self.is_link:  # a full-graph step scores every training pair
+            self.task.check_step(num_train)
         require(
             config.mode != "cob" or config.cob.num_per_epoch <= num_train,
             f"strategy.cob.num_per_epoch={config.cob.num_per_epoch} exceeds the "
@@ -155,7 +185,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.check_budget(world_size, graph.num_nodes, graph.x.element_size())
         if config.mode == "fb_base" and config.partition.fb_base == "flat":
             cached_partition(
-                graph, "metis", world_size, self.seed, self.cache_dir, targets=self.targets
+                graph, "metis", world_size, self.seed, self.cache_dir, targets=self.layout_targets
             )
         topology = self.layout_topology()
         if topology is not None:
@@ -218,14 +248,45 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @cached_property
     def graph_identity(self) -> dict:
-        """The graph's and the task's targets' fingerprint (hashed once: it reads every byte
+        """The layouts' graph's and targets' fingerprint (hashed once: it reads every byte
         of the structure)."""
-        return graph_fingerprint(self.graph, self.targets)
+        return graph_fingerprint(self.layout_graph, self.layout_targets)
+
+    @cached_property
+    def layout_graph(self) -> Graph:
+        """The graph the layouts pass messages over: the task's training structure (node
+        tasks: the graph; link prediction: the training edges only, so no validation or test
+        edge reaches a training layout)."""
+        structure = self.task.training_structure(self.graph, self.targets)
+        if structure[0] is self.graph.indptr and structure[1] is self.graph.indices:
+            return self.graph
+        return self.graph.with_structure(*structure)
+
+    @cached_property
+    def layout_targets(self) -> NodeTargets:
+        """The per-node rows the layouts are built from: the task's targets (node tasks), or
+        for link prediction every node a "training" row and none labelled otherwise (any
+        node may be a step's endpoint: the negatives are drawn over the whole graph), which
+        partitions balance and the layouts make loss rows."""
+        if not self.is_link:
+            return self.targets
+        n = self.graph.num_nodes
+        no = torch.zeros(n, dtype=torch.bool)
+        return NodeTargets(torch.zeros(n, dtype=torch.int64), ~no, no, no, 1)
 
     @cached_property
     def is_seed(self) -> Tensor:
-        """bool ``[N]``: the task's training seeds (the targets the layouts' loss rows cover)."""
+        """bool ``[N]``: the nodes whose output rows a step needs (the layouts' loss rows):
+        the task's training seeds, or every node for link prediction."""
+        if self.is_link:
+            return self.layout_targets.train
         return self.task.is_train_seed(self.targets)
+
+    @property
+    def loss_row_count(self) -> int:
+        """Loss rows of an epoch over all ranks: the training nodes, or (link prediction)
+        every node."""
+        return int(self.is_seed.sum()) if self.is_link else self.train_ids.numel()
 
     def layout_key(self, topology: Topology, k: int | None, rank: int) -> dict:
         """What one rank's plans depend on (the artifact cache key)."""
@@ -292,7 +353,12 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """int64 ``[N]`` server of every vertex (``partition.server``; cached)."""
         method = self.config.partition.server
         return cached_partition(
-            self.graph, method, num_servers, self.seed, self.cache_dir, targets=self.targets
+            self.layout_graph,
+            method,
+            num_servers,
+            self.seed,
+            self.cache_dir,
+            targets=self.layout_targets,
         )
 
     def intra_owner(self, vertices: Tensor, is_target: Tensor, server: int, workers: int) -> Tensor:
@@ -307,8 +373,8 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if workers == 1 or vertices.numel() == 0:
             return torch.full_like(vertices, server * workers)
         if method == "metis":
-            sub = self.graph.induced_subgraph(vertices)
-            splits = replace(self.targets.rows(vertices), train=is_target).split_matrix()
+            sub = self.layout_graph.induced_subgraph(vertices)
+            splits = replace(self.layout_targets.rows(vertices), train=is_target).split_matrix()
             parts = partition(
                 sub, "metis_balanced", workers, seed=workers_seed, splits=splits, balance="train"
             )
@@ -325,7 +391,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """``(vertices, level)`` of a server graph from the inner set: FLX's ``L``-hop closure
         of the server's targets, or FLX-EAS's sampled expansion of its partition."""
         if self.config.mode == "flx":
-            return khop_levels(self.graph, inner, self.num_layers)
+            return khop_levels(self.layout_graph, inner, self.num_layers)
         return self.eas_graph(inner, server)
 
     def eas_graph(self, inner: Tensor, server: int) -> tuple[Tensor, Tensor]:
@@ -333,7 +399,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         keyed by ``(seed, server)``)."""
         eas = self.config.eas
         return eas_expand(
-            self.graph,
+            self.layout_graph,
             inner,
             hops=eas.hops,
             fanout=eas.fanout,
@@ -347,7 +413,12 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def cobatch_graph(self, cobatch: Tensor, server: int) -> tuple[Tensor, Tensor]:
         """``(vertices, level)`` of one co-batch's dependency graph (sampling keyed by
         ``(seed, server)``)."""
-        cob, graph, num_layers, seed = self.config.cob, self.graph, self.num_layers, self.seed
+        cob, graph, num_layers, seed = (
+            self.config.cob,
+            self.layout_graph,
+            self.num_layers,
+            self.seed,
+        )
         if cob.sampler == "none":
             return khop_levels(graph, cobatch, num_layers)
         if cob.sampler == "sage":
@@ -366,7 +437,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """Every rank's plans of every step of an epoch and its :class:`LayoutSummary`, each
         server graph extracted and split once (``k``: FLX's preload depth, default the
         config's)."""
-        config, graph, num_layers = self.config, self.graph, self.num_layers
+        config, graph, num_layers = self.config, self.layout_graph, self.num_layers
         k = config.preload_depth(num_layers) if k is None else k
         world, workers = topology.world_size, topology.workers_per_server
         if config.mode == "fb_base":
@@ -430,7 +501,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def base_layout(self, owner: Tensor, world: int, num_layers: int) -> dict[int, OneHopPlan]:
         """Every rank's plan of the whole-graph layout ``owner`` (unmasked), running the
         model's last ``num_layers`` layers."""
-        graph = self.graph
+        graph = self.layout_graph
         vertices = torch.arange(graph.num_nodes)
         level = torch.zeros_like(vertices)
         ranks = range(world)
@@ -445,7 +516,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """FLX with ``k < L`` (spec §4.3): layers ``0..k-1`` on each server's ``k``-hop closure
         of its partition ``P_s``, then layers ``k..L-1`` on the base layout, where every vertex
         of ``P_s`` keeps the worker it had in the server graph (so the reshape is local)."""
-        graph, config, num_layers = self.graph, self.config, self.num_layers
+        graph, config, num_layers = self.layout_graph, self.config, self.num_layers
         world, workers = topology.world_size, topology.workers_per_server
         servers = self.server_parts(topology.num_servers)
         base_owner = torch.empty(graph.num_nodes, dtype=torch.int64)
@@ -480,17 +551,17 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def fb_base_owner(self, topology: Topology) -> Tensor:
         """FB_base's owner of every vertex: METIS into ``W`` parts (``flat``) or server parts
         split by ``partition.intra`` (``hierarchical``)."""
-        graph, world = self.graph, topology.world_size
+        graph, world = self.layout_graph, topology.world_size
         if self.config.partition.fb_base == "flat":
             return cached_partition(
-                graph, "metis", world, self.seed, self.cache_dir, targets=self.targets
+                graph, "metis", world, self.seed, self.cache_dir, targets=self.layout_targets
             )
         return self.server_owner(topology)
 
     def server_owner(self, topology: Topology) -> Tensor:
         """int64 ``[N]``: every server's partition split over its workers by
         ``partition.intra`` (training nodes balanced)."""
-        graph = self.graph
+        graph = self.layout_graph
         servers = self.server_parts(topology.num_servers)
         owner = torch.empty(graph.num_nodes, dtype=torch.int64)
         for s in range(topology.num_servers):
@@ -526,8 +597,23 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 "masking": config.masking,
                 "num_layers": self.num_layers,
                 "preload_depths": self.depths(),
-            },
+            }
+            | self.link_split_settings(),
             "topology": None if topology is None else topology_record(topology),
+        }
+
+    def link_split_settings(self) -> dict[str, Any]:
+        """Link prediction: the edge split's settings, which the parts' pairs and structures
+        follow (none for node tasks)."""
+        if not self.is_link:
+            return {}
+        c = self.task.config
+        return {
+            "link_split": {
+                "val_fraction": c.val_fraction,
+                "test_fraction": c.test_fraction,
+                "undirected": c.undirected,
+            }
         }
 
     @override
@@ -567,7 +653,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         return {
             "node_offsets": book.node_offsets.tolist(),
             "topology": topology_record(topology),
-            "train_count": self.train_ids.numel(),
+            "train_count": self.loss_row_count,
         }
 
     def write_server(self, server: int, topology: Topology, writer, log) -> None:
@@ -619,6 +705,48 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self._eval_books[topology] = book, eval_halos(self.graph, book)
         return self._eval_books[topology]
 
+    def stage_graph(self, stage: str) -> Graph:
+        """Link prediction's graph over a stage's structure (``train``: validation's; ``test``:
+        train + validation edges)."""
+        return self.graph.with_structure(*self.targets.split.structure(stage))
+
+    def stage_share(self, topology: Topology, stage: str, rank: int) -> EvalShare:
+        """Rank ``rank``'s inference share (the whole-graph share's core) over ``stage``'s
+        structure; every rank's halo of it computed once per topology and stage."""
+        book, _ = self.eval_book(topology)
+        graph = self.stage_graph(stage)
+        if (topology, stage) not in self._stage_halos:
+            self._stage_halos[topology, stage] = eval_halos(graph, book)
+        return eval_share(graph, book, self._stage_halos[topology, stage], rank)
+
+    def train_owner(self, topology: Topology, k: int | None) -> Tensor:
+        """Link prediction: int64 ``[N]`` the rank whose last layer computes each node's
+        output row at depth ``k`` (every node is one rank's loss row; cached)."""
+        key = {**self.layout_key(topology, k, -1), "kind": "granndis-train-owner"}
+
+        def build() -> Tensor:
+            owner = torch.full((self.graph.num_nodes,), -1, dtype=torch.int64)
+            for r in range(topology.world_size):
+                for p in self.rank_plans(topology, r, k)[0]:
+                    owner[p.final.owned[: p.final.num_loss]] = r
+            if bool((owner < 0).any()):
+                raise RuntimeError("the layouts leave nodes without an output row")
+            return owner
+
+        return cached(key, build, self.cache_dir, prefix=PLAN_PREFIX)
+
+    def link_eval(self, topology: Topology, rank: int) -> LinkEval:
+        """Link prediction: rank ``rank``'s evaluation share: its core over each stage's
+        structure and the validation and test edges whose source is in its core."""
+        owner = self.eval_owner(topology)
+        shares = {stage: self.stage_share(topology, stage, rank) for stage in STAGES}
+        pairs = {}
+        for split in ("val", "test"):
+            pos = self.targets.split.positives(split)
+            mine = (owner[pos[0]] == rank).nonzero().flatten()
+            pairs[split] = (pos[:, mine], mine)
+        return LinkEval(owner, shares, pairs)
+
     @override
     def part_of(self, prepared: Topology | None, rank: int) -> GraNNDISPart | None:
         """Rank ``rank``'s share of its server for the servers x workers :meth:`preprocess`
@@ -654,10 +782,18 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         for k in self.depths():
             plans, summary = self.rank_plans(topology, rank, k)
             loss_rows = [p.final.owned[: p.final.num_loss] for p in plans]
+            x_ranges = [take(p.input_ids) for p in plans]
+            if self.is_link:
+                no_rows = torch.empty(0, dtype=torch.int64)
+                link = LinkTrain.build(self.train_owner(topology, k), rank, self.targets)
+                layouts[k] = RankLayout(
+                    plans, summary, x_ranges, [no_rows] * len(plans), loss_rows, link
+                )
+                continue
             layouts[k] = RankLayout(
                 plans,
                 summary,
-                [take(p.input_ids) for p in plans],
+                x_ranges,
                 [self.targets.target.index_select(0, rows) for rows in loss_rows],
             )
         book, halos = self.eval_book(topology)
@@ -672,10 +808,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             dtype=graph.x.dtype,
             eval_share=eval_share(graph, book, halos, rank),
             eval_x_range=eval_x_range,
-            eval_targets=self.targets.rows(core),
+            eval_targets=self.layout_targets.rows(core),
             orig_ids=core,
             num_nodes=graph.num_nodes,
-            train_count=self.train_ids.numel(),
+            train_count=self.loss_row_count,
+            link=self.link_eval(topology, rank) if self.is_link else None,
         )
 
     @override
@@ -717,18 +854,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         self.rank, self.world_size = context.rank, context.world_size
         if not self.config.layout_mode:
             self.num_nodes = self.graph.num_nodes
-            self.batcher = StepBatcher.on_graph(
-                self.graph,
-                self.targets,
-                self.task,
-                self.data.fanouts,
-                self.train_ids,
-                self.batch_size,
-                self.seed,
-                self.rank,
-                self.world_size,
-                salt_by_rank=True,
-            )
+            self.batcher = self.whole_graph_batcher()
             return
         self.check_layout_topology(part.topology, context)
         self.part, self.num_nodes = part, part.num_nodes
@@ -747,10 +873,36 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 f"the layouts' loss rows cover {sum(self.step_counts)} targets per epoch, but "
                 f"there are {part.train_count} training nodes"
             )
+        if self.is_link:
+            if layout.link is None or part.link is None:
+                raise ConfigError(
+                    "task=link_prediction, but this GraNNDIS part holds no link-prediction "
+                    "share (a partition directory written for another task)"
+                )
+            self.task.check_step(layout.link.num_pairs)  # a full-graph step scores them all
+            self.link_train, self.loss_ids = layout.link, layout.loss_ids
+            self.link_context = context
+            self.link_targets = layout.link.targets(part.num_nodes, self.out_dim, self.seed)
         self.plan_bytes = sum(p.nbytes() for p in plans)
         self.plans = [p.to(context.device) for p in plans]
         self.inputs = [part.rows(span).to(context.device) for span in layout.x_ranges]
         self.loss_targets = [y.to(context.device) for y in layout.targets]
+
+    def whole_graph_batcher(self) -> StepBatcher:
+        """``mb_base``'s batch maker: rank-salted samples of the whole graph (over the task's
+        training structure) for this rank's share of each step."""
+        return StepBatcher.on_graph(
+            self.graph,
+            self.targets,
+            self.task,
+            self.data.fanouts,
+            self.train_ids,
+            self.batch_size,
+            self.seed,
+            self.rank,
+            self.world_size,
+            salt_by_rank=True,
+        )
 
     @override
     def build_model(self, model: ModelConfig) -> torch.nn.Module:
@@ -852,6 +1004,16 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def make_batch(self, epoch: int, step: int) -> Batch:
         if self.batcher is not None:
             return self.batcher[epoch, step]
+        if not self.config.layout_mode:  # not set up: this rank's share as ``rank`` says
+            return self.whole_graph_batcher()[epoch, step]
+        if not self.plans:
+            raise RuntimeError(
+                f"strategy.mode={self.config.mode}'s steps run on the layouts set up for a "
+                "servers x workers topology: set the DataModule up on its ranks first "
+                "(setup_rank, which the Trainer's setup calls)"
+            )
+        if self.is_link:
+            return self.link_batch(epoch, step)
         start = time.perf_counter()
         plan = self.plans[step]
         stats = {
@@ -870,6 +1032,47 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             plan=plan,
         )
 
+    def pair_order(self, epoch: int) -> Tensor:
+        """The epoch's permutation of the training pairs (``single``'s ``EpochOrder`` over
+        them: a full-graph step is its one batch of every pair)."""
+        if self._pair_order is None or self._pair_order[0] != epoch:
+            ids = torch.arange(self.link_train.num_pairs)
+            self._pair_order = epoch, epoch_permutation(ids, self.seed, epoch)
+        return self._pair_order[1]
+
+    def link_batch(self, epoch: int, step: int) -> OneHopBatch:
+        """Link prediction's step on this rank (collective): its training pairs (those whose
+        source's output row it computes) at their positions in the epoch's order, their
+        negatives and endpoints (``task.step_rows``), and the route of the endpoint rows
+        other ranks compute (:class:`~.link.EndpointRows`: ids ``structure``, rows
+        ``activation``). ``y`` indexes the endpoint rows; the loss is divided by the task's
+        terms of every training pair."""
+        start = time.perf_counter()
+        link, plan = self.link_train, self.plans[step]
+        positions = pair_positions(link.index, link.num_pairs, self.pair_order(epoch))
+        seeds = torch.arange(link.index.numel())
+        nodes, y = self.task.step_rows(self.link_targets, seeds, positions, epoch=epoch, step=step)
+        context = self.link_context
+        endpoints = EndpointRows.route(context.comm, nodes, link.owner, self.loss_ids[step])
+        stats = {
+            "sample_s": time.perf_counter() - start,
+            "load_s": 0.0,
+            "input_nodes": plan.input_ids.numel(),
+            "endpoint_rows_received": endpoints.num_received,
+        }
+        device = context.device
+        return OneHopBatch(
+            list(plan.blocks),
+            self.inputs[step],
+            y.to(device),
+            self.task.loss_terms(link.num_pairs),
+            epoch,
+            step,
+            stats,
+            plan=plan,
+            endpoints=endpoints.to(device),
+        )
+
     # ------------------------------------------------------------------------ evaluation
     @override
     def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
@@ -878,17 +1081,47 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         each holding the graph)."""
         if not self.config.layout_mode:
             return super().eval_statistics(net, splits)
+        if self.is_link:
+            return self.link_statistics(net, splits)
         out = self.share_rows(net, net.num_layers)
         return split_statistics(self.task, out, self.part.eval_targets, splits)
 
-    def share_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
-        """The first ``layers`` layers' rows of this rank's inference share."""
+    def link_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> Tensor:
+        """Link prediction: this rank's core embedded over each stage's structure (its halo
+        rows sent by their owners before every layer, as for node tasks), then its share of
+        the evaluation edges scored, the rows of their far endpoints and fixed negatives
+        pulled from their owners round by round
+        (:func:`~...kit.link_partitioned.owned_link_statistics`): no rank holds every node's
+        embedding."""
+        link = self.part.link
+
+        def embed(stage: str) -> Tensor:
+            return self.share_rows(net, net.num_layers, link.shares[stage])
+
+        return owned_link_statistics(
+            self.task,
+            embed,
+            self.part.orig_ids,
+            lambda ids: link.owner[ids],
+            link.pairs,
+            self.num_nodes,
+            self.seed,
+            splits,
+            self.context.comm,
+        )
+
+    def share_rows(
+        self, net: torch.nn.Module, layers: int, share: EvalShare | None = None
+    ) -> Tensor:
+        """The first ``layers`` layers' rows of this rank's inference share (``share``: over
+        another structure than the whole graph's, on the same core)."""
         if not isinstance(net, BlockGNN):
             raise TypeError(f"GraNNDIS's inference needs a BlockGNN net, got {type(net).__name__}")
         device = next(net.parameters()).device
         x = self.part.rows(self.part.eval_x_range).to(device)
         comm, chunk = self.context.comm, self.data.eval_chunk_size
-        return self.part.eval_share.rows(net, x, comm, chunk, layers)
+        share = self.part.eval_share if share is None else share
+        return share.rows(net, x, comm, chunk, layers)
 
     @override
     def predict_rows(

@@ -12,6 +12,7 @@ so a step computes the same values bit for bit.
 from __future__ import annotations
 
 from dataclasses import astuple, dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -26,6 +27,9 @@ from ...models.inference import layer_rows
 from .callbacks import LayoutSummary
 from .expand import in_edges
 from .plan import OneHopPlan, StepPlan
+
+if TYPE_CHECKING:
+    from .link import LinkEval, LinkTrain
 
 # a plan's tensors a part stores: everything but the ids of its owned and halo rows
 LOCAL_TENSORS = tuple(name for name in OneHopPlan.TENSORS if name not in ("owned", "halo"))
@@ -107,24 +111,24 @@ class EvalShare:
     def num_core(self) -> int:
         return self.indptr.numel() - 1
 
-    def arrays(self) -> dict[str, Tensor]:
+    def arrays(self, prefix: str = "eval_") -> dict[str, Tensor]:
         splits = torch.tensor([self.send_splits, self.recv_splits], dtype=torch.int64)
         return {
-            "eval_indptr": self.indptr,
-            "eval_indices": self.indices,
-            "eval_degree": self.degree,
-            "eval_send_index": self.send_index,
-            "eval_splits": splits,
+            prefix + "indptr": self.indptr,
+            prefix + "indices": self.indices,
+            prefix + "degree": self.degree,
+            prefix + "send_index": self.send_index,
+            prefix + "splits": splits,
         }
 
     @classmethod
-    def from_arrays(cls, part: dict[str, Tensor]) -> EvalShare:
-        send, recv = part["eval_splits"].tolist()
+    def from_arrays(cls, part: dict[str, Tensor], prefix: str = "eval_") -> EvalShare:
+        send, recv = part[prefix + "splits"].tolist()
         return cls(
-            part["eval_indptr"],
-            part["eval_indices"],
-            part["eval_degree"],
-            part["eval_send_index"],
+            part[prefix + "indptr"],
+            part[prefix + "indices"],
+            part[prefix + "degree"],
+            part[prefix + "send_index"],
             tuple(send),
             tuple(recv),
         )
@@ -208,12 +212,17 @@ def depth_tag(k: int | None) -> str:
 class RankLayout:
     """A rank's steps at one preload depth: its plans and their :class:`LayoutSummary`, per
     step the ``[start, stop)`` rows of its ``input_ids`` in the part's ``x`` and the task's
-    targets of its loss rows (``NodeTargets.target`` rows: a step's ``Batch.y``)."""
+    targets of its loss rows (``NodeTargets.target`` rows: a step's ``Batch.y``; link
+    prediction: none). Link prediction's layouts also hold, per step, the original ids of the
+    loss rows (``loss_ids``: the nodes whose output rows this rank computes) and the rank's
+    share of the training pairs (``link``, :class:`~.link.LinkTrain`)."""
 
     plans: list[StepPlan]
     summary: LayoutSummary
     x_ranges: list[tuple[int, int]]
     targets: list[Tensor]
+    loss_ids: list[Tensor] | None = None
+    link: LinkTrain | None = None
 
 
 @dataclass(frozen=True)
@@ -233,6 +242,8 @@ class GraNNDISPart:
         num_nodes, train_count: the whole graph's nodes and training nodes.
         x_ids: in memory ``[n]`` the rows' ids in ``x`` (gathered when read: a rank holds
             the input rows of the depth it runs only); ``None``: ``x`` is the rows.
+        link: link prediction's evaluation share (:class:`~.link.LinkEval`; ``None`` for
+            node tasks).
     """
 
     topology: Topology
@@ -246,6 +257,7 @@ class GraNNDISPart:
     num_nodes: int
     train_count: int
     x_ids: Tensor | None = None
+    link: LinkEval | None = None
 
     def rows(self, span: tuple[int, int]) -> Tensor:
         """Input rows ``[start, stop)`` in the run's dtype."""
@@ -280,6 +292,12 @@ class GraNNDISPart:
                 arrays |= step_arrays(step, prefix)
                 arrays[prefix + "x_range"] = span(*x_range)
                 arrays[prefix + "y"] = y
+                if layout.loss_ids is not None:
+                    arrays[prefix + "loss_ids"] = layout.loss_ids[i]
+            if layout.link is not None:
+                arrays |= layout.link.arrays(f"{tag}_link_")
+        if self.link is not None:
+            arrays |= self.link.arrays()
         arrays |= self.eval_share.arrays()
         arrays["eval_x_range"] = span(*self.eval_x_range)
         arrays |= self.eval_targets.arrays(prefix="eval_")
@@ -298,18 +316,25 @@ class GraNNDISPart:
         """The part :meth:`arrays` wrote (its ranges address ``x``, its server's group;
         ``out_dim``: the targets' head width, the task's from the directory's metadata);
         ``fields``: ``topology``, ``dtype``, ``num_nodes``, ``train_count``."""
+        from .link import LinkEval, LinkTrain
+
         world = fields["topology"].world_size
         layouts = {}
         for k in depths:
             tag = depth_tag(k)
             *summary, steps = part[f"{tag}_summary"].tolist()
             prefixes = [f"{tag}_s{i}_" for i in range(steps)]
+            link = f"{tag}_link_owner" in part
             layouts[k] = RankLayout(
                 [step_from_arrays(part, p, world) for p in prefixes],
                 LayoutSummary(*summary),
                 [tuple(part[p + "x_range"].tolist()) for p in prefixes],
                 [part[p + "y"] for p in prefixes],
+                [part[p + "loss_ids"] for p in prefixes] if link else None,
+                LinkTrain.from_arrays(part, f"{tag}_link_") if link else None,
             )
+        if "link_eval_owner" in part:
+            fields["link"] = LinkEval.from_arrays(part)
         return cls(
             layouts=layouts,
             x=x,

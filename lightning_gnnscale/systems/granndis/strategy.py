@@ -45,9 +45,28 @@ def halo_hook(comm: Comm) -> Callable[[Batch], LayerHook | None]:
             marks.append((start, time.perf_counter()))
             return torch.cat([h, halo])
 
+        endpoints = getattr(batch, "endpoints", None)
+        if endpoints is not None:  # link prediction: the step's endpoint rows, after the net
+
+            def finish(h: Tensor) -> Tensor:
+                start = time.perf_counter()
+                rows = endpoints.rows(h, comm)
+                marks.append((start, time.perf_counter()))
+                return rows
+
+            hook.finish = finish
         return hook
 
     return make
+
+
+def finish_rows(module: torch.nn.Module, args, kwargs, output: Tensor) -> Tensor:
+    """Forward hook on the net: a layer hook with a ``finish`` (link prediction's
+    :class:`~.link.EndpointRows`) turns the last layer's rows into the step's endpoint rows
+    (which ``Batch.y`` indexes); any other call returns the output as it is."""
+    hook = kwargs.get("layer_hook", args[2] if len(args) > 2 else None)
+    finish = getattr(hook, "finish", None)
+    return output if finish is None else finish(output)
 
 
 class GraNNDISStrategy(MeteredDDPStrategy):
@@ -66,9 +85,31 @@ class GraNNDISStrategy(MeteredDDPStrategy):
 
     server_groups: ServerGroups | None = None
 
+    _finish_handle = None
+
     @override
     def module_runtime(self) -> ModuleRuntime:
+        """The halo hook; and on the module's net (once) the forward hook that gives link
+        prediction's steps their endpoint rows (:func:`finish_rows`)."""
+        net = getattr(self.lightning_module, "net", None)
+        if not isinstance(net, torch.nn.Module):
+            trainer = getattr(self.lightning_module, "_trainer", None)
+            if getattr(getattr(trainer, "datamodule", None), "is_link", False):
+                raise ConfigError(
+                    "GraNNDIS's link prediction turns the net's last rows into the step's "
+                    "endpoint rows through a hook on the LightningModule's `net`; this "
+                    f"{type(self.lightning_module).__name__} has none: use gs.GNNModule"
+                )
+        elif self._finish_handle is None:
+            self._finish_handle = net.register_forward_hook(finish_rows, with_kwargs=True)
         return ModuleRuntime(self.context, layer_hook=halo_hook(self.comm))
+
+    @override
+    def teardown(self) -> None:
+        if self._finish_handle is not None:
+            self._finish_handle.remove()
+            self._finish_handle = None
+        super().teardown()
 
     @override
     def configure_ddp(self) -> None:

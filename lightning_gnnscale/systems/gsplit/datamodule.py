@@ -19,6 +19,11 @@ in-degrees). A rank's part holds its own vertices' features, the task's rows (ta
 splits), original ids (the sampling keys) and pre-sampled input counts. Evaluation and
 prediction then compute each rank's own rows layer by layer, the rows of in-neighbours it does
 not own pulled from their owners (docs/systems/gsplit.md#from-a-partition-directory).
+
+Link prediction (:mod:`.link`): a pair belongs to its source's owner; a step's endpoints are
+computed by their owners, split-parallel over the training structure, and their output rows
+move to the pairs' ranks after the last layer; evaluation stays partition-local
+(docs/systems/gsplit.md#link-prediction).
 """
 
 from __future__ import annotations
@@ -32,21 +37,26 @@ import lightning as L
 import torch
 from typing_extensions import override
 
+from ...comm import Comm
 from ...contract import RankContext
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, RangeBook, relabel_csc
+from ...graph.csc import Graph
 from ...graph.csc_rows import CSCRows
 from ...graph.node_targets import NodeTargets
 from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, sample_neighbors
 from ...kit.datamodule import GNNDataModule
+from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, own_predictions
 from ...kit.sampled import ReplicatedGraphEvaluation
+from ...models.gnn import BlockGNN
 from ...models.inference import owned_rows
 from ...tasks.base import split_statistics
 from .callbacks import GSplitStats, RedundancyProbe
 from .config import GSplitConfig
-from .partition import cached_probabilistic_partition
+from .link import STAGES, LinkPart, link_part, split_arrays
+from .partition import LinkSchedule, cached_probabilistic_partition
 from .sampler import LayerPlan, SplitSampler
 
 PRESAMPLE_SEED_SALT = 0x5EED  # pre-sampling must not replay the training samples themselves
@@ -88,12 +98,16 @@ class GSplitPart:
             or only its own rows are held.
         own_ids: int64 ``[n_own]`` its vertices, sorted; ``own_orig_ids`` their original ids.
         x, targets: feature rows and the task's rows, vertex ``v``'s at row ``v - first_id``
-            (the whole graph's, ``first_id`` 0, or the part's own).
+            (the whole graph's, ``first_id`` 0, or the part's own); link prediction's
+            ``targets`` are the whole split in memory, ``None`` from a directory (the rank's
+            share is ``link``).
         input_frequency: pre-sampled input counts, indexed like ``x``.
         own_rows: the rows of ``x`` and ``targets`` that hold its vertices, in id order;
             ``None``: all of them.
         train_ids: the training seeds ``[n_train]`` in these ids, in original id order.
         num_nodes: ``N``; report: :attr:`GSplitPrepared.report`.
+        link: link prediction's share of the edge split (:class:`~.link.LinkPart`); ``None``
+            for node tasks. ``topology`` is then the training structure's rows.
     """
 
     owner: torch.Tensor | RangeBook
@@ -111,6 +125,7 @@ class GSplitPart:
     train_ids: torch.Tensor
     num_nodes: int
     report: dict
+    link: LinkPart | None = None
 
     def own(self, rows: torch.Tensor) -> torch.Tensor:
         """``rows`` (indexed like ``x``) of its own vertices, in id order."""
@@ -146,10 +161,24 @@ class LayerTraffic:
     def __init__(self, num_layers: int):
         self.rows = [0] * num_layers
         self.bytes = [0] * num_layers
+        self.recorded = [False] * num_layers
 
     def record(self, layer: int, rows: int, row_bytes: int) -> None:
         """``rows`` rows of ``row_bytes`` each were received before ``layer``."""
         self.rows[layer], self.bytes[layer] = rows, rows * row_bytes
+        self.recorded[layer] = True
+
+
+class EndpointShuffleGNN(BlockGNN):
+    """A :class:`BlockGNN` that also calls the layer hook after its last layer
+    (``layer_hook(num_layers, out)``): GSplit's link prediction moves each output row from
+    its owner to the ranks whose pairs score it there. The same layers and parameter names as
+    the :class:`BlockGNN` it is made from (:meth:`GSplitDataModule.build_model`), so its
+    weights and checkpoints are ``single``'s; without a hook it is that net."""
+
+    def forward(self, blocks, x, layer_hook=None):
+        h = super().forward(blocks, x, layer_hook)
+        return h if layer_hook is None else layer_hook(self.num_layers, h)
 
 
 @dataclass
@@ -157,7 +186,9 @@ class SplitBatch(Batch):
     """A :class:`Batch` plus what the shuffle needs.
 
     Attributes:
-        plans: ``plans[i]``: how rows move before layer ``i`` (one per layer).
+        plans: ``plans[i]``: how rows move before layer ``i`` (one per layer); link
+            prediction adds ``plans[num_layers]``, the output rows' move to the ranks whose
+            pairs need them (``y`` indexes the rows it returns).
         traffic: this step's received rows and bytes per layer (written during forward).
     """
 
@@ -263,11 +294,17 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """Pre-sample the task's training seeds and partition (cached on disk by content hash
         under ``cache_dir``)."""
         p = self.config.partition
+        graph, is_train, link = self.graph, None, None
+        if self.is_link:
+            graph, is_train, link = self.link_schedule()
+        else:
+            is_train = self.task.is_train_seed(self.targets)
         artifact = cached_probabilistic_partition(
-            self.graph,
+            graph,
             world_size,
-            targets=self.targets,
-            is_train=self.task.is_train_seed(self.targets),
+            targets=None if link is not None else self.targets,
+            is_train=is_train,
+            link=link,
             method=p.method,
             fanouts=list(self.data.fanouts),
             batch_size=self.data.batch_size,
@@ -291,6 +328,35 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         }
         return GSplitPrepared(artifact["parts"], artifact["k0_v"], report)
 
+    @property
+    def is_link(self) -> bool:
+        """Whether the task's seeds are edges (link prediction)."""
+        return self.task.spec.seeds == "edges"
+
+    def link_schedule(self) -> tuple[Graph, torch.Tensor, LinkSchedule]:
+        """``(graph, is_train, schedule)`` pre-sampling runs for link prediction: the training
+        structure, the training pairs' endpoints (the ``edge`` baseline's train mass), and the
+        steps' endpoint nodes (their negatives keyed on the pre-sampling seed, so the partition
+        is not fitted to training's own draws)."""
+        task, targets = self.task, self.targets
+        graph = self.graph.with_structure(*task.training_structure(self.graph, targets))
+        salted = replace(targets, seed=targets.seed ^ PRESAMPLE_SEED_SALT)
+
+        def step_nodes(seeds: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
+            positions = torch.arange(seeds.numel())
+            return task.step_rows(salted, seeds, positions, epoch=epoch, step=step)[0]
+
+        pos = targets.split.train_pos
+        is_train = torch.zeros(graph.num_nodes, dtype=torch.bool)
+        is_train[pos.flatten()] = True
+        c = task.config
+        key = {
+            "task": [c.name, c.negatives, c.num_negatives, c.filter_negatives],
+            "task_seed": targets.seed,
+        }
+        schedule = LinkSchedule(task.train_seeds(targets), step_nodes, key, (pos,))
+        return graph, is_train, schedule
+
     # ------------------------------------------------------------- partition directories
     @override
     def partition_settings(self) -> dict[str, Any]:
@@ -311,37 +377,56 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
         """Relabel so that each rank owns one contiguous id range; per part write its
-        vertices' ``x``, the task's rows (:meth:`NodeTargets.arrays`), ``orig_ids`` and
-        pre-sampled ``input_frequency``. The
-        topology (CSC, segments in their original order) is, with ``replicated``, the shared
-        group ``topology`` (with the training ids and every vertex's original id, ``orig_ids``
-        ``[N]``: the redundancy probe's sampling keys); with ``partitioned``, each part's own
-        rows (``indptr`` ``[n_k + 1]`` from 0, ``indices``), next to a shared group
-        ``vertices`` of the training ids and the in-degrees ``degree`` ``[N]``."""
+        vertices' ``x``, the task's rows (:meth:`NodeTargets.arrays`; link prediction: the
+        part's share of the edge split, :func:`~.link.split_arrays`), ``orig_ids`` and
+        pre-sampled ``input_frequency``. The topology (CSC, segments in their original order)
+        is, with ``replicated``, the shared group ``topology`` (with the training ids and every
+        vertex's original id, ``orig_ids`` ``[N]``: the redundancy probe's sampling keys);
+        with ``partitioned``, each part's own rows (``indptr`` ``[n_k + 1]`` from 0,
+        ``indices``), next to a shared group ``vertices`` of the training ids and the
+        in-degrees ``degree`` ``[N]``. Link prediction writes each structure so: the graph's
+        (predict), ``train_`` (training and validation's) and ``test_`` (test's), and shares
+        ``new_ids`` ``[N]`` (original id -> id: negatives are drawn in original ids)."""
         prepared, graph, targets = self.prepare(world_size), self.graph, self.targets
         book = PartitionBook.from_parts(prepared.parts, world_size)
-        indptr, indices = relabel_csc(graph.indptr, graph.indices, book)
-        train_ids = book.old2new[self.task.train_seeds(targets)]  # in original id order
+        structures = {"": (graph.indptr, graph.indices)}
+        if self.is_link:
+            split = targets.split
+            structures |= {f"{s}_": split.structure(s) for s in STAGES}
+            train_ids = self.task.train_seeds(targets)  # pair positions: no relabelling
+        else:
+            train_ids = book.old2new[self.task.train_seeds(targets)]  # in original id order
+        relabelled = {p: relabel_csc(*csc, book) for p, csc in structures.items()}
+        indptr = relabelled[""][0]
         partitioned = self.config.topology == "partitioned"
         if partitioned:
             group = "vertices"
-            writer.write_shared(group, {"train_ids": train_ids, "degree": indptr[1:] - indptr[:-1]})
+            shared = {"train_ids": train_ids}
+            shared |= {f"{p}degree": ip[1:] - ip[:-1] for p, (ip, _) in relabelled.items()}
         else:
             group = "topology"
-            shared = {"indptr": indptr, "indices": indices, "train_ids": train_ids}
-            writer.write_shared(group, {**shared, "orig_ids": book.new2old})
+            shared = {"train_ids": train_ids, "orig_ids": book.new2old}
+            for p, (ip, ix) in relabelled.items():
+                shared |= {f"{p}indptr": ip, f"{p}indices": ix}
+        if self.is_link:
+            shared["new_ids"] = book.old2new
+        writer.write_shared(group, shared)
         for k in range(world_size):
             lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
             own = book.new2old[lo:hi]
             arrays = {
                 "x": graph.x[own],
-                **targets.rows(own).arrays(),
                 "orig_ids": own,
                 "input_frequency": prepared.input_frequency[own],
             }
+            if self.is_link:
+                arrays |= split_arrays(targets.split, prepared.parts == k)
+            else:
+                arrays |= targets.rows(own).arrays()
             if partitioned:
-                arrays["indptr"] = indptr[lo : hi + 1] - indptr[lo]
-                arrays["indices"] = indices[indptr[lo] : indptr[hi]]
+                for p, (ip, ix) in relabelled.items():
+                    arrays[f"{p}indptr"] = ip[lo : hi + 1] - ip[lo]
+                    arrays[f"{p}indices"] = ix[ip[lo] : ip[hi]]
             sizes = {"nodes": hi - lo, "edges": int(indptr[hi] - indptr[lo])}
             writer.write_part(k, arrays, sizes, shared=[group])
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
@@ -352,23 +437,37 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """The shared group's ``[N]`` arrays have ``num_nodes`` rows (``indptr`` one more)."""
         nodes, key = opened.meta["num_nodes"], "'num_nodes'"
         topology, vertices = shared_folder("topology"), shared_folder("vertices")
-        opened.expect_shape(topology, "indptr", (nodes + 1,), key)
+        for p in ("", *(f"{s}_" for s in STAGES)):
+            opened.expect_shape(topology, f"{p}indptr", (nodes + 1,), key)
+            opened.expect_shape(vertices, f"{p}degree", (nodes,), key)
         opened.expect_shape(topology, "orig_ids", (nodes,), key)
-        opened.expect_shape(vertices, "degree", (nodes,), key)
+        for folder in (topology, vertices):
+            opened.expect_shape(folder, "new_ids", (nodes,), key)
 
     # ------------------------------------------------------------------------ rank parts
     @override
     def part_of(self, prepared: GSplitPrepared, rank: int) -> GSplitPart:
         """Rank ``rank``'s share of the in-memory graph, in its original ids: the whole
         graph's rows, the whole CSC (``replicated``, evaluated over the whole graph) or a
-        copy of its own vertices' rows (``partitioned``)."""
+        copy of its own vertices' rows (``partitioned``). Link prediction samples the
+        training structure the same way, and holds its own vertices' rows of each evaluation
+        stage's structure and its share of the edge split (:class:`~.link.LinkPart`)."""
         graph, parts = self.graph, prepared.parts
         own = (parts == rank).nonzero().flatten()
-        own_topology = None
+        own_topology, link = None, None
+        structure = (graph.indptr, graph.indices)
+        if self.is_link:
+            structure = self.task.training_structure(graph, self.targets)
         if self.config.topology == "partitioned":
-            topology = own_topology = CSCRows.owned(graph.indptr, graph.indices, own)
+            topology = CSCRows.owned(*structure, own)
+            own_topology = CSCRows.owned(graph.indptr, graph.indices, own)
         else:
-            topology = CSCRows.whole(graph.indptr, graph.indices)
+            topology = CSCRows.whole(*structure)
+        if self.is_link:
+            split = self.targets.split
+            stages = {s: CSCRows.owned(*split.structure(s), own) for s in STAGES}
+            arrays = split_arrays(split, parts == rank)
+            link = link_part(arrays, graph.num_nodes, self.out_dim, self.targets.seed, stages, None)
         return GSplitPart(
             owner=parts,
             topology=topology,
@@ -385,6 +484,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             train_ids=self.train_ids,
             num_nodes=graph.num_nodes,
             report=prepared.report,
+            link=link,
         )
 
     @override
@@ -392,30 +492,58 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         """Rank ``rank``'s part and the shared group, memory-mapped, in relabelled ids: with
         ``replicated`` the whole topology (no ``[N]`` array but its ``indptr`` and the
         probe's ``orig_ids``), with ``partitioned`` the part's own rows and the in-degrees
-        ``[N]``."""
+        ``[N]``. Link prediction: the training structure is the one sampled, each stage's
+        own rows are evaluated over, and the part's share of the edge split."""
         book = RangeBook(opened.node_offsets)
         arrays = opened.load_part(rank)
         own = book.part_nodes(rank)
         first, stop = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
-        orig_ids = None
+        orig_ids, link = None, None
         if self.config.topology == "partitioned":
             shared = opened.load_shared("vertices", rank)
-            degree = shared["degree"]
-            topology = CSCRows(
-                arrays["indptr"], arrays["indices"], lambda ids: degree.index_select(0, ids), own
-            )
-            own_topology = topology
+
+            def rows(p: str) -> CSCRows:
+                degree = shared[f"{p}degree"]
+                return CSCRows(
+                    arrays[f"{p}indptr"],
+                    arrays[f"{p}indices"],
+                    lambda ids: degree.index_select(0, ids),
+                    own,
+                )
+
         else:
             shared = opened.load_shared("topology", rank)
-            topology = CSCRows.whole(shared["indptr"], shared["indices"])
             orig_ids = shared["orig_ids"]
-            own_topology = CSCRows(
-                topology.indptr[first : stop + 1], topology.indices, topology.degree, own
-            )
+
+            def rows(p: str) -> CSCRows:
+                whole = CSCRows.whole(shared[f"{p}indptr"], shared[f"{p}indices"])
+                return CSCRows(whole.indptr[first : stop + 1], whole.indices, whole.degree, own)
+
+        own_topology = rows("")
+        if self.config.topology == "partitioned":
+            topology = rows("train_") if self.is_link else own_topology
+        else:
+            p = "train_" if self.is_link else ""
+            topology = CSCRows.whole(shared[f"{p}indptr"], shared[f"{p}indices"])
         if shared["train_ids"].numel() == 0:  # as the base's train_ids
             raise ValueError(f"partition directory {opened.path}: no training nodes")
         own_orig_ids = arrays["orig_ids"]
         x = arrays["x"] if arrays["x"].dtype == self.dtype else arrays["x"].to(self.dtype)
+        targets = None
+        if self.is_link:
+            new_ids = shared["new_ids"]
+            stages = {s: rows(f"{s}_") for s in STAGES}
+            num_nodes = int(opened.meta["num_nodes"])
+            link = link_part(
+                arrays,
+                num_nodes,
+                self.task.out_dim_of(opened.meta),
+                self.seed,
+                stages,
+                lambda ids: new_ids.index_select(0, ids),
+            )
+        else:
+            targets = NodeTargets.from_arrays(arrays, self.task.out_dim_of(opened.meta))
         return GSplitPart(
             owner=book,
             topology=topology,
@@ -425,13 +553,14 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             own_ids=own,
             own_orig_ids=own_orig_ids,
             x=x,
-            targets=NodeTargets.from_arrays(arrays, self.task.out_dim_of(opened.meta)),
+            targets=targets,
             input_frequency=arrays["input_frequency"],
             first_id=first,
             own_rows=None,
             train_ids=shared["train_ids"],
             num_nodes=int(opened.meta["num_nodes"]),
             report=opened.meta["report"],
+            link=link,
         )
 
     # ------------------------------------------------------------------------ rank set-up
@@ -479,15 +608,32 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def make_batch(self, epoch: int, step: int) -> SplitBatch:
+        """This rank's share of step ``step``. Outside a trainer (no rank set up) the
+        DataModule first sets itself up as the one rank of a world of 1 (``single``'s
+        batches), as ``single``'s makes a batch without one."""
+        if self.held is None:
+            if self.context is not None or self.partition_dir is not None:
+                raise RuntimeError(
+                    "the GSplit DataModule's rank is not set up (a partition directory's parts "
+                    "are set up by the trainer's ranks)"
+                )
+            local = RankContext(Comm.local(), torch.device("cpu"))
+            self.setup_rank(local, self.part_of(self.prepare(1), 0))
         seeds = self.step_seeds(epoch, step)
         owner = self.sampler.owner
-        targets = seeds[owner(seeds) == self.rank]
         start = time.perf_counter()
-        blocks, plans, inputs = self.sampler.sample(targets, epoch, step)
+        if self.is_link:
+            blocks, plans, inputs, y = self.link_step(seeds, epoch, step)
+            global_count = self.task.loss_terms(seeds.numel())
+        else:
+            targets = seeds[owner(seeds) == self.rank]
+            blocks, plans, inputs = self.sampler.sample(targets, epoch, step)
+            first = self.cache.first_id
+            y = self.held.targets.target.index_select(0, blocks[-1].dst_ids - first)
+            global_count = seeds.numel()
         sampled = time.perf_counter()
         hits, misses = self.cache.hits, self.cache.misses
         x = self.cache.load(inputs)
-        y = self.held.targets.target.index_select(0, blocks[-1].dst_ids - self.cache.first_id)
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
@@ -503,13 +649,38 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             blocks,
             x,
             y,
-            seeds.numel(),
+            global_count,
             epoch,
             step,
             stats,
             plans=plans,
             traffic=LayerTraffic(len(plans)),
         )
+
+    def link_step(
+        self, seeds: torch.Tensor, epoch: int, step: int
+    ) -> tuple[list, list[LayerPlan], torch.Tensor, torch.Tensor]:
+        """``(blocks, plans, inputs, y)`` of this rank's share of link-prediction step
+        ``seeds`` (training-pair positions): its pairs (those whose source it owns) and their
+        negatives (``task.step_rows``, keyed by position in the step: ``single``'s); their
+        endpoints go to their owners (one id all-to-all, ``structure``), whose received ids
+        are the local frontier ``D^L`` sampled split-parallel; ``plans[-1]`` brings the
+        endpoints' output rows back (``y`` indexes them). Collective."""
+        link = self.held.link
+        local, positions = link.step_pairs(seeds)
+        nodes, y = self.task.step_rows(link.targets, local, positions, epoch=epoch, step=step)
+        frontier, endpoints = self.sampler.split(link.ids(nodes))
+        blocks, plans, inputs = self.sampler.sample(frontier, epoch, step)
+        return blocks, [*plans, endpoints], inputs, y
+
+    @override
+    def build_model(self, model) -> torch.nn.Module:
+        """The base's net; a :class:`BlockGNN` becomes an :class:`EndpointShuffleGNN` (the same
+        parameters), which link prediction's endpoint exchange needs."""
+        net = super().build_model(model)
+        if type(net) is BlockGNN:
+            net.__class__ = EndpointShuffleGNN  # adds no state: the same module, one more hook call
+        return net
 
     @override
     def callbacks(self) -> list[L.Callback]:
@@ -528,6 +699,8 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         Otherwise (a partition directory, or ``topology: partitioned``): this rank's own rows
         (:meth:`own_rows`), scored on its own vertices."""
         held = self.held
+        if held.link is not None:
+            return self.link_statistics(net, splits)
         if held.own_topology is None:
             return super().eval_statistics(net, splits)
         out = self.own_rows(net, net.num_layers)
@@ -544,6 +717,33 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             return super().predict_rows(net, node_ids, output)
         rows = self.own_rows(net, net.num_layers - (output == "embeddings"))
         return own_predictions(held.own_orig_ids.clone(), rows, node_ids, held.num_nodes)
+
+    def link_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """Link prediction's statistics, partition-local: each stage embeds this rank's own
+        vertices over the stage's structure (:func:`~...models.inference.owned_rows`, the
+        in-neighbours' rows from their owners), then it scores the evaluation edges whose
+        source it owns, the far rows pulled from their owners per round
+        (:func:`~...kit.link_partitioned.owned_link_statistics`): no rank holds every node's
+        embedding."""
+        held, link, comm = self.held, self.held.link, self.context.comm
+        x = held.own(held.x)
+
+        def embed(stage: str) -> torch.Tensor:
+            topology = link.stages[stage]
+            chunk = self.data.eval_chunk_size
+            return owned_rows(net, comm, self.sampler.owner, topology, x, net.num_layers, chunk)
+
+        return owned_link_statistics(
+            self.task,
+            embed,
+            held.own_orig_ids,
+            lambda ids: self.sampler.owner(link.ids(ids)),
+            link.eval_pairs,
+            held.num_nodes,
+            link.targets.seed,
+            splits,
+            comm,
+        )
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> torch.Tensor:
         """The first ``layers`` layers' full-neighbourhood rows ``[n_own, d]`` of this rank's

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +66,7 @@ def presample(
     seed: int,
     *,
     drop_last: bool = False,
+    step_nodes: Callable[[Tensor, int, int], Tensor] | None = None,
 ) -> PresampleCounts:
     """Count ``k_v``, ``k_e``, ``k0_v`` over ``epochs`` epochs of the training schedule.
 
@@ -72,7 +74,9 @@ def presample(
     ``e`` samples ``epoch_permutation(train_ids, seed, e)[t*B:(t+1)*B]`` with
     ``NeighborSampler(..., fanouts, seed)``, exactly as training does, so the counts describe
     the distribution the online sampler draws from. ``batch_size=-1`` puts all training nodes
-    in one step; ``drop_last`` skips a final partial batch.
+    in one step; ``drop_last`` skips a final partial batch. ``step_nodes(seeds, epoch, step)``
+    turns a step's seeds into the nodes sampled (link prediction: the sorted endpoints of the
+    step's positive pairs and their negatives); default the seeds themselves.
     """
     if train_ids.numel() == 0:
         raise ValueError(f"graph {graph.name!r} has no training nodes to pre-sample from")
@@ -105,7 +109,10 @@ def presample(
                     f"{step + 1}/{steps} ({said - started:.0f} s)",
                     flush=True,
                 )
-            blocks = sampler.sample(order[step * batch : (step + 1) * batch], epoch, step)
+            seeds = order[step * batch : (step + 1) * batch]
+            if step_nodes is not None:
+                seeds = step_nodes(seeds, epoch, step)
+            blocks = sampler.sample(seeds, epoch, step)
             k0_v[blocks[0].src_ids] += 1  # ids, like the dst ids and edges below, are unique
             for block in blocks:
                 k_v[block.dst_ids] += 1
@@ -266,11 +273,41 @@ def expected_cross_fraction(graph: Graph, parts: Tensor, k_e: Tensor) -> float:
     return int(k_e[parts[src] != parts[dst]].sum()) / total if total else 0.0
 
 
+@dataclass(frozen=True)
+class LinkSchedule:
+    """Link prediction's training schedule for pre-sampling: seeds are training pairs.
+
+    Attributes:
+        train_seeds: ``[n_train]`` positions of the training pairs (the task's ``train_seeds``).
+        step_nodes: ``(seeds, epoch, step) -> nodes``: a step's endpoint nodes (its positives'
+            and their negatives', ``task.step_rows``; pre-sampling keys its negatives on its own
+            seed, so it does not replay training's).
+        key: what else the schedule depends on (the task's settings and the run's seed).
+        digests: tensors the schedule depends on (the training pairs), digested into the key.
+    """
+
+    train_seeds: Tensor
+    step_nodes: Callable[[Tensor, int, int], Tensor]
+    key: dict
+    digests: tuple[Tensor, ...]
+
+    def fingerprint(self, graph: Graph) -> dict:
+        """The cache identity of the training structure ``graph`` and of this schedule."""
+        return {
+            "name": graph.name,
+            "num_nodes": graph.num_nodes,
+            "num_edges": graph.num_edges,
+            "structure": [tensor_digest(graph.indptr), tensor_digest(graph.indices)],
+            "pairs": [tensor_digest(t) for t in self.digests],
+            **self.key,
+        }
+
+
 def cached_probabilistic_partition(
     graph: Graph,
     num_parts: int,
     *,
-    targets: NodeTargets,
+    targets: NodeTargets | None,
     is_train: Tensor,
     method: str,
     fanouts: list[int],
@@ -282,11 +319,15 @@ def cached_probabilistic_partition(
     ufactor: int = 30,
     zero_edge_policy: str = "auto",
     drop_last: bool = False,
+    link: LinkSchedule | None = None,
 ) -> dict:
     """Pre-sample, partition and keep the artifact in ``cache_dir`` (step 5).
 
     ``targets``: the task's rows of every node; ``is_train``: bool ``[N]``, its training seeds
-    (what pre-sampling draws from). ``seed`` drives pre-sampling (schedule and sampler),
+    (what pre-sampling draws from). With ``link`` (link prediction, :class:`LinkSchedule`)
+    ``graph`` is the training structure, the seeds are training pairs and a step samples their
+    endpoints and negatives; ``is_train`` marks the training pairs' endpoints (the ``edge``
+    baseline's train mass) and ``targets`` is unused. ``seed`` drives pre-sampling (schedule and sampler),
     ``metis_seed`` the partitioner.
     Returns ``{"parts": int64 [N], "k_v": int64 [N], "k0_v": int64 [N], "num_batches": int,
     "expected_cross_fraction": float, "method": str}``; ``k_e`` ([E], large) is not kept.
@@ -300,7 +341,7 @@ def cached_probabilistic_partition(
     key_parts = {
         "kind": "gsplit_partition",
         "version": ARTIFACT_VERSION,
-        "graph": graph_fingerprint(graph, targets),
+        "graph": graph_fingerprint(graph, targets) if link is None else link.fingerprint(graph),
         "train_seeds": tensor_digest(is_train),
         "method": method,
         "num_parts": num_parts,
@@ -315,9 +356,16 @@ def cached_probabilistic_partition(
     }
 
     def build() -> dict:
-        train_ids = is_train.nonzero().flatten()
+        train_ids = is_train.nonzero().flatten() if link is None else link.train_seeds
         counts = presample(
-            graph, train_ids, fanouts, batch_size, presample_epochs, seed, drop_last=drop_last
+            graph,
+            train_ids,
+            fanouts,
+            batch_size,
+            presample_epochs,
+            seed,
+            drop_last=drop_last,
+            step_nodes=None if link is None else link.step_nodes,
         )
         parts = probabilistic_partition(
             graph,

@@ -19,10 +19,15 @@ from .sampler import shuffle
 def shuffle_hook(comm: Comm) -> Callable[[SplitBatch], LayerHook]:
     """``make(batch) -> hook(i, h)``: before layer ``i``, move the owners' rows ``h``
     (``[|D|, d]``) to the ranks that consume them (``[|M|, d]``) along ``batch.plans[i]``, and
-    record the rows and bytes this rank receives in ``batch.traffic``."""
+    record the rows and bytes this rank receives in ``batch.traffic``. After the last layer
+    (``i == num_layers``, :class:`~.datamodule.EndpointShuffleGNN`) link prediction's plan
+    moves the output rows to the ranks whose pairs score them; a batch without that plan (node
+    tasks) keeps its rows."""
 
     def make(batch: SplitBatch) -> LayerHook:
         def hook(i: int, h: Tensor) -> Tensor:
+            if i == len(batch.plans):
+                return h
             plan = batch.plans[i]
             row_bytes = math.prod(h.shape[1:]) * h.element_size()  # also when h has no rows
             batch.traffic.record(i, plan.rows_from_others(comm.rank), row_bytes)
@@ -52,3 +57,19 @@ class GSplitStrategy(MeteredDDPStrategy):
     @override
     def module_runtime(self) -> ModuleRuntime:
         return ModuleRuntime(self.context, layer_hook=shuffle_hook(self.comm))
+
+    @override
+    def training_step(self, *args, **kwargs):
+        """The module's step; a link-prediction batch whose output rows never moved (a net
+        that does not call the hook after its last layer) is refused: its pairs would score
+        other nodes' rows."""
+        loss = super().training_step(*args, **kwargs)
+        batch = args[0] if args else kwargs.get("batch")
+        if isinstance(batch, SplitBatch) and not all(batch.traffic.recorded):
+            raise RuntimeError(
+                "strategy=gsplit: the net did not run the layer hook before every layer and, "
+                "for link prediction, after its last one (layer_hook(num_layers, out)); build "
+                "it with GNNModule.from_config(model, datamodule) (GSplitDataModule.build_model "
+                "gives an EndpointShuffleGNN)"
+            )
+        return loss

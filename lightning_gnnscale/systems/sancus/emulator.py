@@ -9,6 +9,7 @@ receivers' caches.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -45,13 +46,16 @@ def emulate(
     epochs: int,
     lr: float = 0.01,
     weight_decay: float = 0.0,
+    step_loss: Callable[[int, Tensor], tuple[Tensor, int]] | None = None,
 ) -> EmulatorTrace:
     """Train a GCN (``params[l] = (weight [out, in], bias [out])``) full-graph for ``epochs``
     epochs with Adam on ``task``'s loss over its training seeds of ``targets``, as
     ``P = len(offsets) - 1`` ranks running SANCUS would.
 
     ``graph`` and ``targets`` (one row per node) must already be in row-block order (rank
-    ``i`` owns ``offsets[i]:offsets[i+1]``).
+    ``i`` owns ``offsets[i]:offsets[i+1]``). ``step_loss(e, out)`` -> ``(loss sum, loss
+    terms)`` of SANCUS epoch (step) ``e`` from every row's output ``out [N, C]`` replaces the
+    task's loss over ``targets`` (link prediction: a step's pairs; ``targets`` is then unused).
     """
     n, p = graph.num_nodes, offsets.numel() - 1
     rows, cols, values = normalized_adjacency(graph)
@@ -69,8 +73,13 @@ def emulate(
     last = [torch.full((p,), NEVER, dtype=torch.int64) for _ in range(num_layers)]
     grad_cache = [[None] * p for _ in range(num_layers)]
     grad_last = [torch.full((p,), NEVER, dtype=torch.int64) for _ in range(num_layers)]
-    train = task.is_train_seed(targets)
-    target, n_train = targets.target[train], int(train.sum())
+    if step_loss is None:
+        train = task.is_train_seed(targets)
+        target, n_train = targets.target[train], int(train.sum())
+
+        def step_loss(epoch: int, out: Tensor) -> tuple[Tensor, int]:
+            return task.loss_sum(out[train], target), n_train
+
     trace = EmulatorTrace()
 
     def mix(layer_cache, fresh: Tensor) -> Tensor:
@@ -105,9 +114,9 @@ def emulate(
             saved.append((aggregated, z))
             h = F.relu(z) if layer < num_layers - 1 else z
         out = h.detach().requires_grad_()
-        loss_sum = task.loss_sum(out[train], target)
+        loss_sum, terms = step_loss(epoch, out)
         trace.losses.append(float(loss_sum.detach()))
-        (grad,) = torch.autograd.grad(loss_sum / n_train, out)
+        (grad,) = torch.autograd.grad(loss_sum / terms, out)
         for layer in reversed(range(num_layers)):
             w, b = weights[layer]
             aggregated, _ = saved[layer]

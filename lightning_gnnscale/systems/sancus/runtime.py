@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ...comm import Comm
+from ...config_types import MODEL_INITS
 from ...contract import ModuleRuntime
 from ...models.layers import BlockGCN
 from .layout import RowBlocks
@@ -228,20 +229,38 @@ class SancusGCN(nn.Module):
 
     ``forward(blocks, x)``: one training epoch. ``blocks = [RowBlocks]`` (this rank's row
     blocks, the batch's only block), ``x`` = this rank's input rows ``[n_i, F_0]``; returns the
-    logits of this rank's training rows ``blocks[-1].seed_rows`` ``[n_train_i, C]``.
+    logits of this rank's training rows ``blocks[0].seed_rows`` ``[n_train_i, C]``. With
+    ``blocks = [RowBlocks, EndpointRows]`` (link prediction) it returns the output rows of the
+    step's endpoints instead, those another rank owns exchanged from it
+    (:class:`~.links.EndpointRows`).
 
     Args:
         in_dim, hidden, out_dim, num_layers: the GCN's sizes.
         policy: the staleness policy of its skipped broadcasts.
+        init: ``torch`` | ``glorot``: the weights drawn as ``BlockGNN("gcn", ..., init=)``
+            draws them (the same generator calls, so the same seed gives the same weights).
     """
 
     def __init__(
-        self, in_dim: int, hidden: int, out_dim: int, num_layers: int, policy: StalenessPolicy
+        self,
+        in_dim: int,
+        hidden: int,
+        out_dim: int,
+        num_layers: int,
+        policy: StalenessPolicy,
+        init: str = "torch",
     ):
         super().__init__()
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
         self.num_layers = num_layers
         self.layers = nn.ModuleList(BlockGCN(dims[i], dims[i + 1]) for i in range(num_layers))
+        if init not in MODEL_INITS:
+            raise ValueError(f"unknown init {init!r}; valid: {list(MODEL_INITS)}")
+        self.init = init
+        if init == "glorot":  # as BlockGNN
+            for weight in self.layers.parameters():
+                if weight.dim() == 2:
+                    nn.init.xavier_uniform_(weight)
         self.runtime = SkipBroadcast(policy, num_layers)
 
     @classmethod
@@ -261,13 +280,16 @@ class SancusGCN(nn.Module):
         """Width ``F_l`` of every layer input."""
         return [layer.lin.in_features for layer in self.layers]
 
-    def forward(self, blocks: list[RowBlocks], x: Tensor, layer_hook=None) -> Tensor:
+    def forward(self, blocks: list, x: Tensor, layer_hook=None) -> Tensor:
         if layer_hook is not None:
             raise ValueError("SancusGCN moves rows itself; it takes no layer hook")
-        layout = blocks[-1]
+        layout = blocks[0]
         self.runtime.use_layout(layout)
         self.runtime.start_epoch()
-        return self.propagate(x, train=True)[layout.seed_rows]
+        out = self.propagate(x, train=True)
+        if len(blocks) > 1:  # link prediction: the step's endpoint rows, some from their owners
+            return blocks[1].gather(out, self.runtime.comm)
+        return out[layout.seed_rows]
 
     def propagate(self, x: Tensor, train: bool, layers: int | None = None) -> Tensor:
         """Logits of every own row ``[n_i, C]``; ``train=False`` is the exact stateless pass;
