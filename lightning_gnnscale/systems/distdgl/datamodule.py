@@ -25,18 +25,29 @@ from torch import Tensor
 from typing_extensions import override
 
 from ...contract import RankContext
+from ...errors import ConfigError
 from ...graph.batch import Batch
 from ...graph.block import Block
 from ...graph.book import PartitionedGraph, partition_and_relabel
 from ...graph.halo_part import HaloPart, write_halo_parts
 from ...graph.partition_dir import PartitionDir
-from ...graph.sampler import BlockBuilder, splitmix64
+from ...graph.sampler import BlockBuilder, sample_neighbors, splitmix64
 from ...kit.datamodule import GNNDataModule
+from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, core_statistics, own_predictions
 from ...models.gnn import BlockGNN
-from ...models.inference import layer_rows
 from .config import DistDGLConfig
 from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
+from .link import (
+    TRAIN,
+    VAL,
+    IdDirectory,
+    LinkHaloPart,
+    LinkPart,
+    PairOrder,
+    link_partitioned,
+    stage_partition,
+)
 from .sampler import DistNeighborSampler
 
 EMBEDDING = "emb"  # KV name of the learnable input table
@@ -147,19 +158,38 @@ class DistDGLDataModule(GNNDataModule):
     def __init__(self, dataset, config: DistDGLConfig | None = None, data=None, **kwargs):
         super().__init__(dataset, config or DistDGLConfig(), data, **kwargs)
         self.inputs: LearnableInputs | None = None
+        self.link: LinkPart | None = None  # link prediction's part of the split (set up)
+        # the last core_outputs' halo rows per layer: pulled (once per chunk that reads them)
+        # and distinct, and the most one chunk held
+        self.eval_halo_rows: dict = {"pulled": [], "distinct": [], "largest": 0}
+        if self.is_link and self.task.config.filter_negatives:
+            raise ConfigError(
+                "task.filter_negatives=true is not supported by strategy=distdgl: a rank holds "
+                "the in-edges of its own nodes only, not the training edges a negative of its "
+                'pairs would be checked against (docs/systems/distdgl.md, "Link prediction"); '
+                "set task.filter_negatives=false"
+            )
 
     @property
     @override
     def input_dim(self) -> int:
         return self.config.embedding_dim or super().input_dim
 
+    @property
+    def is_link(self) -> bool:
+        """Whether the task's seeds are edges (link prediction: :mod:`.link`)."""
+        return self.task.spec.seeds == "edges"
+
     @override
     def preprocess(self, world_size: int) -> PartitionedGraph:
-        """Partition once (cached on disk by content hash), relabel, report the balance."""
+        """Partition once (cached on disk by content hash), relabel, report the balance. Under
+        link prediction the whole graph is partitioned on the edge split's per-node view
+        (``LinkTargets.node_rows``) and every relabelled edge keeps its stage."""
         partition = self.config.partition
-        return partition_and_relabel(
+        targets = self.targets.node_rows() if self.is_link else self.targets
+        prepared = partition_and_relabel(
             self.graph,
-            self.targets,
+            targets,
             partition.method,
             world_size,
             self.seed,
@@ -167,6 +197,9 @@ class DistDGLDataModule(GNNDataModule):
             system="distdgl",
             **partition.options(),
         )
+        if self.is_link:
+            return link_partitioned(prepared, self.graph, self.targets)
+        return prepared
 
     @override
     def partition_settings(self) -> dict[str, Any]:
@@ -174,20 +207,43 @@ class DistDGLDataModule(GNNDataModule):
         return {"method": partition.method, "partition_options": partition.options()}
 
     @override
-    def write_parts(self, world_size: int, writer, log) -> dict:
-        """Every rank's :meth:`part_of`, with :func:`~...graph.halo_part.write_halo_parts`."""
-        return write_halo_parts(self.prepare(world_size), self.part_of, writer, log)
+    def fingerprint_targets(self):
+        return self.targets.node_rows() if self.is_link else self.targets
 
     @override
-    def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart:
+    def write_parts(self, world_size: int, writer, log) -> dict:
+        """Every rank's :meth:`part_of`, with :func:`~...graph.halo_part.write_halo_parts`
+        (under link prediction also the split's pair count)."""
+        prepared = self.prepare(world_size)
+        meta = write_halo_parts(prepared, self.part_of, writer, log)
+        if self.is_link:
+            split = prepared.link.split
+            meta["link"] = {
+                "num_train": split.train_pos.shape[1],
+                "undirected": split.undirected,
+            }
+        return meta
+
+    @override
+    def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart | LinkHaloPart:
+        if self.is_link:  # no node seeds: the pairs are the LinkPart's
+            halo = HaloPart.of(prepared, rank, torch.empty(0, dtype=torch.int64))
+            return LinkHaloPart(halo, LinkPart.of(prepared, halo))
         return HaloPart.of(prepared, rank, self.task.train_seeds(prepared.targets))
 
     @override
-    def load_part(self, opened: PartitionDir, rank: int) -> HaloPart:
-        return HaloPart.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
+    def load_part(self, opened: PartitionDir, rank: int) -> HaloPart | LinkHaloPart:
+        halo = HaloPart.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
+        if self.is_link:
+            link = LinkPart.from_arrays(opened.load_part(rank), opened.meta["link"]["num_train"])
+            return LinkHaloPart(halo, link)
+        return halo
 
     @override
-    def setup_rank(self, context: RankContext, part: HaloPart) -> None:
+    def setup_rank(self, context: RankContext, part: HaloPart | LinkHaloPart) -> None:
+        link = part.link if isinstance(part, LinkHaloPart) else None
+        if link is not None:
+            part = part.halo
         comm, book = context.comm, part.book
         if part.agreed is not None:
             assert_same_on_all_ranks(comm, part.agreed, "the DistDGL partition")
@@ -195,9 +251,28 @@ class DistDGLDataModule(GNNDataModule):
         self.core_orig_ids = part.orig_ids
         self.kv = KVStore(comm, book)
         self.kv.init_data("feat", self.local.x)
-        self.kv.init_data("target", self.local.targets.target)
+        # what training samples: the graph, or link prediction's training edges only
+        self.link = link
+        if link is None:
+            self.kv.init_data("target", self.local.targets.target)
+            sampled, degree, self.sample_degree = self.local, self.degree, self.local_degree
+        else:
+            sampled = stage_partition(self.local, link.edge_stage, TRAIN)
+            degree, self.sample_degree = link.train_degree, link.stage_degree[TRAIN]
+            self.ids = IdDirectory(comm, book, link.ids)
+            self.pairs = PairOrder(
+                link.train_pairs, link.num_train, self.data.batch_size, self.seed
+            )
+            undirected = (
+                self.targets.split.undirected
+                if self.partition_dir is None
+                else (self.partition_meta()["link"]["undirected"])
+            )
+            self.link_targets = link.targets(
+                book.num_nodes, self.task.out_dim_of({}), self.seed, undirected
+            )
         if self.degree is None:
-            self.kv.init_data("degree", self.local_degree[: self.local.num_core])
+            self.kv.init_data("degree", self.sample_degree[: self.local.num_core])
         config = self.config
         if config.embedding_dim:
             embedding = DistEmbedding(
@@ -210,22 +285,38 @@ class DistDGLDataModule(GNNDataModule):
             optimizer = SPARSE_OPTIMIZERS[config.sparse_optimizer]([embedding], config.sparse_lr)
             self.inputs = LearnableInputs(embedding, optimizer, self.core_orig_ids)
         fanouts = list(self.data.fanouts)
-        self.sampler = DistNeighborSampler(comm, book, self.local, self.degree, fanouts, self.seed)
-        self.split = part.seed_split(self.data.batch_size, self.seed)
+        self.sampler = DistNeighborSampler(comm, book, sampled, degree, fanouts, self.seed)
+        if link is None:
+            self.split = part.seed_split(self.data.batch_size, self.seed)
 
     @property
     @override
     def steps_per_epoch(self) -> int:
-        return self.split.steps
+        return self.split.steps if self.link is None else self.pairs.steps
 
     @override
     def make_batch(self, epoch: int, step: int) -> DistDGLBatch:
         """This rank's step: sample through the owners, then pull input rows and the seeds'
         target rows (with embeddings the input rows are looked up in the training step, see
-        :class:`DistDGLBatch`)."""
-        seeds = self.split.seeds(epoch, step)
+        :class:`DistDGLBatch`). Under link prediction the seeds are the endpoints of this
+        rank's positive pairs of the step and of their negatives (``task.step_rows``, original
+        ids, mapped to gids through the owners) and ``y`` comes with them."""
         start = time.perf_counter()
-        blocks = self.sampler.sample(seeds, epoch, step)
+        exclude = None
+        if self.link is None:
+            seeds = self.split.seeds(epoch, step)
+            y = None
+            count = self.split.global_seed_count(step)
+        else:
+            pairs, positions = self.pairs.seeds(epoch, step)
+            nodes, y = self.task.step_rows(
+                self.link_targets, pairs, positions, epoch=epoch, step=step
+            )
+            seeds = self.ids.gids(nodes)
+            count = self.task.loss_terms(self.pairs.global_count(step))
+            if self.task.config.exclude_target_edges:
+                exclude = self._step_pair_keys(pairs)
+        blocks = self.sampler.sample(seeds, epoch, step, exclude)
         if self.degree is None:  # no [N] degrees here: the owners'
             blocks = self._with_degrees(blocks)
         sampled = time.perf_counter()
@@ -233,14 +324,25 @@ class DistDGLDataModule(GNNDataModule):
             x = self.kv.pull("feat", blocks[0].src_ids, category="feature")
         else:
             x = self.local.x.new_empty((blocks[0].num_src, 0))
-        y = self.kv.pull("target", seeds)
+        if y is None:
+            y = self.kv.pull("target", seeds)
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
             "input_nodes": blocks[0].num_src,
         }
-        count = self.split.global_seed_count(step)
         return DistDGLBatch(blocks, x, y, count, epoch, step, stats, inputs=self.inputs)
+
+    def _step_pair_keys(self, pairs: Tensor) -> Tensor:
+        """``task.exclude_target_edges``: sorted keys ``dst * N + src`` (gids) of the whole
+        step's positive pairs in both directions: every rank's pairs of the step (all-gathered,
+        ``structure``: 16 bytes a pair) mapped to gids through the owners, so that every rank
+        leaves out what one process leaves out."""
+        mine = self.link_targets.split.train_pos[:, pairs].t().contiguous()
+        every, _ = self.kv.comm.all_gather_varlen(mine, category="structure")
+        gids = self.ids.gids(every.flatten()).view(-1, 2)
+        src, dst, n = gids[:, 0], gids[:, 1], self.kv.book.num_nodes
+        return torch.unique(torch.cat([dst * n + src, src * n + dst]))
 
     def _with_degrees(self, blocks: list[Block]) -> list[Block]:
         """``blocks`` with their ``src_deg``: every block's sources are a prefix of the input
@@ -249,7 +351,7 @@ class DistDGLDataModule(GNNDataModule):
         ids = blocks[0].src_ids
         lid, held = self.local.find(ids)
         degree = torch.empty_like(ids)
-        degree[held] = self.local_degree[lid[held]]
+        degree[held] = self.sample_degree[lid[held]]
         degree[~held] = self.kv.pull("degree", ids[~held], category="structure")
         return [replace(b, src_deg=degree[: b.num_src]) for b in blocks]
 
@@ -282,42 +384,81 @@ class DistDGLDataModule(GNNDataModule):
         return own_predictions(self.core_orig_ids, rows, node_ids, self.kv.book.num_nodes)
 
     @torch.no_grad()
-    def core_outputs(self, net: torch.nn.Module, layers: int) -> Tensor:
+    def core_outputs(self, net: torch.nn.Module, layers: int, stage: str | None = None) -> Tensor:
         """The core's rows ``[n_core, d]`` after ``layers`` layers of full-neighbourhood,
-        layer-wise inference over the partitions: each layer pulls its halo's rows from their
-        owners (``feature``, then ``activation``).
+        layer-wise inference over the partitions.
 
-        A layer runs over ``data.eval_chunk_size`` core rows at a time: its messages then take
-        memory per chunk, not per local edge (all of them at once peaked at 2.5 GB per rank on
-        a 500k-node graph)."""
+        A layer runs over ``data.eval_chunk_size`` core rows at a time, and each chunk pulls
+        the rows of its halo sources from their owners (``feature`` for the input layer, then
+        ``activation``): a rank holds one chunk's halo rows at a time, never a layer's whole
+        halo, so evaluation stays near the training peak (issue 38). A halo node that several
+        chunks read is pulled once per chunk: those extra bytes are counted like the others
+        (in the run's evaluation bytes) and this rank's row counts are kept in
+        :attr:`eval_halo_rows` (per layer: pulled and distinct; the most one chunk held). Every rank runs as many chunks as the rank with the most (one
+        ``control`` all-reduce per call), the extra ones empty.
+
+        ``stage``: link prediction's message-passing structure (``"train"``: the training
+        edges, ``"test"``: training and validation edges, with their in-degrees); ``None``:
+        the whole graph."""
         if not isinstance(net, BlockGNN):
             raise TypeError(f"DistDGL evaluates a BlockGNN net, got {type(net).__name__}")
-        local = self.local
-        halo = local.local2global[local.num_core :]
-        builder = BlockBuilder(local.local2global.numel(), self.local_degree)
+        local, degree = self.local, self.local_degree
+        if stage is not None:
+            code = {"train": TRAIN, "test": VAL}[stage]
+            local = stage_partition(self.local, self.link.edge_stage, code)
+            degree = self.link.stage_degree[code]
+        n_core, chunk = local.num_core, self.data.eval_chunk_size
+        rounds = torch.tensor([max(1, -(-n_core // chunk))], dtype=torch.int64)
+        self.kv.comm.all_reduce(rounds, "max", category="control")
+        builder = BlockBuilder(local.num_local, degree)
         device = next(net.parameters()).device
         core_rows = self.kv.local_shard(EMBEDDING) if self.inputs is not None else local.x
         core_rows = core_rows.to(device, copy=layers == 0)  # never the live table itself
+        pulled, distinct, largest = [], [], 0
         for i in range(layers):
             self.kv.init_data("hidden", core_rows)
-            halo_rows = self.kv.pull("hidden", halo, category="feature" if i == 0 else "activation")
-            rows = torch.cat([core_rows, halo_rows])
-            core_rows = layer_rows(
-                net,
-                i,
-                builder,
-                local.indptr,
-                local.indices,
-                rows,
-                0,
-                local.num_core,
-                self.data.eval_chunk_size,
-            )
+            category = "feature" if i == 0 else "activation"
+            outs, seen, count = [], torch.zeros(local.num_halo, dtype=torch.bool), 0
+            for r in range(int(rounds)):
+                lo = min(r * chunk, n_core)
+                dst = torch.arange(lo, min(lo + chunk, n_core))
+                src, dst_pos = sample_neighbors(local.indptr, local.indices, dst, -1, 0)
+                block = builder(dst, src, dst_pos)
+                ids = block.src_ids
+                halo = ids >= n_core
+                rows = self.kv.pull("hidden", local.local2global[ids[halo]], category=category)
+                h = rows.new_empty((ids.numel(), rows.shape[1]))
+                h[halo.to(device)] = rows
+                h[~halo.to(device)] = core_rows[ids[~halo].to(device)]
+                if r == 0 or dst.numel():  # one (maybe empty) chunk gives the output width
+                    outs.append(net.layer_output(i, block.to(device), h))
+                count += int(halo.sum())
+                largest = max(largest, int(halo.sum()))
+                seen[ids[halo] - n_core] = True
+            pulled.append(count)
+            distinct.append(int(seen.sum()))
+            core_rows = torch.cat(outs)
+        self.eval_halo_rows = {"pulled": pulled, "distinct": distinct, "largest": largest}
         return core_rows
 
     @override
     def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
-        """The task's statistics on this rank's core, from :meth:`core_outputs`."""
-        return core_statistics(
-            self.task, self.local, self.core_outputs(net, net.num_layers), splits
+        """The task's statistics on this rank's core, from :meth:`core_outputs`; under link
+        prediction the pairs whose source it owns, scored with its core's embeddings over
+        each stage's structure and the other rows pulled from their owners
+        (:func:`~...kit.link_partitioned.owned_link_statistics`)."""
+        if self.link is None:
+            return core_statistics(
+                self.task, self.local, self.core_outputs(net, net.num_layers), splits
+            )
+        return owned_link_statistics(
+            self.task,
+            lambda stage: self.core_outputs(net, net.num_layers, stage),
+            self.core_orig_ids,
+            self.ids.owner,
+            {split: self.link.pairs(split) for split in splits},
+            self.kv.book.num_nodes,
+            self.seed,
+            splits,
+            self.kv.comm,
         )

@@ -78,12 +78,22 @@ class DistNeighborSampler:
         dst_pos = torch.repeat_interleave(torch.arange(frontier.numel()), per_node)
         return src_out, dst_pos
 
-    def sample(self, seeds: Tensor, epoch: int, step: int) -> list[Block]:
-        """The blocks of this rank's seeds, input layer first (``blocks[-1].dst_ids == seeds``)."""
+    def sample(
+        self, seeds: Tensor, epoch: int, step: int, exclude: Tensor | None = None
+    ) -> list[Block]:
+        """The blocks of this rank's seeds, input layer first (``blocks[-1].dst_ids == seeds``).
+        ``exclude``: sorted int64 keys ``dst * N + src`` (gids) of edges left out of every
+        block after sampling, as ``graph.sampler.NeighborSampler`` leaves them out."""
         key = SampleKey(self.seed, epoch, step)
         frontier, blocks = seeds.to(torch.int64), []
+        n = self.book.num_nodes
         for hop, fanout in enumerate(self.fanouts):
             src, dst_pos = self.sample_hop(frontier, fanout, key.hop_key(hop))
+            if exclude is not None and exclude.numel():
+                keys = frontier[dst_pos] * n + src
+                at = torch.searchsorted(exclude, keys).clamp_(max=exclude.numel() - 1)
+                kept = exclude[at] != keys
+                src, dst_pos = src[kept], dst_pos[kept]
             block = self.build_block(frontier, src, dst_pos)
             blocks.append(block)
             frontier = block.src_ids

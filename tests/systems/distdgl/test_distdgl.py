@@ -156,6 +156,46 @@ def test_training_and_evaluation_equal_single(world_size):
     assert sum(r["gcn", 0][2] for r in results) > 0  # some rows were remote
 
 
+def _chunked_halo_rank(rank, world_size):
+    data = partitioned(world_size)
+    comm = Comm.create()
+    dm = datamodule(data, rank, world_size, comm)
+    net = make_net("gcn", data).eval()
+    out = {}
+    for chunk in (DataConfig().eval_chunk_size, 7):
+        dm.data = replace(dm.data, eval_chunk_size=chunk)
+        before = comm.meter.snapshot()
+        rows = dm.core_outputs(net, net.num_layers)
+        sent = comm.meter.delta(before)["bytes"]
+        out[chunk] = rows, sent["feature"], sent["activation"], dict(dm.eval_halo_rows)
+    return out
+
+
+@pytest.mark.dist
+def test_evaluation_pulls_the_halo_rows_per_chunk():
+    """Layer-wise inference over 7 core rows at a time pulls each chunk's halo rows only (a
+    chunk holds far fewer than the whole halo), re-pulling the halo rows several chunks read:
+    the rows equal one chunk's (to 1e-12: the layers' matmuls run on other shapes), and the
+    bytes served are the pulled rows' (input
+    layer: F float64s, the next: the hidden width), more than once per halo row."""
+    data = partitioned(2)
+    ranks = run_distributed(_chunked_halo_rank, 2, timeout_s=120)
+    big = DataConfig().eval_chunk_size
+    widths = (data.graph.num_features, 16)
+    for chunk in (big, 7):
+        halo = [r[chunk][3] for r in ranks]
+        for layer, category in enumerate((1, 2)):  # feature, then activation bytes
+            served = sum(r[chunk][category] for r in ranks)
+            assert served == sum(h["pulled"][layer] for h in halo) * widths[layer] * 8
+    for r in ranks:
+        torch.testing.assert_close(r[7][0], r[big][0], rtol=0, atol=1e-12)  # other matmuls
+        whole, chunked = r[big][3], r[7][3]
+        assert whole["pulled"] == whole["distinct"] == chunked["distinct"]
+        assert whole["largest"] == whole["distinct"][0]  # one chunk: the whole halo at once
+        assert chunked["largest"] < whole["largest"] / 3
+        assert chunked["pulled"][0] > 1.5 * chunked["distinct"][0]  # the extra bytes
+
+
 @pytest.mark.parametrize("task", ["node_classification", "node_regression"])
 def test_a_part_holds_the_tasks_rows_and_seeds_in_memory_and_from_a_directory(tmp_path, task):
     """``part_of``: each core carries the task's rows (node regression's synthetic float

@@ -73,6 +73,7 @@ class _SplitLoaderSource:
     the data module's own ``steps_per_epoch``; a batch is the rank's seeds."""
 
     steps_per_epoch = DistDGLDataModule.steps_per_epoch
+    link = None  # a node task's: the steps are the SeedSplit's
 
     def next_loader_epoch(self) -> int:
         return 0
