@@ -72,9 +72,14 @@ def graph_fingerprint(graph: Graph, targets: NodeTargets) -> dict:
     change the key: a run given the float32 graph and one loading it in float64 (a partition
     directory) agree."""
     digest = hashlib.blake2b(digest_size=32)
-    y = targets.target
-    y = y.to(torch.float64) if y.is_floating_point() else y
-    for tensor in (graph.indptr, graph.indices, y, targets.train, targets.val, targets.test):
+    if not isinstance(targets, NodeTargets):  # link prediction's targets: its edge split
+        split = targets.split
+        arrays = (graph.indptr, graph.indices, split.train_pos, split.val_pos, split.test_pos)
+    else:
+        y = targets.target
+        y = y.to(torch.float64) if y.is_floating_point() else y
+        arrays = (graph.indptr, graph.indices, y, targets.train, targets.val, targets.test)
+    for tensor in arrays:
         _add_tensor(digest, tensor)
     return {
         "name": graph.name,
