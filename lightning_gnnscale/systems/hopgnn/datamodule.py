@@ -56,7 +56,12 @@ from ...tasks.base import split_statistics
 from .callbacks import HopGNNStats
 from .config import HopGNNConfig
 from .links import link_plan
-from .merging import MergeController, modeled_epoch_seconds
+from .merging import (
+    LINK_TRAINING_CATEGORIES,
+    TRAINING_CATEGORIES,
+    MergeController,
+    modeled_epoch_seconds,
+)
 from .planner import (
     IterationPlan,
     micrograph_plan,
@@ -780,6 +785,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 self.controller.steps,
                 config.bandwidth,
                 config.step_overhead_s,
+                LINK_TRAINING_CATEGORIES if self.is_link else TRAINING_CATEGORIES,
             )
         total = self.comm.all_reduce(torch.tensor([local], dtype=torch.float64), category="control")
         self.controller.end_epoch(float(total[0]) / self.world_size)
