@@ -82,7 +82,9 @@ class HopGNNBatch(Batch):
 
     The base fields summarise the iteration: ``blocks`` is empty, ``x`` is ``[n_roots, 0]``
     (no input rows of its own), ``y`` holds the targets of the ``n_roots`` roots this rank
-    trains (over all steps) and ``global_seed_count`` the iteration's global mini-batch size.
+    trains (over all steps; link prediction: the pairs it scores, ``[n, 3]``) and
+    ``global_seed_count`` the iteration's loss denominator (``task.loss_terms`` of the global
+    mini-batch).
     ``x`` has a row per root so that the first tensor Lightning's batch-size guess
     (``extract_batch_size``) meets gives ``n_roots``: a module's ``self.log(...,
     on_epoch=True)`` without ``batch_size`` weighs the iteration by its roots (a ``[0, F]``

@@ -128,7 +128,7 @@ def exchanged_outputs(module: torch.nn.Module, sub: LinkStepBatch, comm: Comm) -
     calls = []
 
     def hook(_module, args, output):
-        if not args or args[0] is not sub:
+        if not args or not isinstance(args[0], LinkStepBatch):  # ``sub``, or a converted copy
             return output
         calls.append(1)
         received = exchange_rows(output, sub.send_index, sub.send_splits, sub.recv_splits, comm)
@@ -168,7 +168,9 @@ def run_iteration(
     and :func:`sum_gradients` (which adds the accumulator). The accumulator is kept apart from
     ``.grad`` because Lightning zeroes ``.grad`` between the training step and its backward.
     The last loss is a zero connected to ``params`` when its set is empty. Collective: every
-    rank runs the same number of steps and migrations.
+    rank runs the same number of steps and migrations. Under link prediction no set is
+    ``None`` (an empty one still runs, so that every rank takes part in each step's row
+    exchange, forward and backward).
     """
     last = len(batch.steps) - 1
     accumulator = params[0].new_zeros(flat_numel(params))
