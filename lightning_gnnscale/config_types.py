@@ -245,8 +245,8 @@ class RunFacts:
             is refused or accepted when the checkpoint is loaded).
         allow_oversubscribe: ``launcher.allow_oversubscribe`` (a plain script has no launcher:
             ``False``), which lifts the core-based bounds (:mod:`lightning_gnnscale.bounds`).
-        task: the run's task name; ``None`` where the caller does not know it (a strategy
-            binding a DataModule: the DataModule checked its task when it was built).
+        task: the run's task settings; ``None`` where the caller does not know them (a
+            strategy binding a DataModule: the DataModule checked its task when it was built).
     """
 
     world_size: int
@@ -269,7 +269,7 @@ class RunFacts:
             run.model,
             run.ckpt_path,
             run.launcher.allow_oversubscribe,
-            run.task.name,
+            run.task,
         )
 
 
@@ -303,6 +303,10 @@ class SystemConfig:
     supports_partition_dir: ClassVar[bool] = False  # ranks can load from data.partition_dir
     # the tasks it trains (SystemSpec.tasks): node tasks unless the system lists link prediction
     TASKS: ClassVar[tuple[str, ...]] = NODE_TASKS
+    # its training blocks can leave out a step's own target pairs (task.exclude_target_edges)
+    EXCLUDES_TARGET_EDGES: ClassVar[bool] = False
+    # it trains and syncs a task's own parameters with the net (task.decoder=mlp)
+    TRAINS_TASK_HEAD: ClassVar[bool] = False
     # the rank's threads build blocks the trainer frees: one malloc arena (cpu_memory.py)
     shares_malloc_arenas: ClassVar[bool] = False
 
@@ -352,10 +356,15 @@ class SystemConfig:
             partition_dir_unsupported(self.name),
         )
 
-    def check_task(self, task: str) -> None:
-        """The system trains ``task`` (one of :attr:`TASKS`); checked by :class:`RunConfig`
-        (:func:`check_run`) and by the DataModule, which a plain script builds without one."""
+    def check_task(self, task: str | TaskConfig) -> None:
+        """The system trains ``task`` (a name of :attr:`TASKS`, or its settings, which it must
+        honour); checked by :class:`RunConfig` (:func:`check_run`) and by the DataModule, which
+        a plain script builds without one."""
+        settings = task if isinstance(task, TaskConfig) else None
+        task = task.name if isinstance(task, TaskConfig) else task
         if task in self.TASKS:
+            if settings is not None:
+                self._check_task_settings(settings)
             return
         able = sorted(n for n, c in registered_systems().items() if task in c.TASKS)
         package = type(self).__module__.rpartition(".")[0]
@@ -368,6 +377,29 @@ class SystemConfig:
             f"task={task} is not supported by strategy={self.name} (it trains "
             f"{list(self.TASKS)}; {page} says why); strategies that train it: {able}"
         )
+
+    def _check_task_settings(self, task: TaskConfig) -> None:
+        """Refuse the task settings this system cannot honour, naming the systems that can."""
+        needs = (
+            (
+                task.exclude_target_edges,
+                "EXCLUDES_TARGET_EDGES",
+                "task.exclude_target_edges=true",
+                "leave a step's target pairs out of its blocks",
+            ),
+            (
+                task.decoder == "mlp",
+                "TRAINS_TASK_HEAD",
+                "task.decoder=mlp",
+                "train and sync a task's own parameters with the net",
+            ),
+        )
+        for asked, flag, setting, what in needs:
+            if asked and not getattr(self, flag):
+                able = sorted(n for n, c in registered_systems().items() if getattr(c, flag))
+                raise ConfigError(
+                    f"{setting}: strategy={self.name} does not {what}; strategies that do: {able}"
+                )
 
     def check_run(self, run: RunFacts) -> None:
         """Rules between this system and the rest of the run (model, data, world size...)."""

@@ -162,6 +162,35 @@ def test_e2e_tiny_writes_its_report(tmp_path, monkeypatch):
         assert 0 < float(cells[2]) <= run["median_s"]  # compute is part of the training epoch
 
 
+def test_e2e_link_prediction_trains_the_task_in_every_runner(tmp_path, monkeypatch):
+    """`bench e2e --task link_prediction`: the hand-written loop's first step has the loss of
+    `single`'s module on the same batch (the task's pair loss, not cross-entropy), and the
+    report names the task and carries the strategy's best validation MRR."""
+    from lightning_gnnscale.bench.e2e import E2ESettings, HandLoop, compose_run
+    from lightning_gnnscale.preflight import validate
+    from lightning_gnnscale.run import build_datamodule
+
+    monkeypatch.chdir(tmp_path)
+    settings = E2ESettings(nodes=300, features=8, hidden=8, batch_size=64, task="link_prediction")
+    cfg = compose_run(settings, "single", 0.0, tmp_path)
+    loop = HandLoop(cfg)
+    dm = build_datamodule(validate(cfg))
+    batch = dm.make_batch(0, 0)
+    net = dm.build_model(validate(cfg).model)
+    net.load_state_dict(loop.net.state_dict())
+    want = dm.task.loss_sum(net(batch.blocks, batch.x), batch.y) / batch.global_seed_count
+    assert batch.y.shape[1] == 3  # pairs: source row, destination row, label
+    assert loop.step(0, 0) == pytest.approx(float(want), rel=1e-6)
+    out = tmp_path / "e2e"
+    argv = ["e2e", "--strategies", "single", "--nodes", "300", "--features", "8"]
+    argv += ["--hidden", "8", "--batch-size", "64", "--epochs", "1", "--dropouts", "0"]
+    argv += ["--profile-steps", "0", "--devices", "1", "--task", "link_prediction"]
+    assert main([*argv, "--out", str(out)]) == 0
+    results = json.loads((out / "e2e.json").read_text())
+    assert 0 < results["runs"]["0"]["strategy=single"]["best_val_mrr"] <= 1
+    assert "# bench e2e: link_prediction, sage-2" in (out / "e2e.md").read_text()
+
+
 def test_unsynced_hand_loops_train_ddp_micro_batches_in_every_process(tmp_path):
     """The ceiling runner: each process trains strategy=ddp's micro-batches of its rank; an
     epoch lasts as long as its slowest process."""
@@ -291,3 +320,17 @@ def test_bench_cluster_reports_steady_and_whole_run_speedups(tmp_path, monkeypat
     calls.clear()
     bench_cluster.run_cluster_bench(settings, tmp_path, ["cluster"])
     assert calls == ["strategy=distdgl"]
+
+
+def test_cluster_task_is_checked_and_reaches_every_run(tmp_path, capsys):
+    """`bench cluster --task`: an unknown task is refused with the valid ones before any
+    host starts, and the task is an override of every run."""
+    import lightning_gnnscale.bench.cluster as bench_cluster
+
+    with pytest.raises(SystemExit):
+        main(["cluster", "--task", "edge_regression", "--out", str(tmp_path)])
+    assert "--task 'edge_regression': unknown; valid: ['link_prediction'" in capsys.readouterr().err
+    settings = bench_cluster.ClusterBenchConfig(task="link_prediction")
+    for variant in ("distdgl", "ddp"):
+        overrides = bench_cluster.variant_overrides(settings, variant, None, tmp_path)
+        assert "task=link_prediction" in overrides

@@ -150,23 +150,6 @@ def test_split_refuses_a_split_with_no_training_pair_and_unknown_stage_names():
         split.structure("valid")
 
 
-def test_graphstorm_exclusion_finds_each_target_and_its_reverse():
-    indptr, indices = _csc(N, 400, seed=5)
-    split = random_link_split(indptr, indices, seed=1)
-    t_indptr, t_indices = split.structure("train")
-    batch = split.train_pos[:, ::3]
-    excluded = EdgeLookup(t_indptr, t_indices).excluded_edges(batch)
-    expected = set()  # the oracle: walk every training edge's position
-    targets = set(_pairs(batch))
-    for v in range(N):
-        for e in range(int(t_indptr[v]), int(t_indptr[v + 1])):
-            u = int(t_indices[e])
-            if (u, v) in targets or (v, u) in targets:
-                expected.add(e)
-    assert excluded.tolist() == sorted(expected)
-    assert excluded.numel() == 2 * batch.shape[1]  # undirected, no self-loops: both directions
-
-
 def test_edge_lookup_refuses_unsorted_segments():
     with pytest.raises(ValueError, match="sorted by source"):
         EdgeLookup(torch.tensor([0, 2]), torch.tensor([0, 0]))

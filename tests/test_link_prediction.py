@@ -5,6 +5,7 @@ the metrics against a brute-force count, the run's summary, the recipe and bad v
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,99 @@ def test_a_step_of_too_many_pairs_is_refused_before_any_rank(tmp_path):
         build_datamodule(run).prepare(1)
     small = run_config(make_cfg(tmp_path, *settings, "data.batch_size=64"))
     build_datamodule(small).prepare(1)
+
+
+def _target_pairs_in_blocks(dm, epoch: int, step: int) -> int:
+    """Block edges of the step joining a positive pair of the step (either direction)."""
+    seeds = dm.batcher().step_seeds(epoch, step)
+    pos = dm.targets.split.train_pos[:, seeds]
+    targets = set(map(tuple, torch.cat([pos, pos.flip(0)], 1).t().tolist()))
+    found = 0
+    for block in dm.make_batch(epoch, step).blocks:
+        src, dst = block.edge_index
+        pairs = torch.stack([block.src_ids[src], block.dst_ids[dst]], 1)
+        found += len(targets & set(map(tuple, pairs.tolist())))
+    return found
+
+
+def test_graphstorm_exclusion_leaves_a_steps_targets_out_of_its_blocks():
+    """``task.exclude_target_edges=true``: no block of a step joins one of the step's positive
+    pairs, in either direction (without it, blocks do); ddp's unsalted ranks, each leaving out
+    the whole step's pairs, still sum to ``single``'s step."""
+    plain, excluding = (
+        TaskConfig("link_prediction", exclude_target_edges=flag) for flag in (False, True)
+    )
+    steps = make_datamodule("single", plain).steps_per_epoch
+    assert sum(
+        _target_pairs_in_blocks(make_datamodule("single", plain), 0, s) for s in range(steps)
+    )
+    single = make_datamodule("single", excluding)
+    assert all(_target_pairs_in_blocks(single, 0, s) == 0 for s in range(steps))
+    ddp = make_datamodule("ddp", excluding)
+    torch.manual_seed(0)
+    net = BlockGNN("sage", 10, 16, 8, 2, dropout=0.0).double()
+    loss, grad = _step_gradient(single, net, 0, 1)
+    losses, grads = [], []
+    for rank in range(2):
+        ddp.rank, ddp.world_size = rank, 2
+        rank_loss, rank_grad = _step_gradient(ddp, net, 0, 1)
+        losses.append(rank_loss)
+        grads.append(rank_grad)
+    torch.testing.assert_close(sum(losses), loss, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(sum(grads), grad, rtol=1e-10, atol=1e-13)
+
+
+def test_graphstorm_exclusion_is_refused_where_a_system_cannot_honour_it(tmp_path):
+    """A strategy whose blocks do not leave out a step's targets refuses the setting before
+    any rank starts, naming the strategies that do; a node task refuses it as any link
+    setting."""
+    able = sorted(n for n, s in SYSTEMS.items() if s.config_type.EXCLUDES_TARGET_EDGES)
+    assert set(able) >= {"ddp", "single"}
+    refusal = rf"strategy=single does not leave .* strategies that do: {re.escape(str(able))}"
+
+    class SingleWithoutExclusion(type(SYSTEMS["single"].config_type())):
+        EXCLUDES_TARGET_EDGES = False
+
+    excluding = TaskConfig("link_prediction", exclude_target_edges=True)
+    with pytest.raises(ConfigError, match=refusal):
+        SingleWithoutExclusion().check_task(excluding)
+
+    class SingleWithoutHead(type(SYSTEMS["single"].config_type())):
+        TRAINS_TASK_HEAD = False
+
+    with pytest.raises(ConfigError, match=r"task.decoder=mlp: strategy=single does not train"):
+        SingleWithoutHead().check_task(TaskConfig("link_prediction", decoder="mlp"))
+    SingleWithoutExclusion().check_task(TaskConfig("link_prediction"))
+    settings = ["task=link_prediction", "task.exclude_target_edges=true"]
+    for name in LINK_SYSTEMS:  # through train.py's config, before any rank starts
+        if name not in able:
+            with pytest.raises(ConfigError, match=f"strategy={name} does not leave"):
+                run_config(make_cfg(tmp_path, f"strategy={name}", *settings))
+    with pytest.raises(ConfigError, match="task.exclude_target_edges: link_prediction settings"):
+        TaskConfig("node_classification", exclude_target_edges=True)
+
+
+def test_the_mlp_decoder_trains_with_the_net_and_ddp_equals_single(tmp_path):
+    """``task.decoder=mlp``: the decoder's weights are the module's (in the checkpoint, moved
+    by the optimiser), and 2 ``ddp`` ranks (unsalted keys, float64) end with ``single``'s net
+    and decoder: its gradients are synced with the net's."""
+    from lightning_gnnscale.run import train
+    from tests.systems.conformance import weights
+
+    common = ["task=link_prediction", "task.decoder=mlp", "dtype=float64", "model.dropout=0.0"]
+    common += ["trainer.max_epochs=2"]
+    runs = {}
+    for name, extra in (("single", []), ("ddp", ["strategy.salt_by_rank=false"])):
+        metrics, objects = train(make_cfg(tmp_path / name, f"strategy={name}", *common, *extra))
+        runs[name] = weights(Path(objects["output_dir"]))
+        assert 0.0 < metrics["test_auc"] <= 1.0
+    single, ddp = runs["single"], runs["ddp"]
+    head = [key for key in single if key.startswith("head.")]
+    assert len(head) == 4  # two linear layers: weight and bias each
+    assert single.keys() == ddp.keys()
+    for key in single:
+        torch.testing.assert_close(ddp[key], single[key], rtol=0, atol=1e-9, msg=key)
+    fresh = build_task(TaskConfig("link_prediction", decoder="mlp"))
+    torch.manual_seed(0)
+    init = fresh.trained_head().double().state_dict()
+    assert not all(torch.equal(init[k[5:]], single[k]) for k in head)  # trained

@@ -464,3 +464,14 @@ def test_the_default_strategies_are_each_system_folders_own_name():
     names = default_strategies()
     assert sorted(names) == sorted({spec.system for spec in SYSTEMS.values()})
     assert "sancus" in names and "cagnet" not in names
+
+
+def test_a_memory_job_evaluates_unless_told_not_to(tmp_path):
+    """``bench memory`` measures with the run's default validation and test; ``evaluation``
+    off (``--no-evaluation``) pushes validation past the job's one epoch."""
+    from lightning_gnnscale.bench.memory import MemorySettings, compose_job, job_overrides
+
+    on = job_overrides(MemorySettings(), "distdgl", 2, 300)
+    off = job_overrides(MemorySettings(evaluation=False), "distdgl", 2, 300)
+    assert compose_job(on, tmp_path).trainer.check_val_every_n_epoch == 1
+    assert compose_job(off, tmp_path).trainer.check_val_every_n_epoch == 1000

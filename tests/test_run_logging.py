@@ -22,8 +22,9 @@ EPOCHS = 3
 
 @pytest.fixture(scope="module")
 def ddp_wandb_run(tmp_path_factory):
-    """``python train.py logger=wandb`` with the default ``ddp`` (2 ranks), offline, all of
-    W&B's files under the test's folder; its output is not a terminal."""
+    """``python train.py logger=wandb task=link_prediction`` with the default ``ddp`` (2
+    ranks), offline, all of W&B's files under the test's folder; its output is not a
+    terminal. (A node task's W&B run: tests/test_train.py.)"""
     tmp = tmp_path_factory.mktemp("ddp_wandb")
     out = tmp / "run"
     env = {**os.environ, "WANDB_MODE": "offline", "GNNSCALE_WARM": "0"}
@@ -31,6 +32,7 @@ def ddp_wandb_run(tmp_path_factory):
     proc = run_script(
         "train.py",
         "logger=wandb",
+        "task=link_prediction",
         f"trainer.max_epochs={EPOCHS}",
         "dataset.num_nodes=300",
         "dataset.num_features=8",
@@ -62,6 +64,31 @@ def test_a_multi_rank_run_is_one_wandb_run_with_every_epoch_and_an_exit_record(d
     assert epochs == set(range(EPOCHS))
     assert "summary" in kinds and kinds.count("exit") == 1
     assert records[kinds.index("exit")].exit.exit_code == 0
+
+
+def _history(log) -> list[dict]:
+    """The history records of a W&B log, each as ``{key: JSON value}``."""
+    rows = []
+    for record in read_records(log):
+        if record.WhichOneof("record_type") == "history":
+            rows.append(
+                {"/".join(i.nested_key) or i.key: i.value_json for i in record.history.item}
+            )
+    return rows
+
+
+def test_a_two_rank_link_prediction_run_logs_its_metrics_to_wandb(ddp_wandb_run):
+    """The run's history holds every epoch's validation AUC, MRR and Hits@K (summed over both
+    ranks' edges) and its summary the test metrics."""
+    out, _ = ddp_wandb_run
+    (run,) = sorted((out / "wandb").glob("offline-run-*"))
+    (log,) = run.glob("run-*.wandb")
+    names = ("val/auc", "val/mrr", "val/hits@1", "val/hits@3", "val/hits@10")
+    epochs = {int(row["epoch"]) for row in _history(log) if all(n in row for n in names)}
+    assert epochs == set(range(EPOCHS))
+    summaries = [r for r in read_records(log) if r.WhichOneof("record_type") == "summary"]
+    keys = {"/".join(i.nested_key) or i.key for r in summaries for i in r.summary.update}
+    assert {"test/auc", "test/mrr"} <= keys
 
 
 def test_train_log_holds_the_epoch_lines_and_lightnings_lines_of_every_rank(ddp_wandb_run):

@@ -9,6 +9,7 @@ from pathlib import Path
 from hydra.errors import HydraException
 
 from ..systems.registry import SYSTEMS as STRATEGIES
+from ..tasks import TASKS
 from .bytegnn_partition import run_bytegnn_partition_bench
 from .cluster import add_cluster_parser, run_cluster_command
 from .compare import compose_configs, run_compare
@@ -248,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e2e.add_argument("--seed", type=int, default=0)
     e2e.add_argument(
+        "--task",
+        choices=sorted(TASKS),
+        default=e2e_defaults.task,
+        help="what every runner trains (default: node_classification; link_prediction: DGL's "
+        "loop is as_edge_prediction_sampler with a uniform negative sampler)",
+    )
+    e2e.add_argument(
         "--accelerator",
         choices=["cpu", "gpu"],
         default="cpu",
@@ -366,6 +374,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     memory.add_argument("--seed", type=int, default=0)
     memory.add_argument(
+        "--no-evaluation",
+        action="store_true",
+        help="training steps only (default: each job validates and tests after them, so the "
+        "peaks include evaluation)",
+    )
+    memory.add_argument(
         "--override",
         action="append",
         default=[],
@@ -436,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=args.timeout,
             seed=args.seed,
             overrides=tuple(args.override),
+            evaluation=not args.no_evaluation,
         )
         jobs = _composed(parser, plan_jobs, settings, args.out.resolve())  # bad override: usage
         run_memory(settings, args.out, argv, jobs, fresh=args.fresh)
@@ -543,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_steps=max(0, args.profile_steps),
             seed=args.seed,
             accelerator=args.accelerator,
+            task=args.task,
         )
         for dropout in dropouts:  # every config is checked before any training
             for strategy in (*settings.strategies, "single"):

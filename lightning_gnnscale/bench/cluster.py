@@ -71,6 +71,7 @@ class ClusterBenchConfig:
     seed: int = 0
     timeout_s: float = 900.0
     overrides: tuple[str, ...] = ()
+    task: str = "node_classification"
 
 
 def rate_label(rate: float | None) -> str:
@@ -91,6 +92,7 @@ def variant_overrides(settings: ClusterBenchConfig, variant: str, rate, out: Pat
         f"trainer.devices={RANKS_PER_HOST.get(variant, 1)}",
         f"trainer.max_epochs={settings.epochs}",
         f"seed={settings.seed}",
+        f"task={settings.task}",
         f"network={RATE_PROFILES[rate]}",
         "trainer.enable_progress_bar=false",
         "logger=none",
@@ -261,7 +263,7 @@ def report_lines(result: dict, rows: list[dict], settings: ClusterBenchConfig) -
         "",
         *environment_lines(result["environment"]),
         "",
-        f"sbm, {settings.nodes} nodes, model {settings.model} ({models}), "
+        f"task {settings.task}, sbm, {settings.nodes} nodes, model {settings.model} ({models}), "
         f"{settings.epochs} epochs, "
         f"seed {settings.seed}; {settings.hosts} hosts x 1 rank ({ranks} ranks per host), "
         f"cores per host (taskset): {host_cpus(settings.hosts)} (docs/cluster.md). "
@@ -359,6 +361,11 @@ def add_cluster_parser(commands) -> None:
     )
     cluster.add_argument("--seed", type=int, default=0, help="seed of every run (default 0)")
     cluster.add_argument(
+        "--task",
+        default="node_classification",
+        help="what every run trains (default node_classification; e.g. link_prediction)",
+    )
+    cluster.add_argument(
         "--timeout-s", type=float, default=900.0, help="per-run time-out (default 900)"
     )
     cluster.add_argument(
@@ -385,6 +392,13 @@ def run_cluster_command(parser, args, argv: list[str]) -> int:
         if unknown:
             parser.error(f"--pairs: unknown {unknown}; valid: {','.join(by_name)}")
         pairs = tuple(by_name[p] for p in args.pairs.split(","))
+    from ..tasks import TASKS
+
+    if args.task not in TASKS:
+        parser.error(f"--task {args.task!r}: unknown; valid: {sorted(TASKS)}")
+    unable = sorted({v for pair in pairs for v in pair if args.task not in VARIANTS[v][0].tasks})
+    if unable:
+        parser.error(f"--task {args.task}: {unable} do not train it; pick --pairs without them")
     if args.nodes < 100 or args.epochs < 1 or not 0 <= args.warmup < args.epochs:
         parser.error("need --nodes >= 100, --epochs >= 1 and 0 <= --warmup < --epochs")
     if args.timeout_s <= 0:
@@ -403,6 +417,7 @@ def run_cluster_command(parser, args, argv: list[str]) -> int:
         seed=args.seed,
         timeout_s=args.timeout_s,
         overrides=tuple(args.override),
+        task=args.task,
     )
     run_cluster_bench(settings, args.out.resolve(), argv)
     return 0

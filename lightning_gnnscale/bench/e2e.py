@@ -44,6 +44,7 @@ from ..launch import launch_local
 from ..models.layers import row_dropout
 from ..preflight import validate
 from ..run import THREADS_ENV, build_datamodule, train
+from ..tasks import task_spec
 from .report import command_line, environment, environment_lines, fmt, markdown_table
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -73,6 +74,7 @@ class E2ESettings:
     top_ops: int = 8
     seed: int = 0
     accelerator: str = "cpu"
+    task: str = "node_classification"
 
 
 def compose_run(settings: E2ESettings, strategy: str, dropout: float, out: Path) -> DictConfig:
@@ -91,6 +93,7 @@ def compose_run(settings: E2ESettings, strategy: str, dropout: float, out: Path)
         f"data.batch_size={settings.batch_size}",
         f"trainer.max_epochs={settings.epochs}",
         f"seed={settings.seed}",
+        f"task={settings.task}",
         "logger=none",
         "trainer.enable_progress_bar=false",
         f"trainer.accelerator={settings.accelerator}",
@@ -133,11 +136,12 @@ def run_strategy(cfg: DictConfig) -> dict:
     if not metrics:
         raise RuntimeError(f"strategy={cfg.strategy.name} wrote no summary.json")
     history = metrics["history"]
+    monitor = f"best_val_{task_spec(cfg.task.name).monitor}"
     return {
         **_times([row["train_epoch_s"] for row in history]),
         "eval_s": metrics["eval_time_s"],
         "world_size": metrics["world_size"],
-        "best_val_acc": metrics["best_val_acc"],
+        monitor: metrics[monitor],
         "input_rows_per_epoch": metrics["input_rows_per_epoch"],
         "breakdown_s": metrics["time_breakdown_s"],
     }
@@ -157,7 +161,7 @@ class HandLoop:
             self.batcher = replace(
                 self.batcher, rank=rank, world_size=world_size, salt_by_rank=True
             )
-        self.rank = rank
+        self.rank, self.task = rank, datamodule.task
         self.steps = datamodule.steps_per_epoch
         self.device = torch.device("cpu" if run.trainer.accelerator == "cpu" else "cuda")
         torch.manual_seed(run.seed)
@@ -172,8 +176,8 @@ class HandLoop:
         seed_step_generators(step_key(self.run.seed, epoch, step, self.rank), self.device)
         batch = self.batcher[epoch, step].to(self.device)
         self.net.train()
-        logits = self.net(batch.blocks, batch.x)
-        loss = F.cross_entropy(logits, batch.y, reduction="sum") / batch.global_seed_count
+        out = self.net(batch.blocks, batch.x)
+        loss = self.task.loss_sum(out, batch.y) / batch.global_seed_count
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
@@ -284,15 +288,20 @@ def dgl_version() -> str | None:
 def run_dgl_loop(cfg: DictConfig, epochs: int) -> dict:  # pragma: no cover - needs dgl
     """DGL's idiomatic GraphSAGE loop on the same graph, fanouts, batch size and optimiser:
     ``dgl.dataloading.NeighborSampler`` (C++), ``dgl.nn.SAGEConv('mean')``, ``F.dropout``.
+    Link prediction: the graph of the training edges, their positive pairs as seed edges
+    through ``as_edge_prediction_sampler`` with ``negative_sampler.Uniform(num_negatives)``,
+    dot-product scores and binary cross-entropy (DGL's link-prediction tutorial's loop).
     Run by hand with ``scripts/dgl_for_bench.sh``'s DGL; no test runs it (CI has no DGL)."""
     import dgl
     from dgl.nn import SAGEConv
 
     run = validate(cfg)
     datamodule = build_datamodule(run)
-    graph, targets = datamodule.graph, datamodule.targets
-    dst = torch.repeat_interleave(torch.arange(graph.num_nodes), graph.indptr.diff())
-    g = dgl.graph((graph.indices, dst), num_nodes=graph.num_nodes)
+    graph, targets, task = datamodule.graph, datamodule.targets, datamodule.task
+    link = task.spec.seeds == "edges"
+    indptr, indices = task.training_structure(graph, targets)
+    dst = torch.repeat_interleave(torch.arange(graph.num_nodes), indptr.diff())
+    g = dgl.graph((indices, dst), num_nodes=graph.num_nodes)
     dims = [graph.num_features] + [run.model.hidden] * (run.model.num_layers - 1)
     dims.append(targets.out_dim)
     layers = torch.nn.ModuleList(
@@ -302,18 +311,43 @@ def run_dgl_loop(cfg: DictConfig, epochs: int) -> dict:  # pragma: no cover - ne
         layers.parameters(), lr=run.model.lr, weight_decay=run.model.weight_decay
     )
     sampler = dgl.dataloading.NeighborSampler(list(run.data.fanouts)[::-1])  # input layer first
+    if link:
+        negatives = dgl.dataloading.negative_sampler.Uniform(task.config.num_negatives)
+        sampler = dgl.dataloading.as_edge_prediction_sampler(sampler, negative_sampler=negatives)
+        pairs = targets.split.train_pos
+        seeds = g.edge_ids(pairs[0], pairs[1])
+    else:
+        seeds = datamodule.train_ids
     loader = dgl.dataloading.DataLoader(
-        g, datamodule.train_ids, sampler, batch_size=run.data.batch_size, shuffle=True
+        g, seeds, sampler, batch_size=run.data.batch_size, shuffle=True
     )
+
+    def embed(input_nodes, blocks):
+        h = graph.x[input_nodes]
+        for i, (layer, block) in enumerate(zip(layers, blocks)):
+            h = layer(block, F.dropout(h, run.model.dropout, training=True))
+            h = F.relu(h) if i < len(layers) - 1 else h
+        return h
+
+    def score(h, pair_graph):
+        src, dst = pair_graph.edges()
+        return (h[src] * h[dst]).sum(-1)
+
     times = []
     for _ in range(epochs):
         start = time.perf_counter()
-        for input_nodes, output_nodes, blocks in loader:
-            h = graph.x[input_nodes]
-            for i, (layer, block) in enumerate(zip(layers, blocks)):
-                h = layer(block, F.dropout(h, run.model.dropout, training=True))
-                h = F.relu(h) if i < len(layers) - 1 else h
-            loss = F.cross_entropy(h, targets.target[output_nodes])
+        for batch in loader:
+            if link:
+                input_nodes, positives, negatives_graph, blocks = batch
+                h = embed(input_nodes, blocks)
+                pos, neg = score(h, positives), score(h, negatives_graph)
+                scores = torch.cat([pos, neg])
+                labels = torch.cat([torch.ones_like(pos), torch.zeros_like(neg)])
+                loss = F.binary_cross_entropy_with_logits(scores, labels)
+            else:
+                input_nodes, output_nodes, blocks = batch
+                h = embed(input_nodes, blocks)
+                loss = F.cross_entropy(h, targets.target[output_nodes])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -409,8 +443,9 @@ def e2e_markdown(results: dict) -> str:
     headers += [f"speed-up vs hand loop, dropout {d}" for d in dropouts]
     headers += [f"eval s/epoch, dropout {d}" for d in dropouts]
     lines = [
-        f"# bench e2e: {s['model']}-{s['num_layers']} (hidden {s['hidden']}) on sbm "
-        f"{s['nodes']} nodes, fanouts {list(s['fanouts'])}, batch {s['batch_size']}",
+        f"# bench e2e: {s.get('task', 'node_classification')}, {s['model']}-{s['num_layers']} "
+        f"(hidden {s['hidden']}) on sbm {s['nodes']} nodes, fanouts {list(s['fanouts'])}, "
+        f"batch {s['batch_size']}",
         "",
         "Command:",
         "",
@@ -420,7 +455,16 @@ def e2e_markdown(results: dict) -> str:
         f"- {s['threads']} torch thread(s) per process; {s['epochs']} epochs per runner",
         f"- malloc: {results.get('cpu_allocator', 'system')} (every runner; "
         "`lightning_gnnscale/cpu_memory.py`)",
-        *([f"- DGL {results['dgl_version']}"] if results.get("dgl_version") else []),
+        *(
+            [
+                f"- DGL {results['dgl_version']} on torch {torch.__version__}, without its "
+                "tensoradapter (no build for this torch: DGL allocates its own arrays and hands "
+                "them over through DLPack) or graphbolt (its import skipped; "
+                "`scripts/dgl_for_bench.sh`)"
+            ]
+            if results.get("dgl_version")
+            else []
+        ),
         "",
         "Training time per epoch only (evaluation is reported apart, from `summary.json`'s "
         "`eval_time_s`). Speed-up: the hand-written loop's median over the runner's (above 1: "

@@ -7,7 +7,8 @@ of its tree (:class:`~lightning_gnnscale.proc_memory.TreeSampler`): each process
 the largest sum seen). A system whose config sets ``supports_partition_dir`` trains from a
 partition directory (written first by ``python -m lightning_gnnscale.partition``, reused when
 present); every other system trains in memory. Each job trains ``steps`` steps of one epoch,
-without evaluation.
+then validates and tests as the run's defaults do (``evaluation``; without it, training
+steps only), so a rank's peak includes its evaluation.
 
 The table splits each rank's peak into the terms of the issue's target:
 
@@ -81,6 +82,7 @@ class MemorySettings:
     timeout_s: float = 900.0
     seed: int = 0
     overrides: tuple[str, ...] = ()
+    evaluation: bool = True  # validation and test after the training steps
 
 
 def job_overrides(settings: MemorySettings, strategy: str, parts: int, nodes: int) -> list[str]:
@@ -94,7 +96,7 @@ def job_overrides(settings: MemorySettings, strategy: str, parts: int, nodes: in
         f"seed={settings.seed}",
         "trainer.max_epochs=1",
         f"trainer.limit_train_batches={settings.steps}",
-        "trainer.check_val_every_n_epoch=1000",  # no evaluation: training steps only
+        *([] if settings.evaluation else ["trainer.check_val_every_n_epoch=1000"]),
         "logger=none",
         "trainer.enable_progress_bar=false",
     ]
@@ -602,7 +604,8 @@ def memory_markdown(results: dict) -> str:
     return "\n".join(
         [
             f"# bench memory: sbm {s['nodes']:,} nodes × {s['features']} features "
-            f"(runtime: {s['runtime_nodes']:,} nodes), {s['steps']} training steps per job",
+            f"(runtime: {s['runtime_nodes']:,} nodes), {s['steps']} training steps per job, "
+            + ("then validation and test" if s.get("evaluation", False) else "without evaluation"),
             "",
             "Command:",
             "",

@@ -244,15 +244,30 @@ class NeighborSampler:
         self.seed = seed
         self.build_block = BlockBuilder(indptr.numel() - 1, indptr[1:] - indptr[:-1])
 
-    def sample(self, seeds: Tensor, epoch: int = 0, step: int = 0, salt: int = 0) -> list[Block]:
-        """Sample the blocks of one mini-batch; ``blocks[-1].dst_ids == seeds``."""
+    def sample(
+        self,
+        seeds: Tensor,
+        epoch: int = 0,
+        step: int = 0,
+        salt: int = 0,
+        exclude: Tensor | None = None,
+    ) -> list[Block]:
+        """Sample the blocks of one mini-batch; ``blocks[-1].dst_ids == seeds``. ``exclude``:
+        sorted int64 keys ``dst * N + src`` of edges left out of every block after sampling
+        (GraphStorm's exclusion of a step's target pairs)."""
         key = SampleKey(self.seed, epoch, step, salt)
         frontier = seeds.to(torch.int64)
         blocks = []
+        num_nodes = self.indptr.numel() - 1
         for hop, fanout in enumerate(self.fanouts):
             src, dst_pos = sample_neighbors(
                 self.indptr, self.indices, frontier, fanout, key.hop_key(hop)
             )
+            if exclude is not None and exclude.numel():
+                keys = frontier[dst_pos] * num_nodes + src
+                at = torch.searchsorted(exclude, keys).clamp_(max=exclude.numel() - 1)
+                kept = exclude[at] != keys
+                src, dst_pos = src[kept], dst_pos[kept]
             block = self.build_block(frontier, src, dst_pos)
             blocks.append(block)
             frontier = block.src_ids

@@ -95,7 +95,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self.config = config
         self.data = data if data is not None else DataConfig()
         if checked_run is None:
-            config.check_task(self.task.name)
+            config.check_task(self.task.config or self.task.name)
             config.check_data(self.data)
         elif (checked_run.strategy, checked_run.data) != (config, self.data):
             raise ValueError("checked_run is another run than the config and data given")

@@ -149,7 +149,8 @@ class StepBatcher(Dataset):
             self.targets, global_seeds[share], share, epoch=epoch, step=step
         )
         salt = self.rank if self.salt_by_rank else 0
-        blocks = self.sampler.sample(nodes, epoch=epoch, step=step, salt=salt)
+        exclude = self.task.excluded_edges(self.targets, global_seeds)
+        blocks = self.sampler.sample(nodes, epoch=epoch, step=step, salt=salt, exclude=exclude)
         sampled = time.perf_counter()
         x = self.graph.x.index_select(0, blocks[0].src_ids)
         stats = {

@@ -85,6 +85,10 @@ class GNNModule(L.LightningModule):
             )
         self.net = net
         self.task = build_task(task)
+        head = self.task.trained_head()
+        if head is not None:  # trained, synced and checkpointed with the net, in its dtype
+            first = next(net.parameters(), None)
+            self.head = head if first is None else head.to(first.dtype)
         self.optimizer_name, self.lr, self.weight_decay = optimizer, lr, weight_decay
         self.model_config = model_config or described(net, optimizer, lr, weight_decay)
         self.epoch_loss = torch.zeros(2, dtype=torch.float64)  # this rank's (loss sum, seeds)
@@ -194,7 +198,7 @@ class GNNModule(L.LightningModule):
                 f"unknown optimizer {self.optimizer_name!r}; valid: {sorted(optimizers)}"
             )
         return optimizers[self.optimizer_name](
-            self.net.parameters(), lr=self.lr, weight_decay=self.weight_decay
+            self.parameters(), lr=self.lr, weight_decay=self.weight_decay
         )
 
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 HITS_KS = (1, 3, 10)  # link prediction's Hits@K
 LINK_NEGATIVES = ("uniform", "joint")
+LINK_DECODERS = ("dot", "mlp")
 MAX_NEGATIVES = 10_000  # training negatives per positive and fixed negatives per evaluation edge
 MAX_EMBEDDING_DIM = 65_536
 
@@ -72,6 +73,12 @@ class TaskConfig:
         eval_negatives: the fixed negatives each evaluation edge is ranked against (MRR,
             Hits@K; K = 1, 3, 10 must stay below it).
         embedding_dim: the width of the node embeddings the decoder scores.
+        decoder: link prediction's pair scorer: ``dot`` (the dot product) or ``mlp`` (an MLP
+            on the endpoints' Hadamard product, ``embedding_dim`` wide, 2 layers, trained with
+            the net).
+        exclude_target_edges: GraphStorm's exclusion: a training step's blocks also leave out
+            the step's own positive pairs, both directions (on top of the training structure,
+            which already holds no validation or test edge).
     """
 
     name: str = DEFAULT_TASK
@@ -83,6 +90,8 @@ class TaskConfig:
     filter_negatives: bool = False
     eval_negatives: int = 100
     embedding_dim: int = 64
+    decoder: str = "dot"
+    exclude_target_edges: bool = False
 
     def __post_init__(self) -> None:
         check_field_types(self, "task.")
@@ -107,6 +116,7 @@ class TaskConfig:
             f"{self.val_fraction + self.test_fraction} must be below 1",
         )
         choice("task.negatives", self.negatives, LINK_NEGATIVES)
+        choice("task.decoder", self.decoder, LINK_DECODERS)
         require(
             not (self.filter_negatives and self.negatives == "joint"),
             "task.filter_negatives=true filters uniform negatives only (one joint set cannot "

@@ -88,6 +88,17 @@ class NodeTask:
         rows of ``targets.target``)."""
         return seeds, targets.target.index_select(0, seeds)
 
+    def trained_head(self) -> torch.nn.Module | None:
+        """The task's own parameters, trained with the net (the module registers them, so the
+        optimiser, the gradient sync and the checkpoint carry them), or ``None`` (node tasks:
+        none; the net's last layer is the head)."""
+        return None
+
+    def excluded_edges(self, targets, global_seeds: Tensor) -> Tensor | None:
+        """Sorted int64 keys ``dst * N + src`` of the edges a step of ``global_seeds`` (all
+        ranks' seeds) leaves out of its blocks, or ``None`` (node tasks: none)."""
+        return None
+
     def check_step(self, batch_size: int) -> None:
         """Refuse a step of ``batch_size`` global seeds this task cannot hold (node tasks:
         any the data settings allow)."""

@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from ..graph.node_targets import NodeDataset
 from . import HITS_KS, TASKS, TaskConfig
 from .base import NodeTask
-from .link.decoders import DotDecoder
+from .link.decoders import DotDecoder, MLPDecoder
 from .link.metrics import auc_of, auc_statistics, ranking_metrics, ranking_statistics
 from .link.negatives import evaluation_negatives, joint_negatives, uniform_negatives
 from .link.split import EdgeLookup, LinkSplit, random_link_split
@@ -73,7 +73,6 @@ class LinkPrediction(NodeTask):
     statistic_names = ("auc_wins_x2", "auc_pairs_x2", "count", "reciprocal_rank_sum") + tuple(
         f"hits@{k}" for k in HITS_KS
     )
-    decoder = DotDecoder()
     # PyG's GCNConv's: with nn.Linear's smaller weights the dot products start near 0 and the
     # loss sits on its 0.693 plateau (docs/tasks.md, "Link prediction")
     default_init = "glorot"
@@ -83,6 +82,17 @@ class LinkPrediction(NodeTask):
         if config.name != self.spec.name:
             raise ValueError(f"a {self.spec.name} task built from task.name={config.name!r}")
         super().__init__(config)
+        self.decoder: DotDecoder | MLPDecoder = DotDecoder()
+
+    def trained_head(self) -> MLPDecoder | None:
+        """``task.decoder=mlp``: a fresh MLP decoder (drawn from torch's generator, as the net
+        is, by the module that registers it), which this task then scores with; else ``None``
+        (the dot product has no parameters)."""
+        if self.config.decoder != "mlp":
+            return None
+        width = self.config.embedding_dim
+        self.decoder = MLPDecoder(width, width, num_layers=2)
+        return self.decoder
 
     def prepare(self, dataset: NodeDataset, seed: int) -> LinkTargets:
         """The seeded edge split of ``dataset``'s graph (``undirected`` when the graph is
@@ -120,6 +130,16 @@ class LinkPrediction(NodeTask):
     def training_structure(self, graph, targets: LinkTargets) -> tuple[Tensor, Tensor]:
         """The CSC training blocks are sampled on: the training edges only."""
         return targets.split.structure("train")
+
+    def excluded_edges(self, targets: LinkTargets, global_seeds: Tensor) -> Tensor | None:
+        """With ``exclude_target_edges``: the keys of the step's positive pairs in both
+        directions (every rank leaves out the whole step's, so a step split over ranks samples
+        what one process does); else ``None``."""
+        if not self.config.exclude_target_edges:
+            return None
+        src, dst = targets.split.train_pos[:, global_seeds]
+        n = targets.num_nodes
+        return torch.unique(torch.cat([dst * n + src, src * n + dst]))
 
     def pairs_per_positive(self) -> int:
         """Loss terms per positive: itself and its negatives."""

@@ -16,6 +16,8 @@ class SingleConfig(SystemConfig):
     NAMES = ("single",)
     # node tasks and link prediction; the conformance suite runs the first two in CI
     TASKS = ("node_classification", "link_prediction", "node_regression")
+    EXCLUDES_TARGET_EDGES = True
+    TRAINS_TASK_HEAD = True
     accepts_custom_models = True
     batches_in_main_process = False  # sampled in DataLoader workers if asked
 

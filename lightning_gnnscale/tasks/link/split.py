@@ -55,14 +55,6 @@ class EdgeLookup:
         pos = torch.searchsorted(self.keys, query).clamp_(max=self.keys.numel() - 1)
         return torch.where(self.keys[pos] == query, pos, -1)
 
-    def excluded_edges(self, pairs: Tensor) -> Tensor:
-        """GraphStorm's exclusion: sorted unique ids of the edges of ``pairs`` ``[2, n]``
-        (a batch's positive ``(src, dst)``) and of their reverses, those present in the CSC.
-        A batch's blocks sampled without them never carry its own targets."""
-        src, dst = pairs[0], pairs[1]
-        ids = torch.cat([self.find(src, dst), self.find(dst, src)])
-        return torch.unique(ids[ids >= 0])
-
 
 @dataclass(frozen=True)
 class LinkSplit:
