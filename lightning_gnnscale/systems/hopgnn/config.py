@@ -93,6 +93,9 @@ class HopGNNConfig(SystemConfig):
     NAMES: ClassVar[tuple[str, ...]] = tuple(_PRESETS)
     # link prediction last: CI's conformance runs a preset's first two tasks
     TASKS: ClassVar[tuple[str, ...]] = (*NODE_TASKS, "link_prediction")
+    # the task's head (task.decoder=mlp) is a module parameter: it migrates with the replica
+    # and is summed with the net's gradients
+    TRAINS_TASK_HEAD: ClassVar[bool] = True
     supports_partition_dir: ClassVar[bool] = True
     PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
 

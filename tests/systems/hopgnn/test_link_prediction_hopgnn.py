@@ -40,7 +40,10 @@ VARIANTS = {
 }
 TASK_SETTINGS = {
     "uniform": TaskConfig("link_prediction"),
-    "joint_k2": TaskConfig("link_prediction", negatives="joint", num_negatives=2),
+    # the task's trained head migrates and is summed with the net
+    "joint_k2_mlp": TaskConfig(
+        "link_prediction", negatives="joint", num_negatives=2, decoder="mlp"
+    ),
 }
 
 
@@ -51,17 +54,20 @@ def small_dataset():
 
 
 def make_net(dataset, task):
+    """The net, then the task's head (``decoder=mlp``), from one seeded generator."""
     torch.manual_seed(0)
     dim = task.config.embedding_dim
-    return BlockGNN("sage", dataset.graph.num_features, 8, dim, 2, 0.0).double()
+    net = BlockGNN("sage", dataset.graph.num_features, 8, dim, 2, 0.0).double()
+    head = task.trained_head()
+    return net, None if head is None else head.double()
 
 
 class Module(nn.Module):
     """What GNNModule's training step does with a batch: ``self(batch)``, then the task's loss."""
 
-    def __init__(self, net, task):
+    def __init__(self, net, head, task):
         super().__init__()
-        self.net, self.task = net, task
+        self.net, self.task, self.head = net, task, head
 
     def forward(self, batch):
         return self.net(batch.blocks, batch.x)
@@ -91,7 +97,7 @@ def _train_rank(rank, world_size, part, task_label):
         config = dataclasses.replace(HopGNNConfig(), **changes)
         task = build_task(TASK_SETTINGS[task_label])
         dm = setup(dataset, config, task, part, rank, comm)
-        module = Module(make_net(dataset, task), task)
+        module = Module(*make_net(dataset, task), task)
         params = list(module.parameters())
         opt = torch.optim.SGD(params, lr=0.5)
         losses = []
@@ -124,28 +130,31 @@ def reference(task_label):
         1,
         False,
     )
-    net = make_net(dataset, task)
-    opt = torch.optim.SGD(net.parameters(), lr=0.5)
+    net, head = make_net(dataset, task)
+    params = [*net.parameters(), *(head.parameters() if head is not None else ())]
+    opt = torch.optim.SGD(params, lr=0.5)
     for step in range(ITERS):
         batch = batcher[1, step]
         opt.zero_grad()
         out = net(batch.blocks, batch.x)
         (task.loss_sum(out, batch.y) / batch.global_seed_count).backward()
         opt.step()
-    return list(net.parameters())
+    return params
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize(("world_size", "task_label"), [(2, "uniform"), (3, "joint_k2")])
+@pytest.mark.parametrize(("world_size", "task_label"), [(2, "uniform"), (3, "joint_k2_mlp")])
 def test_link_prediction_equals_one_process(world_size, task_label):
     """float64, ``ITERS`` SGD steps: every variant (payloads, pre-gathering off, merging with
     both policies, the model-centric baseline) ends with ``single``'s parameters on every
-    rank, on the same positive and negative pairs."""
+    rank, on the same positive and negative pairs (3 ranks: with the MLP decoder's
+    parameters too)."""
     part = partition(small_dataset().graph, "metis", world_size, seed=0)
     results = run_distributed(_train_rank, world_size, part, task_label, timeout_s=240)
     want = reference(task_label)
     for r in results:
         for label in VARIANTS:
+            assert len(r[label]) == len(want) == (10 if "mlp" in task_label else 6)
             for got, ref in zip(r[label], want):
                 torch.testing.assert_close(got, ref, rtol=0, atol=1e-10, msg=label)
 
@@ -196,7 +205,7 @@ def _bytes_rank(rank, world_size, part, mode):
     config = dataclasses.replace(HopGNNConfig(), mode=mode, merge_adaptive=False)
     task = build_task("link_prediction")
     dm = setup(dataset, config, task, part, rank, comm, batch=256)
-    module = Module(BlockGNN("sage", 32, 16, task.config.embedding_dim, 2, 0.0), task)
+    module = Module(BlockGNN("sage", 32, 16, task.config.embedding_dim, 2, 0.0), None, task)
     params = list(module.parameters())
     exchanged = 0
     before = comm.meter.snapshot()
