@@ -96,6 +96,8 @@ class HopGNNConfig(SystemConfig):
     # the task's head (task.decoder=mlp) is a module parameter: it migrates with the replica
     # and is summed with the net's gradients
     TRAINS_TASK_HEAD: ClassVar[bool] = True
+    # task.exclude_target_edges: both samplers drop the step's positive pairs (original ids)
+    EXCLUDES_TARGET_EDGES: ClassVar[bool] = True
     supports_partition_dir: ClassVar[bool] = True
     PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
 

@@ -353,16 +353,31 @@ class RelabelledSampler:
     def degree(self, ids: Tensor) -> Tensor:
         return self.indptr.index_select(0, ids + 1) - self.indptr.index_select(0, ids)
 
-    def sample(self, seeds: Tensor, epoch: int = 0, step: int = 0, salt: int = 0) -> list[Block]:
-        """The blocks of one mini-batch, input layer first (``blocks[-1].dst_ids == seeds``)."""
+    def sample(
+        self,
+        seeds: Tensor,
+        epoch: int = 0,
+        step: int = 0,
+        salt: int = 0,
+        exclude: Tensor | None = None,
+    ) -> list[Block]:
+        """The blocks of one mini-batch, input layer first (``blocks[-1].dst_ids == seeds``).
+        ``exclude``: sorted keys ``dst * N + src`` in *original* ids of edges left out after
+        sampling (``NeighborSampler.sample``'s, so both drop the same edges)."""
         key = SampleKey(self.seed, epoch, step, salt)
         frontier = seeds.to(torch.int64)
         blocks = []
+        n = self.orig_ids.numel()
         for hop, fanout in enumerate(self.fanouts):
             keys = self.orig_ids.index_select(0, frontier)
             src, dst_pos = sample_neighbors(
                 self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
             )
+            if exclude is not None and exclude.numel():
+                edge = keys[dst_pos] * n + self.orig_ids.index_select(0, src)
+                at = torch.searchsorted(exclude, edge).clamp_(max=exclude.numel() - 1)
+                kept = exclude[at] != edge
+                src, dst_pos = src[kept], dst_pos[kept]
             block = build_block_sorted(frontier, src, dst_pos, self.degree)
             block = sort_sources(block, self.orig_ids.index_select(0, block.src_ids))
             blocks.append(block)
@@ -911,10 +926,16 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         steps with ``pregather``), and the pairs it scores with the row exchange's counts."""
         start = time.perf_counter()
         plan, shares = self.link_plan(epoch, step, steps)
-        rank, shard, to_local = self.rank, self.shard, self.held.link.to_local
+        rank, shard, link = self.rank, self.shard, self.held.link
+        # task.exclude_target_edges: the whole step's positives, keyed in original ids
+        seeds = self.order.step(epoch, step, self.batch_size)
+        exclude = self.task.excluded_edges(link.targets, seeds)
         sampled = [
             self.sampler.sample(
-                share.nodes if to_local is None else to_local(share.nodes), epoch=epoch, step=step
+                share.nodes if link.to_local is None else link.to_local(share.nodes),
+                epoch=epoch,
+                step=step,
+                exclude=exclude,
             )
             for share in shares
         ]

@@ -40,9 +40,14 @@ VARIANTS = {
 }
 TASK_SETTINGS = {
     "uniform": TaskConfig("link_prediction"),
-    # the task's trained head migrates and is summed with the net
-    "joint_k2_mlp": TaskConfig(
-        "link_prediction", negatives="joint", num_negatives=2, decoder="mlp"
+    # the task's trained head migrates and is summed with the net; the blocks leave out the
+    # step's own positive pairs
+    "joint_k2_mlp_excluded": TaskConfig(
+        "link_prediction",
+        negatives="joint",
+        num_negatives=2,
+        decoder="mlp",
+        exclude_target_edges=True,
     ),
 }
 
@@ -143,12 +148,14 @@ def reference(task_label):
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize(("world_size", "task_label"), [(2, "uniform"), (3, "joint_k2_mlp")])
+@pytest.mark.parametrize(
+    ("world_size", "task_label"), [(2, "uniform"), (3, "joint_k2_mlp_excluded")]
+)
 def test_link_prediction_equals_one_process(world_size, task_label):
     """float64, ``ITERS`` SGD steps: every variant (payloads, pre-gathering off, merging with
     both policies, the model-centric baseline) ends with ``single``'s parameters on every
     rank, on the same positive and negative pairs (3 ranks: with the MLP decoder's
-    parameters too)."""
+    parameters too, and the step's target pairs excluded from its blocks)."""
     part = partition(small_dataset().graph, "metis", world_size, seed=0)
     results = run_distributed(_train_rank, world_size, part, task_label, timeout_s=240)
     want = reference(task_label)
