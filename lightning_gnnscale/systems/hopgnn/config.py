@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from ...config_types import RunFacts, SystemConfig, choice, require
 from ...graph.partition_config import PartitionConfig
+from ...tasks import NODE_TASKS
 
 MODES = ("micrograph", "model_centric")
 PAYLOADS = ("params+grads", "params", "grads", "none")
@@ -90,6 +91,13 @@ class HopGNNConfig(SystemConfig):
     step_overhead_s: float = 1e-3
 
     NAMES: ClassVar[tuple[str, ...]] = tuple(_PRESETS)
+    # link prediction last: CI's conformance runs a preset's first two tasks
+    TASKS: ClassVar[tuple[str, ...]] = (*NODE_TASKS, "link_prediction")
+    # the task's head (task.decoder=mlp) is a module parameter: it migrates with the replica
+    # and is summed with the net's gradients
+    TRAINS_TASK_HEAD: ClassVar[bool] = True
+    # task.exclude_target_edges: both samplers drop the step's positive pairs (original ids)
+    EXCLUDES_TARGET_EDGES: ClassVar[bool] = True
     supports_partition_dir: ClassVar[bool] = True
     PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
 

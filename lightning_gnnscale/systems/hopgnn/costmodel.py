@@ -14,7 +14,7 @@ and naive entries and the times are modelled.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -24,6 +24,7 @@ from ...graph.block import Block
 from ...graph.csc import Graph
 from ...graph.order import EpochOrder
 from ...graph.sampler import NeighborSampler
+from .links import link_share, step_pairs
 from .planner import (
     IterationPlan,
     micrograph_plan,
@@ -117,6 +118,29 @@ def naive_bytes(blocks: list[list[Block] | None], part: Tensor, cost: CostParams
     return total
 
 
+def link_plans(
+    task, targets, seeds: Tensor, part: Tensor, n: int, step: int
+) -> tuple[IterationPlan, IterationPlan, int]:
+    """Link prediction's model-centric and HopGNN plans of one step with *node* roots (each
+    rank's endpoints: model ``d``'s all on rank ``d``; HopGNN's
+    :class:`~.links.LinkShare` nodes), and the output rows HopGNN exchanges (far endpoints)."""
+    pairs = step_pairs(task, targets, seeds, n, 0, step)
+
+    def home(ids: Tensor) -> Tensor:
+        return part.index_select(0, ids)
+
+    mc = model_centric_plan(seeds, n)
+    ends = [torch.unique(torch.cat([pairs.src[b], pairs.dst[b]])) for b in pairs.batches]
+    mc = replace(mc, roots=[ends])
+    hop = micrograph_plan(seeds, home(pairs.src), n, batches=pairs.batches)
+    roots, exchanged = [], 0
+    for row in hop.roots:
+        shares = [link_share(row, pairs, home, part.numel(), s) for s in range(n)]
+        roots.append([share.nodes for share in shares])
+        exchanged += sum(sum(share.recv_splits) for share in shares)
+    return mc, replace(hop, roots=roots), exchanged
+
+
 def table(
     graph: Graph,
     train_ids: Tensor,
@@ -127,10 +151,17 @@ def table(
     cost: CostParams,
     iterations: int = 5,
     seed: int = 0,
+    link: tuple | None = None,
 ) -> dict[str, float]:
     """Mean per-iteration counts over the first ``iterations`` steps of epoch 0 (``train_ids``:
-    the task's training seeds, in id order)."""
-    sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, seed)
+    the task's training seeds, in id order). ``link``: ``(task, targets)`` of link
+    prediction, whose seeds are pairs and whose roots their endpoints (:func:`link_plans`,
+    blocks over the training edges; HopGNN's bytes add the exchanged output rows and their
+    gradients, ``C = out_dim`` values each)."""
+    indptr, indices = graph.indptr, graph.indices
+    if link is not None:
+        indptr, indices = link[1].split.structure("train")
+    sampler = NeighborSampler(indptr, indices, fanouts, seed)
     order = EpochOrder(train_ids, seed)
     row_bytes = cost.feature_dim * cost.itemsize
     model_bytes = cost.model_params * cost.itemsize
@@ -138,11 +169,15 @@ def table(
     acc = dict.fromkeys(
         ("mc_rows", "mc_inputs", "hop_rows", "hop_pg_rows", "hop_inputs", "p3", "naive"), 0.0
     )
+    acc["exchanged_rows"] = 0.0
     for step in range(iterations):
         seeds = order.step(0, step, batch_size)
-        mc = model_centric_plan(seeds, n)
+        if link is None:
+            mc, hop = model_centric_plan(seeds, n), micrograph_plan(seeds, part, n)
+        else:
+            mc, hop, exchanged = link_plans(*link, seeds, part, n, step)
+            acc["exchanged_rows"] += exchanged
         mc_rows, _, mc_blocks = iteration_rows(mc, sampler, part, 0, step)
-        hop = micrograph_plan(seeds, part, n)
         hop_rows, hop_pg, hop_blocks = iteration_rows(hop, sampler, part, 0, step)
         acc["mc_rows"] += int(mc_rows.sum())
         acc["hop_rows"] += int(hop_rows.sum())
@@ -162,9 +197,10 @@ def table(
             bytes_total / n / cost.bandwidth + messages * cost.latency + steps * cost.step_overhead
         )
 
+    exchange = mean["exchanged_rows"] * 2 * cost.out_dim * cost.itemsize
     mc_bytes = mean["mc_rows"] * row_bytes + allreduce
-    hop_bytes = mean["hop_rows"] * row_bytes + migration + allreduce
-    hop_pg_bytes = mean["hop_pg_rows"] * row_bytes + migration + allreduce
+    hop_bytes = mean["hop_rows"] * row_bytes + migration + allreduce + exchange
+    hop_pg_bytes = mean["hop_pg_rows"] * row_bytes + migration + allreduce + exchange
     ring = 2 * (n - 1)
     return {
         "N": n,
@@ -175,6 +211,7 @@ def table(
         "hop_miss_rate": mean["hop_rows"] / max(mean["hop_inputs"], 1),
         "feature_bytes_saved": (mean["mc_rows"] - mean["hop_pg_rows"]) * row_bytes,
         "migration_bytes": migration,
+        "exchange_bytes": exchange,
         "alpha": mean["mc_rows"] * row_bytes / n / model_bytes,
         "mc_MB": mc_bytes / 1e6,
         "hop_MB": hop_bytes / 1e6,
@@ -203,24 +240,44 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fanouts", type=int, nargs="+", default=[10, 10])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument(
+        "--task",
+        default="node_classification",
+        choices=("node_classification", "link_prediction"),
+        help="link_prediction: --batch positive pairs a step, one negative each",
+    )
     args = parser.parse_args(argv)
     # blocks = classes = the head's width
     dataset = sbm(args.nodes, args.classes, args.degree, num_features=args.features, seed=0)
     graph = dataset.graph
-    train_ids = build_task().train_seeds(dataset.targets)
+    task = build_task(args.task)
+    targets = task.prepare(dataset, 0)
+    train_ids = task.train_seeds(targets)
+    link = (task, targets) if task.spec.seeds == "edges" else None
+    out_dim = targets.out_dim
     layers = len(args.fanouts)
     cost = CostParams(
         args.features,
         args.hidden,
-        args.classes,
+        out_dim,
         layers,
-        gcn_param_count(args.features, args.hidden, args.classes, layers),
+        gcn_param_count(args.features, args.hidden, out_dim, layers),
     )
     rows = []
     for n in args.ranks:
         part = partition(graph, "metis", n, seed=0)
         rows.append(
-            table(graph, train_ids, part, n, args.batch, args.fanouts, cost, args.iterations)
+            table(
+                graph,
+                train_ids,
+                part,
+                n,
+                args.batch,
+                args.fanouts,
+                cost,
+                args.iterations,
+                link=link,
+            )
         )
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |")

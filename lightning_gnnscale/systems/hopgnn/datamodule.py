@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,18 +42,26 @@ from ...graph.batch import Batch
 from ...graph.block import Block
 from ...graph.book import PartitionBook, RangeBook, relabel_csc, sort_sources
 from ...graph.cache import cached_partition
+from ...graph.csc_rows import CSCRows
 from ...graph.node_targets import NodeTargets
 from ...graph.partition import partition_report
 from ...graph.partition_dir import PartitionDir, shared_folder
 from ...graph.sampler import NeighborSampler, SampleKey, build_block_sorted, sample_neighbors
 from ...kit.datamodule import GNNDataModule
+from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, own_predictions
 from ...kit.sampled import ReplicatedGraphEvaluation
-from ...models.inference import owned_range_rows
+from ...models.inference import owned_range_rows, owned_rows
 from ...tasks.base import split_statistics
 from .callbacks import HopGNNStats
 from .config import HopGNNConfig
-from .merging import MergeController, modeled_epoch_seconds
+from .links import link_plan
+from .merging import (
+    LINK_TRAINING_CATEGORIES,
+    TRAINING_CATEGORIES,
+    MergeController,
+    modeled_epoch_seconds,
+)
 from .planner import (
     IterationPlan,
     micrograph_plan,
@@ -73,7 +82,9 @@ class HopGNNBatch(Batch):
 
     The base fields summarise the iteration: ``blocks`` is empty, ``x`` is ``[n_roots, 0]``
     (no input rows of its own), ``y`` holds the targets of the ``n_roots`` roots this rank
-    trains (over all steps) and ``global_seed_count`` the iteration's global mini-batch size.
+    trains (over all steps; link prediction: the pairs it scores, ``[n, 3]``) and
+    ``global_seed_count`` the iteration's loss denominator (``task.loss_terms`` of the global
+    mini-batch).
     ``x`` has a row per root so that the first tensor Lightning's batch-size guess
     (``extract_batch_size``) meets gives ``n_roots``: a module's ``self.log(...,
     on_epoch=True)`` without ``batch_size`` weighs the iteration by its roots (a ``[0, F]``
@@ -96,6 +107,23 @@ class HopGNNBatch(Batch):
     def to(self, device: torch.device | str) -> HopGNNBatch:
         moved = super().to(device)
         return replace(moved, steps=[s.to(device) if s is not None else None for s in self.steps])
+
+
+@dataclass
+class LinkStepBatch(Batch):
+    """One kept step's micrograph set under link prediction: ``blocks`` / ``x`` of the
+    endpoints this rank computes, ``y`` ``[pairs, 3]`` the pairs it scores, whose rows index
+    its output rows followed by the rows it receives: the strategy appends them to the
+    module's output (:func:`~.strategy.exchanged_outputs`) through
+    :func:`~...comm.exchange_rows` with these counts (``send_index`` into its output rows)."""
+
+    send_index: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    send_splits: list[int] = field(default_factory=list)
+    recv_splits: list[int] = field(default_factory=list)
+
+    @override
+    def to(self, device: torch.device | str) -> LinkStepBatch:
+        return replace(super().to(device), send_index=self.send_index.to(device))
 
 
 @dataclass(frozen=True)
@@ -121,6 +149,33 @@ class OwnNodes:
 
 
 @dataclass(frozen=True)
+class LinkPart:
+    """What a rank holds for link prediction beside its feature shard (docs/systems/hopgnn.md,
+    "Link prediction").
+
+    Attributes:
+        targets: the task's targets ``task.step_rows`` reads: the training pairs in original
+            ids, the node count and the seed (in memory the whole split; from a partition
+            directory a split holding the training pairs only).
+        home: original ids -> the rank whose features they are.
+        to_local: original ids -> this rank's ids (``None``: the same, in memory).
+        structures: ``{stage: (indptr, indices)}`` in this rank's ids: ``"train"`` (the
+            training edges, what blocks are sampled on and validation passes messages over)
+            and ``"test"`` (training + validation edges).
+        own_ids: original ids of the nodes this rank evaluates (its own), in its rows' order.
+        pairs: ``{split: (pos [2, m], index [m])}``: the evaluation pairs it scores (those
+            whose source it owns, original ids) and their positions in the split.
+    """
+
+    targets: Any
+    home: Callable[[Tensor], Tensor]
+    to_local: Callable[[Tensor], Tensor] | None
+    structures: dict[str, tuple[Tensor, Tensor]]
+    own_ids: Tensor
+    pairs: dict[str, tuple[Tensor, Tensor]]
+
+
+@dataclass(frozen=True)
 class HopGNNPart:
     """What one rank holds: :meth:`HopGNNDataModule.part_of` builds it from the in-memory
     graph (original ids), :meth:`HopGNNDataModule.load_part` from a partition directory
@@ -139,6 +194,10 @@ class HopGNNPart:
         num_nodes: ``N``.
         own: the nodes it evaluates and predicts itself; ``None``: it holds the whole graph
             and evaluates it by layer-wise inference (in memory).
+        link: link prediction's pairs and structures (:class:`LinkPart`); ``None`` for a
+            node task (``target`` is then unused under link prediction).
+        topology: the whole graph's CSC in these ids (what prediction passes messages
+            over); ``None``: the sampler's.
     """
 
     home: Tensor | RangeBook
@@ -149,6 +208,8 @@ class HopGNNPart:
     train_ids: Tensor
     num_nodes: int
     own: OwnNodes | None
+    link: LinkPart | None = None
+    topology: tuple[Tensor, Tensor] | None = None
 
     @property
     def split_table(self) -> Tensor:
@@ -162,6 +223,55 @@ class HopGNNPart:
         if isinstance(self.home, RangeBook):
             return self.home.num_parts
         return int(self.home.max()) + 1 if self.home.numel() else 0
+
+
+def owned_eval_pairs(
+    split, owner: Callable[[Tensor], Tensor], rank: int
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """``{split: (pos [2, m], index [m])}``: the validation and test pairs whose source
+    ``rank`` owns (original ids) and their positions in the split, in position order: what
+    :func:`~...kit.link_partitioned.owned_link_statistics` scores on that rank (every pair
+    on exactly one rank)."""
+    out = {}
+    for name in ("val", "test"):
+        pos = split.positives(name)
+        index = (owner(pos[0]) == rank).nonzero().flatten()
+        out[name] = (pos[:, index].contiguous(), index)
+    return out
+
+
+def directory_link_targets(train_pos: Tensor, train: tuple[Tensor, Tensor], orig_ids, task, seed):
+    """The :class:`~...tasks.link_prediction.LinkTargets` a rank loading a partition directory
+    hands ``task.step_rows``: the training pairs (original ids), the node count and the seed.
+    Its split holds no evaluation pairs; its training CSC (original ids, what
+    ``task.filter_negatives`` redraws against) is rebuilt from the relabelled one ``train``
+    only under that setting, else left empty (nothing else reads it)."""
+    from ...tasks.link.split import LinkSplit
+    from ...tasks.link_prediction import LinkTargets
+
+    n = orig_ids.numel()
+    empty = torch.empty(0, dtype=torch.int64)
+    indptr, indices = torch.zeros(n + 1, dtype=torch.int64), empty
+    if task.config.filter_negatives:
+        new_indptr, new_indices = train
+        dst = orig_ids[torch.repeat_interleave(torch.arange(n), new_indptr[1:] - new_indptr[:-1])]
+        src = orig_ids[new_indices]
+        order = torch.argsort(dst * n + src)
+        torch.cumsum(torch.bincount(dst, minlength=n), 0, out=indptr[1:])
+        indices = src[order]
+    pairs = torch.empty((2, 0), dtype=torch.int64)
+    split = LinkSplit(
+        train_pos,
+        pairs,
+        pairs,
+        empty.to(torch.int8),
+        indptr,
+        indices,
+        indptr,
+        indices,
+        bool(task.config.undirected),
+    )
+    return LinkTargets(split, n, task.config.embedding_dim, seed)
 
 
 class FeatureShard:
@@ -243,16 +353,31 @@ class RelabelledSampler:
     def degree(self, ids: Tensor) -> Tensor:
         return self.indptr.index_select(0, ids + 1) - self.indptr.index_select(0, ids)
 
-    def sample(self, seeds: Tensor, epoch: int = 0, step: int = 0, salt: int = 0) -> list[Block]:
-        """The blocks of one mini-batch, input layer first (``blocks[-1].dst_ids == seeds``)."""
+    def sample(
+        self,
+        seeds: Tensor,
+        epoch: int = 0,
+        step: int = 0,
+        salt: int = 0,
+        exclude: Tensor | None = None,
+    ) -> list[Block]:
+        """The blocks of one mini-batch, input layer first (``blocks[-1].dst_ids == seeds``).
+        ``exclude``: sorted keys ``dst * N + src`` in *original* ids of edges left out after
+        sampling (``NeighborSampler.sample``'s, so both drop the same edges)."""
         key = SampleKey(self.seed, epoch, step, salt)
         frontier = seeds.to(torch.int64)
         blocks = []
+        n = self.orig_ids.numel()
         for hop, fanout in enumerate(self.fanouts):
             keys = self.orig_ids.index_select(0, frontier)
             src, dst_pos = sample_neighbors(
                 self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
             )
+            if exclude is not None and exclude.numel():
+                edge = keys[dst_pos] * n + self.orig_ids.index_select(0, src)
+                at = torch.searchsorted(exclude, edge).clamp_(max=exclude.numel() - 1)
+                kept = exclude[at] != edge
+                src, dst_pos = src[kept], dst_pos[kept]
             block = build_block_sorted(frontier, src, dst_pos, self.degree)
             block = sort_sources(block, self.orig_ids.index_select(0, block.src_ids))
             blocks.append(block)
@@ -289,8 +414,11 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def preprocess(self, world_size: int) -> HopGNNPrepared:
-        """Partition once (cached on disk by content hash) and report the cut."""
-        graph, targets, partition = self.graph, self.targets, self.config.partition
+        """Partition once (cached on disk by content hash) and report the cut. Link
+        prediction partitions the same graph by the dataset's node rows (its targets are an
+        edge split: placement only, nothing trains on them)."""
+        graph, partition = self.graph, self.config.partition
+        targets = self.node_dataset.targets if self.is_link else self.targets
         parts = cached_partition(
             graph,
             partition.method,
@@ -308,16 +436,30 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         )
         return HopGNNPrepared(parts.to(torch.int64), report)
 
+    @property
+    def is_link(self) -> bool:
+        """Whether the task's seeds are pairs (link prediction)."""
+        return self.task.spec.seeds == "edges"
+
     # ------------------------------------------------------------- partition directories
     @override
     def partition_settings(self) -> dict[str, Any]:
-        """The feature partitioner and its options; the topology is replicated."""
+        """The feature partitioner and its options; the topology is replicated. Under link
+        prediction also the edge split's settings (a directory holds one split)."""
         partition = self.config.partition
         options = json.loads(json.dumps(partition.options(), default=str))  # as stored
-        return {
+        out = {
             "method": partition.method,
             "partition_options": {**options, "topology": "replicated"},
         }
+        if self.is_link:
+            c = self.task.config
+            out["link_split"] = {
+                "val_fraction": c.val_fraction,
+                "test_fraction": c.test_fraction,
+                "undirected": c.undirected,
+            }
+        return out
 
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
@@ -327,6 +469,8 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         nodes' split columns."""
         prepared, graph, targets = self.prepare(world_size), self.graph, self.targets
         book = PartitionBook.from_parts(prepared.part, world_size)
+        if self.is_link:
+            return self._write_link_parts(prepared, book, world_size, writer, log)
         indptr, indices = relabel_csc(graph.indptr, graph.indices, book)
         replicated = {
             "indptr": indptr,
@@ -347,13 +491,46 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
         return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
 
+    def _write_link_parts(self, prepared, book: PartitionBook, world_size: int, writer, log):
+        """Link prediction's directory: the replicated group ``topology`` holds the whole
+        graph's CSC (prediction), the training and test stages' CSCs (each in the new ids,
+        segments in their original order), the training pairs (original ids: what the
+        negatives are keyed on) and every node's original id; part ``k`` its feature shard
+        and the validation and test pairs whose source it owns, with their positions in the
+        split (what their fixed negatives are keyed on)."""
+        graph, split = self.graph, self.targets.split
+        replicated = {"orig_ids": book.new2old, "train_pos": split.train_pos}
+        stages = {"": (graph.indptr, graph.indices)}
+        stages |= {f"{stage}_": split.structure(stage) for stage in ("train", "test")}
+        for prefix, (indptr, indices) in stages.items():
+            replicated[f"{prefix}indptr"], replicated[f"{prefix}indices"] = relabel_csc(
+                indptr, indices, book
+            )
+        writer.write_shared("topology", replicated)
+        indptr = replicated["indptr"]
+        del replicated
+        home = prepared.part
+        for k in range(world_size):
+            lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
+            arrays = {"x": graph.x[book.new2old[lo:hi]]}
+            for name, (pos, index) in owned_eval_pairs(split, lambda i: home[i], k).items():
+                arrays[f"{name}_pos"], arrays[f"{name}_index"] = pos, index
+            sizes = {"nodes": hi - lo, "edges": int(indptr[hi] - indptr[lo])}
+            writer.write_part(k, arrays, sizes, shared=["topology"])
+            log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
+        return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
+
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
         """The replicated group's arrays have ``num_nodes`` rows (``indptr`` one more; the
-        targets the task's target shape)."""
+        targets the task's target shape; link prediction: each stage's ``indptr``)."""
         nodes, folder, key = opened.meta["num_nodes"], shared_folder("topology"), "'num_nodes'"
         opened.expect_shape(folder, "indptr", (nodes + 1,), key)
         opened.expect_shape(folder, "orig_ids", (nodes,), key)
+        if self.is_link:
+            for stage in ("train", "test"):
+                opened.expect_shape(folder, f"{stage}_indptr", (nodes + 1,), key)
+            return
         opened.expect_shape(folder, TARGET_FILE, self.task.target_shape(nodes, opened.meta), key)
 
     # ------------------------------------------------------------------------ rank parts
@@ -363,17 +540,33 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         whole graph (topology, targets, features for evaluation) stays resident."""
         graph, home = self.graph, prepared.part
         rows, local_row = FeatureShard.own_rows(graph.x, home, rank)
+        link = None
+        if self.is_link:
+            split = self.targets.split
+            structures = {stage: split.structure(stage) for stage in ("train", "test")}
+
+            def owner(ids: Tensor) -> Tensor:
+                return home.index_select(0, ids)
+
+            link = LinkPart(
+                targets=self.targets,
+                home=owner,
+                to_local=None,
+                structures=structures,
+                own_ids=(home == rank).nonzero().flatten(),
+                pairs=owned_eval_pairs(split, owner, rank),
+            )
+        indptr, indices = link.structures["train"] if link else (graph.indptr, graph.indices)
         return HopGNNPart(
             home=home,
             rows=rows,
             local_row=local_row,
-            target=self.targets.target,
-            sampler=NeighborSampler(
-                graph.indptr, graph.indices, list(self.data.fanouts), self.seed
-            ),
+            target=self.targets.target if link is None else torch.empty(0),
+            sampler=NeighborSampler(indptr, indices, list(self.data.fanouts), self.seed),
             train_ids=self.train_ids,
             num_nodes=graph.num_nodes,
             own=None,
+            link=link,
         )
 
     @override
@@ -383,6 +576,8 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         book = RangeBook(opened.node_offsets)
         replicated = opened.load_shared("topology", rank)
         arrays = opened.load_part(rank)
+        if self.is_link:
+            return self._load_link_part(opened, book, replicated, arrays, rank)
         if replicated["train_ids"].numel() == 0:  # as the base's train_ids
             raise ValueError(f"partition directory {opened.path}: no training nodes")
         x = arrays["x"] if arrays["x"].dtype == self.dtype else arrays["x"].to(self.dtype)
@@ -400,6 +595,57 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         )
         train_ids = replicated["train_ids"]
         return HopGNNPart(book, x, None, target, sampler, train_ids, orig_ids.numel(), own)
+
+    def _load_link_part(self, opened, book: RangeBook, replicated, arrays, rank: int):
+        """Link prediction's part from a directory (:meth:`_write_link_parts`): the
+        sampler over the training stage's CSC, keyed on original ids."""
+        x = arrays["x"] if arrays["x"].dtype == self.dtype else arrays["x"].to(self.dtype)
+        orig_ids = replicated["orig_ids"]
+        old2new = torch.empty_like(orig_ids)
+        old2new[orig_ids] = torch.arange(orig_ids.numel())
+        train_pos = replicated["train_pos"]
+        if train_pos.shape[1] == 0:
+            raise ValueError(f"partition directory {opened.path}: no training pairs")
+        structures = {
+            stage: (replicated[f"{stage}_indptr"], replicated[f"{stage}_indices"])
+            for stage in ("train", "test")
+        }
+        num_nodes = orig_ids.numel()
+        targets = directory_link_targets(
+            train_pos, structures["train"], orig_ids, self.task, self.seed
+        )
+
+        def to_local(ids: Tensor) -> Tensor:
+            return old2new.index_select(0, ids)
+
+        def owner(ids: Tensor) -> Tensor:
+            return book.nid2part(to_local(ids))
+
+        first, stop = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
+        link = LinkPart(
+            targets=targets,
+            home=owner,
+            to_local=to_local,
+            structures=structures,
+            own_ids=orig_ids[first:stop],
+            pairs={s: (arrays[f"{s}_pos"], arrays[f"{s}_index"]) for s in ("val", "test")},
+        )
+        sampler = RelabelledSampler(
+            *structures["train"], orig_ids, list(self.data.fanouts), self.seed
+        )
+        train_ids = torch.arange(train_pos.shape[1])  # the task's seeds: pair positions
+        return HopGNNPart(
+            book,
+            x,
+            None,
+            torch.empty(0),
+            sampler,
+            train_ids,
+            num_nodes,
+            None,
+            link=link,
+            topology=(replicated["indptr"], replicated["indices"]),
+        )
 
     # ------------------------------------------------------------------------ rank set-up
     @override
@@ -429,11 +675,66 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def eval_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
         """With the whole graph held (in memory): layer-wise inference over it. Otherwise (a
         partition directory): this rank's own nodes (:meth:`own_rows`), scored on them."""
+        if self.is_link:
+            return self.link_statistics(net, splits)
         own = self.held.own
         if own is None:
             return super().eval_statistics(net, splits)
         out = self.own_rows(net, net.num_layers)
         return split_statistics(self.task, out, own.targets, splits)
+
+    def link_statistics(self, net: torch.nn.Module, splits: tuple[str, ...]) -> torch.Tensor:
+        """Link prediction's evaluation, partition-local in memory as from a directory: each
+        rank embeds its own nodes over a stage's structure (full neighbourhoods, the
+        in-neighbours' rows from their owners), scores the evaluation pairs whose source it
+        owns and pulls the other rows they need from their owners per round
+        (:func:`~...kit.link_partitioned.owned_link_statistics`): no rank holds every node's
+        embedding. Its bytes are kept out of the merging controller's modelled time."""
+        link = self.held.link
+        if link is None:
+            raise RuntimeError("the DataModule is not set up for link prediction")
+        before = self.comm.meter.snapshot()
+
+        def embed(stage: str) -> Tensor:
+            return self._owned_embeddings(net, link.structures[stage], net.num_layers)
+
+        stats = owned_link_statistics(
+            self.task,
+            embed,
+            link.own_ids,
+            link.home,
+            link.pairs,
+            self.held.num_nodes,
+            self.seed,
+            splits,
+            self.comm,
+        )
+        self._untime(before)
+        return stats
+
+    def _owned_embeddings(
+        self, net: torch.nn.Module, structure: tuple[Tensor, Tensor], layers: int
+    ) -> Tensor:
+        """The first ``layers`` layers' full-neighbourhood rows of this rank's own nodes over
+        ``structure`` (a CSC in this rank's ids), in its own rows' order."""
+        indptr, indices = structure
+        chunk = self.data.eval_chunk_size
+        if isinstance(self.part, RangeBook):
+            return owned_range_rows(
+                net, self.comm, self.part, indptr, indices, self.shard.rows, layers, chunk
+            )
+        own = CSCRows.owned(indptr, indices, self.held.link.own_ids)
+        home = self.part
+
+        def owner(ids: Tensor) -> Tensor:
+            return home.index_select(0, ids)
+
+        return owned_rows(net, self.comm, owner, own, self.shard.rows, layers, chunk)
+
+    def _untime(self, before: dict) -> None:
+        """Keep the bytes sent since ``before`` out of the controller's modelled time."""
+        for category, sent in self.comm.meter.delta(before)["bytes"].items():
+            self._untimed_bytes[category] = self._untimed_bytes.get(category, 0) + sent
 
     @override
     def predict_rows(
@@ -441,11 +742,12 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     ) -> tuple[Tensor, Tensor]:
         """The requested (original) ids this rank owns and their rows (a partition
         directory); with the whole graph held, the base's node-range split."""
-        own = self.held.own
-        if own is None:
+        own, held = self.held.own, self.held
+        if own is None and held.topology is None:
             return super().predict_rows(net, node_ids, output)
+        ids = own.orig_ids if own is not None else held.link.own_ids
         rows = self.own_rows(net, net.num_layers - (output == "embeddings"))
-        return own_predictions(own.orig_ids.clone(), rows, node_ids, self.held.num_nodes)
+        return own_predictions(ids.clone(), rows, node_ids, held.num_nodes)
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> Tensor:
         """The first ``layers`` layers' full-neighbourhood rows of this rank's own nodes
@@ -453,18 +755,17 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         ``feature`` and ``structure`` bytes are kept out of the merging controller's modelled
         epoch time, which counts training bytes (in memory evaluation sends neither)."""
         before = self.comm.meter.snapshot()
+        topology = self.held.topology or (self.sampler.indptr, self.sampler.indices)
         rows = owned_range_rows(
             net,
             self.comm,
             self.part,
-            self.sampler.indptr,
-            self.sampler.indices,
+            *topology,
             self.shard.rows,
             layers,
             self.data.eval_chunk_size,
         )
-        for category, sent in self.comm.meter.delta(before)["bytes"].items():
-            self._untimed_bytes[category] = self._untimed_bytes.get(category, 0) + sent
+        self._untime(before)
         return rows
 
     # ------------------------------------------------------------------ merging controller
@@ -501,6 +802,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 self.controller.steps,
                 config.bandwidth,
                 config.step_overhead_s,
+                LINK_TRAINING_CATEGORIES if self.is_link else TRAINING_CATEGORIES,
             )
         total = self.comm.all_reduce(torch.tensor([local], dtype=torch.float64), category="control")
         self.controller.end_epoch(float(total[0]) / self.world_size)
@@ -530,6 +832,8 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         deduplicated fetch with ``pregather``, else one per kept step), gather inputs."""
         steps = self.steps_for_epoch(epoch)
         self._iterations += 1
+        if self.is_link:
+            return self._make_link_batch(epoch, step, steps)
         start = time.perf_counter()
         plan = self.plan(epoch, step, steps)
         rank, shard = self.rank, self.shard
@@ -584,6 +888,107 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             step,
             stats,
             steps=steps,
+            hops=hops,
+        )
+
+    def link_plan(self, epoch: int, step: int, steps: int | None = None):
+        """Link prediction's ``(plan, this rank's LinkShare per kept step)`` of one iteration
+        (:func:`~.links.link_plan`; pure: every rank derives the same plan)."""
+        config, n, link = self.config, self.world_size, self.held.link
+        seeds = self.order.step(epoch, step, self.batch_size)
+        planner = {}
+        if config.mode != "model_centric":
+            planner = {
+                "steps": steps if steps is not None else config.kept_steps(n),
+                "score": config.merge_score,
+                "policy": config.merge_policy,
+                "direction": config.direction,
+                "recount": config.recount,
+            }
+        return link_plan(
+            self.task,
+            link.targets,
+            seeds,
+            link.home,
+            self.held.num_nodes,
+            n,
+            self.rank,
+            epoch,
+            step,
+            model_centric=config.mode == "model_centric",
+            **planner,
+        )
+
+    def _make_link_batch(self, epoch: int, step: int, steps: int) -> HopGNNBatch:
+        """Link prediction's iteration on this rank: per kept step, the micrograph set of the
+        endpoints it computes (:class:`~.links.LinkShare`), sampled over the training
+        structure with ``single``'s keys, its remote input rows fetched (pre-gathered over the
+        steps with ``pregather``), and the pairs it scores with the row exchange's counts."""
+        start = time.perf_counter()
+        plan, shares = self.link_plan(epoch, step, steps)
+        rank, shard, link = self.rank, self.shard, self.held.link
+        # task.exclude_target_edges: the whole step's positives, keyed in original ids
+        seeds = self.order.step(epoch, step, self.batch_size)
+        exclude = self.task.excluded_edges(link.targets, seeds)
+        sampled = [
+            self.sampler.sample(
+                share.nodes if link.to_local is None else link.to_local(share.nodes),
+                epoch=epoch,
+                step=step,
+                exclude=exclude,
+            )
+            for share in shares
+        ]
+        remote = [remote_inputs(blocks, self.part, rank) for blocks in sampled]
+        sample_done = time.perf_counter()
+        if self.config.pregather:
+            ids = torch.unique(torch.cat(remote))
+            tables = [(ids, shard.fetch(ids))] * len(sampled)
+            fetched_rows = ids.numel()
+        else:
+            tables = [(ids, shard.fetch(ids)) for ids in remote]
+            fetched_rows = sum(ids.numel() for ids in remote)
+        terms = self.task.loss_terms(plan.global_seed_count)
+        subs: list[Batch | None] = []
+        for blocks, (ids, table), share in zip(sampled, tables, shares):
+            x = shard.gather(blocks[0].src_ids, ids, table)
+            subs.append(
+                LinkStepBatch(
+                    blocks,
+                    x,
+                    share.y,
+                    terms,
+                    epoch,
+                    step,
+                    send_index=share.send_index,
+                    send_splits=share.send_splits,
+                    recv_splits=share.recv_splits,
+                )
+            )
+        pairs = torch.cat([torch.empty((0, 3), dtype=torch.int64), *[s.y for s in shares]])
+        stats = {
+            "sample_s": sample_done - start,
+            "load_s": time.perf_counter() - sample_done,
+            "input_nodes": sum(b[0].num_src for b in sampled),
+            "remote_rows": fetched_rows,
+            "local_rows": int(
+                sum((owners_of(self.part, b[0].src_ids) == rank).sum() for b in sampled)
+            ),
+            "exchanged_rows": sum(sum(s.recv_splits) for s in shares),
+            "time_steps": plan.num_steps,
+            "migrations": len(plan.kept) - 1,
+            "load": plan.load()[:, rank].tolist(),
+        }
+        hops = [plan.hop(j, rank) for j in range(1, plan.num_steps)]
+        return HopGNNBatch(
+            [],
+            shard.rows.new_empty((pairs.shape[0], 0)),  # a row per scored pair: see the class
+            pairs,
+            terms,
+            epoch,
+            step,
+            stats,
+            steps=subs,
             hops=hops,
         )
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TRAINING_CATEGORIES = ("feature", "structure", "parameter", "gradient")
+# link prediction's training also exchanges the far endpoints' output rows and their gradients
+LINK_TRAINING_CATEGORIES = (*TRAINING_CATEGORIES, "activation", "activation_grad")
 
 
 @dataclass
@@ -85,10 +87,16 @@ class MergeController:
 
 
 def modeled_epoch_seconds(
-    delta_bytes: dict[str, int], iterations: int, steps: int, bandwidth: float, overhead: float
+    delta_bytes: dict[str, int],
+    iterations: int,
+    steps: int,
+    bandwidth: float,
+    overhead: float,
+    categories: tuple[str, ...] = TRAINING_CATEGORIES,
 ) -> float:
-    """One rank's modeled epoch time: its training bytes (``TRAINING_CATEGORIES``) over
+    """One rank's modeled epoch time: its training bytes (``categories``, default
+    ``TRAINING_CATEGORIES``; link prediction's ``LINK_TRAINING_CATEGORIES``) over
     ``bandwidth`` plus ``overhead`` per time step of every iteration (kernel launches and the
     step barrier)."""
-    sent = sum(delta_bytes[c] for c in TRAINING_CATEGORIES)
+    sent = sum(delta_bytes.get(c, 0) for c in categories)
     return sent / bandwidth + iterations * steps * overhead

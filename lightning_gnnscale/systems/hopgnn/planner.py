@@ -114,9 +114,14 @@ def micrograph_plan(
     policy: str = "model",
     direction: int = 1,
     recount: bool | None = None,
+    batches: list[Tensor] | None = None,
 ) -> IterationPlan:
     """HopGNN's plan: roots redistributed to their home servers, ``T = steps`` (default ``N``)
     kept time steps, the dropped steps' roots merged into the kept ones (spec §3.5).
+
+    ``batches``: the models' shares ``B_d`` when they are not ``model_batches(global_seeds)``
+    (link prediction's: each model's scored pairs, ids into ``part``, a pair's home being its
+    source's; :func:`link_plan`).
 
     Merging removes, one at a time, the step with the smallest load (``sum_roots``: roots over
     all servers; ``min_roots``: the least-loaded server's), ties to the smallest index. Under
@@ -136,7 +141,7 @@ def micrograph_plan(
     recount = policy == "model" if recount is None else recount
     if recount and policy == "home":
         raise ValueError("recount=True needs policy='model' (home moves roots after all removals)")
-    r = redistribute(model_batches(global_seeds, n), part, n)
+    r = redistribute(model_batches(global_seeds, n) if batches is None else batches, part, n)
 
     def server(d: int, k: int) -> int:
         return (d + direction * k) % n

@@ -3,16 +3,17 @@ iteration's time steps, migrating model state between them, and sums the gradien
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from typing_extensions import override
 
-from ...comm import Comm
+from ...comm import Comm, exchange_rows
 from ...graph.batch import Batch
 from ...kit.strategies import MeteredDDPStrategy
 from .config import HopGNNConfig
-from .datamodule import HopGNNBatch
+from .datamodule import HopGNNBatch, LinkStepBatch
 
 
 class HopGNNStrategy(MeteredDDPStrategy):
@@ -68,12 +69,16 @@ class HopGNNStrategy(MeteredDDPStrategy):
         if not isinstance(batch, HopGNNBatch):
             return super().training_step(*args, **kwargs)
         parent = super().training_step
+        module, comm = self.lightning_module, self.comm
+
+        def step_loss(sub: Batch) -> torch.Tensor:
+            if not isinstance(sub, LinkStepBatch):
+                return parent(sub, *rest, **kwargs)
+            with exchanged_outputs(module, sub, comm):
+                return parent(sub, *rest, **kwargs)
+
         loss, self._accumulator = run_iteration(
-            batch,
-            self.comm,
-            self._params(),
-            lambda sub: parent(sub, *rest, **kwargs),
-            self.system_config,
+            batch, comm, self._params(), step_loss, self.system_config
         )
         return loss
 
@@ -111,6 +116,38 @@ def check_trainer_settings(accumulate_grad_batches: int, precision_plugin: objec
         )
 
 
+@contextmanager
+def exchanged_outputs(module: torch.nn.Module, sub: LinkStepBatch, comm: Comm) -> Iterator[None]:
+    """While the module runs its training step on ``sub`` (link prediction), its output rows
+    ``[n, d]`` (``module(sub)``, a forward hook) come back with the rows this rank receives
+    appended: the endpoint rows of its pairs that other servers computed, through one
+    differentiable :func:`~...comm.exchange_rows` (``activation`` bytes forward,
+    ``activation_grad`` back; every rank takes part at every step, also with no rows).
+    Raises ``RuntimeError`` unless the module called itself on ``sub`` exactly once: a step
+    that computes its rows another way never receives them."""
+    calls = []
+
+    def hook(_module, args, output):
+        if not args or not isinstance(args[0], LinkStepBatch):  # ``sub``, or a converted copy
+            return output
+        calls.append(1)
+        received = exchange_rows(output, sub.send_index, sub.send_splits, sub.recv_splits, comm)
+        return torch.cat([output, received])
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+    if len(calls) != 1:
+        raise RuntimeError(
+            f"HopGNN under link prediction appends the rows of a pair's far endpoint to the "
+            f"module's output rows (a forward hook on {type(module).__name__}), but its "
+            f"training step called it {len(calls)} times on the step's batch: compute the "
+            "output rows once with self(batch), as GNNModule does"
+        )
+
+
 def flat_numel(params: list[torch.nn.Parameter]) -> int:
     return sum(p.numel() for p in params)
 
@@ -131,7 +168,9 @@ def run_iteration(
     and :func:`sum_gradients` (which adds the accumulator). The accumulator is kept apart from
     ``.grad`` because Lightning zeroes ``.grad`` between the training step and its backward.
     The last loss is a zero connected to ``params`` when its set is empty. Collective: every
-    rank runs the same number of steps and migrations.
+    rank runs the same number of steps and migrations. Under link prediction no set is
+    ``None`` (an empty one still runs, so that every rank takes part in each step's row
+    exchange, forward and backward).
     """
     last = len(batch.steps) - 1
     accumulator = params[0].new_zeros(flat_numel(params))
