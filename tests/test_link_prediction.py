@@ -440,3 +440,43 @@ def test_a_negative_equal_to_the_destination_ties_with_the_positive():
     rank = 1 + (neg > pos.unsqueeze(1)).sum(1) + (neg == pos.unsqueeze(1)).sum(1) / 2
     assert stats[1] == pytest.approx(float((1 / rank.double()).sum()), rel=1e-12)
     assert bool((rank >= 1.5).all())  # the tie is half a place
+
+
+def test_a_partition_directory_is_bound_to_its_edge_split():
+    """Every system that trains from a partition directory records the split's settings in
+    it (the task's ``partition_settings``), so a run with other fractions is refused."""
+    names = [n for n in LINK_SYSTEMS if SYSTEMS[n].supports_partition_dir]
+    assert len(names) >= 7
+    for name in names:
+        expected = [
+            make_datamodule(
+                name, TaskConfig("link_prediction", val_fraction=v)
+            ).partition_expectation(2)
+            for v in (0.05, 0.2)
+        ]
+        assert expected[0]["link_split"]["val_fraction"] == 0.05, name
+        assert expected[0] != expected[1], name
+
+
+def test_the_module_must_score_with_the_datamodules_decoder(tmp_path):
+    """A module built on its own task (the same settings, another object) would train an MLP
+    decoder that evaluation never sees: refused when the Trainer binds them; so is a module
+    whose task settings differ."""
+    import lightning as L
+
+    task = TaskConfig("link_prediction", decoder="mlp")
+    for module_task in (task, TaskConfig("link_prediction")):
+        dm = make_datamodule("single", task)
+        net = BlockGNN("sage", 10, 16, 8, 2, dropout=0.0).double()
+        module = gs.GNNModule(net, task=module_task)
+        trainer = L.Trainer(
+            strategy="single",
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            default_root_dir=tmp_path,
+        )
+        with pytest.raises(ConfigError, match="the DataModule's"):
+            trainer.fit(module, datamodule=dm)

@@ -27,7 +27,7 @@ from ..graph.node_targets import NodeDataset, NodeTargets
 from ..graph.order import EpochOrder
 from ..models.gnn import build_model
 from ..models.inference import node_rows
-from ..tasks import build_task
+from ..tasks import TaskConfig, build_task
 from ..tasks.base import NodeTask
 from .loaders import OneItem, collective_train_loader, no_collate
 from .partition_io import PartitionDirIO
@@ -266,13 +266,25 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self.context, self._bound_to = context, self.trainer
 
     def check_module_task(self) -> None:
-        """The LightningModule trains this DataModule's task (when it states one)."""
+        """The LightningModule trains this DataModule's task (when it states one), with its
+        settings; a task with parameters of its own (``task.decoder=mlp``) must be the
+        DataModule's object itself, which evaluation scores with."""
         module_task = getattr(self.trainer.lightning_module, "task", None)
-        if isinstance(module_task, NodeTask) and module_task.name != self.task.name:
+        if not isinstance(module_task, NodeTask):
+            return
+        advice = "build the module with GNNModule.from_config(model, datamodule)"
+        settings = [t.config or TaskConfig(t.name) for t in (module_task, self.task)]
+        if module_task.name != self.task.name or settings[0] != settings[1]:
             raise ConfigError(
-                f"the LightningModule's task is {module_task.name!r} but the DataModule's is "
-                f"{self.task.name!r}; build the module with GNNModule.from_config(model, "
-                "datamodule) or pass the same task to both"
+                f"the LightningModule's task is {settings[0]} but the DataModule's is "
+                f"{settings[1]}; {advice} or pass the same task settings to both"
+            )
+        head = getattr(self.trainer.lightning_module, "head", None)
+        if head is not None and head is not getattr(self.task, "decoder", None):
+            raise ConfigError(
+                f"task.decoder={settings[0].decoder} has weights of its own (the module's "
+                f"head), but the DataModule's task scores with other ones: {advice}, once per "
+                "DataModule"
             )
 
     def rank_part(self, context: RankContext) -> Any:

@@ -51,6 +51,7 @@ class PartitionDirIO:
             "num_parts": world_size,
             "seed": self.seed,
             "dataset": self.dataset_identity(),
+            **self.task.partition_settings(),
             **self.partition_settings(),
         }
 

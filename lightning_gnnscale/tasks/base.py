@@ -88,6 +88,11 @@ class NodeTask:
         rows of ``targets.target``)."""
         return seeds, targets.target.index_select(0, seeds)
 
+    def partition_settings(self) -> dict[str, Any]:
+        """The task's settings a partition directory's contents depend on, recorded in it and
+        checked against a run (node tasks: none beyond the task's name)."""
+        return {}
+
     def trained_head(self) -> torch.nn.Module | None:
         """The task's own parameters, trained with the net (the module registers them, so the
         optimiser, the gradient sync and the checkpoint carry them), or ``None`` (node tasks:

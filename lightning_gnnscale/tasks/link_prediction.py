@@ -95,6 +95,13 @@ class LinkPrediction(NodeTask):
         super().__init__(config)
         self.decoder: DotDecoder | MLPDecoder = DotDecoder()
 
+    def partition_settings(self) -> dict:
+        """The split's settings: a directory holds its parts of one edge split, so a run with
+        other fractions (or another ``undirected``) must not train from it."""
+        c = self.config
+        split = {"val_fraction": c.val_fraction, "test_fraction": c.test_fraction}
+        return {"link_split": {**split, "undirected": c.undirected}}
+
     def trained_head(self) -> MLPDecoder | None:
         """``task.decoder=mlp``: a fresh MLP decoder (drawn from torch's generator, as the net
         is, by the module that registers it), which this task then scores with; else ``None``

@@ -230,6 +230,11 @@ class GrappaPart:
             return [c for c in range(self.num_chunks) if c not in owned]
         return sorted({s for c in owned for s in self.sources[c]} - set(owned))
 
+    def chunk_table(self) -> Tensor:
+        """``[N]`` chunk of every node: a directory's shared int32 table itself (no private
+        copy), else :meth:`chunk_ids`."""
+        return self.owners() if self.owners is not None else self.chunk_ids()
+
     def chunk_ids(self) -> Tensor:
         """int64 ``[N]`` chunk of every node (reads every chunk's node list: O(N) int64)."""
         if self.owners is not None:

@@ -130,8 +130,7 @@ class GrappaDataModule(GNNDataModule):
         """Refuse the task settings Grappa cannot honour under link prediction
         (``ConfigError``, before any rank starts: ``preprocess``, and a partition directory's
         ``check_partition_part``, run in the launcher; ``setup_rank`` checks again). The
-        strategy settings are refused in ``GrappaConfig.check_run`` (the run's facts carry
-        the task's name, not its settings)."""
+        strategy settings are refused in ``GrappaConfig.check_run``."""
         if self.link:  # a plain script's strategy checks the run without its task
             self.config.check_link_prediction()
         if self.link and self.task.config.filter_negatives:
@@ -589,7 +588,7 @@ class GrappaDataModule(GNNDataModule):
         needs pulled from their owners (:func:`~...kit.link_partitioned.owned_link_statistics`):
         no rank holds every node's embedding. Collective."""
         if self._owner_chunk is None:
-            self._owner_chunk = self.chunks.chunk_ids()
+            self._owner_chunk = self.chunks.chunk_table()
         owner_chunk = self._owner_chunk
         pairs = {}
         for split in splits:
@@ -610,7 +609,7 @@ class GrappaDataModule(GNNDataModule):
                 self.task,
                 embed,
                 own_ids,
-                lambda ids: owner_chunk[ids] % self.world_size,
+                lambda ids: owner_chunk[ids].long() % self.world_size,
                 pairs,
                 int(self.chunks.meta["num_nodes"]),
                 self.seed,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from ...config_types import RunFacts, SystemConfig, choice, require
 from ...errors import ConfigError
-from ...tasks import NODE_TASKS
+from ...tasks import NODE_TASKS, TaskConfig
 
 PARTITION_METHODS = ("gsplit", "node", "edge", "naive", "random")
 ZERO_EDGE_POLICIES = ("auto", "drop", "epsilon")
@@ -99,9 +99,9 @@ class GSplitConfig(SystemConfig):
             "strategy.redundancy_probe_steps=0",
         )
 
-    def check_task(self, task: str) -> None:
+    def check_task(self, task: str | TaskConfig) -> None:
         super().check_task(task)
-        self.check_probe(task)
+        self.check_probe(task.name if isinstance(task, TaskConfig) else task)
 
     def check_run(self, run: RunFacts) -> None:
         if run.task is not None:

@@ -215,3 +215,16 @@ def test_link_prediction_refuses_the_redundancy_probe():
     config = GSplitConfig(redundancy_probe_steps=2)
     with pytest.raises(ConfigError, match="redundancy_probe_steps"):
         config.check_task("link_prediction")
+
+
+def test_the_redundancy_probe_is_refused_for_link_prediction_settings_too():
+    """A DataModule checks its task as settings (``TaskConfig``): the probe's refusal must
+    read the name from them."""
+    from lightning_gnnscale.errors import ConfigError
+    from lightning_gnnscale.systems.gsplit.config import GSplitConfig
+    from lightning_gnnscale.tasks import TaskConfig
+
+    config = GSplitConfig(redundancy_probe_steps=2)
+    for task in ("link_prediction", TaskConfig("link_prediction")):
+        with pytest.raises(ConfigError, match="redundancy_probe_steps"):
+            config.check_task(task)
