@@ -235,7 +235,10 @@ class DistDGLDataModule(GNNDataModule):
     def load_part(self, opened: PartitionDir, rank: int) -> HaloPart | LinkHaloPart:
         halo = HaloPart.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
         if self.is_link:
-            link = LinkPart.from_arrays(opened.load_part(rank), opened.meta["link"]["num_train"])
+            meta = opened.meta["link"]
+            link = LinkPart.from_arrays(
+                opened.load_part(rank), meta["num_train"], meta["undirected"]
+            )
             return LinkHaloPart(halo, link)
         return halo
 
@@ -263,14 +266,7 @@ class DistDGLDataModule(GNNDataModule):
             self.pairs = PairOrder(
                 link.train_pairs, link.num_train, self.data.batch_size, self.seed
             )
-            undirected = (
-                self.targets.split.undirected
-                if self.partition_dir is None
-                else (self.partition_meta()["link"]["undirected"])
-            )
-            self.link_targets = link.targets(
-                book.num_nodes, self.task.out_dim_of({}), self.seed, undirected
-            )
+            self.link_targets = link.targets(book.num_nodes, self.task.out_dim_of({}), self.seed)
         if self.degree is None:
             self.kv.init_data("degree", self.sample_degree[: self.local.num_core])
         config = self.config

@@ -88,6 +88,7 @@ class LinkPart:
         ids: int64 ``[hi - lo]`` gids of the original ids ``[lo, hi)`` of this rank's even
             range (:class:`IdDirectory`).
         num_train: training pairs of the whole split.
+        undirected: the split's pairs are both directions of an edge.
     """
 
     train_pairs: Tensor
@@ -101,6 +102,7 @@ class LinkPart:
     train_degree: Tensor | None
     ids: Tensor
     num_train: int
+    undirected: bool
 
     @classmethod
     def of(cls, prepared: LinkPartitioned, part: HaloPart) -> LinkPart:
@@ -129,6 +131,7 @@ class LinkPart:
             train_degree=degrees[0],
             ids=book.old2new[int(directory[k]) : int(directory[k + 1])].clone(),
             num_train=split.train_pos.shape[1],
+            undirected=split.undirected,
         )
 
     _ARRAYS = (
@@ -149,10 +152,11 @@ class LinkPart:
         return {PREFIX + name: getattr(self, name) for name in self._ARRAYS}
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, Tensor], num_train: int) -> LinkPart:
-        """The part of :meth:`arrays`' files (``num_train``: the directory's metadata)."""
+    def from_arrays(cls, arrays: dict[str, Tensor], num_train: int, undirected: bool) -> LinkPart:
+        """The part of :meth:`arrays`' files (``num_train``, ``undirected``: the directory's
+        metadata)."""
         fields = {name: arrays[PREFIX + name] for name in cls._ARRAYS}
-        return cls(**fields, train_degree=None, num_train=num_train)
+        return cls(**fields, train_degree=None, num_train=num_train, undirected=undirected)
 
     def pairs(self, split: str) -> tuple[Tensor, Tensor]:
         """``(pos [2, m], index [m])``: the pairs of evaluation split ``split`` this rank scores."""
@@ -160,7 +164,7 @@ class LinkPart:
             raise ValueError(f"unknown evaluation split {split!r}; valid: {list(EVAL_SPLITS)}")
         return getattr(self, f"{split}_pos"), getattr(self, f"{split}_index")
 
-    def targets(self, num_nodes: int, out_dim: int, seed: int, undirected: bool) -> LinkTargets:
+    def targets(self, num_nodes: int, out_dim: int, seed: int) -> LinkTargets:
         """A :class:`LinkTargets` whose training pairs are this rank's (what
         ``task.step_rows`` reads, with seeds its positions in :attr:`train_pairs`); the other
         splits and structures are empty: this rank holds none of the whole split's."""
@@ -175,7 +179,7 @@ class LinkPart:
             train_indices=empty,
             test_indptr=empty,
             test_indices=empty,
-            undirected=undirected,
+            undirected=self.undirected,
         )
         return LinkTargets(split, num_nodes, out_dim, seed)
 

@@ -22,7 +22,7 @@ from torch import Tensor
 from ...comm import Comm, OwnerRoute, exchange_rows
 from ...tasks.link.split import LinkSplit
 from ...tasks.link_prediction import LinkTargets
-from .partdir import EvalShare
+from .evalshare import EvalShare
 
 STAGES = ("train", "test")  # the message-passing structures evaluation embeds over
 EMPTY_PAIRS = torch.empty(2, 0, dtype=torch.int64)

@@ -17,14 +17,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ...comm import Comm, Topology, exchange_rows
+from ...comm import Topology
 from ...graph.book import PartitionBook
 from ...graph.csc import Graph
 from ...graph.node_targets import NodeTargets
-from ...graph.sampler import BlockBuilder
-from ...models.gnn import BlockGNN
-from ...models.inference import layer_rows
 from .callbacks import LayoutSummary
+from .evalshare import EvalShare
 from .expand import in_edges
 from .plan import OneHopPlan, StepPlan
 
@@ -84,74 +82,6 @@ def step_from_arrays(part: dict[str, Tensor], prefix: str, world: int) -> StepPl
         return StepPlan(final)
     preload = plan_from_arrays(part, prefix + "preload_", world)
     return StepPlan(final, preload, part[prefix + "reshape"])
-
-
-@dataclass(frozen=True)
-class EvalShare:
-    """One rank's share of full-graph layer-wise inference: it owns the relabelled ids
-    ``[lo, hi)`` (its ``node_offsets`` range) and holds their in-edges.
-
-    Attributes:
-        indptr: int64 ``[n_core + 1]`` CSC of the core's in-edges, each core vertex's
-            sources in the whole graph's order (so a row sums its messages in that order).
-        indices: int64 ``[E]`` sources as local rows ``[core | halo]``.
-        degree: int64 ``[n_core + n_halo]`` whole-graph in-degrees of the local rows (GCN).
-        send_index, send_splits, recv_splits: the halo exchange before every layer (the
-            halo is ascending in relabelled ids, so grouped by owner in rank order).
-    """
-
-    indptr: Tensor
-    indices: Tensor
-    degree: Tensor
-    send_index: Tensor
-    send_splits: tuple[int, ...]
-    recv_splits: tuple[int, ...]
-
-    @property
-    def num_core(self) -> int:
-        return self.indptr.numel() - 1
-
-    def arrays(self, prefix: str = "eval_") -> dict[str, Tensor]:
-        splits = torch.tensor([self.send_splits, self.recv_splits], dtype=torch.int64)
-        return {
-            prefix + "indptr": self.indptr,
-            prefix + "indices": self.indices,
-            prefix + "degree": self.degree,
-            prefix + "send_index": self.send_index,
-            prefix + "splits": splits,
-        }
-
-    @classmethod
-    def from_arrays(cls, part: dict[str, Tensor], prefix: str = "eval_") -> EvalShare:
-        send, recv = part[prefix + "splits"].tolist()
-        return cls(
-            part[prefix + "indptr"],
-            part[prefix + "indices"],
-            part[prefix + "degree"],
-            part[prefix + "send_index"],
-            tuple(send),
-            tuple(recv),
-        )
-
-    @torch.no_grad()
-    def rows(
-        self, net: BlockGNN, x: Tensor, comm: Comm, chunk_size: int, layers: int | None = None
-    ) -> Tensor:
-        """The first ``layers`` (default all) layers' output rows of the core ``[n_core, d]``
-        from its input rows ``x``: before each layer the owners send the halo rows
-        (``feature``, then ``activation``)."""
-        layers = net.num_layers if layers is None else layers
-        builder = BlockBuilder(self.degree.numel(), self.degree)
-        h = x
-        send_index = self.send_index.to(x.device)
-        for i in range(layers):
-            category = "feature" if i == 0 else "activation"
-            halo = exchange_rows(h, send_index, self.send_splits, self.recv_splits, comm, category)
-            rows = torch.cat([h, halo])
-            h = layer_rows(
-                net, i, builder, self.indptr, self.indices, rows, 0, self.num_core, chunk_size
-            )
-        return h
 
 
 def core_in_edges(graph: Graph, book: PartitionBook, rank: int) -> tuple[Tensor, Tensor]:

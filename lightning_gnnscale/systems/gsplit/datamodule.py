@@ -612,11 +612,8 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         DataModule first sets itself up as the one rank of a world of 1 (``single``'s
         batches), as ``single``'s makes a batch without one."""
         if self.held is None:
-            if self.context is not None or self.partition_dir is not None:
-                raise RuntimeError(
-                    "the GSplit DataModule's rank is not set up (a partition directory's parts "
-                    "are set up by the trainer's ranks)"
-                )
+            if self.context is not None:
+                raise RuntimeError("the GSplit DataModule's rank is not set up")
             local = RankContext(Comm.local(), torch.device("cpu"))
             self.setup_rank(local, self.part_of(self.prepare(1), 0))
         seeds = self.step_seeds(epoch, step)

@@ -35,13 +35,13 @@ class StepPairs:
     """The scored pairs of one global step, model by model.
 
     Attributes:
-        src, dst, label: int64 ``[M]`` every pair's endpoints (original ids) and label.
+        src, dst, truth: int64 ``[M]`` every pair's endpoints (original ids) and truth (1 a positive, 0 a negative).
         batches: ``batches[d]``: model ``d``'s pair ids (into ``src``...), contiguous.
     """
 
     src: Tensor
     dst: Tensor
-    label: Tensor
+    truth: Tensor
     batches: list[Tensor]
 
 
@@ -49,15 +49,15 @@ def step_pairs(task, targets, global_seeds: Tensor, world_size: int, epoch: int,
     """:class:`StepPairs` of the global batch ``global_seeds`` (training pair positions): model
     ``d``'s share is its ``tensor_split`` chunk, its pairs ``task.step_rows`` of it."""
     positions = torch.tensor_split(torch.arange(global_seeds.numel()), world_size)
-    src, dst, label, batches, offset = [], [], [], [], 0
+    src, dst, truth, batches, offset = [], [], [], [], 0
     for share in positions:
         nodes, y = task.step_rows(targets, global_seeds[share], share, epoch=epoch, step=step)
         src.append(nodes[y[:, 0]])
         dst.append(nodes[y[:, 1]])
-        label.append(y[:, 2])
+        truth.append(y[:, 2])
         batches.append(torch.arange(offset, offset + y.shape[0]))
         offset += y.shape[0]
-    return StepPairs(torch.cat(src), torch.cat(dst), torch.cat(label), batches)
+    return StepPairs(torch.cat(src), torch.cat(dst), torch.cat(truth), batches)
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class LinkShare:
     Attributes:
         nodes: int64 ``[n]`` sorted original ids whose output rows it computes (the
             micrograph set's roots).
-        y: int64 ``[pairs, 3]`` its scored pairs: source row, destination row, label; rows
+        y: int64 ``[pairs, 3]`` its scored pairs: source row, destination row, truth (1 positive, 0 negative); rows
             index ``cat([its n output rows, the rows it receives])``.
         send_index: int64 rows of its output sent to the other servers, grouped by
             destination rank; ``send_splits`` / ``recv_splits``: rows sent to / received from
@@ -98,7 +98,7 @@ def link_share(
     n, v = len(roots), num_nodes
     pid = torch.cat(roots)
     server = torch.repeat_interleave(torch.arange(n), torch.tensor([r.numel() for r in roots]))
-    src, dst, label = pairs.src[pid], pairs.dst[pid], pairs.label[pid]
+    src, dst, truth = pairs.src[pid], pairs.dst[pid], pairs.truth[pid]
     dst_server = home(dst) if dst_at_home else server
     keys = torch.unique(torch.cat([server * v + src, dst_server * v + dst]))
     start = torch.searchsorted(keys, torch.arange(n + 1) * v)  # each server's node range
@@ -121,7 +121,7 @@ def link_share(
     served = owner == rank  # sorted by (consumer, node): the consumers' receive order
     return LinkShare(
         nodes=nodes,
-        y=torch.stack([src_row[mine], dst_row[mine], label[mine]], 1),
+        y=torch.stack([src_row[mine], dst_row[mine], truth[mine]], 1),
         send_index=torch.searchsorted(nodes, node[served]),
         send_splits=torch.bincount(consumer[served], minlength=n).tolist(),
         recv_splits=torch.bincount(owner[consumer == rank], minlength=n).tolist(),
