@@ -275,9 +275,11 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         advice = "build the module with GNNModule.from_config(model, datamodule)"
         settings = [t.config or TaskConfig(t.name) for t in (module_task, self.task)]
         if module_task.name != self.task.name or settings[0] != settings[1]:
+            same_name = module_task.name == self.task.name
+            mine, theirs = settings if same_name else (module_task.name, self.task.name)
             raise ConfigError(
-                f"the LightningModule's task is {settings[0]} but the DataModule's is "
-                f"{settings[1]}; {advice} or pass the same task settings to both"
+                f"the LightningModule's task is {mine!r} but the DataModule's is {theirs!r}; "
+                f"{advice} or pass the same task settings to both"
             )
         head = getattr(self.trainer.lightning_module, "head", None)
         if head is not None and head is not getattr(self.task, "decoder", None):
