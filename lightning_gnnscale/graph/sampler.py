@@ -222,6 +222,26 @@ def build_block_carried(
     return Block(src_ids, n_dst, torch.stack([position, dst_pos]), degree)
 
 
+def drop_excluded(
+    src: Tensor,
+    dst_pos: Tensor,
+    dst_ids: Tensor,
+    src_ids: Tensor,
+    num_nodes: int,
+    exclude: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """The sampled edges ``(src, dst_pos)`` of :func:`sample_neighbors` without those whose key
+    ``dst * N + src`` is in ``exclude`` (sorted int64; ``None`` or empty: all kept), the key
+    taken in the ids ``dst_ids[dst_pos]`` and ``src_ids`` (``[E_s]``, e.g. original ids of a
+    relabelled graph). GraphStorm's exclusion of a step's target pairs, after sampling."""
+    if exclude is None or exclude.numel() == 0:
+        return src, dst_pos
+    keys = dst_ids[dst_pos] * num_nodes + src_ids
+    at = torch.searchsorted(exclude, keys).clamp_(max=exclude.numel() - 1)
+    kept = exclude[at] != keys
+    return src[kept], dst_pos[kept]
+
+
 class NeighborSampler:
     """Multi-hop hash-keyed sampler producing a list of blocks, input layer first.
 
@@ -263,11 +283,7 @@ class NeighborSampler:
             src, dst_pos = sample_neighbors(
                 self.indptr, self.indices, frontier, fanout, key.hop_key(hop)
             )
-            if exclude is not None and exclude.numel():
-                keys = frontier[dst_pos] * num_nodes + src
-                at = torch.searchsorted(exclude, keys).clamp_(max=exclude.numel() - 1)
-                kept = exclude[at] != keys
-                src, dst_pos = src[kept], dst_pos[kept]
+            src, dst_pos = drop_excluded(src, dst_pos, frontier, src, num_nodes, exclude)
             block = self.build_block(frontier, src, dst_pos)
             blocks.append(block)
             frontier = block.src_ids

@@ -21,6 +21,7 @@ from ...graph.sampler import (
     BlockBuilder,
     SampleKey,
     build_block_sorted,
+    drop_excluded,
     sample_neighbors,
 )
 
@@ -89,11 +90,7 @@ class DistNeighborSampler:
         n = self.book.num_nodes
         for hop, fanout in enumerate(self.fanouts):
             src, dst_pos = self.sample_hop(frontier, fanout, key.hop_key(hop))
-            if exclude is not None and exclude.numel():
-                keys = frontier[dst_pos] * n + src
-                at = torch.searchsorted(exclude, keys).clamp_(max=exclude.numel() - 1)
-                kept = exclude[at] != keys
-                src, dst_pos = src[kept], dst_pos[kept]
+            src, dst_pos = drop_excluded(src, dst_pos, frontier, src, n, exclude)
             block = self.build_block(frontier, src, dst_pos)
             blocks.append(block)
             frontier = block.src_ids

@@ -46,7 +46,13 @@ from ...graph.csc_rows import CSCRows
 from ...graph.node_targets import NodeTargets
 from ...graph.partition import partition_report
 from ...graph.partition_dir import PartitionDir, shared_folder
-from ...graph.sampler import NeighborSampler, SampleKey, build_block_sorted, sample_neighbors
+from ...graph.sampler import (
+    NeighborSampler,
+    SampleKey,
+    build_block_sorted,
+    drop_excluded,
+    sample_neighbors,
+)
 from ...kit.datamodule import GNNDataModule
 from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, own_predictions
@@ -373,11 +379,9 @@ class RelabelledSampler:
             src, dst_pos = sample_neighbors(
                 self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
             )
-            if exclude is not None and exclude.numel():
-                edge = keys[dst_pos] * n + self.orig_ids.index_select(0, src)
-                at = torch.searchsorted(exclude, edge).clamp_(max=exclude.numel() - 1)
-                kept = exclude[at] != edge
-                src, dst_pos = src[kept], dst_pos[kept]
+            if exclude is not None:
+                orig_src = self.orig_ids.index_select(0, src)
+                src, dst_pos = drop_excluded(src, dst_pos, keys, orig_src, n, exclude)
             block = build_block_sorted(frontier, src, dst_pos, self.degree)
             block = sort_sources(block, self.orig_ids.index_select(0, block.src_ids))
             blocks.append(block)
