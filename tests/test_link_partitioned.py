@@ -92,3 +92,29 @@ def test_owned_statistics_of_three_ranks_sum_to_one_process():
     torch.testing.assert_close(sum(r["stats"] for r in results), expected, rtol=1e-12, atol=0)
     for result in results:
         assert result["meter"]["bytes"]["activation"] > 0
+
+
+def test_pairs_from_outside_are_checked_before_any_round():
+    """A rank's evaluation pairs come from its partition directory: ids outside the graph or a
+    shape that does not match are refused before any collective."""
+    import pytest
+
+    task, targets, tables = _problem()
+    n = targets.num_nodes
+    own = torch.arange(n)
+    good = targets.split.positives("val")
+    index = torch.arange(good.shape[1])
+    bad = {"outside": (good + n, index), "do not match": (good, index[:-1])}
+    for message, pair in bad.items():
+        with pytest.raises(ValueError, match=message):
+            owned_link_statistics(
+                task,
+                lambda s: tables[s],
+                own,
+                lambda i: i * 0,
+                {"val": pair},
+                n,
+                targets.seed,
+                ("val",),
+                Comm.local(),
+            )

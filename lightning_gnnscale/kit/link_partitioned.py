@@ -93,6 +93,7 @@ def owned_link_statistics(
             embedded[stage] = OwnedRows(own_ids, embed(stage), owner)
         rows = embedded[stage]
         pos, index = pairs[split]
+        _check_pairs(split, pos, index, num_nodes)
         width = rows.rows.shape[1]
         chunk = max(1, SCORED_ELEMENTS // ((m + 2) * max(width, 1)))
         rounds = torch.tensor([-(-index.numel() // chunk)], dtype=torch.int64)
@@ -114,3 +115,16 @@ def owned_link_statistics(
         total[:2] = auc_statistics(torch.cat(pos_scores), every_auc_neg)
         out.append(total)
     return torch.stack(out)
+
+
+def _check_pairs(split: str, pos: Tensor, index: Tensor, num_nodes: int) -> None:
+    """A rank's evaluation pairs (from a partition directory: outside input) are ``[2, m]``
+    node ids in ``[0, num_nodes)`` with ``m`` non-negative positions; else ``ValueError``."""
+    if pos.dim() != 2 or pos.shape[0] != 2 or index.shape != pos.shape[1:]:
+        raise ValueError(
+            f"{split} pairs {tuple(pos.shape)} and positions {tuple(index.shape)} do not match"
+        )
+    if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= num_nodes):
+        raise ValueError(f"{split} pairs hold node ids outside [0, {num_nodes})")
+    if index.numel() and int(index.min()) < 0:
+        raise ValueError(f"{split} pair positions must be non-negative")
