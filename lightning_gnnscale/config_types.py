@@ -23,9 +23,11 @@ from .errors import ConfigError, check_field_types, choice, require
 from .graph.dataset_config import DATASETS, DatasetConfig, dataset_content
 from .tasks import NODE_TASKS, TaskConfig, task_spec
 
-MODEL_NAMES = ("gcn", "sage", "gat", "custom")
+MODEL_NAMES = ("gcn", "sage", "gat", "rgcn", "custom")
+RELATIONAL_MODELS = ("rgcn",)  # models that weigh each edge by its relation (typed graphs)
 OPTIMIZERS = ("adam", "adamw", "sgd")
 MODEL_INITS = ("torch", "glorot")  # BlockGNN's weight initialisation
+MAX_BASES = 1024  # RGCN basis matrices (each in x out)
 DTYPES = ("float32", "float64")
 ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
 START_METHODS = ("forkserver", "spawn")  # how local ranks start (launch.py)
@@ -49,7 +51,10 @@ class DataConfig:
 
     Args:
         batch_size: global seeds per step, split across ranks; ``-1`` = all training nodes.
-        fanouts: neighbours per hop, from the seeds; ``-1`` = the full neighbourhood.
+        fanouts: neighbours per hop, from the seeds; ``-1`` = the full neighbourhood. On a
+            typed graph, every relation's per hop (DGL's and PyG's per-relation fanouts).
+        fanouts_per_relation: a typed graph's relation name -> its own fanouts per hop,
+            overriding ``fanouts`` for that relation (``{}``: none).
         num_workers: DataLoader processes sampling ahead (systems that sample with
             collectives need 0).
         eval_chunk_size: destination nodes per chunk in layer-wise inference.
@@ -60,6 +65,7 @@ class DataConfig:
 
     batch_size: int = 1024
     fanouts: list[int] = field(default_factory=lambda: [10, 10])
+    fanouts_per_relation: dict[str, list[int]] = field(default_factory=dict)
     num_workers: int = 0
     eval_chunk_size: int = 65536
     partition_dir: str | None = None
@@ -75,6 +81,14 @@ class DataConfig:
             f"data.fanouts={list(self.fanouts)}: each fanout must be > 0 or -1 "
             "(-1 = full neighbourhood)",
         )
+        for relation, hops in self.fanouts_per_relation.items():
+            require(
+                isinstance(hops, list | tuple)
+                and len(hops) == len(self.fanouts)
+                and all(type(f) is int and (f > 0 or f == -1) for f in hops),
+                f"data.fanouts_per_relation.{relation}={list(hops)}: give one fanout per hop "
+                f"({len(self.fanouts)}, as data.fanouts), each > 0 or -1",
+            )
         require(self.num_workers >= 0, f"data.num_workers={self.num_workers} must be >= 0")
         require(self.eval_chunk_size >= 1, "data.eval_chunk_size must be >= 1")
         require(
@@ -88,11 +102,13 @@ class ModelConfig:
     """The GNN and its optimiser.
 
     Args:
-        name: ``gcn`` | ``sage`` | ``gat`` | ``custom`` (a PyG model ``target(x, edge_index)``).
+        name: ``gcn`` | ``sage`` | ``gat`` | ``rgcn`` (relational: one weight per relation of a
+            typed graph) | ``custom`` (a PyG model ``target(x, edge_index)``).
         hidden: hidden width (GAT: heads x channels per head).
         num_layers: GNN layers; one fanout per layer.
         dropout: on every layer's input (and GAT's attention), in ``[0, 1)``.
         heads: GAT attention heads (other models ignore it).
+        num_bases: RGCN's basis decomposition, ``0``: a full weight per relation (rgcn only).
         optimizer: ``adam`` | ``adamw`` | ``sgd``.
         lr, weight_decay: optimiser settings.
         init: ``torch`` (the layers' own initialisation) | ``glorot`` (every 2-D layer
@@ -107,6 +123,7 @@ class ModelConfig:
     num_layers: int = 2
     dropout: float = 0.5
     heads: int = 8
+    num_bases: int = 0
     optimizer: str = "adam"
     lr: float = 0.01
     weight_decay: float = 5e-4
@@ -134,6 +151,15 @@ class ModelConfig:
         require(
             math.isfinite(self.weight_decay) and self.weight_decay >= 0,
             f"model.weight_decay={self.weight_decay} must be >= 0 and finite",
+        )
+        require(
+            self.num_bases == 0 or self.name in RELATIONAL_MODELS,
+            f"model.num_bases={self.num_bases} is RGCN's basis decomposition; model="
+            f"{self.name} has none (leave it 0)",
+        )
+        require(
+            0 <= self.num_bases <= MAX_BASES,
+            f"model.num_bases={self.num_bases} must be in [0, {MAX_BASES}]",
         )
         if self.name == "gat":
             require(self.heads >= 1, f"model.heads={self.heads} must be >= 1")
@@ -310,6 +336,8 @@ class SystemConfig:
     EXCLUDES_TARGET_EDGES: ClassVar[bool] = False
     # it trains and syncs a task's own parameters with the net (task.decoder=mlp)
     TRAINS_TASK_HEAD: ClassVar[bool] = False
+    # it trains typed graphs (relations per edge; model=rgcn): docs/architecture.md
+    TYPED_GRAPHS: ClassVar[bool] = False
     # the rank's threads build blocks the trainer frees: one malloc arena (cpu_memory.py)
     shares_malloc_arenas: ClassVar[bool] = False
 
@@ -462,6 +490,7 @@ class RunConfig:
                 f"cannot take the system's per-layer hooks); strategies that can: {valid}"
             )
         check_run(self.strategy, RunFacts.of_run(self))
+        check_typed(self.strategy, self.dataset.is_typed, self.model, self.data)
 
     @property
     def world_size(self) -> int:
@@ -557,6 +586,26 @@ def check_run(config: SystemConfig, facts: RunFacts) -> None:
         config.check_task(facts.task_config or facts.task)
     config.check_data(facts.data)
     config.check_run(facts)
+
+
+def check_typed(
+    config: SystemConfig, typed: bool, model: ModelConfig | None, data: DataConfig
+) -> None:
+    """A typed graph or a relational model needs a system that trains typed graphs
+    (``TYPED_GRAPHS``); per-relation fanouts need a typed graph."""
+    relational = model is not None and model.name in RELATIONAL_MODELS
+    if (typed or relational) and not config.TYPED_GRAPHS:
+        able = sorted(n for n, c in registered_systems().items() if c.TYPED_GRAPHS)
+        what = "the dataset is a typed graph" if typed else f"model={model.name} is relational"
+        raise ConfigError(
+            f"{what}, but strategy={config.name} does not train typed graphs yet "
+            f'(docs/architecture.md, "Typed graphs"); strategies that do: {able}'
+        )
+    require(
+        typed or not data.fanouts_per_relation,
+        f"data.fanouts_per_relation={dict(data.fanouts_per_relation)} names relations, but the "
+        "dataset is not a typed graph; drop it",
+    )
 
 
 def check_depth(data: DataConfig, model: ModelConfig) -> None:

@@ -25,12 +25,15 @@ class Block:
             :func:`~.sampler.sample_neighbors`; not necessarily by source id).
         src_deg: int64 ``[n_src]`` full-graph in-degree of every source node (used by GCN's
             symmetric normalisation, which must not depend on what was sampled).
+        edge_type: int64 ``[E_b]`` relation of each edge of a typed graph's block, ``None``
+            for a homogeneous graph (what a relational layer weighs each message by).
     """
 
     src_ids: Tensor
     num_dst: int
     edge_index: Tensor
     src_deg: Tensor
+    edge_type: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.src_ids.dim() != 1 or self.num_dst > self.src_ids.numel():
@@ -39,6 +42,8 @@ class Block:
             raise ValueError(f"Block.edge_index must be [2, E], got {tuple(self.edge_index.shape)}")
         if self.src_deg.shape != self.src_ids.shape:
             raise ValueError("Block.src_deg must have one entry per source node")
+        if self.edge_type is not None and self.edge_type.shape != (self.edge_index.shape[1],):
+            raise ValueError("Block.edge_type must have one entry per edge")
 
     @property
     def num_src(self) -> int:
@@ -58,6 +63,7 @@ class Block:
             self.num_dst,
             self.edge_index.to(device),
             self.src_deg.to(device),
+            None if self.edge_type is None else self.edge_type.to(device),
         )
 
 

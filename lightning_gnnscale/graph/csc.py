@@ -22,13 +22,25 @@ def _check(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True)
 class Graph:
-    """A homogeneous graph stored as CSC over in-edges.
+    """A graph stored as CSC over in-edges; homogeneous, or typed (docs/architecture.md,
+    "Typed graphs").
+
+    A typed graph is the same CSC plus a relation per edge and a type per node: within each
+    destination's segment the edges are sorted by ``(relation, source)``, so the in-edges of
+    ``v`` under relation ``r`` are one contiguous run (:meth:`relation_indptr`). Two relations
+    may join the same pair (a multigraph); one relation may not, twice.
 
     Attributes:
         indptr: int64 ``[N + 1]``; the in-edges of node ``v`` are ``indptr[v]:indptr[v+1]``.
-        indices: int64 ``[E]``; source node of each in-edge, sorted within each segment.
-        x: node features ``[N, F]`` (floating point).
+        indices: int64 ``[E]``; source node of each in-edge, sorted within each segment
+            (within each relation's run of it, for a typed graph).
+        x: node features ``[N, F]`` (floating point; node types of narrower features are
+            zero-padded to ``F``).
         name: a short name used in reports and cache keys.
+        edge_type: int64 ``[E]`` relation of each edge in ``[0, R)``, or ``None``: homogeneous.
+        relations: the ``R`` relation names (``()`` for a homogeneous graph).
+        node_type: int64 ``[N]`` type of each node in ``[0, T)``, or ``None`` (one type).
+        node_types: the ``T`` node type names (``()`` with ``node_type`` ``None``).
     """
 
     indptr: Tensor
@@ -36,6 +48,10 @@ class Graph:
     x: Tensor
     name: str = "graph"
     meta: dict = field(default_factory=dict, compare=False)
+    edge_type: Tensor | None = None
+    relations: tuple[str, ...] = ()
+    node_type: Tensor | None = None
+    node_types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         n = self.indptr.numel() - 1
@@ -58,6 +74,41 @@ class Graph:
                 int(self.indices.min()) >= 0 and int(self.indices.max()) < n,
                 "Graph.indices holds ids outside [0, N)",
             )
+        self._check_types()
+
+    def _check_types(self) -> None:
+        _check(
+            (self.edge_type is None) == (not self.relations),
+            "Graph.edge_type and Graph.relations come together (both or neither)",
+        )
+        _check(
+            (self.node_type is None) == (not self.node_types),
+            "Graph.node_type and Graph.node_types come together (both or neither)",
+        )
+        for what, values, names, size in (
+            ("edge_type", self.edge_type, self.relations, self.num_edges),
+            ("node_type", self.node_type, self.node_types, self.num_nodes),
+        ):
+            if values is None:
+                continue
+            _check(len(set(names)) == len(names), f"Graph.{what} names repeat: {list(names)}")
+            _check(
+                values.dtype == torch.int64 and values.shape == (size,),
+                f"Graph.{what} must be int64 [{size}], got {values.dtype} {tuple(values.shape)}",
+            )
+            _check(
+                values.numel() == 0 or (int(values.min()) >= 0 and int(values.max()) < len(names)),
+                f"Graph.{what} holds values outside [0, {len(names)})",
+            )
+        if self.edge_type is not None and self.num_edges:
+            key = self.edge_type * self.num_nodes + self.indices
+            starts = torch.zeros(self.num_edges, dtype=torch.bool)
+            starts[self.indptr[:-1][self.in_degree() > 0]] = True
+            _check(
+                bool(((key[1:] > key[:-1]) | starts[1:]).all()),
+                "a typed Graph's segments must be sorted by (relation, source), each pair "
+                "once per relation (build it with Graph.from_edge_index(..., edge_type=))",
+            )
 
     # ----------------------------------------------------------------------------- sizes
     @property
@@ -71,6 +122,22 @@ class Graph:
     @property
     def num_features(self) -> int:
         return self.x.shape[1]
+
+    @property
+    def is_typed(self) -> bool:
+        """Its edges carry relations (:attr:`edge_type`)."""
+        return self.edge_type is not None
+
+    @property
+    def num_relations(self) -> int:
+        """``R``: relations of a typed graph; 1 for a homogeneous one."""
+        return len(self.relations) or 1
+
+    def relation_indptr(self) -> Tensor:
+        """int64 ``[N * R + 1]``: the CSC over ``(node, relation)`` slots; the in-edges of
+        ``v`` under relation ``r`` are ``p[v * R + r]:p[v * R + r + 1]`` (``indptr`` itself for
+        a homogeneous graph)."""
+        return relation_indptr(self.indptr, self.edge_type, self.num_relations)
 
     def in_degree(self) -> Tensor:
         """int64 ``[N]``: number of in-edges of every node."""
@@ -93,33 +160,77 @@ class Graph:
         *,
         undirected: bool = False,
         remove_self_loops: bool = True,
+        edge_type: Tensor | None = None,
         **fields,
     ) -> Graph:
         """Build a CSC graph from a ``[2, E]`` (source, destination) edge list.
 
-        Duplicate edges are merged. With ``undirected=True`` both directions are stored.
-        ``fields`` are the remaining dataclass fields (``x``, ``name``, ``meta``).
+        Duplicate edges are merged (for a typed graph, ``edge_type`` ``[E]`` with
+        ``fields["relations"]``: duplicates of one relation). With ``undirected=True`` both
+        directions are stored, the reverse under the same relation. ``fields`` are the
+        remaining dataclass fields (``x``, ``name``, ``meta``, ``relations``, ``node_type``...).
         """
-        indptr, indices = csc_from_edges(
+        if edge_type is None:
+            indptr, indices = csc_from_edges(
+                edge_index[0],
+                edge_index[1],
+                num_nodes,
+                undirected=undirected,
+                remove_self_loops=remove_self_loops,
+            )
+            return cls(indptr=indptr, indices=indices, **fields)
+        indptr, indices, types = typed_csc_from_edges(
             edge_index[0],
             edge_index[1],
+            edge_type,
             num_nodes,
+            len(fields.get("relations", ())),
             undirected=undirected,
             remove_self_loops=remove_self_loops,
         )
-        return cls(indptr=indptr, indices=indices, **fields)
+        return cls(indptr=indptr, indices=indices, edge_type=types, **fields)
 
-    def with_structure(self, indptr: Tensor, indices: Tensor) -> Graph:
-        """The same node data over another edge set."""
-        return replace(self, indptr=indptr, indices=indices, meta=dict(self.meta))
+    def with_structure(
+        self, indptr: Tensor, indices: Tensor, edge_type: Tensor | None = None
+    ) -> Graph:
+        """The same node data over another edge set (a typed graph's with its relations)."""
+        if self.is_typed and edge_type is None:
+            raise ValueError("a typed Graph's new structure needs the edge_type of its edges")
+        return replace(
+            self, indptr=indptr, indices=indices, edge_type=edge_type, meta=dict(self.meta)
+        )
+
+    def without_types(self) -> Graph:
+        """The homogeneous graph of the same nodes: relations and node types erased, the pairs
+        several relations join merged into one edge."""
+        if not self.is_typed and self.node_type is None:
+            return self
+        src, dst = self.edge_index()
+        indptr, indices = csc_from_edges(src, dst, self.num_nodes, remove_self_loops=False)
+        return replace(
+            self,
+            indptr=indptr,
+            indices=indices,
+            edge_type=None,
+            relations=(),
+            node_type=None,
+            node_types=(),
+            meta=dict(self.meta),
+        )
 
     def reindexed(self, nodes: Tensor, indptr: Tensor, indices: Tensor) -> Graph:
         """Node ``i`` of the result carries the features of node ``nodes[i]``; edges are
-        given."""
+        given (homogeneous graphs only)."""
+        self._refuse_typed("reindexed")
         return replace(self, indptr=indptr, indices=indices, x=self.x[nodes], meta=dict(self.meta))
 
+    def _refuse_typed(self, what: str) -> None:
+        if self.is_typed or self.node_type is not None:
+            raise ValueError(f"Graph.{what} keeps no types: erase them first (without_types)")
+
     def to_undirected(self) -> Graph:
-        """Add the reverse of every edge (duplicates merged)."""
+        """Add the reverse of every edge (duplicates merged; homogeneous graphs only)."""
+        self._refuse_typed("to_undirected")
         src, dst = self.edge_index()
         indptr, indices = csc_from_edges(
             src, dst, self.num_nodes, undirected=True, remove_self_loops=False
@@ -127,7 +238,9 @@ class Graph:
         return self.with_structure(indptr, indices)
 
     def induced_subgraph(self, nodes: Tensor) -> Graph:
-        """The subgraph on ``nodes`` (relabelled to ``0..len(nodes)-1`` in the given order)."""
+        """The subgraph on ``nodes`` (relabelled to ``0..len(nodes)-1`` in the given order;
+        homogeneous graphs only)."""
+        self._refuse_typed("induced_subgraph")
         nodes = nodes.to(torch.int64)
         new_id = torch.full((self.num_nodes,), -1, dtype=torch.int64)
         new_id[nodes] = torch.arange(nodes.numel())
@@ -186,3 +299,51 @@ def csc_from_edges(
     del keys, sorted_keys, keep
     indptr = torch.searchsorted(merged, torch.arange(num_nodes + 1, dtype=torch.int64) * num_nodes)
     return indptr, merged.remainder_(num_nodes)
+
+
+def typed_csc_from_edges(
+    src: Tensor,
+    dst: Tensor,
+    edge_type: Tensor,
+    num_nodes: int,
+    num_relations: int,
+    *,
+    undirected: bool = False,
+    remove_self_loops: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A typed CSC ``(indptr, indices, edge_type)`` sorted by (dst, relation, src), the
+    duplicates of one relation merged; ``undirected`` adds every reverse under its relation.
+
+    :func:`csc_from_edges` over ``N * R`` (node, relation) destination slots, so it streams
+    the same way."""
+    if edge_type.shape != src.shape:
+        raise ValueError(f"edge_type must be [E]={tuple(src.shape)}, got {tuple(edge_type.shape)}")
+    if num_relations < 1:
+        raise ValueError("a typed graph needs at least one relation")
+    kind = edge_type.to(torch.int64)
+    if kind.numel() and (int(kind.min()) < 0 or int(kind.max()) >= num_relations):
+        raise ValueError(f"edge_type holds values outside [0, {num_relations})")
+    if remove_self_loops:
+        keep = src != dst
+        src, dst, kind = src[keep], dst[keep], kind[keep]
+    slot = dst.to(torch.int64) * num_relations + kind
+    reverse = src.to(torch.int64) * num_relations + kind
+    if undirected:
+        src, slot = torch.cat([src, dst]), torch.cat([slot, reverse])
+    slot_indptr, indices = csc_from_edges(
+        src, slot, num_nodes * num_relations, remove_self_loops=False
+    )
+    in_slot = slot_indptr[1:] - slot_indptr[:-1]
+    types = torch.arange(num_relations).repeat(num_nodes).repeat_interleave(in_slot)
+    return slot_indptr[::num_relations].contiguous(), indices, types
+
+
+def relation_indptr(indptr: Tensor, edge_type: Tensor | None, num_relations: int) -> Tensor:
+    """int64 ``[N * R + 1]``: the CSC over (node, relation) slots of a typed CSC whose
+    segments are sorted by relation (``indptr`` itself when ``edge_type`` is ``None``)."""
+    if edge_type is None:
+        return indptr
+    num_nodes = indptr.numel() - 1
+    dst = torch.repeat_interleave(torch.arange(num_nodes), indptr[1:] - indptr[:-1])
+    counts = torch.bincount(dst * num_relations + edge_type, minlength=num_nodes * num_relations)
+    return torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(counts, 0)])

@@ -17,6 +17,9 @@ from omegaconf import MISSING
 
 from ..errors import ConfigError, check_field_types
 
+MAX_RELATIONS = 4096  # relations of a typed graph (each an RGCN weight per layer)
+MAX_NODE_TYPES = 4096
+
 
 @dataclass(frozen=True)
 class DatasetConfig:
@@ -46,6 +49,12 @@ class DatasetConfig:
                 "datasets, set the file datasets' root once with paths.data_dir=<folder> (or "
                 "the environment variable GNNSCALE_DATA_DIR): a generator ignores that one"
             )
+
+    @property
+    def is_typed(self) -> bool:
+        """The graph it loads carries relations (a typed graph; docs/architecture.md, "Typed
+        graphs"), known from the settings (and, for a constructed folder, its metadata)."""
+        return False
 
     @property
     def source(self) -> DatasetSource:
@@ -79,6 +88,50 @@ class SBMConfig(DatasetConfig):
     train_frac: float = 0.3
     val_frac: float = 0.2
     seed: int = 0
+
+
+@dataclass(frozen=True)
+class TypedSBMConfig(DatasetConfig):
+    """A typed stochastic block model (:func:`~.generators.typed_sbm`): one block model per
+    relation, the classes ``rel_0``'s blocks, made in memory (docs/datasets.md, "typed_sbm").
+
+    Args:
+        num_relations: relations, each with its own blocks and ``avg_degree`` per node.
+        num_node_types: node types (uniform, independent of the classes).
+        homophily: fraction of each relation's edges inside its blocks.
+        feature_signal: norm of each class centroid against unit Gaussian noise.
+        typed: ``False``: the same graph with its types erased (a type-blind baseline).
+        train_frac, val_frac: the split (test gets the remaining nodes).
+    """
+
+    name: str = "typed-sbm"
+    num_nodes: int = 10_000
+    num_classes: int = 4
+    num_relations: int = 4
+    num_node_types: int = 2
+    avg_degree: float = 5.0
+    homophily: float = 0.9
+    num_features: int = 32
+    feature_signal: float = 0.5
+    typed: bool = True
+    train_frac: float = 0.3
+    val_frac: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.num_relations <= MAX_RELATIONS:
+            raise ConfigError(
+                f"dataset.num_relations={self.num_relations} must be in [1, {MAX_RELATIONS}]"
+            )
+        if not 1 <= self.num_node_types <= MAX_NODE_TYPES:
+            raise ConfigError(
+                f"dataset.num_node_types={self.num_node_types} must be in [1, {MAX_NODE_TYPES}]"
+            )
+
+    @property
+    def is_typed(self) -> bool:
+        return self.typed
 
 
 @dataclass(frozen=True)
@@ -204,6 +257,7 @@ OGB = {
 _LOADERS = "lightning_gnnscale.graph.datasets"
 register_dataset(DatasetSource("sbm", SBMConfig, f"{_LOADERS}:generate", generated=True))
 register_dataset(DatasetSource("rmat", RMATConfig, f"{_LOADERS}:generate", generated=True))
+register_dataset(DatasetSource("typed-sbm", TypedSBMConfig, f"{_LOADERS}:generate", generated=True))
 for _name in PLANETOID:
     register_dataset(DatasetSource(_name, PlanetoidConfig, f"{_LOADERS}:load_planetoid"))
 for _name in OGB:

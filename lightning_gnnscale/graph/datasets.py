@@ -54,18 +54,34 @@ from lightning_gnnscale.graph.dataset_config import (
     PlanetoidConfig,
     dataset_config,
 )
-from lightning_gnnscale.graph.generators import rmat, rmat_peak_bytes, sbm, sbm_peak_bytes
+from lightning_gnnscale.graph.generators import (
+    rmat,
+    rmat_peak_bytes,
+    sbm,
+    sbm_peak_bytes,
+    typed_sbm,
+    typed_sbm_peak_bytes,
+)
 from lightning_gnnscale.graph.node_targets import NodeDataset, NodeTargets
 from lightning_gnnscale.graph.partition_dir import NPY_HEADER_READERS
 
 DEFAULT_ROOT = Path.home() / ".cache" / "lightning_gnnscale" / "datasets"
 PROCESSED_DATASETS_DIR = Path.home() / ".cache" / "lightning_gnnscale" / "processed"
 
-_GENERATORS: dict[str, Callable[..., NodeDataset]] = {"sbm": sbm, "rmat": rmat}
-_PEAK_BYTES: dict[str, Callable[..., int]] = {"sbm": sbm_peak_bytes, "rmat": rmat_peak_bytes}
+_GENERATORS: dict[str, Callable[..., NodeDataset]] = {
+    "sbm": sbm,
+    "rmat": rmat,
+    "typed-sbm": typed_sbm,
+}
+_PEAK_BYTES: dict[str, Callable[..., int]] = {
+    "sbm": sbm_peak_bytes,
+    "rmat": rmat_peak_bytes,
+    "typed-sbm": typed_sbm_peak_bytes,
+}
 # The settings that size a synthetic graph (named when it cannot fit).
 _SIZE_KEYS = {
     "sbm": ("num_nodes", "avg_degree", "num_features"),
+    "typed-sbm": ("num_nodes", "num_relations", "avg_degree", "num_features"),
     "rmat": ("num_nodes", "num_edges", "num_features"),
 }
 _PLANETOID_RAW = ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
@@ -192,7 +208,9 @@ def estimate_memory(
         args = config.options
         nodes, features = int(args["num_nodes"]), int(args["num_features"])
         edges = (
-            round(nodes * args["avg_degree"] / 2) if canonical == "sbm" else int(args["num_edges"])
+            int(args["num_edges"])
+            if canonical == "rmat"
+            else round(nodes * args["avg_degree"] / 2) * args.get("num_relations", 1)
         )
         keys = ", ".join(f"dataset.{key}={args[key]}" for key in _SIZE_KEYS[canonical])
         return DatasetMemoryEstimate(nodes, edges, features, _PEAK_BYTES[canonical](**args), keys)

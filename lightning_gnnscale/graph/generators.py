@@ -82,6 +82,26 @@ def sbm_peak_bytes(
     )
 
 
+_TYPED_SBM_BYTES_PER_PAIR = 160  # the pairs, their relations, the typed CSC's slot keys
+
+
+def typed_sbm_peak_bytes(
+    num_nodes: int = 10_000,
+    num_relations: int = 4,
+    avg_degree: float = 5.0,
+    num_features: int = 32,
+    **_: object,
+) -> int:
+    """About the most memory :func:`typed_sbm` holds at once for these settings (errs high)."""
+    pairs = round(num_nodes * avg_degree / 2) * num_relations
+    return (
+        _TYPED_SBM_BYTES_PER_PAIR * pairs
+        + 2 * _BYTES_PER_FEATURE * num_nodes * num_features
+        + (_BYTES_PER_NODE + 16 * num_relations) * num_nodes
+        + _BYTES_PER_CHUNK_ELEMENT * CHUNK
+    )
+
+
 def rmat_peak_bytes(
     num_nodes: int = 1 << 20, num_edges: int = 1 << 24, num_features: int = 16, **_: object
 ) -> int:
@@ -92,6 +112,34 @@ def rmat_peak_bytes(
         + _BYTES_PER_NODE * num_nodes
         + _BYTES_PER_CHUNK_ELEMENT * CHUNK
     )
+
+
+def block_edges(
+    blocks: Tensor, num_blocks: int, num_pairs: int, homophily: float, gen: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """``num_pairs`` seeded pairs ``(src, dst)`` of a block model over ``blocks`` (``[N]`` in
+    ``[0, num_blocks)``): a uniform source, and with probability ``homophily`` a uniform
+    destination in the source's block, otherwise a uniform one outside it."""
+    num_nodes = blocks.numel()
+    # Nodes sorted by block: block c occupies positions [block_start[c], block_start[c] + size[c]).
+    by_block = torch.argsort(blocks, stable=True)
+    block_size = torch.bincount(blocks, minlength=num_blocks)
+    block_start = torch.cumsum(block_size, 0) - block_size
+    src = torch.randint(num_nodes, (num_pairs,), generator=gen)
+    uniform = torch.rand(num_pairs, generator=gen, dtype=torch.float64)
+    dst = torch.empty(num_pairs, dtype=torch.int64)
+    for i in range(0, num_pairs, CHUNK):  # chunks of pairs: no temporary grows with the graph
+        j = min(num_pairs, i + CHUNK)
+        same = torch.rand(j - i, generator=gen) < homophily  # the draws of one full-size call
+        src_block = blocks[src[i:j]]
+        size, start = block_size[src_block], block_start[src_block]
+        # Inside the block: a uniform position in it. Outside: a uniform position among the
+        # other N - size positions, skipping over the block's own range.
+        inside = start + (uniform[i:j] * size).long()
+        outside = (uniform[i:j] * (num_nodes - size)).long()
+        outside = torch.where(outside >= start, outside + size, outside)
+        dst[i:j] = by_block[torch.where(same, inside, outside)]
+    return src, dst
 
 
 def sbm(
@@ -133,28 +181,7 @@ def sbm(
         )
     gen = _generator(seed)
     y = torch.randperm(num_nodes, generator=gen) % num_classes
-
-    # Nodes sorted by block: block c occupies positions [block_start[c], block_start[c] + size[c]).
-    by_block = torch.argsort(y, stable=True)
-    block_size = torch.bincount(y, minlength=num_classes)
-    block_start = torch.cumsum(block_size, 0) - block_size
-
-    num_pairs = round(num_nodes * avg_degree / 2)
-    src = torch.randint(num_nodes, (num_pairs,), generator=gen)
-    uniform = torch.rand(num_pairs, generator=gen, dtype=torch.float64)
-    dst = torch.empty(num_pairs, dtype=torch.int64)
-    for i in range(0, num_pairs, CHUNK):  # chunks of pairs: no temporary grows with the graph
-        j = min(num_pairs, i + CHUNK)
-        same = torch.rand(j - i, generator=gen) < homophily  # the draws of one full-size call
-        src_block = y[src[i:j]]
-        size, start = block_size[src_block], block_start[src_block]
-        # Inside the block: a uniform position in it. Outside: a uniform position among the
-        # other N - size positions, skipping over the block's own range.
-        inside = start + (uniform[i:j] * size).long()
-        outside = (uniform[i:j] * (num_nodes - size)).long()
-        outside = torch.where(outside >= start, outside + size, outside)
-        dst[i:j] = by_block[torch.where(same, inside, outside)]
-    del uniform
+    src, dst = block_edges(y, num_classes, round(num_nodes * avg_degree / 2), homophily, gen)
 
     centroids = torch.randn(num_classes, num_features, generator=gen)
     centroids *= feature_signal / centroids.norm(dim=1, keepdim=True)
@@ -268,4 +295,95 @@ def rmat(
     graph = Graph(
         indptr=indptr, indices=indices, x=x, name="rmat", meta={"generator": "rmat", **params}
     )
+    return NodeDataset(graph, NodeTargets(y, train_mask, val_mask, test_mask, num_classes))
+
+
+def typed_sbm(
+    num_nodes: int = 10_000,
+    num_classes: int = 4,
+    num_relations: int = 4,
+    num_node_types: int = 2,
+    avg_degree: float = 5.0,
+    homophily: float = 0.9,
+    num_features: int = 32,
+    feature_signal: float = 0.5,
+    typed: bool = True,
+    train_frac: float = 0.3,
+    val_frac: float = 0.2,
+    seed: int = 0,
+) -> NodeDataset:
+    """A typed stochastic block model: every relation a block model of its own over the same
+    nodes, the label one relation's blocks (docs/datasets.md, "typed_sbm").
+
+    Relation ``rel_0``'s blocks are the classes; each other relation ``rel_r`` has its own
+    balanced random blocks, independent of the classes. Each relation draws ``num_nodes *
+    avg_degree / 2`` undirected pairs as :func:`sbm` does (``homophily`` inside its blocks),
+    so a node has about ``avg_degree`` neighbours per relation. Features are ``centroid[y] +
+    N(0, I)`` with centroids of norm ``feature_signal``; node types (``type_t``) are uniform
+    and independent of the classes, so neither types nor features alone solve the task.
+
+    A relational model averages ``rel_0`` apart and sees its homophily; a type-blind one
+    averages every relation together, where a neighbour shares the class with probability
+    about ``(homophily + (R - 1) / C) / R``. ``num_relations`` and ``homophily`` set how much
+    the types matter. ``typed=False`` gives the same draws with the types erased (the pairs
+    several relations join merged into one edge).
+    """
+    if num_relations < 1 or num_node_types < 1:
+        raise ValueError(
+            f"typed_sbm needs num_relations >= 1 and num_node_types >= 1, got "
+            f"{num_relations} and {num_node_types}"
+        )
+    if num_nodes < 2 or not 2 <= num_classes <= num_nodes:
+        raise ValueError(
+            f"typed_sbm needs num_nodes >= 2 and 2 <= num_classes <= num_nodes, got "
+            f"num_nodes={num_nodes}, num_classes={num_classes}"
+        )
+    if not 0.0 <= homophily <= 1.0 or avg_degree < 0 or num_features < 1:
+        raise ValueError(
+            "typed_sbm needs homophily in [0, 1], avg_degree >= 0 and num_features >= 1, got "
+            f"{homophily}, {avg_degree} and {num_features}"
+        )
+    gen = _generator(seed)
+    y = torch.randperm(num_nodes, generator=gen) % num_classes
+    num_pairs = round(num_nodes * avg_degree / 2)
+    sources, destinations, kinds = [], [], []
+    for relation in range(num_relations):  # bounded by the relations, not the graph
+        blocks = y if relation == 0 else torch.randperm(num_nodes, generator=gen) % num_classes
+        src, dst = block_edges(blocks, num_classes, num_pairs, homophily, gen)
+        sources.append(src)
+        destinations.append(dst)
+        kinds.append(torch.full((num_pairs,), relation, dtype=torch.int64))
+    centroids = torch.randn(num_classes, num_features, generator=gen)
+    centroids *= feature_signal / centroids.norm(dim=1, keepdim=True)
+    x = normal_(torch.empty(num_nodes, num_features), gen) + centroids[y]
+    node_type = torch.randint(num_node_types, (num_nodes,), generator=gen)
+    train_mask, val_mask, test_mask = random_split_masks(num_nodes, train_frac, val_frac, gen)
+    params = dict(
+        num_nodes=num_nodes,
+        num_classes=num_classes,
+        num_relations=num_relations,
+        num_node_types=num_node_types,
+        avg_degree=avg_degree,
+        homophily=homophily,
+        num_features=num_features,
+        feature_signal=feature_signal,
+        typed=typed,
+        train_frac=train_frac,
+        val_frac=val_frac,
+        seed=seed,
+    )
+    graph = Graph.from_edge_index(
+        torch.stack([torch.cat(sources), torch.cat(destinations)]),
+        num_nodes,
+        undirected=True,
+        edge_type=torch.cat(kinds),
+        x=x,
+        name="typed_sbm",
+        meta={"generator": "typed_sbm", **params},
+        relations=tuple(f"rel_{r}" for r in range(num_relations)),
+        node_type=node_type,
+        node_types=tuple(f"type_{t}" for t in range(num_node_types)),
+    )
+    if not typed:
+        graph = graph.without_types()
     return NodeDataset(graph, NodeTargets(y, train_mask, val_mask, test_mask, num_classes))

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .block import Block
+from .csc import relation_indptr
 
 _MASK64 = (1 << 64) - 1
 
@@ -101,6 +102,15 @@ def sample_neighbors(
         in the order of its CSC segment (by source id only where ``indices`` is sorted so, as
         ``Graph`` builds it; a relabelled CSC keeps the original segment order).
     """
+    eids, dst_pos = sample_edge_ids(indptr, dst, fanout, key, node_keys)
+    return indices.index_select(0, eids), dst_pos
+
+
+def sample_edge_ids(
+    indptr: Tensor, dst: Tensor, fanout: int, key: int, node_keys: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """:func:`sample_neighbors`'s draw as CSC positions: ``(eids, dst_pos)``, int64 ``[E_s]``
+    (the sources are ``indices[eids]``; a typed graph's relations ``edge_type[eids]``)."""
     start = indptr.index_select(0, dst)
     deg = indptr.index_select(0, dst + 1) - start
     keep = deg if fanout < 0 else torch.clamp(deg, max=fanout)
@@ -130,7 +140,45 @@ def sample_neighbors(
             eids.index_copy_(0, slots.flatten(), picked)
 
     dst_pos = torch.repeat_interleave(torch.arange(dst.numel()), keep)
-    return indices.index_select(0, eids), dst_pos
+    return eids, dst_pos
+
+
+def sample_typed_edge_ids(
+    slot_indptr: Tensor,
+    dst: Tensor,
+    fanouts: tuple[int, ...],
+    key: int,
+    node_keys: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Per-relation sampling of a typed CSC: ``fanouts[r]`` in-edges of each ``dst`` node under
+    relation ``r`` (``-1``: all), as DGL's and PyG's heterogeneous samplers draw.
+
+    ``slot_indptr`` is the CSC over ``(node, relation)`` slots (:meth:`~.csc.Graph.
+    relation_indptr`, ``[N * R + 1]``); slot ``v * R + r`` is sampled as one node of
+    :func:`sample_edge_ids`, its hash keyed on ``node_keys[i] * R + r`` (``node_keys``:
+    ``dst`` by default, the global ids where a partition samples its local CSC), so with one
+    relation this is :func:`sample_edge_ids` itself. Returns ``(eids, dst_pos)`` sorted by
+    ``dst_pos``, and within one destination by relation, then in segment order.
+    """
+    num_relations = len(fanouts)
+    if num_relations == 1:
+        return sample_edge_ids(slot_indptr, dst, fanouts[0], key, node_keys)
+    hashed = dst if node_keys is None else node_keys
+    parts = []
+    for fanout in sorted(set(fanouts)):  # one draw per distinct fanout (bounded by R)
+        relations = torch.tensor([r for r, f in enumerate(fanouts) if f == fanout])
+        slots = (dst.unsqueeze(1) * num_relations + relations).flatten()
+        keys = (hashed.unsqueeze(1) * num_relations + relations).flatten()
+        eids, at = sample_edge_ids(slot_indptr, slots, fanout, key, keys)
+        # the slot's position in the (destination, relation) order of every relation's slots
+        order = (at // relations.numel()) * num_relations + relations[at % relations.numel()]
+        parts.append((eids, order))
+    eids = torch.cat([e for e, _ in parts])
+    order = torch.cat([o for _, o in parts])
+    if len(parts) > 1:
+        by_slot = torch.sort(order, stable=True).indices
+        eids, order = eids[by_slot], order[by_slot]
+    return eids, order // num_relations
 
 
 def _floyd_subsets(nodes: Tensor, deg: Tensor, k: int, key: int) -> Tensor:
@@ -167,9 +215,11 @@ class BlockBuilder:
         self.slot = torch.full((num_nodes,), -1, dtype=torch.int64)
         self.seen = torch.zeros(num_nodes, dtype=torch.bool)
 
-    def __call__(self, dst: Tensor, src: Tensor, dst_pos: Tensor) -> Block:
+    def __call__(
+        self, dst: Tensor, src: Tensor, dst_pos: Tensor, edge_type: Tensor | None = None
+    ) -> Block:
         """Sources are ``dst`` followed by the ids new in ``src``, in increasing id order;
-        edges in ``src``'s order."""
+        edges in ``src``'s order (``edge_type``: their relations, a typed graph's)."""
         slot, seen = self.slot, self.seen
         n_dst = dst.numel()
         slot.index_copy_(0, dst, torch.arange(n_dst))
@@ -186,6 +236,7 @@ class BlockBuilder:
             num_dst=n_dst,
             edge_index=edge_index,
             src_deg=self.degree.index_select(0, src_ids),
+            edge_type=edge_type,
         )
 
 
@@ -236,10 +287,16 @@ def drop_excluded(
     relabelled graph). GraphStorm's exclusion of a step's target pairs, after sampling."""
     if exclude is None or exclude.numel() == 0:
         return src, dst_pos
-    keys = dst_ids[dst_pos] * num_nodes + src_ids
-    at = torch.searchsorted(exclude, keys).clamp_(max=exclude.numel() - 1)
-    kept = exclude[at] != keys
+    kept = kept_edges(dst_ids[dst_pos], src_ids, num_nodes, exclude)
     return src[kept], dst_pos[kept]
+
+
+def kept_edges(dst: Tensor, src: Tensor, num_nodes: int, exclude: Tensor) -> Tensor:
+    """bool ``[E_s]``: the edges ``src -> dst`` whose key ``dst * N + src`` is not in
+    ``exclude`` (sorted int64, not empty)."""
+    keys = dst * num_nodes + src
+    at = torch.searchsorted(exclude, keys).clamp_(max=exclude.numel() - 1)
+    return exclude[at] != keys
 
 
 class NeighborSampler:
@@ -250,9 +307,23 @@ class NeighborSampler:
         fanouts: neighbours per node by hop *from the seeds* (``[15, 10, 5]``: seeds keep 15);
             ``-1`` keeps the full neighbourhood.
         seed: base seed of every key.
+        edge_type: a typed graph's relation per edge ``[E]`` (its segments sorted by
+            relation, :class:`~.csc.Graph`); ``None``: homogeneous.
+        relation_fanouts: with ``edge_type``, per hop the fanout of every relation
+            (``[(10, 5), (10, 5)]`` for two relations); default ``fanouts[hop]`` for each.
+        num_relations: ``R`` of ``edge_type``.
     """
 
-    def __init__(self, indptr: Tensor, indices: Tensor, fanouts: list[int], seed: int = 0):
+    def __init__(
+        self,
+        indptr: Tensor,
+        indices: Tensor,
+        fanouts: list[int],
+        seed: int = 0,
+        edge_type: Tensor | None = None,
+        relation_fanouts: list[tuple[int, ...]] | None = None,
+        num_relations: int = 1,
+    ):
         if not fanouts:
             raise ValueError("fanouts must list at least one hop")
         bad = [f for f in fanouts if f == 0 or f < -1]
@@ -263,6 +334,15 @@ class NeighborSampler:
         self.fanouts = list(fanouts)
         self.seed = seed
         self.build_block = BlockBuilder(indptr.numel() - 1, indptr[1:] - indptr[:-1])
+        self.edge_type = edge_type
+        self.relation_fanouts = None
+        if edge_type is not None:
+            self.relation_fanouts = check_relation_fanouts(
+                relation_fanouts or [(f,) * num_relations for f in self.fanouts],
+                len(self.fanouts),
+                num_relations,
+            )
+            self.slot_indptr = relation_indptr(indptr, edge_type, num_relations)
 
     def sample(
         self,
@@ -280,11 +360,36 @@ class NeighborSampler:
         blocks = []
         num_nodes = self.indptr.numel() - 1
         for hop, fanout in enumerate(self.fanouts):
-            src, dst_pos = sample_neighbors(
-                self.indptr, self.indices, frontier, fanout, key.hop_key(hop)
-            )
-            src, dst_pos = drop_excluded(src, dst_pos, frontier, src, num_nodes, exclude)
-            block = self.build_block(frontier, src, dst_pos)
+            if self.edge_type is None:
+                src, dst_pos = sample_neighbors(
+                    self.indptr, self.indices, frontier, fanout, key.hop_key(hop)
+                )
+                src, dst_pos = drop_excluded(src, dst_pos, frontier, src, num_nodes, exclude)
+                block = self.build_block(frontier, src, dst_pos)
+            else:
+                eids, dst_pos = sample_typed_edge_ids(
+                    self.slot_indptr, frontier, self.relation_fanouts[hop], key.hop_key(hop)
+                )
+                if exclude is not None and exclude.numel():
+                    kept = kept_edges(frontier[dst_pos], self.indices[eids], num_nodes, exclude)
+                    eids, dst_pos = eids[kept], dst_pos[kept]
+                src = self.indices.index_select(0, eids)
+                block = self.build_block(frontier, src, dst_pos, self.edge_type[eids])
             blocks.append(block)
             frontier = block.src_ids
         return blocks[::-1]
+
+
+def check_relation_fanouts(
+    relation_fanouts: list[tuple[int, ...]], hops: int, num_relations: int
+) -> list[tuple[int, ...]]:
+    """``relation_fanouts`` as a list of ``hops`` tuples of ``num_relations`` fanouts, each
+    ``> 0`` or ``-1``; anything else is refused."""
+    out = [tuple(int(f) for f in hop) for hop in relation_fanouts]
+    if len(out) != hops or any(len(hop) != num_relations for hop in out):
+        raise ValueError(
+            f"relation fanouts must give {hops} hops of {num_relations} relations, got {out}"
+        )
+    if any(f == 0 or f < -1 for hop in out for f in hop):
+        raise ValueError(f"relation fanouts must be positive or -1 (full), got {out}")
+    return out

@@ -184,6 +184,40 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
             return int(self.partition_meta()["num_features"])
         return self.graph.num_features
 
+    def check_typed_graph(self) -> None:
+        """A typed graph needs a system that trains typed graphs, and its per-relation fanouts
+        name its relations (a plain script meets these rules here, before any step)."""
+        from ..config_types import check_typed
+
+        check_typed(self.config, self.graph.is_typed, None, self.data)
+        self.relation_fanouts  # noqa: B018 (names the unknown relations now)
+
+    @cached_property
+    def relation_fanouts(self) -> list[tuple[int, ...]] | None:
+        """A typed graph's fanout of every relation per hop (``data.fanouts``, overridden by
+        ``data.fanouts_per_relation``); ``None`` for a homogeneous graph."""
+        if not self.graph.is_typed:
+            return None
+        relations = self.graph.relations
+        given = self.data.fanouts_per_relation
+        unknown = sorted(set(given) - set(relations))
+        if unknown:
+            raise ConfigError(
+                f"data.fanouts_per_relation names {unknown}, which are not relations of "
+                f"{self.graph.name}; its relations: {list(relations)}"
+            )
+        return [
+            tuple(given.get(r, self.data.fanouts)[hop] for r in relations)
+            for hop in range(len(self.data.fanouts))
+        ]
+
+    @property
+    def num_relations(self) -> int:
+        """Relations of the graph (1 for a homogeneous one): an RGCN layer's weights."""
+        if self.partition_dir is not None:
+            return len(self.partition_meta().get("relations", ())) or 1
+        return self.graph.num_relations
+
     @property
     def out_dim(self) -> int:
         """Width of the model's output rows (the task's head: classes or target width)."""
@@ -198,6 +232,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         :func:`~..graph.partition_dir.node_ranks`)."""
         if world_size not in self._prepared:
             if self.partition_dir is None:
+                self.check_typed_graph()
                 self.prepare_targets()
                 self.task.check_step(self.batch_size)
                 self._prepared[world_size] = self.preprocess(world_size)
@@ -420,7 +455,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
             check_depth(self.data, model)
         if model.init is None and model.name != "custom":
             model = replace(model, init=self.task.default_init)
-        return build_model(model, self.input_dim, self.out_dim)
+        return build_model(model, self.input_dim, self.out_dim, self.num_relations)
 
     def callbacks(self) -> list[L.Callback]:
         """The system's report callbacks (statistics for ``summary.json``); optional."""

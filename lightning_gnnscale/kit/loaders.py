@@ -116,11 +116,21 @@ class StepBatcher(Dataset):
         rank: int,
         world_size: int,
         salt_by_rank: bool,
+        relation_fanouts: list[tuple[int, ...]] | None = None,
     ) -> StepBatcher:
         """A batcher sampling ``graph`` whole (over the task's training structure) with the
-        suite's hash-keyed ``fanouts`` sampler (``targets``: the task's rows of its nodes)."""
+        suite's hash-keyed ``fanouts`` sampler (``targets``: the task's rows of its nodes; a
+        typed graph's relations sampled with ``relation_fanouts``)."""
         indptr, indices = task.training_structure(graph, targets)
-        sampler = NeighborSampler(indptr, indices, list(fanouts), seed)
+        sampler = NeighborSampler(
+            indptr,
+            indices,
+            list(fanouts),
+            seed,
+            edge_type=graph.edge_type,
+            relation_fanouts=relation_fanouts,
+            num_relations=graph.num_relations,
+        )
         return cls(
             graph,
             targets,

@@ -97,6 +97,7 @@ class SampledDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.rank,
             self.world_size,
             self.salt_by_rank,
+            self.relation_fanouts,
         )
 
     def make_batch(self, epoch: int, step: int) -> Batch:

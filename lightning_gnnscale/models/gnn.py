@@ -1,4 +1,4 @@
-"""The model zoo: GCN / SAGE / GAT as stacks of block layers, plus user PyG models."""
+"""The model zoo: GCN / SAGE / GAT / RGCN as stacks of block layers, plus user PyG models."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from ..config_types import MODEL_INITS
 from ..contract import LayerHook
 from ..graph.block import Block, blocks_to_subgraph
 from .layers import BlockGAT, BlockGCN, BlockSAGE, row_dropout
+from .relational import BlockRGCN
 
 if TYPE_CHECKING:
     from ..config_types import ModelConfig
 
-MODEL_KINDS = ("gcn", "sage", "gat")
+MODEL_KINDS = ("gcn", "sage", "gat", "rgcn")
 
 
 class BlockGNN(nn.Module):
@@ -28,6 +29,9 @@ class BlockGNN(nn.Module):
     first). ``layer_hook(l, h)`` is called before every layer, after dropout (so the rows' owner
     applies the mask); systems use it to move rows between processes (e.g. GSplit's shuffle)
     without the model knowing anything about distribution.
+
+    ``rgcn`` layers (:class:`~.relational.BlockRGCN`) weigh each block edge by its relation
+    (``num_relations``, ``num_bases``); the other kinds ignore relations.
 
     ``init="glorot"`` redraws every 2-D weight of the layers Glorot-uniform (PyG's
     ``GCNConv`` and the GCN paper draw GCN's so; ``torch``, the default, keeps the layers' own
@@ -44,6 +48,8 @@ class BlockGNN(nn.Module):
         dropout: float = 0.5,
         heads: int = 4,
         init: str = "torch",
+        num_relations: int = 1,
+        num_bases: int = 0,
     ):
         super().__init__()
         if kind not in MODEL_KINDS:
@@ -52,6 +58,7 @@ class BlockGNN(nn.Module):
             raise ValueError("num_layers must be >= 1")
         self.kind, self.num_layers, self.dropout = kind, num_layers, dropout
         self.hidden, self.heads = hidden, heads
+        self.num_relations, self.num_bases = num_relations, num_bases
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
         self.layers = nn.ModuleList(
             self._layer(kind, dims[i], dims[i + 1], heads, dropout, last=i == num_layers - 1)
@@ -65,12 +72,13 @@ class BlockGNN(nn.Module):
                 if weight.dim() == 2:
                     nn.init.xavier_uniform_(weight)
 
-    @staticmethod
     def _layer(
-        kind: str, in_dim: int, out_dim: int, heads: int, dropout: float, last: bool
+        self, kind: str, in_dim: int, out_dim: int, heads: int, dropout: float, last: bool
     ) -> nn.Module:
         if kind == "gcn":
             return BlockGCN(in_dim, out_dim)
+        if kind == "rgcn":
+            return BlockRGCN(in_dim, out_dim, self.num_relations, self.num_bases)
         if kind == "sage":
             return BlockSAGE(in_dim, out_dim)
         return BlockGAT(
@@ -120,8 +128,9 @@ class SubgraphModel(nn.Module):
         return self.model(x, blocks_to_subgraph(blocks))[: blocks[-1].num_dst]
 
 
-def build_model(cfg: ModelConfig, in_dim: int, out_dim: int) -> nn.Module:
-    """Model from its config (:class:`~lightning_gnnscale.config_types.ModelConfig`): ``name`` in gcn|sage|gat, or ``custom`` with ``target`` (a dotted
+def build_model(cfg: ModelConfig, in_dim: int, out_dim: int, num_relations: int = 1) -> nn.Module:
+    """Model from its config (:class:`~lightning_gnnscale.config_types.ModelConfig`): ``name`` in gcn|sage|gat|rgcn
+    (``num_relations``: the graph's, for rgcn), or ``custom`` with ``target`` (a dotted
     path to a class called as ``cls(in_channels=, hidden_channels=, out_channels=, num_layers=,
     **kwargs)``, e.g. ``torch_geometric.nn.models.GraphSAGE``)."""
     if cfg.name == "custom":
@@ -144,4 +153,6 @@ def build_model(cfg: ModelConfig, in_dim: int, out_dim: int) -> nn.Module:
         dropout=cfg.dropout,
         heads=cfg.heads,
         init=cfg.init or "torch",
+        num_relations=num_relations,
+        num_bases=cfg.num_bases,
     )

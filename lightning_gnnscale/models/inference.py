@@ -16,7 +16,7 @@ from ..graph.book import RangeBook
 from ..graph.csc import Graph
 from ..graph.csc_rows import CSCRows
 from ..graph.node_targets import NodeTargets
-from ..graph.sampler import BlockBuilder, build_block_sorted, sample_neighbors
+from ..graph.sampler import BlockBuilder, build_block_sorted, sample_edge_ids
 from ..tasks.base import NodeTask, row_statistics, split_statistics
 from .gnn import BlockGNN, SubgraphModel
 
@@ -32,18 +32,22 @@ def layer_rows(
     start: int,
     stop: int,
     chunk_size: int,
+    edge_type: Tensor | None = None,
 ) -> Tensor:
     """Layer ``i``'s full-neighbourhood output rows of nodes ``start..stop-1``, in chunks.
 
     ``h``: the previous layer's rows of every node ``[N, d]``; returns ``[stop - start, out]``.
     A node's row depends only on its own and its in-neighbours' rows, so any split of the node
-    range gives the same rows.
+    range gives the same rows. ``edge_type``: a typed graph's relation per edge of ``indices``
+    (the blocks carry them).
     """
     outs = []
     for lo in range(start, stop, chunk_size) or [start]:  # an empty range: one empty chunk
         dst = torch.arange(lo, min(lo + chunk_size, stop))
-        src, dst_pos = sample_neighbors(indptr, indices, dst, -1, 0)
-        block = builder(dst, src, dst_pos).to(h.device)  # sampled on the CPU, run where h is
+        eids, dst_pos = sample_edge_ids(indptr, dst, -1, 0)
+        types = None if edge_type is None else edge_type.index_select(0, eids)
+        block = builder(dst, indices.index_select(0, eids), dst_pos, types)
+        block = block.to(h.device)  # sampled on the CPU, run where h is
         outs.append(net.layer_output(i, block, h[block.src_ids]))
     return torch.cat(outs)
 
@@ -64,6 +68,7 @@ def layerwise_inference(
     chunk_size: int = 65536,
     degree: Tensor | None = None,
     layers: int | None = None,
+    edge_type: Tensor | None = None,
 ) -> Tensor:
     """Full-neighbourhood logits of every node, one layer at a time over node chunks.
 
@@ -71,13 +76,15 @@ def layerwise_inference(
     ``degree``: the in-degree GCN normalises by (``Block.src_deg``), default the in-degree in
     ``indptr``; a subgraph that lacks some in-edges (a partition) passes the whole graph's.
     ``layers``: run only the first ``layers`` layers (the last one's input: node embeddings).
-    Returns ``[N, out]``.
+    ``edge_type``: a typed graph's relation per edge. Returns ``[N, out]``.
     """
     num_nodes = indptr.numel() - 1
     builder = inference_builder(indptr, degree)
     h = x
     for i in range(net.num_layers if layers is None else layers):
-        h = layer_rows(net, i, builder, indptr, indices, h, 0, num_nodes, chunk_size)
+        h = layer_rows(
+            net, i, builder, indptr, indices, h, 0, num_nodes, chunk_size, edge_type=edge_type
+        )
     return h
 
 
@@ -149,12 +156,31 @@ def full_logits(
     layers = net.num_layers if num_layers is None else num_layers
     if world_size == 1:
         x = graph.x.to(device)
-        out = layerwise_inference(net, graph.indptr, graph.indices, x, chunk_size, layers=layers)
+        out = layerwise_inference(
+            net,
+            graph.indptr,
+            graph.indices,
+            x,
+            chunk_size,
+            layers=layers,
+            edge_type=graph.edge_type,
+        )
         return out if gather else out[start:stop]
     builder = inference_builder(graph.indptr)
     h = graph.x.to(device)
     for i in range(layers):
-        rows = layer_rows(net, i, builder, graph.indptr, graph.indices, h, start, stop, chunk_size)
+        rows = layer_rows(
+            net,
+            i,
+            builder,
+            graph.indptr,
+            graph.indices,
+            h,
+            start,
+            stop,
+            chunk_size,
+            edge_type=graph.edge_type,
+        )
         last = i == layers - 1
         h = rows if last and not gather else comm.all_gather_varlen(rows, category="activation")[0]
     return h

@@ -116,6 +116,13 @@ class LinkPrediction(NodeTask):
         """The seeded edge split of ``dataset``'s graph (``undirected`` when the graph is
         symmetric, unless the settings say)."""
         graph, c = dataset.graph, self.config
+        if graph.is_typed:
+            raise ConfigError(
+                f"task=link_prediction on a typed graph ({graph.name}, relations "
+                f"{list(graph.relations)[:8]}) is not built yet: its split and negatives "
+                'do not keep relations (docs/tasks.md, "Typed graphs"); train '
+                "task=node_classification, or erase the types"
+            )
         undirected = c.undirected
         if undirected is None:
             reverse = EdgeLookup(graph.indptr, graph.indices).find(

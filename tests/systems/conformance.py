@@ -27,17 +27,29 @@ TASK_OVERRIDES: dict[str, tuple[str, ...]] = {
     "node_regression": ("task=node_regression",),
     "link_prediction": ("task=link_prediction",),
 }
+# A typed graph (docs/architecture.md, "Typed graphs") through every system that trains one:
+# node classification with RGCN on the tiny typed_sbm graph, a "task" of the suite's cases.
+TYPED = "typed_node_classification"
+TASK_OVERRIDES[TYPED] = ("dataset=typed_sbm", "dataset.num_relations=3", "model=rgcn")
 EPOCHS = 2
 
 
+def task_of(case_task: str) -> str:
+    """The task a case trains (its typed-graph case trains node classification)."""
+    return "node_classification" if case_task == TYPED else case_task
+
+
 def in_ci(spec: SystemSpec, task: str, ci_tasks: int = CI_TASKS) -> bool:
+    if task == TYPED:  # CI runs each system's default preset on a typed graph
+        return spec.name == spec.system
     return spec.name == spec.system and spec.tasks.index(task) < ci_tasks
 
 
-def cases(applies=lambda spec: True, ci_tasks: int = CI_TASKS) -> list:
-    """``pytest.param(name, task)`` for every registered name and task ``applies`` keeps; the
-    ones CI leaves out are marked ``conformance_full``. CI runs a preset's first ``ci_tasks``
-    tasks: ``1`` for a check whose outcome the task cannot change (the strategy's settings)."""
+def cases(applies=lambda spec: True, ci_tasks: int = CI_TASKS, typed: bool = True) -> list:
+    """``pytest.param(name, task)`` for every registered name and task ``applies`` keeps, and
+    (``typed``) the :data:`TYPED` case of every name that trains typed graphs; the ones CI
+    leaves out are marked ``conformance_full``. CI runs a preset's first ``ci_tasks`` tasks:
+    ``1`` for a check whose outcome the task cannot change (the strategy's settings)."""
     return [
         pytest.param(
             name,
@@ -46,7 +58,7 @@ def cases(applies=lambda spec: True, ci_tasks: int = CI_TASKS) -> list:
             marks=() if in_ci(spec, task, ci_tasks) else (pytest.mark.conformance_full,),
         )
         for name, spec in SYSTEMS.items()
-        for task in spec.tasks
+        for task in (*spec.tasks, *((TYPED,) if typed and spec.config_type.TYPED_GRAPHS else ()))
         if applies(spec)
     ]
 

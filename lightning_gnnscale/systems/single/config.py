@@ -18,6 +18,7 @@ class SingleConfig(SystemConfig):
     TASKS = ("node_classification", "link_prediction", "node_regression")
     EXCLUDES_TARGET_EDGES = True
     TRAINS_TASK_HEAD = True
+    TYPED_GRAPHS = True
     accepts_custom_models = True
     batches_in_main_process = False  # sampled in DataLoader workers if asked
 

@@ -1,0 +1,248 @@
+"""Typed graphs (docs/architecture.md, "Typed graphs"): the typed CSC, per-relation sampling,
+the RGCN layer against PyG's ``RGCNConv``, the ``typed_sbm`` generator, evaluation over
+relations, and the rules that refuse what is not built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_geometric.nn import RGCNConv
+
+from lightning_gnnscale.errors import ConfigError
+from lightning_gnnscale.graph.block import Block
+from lightning_gnnscale.graph.csc import Graph
+from lightning_gnnscale.graph.generators import typed_sbm
+from lightning_gnnscale.graph.sampler import NeighborSampler, sample_typed_edge_ids
+from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.models.inference import layerwise_inference
+from lightning_gnnscale.models.relational import BlockRGCN
+from tests.helpers.config import make_cfg
+
+
+def small_typed(num_nodes=60, num_edges=400, num_relations=3, seed=0) -> Graph:
+    gen = torch.Generator().manual_seed(seed)
+    src = torch.randint(num_nodes, (num_edges,), generator=gen)
+    dst = torch.randint(num_nodes, (num_edges,), generator=gen)
+    kind = torch.randint(num_relations, (num_edges,), generator=gen)
+    return Graph.from_edge_index(
+        torch.stack([src, dst]),
+        num_nodes,
+        edge_type=kind,
+        x=torch.randn(num_nodes, 5, generator=gen, dtype=torch.float64),
+        relations=tuple(f"r{r}" for r in range(num_relations)),
+    )
+
+
+def edge_triples(graph: Graph) -> set[tuple[int, int, int]]:
+    src, dst = graph.edge_index()
+    return set(zip(src.tolist(), dst.tolist(), graph.edge_type.tolist(), strict=True))
+
+
+# ------------------------------------------------------------------------- the typed CSC
+def test_a_typed_csc_keeps_each_relation_once_per_pair_sorted_by_relation_then_source():
+    src = torch.tensor([0, 0, 1, 2, 0, 2])
+    dst = torch.tensor([1, 1, 1, 1, 1, 0])
+    kind = torch.tensor([1, 1, 0, 1, 0, 0])  # (0->1, r1) twice: merged; (0->1, r0) kept
+    g = Graph.from_edge_index(
+        torch.stack([src, dst]), 3, edge_type=kind, x=torch.zeros(3, 1), relations=("a", "b")
+    )
+    assert edge_triples(g) == {(0, 1, 1), (2, 1, 1), (0, 1, 0), (2, 0, 0)}  # 1->1 dropped
+    segment = slice(int(g.indptr[1]), int(g.indptr[2]))
+    assert g.edge_type[segment].tolist() == [0, 1, 1]
+    assert g.indices[segment].tolist() == [0, 0, 2]
+    assert g.without_types().num_edges == 3  # 0->1, 2->1, 2->0: the two 0->1 merged
+
+
+def test_an_unsorted_or_out_of_range_typed_graph_is_refused():
+    g = small_typed()
+    flipped = g.edge_type.clone()
+    first = int(g.indptr[(g.in_degree() > 1).nonzero()[0]])
+    flipped[first], flipped[first + 1] = 2, 0  # breaks (relation, source) order
+    with pytest.raises(ValueError, match="sorted by \\(relation, source\\)"):
+        Graph(g.indptr, g.indices, g.x, edge_type=flipped, relations=g.relations)
+    with pytest.raises(ValueError, match="outside"):
+        Graph(g.indptr, g.indices, g.x, edge_type=g.edge_type + 5, relations=g.relations)
+    with pytest.raises(ValueError, match="come together"):
+        Graph(g.indptr, g.indices, g.x, edge_type=g.edge_type)
+
+
+def test_relation_indptr_gives_each_node_and_relation_its_run():
+    g = small_typed()
+    slots = g.relation_indptr()
+    src, dst = g.edge_index()
+    for v in range(g.num_nodes):
+        for r in range(g.num_relations):
+            run = slice(int(slots[v * 3 + r]), int(slots[v * 3 + r + 1]))
+            want = sorted(src[(dst == v) & (g.edge_type == r)].tolist())
+            assert g.indices[run].tolist() == want
+            assert bool((g.edge_type[run] == r).all())
+
+
+# --------------------------------------------------------------------- per-relation sampling
+def test_each_relation_keeps_its_own_fanout_of_real_edges():
+    g = small_typed(num_edges=900)
+    fanouts = (2, -1, 1)
+    sampler = NeighborSampler(
+        g.indptr, g.indices, [2], seed=3, edge_type=g.edge_type,
+        relation_fanouts=[fanouts], num_relations=3,
+    )  # fmt: skip
+    seeds = torch.arange(0, 60, 2)
+    (block,) = sampler.sample(seeds)
+    triples = edge_triples(g)
+    src = block.src_ids[block.edge_index[0]]
+    dst = block.src_ids[block.edge_index[1]]
+    for s, d, r in zip(src.tolist(), dst.tolist(), block.edge_type.tolist(), strict=True):
+        assert (s, d, r) in triples
+    got = torch.zeros(seeds.numel(), 3, dtype=torch.long)
+    got.index_put_((block.edge_index[1], block.edge_type), torch.ones_like(src), accumulate=True)
+    _, all_dst = g.edge_index()
+    for i, v in enumerate(seeds.tolist()):
+        for r, f in enumerate(fanouts):
+            degree = int(((all_dst == v) & (g.edge_type == r)).sum())
+            assert int(got[i, r]) == (degree if f == -1 else min(degree, f))
+    key = block.edge_index[1] * 3 + block.edge_type
+    assert bool((key[1:] >= key[:-1]).all())  # by destination, then relation
+
+
+def test_typed_sampling_of_halves_merges_to_the_whole():
+    """Keys depend on (node, relation) only, so any split of the frontier draws the same."""
+    g = small_typed(num_edges=900)
+    slots = g.relation_indptr()
+    dst = torch.arange(60)
+    whole = sample_typed_edge_ids(slots, dst, (2, 1, 3), key=99)
+    halves = [
+        sample_typed_edge_ids(slots, part, (2, 1, 3), key=99) for part in (dst[:25], dst[25:])
+    ]
+    assert torch.equal(whole[0], torch.cat([halves[0][0], halves[1][0]]))
+    assert torch.equal(whole[1], torch.cat([halves[0][1], halves[1][1] + 25]))
+
+
+def test_one_relation_samples_what_the_homogeneous_sampler_samples():
+    g = small_typed(num_relations=1, num_edges=900)
+    typed = NeighborSampler(
+        g.indptr, g.indices, [3, 2], seed=5, edge_type=g.edge_type, num_relations=1
+    )
+    plain = NeighborSampler(g.indptr, g.indices, [3, 2], seed=5)
+    for a, b in zip(typed.sample(torch.arange(10), 1, 2), plain.sample(torch.arange(10), 1, 2)):
+        assert torch.equal(a.src_ids, b.src_ids) and torch.equal(a.edge_index, b.edge_index)
+
+
+# ---------------------------------------------------------------------------- the layer
+@pytest.mark.parametrize("num_bases", [0, 2])
+def test_the_rgcn_layer_equals_pyg_rgcnconv(num_bases):
+    torch.manual_seed(0)
+    n_src, n_dst, num_edges, num_rel = 30, 10, 90, 3
+    src = torch.randint(n_src, (num_edges,))
+    dst = torch.sort(torch.randint(n_dst, (num_edges,))).values
+    kind = torch.randint(num_rel, (num_edges,))
+    block = Block(
+        torch.arange(n_src), n_dst, torch.stack([src, dst]), torch.zeros_like(src[:n_src]), kind
+    )
+    layer = BlockRGCN(5, 4, num_rel, num_bases).double()
+    torch.nn.init.normal_(layer.bias)
+    oracle = RGCNConv(5, 4, num_rel, num_bases=num_bases or None, aggr="mean").double()
+    with torch.no_grad():
+        oracle.weight.copy_(layer.weight)
+        if num_bases:
+            oracle.comp.copy_(layer.comp)
+        oracle.root.copy_(layer.root.weight.T)
+        oracle.bias.copy_(layer.bias)
+    x = torch.randn(n_src, 5, dtype=torch.float64)
+    want = oracle((x, x[:n_dst]), block.edge_index, kind)
+    torch.testing.assert_close(layer(block, x), want, rtol=0, atol=1e-12)
+
+
+def test_evaluation_over_relations_equals_the_full_fanout_forward():
+    """Layer-wise inference carries each edge's relation, as a sampled block does."""
+    g = small_typed(num_edges=700)
+    net = BlockGNN("rgcn", 5, 8, 3, num_layers=2, dropout=0.0, num_relations=3).double().eval()
+    sampler = NeighborSampler(g.indptr, g.indices, [-1, -1], edge_type=g.edge_type, num_relations=3)
+    nodes = torch.arange(g.num_nodes)
+    blocks = sampler.sample(nodes)
+    want = net(blocks, g.x[blocks[0].src_ids])
+    got = layerwise_inference(net, g.indptr, g.indices, g.x, 7, edge_type=g.edge_type)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    untyped = layerwise_inference(net, g.indptr, g.indices, g.x, 7)
+    assert not torch.allclose(untyped, want)  # the relations matter
+
+
+# ------------------------------------------------------------------------ the generator
+def test_typed_sbm_puts_the_classes_in_one_relation_and_nowhere_else():
+    data = typed_sbm(num_nodes=4000, num_classes=4, num_relations=3, homophily=0.9, seed=1)
+    g, y = data.graph, data.targets.target
+    src, dst = g.edge_index()
+    same = y[src] == y[dst]
+    assert same[g.edge_type == 0].float().mean() > 0.85
+    for r in (1, 2):
+        assert abs(float(same[g.edge_type == r].float().mean()) - 0.25) < 0.03
+    # node types carry no label: every type's class histogram is close to uniform
+    for t in range(len(g.node_types)):
+        share = torch.bincount(y[g.node_type == t], minlength=4).double()
+        assert float((share / share.sum() - 0.25).abs().max()) < 0.04
+    again = typed_sbm(num_nodes=4000, num_classes=4, num_relations=3, homophily=0.9, seed=1)
+    assert torch.equal(again.graph.edge_type, g.edge_type) and torch.equal(again.graph.x, g.x)
+    erased = typed_sbm(num_nodes=4000, num_classes=4, num_relations=3, homophily=0.9, seed=1,
+                       typed=False).graph  # fmt: skip
+    plain = g.without_types()
+    assert not erased.is_typed and torch.equal(erased.indices, plain.indices)
+    assert torch.equal(erased.indptr, plain.indptr)
+
+
+# ------------------------------------------------------------------------------- rules
+def _run_config(tmp_path, *settings):
+    from lightning_gnnscale.config_types import run_config
+
+    return run_config(make_cfg(tmp_path, *settings))
+
+
+def test_systems_without_typed_graphs_refuse_them_naming_those_that_train_them(tmp_path):
+    with pytest.raises(ConfigError, match=r"typed graph.*strategy=distdgl.*\['ddp', 'single'\]"):
+        _run_config(tmp_path, "strategy=distdgl", "dataset=typed_sbm")
+    with pytest.raises(ConfigError, match=r"model=rgcn is relational.*\['ddp', 'single'\]"):
+        _run_config(tmp_path, "strategy=gsplit", "model=rgcn")
+
+
+def test_per_relation_fanouts_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="not a typed graph"):
+        _run_config(tmp_path, "strategy=single", "+data.fanouts_per_relation={a: [1, 1]}")
+    with pytest.raises(ConfigError, match="one fanout per hop"):
+        _run_config(
+            tmp_path,
+            "strategy=single",
+            "dataset=typed_sbm",
+            "+data.fanouts_per_relation={rel_1: [3]}",
+        )
+    with pytest.raises(ConfigError, match="num_bases"):
+        _run_config(tmp_path, "strategy=single", "model=gcn", "model.num_bases=2")
+
+
+def test_an_unknown_relation_is_named_with_the_graph_relations():
+    import lightning_gnnscale as gs
+
+    _, DataModule, config = gs.system("single")
+    data = gs.DataConfig(fanouts=[5, 5], fanouts_per_relation={"rel_9": [1, 1]})
+    dm = DataModule(typed_sbm(num_nodes=200, num_relations=2), config, data)
+    with pytest.raises(ConfigError, match=r"\['rel_9'\].*\['rel_0', 'rel_1'\]"):
+        dm.prepare(1)
+
+
+def test_link_prediction_on_a_typed_graph_is_refused_before_training(tmp_path):
+    from lightning_gnnscale.run import train
+
+    with pytest.raises(ConfigError, match="typed graph"):
+        train(make_cfg(tmp_path, "strategy=single", "dataset=typed_sbm", "task=link_prediction"))
+
+
+@pytest.mark.e2e
+def test_rgcn_separates_what_a_type_blind_gcn_cannot(tmp_path):
+    """The acceptance in small (docs/benchmarks.md has seeds 0-2 at the defaults): on one
+    typed_sbm graph RGCN's test accuracy is >= 5 points above GCN's with the types erased,
+    and GCN's is above chance (4 classes)."""
+    from lightning_gnnscale.run import train
+
+    common = ("strategy=single", "dataset=typed_sbm", "dataset.num_nodes=3000",
+              "dataset.num_features=32", "trainer.max_epochs=10")  # fmt: skip
+    rgcn, _ = train(make_cfg(tmp_path / "rgcn", *common, "model=rgcn"))
+    gcn, _ = train(make_cfg(tmp_path / "gcn", *common, "model=gcn", "dataset.typed=false"))
+    assert gcn["test_acc"] > 0.25 + 0.05
+    assert rgcn["test_acc"] >= gcn["test_acc"] + 0.05
