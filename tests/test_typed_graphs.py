@@ -246,3 +246,50 @@ def test_rgcn_separates_what_a_type_blind_gcn_cannot(tmp_path):
     gcn, _ = train(make_cfg(tmp_path / "gcn", *common, "model=gcn", "dataset.typed=false"))
     assert gcn["test_acc"] > 0.25 + 0.05
     assert rgcn["test_acc"] >= gcn["test_acc"] + 0.05
+
+
+# ------------------------------------------------------------- shared partition machinery
+def test_owned_typed_rows_sample_what_the_whole_typed_graph_samples():
+    from lightning_gnnscale.graph.csc_rows import CSCRows
+
+    g = small_typed(num_edges=900)
+    ids = torch.tensor([1, 4, 7, 8, 30, 59])
+    own = CSCRows.owned(g.indptr, g.indices, ids, g.edge_type, g.num_relations)
+    slots = g.relation_indptr()
+    eids, want_pos = sample_typed_edge_ids(slots, ids, (2, -1, 1), key=7)
+    src, dst_pos, kinds = own.sample_typed(ids, (2, -1, 1), key=7)
+    assert torch.equal(src, g.indices[eids]) and torch.equal(dst_pos, want_pos)
+    assert torch.equal(kinds, g.edge_type[eids])
+    whole = CSCRows.whole(g.indptr, g.indices, g.edge_type, g.num_relations)
+    assert torch.equal(whole.sample_typed(ids, (2, -1, 1), key=7)[0], src)
+
+
+def test_relabelling_a_typed_graph_keeps_every_edge_with_its_relation():
+    from lightning_gnnscale.graph.book import PartitionBook, relabel_graph, relabelled_edge_ids
+
+    g = small_typed(num_edges=500)
+    parts = torch.randint(3, (g.num_nodes,), generator=torch.Generator().manual_seed(1))
+    book = PartitionBook.from_parts(parts, 3)
+    new = relabel_graph(g, book)
+    old2new = book.old2new
+    want = {(int(old2new[s]), int(old2new[d]), r) for s, d, r in edge_triples(g)}
+    assert edge_triples(new) == want
+    assert torch.equal(new.x, g.x[book.new2old])
+    indptr, old_edge = relabelled_edge_ids(g.indptr, book)  # segment order kept
+    kinds = g.edge_type[old_edge]
+    src = old2new[g.indices[old_edge]]
+    dst = torch.repeat_interleave(torch.arange(g.num_nodes), indptr[1:] - indptr[:-1])
+    assert set(zip(src.tolist(), dst.tolist(), kinds.tolist(), strict=True)) == want
+
+
+def test_a_sorted_block_carries_the_relations_a_builder_block_carries():
+    from lightning_gnnscale.graph.sampler import BlockBuilder, build_block_sorted
+
+    g = small_typed(num_edges=900)
+    dst = torch.tensor([3, 9, 12])
+    eids, dst_pos = sample_typed_edge_ids(g.relation_indptr(), dst, (2, 2, 2), key=1)
+    src, kinds = g.indices[eids], g.edge_type[eids]
+    a = BlockBuilder(g.num_nodes, g.in_degree())(dst, src, dst_pos, kinds)
+    b = build_block_sorted(dst, src, dst_pos, lambda v: g.in_degree()[v], kinds)
+    assert torch.equal(a.src_ids, b.src_ids) and torch.equal(a.edge_index, b.edge_index)
+    assert torch.equal(a.edge_type, b.edge_type)

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from lightning_gnnscale.graph.block import Block
 from lightning_gnnscale.graph.cache import cached_partition
-from lightning_gnnscale.graph.csc import Graph, csc_from_edges
+from lightning_gnnscale.graph.csc import Graph, csc_from_edges, typed_csc_from_edges
 from lightning_gnnscale.graph.node_targets import NodeTargets
 from lightning_gnnscale.graph.partition import partition_report
 
@@ -137,9 +137,20 @@ class PartitionBook(RangeBook):
 
 
 def relabel_graph(graph: Graph, book: PartitionBook) -> Graph:
-    """``graph`` in gids: node data permuted by ``new2old``, CSC rebuilt in (dst, src) gid order."""
+    """``graph`` in gids: node data permuted by ``new2old``, CSC rebuilt in (dst, src) gid order
+    (a typed graph's in (dst, relation, src))."""
     _check(graph.num_nodes == book.num_nodes, "graph and book disagree on N")
     src, dst = graph.edge_index()
+    if graph.is_typed:
+        indptr, indices, kinds = typed_csc_from_edges(
+            book.old2new[src],
+            book.old2new[dst],
+            graph.edge_type,
+            graph.num_nodes,
+            graph.num_relations,
+            remove_self_loops=False,
+        )
+        return graph.reindexed(book.new2old, indptr, indices, kinds)
     indptr, indices = csc_from_edges(
         book.old2new[src], book.old2new[dst], graph.num_nodes, remove_self_loops=False
     )
@@ -346,13 +357,21 @@ def relabel_csc(indptr: Tensor, indices: Tensor, book: PartitionBook) -> tuple[T
     """A CSC in gids that keeps every segment's edge order (unlike :func:`relabel_graph`,
     which re-sorts by source gid): position ``i`` of node ``v``'s segment is the same
     neighbour in both, so a hash-keyed sampler that picks positions draws the same edges.
-    Returns ``(indptr [N + 1], indices [E])``; vectorised, ``O(N + E)``."""
+    Returns ``(indptr [N + 1], indices [E])``; vectorised, ``O(N + E)``. A typed graph's
+    relations follow as ``edge_type[relabelled_edge_ids(indptr, book)[1]]``."""
+    new_indptr, old_edge = relabelled_edge_ids(indptr, book)
+    return new_indptr, book.old2new[indices[old_edge]]
+
+
+def relabelled_edge_ids(indptr: Tensor, book: PartitionBook) -> tuple[Tensor, Tensor]:
+    """:func:`relabel_csc`'s ``indptr`` and, per edge of it, the old edge id ``[E]`` (what
+    carries any per-edge data along: a typed graph's relations)."""
     degree = (indptr[1:] - indptr[:-1])[book.new2old]
     new_indptr = torch.zeros_like(indptr)
     torch.cumsum(degree, 0, out=new_indptr[1:])
     shift = torch.repeat_interleave(indptr[:-1][book.new2old] - new_indptr[:-1], degree)
     shift += torch.arange(shift.numel())  # the old edge id of every new edge id
-    return new_indptr, book.old2new[indices[shift]]
+    return new_indptr, shift
 
 
 def sort_sources(block: Block, key: Tensor) -> Block:
@@ -368,4 +387,4 @@ def sort_sources(block: Block, key: Tensor) -> Block:
     position = torch.empty_like(order)
     position[order] = torch.arange(order.numel())
     edge_index = torch.stack([position[block.edge_index[0]], block.edge_index[1]])
-    return Block(block.src_ids[order], n_dst, edge_index, block.src_deg[order])
+    return Block(block.src_ids[order], n_dst, edge_index, block.src_deg[order], block.edge_type)

@@ -218,11 +218,22 @@ class Graph:
             meta=dict(self.meta),
         )
 
-    def reindexed(self, nodes: Tensor, indptr: Tensor, indices: Tensor) -> Graph:
-        """Node ``i`` of the result carries the features of node ``nodes[i]``; edges are
-        given (homogeneous graphs only)."""
-        self._refuse_typed("reindexed")
-        return replace(self, indptr=indptr, indices=indices, x=self.x[nodes], meta=dict(self.meta))
+    def reindexed(
+        self, nodes: Tensor, indptr: Tensor, indices: Tensor, edge_type: Tensor | None = None
+    ) -> Graph:
+        """Node ``i`` of the result carries the features (and type) of node ``nodes[i]``;
+        edges are given, a typed graph's with their relations ``edge_type``."""
+        if self.is_typed and edge_type is None:
+            raise ValueError("a typed Graph reindexed needs the edge_type of its new edges")
+        return replace(
+            self,
+            indptr=indptr,
+            indices=indices,
+            x=self.x[nodes],
+            edge_type=edge_type,
+            node_type=None if self.node_type is None else self.node_type[nodes],
+            meta=dict(self.meta),
+        )
 
     def _refuse_typed(self, what: str) -> None:
         if self.is_typed or self.node_type is not None:

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .sampler import sample_neighbors
+from .csc import relation_indptr
+from .sampler import sample_edge_ids, sample_neighbors, sample_typed_edge_ids
 
 COPY_EDGES = 1 << 20  # entries per gather when CSCRows.owned copies rows
 
@@ -31,6 +32,9 @@ class CSCRows:
             carry their whole-graph in-degree).
         ids: int64 ``[n]`` the held vertices, sorted; ``None``: every vertex (row ``v`` is
             vertex ``v``).
+        edge_type: a typed graph's relation of every entry of ``indices`` (rows sorted by
+            relation, as :class:`~.csc.Graph` keeps them), with ``num_relations``; ``None``:
+            homogeneous.
     """
 
     def __init__(
@@ -39,20 +43,37 @@ class CSCRows:
         indices: Tensor,
         degree: Callable[[Tensor], Tensor],
         ids: Tensor | None = None,
+        edge_type: Tensor | None = None,
+        num_relations: int = 1,
     ):
         self.indptr, self.indices, self.degree, self.ids = indptr, indices, degree, ids
+        self.edge_type, self.num_relations = edge_type, num_relations
+        self._slots: Tensor | None = None
 
     @classmethod
-    def whole(cls, indptr: Tensor, indices: Tensor) -> CSCRows:
+    def whole(
+        cls,
+        indptr: Tensor,
+        indices: Tensor,
+        edge_type: Tensor | None = None,
+        num_relations: int = 1,
+    ) -> CSCRows:
         """Every vertex's row (a replicated topology)."""
 
         def degree(ids: Tensor) -> Tensor:
             return indptr.index_select(0, ids + 1) - indptr.index_select(0, ids)
 
-        return cls(indptr, indices, degree)
+        return cls(indptr, indices, degree, None, edge_type, num_relations)
 
     @classmethod
-    def owned(cls, indptr: Tensor, indices: Tensor, ids: Tensor) -> CSCRows:
+    def owned(
+        cls,
+        indptr: Tensor,
+        indices: Tensor,
+        ids: Tensor,
+        edge_type: Tensor | None = None,
+        num_relations: int = 1,
+    ) -> CSCRows:
         """A copy of the rows of ``ids`` (sorted) out of the whole CSC, segments in their
         order, and the whole graph's in-degrees ``[N]``: what a rank keeps of an in-memory
         graph under ``topology: partitioned``. Copied about ``COPY_EDGES`` entries at a time,
@@ -61,14 +82,18 @@ class CSCRows:
         own_indptr = torch.zeros(ids.numel() + 1, dtype=torch.int64)
         torch.cumsum(deg.index_select(0, ids), 0, out=own_indptr[1:])
         own_indices = torch.empty(int(own_indptr[-1]), dtype=torch.int64)
+        own_types = None if edge_type is None else torch.empty_like(own_indices)
         # chunk bounds (vertex positions): a chunk holds at most COPY_EDGES + one row's entries
         firsts = torch.arange(0, own_indices.numel(), COPY_EDGES)
         starts = torch.searchsorted(own_indptr, firsts, right=True) - 1
         bounds = torch.cat([torch.tensor([0]), starts, torch.tensor([ids.numel()])]).unique()
         for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-            src, _ = sample_neighbors(indptr, indices, ids[lo:hi], -1, 0)
-            own_indices[own_indptr[lo] : own_indptr[hi]] = src
-        return cls(own_indptr, own_indices, lambda v: deg.index_select(0, v), ids)
+            eids, _ = sample_edge_ids(indptr, ids[lo:hi], -1, 0)
+            own_indices[own_indptr[lo] : own_indptr[hi]] = indices.index_select(0, eids)
+            if own_types is not None:
+                own_types[own_indptr[lo] : own_indptr[hi]] = edge_type.index_select(0, eids)
+        degree = lambda v: deg.index_select(0, v)  # noqa: E731
+        return cls(own_indptr, own_indices, degree, ids, own_types, num_relations)
 
     @property
     def num_rows(self) -> int:
@@ -97,3 +122,23 @@ class CSCRows:
         ``node_keys`` (default ``dst``): the whole CSC's samples."""
         keys = dst if node_keys is None else node_keys
         return sample_neighbors(self.indptr, self.indices, self.rows(dst), fanout, key, keys)
+
+    def sample_typed(
+        self, dst: Tensor, fanouts: tuple[int, ...], key: int, node_keys: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """:func:`~.sampler.sample_typed_edge_ids` of the vertices ``dst`` over these rows,
+        ``fanouts[r]`` per relation (keyed on ``node_keys``, default ``dst``: the whole typed
+        CSC's samples). Returns ``(src, dst_pos, edge_type)``."""
+        if self.edge_type is None:
+            raise ValueError("these CSC rows carry no relations (a homogeneous graph's)")
+        if self._slots is None:  # each held row's relation runs, in positions of indices
+            first = self.indptr[:1]
+            local = relation_indptr(
+                self.indptr - first,
+                self.edge_type[int(first) : int(self.indptr[-1])],
+                self.num_relations,
+            )
+            self._slots = local + first
+        keys = dst if node_keys is None else node_keys
+        eids, dst_pos = sample_typed_edge_ids(self._slots, self.rows(dst), fanouts, key, keys)
+        return self.indices.index_select(0, eids), dst_pos, self.edge_type.index_select(0, eids)

@@ -240,11 +240,13 @@ class BlockBuilder:
         )
 
 
-def build_block_sorted(dst: Tensor, src: Tensor, dst_pos: Tensor, src_deg=None) -> Block:
+def build_block_sorted(
+    dst: Tensor, src: Tensor, dst_pos: Tensor, src_deg=None, edge_type: Tensor | None = None
+) -> Block:
     """:class:`BlockBuilder`'s block without its ``[N]`` tables: sources deduplicated by a sort
     (``O(E_s log E_s)``), for a rank that holds no global array. ``src_deg``:
     ``fn(src_ids) -> degrees``; ``None`` leaves zeros for the caller to fill
-    (``dataclasses.replace``)."""
+    (``dataclasses.replace``). ``edge_type``: the edges' relations (a typed graph's)."""
     n_dst = dst.numel()
     candidates = torch.unique(src)  # sorted
     new_ids = candidates[~torch.isin(candidates, dst)]
@@ -252,16 +254,22 @@ def build_block_sorted(dst: Tensor, src: Tensor, dst_pos: Tensor, src_deg=None) 
     order = torch.argsort(src_ids)
     position = order[torch.searchsorted(src_ids[order], src)]
     degree = torch.zeros_like(src_ids) if src_deg is None else src_deg(src_ids)
-    return Block(src_ids, n_dst, torch.stack([position, dst_pos]), degree)
+    return Block(src_ids, n_dst, torch.stack([position, dst_pos]), degree, edge_type)
 
 
 def build_block_carried(
-    dst: Tensor, dst_deg: Tensor, src: Tensor, dst_pos: Tensor, src_deg: Tensor
+    dst: Tensor,
+    dst_deg: Tensor,
+    src: Tensor,
+    dst_pos: Tensor,
+    src_deg: Tensor,
+    edge_type: Tensor | None = None,
 ) -> Block:
     """:func:`build_block_sorted`'s block (equal to :class:`BlockBuilder`'s) whose degrees
     travel with the ids: ``dst_deg`` ``[n_dst]`` of the destinations and ``src_deg``
     ``[E_s]`` of each sampled source, as the sources' owners answered them (a rank that holds
-    no ``[N]`` degree array, ByteGNN from a partition directory)."""
+    no ``[N]`` degree array, ByteGNN from a partition directory). ``edge_type``: the edges'
+    relations (a typed graph's)."""
     n_dst = dst.numel()
     candidates, inverse = torch.unique(src, return_inverse=True)  # sorted
     candidate_deg = torch.zeros_like(candidates).scatter_(0, inverse, src_deg)
@@ -270,7 +278,7 @@ def build_block_carried(
     order = torch.argsort(src_ids)
     position = order[torch.searchsorted(src_ids[order], src)]
     degree = torch.cat([dst_deg, candidate_deg[new]])
-    return Block(src_ids, n_dst, torch.stack([position, dst_pos]), degree)
+    return Block(src_ids, n_dst, torch.stack([position, dst_pos]), degree, edge_type)
 
 
 def drop_excluded(

@@ -232,14 +232,24 @@ def owned_range_rows(
     x: torch.Tensor,
     layers: int,
     chunk_size: int,
+    edge_type: torch.Tensor | None = None,
+    num_relations: int = 1,
 ) -> torch.Tensor:
     """:func:`owned_rows` for a rank whose own vertices are the contiguous range ``book``
-    gives it, from the whole CSC (``indptr``, ``indices``, a topology every rank holds) and its
-    own input rows ``x`` (``[n_own, F]``): what a rank that loaded its part of a partition
-    directory evaluates and predicts with, no rank holding another's rows. Collective."""
+    gives it, from the whole CSC (``indptr``, ``indices``, a topology every rank holds; a typed
+    graph's relations ``edge_type``) and its own input rows ``x`` (``[n_own, F]``): what a rank
+    that loaded its part of a partition directory evaluates and predicts with, no rank holding
+    another's rows. Collective."""
     first, stop = int(book.node_offsets[comm.rank]), int(book.node_offsets[comm.rank + 1])
     whole = CSCRows.whole(indptr, indices)
-    own = CSCRows(indptr[first : stop + 1], indices, whole.degree, torch.arange(first, stop))
+    own = CSCRows(
+        indptr[first : stop + 1],
+        indices,
+        whole.degree,
+        torch.arange(first, stop),
+        edge_type,
+        num_relations,
+    )
     return owned_rows(net, comm, book.nid2part, own, x, layers, chunk_size)
 
 
@@ -255,7 +265,7 @@ def owned_rows(
 ) -> torch.Tensor:
     """Full-neighbourhood output rows ``[n_own, d]`` of the first ``layers`` layers for this
     rank's own vertices ``topology.ids`` (sorted; ``owner`` maps ids to ranks), from their CSC
-    rows (all the topology it needs) and their input rows ``x`` (``[n_own, F]``, in
+    rows (all the topology it needs; a typed graph's with their relations) and their input rows ``x`` (``[n_own, F]``, in
     ``topology.ids`` order).
 
     Before each layer the rows of the in-neighbours owned elsewhere come from their owners in
@@ -281,8 +291,13 @@ def owned_rows(
         outs = []
         for lo in range(0, num_own, chunk_size) or [0]:
             dst = own_ids[lo : lo + chunk_size]
-            src, dst_pos = topology.sample(dst, -1, 0)
-            block = build_block_sorted(dst, src, dst_pos, topology.degree)
+            if topology.edge_type is None:
+                src, dst_pos = topology.sample(dst, -1, 0)
+                types = None
+            else:  # every in-edge, in segment order, with its relation
+                full = (-1,) * topology.num_relations
+                src, dst_pos, types = topology.sample_typed(dst, full, 0)
+            block = build_block_sorted(dst, src, dst_pos, topology.degree, types)
             ids = block.src_ids
             own = owner(ids) == comm.rank
             rows = num_own + torch.searchsorted(halo, ids)
