@@ -35,9 +35,9 @@ def types_alone(seed: int) -> float:
     g, t = data.graph, data.targets
     guess = torch.zeros(len(g.node_types), dtype=torch.long)
     for kind in range(len(g.node_types)):
-        labels = t.target[t.train_mask & (g.node_type == kind)]
-        guess[kind] = torch.bincount(labels, minlength=t.num_classes).argmax()
-    return float((guess[g.node_type[t.test_mask]] == t.target[t.test_mask]).float().mean())
+        labels = t.target[t.train & (g.node_type == kind)]
+        guess[kind] = torch.bincount(labels, minlength=t.out_dim).argmax()
+    return float((guess[g.node_type[t.test]] == t.target[t.test]).float().mean())
 
 
 def main() -> None:
