@@ -15,7 +15,7 @@ while the batch is built, in the main process, in step order.
 With ``data.partition_dir`` (``write_parts``) the nodes are relabelled so that each server owns
 one contiguous id range (the partition becomes the ``[P + 1]`` offsets). What every server
 replicates is one shared group a machine maps once: the topology (CSC in those ids, each
-in-edge segment in its original order), the targets, the training ids and the original id of
+in-edge segment in its original order; a typed graph's relation per edge), the targets, the training ids and the original id of
 every node (the sampling keys, so a run samples what ``single`` samples; the paper's servers
 hold the ``[N]`` partition array in its place). A rank's part is its feature shard and its
 nodes' split columns (the task's); it holds no other rank's feature row, and evaluates and
