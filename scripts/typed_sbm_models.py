@@ -63,7 +63,7 @@ def main() -> None:
                         "logger=none",
                         f"seed={seed}",
                         f"paths.root={tmp}",
-                        f"paths.output_dir={tmp}/{name.replace(' ', '_')}_{seed}",
+                        f"paths.output_dir={tmp}/run_{len(table[name])}_{list(RUNS).index(name)}_{seed}",
                         *settings,
                     ],
                 )
