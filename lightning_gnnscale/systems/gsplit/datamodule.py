@@ -679,7 +679,9 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         else:
             shared = opened.load_shared("topology", rank)
             orig_ids = shared["orig_ids"]
-            typed = typed_rows(opened, shared, shared["indptr"], relations, "topology")
+            typed = typed_rows(
+                opened, shared, shared["indptr"], relations, shared_folder("topology")
+            )
 
             def rows(p: str) -> CSCRows:
                 whole = CSCRows.whole(shared[f"{p}indptr"], shared[f"{p}indices"])
