@@ -485,8 +485,9 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def partition_settings(self) -> dict[str, Any]:
         """The partitioner, what pre-sampling runs (the training schedule's fanouts and batch
-        size) and the topology (``replicated``: one shared copy per machine; ``partitioned``:
-        each part holds its own vertices' rows)."""
+        size, and a typed graph's ``data.fanouts_per_relation`` when given) and the topology
+        (``replicated``: one shared copy per machine; ``partitioned``: each part holds its own
+        vertices' rows)."""
         p = self.config.partition
         options = {
             "presample_epochs": p.presample_epochs,
@@ -496,6 +497,10 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             "batch_size": self.data.batch_size,
             "topology": self.config.topology,
         }
+        if self.data.fanouts_per_relation:  # a typed graph's pre-sampling used them too
+            options["fanouts_per_relation"] = {
+                r: list(f) for r, f in sorted(self.data.fanouts_per_relation.items())
+            }
         return {"method": p.method, "partition_options": options}
 
     @override

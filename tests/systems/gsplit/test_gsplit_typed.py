@@ -344,3 +344,35 @@ def test_a_damaged_directory_s_node_types_are_refused(node_type, names, message)
     with pytest.raises(PartitionDirError, match=message):
         check_node_types(_opened({"node_types": names}), arrays, "part-0")
     check_node_types(_opened({"node_types": ["t", "u"]}), {"node_type": torch.tensor([0, 1])}, "p")
+
+
+def test_a_directory_pre_sampled_with_other_relation_fanouts_is_refused(tmp_path, monkeypatch):
+    """Pre-sampling runs the typed schedule: a directory made without per-relation fanouts
+    is refused for a run that gives them (and one made with them for a run without), before
+    any rank starts, naming ``partition_options``."""
+    from lightning_gnnscale.partition import partition
+    from tests.helpers.partition_runs import NODES, launcher_without_ranks
+
+    common = [
+        f"paths.root={tmp_path}",
+        "strategy=gsplit",
+        "dataset=typed_sbm",
+        "dataset.num_relations=3",
+        "dataset.num_features=8",
+        "model=rgcn",
+        "data.fanouts=[3,2]",
+        "data.batch_size=64",  # pre-sampling runs the training schedule: part of the partition
+    ]
+    per_relation = "+data.fanouts_per_relation.rel_1=[1,2]"
+    _, run = launcher_without_ranks(tmp_path, monkeypatch, common)
+    with pytest.raises(PartitionDirError, match="'partition_options' is .*'fanouts_per_relation'"):
+        run(per_relation)
+    other = tmp_path / "per_relation"
+    partition([NODES, *common, per_relation], other, log=lambda *_: 0)
+    assert PartitionDir.open(other).meta["partition_options"]["fanouts_per_relation"] == {
+        "rel_1": [1, 2]
+    }
+    with pytest.raises(PartitionDirError, match="'partition_options'"):
+        run(parts=other)
+    with pytest.raises(AssertionError, match="a rank was started"):  # the fitting run starts
+        run(per_relation, parts=other)
