@@ -376,3 +376,17 @@ def test_a_directory_pre_sampled_with_other_relation_fanouts_is_refused(tmp_path
         run(parts=other)
     with pytest.raises(AssertionError, match="a rank was started"):  # the fitting run starts
         run(per_relation, parts=other)
+
+
+@pytest.mark.parametrize("names", [["a", "a"], [], "ab", [1, 2]])
+def test_a_directory_s_relation_names_must_be_distinct_names(names):
+    """The metadata's ``relations`` (and ``node_types``) are checked with the part's files,
+    before a model is sized from them."""
+    meta = {"num_nodes": 3, "num_edges": 2, "parts": [{"nodes": 3, "edges": 2}]}
+    opened = SimpleNamespace(path=Path("/parts"), expect_shape=lambda *_: None)
+    for key in ("relations", "node_types"):
+        opened.meta = {**meta, key: names}
+        with pytest.raises(PartitionDirError, match=f"metadata '{key}' .* is not a list of"):
+            GSplitDataModule.check_partition_part(None, opened, 0)
+    opened.meta = {**meta, "relations": ["a", "b"], "node_types": ["t"]}
+    GSplitDataModule.check_partition_part(None, opened, 0)
