@@ -23,8 +23,8 @@ from .errors import ConfigError, check_field_types, choice, require
 from .graph.dataset_config import DATASETS, DatasetConfig, dataset_content
 from .tasks import NODE_TASKS, TaskConfig, task_spec
 
-MODEL_NAMES = ("gcn", "sage", "gat", "rgcn", "custom")
-RELATIONAL_MODELS = ("rgcn",)  # models that weigh each edge by its relation (typed graphs)
+MODEL_NAMES = ("gcn", "sage", "gat", "rgcn", "rgat", "custom")
+RELATIONAL_MODELS = ("rgcn", "rgat")  # models that weigh each edge by its relation (typed graphs)
 OPTIMIZERS = ("adam", "adamw", "sgd")
 MODEL_INITS = ("torch", "glorot")  # BlockGNN's weight initialisation
 MAX_BASES = 1024  # RGCN basis matrices (each in x out)
@@ -102,13 +102,13 @@ class ModelConfig:
     """The GNN and its optimiser.
 
     Args:
-        name: ``gcn`` | ``sage`` | ``gat`` | ``rgcn`` (relational: one weight per relation of a
-            typed graph) | ``custom`` (a PyG model ``target(x, edge_index)``).
+        name: ``gcn`` | ``sage`` | ``gat`` | ``rgcn`` | ``rgat`` (relational: one weight per
+            relation of a typed graph) | ``custom`` (a PyG model ``target(x, edge_index)``).
         hidden: hidden width (GAT: heads x channels per head).
         num_layers: GNN layers; one fanout per layer.
         dropout: on every layer's input (and GAT's attention), in ``[0, 1)``.
-        heads: GAT attention heads (other models ignore it).
-        num_bases: RGCN's basis decomposition, ``0``: a full weight per relation (rgcn only).
+        heads: GAT and RGAT attention heads (other models ignore it).
+        num_bases: RGCN's and RGAT's basis decomposition, ``0``: a full weight per relation.
         optimizer: ``adam`` | ``adamw`` | ``sgd``.
         lr, weight_decay: optimiser settings.
         init: ``torch`` (the layers' own initialisation) | ``glorot`` (every 2-D layer
@@ -161,7 +161,7 @@ class ModelConfig:
             0 <= self.num_bases <= MAX_BASES,
             f"model.num_bases={self.num_bases} must be in [0, {MAX_BASES}]",
         )
-        if self.name == "gat":
+        if self.name in ("gat", "rgat"):
             require(self.heads >= 1, f"model.heads={self.heads} must be >= 1")
             require(
                 self.hidden % self.heads == 0,

@@ -403,3 +403,91 @@ def test_a_registered_source_loads_through_its_loader_with_its_settings(monkeypa
         dataset_config.SBMConfig(name="tiny")
     with pytest.raises(ValueError, match="'tiny' is registered twice"):
         dataset_config.register_dataset(source)
+
+
+def _write_ogb_mag_fixture(root: Path) -> dict:
+    """A tiny ogbn-mag in ogb's heterogeneous on-disk layout (csv)."""
+    rng = np.random.default_rng(1)
+    counts = {"author": 7, "field_of_study": 3, "institution": 2, "paper": 11}
+    triplets = [
+        ("author", "affiliated_with", "institution"),
+        ("author", "writes", "paper"),
+        ("paper", "cites", "paper"),
+        ("paper", "has_topic", "field_of_study"),
+    ]
+    folder = root / "ogbn_mag"
+    raw = folder / "raw"
+    raw.mkdir(parents=True)
+    import pandas as pd
+
+    pd.DataFrame({k: [v] for k, v in counts.items()}).to_csv(
+        raw / "num-node-dict.csv.gz", index=False, compression="gzip"
+    )
+    pd.DataFrame(triplets).to_csv(
+        raw / "triplet-type-list.csv.gz", index=False, header=False, compression="gzip"
+    )
+    edges = {}
+    for head, rel, tail in triplets:
+        pairs = np.unique(
+            np.stack([rng.integers(0, counts[head], 9), rng.integers(0, counts[tail], 9)], 1),
+            axis=0,
+        )
+        pairs = pairs[pairs[:, 0] != pairs[:, 1]] if head == tail else pairs
+        edges[head, rel, tail] = pairs
+        sub = raw / "relations" / f"{head}___{rel}___{tail}"
+        _write_csv_gz(sub / "edge.csv.gz", pairs)
+        _write_csv_gz(sub / "num-edge-list.csv.gz", np.array([len(pairs)]))
+    features = rng.standard_normal((counts["paper"], 4)).astype(np.float32)
+    _write_csv_gz(raw / "node-feat" / "paper" / "node-feat.csv.gz", features)
+    labels = rng.integers(0, 349, size=(counts["paper"], 1))
+    _write_csv_gz(raw / "node-label" / "paper" / "node-label.csv.gz", labels)
+    pd.DataFrame({t: [t == "paper"] for t in counts}).to_csv(
+        raw / "nodetype-has-label.csv.gz", index=False, compression="gzip"
+    )
+    split = folder / "split" / "time"
+    split.mkdir(parents=True)
+    pd.DataFrame({t: [t == "paper"] for t in counts}).to_csv(
+        split / "nodetype-has-split.csv.gz", index=False, compression="gzip"
+    )
+    for name, ids in zip(("train", "valid", "test"), ([0, 3, 5, 8], [1, 9], [2, 10]), strict=True):
+        _write_csv_gz(split / "paper" / f"{name}.csv.gz", np.array(ids))
+    (folder / "RELEASE_v2.txt").write_text("fixture\n")
+    return {"counts": counts, "edges": edges, "features": features, "labels": labels}
+
+
+def test_ogbn_mag_loads_as_a_typed_graph_with_reverse_relations(tmp_path):
+    fixture = _write_ogb_mag_fixture(tmp_path / "data")
+    data = load_dataset("ogbn-mag", root=tmp_path / "data", cache_dir=tmp_path / "cache")
+    g, t = data.graph, data.targets
+    counts = fixture["counts"]
+    order = sorted(counts)
+    offsets = dict(zip(order, np.cumsum([0] + [counts[k] for k in order])[:-1].tolist()))
+    assert g.node_types == tuple(order) and g.num_nodes == sum(counts.values())
+    assert torch.equal(torch.bincount(g.node_type), torch.tensor([counts[k] for k in order]))
+    src, dst = g.edge_index()
+    have = set(zip(src.tolist(), dst.tolist(), g.edge_type.tolist(), strict=True))
+    want = set()
+    for (head, rel, tail), pairs in sorted(fixture["edges"].items()):
+        forward = g.relations.index(f"{head}__{rel}__{tail}")
+        reverse = g.relations.index(f"{tail}__rev_{rel}__{head}")
+        for a, b in pairs.tolist():
+            want |= {(a + offsets[head], b + offsets[tail], forward)}
+            want |= {(b + offsets[tail], a + offsets[head], reverse)}
+    assert have == want and len(g.relations) == 8
+    paper = slice(offsets["paper"], offsets["paper"] + counts["paper"])
+    torch.testing.assert_close(g.x[paper], torch.from_numpy(fixture["features"]))
+    assert bool((g.x[: offsets["paper"]] == 0).all())  # featureless types: zero rows
+    assert g.meta["featureless_node_types"] == ["author", "field_of_study", "institution"]
+    assert torch.equal(t.target[paper], torch.from_numpy(fixture["labels"]).reshape(-1))
+    assert bool((t.target[: offsets["paper"]] == -1).all())
+    assert t.train.nonzero().flatten().tolist() == [offsets["paper"] + i for i in (0, 3, 5, 8)]
+    assert int(t.val.sum()) == 2 and int(t.test.sum()) == 2
+
+
+def test_ogbn_mag_needs_a_typed_system(tmp_path):
+    from lightning_gnnscale.config_types import run_config
+    from lightning_gnnscale.errors import ConfigError
+    from tests.helpers.config import make_cfg
+
+    with pytest.raises(ConfigError, match="typed graph"):
+        run_config(make_cfg(tmp_path, "strategy=gsplit", "dataset=ogbn_mag", tiny=False))

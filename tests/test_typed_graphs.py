@@ -152,6 +152,43 @@ def test_the_rgcn_layer_equals_pyg_rgcnconv(num_bases):
     torch.testing.assert_close(layer(block, x), want, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("heads", "concat", "num_bases"), [(1, True, 0), (3, True, 2), (2, False, 0)]
+)
+def test_the_rgat_layer_is_pyg_rgatconv_plus_its_self_loop_weight(heads, concat, num_bases):
+    from torch_geometric.nn import RGATConv
+
+    from lightning_gnnscale.models.relational import BlockRGAT
+
+    torch.manual_seed(1)
+    n_src, n_dst, num_edges, num_rel = 30, 10, 90, 3
+    src = torch.randint(n_src, (num_edges,))
+    dst = torch.sort(torch.randint(n_dst, (num_edges,))).values
+    kind = torch.randint(num_rel, (num_edges,))
+    block = Block(
+        torch.arange(n_src), n_dst, torch.stack([src, dst]), torch.zeros_like(src[:n_src]), kind
+    )
+    out = 6 if concat else 2
+    layer = BlockRGAT(5, out, num_rel, heads, concat, num_bases).double()
+    torch.nn.init.normal_(layer.bias)
+    channels = layer.channels
+    oracle = RGATConv(
+        5, channels, num_rel, num_bases=num_bases or None, heads=heads, concat=concat
+    ).double()
+    with torch.no_grad():
+        if num_bases:
+            oracle.basis.copy_(layer.weight)
+            oracle.att.copy_(layer.comp)
+        else:
+            oracle.weight.copy_(layer.weight)
+        oracle.q.copy_(layer.q.repeat(1, 1))
+        oracle.k.copy_(layer.k)
+        oracle.bias.copy_(layer.bias)
+    x = torch.randn(n_src, 5, dtype=torch.float64)
+    want = oracle(x, block.edge_index, kind, size=(n_src, n_src))[:n_dst] + layer.root(x[:n_dst])
+    torch.testing.assert_close(layer(block, x), want, rtol=0, atol=1e-12)
+
+
 def test_evaluation_over_relations_equals_the_full_fanout_forward():
     """Layer-wise inference carries each edge's relation, as a sampled block does."""
     g = small_typed(num_edges=700)
@@ -195,11 +232,27 @@ def _run_config(tmp_path, *settings):
     return run_config(make_cfg(tmp_path, *settings))
 
 
-def test_systems_without_typed_graphs_refuse_them_naming_those_that_train_them(tmp_path):
-    with pytest.raises(ConfigError, match=r"typed graph.*strategy=distdgl.*\['ddp', 'single'\]"):
-        _run_config(tmp_path, "strategy=distdgl", "dataset=typed_sbm")
-    with pytest.raises(ConfigError, match=r"model=rgcn is relational.*\['ddp', 'single'\]"):
-        _run_config(tmp_path, "strategy=gsplit", "model=rgcn")
+def test_systems_without_typed_graphs_refuse_them_naming_those_that_train_them(
+    tmp_path, monkeypatch
+):
+    """A system whose config does not declare ``TYPED_GRAPHS`` (ddp's, with the flag taken
+    away here, as every port declares it) refuses a typed dataset and a relational model
+    before any rank starts, naming the names that train them."""
+    import re
+
+    from lightning_gnnscale.systems.ddp.config import DataParallelConfig
+    from lightning_gnnscale.systems.registry import SYSTEMS
+
+    monkeypatch.setattr(DataParallelConfig, "TYPED_GRAPHS", False)
+    able = sorted(n for n, spec in SYSTEMS.items() if spec.config_type.TYPED_GRAPHS)
+    assert "single" in able and "ddp" not in able
+    listed = re.escape(str(able))
+    with pytest.raises(ConfigError, match=rf"typed graph.*strategy=ddp.*{listed}"):
+        _run_config(tmp_path, "strategy=ddp", "dataset=typed_sbm")
+    with pytest.raises(ConfigError, match=rf"model=rgcn is relational.*{listed}"):
+        _run_config(tmp_path, "strategy=ddp", "model=rgcn")
+    monkeypatch.undo()
+    _run_config(tmp_path, "strategy=ddp", "dataset=typed_sbm", "model=rgcn")  # accepted
 
 
 def test_per_relation_fanouts_are_checked(tmp_path):
@@ -224,6 +277,16 @@ def test_an_unknown_relation_is_named_with_the_graph_relations():
     dm = DataModule(typed_sbm(num_nodes=200, num_relations=2), config, data)
     with pytest.raises(ConfigError, match=r"\['rel_9'\].*\['rel_0', 'rel_1'\]"):
         dm.prepare(1)
+
+
+def test_per_relation_fanouts_reach_the_sampler_of_every_hop():
+    import lightning_gnnscale as gs
+
+    _, DataModule, config = gs.system("single")
+    data = gs.DataConfig(fanouts=[5, 3], fanouts_per_relation={"rel_1": [-1, 1]})
+    dm = DataModule(typed_sbm(num_nodes=200, num_relations=3), config, data)
+    assert dm.relation_fanouts == [(5, -1, 5), (3, 1, 3)]
+    assert dm.batcher().sampler.relation_fanouts == [(5, -1, 5), (3, 1, 3)]
 
 
 def test_link_prediction_on_a_typed_graph_is_refused_before_training(tmp_path):

@@ -331,6 +331,11 @@ def typed_csc_from_edges(
         raise ValueError(f"edge_type must be [E]={tuple(src.shape)}, got {tuple(edge_type.shape)}")
     if num_relations < 1:
         raise ValueError("a typed graph needs at least one relation")
+    if (num_nodes * num_relations) ** 2 >= 1 << 63:  # the sort keys slot * N * R + src
+        raise ValueError(
+            f"{num_nodes:,} nodes x {num_relations} relations is past the typed CSC's int64 "
+            "sort keys ((N * R)^2 < 2^63)"
+        )
     kind = edge_type.to(torch.int64)
     if kind.numel() and (int(kind.min()) < 0 or int(kind.max()) >= num_relations):
         raise ValueError(f"edge_type holds values outside [0, {num_relations})")

@@ -188,7 +188,11 @@ class PlanetoidConfig(FileDatasetConfig):
 @dataclass(frozen=True)
 class OGBConfig(FileDatasetConfig):
     """An OGB node-property dataset (ogb's split), read from ``<root>/<name with - as _>/`` in
-    ogb's layout (``raw/``, ``split/``, ``processed/``)."""
+    ogb's layout (``raw/``, ``split/``, ``processed/``); ``ogbn-mag`` is a typed graph."""
+
+    @property
+    def is_typed(self) -> bool:
+        return self.source.name in OGB_TYPED
 
 
 @dataclass(frozen=True)
@@ -252,7 +256,9 @@ OGB = {
     "ogbn-arxiv": ("time", False, "arxiv"),
     "ogbn-products": ("sales_ranking", False, "products"),
     "ogbn-papers100M": ("time", True, "papers100M-bin"),
+    "ogbn-mag": ("time", False, "mag"),  # typed (heterogeneous): loaded as a typed graph
 }
+OGB_TYPED = ("ogbn-mag",)
 
 _LOADERS = "lightning_gnnscale.graph.datasets"
 register_dataset(DatasetSource("sbm", SBMConfig, f"{_LOADERS}:generate", generated=True))

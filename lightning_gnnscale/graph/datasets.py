@@ -48,6 +48,7 @@ from lightning_gnnscale.graph.constructed import (
 from lightning_gnnscale.graph.csc import Graph
 from lightning_gnnscale.graph.dataset_config import (
     OGB,
+    OGB_TYPED,
     PLANETOID,
     DatasetConfig,
     FileDatasetConfig,
@@ -142,6 +143,8 @@ def load_planetoid(config: PlanetoidConfig) -> NodeDataset:
 def load_ogb(config: FileDatasetConfig) -> NodeDataset:
     """The registered loader of an OGB dataset (see :func:`load_dataset`)."""
     root, cache = _root_and_cache(config)
+    if config.is_typed:
+        return _load_ogb_typed(config.source.name, root, cache, config.download)
     return _load_ogb(config.source.name, root, cache, config.download)
 
 
@@ -476,20 +479,28 @@ def _ogb_compat() -> Iterator[None]:
         del ogb_dataset.input
 
 
-def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> NodeDataset:
-    """ogbn-* through ogb's ``NodePropPredDataset`` with ogb's split; NaN labels -> -1."""
+def _ogb_dataset(name: str, root: Path, cache_dir: Path, download: bool):
+    """ogb's ``NodePropPredDataset`` of ``name`` (processed in a cache mirror when ``root`` holds
+    only the raw files) and its split; a missing file fails naming ogb's expected layout."""
     split_name, binary, zip_folder = OGB[name]
+    typed = name in OGB_TYPED
     dir_name = name.replace("-", "_")
     dataset_dir = root / dir_name
     processed = dataset_dir / "processed" / "data_processed"
-    raw_main = dataset_dir / "raw" / ("data.npz" if binary else "edge.csv.gz")
+    main = "triplet-type-list.csv.gz" if typed else ("data.npz" if binary else "edge.csv.gz")
+    raw_main = dataset_dir / "raw" / main
     split_dir = dataset_dir / "split" / split_name
-    split_files = [split_dir / f"{part}.csv.gz" for part in ("train", "valid", "test")]
+    split_files = (
+        [split_dir / "nodetype-has-split.csv.gz"]
+        if typed
+        else [split_dir / f"{part}.csv.gz" for part in ("train", "valid", "test")]
+    )
     has_split = (split_dir / "split_dict.pt").exists() or not _missing(split_files)
     if (not (processed.exists() or raw_main.exists()) or not has_split) and not download:
+        split_names = "nodetype-has-split.csv.gz" if typed else "{train,valid,test}.csv.gz"
         raise DatasetNotFoundError(
             f"{name}: expected ogb's layout in {dataset_dir}/: {raw_main.relative_to(dataset_dir)} "
-            f"(or processed/data_processed) and split/{split_name}/{{train,valid,test}}.csv.gz. "
+            f"(or processed/data_processed) and split/{split_name}/{split_names}. "
             f"On a machine with internet, download "
             f"{_OGB_URL.format(zip_folder)}, unzip it and rename the folder {zip_folder!r} to "
             f"{dataset_dir} (or run ogb's NodePropPredDataset({name!r}, root=...) there and copy "
@@ -513,7 +524,12 @@ def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> NodeDat
         dataset = NodePropPredDataset(name, root=str(ogb_root))
         split = dataset.get_idx_split()
         ogb_graph, labels = dataset[0]
+    return dataset, split, ogb_graph, labels
 
+
+def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> NodeDataset:
+    """ogbn-* through ogb's ``NodePropPredDataset`` with ogb's split; NaN labels -> -1."""
+    dataset, split, ogb_graph, labels = _ogb_dataset(name, root, cache_dir, download)
     num_nodes = int(ogb_graph["num_nodes"])
     y = _writable_tensor(labels).reshape(num_nodes)
     if y.is_floating_point():
@@ -532,6 +548,64 @@ def _load_ogb(name: str, root: Path, cache_dir: Path, download: bool) -> NodeDat
         meta={"source": "ogb", "root": str(root)},
     )
     return NodeDataset(graph, NodeTargets(y.long(), *masks, dataset.num_classes))
+
+
+def _load_ogb_typed(name: str, root: Path, cache_dir: Path, download: bool) -> NodeDataset:
+    """A heterogeneous OGB dataset (``ogbn-mag``) as a typed graph (docs/datasets.md, "OGB-MAG").
+
+    Node types in ogb's (sorted) order, each a contiguous id range; every relation
+    ``(head, rel, tail)`` as relation ``head__rel__tail`` plus its reverse
+    ``tail__rev_rel__head`` (message passing both ways, as PyG's ``ToUndirected`` does).
+    Features: the widest type's width, narrower and featureless types zero-padded (their rows
+    are counted as any other); labels and splits of the labelled types, -1 and no split
+    elsewhere."""
+    dataset, split, ogb_graph, labels = _ogb_dataset(name, root, cache_dir, download)
+    num_nodes_dict = {t: int(n) for t, n in ogb_graph["num_nodes_dict"].items()}
+    node_types = tuple(sorted(num_nodes_dict))
+    counts = torch.tensor([num_nodes_dict[t] for t in node_types])
+    offsets = dict(zip(node_types, (torch.cumsum(counts, 0) - counts).tolist(), strict=True))
+    num_nodes = int(counts.sum())
+    feats = {t: f for t, f in (ogb_graph.get("node_feat_dict") or {}).items() if f is not None}
+    width = max((f.shape[1] for f in feats.values()), default=1)
+    x = torch.zeros(num_nodes, width)
+    for kind, rows in feats.items():
+        start = offsets[kind]
+        x[start : start + rows.shape[0], : rows.shape[1]] = _writable_tensor(rows).float()
+    relations, sources, destinations, kinds = [], [], [], []
+    for head, rel, tail in sorted(ogb_graph["edge_index_dict"]):
+        edges = _writable_tensor(ogb_graph["edge_index_dict"][head, rel, tail]).long()
+        src, dst = edges[0] + offsets[head], edges[1] + offsets[tail]
+        for name_, a, b in (
+            (f"{head}__{rel}__{tail}", src, dst),
+            (f"{tail}__rev_{rel}__{head}", dst, src),
+        ):
+            sources.append(a)
+            destinations.append(b)
+            kinds.append(torch.full_like(a, len(relations)))
+            relations.append(name_)
+    y = torch.full((num_nodes,), -1, dtype=torch.long)
+    masks = [torch.zeros(num_nodes, dtype=torch.bool) for _ in range(3)]
+    for kind, rows in labels.items():
+        y[offsets[kind] : offsets[kind] + rows.shape[0]] = _writable_tensor(rows).reshape(-1).long()
+    for mask, key in zip(masks, ("train", "valid", "test"), strict=True):
+        for kind, ids in split[key].items():
+            mask[_writable_tensor(np.asarray(ids)).long() + offsets[kind]] = True
+    graph = Graph.from_edge_index(
+        torch.stack([torch.cat(sources), torch.cat(destinations)]),
+        num_nodes,
+        edge_type=torch.cat(kinds),
+        x=x,
+        name=name,
+        meta={
+            "source": "ogb",
+            "root": str(root),
+            "featureless_node_types": [t for t in node_types if t not in feats],
+        },
+        relations=tuple(relations),
+        node_type=torch.repeat_interleave(torch.arange(len(node_types)), counts),
+        node_types=node_types,
+    )
+    return NodeDataset(graph, NodeTargets(y, *masks, dataset.num_classes))
 
 
 def _writable_tensor(array: np.ndarray) -> torch.Tensor:

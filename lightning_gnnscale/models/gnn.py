@@ -12,12 +12,12 @@ from ..config_types import MODEL_INITS
 from ..contract import LayerHook
 from ..graph.block import Block, blocks_to_subgraph
 from .layers import BlockGAT, BlockGCN, BlockSAGE, row_dropout
-from .relational import BlockRGCN
+from .relational import BlockRGAT, BlockRGCN
 
 if TYPE_CHECKING:
     from ..config_types import ModelConfig
 
-MODEL_KINDS = ("gcn", "sage", "gat", "rgcn")
+MODEL_KINDS = ("gcn", "sage", "gat", "rgcn", "rgat")
 
 
 class BlockGNN(nn.Module):
@@ -30,8 +30,9 @@ class BlockGNN(nn.Module):
     applies the mask); systems use it to move rows between processes (e.g. GSplit's shuffle)
     without the model knowing anything about distribution.
 
-    ``rgcn`` layers (:class:`~.relational.BlockRGCN`) weigh each block edge by its relation
-    (``num_relations``, ``num_bases``); the other kinds ignore relations.
+    ``rgcn`` and ``rgat`` layers (:class:`~.relational.BlockRGCN`,
+    :class:`~.relational.BlockRGAT`) weigh each block edge by its relation (``num_relations``,
+    ``num_bases``); the other kinds ignore relations.
 
     ``init="glorot"`` redraws every 2-D weight of the layers Glorot-uniform (PyG's
     ``GCNConv`` and the GCN paper draw GCN's so; ``torch``, the default, keeps the layers' own
@@ -79,6 +80,16 @@ class BlockGNN(nn.Module):
             return BlockGCN(in_dim, out_dim)
         if kind == "rgcn":
             return BlockRGCN(in_dim, out_dim, self.num_relations, self.num_bases)
+        if kind == "rgat":
+            return BlockRGAT(
+                in_dim,
+                out_dim,
+                self.num_relations,
+                heads=1 if last else heads,
+                concat=not last,
+                num_bases=self.num_bases,
+                attention_dropout=dropout,
+            )
         if kind == "sage":
             return BlockSAGE(in_dim, out_dim)
         return BlockGAT(

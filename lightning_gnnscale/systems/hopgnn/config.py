@@ -99,6 +99,9 @@ class HopGNNConfig(SystemConfig):
     # task.exclude_target_edges: both samplers drop the step's positive pairs (original ids)
     EXCLUDES_TARGET_EDGES: ClassVar[bool] = True
     supports_partition_dir: ClassVar[bool] = True
+    # typed graphs (node tasks): per-relation sampling over the replicated typed topology
+    # (docs/systems/hopgnn.md, "Typed graphs")
+    TYPED_GRAPHS: ClassVar[bool] = True
     PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
 
     def __post_init__(self) -> None:

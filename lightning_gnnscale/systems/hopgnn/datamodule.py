@@ -15,7 +15,7 @@ while the batch is built, in the main process, in step order.
 With ``data.partition_dir`` (``write_parts``) the nodes are relabelled so that each server owns
 one contiguous id range (the partition becomes the ``[P + 1]`` offsets). What every server
 replicates is one shared group a machine maps once: the topology (CSC in those ids, each
-in-edge segment in its original order), the targets, the training ids and the original id of
+in-edge segment in its original order; a typed graph's relation per edge), the targets, the training ids and the original id of
 every node (the sampling keys, so a run samples what ``single`` samples; the paper's servers
 hold the ``[N]`` partition array in its place). A rank's part is its feature shard and its
 nodes' split columns (the task's); it holds no other rank's feature row, and evaluates and
@@ -38,20 +38,31 @@ from typing_extensions import override
 
 from ...comm import Comm, OwnerRoute
 from ...contract import RankContext
+from ...errors import ConfigError
 from ...graph.batch import Batch
 from ...graph.block import Block
-from ...graph.book import PartitionBook, RangeBook, relabel_csc, sort_sources
+from ...graph.book import (
+    PartitionBook,
+    RangeBook,
+    relabel_csc,
+    relabelled_edge_ids,
+    sort_sources,
+)
 from ...graph.cache import cached_partition
+from ...graph.csc import relation_indptr
 from ...graph.csc_rows import CSCRows
 from ...graph.node_targets import NodeTargets
 from ...graph.partition import partition_report
-from ...graph.partition_dir import PartitionDir, shared_folder
+from ...graph.partition_dir import PartitionDir, PartitionDirError, shared_folder
 from ...graph.sampler import (
     NeighborSampler,
     SampleKey,
     build_block_sorted,
+    check_relation_fanouts,
     drop_excluded,
+    kept_edges,
     sample_neighbors,
+    sample_typed_edge_ids,
 )
 from ...kit.datamodule import GNNDataModule
 from ...kit.link_partitioned import owned_link_statistics
@@ -231,6 +242,43 @@ class HopGNNPart:
         return int(self.home.max()) + 1 if self.home.numel() else 0
 
 
+def relation_fanouts(data, relations: list[str]) -> list[tuple[int, ...]]:
+    """Per hop, the fanout of each of ``relations`` (``data.fanouts``, overridden by
+    ``data.fanouts_per_relation``): :attr:`GNNDataModule.relation_fanouts` for a typed
+    partition directory, whose relations its metadata names (no graph is loaded)."""
+    given = data.fanouts_per_relation
+    unknown = sorted(set(given) - set(relations))
+    if unknown:
+        raise ConfigError(
+            f"data.fanouts_per_relation names {unknown}, which are not relations of the "
+            f"partition directory's graph; its relations: {list(relations)}"
+        )
+    return [
+        tuple(given.get(r, data.fanouts)[hop] for r in relations)
+        for hop in range(len(data.fanouts))
+    ]
+
+
+def typed_meta(graph) -> dict[str, Any]:
+    """A typed graph's partition-directory metadata: its relation names (what
+    ``GNNDataModule.num_relations`` reads) and node-type names; ``{}`` when homogeneous."""
+    out: dict[str, Any] = {}
+    if graph.is_typed:
+        out["relations"] = list(graph.relations)
+    if graph.node_type is not None:
+        out["node_types"] = list(graph.node_types)
+    return out
+
+
+def node_type_counts(
+    node_type: Tensor, num_types: int, part: Tensor, world_size: int
+) -> list[list[int]]:
+    """``[P][T]``: the nodes of each of the ``num_types`` types every part owns (the
+    partition report's per-type balance)."""
+    counts = torch.bincount(part * num_types + node_type, minlength=world_size * num_types)
+    return counts.view(world_size, num_types).tolist()
+
+
 def owned_eval_pairs(
     split, owner: Callable[[Tensor], Tensor], rank: int
 ) -> dict[str, tuple[Tensor, Tensor]]:
@@ -350,11 +398,33 @@ class RelabelledSampler:
         indptr, indices: the relabelled CSC, each segment in its original order.
         orig_ids: int64 ``[N]`` original id of every node.
         fanouts, seed: as :class:`NeighborSampler`.
+        edge_type: a typed graph's relation per edge of ``indices`` (each segment sorted by
+            relation, as the original's); ``None``: homogeneous.
+        relation_fanouts, num_relations: with ``edge_type``, as :class:`NeighborSampler`
+            (the slot ``(v, r)`` keyed on ``orig_ids[v] * R + r``, as the original graph's).
     """
 
-    def __init__(self, indptr: Tensor, indices: Tensor, orig_ids: Tensor, fanouts, seed: int):
+    def __init__(
+        self,
+        indptr: Tensor,
+        indices: Tensor,
+        orig_ids: Tensor,
+        fanouts,
+        seed: int,
+        edge_type: Tensor | None = None,
+        relation_fanouts: list[tuple[int, ...]] | None = None,
+        num_relations: int = 1,
+    ):
         self.indptr, self.indices, self.orig_ids = indptr, indices, orig_ids
         self.fanouts, self.seed = list(fanouts), seed
+        self.edge_type, self.relation_fanouts = edge_type, None
+        if edge_type is not None:
+            self.relation_fanouts = check_relation_fanouts(
+                relation_fanouts or [(f,) * num_relations for f in self.fanouts],
+                len(self.fanouts),
+                num_relations,
+            )
+            self.slot_indptr = relation_indptr(indptr, edge_type, num_relations)
 
     def degree(self, ids: Tensor) -> Tensor:
         return self.indptr.index_select(0, ids + 1) - self.indptr.index_select(0, ids)
@@ -376,13 +446,27 @@ class RelabelledSampler:
         n = self.orig_ids.numel()
         for hop, fanout in enumerate(self.fanouts):
             keys = self.orig_ids.index_select(0, frontier)
-            src, dst_pos = sample_neighbors(
-                self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
-            )
-            if exclude is not None:
-                orig_src = self.orig_ids.index_select(0, src)
-                src, dst_pos = drop_excluded(src, dst_pos, keys, orig_src, n, exclude)
-            block = build_block_sorted(frontier, src, dst_pos, self.degree)
+            types = None
+            if self.edge_type is None:
+                src, dst_pos = sample_neighbors(
+                    self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
+                )
+                if exclude is not None:
+                    orig_src = self.orig_ids.index_select(0, src)
+                    src, dst_pos = drop_excluded(src, dst_pos, keys, orig_src, n, exclude)
+            else:  # per relation, keyed as the original graph's slots
+                eids, dst_pos = sample_typed_edge_ids(
+                    self.slot_indptr, frontier, self.relation_fanouts[hop], key.hop_key(hop), keys
+                )
+                if exclude is not None and exclude.numel():
+                    orig_src = self.orig_ids.index_select(0, self.indices.index_select(0, eids))
+                    kept = kept_edges(keys[dst_pos], orig_src, n, exclude)
+                    eids, dst_pos = eids[kept], dst_pos[kept]
+                src, types = (
+                    self.indices.index_select(0, eids),
+                    self.edge_type.index_select(0, eids),
+                )
+            block = build_block_sorted(frontier, src, dst_pos, self.degree, types)
             block = sort_sources(block, self.orig_ids.index_select(0, block.src_ids))
             blocks.append(block)
             frontier = block.src_ids
@@ -433,6 +517,10 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             **partition.options(),
         )
         report = partition_report(graph, parts, world_size, splits=targets.split_matrix())
+        if graph.node_type is not None:  # balance per type: reported (docs: why not enforced)
+            report["node_type_counts"] = node_type_counts(
+                graph.node_type, len(graph.node_types), parts.to(torch.int64), world_size
+            )
         print(
             f"[{self.config.name}] {partition.method} partition into {world_size}: edge cut "
             f"{report['edge_cut_fraction']:.1%}, node balance {report['node_balance']:.3f}",
@@ -468,23 +556,26 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def write_parts(self, world_size: int, writer, log) -> dict:
         """Relabel so that each server owns one contiguous id range; write what every server
-        replicates (CSC with segments in their original order, targets, training ids,
-        original ids) as the shared group ``topology``, and per part its feature shard and its
-        nodes' split columns."""
+        replicates (CSC with segments in their original order, a typed graph's relation per
+        edge, targets, training ids, original ids) as the shared group ``topology``, and per
+        part its feature shard and its nodes' split columns. A typed graph's metadata names
+        its relations and node types, and each part's count of every node type."""
         prepared, graph, targets = self.prepare(world_size), self.graph, self.targets
         book = PartitionBook.from_parts(prepared.part, world_size)
         if self.is_link:
             return self._write_link_parts(prepared, book, world_size, writer, log)
-        indptr, indices = relabel_csc(graph.indptr, graph.indices, book)
+        indptr, old_edge = relabelled_edge_ids(graph.indptr, book)  # relabel_csc's edge order
         replicated = {
             "indptr": indptr,
-            "indices": indices,
+            "indices": book.old2new[graph.indices[old_edge]],
             TARGET_FILE: targets.target[book.new2old],
             "train_ids": book.old2new[self.task.train_seeds(targets)],  # in original id order
             "orig_ids": book.new2old,
         }
+        if graph.is_typed:
+            replicated["edge_type"] = graph.edge_type[old_edge]
         writer.write_shared("topology", replicated)
-        del replicated, indices
+        del replicated, old_edge
         for k in range(world_size):
             lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
             own = book.new2old[lo:hi]
@@ -493,7 +584,11 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             sizes = {"nodes": hi - lo, "edges": int(indptr[hi] - indptr[lo])}
             writer.write_part(k, arrays, sizes, shared=["topology"])
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
-        return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
+        return {
+            "node_offsets": book.node_offsets.tolist(),
+            "report": prepared.report,
+            **typed_meta(graph),
+        }
 
     def _write_link_parts(self, prepared, book: PartitionBook, world_size: int, writer, log):
         """Link prediction's directory: the replicated group ``topology`` holds the whole
@@ -536,6 +631,8 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 opened.expect_shape(folder, f"{stage}_indptr", (nodes + 1,), key)
             return
         opened.expect_shape(folder, TARGET_FILE, self.task.target_shape(nodes, opened.meta), key)
+        if "relations" in opened.meta:  # a typed graph: a relation per edge of indices
+            opened.expect_shape(folder, "edge_type", (opened.meta["num_edges"],), "'num_edges'")
 
     # ------------------------------------------------------------------------ rank parts
     @override
@@ -561,12 +658,19 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 pairs=owned_eval_pairs(split, owner, rank),
             )
         indptr, indices = link.structures["train"] if link else (graph.indptr, graph.indices)
+        typed = {}
+        if graph.is_typed and link is None:  # (a task refuses links on a typed graph)
+            typed = {
+                "edge_type": graph.edge_type,
+                "relation_fanouts": self.relation_fanouts,
+                "num_relations": graph.num_relations,
+            }
         return HopGNNPart(
             home=home,
             rows=rows,
             local_row=local_row,
             target=self.targets.target if link is None else torch.empty(0),
-            sampler=NeighborSampler(indptr, indices, list(self.data.fanouts), self.seed),
+            sampler=NeighborSampler(indptr, indices, list(self.data.fanouts), self.seed, **typed),
             train_ids=self.train_ids,
             num_nodes=graph.num_nodes,
             own=None,
@@ -590,15 +694,51 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         columns = {**arrays, TARGET_FILE: target[first:stop]}
         out_dim = self.task.out_dim_of(opened.meta)
         own = OwnNodes(orig_ids[first:stop], NodeTargets.from_arrays(columns, out_dim))
+        typed = self._directory_relations(opened, replicated)
         sampler = RelabelledSampler(
             replicated["indptr"],
             replicated["indices"],
             orig_ids,
             list(self.data.fanouts),
             self.seed,
+            **typed,
         )
         train_ids = replicated["train_ids"]
         return HopGNNPart(book, x, None, target, sampler, train_ids, orig_ids.numel(), own)
+
+    def _directory_relations(self, opened: PartitionDir, replicated: dict) -> dict[str, Any]:
+        """A typed directory's sampler settings (``edge_type``, ``relation_fanouts``,
+        ``num_relations``; ``{}`` for a homogeneous one), its relations checked as outside
+        input: int64 in ``[0, R)``, one per edge, each segment sorted by relation (what the
+        per-relation slots assume), and ``data.fanouts_per_relation`` naming only them."""
+        relations = opened.meta.get("relations")
+        if relations is None:
+            return {}
+        where = f"partition directory {opened.path}"
+        if "edge_type" not in replicated:
+            raise PartitionDirError(
+                f"{where}: its metadata names relations {relations} but the shared group "
+                "'topology' holds no edge_type; partition again"
+            )
+        edge_type, indptr = replicated["edge_type"], replicated["indptr"]
+        num_relations = len(relations)
+        ok = edge_type.dtype == torch.int64 and edge_type.shape == replicated["indices"].shape
+        if ok and edge_type.numel():
+            ok = int(edge_type.min()) >= 0 and int(edge_type.max()) < num_relations
+            starts = torch.zeros(edge_type.numel(), dtype=torch.bool)
+            starts[indptr[:-1][indptr[1:] > indptr[:-1]]] = True
+            ok = ok and bool(((edge_type[1:] >= edge_type[:-1]) | starts[1:]).all())
+        if not ok:
+            raise PartitionDirError(
+                f"{where}: shared-topology/edge_type.npy must be int64, one relation in "
+                f"[0, {num_relations}) per edge, each in-edge segment sorted by relation; "
+                "partition again"
+            )
+        return {
+            "edge_type": edge_type,
+            "relation_fanouts": relation_fanouts(self.data, relations),
+            "num_relations": num_relations,
+        }
 
     def _load_link_part(self, opened, book: RangeBook, replicated, arrays, rank: int):
         """Link prediction's part from a directory (:meth:`_write_link_parts`): the
@@ -760,6 +900,9 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         epoch time, which counts training bytes (in memory evaluation sends neither)."""
         before = self.comm.meter.snapshot()
         topology = self.held.topology or (self.sampler.indptr, self.sampler.indices)
+        typed = {}
+        if self.held.topology is None and self.sampler.edge_type is not None:
+            typed = {"edge_type": self.sampler.edge_type, "num_relations": self.num_relations}
         rows = owned_range_rows(
             net,
             self.comm,
@@ -768,6 +911,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.shard.rows,
             layers,
             self.data.eval_chunk_size,
+            **typed,
         )
         self._untime(before)
         return rows
