@@ -49,16 +49,21 @@ def setup_typed(world_size):
     return dataset, parts, seeds
 
 
-def make_rgcn(dataset, num_bases):
+# relational models: RGCN with full weights and with 2 bases, RGAT
+MODELS = (("rgcn", 0), ("rgcn", 2), ("rgat", 0))
+
+
+def make_relational(dataset, kind, num_bases):
     torch.manual_seed(0)
     graph = dataset.graph
     return BlockGNN(
-        "rgcn",
+        kind,
         graph.num_features,
         10,
         dataset.num_classes,
         2,
         dropout=0.0,
+        heads=2,
         num_relations=graph.num_relations,
         num_bases=num_bases,
     ).double()
@@ -89,8 +94,8 @@ def _typed_split_rank(rank, world_size, topology):
     targets = seeds[parts[seeds] == rank]
     blocks, plans, inputs = sampler.sample(targets, EPOCH, STEP)
     out = {"edges": typed_edges(blocks), "inputs": inputs}
-    for num_bases in (0, 2):
-        net = make_rgcn(dataset, num_bases)
+    for model in MODELS:
+        net = make_relational(dataset, *model)
         logits = net(
             blocks, graph.x[inputs], layer_hook=lambda i, h: shuffle(h, plans[i], comm, layer=i)
         )
@@ -99,14 +104,14 @@ def _typed_split_rank(rank, world_size, topology):
         grad = torch.cat([p.grad.flatten() for p in net.parameters()])
         comm.all_reduce(grad, category="gradient")
         total = comm.all_reduce(loss.detach().clone(), category="control")
-        out[num_bases] = (blocks[-1].dst_ids, logits.detach(), total / seeds.numel(), grad)
+        out[model] = (blocks[-1].dst_ids, logits.detach(), total / seeds.numel(), grad)
     return out
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize(("world_size", "topology"), [(2, "replicated"), (3, "partitioned")])
 def test_typed_split_parallel_equals_single(world_size, topology):
-    """float64, RGCN (full weights and 2 bases), per-relation fanouts: the ranks' blocks
+    """float64, RGCN (full weights and 2 bases) and RGAT, per-relation fanouts: the ranks' blocks
     together hold exactly ``single``'s typed sample (every edge with its relation), each input
     is loaded once by its owner, and logits, loss and gradients equal ``single``'s."""
     dataset, parts, seeds = setup_typed(world_size)
@@ -133,14 +138,14 @@ def test_typed_split_parallel_equals_single(world_size, topology):
         assert bool((parts[r["inputs"]] == rank).all())
     y = dataset.targets.target[seeds]
     row = {int(s): i for i, s in enumerate(seeds)}
-    for num_bases in (0, 2):
-        net = make_rgcn(dataset, num_bases)
+    for model in MODELS:
+        net = make_relational(dataset, *model)
         ref_logits = net(ref, graph.x[ref[0].src_ids])
         loss = F.cross_entropy(ref_logits, y, reduction="sum") / seeds.numel()
         loss.backward()
         ref_grad = torch.cat([p.grad.flatten() for p in net.parameters()])
         for r in results:
-            dst, logits, total, grad = r[num_bases]
+            dst, logits, total, grad = r[model]
             at = torch.tensor([row[int(v)] for v in dst], dtype=torch.int64)
             torch.testing.assert_close(logits, ref_logits.detach()[at], rtol=0, atol=1e-10)
             torch.testing.assert_close(total, loss.detach(), rtol=0, atol=1e-12)
