@@ -84,6 +84,8 @@ class GSplitConfig(SystemConfig):
     # link prediction last: CI's conformance suite runs a preset's first two tasks
     TASKS = (*NODE_TASKS, "link_prediction")
     supports_partition_dir = True
+    # typed graphs: per-relation split sampling, blocks carry relations (docs/systems/gsplit.md)
+    TYPED_GRAPHS = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

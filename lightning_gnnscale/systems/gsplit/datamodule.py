@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import lightning as L
@@ -39,13 +40,20 @@ from typing_extensions import override
 
 from ...comm import Comm
 from ...contract import RankContext
+from ...errors import ConfigError
 from ...graph.batch import Batch
-from ...graph.book import PartitionBook, RangeBook, relabel_csc
+from ...graph.book import PartitionBook, RangeBook, relabel_csc, relabelled_edge_ids
 from ...graph.csc import Graph
 from ...graph.csc_rows import CSCRows
 from ...graph.node_targets import NodeTargets
-from ...graph.partition_dir import PartitionDir, shared_folder
-from ...graph.sampler import NeighborSampler, SampleKey, sample_neighbors
+from ...graph.partition_dir import PartitionDir, PartitionDirError, part_folder, shared_folder
+from ...graph.sampler import (
+    NeighborSampler,
+    SampleKey,
+    check_relation_fanouts,
+    sample_neighbors,
+    sample_typed_edge_ids,
+)
 from ...kit.datamodule import GNNDataModule
 from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, own_predictions
@@ -251,9 +259,17 @@ class OrigKeyedSampler(NeighborSampler):
     (GSplit's redundancy probe)."""
 
     def __init__(
-        self, indptr, indices, fanouts: list[int], seed: int, orig_ids: torch.Tensor | None
+        self,
+        indptr,
+        indices,
+        fanouts: list[int],
+        seed: int,
+        orig_ids: torch.Tensor | None,
+        edge_type: torch.Tensor | None = None,
+        relation_fanouts: list[tuple[int, ...]] | None = None,
+        num_relations: int = 1,
     ):
-        super().__init__(indptr, indices, fanouts, seed)
+        super().__init__(indptr, indices, fanouts, seed, edge_type, relation_fanouts, num_relations)
         self.orig_ids = orig_ids
 
     @override
@@ -263,13 +279,93 @@ class OrigKeyedSampler(NeighborSampler):
         blocks = []
         for hop, fanout in enumerate(self.fanouts):
             keys = None if self.orig_ids is None else self.orig_ids.index_select(0, frontier)
-            src, dst_pos = sample_neighbors(
-                self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
-            )
-            block = self.build_block(frontier, src, dst_pos)
+            if self.edge_type is None:
+                src, dst_pos = sample_neighbors(
+                    self.indptr, self.indices, frontier, fanout, key.hop_key(hop), keys
+                )
+                block = self.build_block(frontier, src, dst_pos)
+            else:
+                eids, dst_pos = sample_typed_edge_ids(
+                    self.slot_indptr, frontier, self.relation_fanouts[hop], key.hop_key(hop), keys
+                )
+                src = self.indices.index_select(0, eids)
+                block = self.build_block(frontier, src, dst_pos, self.edge_type[eids])
             blocks.append(block)
             frontier = block.src_ids
         return blocks[::-1]
+
+
+def typed_rows(
+    opened: PartitionDir,
+    arrays: dict[str, torch.Tensor],
+    indptr: torch.Tensor,
+    relations,
+    folder: str,
+) -> dict:
+    """The :class:`CSCRows` keywords of a partition directory's relations: ``edge_type``
+    (``arrays``' entry, one per entry of the rows ``indptr`` cover, in ``folder``) and
+    ``num_relations``; ``{}`` for a homogeneous graph's. Outside input: the file must come
+    exactly when the metadata names ``relations``, hold int64 values in ``[0, R)``, and keep
+    every segment sorted by relation (a typed graph's CSC order, which per-relation sampling
+    reads as runs); else ``PartitionDirError`` naming it."""
+    where = f"{opened.path / folder / 'edge_type.npy'}"
+    edge_type = arrays.get("edge_type")
+    if (edge_type is None) != (not relations):
+        have = "no" if edge_type is None else "an"
+        raise PartitionDirError(
+            f"{opened.path}: the metadata names relations {list(relations)} but there is "
+            f"{have} {where}; partition again"
+        )
+    if edge_type is None:
+        return {}
+    num_relations = len(relations)
+    if edge_type.dtype != torch.int64 or edge_type.shape != indices_shape(indptr):
+        raise PartitionDirError(
+            f"{where} must be int64 {list(indices_shape(indptr))}, holds {edge_type.dtype} "
+            f"{list(edge_type.shape)}; partition again"
+        )
+    if edge_type.numel():
+        if int(edge_type.min()) < 0 or int(edge_type.max()) >= num_relations:
+            raise PartitionDirError(
+                f"{where} holds relations outside [0, {num_relations}) (the metadata's "
+                f"'relations' {list(relations)}); partition again"
+            )
+        starts = torch.zeros(edge_type.numel(), dtype=torch.bool)
+        degree = indptr[1:] - indptr[:-1]
+        starts[(indptr[:-1] - indptr[0])[degree > 0]] = True
+        if not bool(((edge_type[1:] >= edge_type[:-1]) | starts[1:]).all()):
+            raise PartitionDirError(
+                f"{where}: a segment's relations are not sorted (a typed CSC keeps each "
+                "vertex's in-edges sorted by relation); partition again"
+            )
+    return {"edge_type": edge_type, "num_relations": num_relations}
+
+
+def indices_shape(indptr: torch.Tensor) -> tuple[int]:
+    """The shape of the entries the rows ``indptr`` cover."""
+    return (int(indptr[-1] - indptr[0]),)
+
+
+def check_node_types(opened: PartitionDir, arrays: dict[str, torch.Tensor], folder: str) -> None:
+    """A part's ``node_type`` (outside input) comes exactly when the metadata names
+    ``node_types``, and holds int64 values in ``[0, T)``; else ``PartitionDirError``."""
+    names = opened.meta.get("node_types") or ()
+    node_type = arrays.get("node_type")
+    where = f"{opened.path / folder / 'node_type.npy'}"
+    if (node_type is None) != (not names):
+        have = "no" if node_type is None else "an"
+        raise PartitionDirError(
+            f"{opened.path}: the metadata names node types {list(names)} but there is "
+            f"{have} {where}; partition again"
+        )
+    if node_type is not None and (
+        node_type.dtype != torch.int64
+        or (node_type.numel() and (int(node_type.min()) < 0 or int(node_type.max()) >= len(names)))
+    ):
+        raise PartitionDirError(
+            f"{where} must hold int64 node types in [0, {len(names)}) (the metadata's "
+            f"'node_types' {list(names)}); partition again"
+        )
 
 
 class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
@@ -314,6 +410,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             metis_seed=self.seed,
             ufactor=p.ufactor,
             zero_edge_policy=p.zero_edge_policy,
+            relation_fanouts=self.relation_fanouts,
         )
         print(
             f"[gsplit] {p.method} split into {world_size}: predicted cross-split edge share "
@@ -327,6 +424,33 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             "presampled_batches": artifact["num_batches"],
         }
         return GSplitPrepared(artifact["parts"], artifact["k0_v"], report)
+
+    @cached_property
+    def relation_fanouts(self) -> list[tuple[int, ...]] | None:
+        """The base's per-relation fanouts; from a partition directory, of the relations its
+        metadata names (``None``: a homogeneous graph's directory)."""
+        if self.partition_dir is None:
+            return GNNDataModule.relation_fanouts.func(self)
+        relations = self.partition_meta().get("relations") or ()
+        given = self.data.fanouts_per_relation
+        if not relations:
+            if given:
+                raise ConfigError(
+                    f"data.fanouts_per_relation={dict(given)} names relations, but the "
+                    f"partition directory {self.partition_dir} holds a homogeneous graph; drop it"
+                )
+            return None
+        unknown = sorted(set(given) - set(relations))
+        if unknown:
+            raise ConfigError(
+                f"data.fanouts_per_relation names {unknown}, which are not relations of the "
+                f"partition directory {self.partition_dir}; its relations: {list(relations)}"
+            )
+        fanouts = [
+            tuple(given.get(r, self.data.fanouts)[hop] for r in relations)
+            for hop in range(len(self.data.fanouts))
+        ]
+        return check_relation_fanouts(fanouts, len(self.data.fanouts), len(relations))
 
     @property
     def is_link(self) -> bool:
@@ -361,8 +485,9 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def partition_settings(self) -> dict[str, Any]:
         """The partitioner, what pre-sampling runs (the training schedule's fanouts and batch
-        size) and the topology (``replicated``: one shared copy per machine; ``partitioned``:
-        each part holds its own vertices' rows)."""
+        size, and a typed graph's ``data.fanouts_per_relation`` when given) and the topology
+        (``replicated``: one shared copy per machine; ``partitioned``: each part holds its own
+        vertices' rows)."""
         p = self.config.partition
         options = {
             "presample_epochs": p.presample_epochs,
@@ -372,6 +497,10 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             "batch_size": self.data.batch_size,
             "topology": self.config.topology,
         }
+        if self.data.fanouts_per_relation:  # a typed graph's pre-sampling used them too
+            options["fanouts_per_relation"] = {
+                r: list(f) for r, f in sorted(self.data.fanouts_per_relation.items())
+            }
         return {"method": p.method, "partition_options": options}
 
     @override
@@ -386,7 +515,10 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         ``indices``), next to a shared group ``vertices`` of the training ids and the
         in-degrees ``degree`` ``[N]``. Link prediction writes each structure so: the graph's
         (predict), ``train_`` (training and validation's) and ``test_`` (test's), and shares
-        ``new_ids`` ``[N]`` (original id -> id: negatives are drawn in original ids)."""
+        ``new_ids`` ``[N]`` (original id -> id: negatives are drawn in original ids). A typed
+        graph's relation of every CSC entry, ``edge_type``, goes with its ``indices`` (shared
+        or per part), each part's ``node_type`` with its rows, and the metadata names them
+        (``relations``, ``node_types``)."""
         prepared, graph, targets = self.prepare(world_size), self.graph, self.targets
         book = PartitionBook.from_parts(prepared.parts, world_size)
         structures = {"": (graph.indptr, graph.indices)}
@@ -399,6 +531,9 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         relabelled = {p: relabel_csc(*csc, book) for p, csc in structures.items()}
         indptr = relabelled[""][0]
         partitioned = self.config.topology == "partitioned"
+        edge_type = None
+        if graph.is_typed:  # each relabelled entry's relation (segments keep their order)
+            edge_type = graph.edge_type.index_select(0, relabelled_edge_ids(graph.indptr, book)[1])
         if partitioned:
             group = "vertices"
             shared = {"train_ids": train_ids}
@@ -408,6 +543,8 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             shared = {"train_ids": train_ids, "orig_ids": book.new2old}
             for p, (ip, ix) in relabelled.items():
                 shared |= {f"{p}indptr": ip, f"{p}indices": ix}
+            if edge_type is not None:
+                shared["edge_type"] = edge_type
         if self.is_link:
             shared["new_ids"] = book.old2new
         writer.write_shared(group, shared)
@@ -423,14 +560,23 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 arrays |= split_arrays(targets.split, prepared.parts == k)
             else:
                 arrays |= targets.rows(own).arrays()
+            if graph.node_type is not None:
+                arrays["node_type"] = graph.node_type[own]
             if partitioned:
                 for p, (ip, ix) in relabelled.items():
                     arrays[f"{p}indptr"] = ip[lo : hi + 1] - ip[lo]
                     arrays[f"{p}indices"] = ix[ip[lo] : ip[hi]]
+                if edge_type is not None:
+                    arrays["edge_type"] = edge_type[indptr[lo] : indptr[hi]]
             sizes = {"nodes": hi - lo, "edges": int(indptr[hi] - indptr[lo])}
             writer.write_part(k, arrays, sizes, shared=[group])
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
-        return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
+        meta = {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
+        if graph.is_typed:
+            meta["relations"] = list(graph.relations)
+        if graph.node_type is not None:
+            meta["node_types"] = list(graph.node_types)
+        return meta
 
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
@@ -443,6 +589,24 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         opened.expect_shape(topology, "orig_ids", (nodes,), key)
         for folder in (topology, vertices):
             opened.expect_shape(folder, "new_ids", (nodes,), key)
+        record, part = opened.meta["parts"][k], part_folder(k)
+        opened.expect_shape(topology, "edge_type", (opened.meta["num_edges"],), "'num_edges'")
+        if "edges" in record:
+            opened.expect_shape(part, "edge_type", (record["edges"],), f"part {k}'s 'edges'")
+        if "nodes" in record:
+            opened.expect_shape(part, "node_type", (record["nodes"],), f"part {k}'s 'nodes'")
+        for name in ("relations", "node_types"):
+            names = opened.meta.get(name)
+            if names is not None and not (
+                isinstance(names, list)
+                and names
+                and all(isinstance(n, str) for n in names)
+                and len(set(names)) == len(names)
+            ):
+                raise PartitionDirError(
+                    f"{opened.path}'s metadata {name!r} {names!r} is not a list of distinct "
+                    "names; partition again"
+                )
 
     # ------------------------------------------------------------------------ rank parts
     @override
@@ -456,13 +620,16 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         own = (parts == rank).nonzero().flatten()
         own_topology, link = None, None
         structure = (graph.indptr, graph.indices)
+        typed = {}  # a typed graph's rows carry their relations
         if self.is_link:
             structure = self.task.training_structure(graph, self.targets)
+        elif graph.is_typed:
+            typed = {"edge_type": graph.edge_type, "num_relations": graph.num_relations}
         if self.config.topology == "partitioned":
-            topology = CSCRows.owned(*structure, own)
-            own_topology = CSCRows.owned(graph.indptr, graph.indices, own)
+            topology = CSCRows.owned(*structure, own, **typed)
+            own_topology = CSCRows.owned(graph.indptr, graph.indices, own, **typed)
         else:
-            topology = CSCRows.whole(*structure)
+            topology = CSCRows.whole(*structure, **typed)
         if self.is_link:
             split = self.targets.split
             stages = {s: CSCRows.owned(*split.structure(s), own) for s in STAGES}
@@ -499,8 +666,10 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         own = book.part_nodes(rank)
         first, stop = int(book.node_offsets[rank]), int(book.node_offsets[rank + 1])
         orig_ids, link = None, None
+        relations = opened.meta.get("relations") or ()
         if self.config.topology == "partitioned":
             shared = opened.load_shared("vertices", rank)
+            typed = typed_rows(opened, arrays, arrays["indptr"], relations, part_folder(rank))
 
             def rows(p: str) -> CSCRows:
                 degree = shared[f"{p}degree"]
@@ -509,22 +678,35 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                     arrays[f"{p}indices"],
                     lambda ids: degree.index_select(0, ids),
                     own,
+                    **(typed if p == "" else {}),
                 )
 
         else:
             shared = opened.load_shared("topology", rank)
             orig_ids = shared["orig_ids"]
+            typed = typed_rows(
+                opened, shared, shared["indptr"], relations, shared_folder("topology")
+            )
 
             def rows(p: str) -> CSCRows:
                 whole = CSCRows.whole(shared[f"{p}indptr"], shared[f"{p}indices"])
-                return CSCRows(whole.indptr[first : stop + 1], whole.indices, whole.degree, own)
+                return CSCRows(
+                    whole.indptr[first : stop + 1],
+                    whole.indices,
+                    whole.degree,
+                    own,
+                    **(typed if p == "" else {}),
+                )
 
         own_topology = rows("")
         if self.config.topology == "partitioned":
             topology = rows("train_") if self.is_link else own_topology
         else:
             p = "train_" if self.is_link else ""
-            topology = CSCRows.whole(shared[f"{p}indptr"], shared[f"{p}indices"])
+            topology = CSCRows.whole(
+                shared[f"{p}indptr"], shared[f"{p}indices"], **(typed if p == "" else {})
+            )
+        check_node_types(opened, arrays, part_folder(rank))
         if shared["train_ids"].numel() == 0:  # as the base's train_ids
             raise ValueError(f"partition directory {opened.path}: no training nodes")
         own_orig_ids = arrays["orig_ids"]
@@ -580,6 +762,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             list(self.data.fanouts),
             self.seed,
             node_keys=part.node_keys,
+            relation_fanouts=None if part.topology.edge_type is None else self.relation_fanouts,
         )
         cache = self.config.cache
         self.cache = PartitionedFeatureCache(
@@ -604,7 +787,16 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if topology.ids is not None:
             raise RuntimeError("whole mini-batches need the whole topology (topology: replicated)")
         indptr, indices = topology.indptr, topology.indices
-        return OrigKeyedSampler(indptr, indices, fanouts, self.seed, self.held.orig_ids)
+        return OrigKeyedSampler(
+            indptr,
+            indices,
+            fanouts,
+            self.seed,
+            self.held.orig_ids,
+            topology.edge_type,
+            self.sampler.relation_fanouts,
+            topology.num_relations,
+        )
 
     @override
     def make_batch(self, epoch: int, step: int) -> SplitBatch:

@@ -67,6 +67,7 @@ def presample(
     *,
     drop_last: bool = False,
     step_nodes: Callable[[Tensor, int, int], Tensor] | None = None,
+    relation_fanouts: list[tuple[int, ...]] | None = None,
 ) -> PresampleCounts:
     """Count ``k_v``, ``k_e``, ``k0_v`` over ``epochs`` epochs of the training schedule.
 
@@ -76,7 +77,9 @@ def presample(
     the distribution the online sampler draws from. ``batch_size=-1`` puts all training nodes
     in one step; ``drop_last`` skips a final partial batch. ``step_nodes(seeds, epoch, step)``
     turns a step's seeds into the nodes sampled (link prediction: the sorted endpoints of the
-    step's positive pairs and their negatives); default the seeds themselves.
+    step's positive pairs and their negatives); default the seeds themselves. A typed graph
+    is sampled per relation with ``relation_fanouts`` (per hop, every relation's fanout), as
+    training samples it.
     """
     if train_ids.numel() == 0:
         raise ValueError(f"graph {graph.name!r} has no training nodes to pre-sample from")
@@ -91,10 +94,22 @@ def presample(
             f"batch_size {batch} exceeds the {train_ids.numel()} training nodes with drop_last"
         )
     num_nodes = graph.num_nodes
-    sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, seed)
-    # CSC order is sorted by (dst, src), so these keys are sorted and an edge's id is the
-    # position of its key (the graph holds no duplicate edges).
-    edge_keys = graph.dst_of_edges() * num_nodes + graph.indices
+    if graph.is_typed:
+        sampler = NeighborSampler(
+            graph.indptr,
+            graph.indices,
+            fanouts,
+            seed,
+            edge_type=graph.edge_type,
+            relation_fanouts=relation_fanouts,
+            num_relations=graph.num_relations,
+        )
+    else:
+        sampler = NeighborSampler(graph.indptr, graph.indices, fanouts, seed)
+    # CSC order is sorted by (dst, src) (a typed graph's by (dst, relation, src)), so these keys
+    # are sorted and an edge's id is the position of its key (no duplicate edges: a typed
+    # graph holds a pair at most once per relation).
+    edge_keys = edge_sort_keys(graph.dst_of_edges(), graph.indices, graph.edge_type, graph)
     k_v = torch.zeros(num_nodes, dtype=torch.int64)
     k_e = torch.zeros(graph.num_edges, dtype=torch.int64)
     k0_v = torch.zeros(num_nodes, dtype=torch.int64)
@@ -117,8 +132,18 @@ def presample(
             for block in blocks:
                 k_v[block.dst_ids] += 1
                 src, dst = block.src_ids[block.edge_index]
-                k_e[torch.searchsorted(edge_keys, dst * num_nodes + src)] += 1
+                keys = edge_sort_keys(dst, src, block.edge_type, graph)
+                k_e[torch.searchsorted(edge_keys, keys)] += 1
     return PresampleCounts(k_v, k_e, k0_v, epochs * steps)
+
+
+def edge_sort_keys(dst: Tensor, src: Tensor, edge_type: Tensor | None, graph: Graph) -> Tensor:
+    """int64 keys in the graph's CSC order: ``dst * N + src``, a typed graph's
+    ``(dst * R + relation) * N + src``."""
+    num_nodes = graph.num_nodes
+    if edge_type is None:
+        return dst * num_nodes + src
+    return (dst * graph.num_relations + edge_type) * num_nodes + src
 
 
 def vertex_weight_scale(k_v: Tensor, num_edges: int) -> int:
@@ -320,6 +345,7 @@ def cached_probabilistic_partition(
     zero_edge_policy: str = "auto",
     drop_last: bool = False,
     link: LinkSchedule | None = None,
+    relation_fanouts: list[tuple[int, ...]] | None = None,
 ) -> dict:
     """Pre-sample, partition and keep the artifact in ``cache_dir`` (step 5).
 
@@ -328,7 +354,8 @@ def cached_probabilistic_partition(
     ``graph`` is the training structure, the seeds are training pairs and a step samples their
     endpoints and negatives; ``is_train`` marks the training pairs' endpoints (the ``edge``
     baseline's train mass) and ``targets`` is unused. ``seed`` drives pre-sampling (schedule and sampler),
-    ``metis_seed`` the partitioner.
+    ``metis_seed`` the partitioner. A typed graph pre-samples per relation
+    (``relation_fanouts``); its relations and those fanouts are part of the key.
     Returns ``{"parts": int64 [N], "k_v": int64 [N], "k0_v": int64 [N], "num_batches": int,
     "expected_cross_fraction": float, "method": str}``; ``k_e`` ([E], large) is not kept.
     Every method pre-samples: ``k0_v`` ranks the feature cache and ``k_e`` gives the
@@ -354,6 +381,9 @@ def cached_probabilistic_partition(
         "ufactor": ufactor,
         "zero_edge_policy": zero_edge_policy,
     }
+    if graph.is_typed:  # homogeneous keys unchanged
+        key_parts["edge_type"] = tensor_digest(graph.edge_type)
+        key_parts["relation_fanouts"] = [list(hop) for hop in relation_fanouts or ()]
 
     def build() -> dict:
         train_ids = is_train.nonzero().flatten() if link is None else link.train_seeds
@@ -366,6 +396,7 @@ def cached_probabilistic_partition(
             seed,
             drop_last=drop_last,
             step_nodes=None if link is None else link.step_nodes,
+            relation_fanouts=relation_fanouts,
         )
         parts = probabilistic_partition(
             graph,

@@ -100,7 +100,9 @@ class OwnerOrderBuilder(BlockBuilder):
         self.rank = torch.empty_like(self.unrank)
         self.rank[self.unrank] = torch.arange(self.unrank.numel())
 
-    def __call__(self, dst: Tensor, src: Tensor, dst_pos: Tensor) -> Block:
+    def __call__(
+        self, dst: Tensor, src: Tensor, dst_pos: Tensor, edge_type: Tensor | None = None
+    ) -> Block:
         slot, seen = self.slot, self.seen
         n_dst = dst.numel()
         slot.index_copy_(0, dst, torch.arange(n_dst))
@@ -113,7 +115,7 @@ class OwnerOrderBuilder(BlockBuilder):
         edge_index = torch.stack([slot.index_select(0, src), dst_pos])
         src_ids = torch.cat([dst, new_ids])
         slot.index_fill_(0, src_ids, -1)
-        return Block(src_ids, n_dst, edge_index, self.degree.index_select(0, src_ids))
+        return Block(src_ids, n_dst, edge_index, self.degree.index_select(0, src_ids), edge_type)
 
 
 class SplitSampler:
@@ -130,6 +132,10 @@ class SplitSampler:
         seed: base of the sampling keys (the same keys as ``single``).
         node_keys: ``ids -> ids`` the sampling hash is keyed on, for a frontier of this rank's
             vertices (a relabelled graph passes the original ids); default the ids themselves.
+        relation_fanouts: a typed graph's fanout of every relation per hop (``topology``
+            carries the relations); each hop then samples per relation
+            (:meth:`~...graph.csc_rows.CSCRows.sample_typed`) and the blocks carry
+            ``edge_type``. ``None``: homogeneous.
     """
 
     def __init__(
@@ -140,15 +146,27 @@ class SplitSampler:
         fanouts: list[int],
         seed: int,
         node_keys: Callable[[Tensor], Tensor] | None = None,
+        relation_fanouts: list[tuple[int, ...]] | None = None,
     ):
         self.comm, self.parts, self.topology = comm, parts, topology
         self.fanouts, self.seed = list(fanouts), seed
         self.node_keys = node_keys
+        if relation_fanouts is not None:
+            if topology.edge_type is None:
+                raise ValueError("relation fanouts need CSC rows that carry relations")
+            if len(relation_fanouts) != len(self.fanouts):
+                raise ValueError(
+                    f"relation fanouts give {len(relation_fanouts)} hops, fanouts "
+                    f"{len(self.fanouts)}"
+                )
+        elif topology.edge_type is not None:
+            raise ValueError("CSC rows with relations need relation fanouts (a typed graph's)")
+        self.relation_fanouts = relation_fanouts
         # Both builders give the non-destination sources in (owner, id) order: the relabelled
         # ids' own order from a directory, the owner-ranked seen-mask's in memory.
         if isinstance(parts, RangeBook):  # no [N] table: sources deduplicated by a sort
-            self.build_block = lambda dst, src, dst_pos: build_block_sorted(
-                dst, src, dst_pos, topology.degree
+            self.build_block = lambda dst, src, dst_pos, edge_type=None: build_block_sorted(
+                dst, src, dst_pos, topology.degree, edge_type
             )
         else:
             degree = topology.degree(torch.arange(parts.numel()))
@@ -178,8 +196,15 @@ class SplitSampler:
         blocks, plans = [], []
         for hop, fanout in enumerate(self.fanouts):
             keys = None if self.node_keys is None else self.node_keys(frontier)
-            src, dst_pos = self.topology.sample(frontier, fanout, key.hop_key(hop), keys)
-            block = self.build_block(frontier, src, dst_pos)  # sources in (owner, id) order
+            if self.relation_fanouts is None:
+                src, dst_pos = self.topology.sample(frontier, fanout, key.hop_key(hop), keys)
+                types = None
+            else:  # per relation, keyed as the whole typed graph's sampler keys it
+                src, dst_pos, types = self.topology.sample_typed(
+                    frontier, self.relation_fanouts[hop], key.hop_key(hop), keys
+                )
+            # sources in (owner, id) order
+            block = self.build_block(frontier, src, dst_pos, types)
             frontier, plan = self.split(block.src_ids)
             blocks.append(block)
             plans.append(plan)
