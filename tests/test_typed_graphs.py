@@ -356,3 +356,20 @@ def test_a_sorted_block_carries_the_relations_a_builder_block_carries():
     b = build_block_sorted(dst, src, dst_pos, lambda v: g.in_degree()[v], kinds)
     assert torch.equal(a.src_ids, b.src_ids) and torch.equal(a.edge_index, b.edge_index)
     assert torch.equal(a.edge_type, b.edge_type)
+
+
+def test_the_cache_key_of_a_typed_graph_covers_its_relations():
+    from dataclasses import replace
+
+    from lightning_gnnscale.graph.cache import graph_fingerprint
+
+    data = typed_sbm(num_nodes=300, num_relations=2)
+    g, t = data.graph, data.targets
+    key = graph_fingerprint(g, t)
+    swapped = replace(g, relations=("rel_1", "rel_0"))
+    assert graph_fingerprint(swapped, t) != key
+    flipped = g.node_type.clone()
+    flipped[0] = 1 - flipped[0]
+    assert graph_fingerprint(replace(g, node_type=flipped), t) != key
+    plain = typed_sbm(num_nodes=300, num_relations=2, typed=False).graph
+    assert graph_fingerprint(plain, t)["digest"] != key["digest"]
