@@ -247,7 +247,9 @@ class SkipBroadcastRelational(torch.autograd.Function):
         grad = grad.contiguous()
         grad_h = None
         if ctx.needs_input_grad[0]:  # X needs no gradient: layer 1 skips the δ broadcast
-            spread = ctx.runtime.aggregate_gradient(grad, ctx.layer).view(weight.shape[0], -1, grad.shape[1])
+            spread = ctx.runtime.aggregate_gradient(grad, ctx.layer).view(
+                weight.shape[0], -1, grad.shape[1]
+            )
             grad_h = torch.bmm(spread, weight.transpose(1, 2)).sum(0)
         grad_w = torch.matmul(aggregated.transpose(1, 2), grad)
         return grad_h, grad_w, None, None
@@ -305,8 +307,7 @@ class SancusGCN(nn.Module):
             layers = (BlockGCN(dims[i], dims[i + 1]) for i in range(num_layers))
         else:
             layers = (
-                BlockRGCN(dims[i], dims[i + 1], num_relations, num_bases)
-                for i in range(num_layers)
+                BlockRGCN(dims[i], dims[i + 1], num_relations, num_bases) for i in range(num_layers)
             )
         self.layers = nn.ModuleList(layers)
         if init not in MODEL_INITS:
@@ -341,7 +342,9 @@ class SancusGCN(nn.Module):
         """The row blocks are this net's propagation: GCN's ``Â`` for ``gcn``, ``R`` relations'
         blocks for ``rgcn``."""
         if layout.num_relations != self.num_relations:
-            have = f"{layout.num_relations} relations' blocks" if layout.num_relations else "GCN's Â"
+            have = (
+                f"{layout.num_relations} relations' blocks" if layout.num_relations else "GCN's Â"
+            )
             raise ValueError(
                 f"SancusGCN({self.kind!r}, num_relations={self.num_relations}) given row blocks "
                 f"of {have}: a typed graph trains model=rgcn, a homogeneous one model=gcn"
