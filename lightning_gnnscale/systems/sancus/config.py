@@ -69,8 +69,8 @@ class SancusConfig(SystemConfig):
         default)."""
         require(
             model.name in MODELS,
-            f"model={model.name}: strategy={self.name} trains GCN, and RGCN on typed graphs, "
-            f"only (SAGE/GAT/custom are not implemented, {DOCS}"
+            f"model={model.name}: strategy={self.name} trains GCN only, RGCN on typed graphs "
+            f"(SAGE/GAT/custom are not implemented, {DOCS}"
             "#what-is-not-implemented-and-deviations)",
         )
         require(

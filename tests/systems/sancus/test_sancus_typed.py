@@ -294,7 +294,9 @@ def test_the_model_must_match_the_graph():
         config.check_graph("gcn", typed=True)
     with pytest.raises(ConfigError, match="model=rgcn: .*this dataset is homogeneous"):
         config.check_graph("rgcn", typed=False)
-    with pytest.raises(ConfigError, match="model=sage: strategy=sancus trains GCN, and RGCN"):
+    with pytest.raises(
+        ConfigError, match="model=sage: strategy=sancus trains GCN only, RGCN on typed graphs"
+    ):
         config.check_model(config.model_config(name="sage"))
     graph, _, train = typed_graph()
     layout = row_blocks(graph, torch.tensor([0, N]), 0, train)
