@@ -7,7 +7,9 @@ receivers' cached copy (STALE roots are simply not called). Backward: the output
 ``G`` of every root is broadcast (``Â`` is symmetric, so rank ``j`` needs ``Â_ji G_i``), the
 input gradient is ``(sum_j Â_ij G_j) Wᵀ`` (straight-through across stale blocks) and the weight
 gradient is ``T_iᵀ G_i``, the exact gradient of the mixed-version forward. Weight gradients are
-summed over ranks by the strategy.
+summed over ranks by the strategy. A typed graph's RGCN (:class:`SkipBroadcastRelational`)
+broadcasts the same rows; its blocks give one ``T_r`` per relation and its backward multiplies
+the broadcast ``G_j`` with the transposed blocks (docs/systems/sancus.md#typed-graphs).
 """
 
 from __future__ import annotations
