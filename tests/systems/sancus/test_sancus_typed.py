@@ -326,3 +326,48 @@ def test_a_model_that_does_not_fit_the_graph_fails_before_spawn(
     monkeypatch.setattr(run_module, "launch_local", no_spawn)
     with pytest.raises(ConfigError, match=message):
         train(make_cfg(tmp_path, "strategy=cagnet", "trainer.devices=2", *settings))
+
+
+def test_a_typed_partition_directory_holds_the_in_memory_blocks_and_is_checked(tmp_path):
+    """A typed graph's part holds the stacked and transposed blocks of the in-memory part, its
+    metadata the relations; a ``relations`` entry that is not a list of names, or that
+    disagrees with the blocks' row count, is refused when the directory is opened."""
+    import json
+
+    from lightning_gnnscale.config_types import DataConfig
+    from lightning_gnnscale.graph.partition_dir import METADATA, PartitionDirError, metadata_digest
+    from lightning_gnnscale.systems.sancus import SancusDataModule
+
+    def datamodule(partition_dir=None):
+        return SancusDataModule(
+            "typed_sbm",
+            SancusConfig.preset("cagnet"),
+            DataConfig(batch_size=-1, fanouts=[-1, -1], partition_dir=partition_dir),
+            cache_dir=tmp_path / "cache",
+            dtype=torch.float64,
+            dataset_options={"num_nodes": 120, "num_relations": 3, "num_features": 4},
+        )
+
+    memory = datamodule()
+    out = tmp_path / "parts"
+    memory.write_partition_dir(out, 2, log=lambda *_: 0)
+    assert json.loads((out / METADATA).read_text())["relations"] == ["rel_0", "rel_1", "rel_2"]
+    for rank in range(2):
+        want = memory.part_of(memory.prepare(2), rank).layout
+        got = datamodule(str(out))
+        got = got.load_part(got.prepare(2), rank).layout
+        assert got.num_relations == want.num_relations == 3
+        for a, b in zip(got.blocks + got.transposed, want.blocks + want.transposed, strict=True):
+            assert torch.equal(a.to_dense(), b.to_dense())
+    assert datamodule(str(out)).num_relations == 3
+
+    good = json.loads((out / METADATA).read_text())
+    for relations, message in [
+        ("rel_0", "'relations' is not a list of distinct relation names"),
+        (["rel_0", "rel_1"], r"a0_crow.* part 0's 'nodes' times the relations"),
+    ]:
+        meta = {**good, "relations": relations}
+        meta["blake2b"] = metadata_digest(meta)
+        (out / METADATA).write_text(json.dumps(meta))
+        with pytest.raises(PartitionDirError, match=message):
+            datamodule(str(out)).prepare(2, [0])
