@@ -12,6 +12,7 @@ POLICIES = ("none", "epoch_fixed", "adaptive", "variation", "skipg")
 INPUT_POLICIES = ("once", "same_as_hidden")
 
 ROW_ORDERS = ("contiguous", "random", "metis")
+MODELS = ("gcn", "rgcn")  # rgcn on typed graphs only (SancusConfig.check_graph)
 DOCS = "docs/systems/sancus.md"
 
 
@@ -42,6 +43,7 @@ class SancusConfig(SystemConfig):
     # link prediction last: CI's conformance suite runs a preset's first two tasks
     TASKS = (*NODE_TASKS, "link_prediction")
     supports_partition_dir = True
+    TYPED_GRAPHS = True  # RGCN over one row block per relation (docs: #typed-graphs)
     PRESETS: ClassVar[dict[str, dict]] = {"cagnet": {"policy": "none"}}
     MODEL_SETTINGS: ClassVar[dict] = {"dropout": 0.0}  # full-graph SANCUS trains without dropout
 
@@ -61,19 +63,36 @@ class SancusConfig(SystemConfig):
         )
 
     def check_model(self, model: ModelConfig) -> None:
-        """The net SANCUS can train: a GCN (its backward relies on a symmetric ``Â``) without
-        dropout (a dropout mask on the cached X would freeze); ``model.init`` as
-        ``BlockGNN``'s (unset: the task's default)."""
+        """The net SANCUS can train: a GCN (its backward relies on a symmetric ``Â``), or on a
+        typed graph an RGCN (:meth:`check_graph`), without dropout (a dropout mask on the
+        cached X would freeze); ``model.init`` as ``BlockGNN``'s (unset: the task's
+        default)."""
         require(
-            model.name == "gcn",
-            f"model={model.name}: strategy={self.name} trains GCN only (its backward relies "
-            f"on a symmetric Â; SAGE/GAT/custom are not implemented, {DOCS}"
+            model.name in MODELS,
+            f"model={model.name}: strategy={self.name} trains GCN only, RGCN on typed graphs "
+            f"(SAGE/GAT/custom are not implemented, {DOCS}"
             "#what-is-not-implemented-and-deviations)",
         )
         require(
             model.dropout == 0.0,
             f"model.dropout={model.dropout}: strategy={self.name} trains without dropout "
             f"({DOCS}#what-is-not-implemented-and-deviations); set model.dropout=0",
+        )
+
+    def check_graph(self, model: str, typed: bool) -> None:
+        """The row blocks follow the graph: GCN's ``Â`` on a homogeneous graph, one block per
+        relation on a typed one (RGCN's), so the model must match it."""
+        require(
+            model != "rgcn" or typed,
+            f"model=rgcn: strategy={self.name} trains RGCN over a typed graph's row blocks "
+            "per relation, and this dataset is homogeneous; use model=gcn (or a typed dataset, "
+            f"{DOCS}#typed-graphs)",
+        )
+        require(
+            model != "gcn" or not typed,
+            f"model=gcn: the dataset is a typed graph, whose row blocks strategy={self.name} "
+            "builds per relation for model=rgcn; use model=rgcn, or erase the types "
+            f"(typed_sbm: dataset.typed=false; {DOCS}#typed-graphs)",
         )
 
     def check_run(self, run: RunFacts) -> None:

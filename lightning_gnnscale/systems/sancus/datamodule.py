@@ -43,6 +43,7 @@ from .runtime import SancusGCN
 # a partition directory's row-block files: the training structure's (every task), then link
 # prediction's test structure (training + validation edges) and every edge (predictions)
 LINK_BLOCKS = ("t", "f")
+TRANSPOSED = "b"  # a typed graph's transposed row blocks (the backward's), per part
 
 
 @dataclass(frozen=True)
@@ -127,24 +128,49 @@ def _relabelled(graph: Graph, structure: tuple[torch.Tensor, torch.Tensor], book
     return graph.with_structure(*relabelled)
 
 
-def _csr_blocks(arrays: dict, prefix: str, sizes: list[int], rank: int) -> list[torch.Tensor]:
-    """The CSR of every column block ``prefix<j>_{crow,col,val}`` of a part's arrays."""
-    blocks = []
+def _csr_blocks(
+    arrays: dict, prefix: str, sizes: list[int], rank: int, num_relations: int = 0
+) -> list[torch.Tensor]:
+    """The CSR of every column block ``prefix<j>_{crow,col,val}`` of a part's arrays
+    (``[max(R, 1) * n_i, n_j]``: a typed graph's stacks its relations' rows)."""
+    blocks, rows = [], max(num_relations, 1) * sizes[rank]
     with warnings.catch_warnings():  # "sparse CSR support is in beta"
         warnings.simplefilter("ignore", UserWarning)
         for j, cols in enumerate(sizes):
             crow, col, val = (arrays[f"{prefix}{j}_{name}"] for name in ("crow", "col", "val"))
-            blocks.append(torch.sparse_csr_tensor(crow, col, val, (sizes[rank], cols)))
+            blocks.append(torch.sparse_csr_tensor(crow, col, val, (rows, cols)))
     return blocks
 
 
 def _block_arrays(prefix: str, layout: RowBlocks) -> dict[str, torch.Tensor]:
+    """``prefix<j>_{crow,col,val}`` of every column block (a typed graph's transposed
+    blocks: ``<TRANSPOSED><j>_*``)."""
     arrays = {}
-    for j, block in enumerate(layout.blocks):
-        arrays[f"{prefix}{j}_crow"] = block.crow_indices()
-        arrays[f"{prefix}{j}_col"] = block.col_indices()
-        arrays[f"{prefix}{j}_val"] = block.values()
+    stored = [(prefix, layout.blocks)]
+    if layout.transposed is not None:
+        stored.append((TRANSPOSED, layout.transposed))
+    for name, blocks in stored:
+        for j, block in enumerate(blocks):
+            arrays[f"{name}{j}_crow"] = block.crow_indices()
+            arrays[f"{name}{j}_col"] = block.col_indices()
+            arrays[f"{name}{j}_val"] = block.values()
     return arrays
+
+
+def _relation_count(meta: dict, where) -> int:
+    """``R`` of a typed graph's partition directory (its ``relations``), ``0`` for a
+    homogeneous one; ``PartitionDirError`` unless ``relations`` is a list of names."""
+    if "relations" not in meta:
+        return 0
+    relations = meta["relations"]
+    if not (
+        isinstance(relations, list)
+        and relations
+        and all(isinstance(name, str) for name in relations)
+        and len(set(relations)) == len(relations)
+    ):
+        raise PartitionDirError(f"{where}: 'relations' is not a list of distinct relation names")
+    return len(relations)
 
 
 class SancusDataModule(GNNDataModule):
@@ -181,7 +207,10 @@ class SancusDataModule(GNNDataModule):
         prediction: over the training edges, and the test stage's and every edge's ``Â``
         relabelled the same way."""
         graph, rows = self.graph, self.config.rows
-        check_symmetric(graph)
+        if self.checked_run is not None:  # train.py: before any rank is spawned
+            self.config.check_graph(self.checked_run.model.name, graph.is_typed)
+        if not graph.is_typed:  # a typed graph's backward has its transposed blocks
+            check_symmetric(graph)
         if graph.num_nodes < world_size:
             raise ValueError(f"{graph.num_nodes} nodes cannot fill {world_size} row blocks")
         if self.is_link:
@@ -300,6 +329,9 @@ class SancusDataModule(GNNDataModule):
             "node_offsets": offsets.tolist(),
             "consumer": consumer_matrix(graph, offsets).tolist(),
         }
+        if graph.is_typed:  # the blocks stack these relations' rows (GNNDataModule reads it)
+            meta["relations"] = list(graph.relations)
+            meta["node_types"] = list(graph.node_types)
         if link:
             meta["train_pairs"] = int(prepared.targets.split.train_pos.shape[1])
             for prefix, stage in zip(LINK_BLOCKS, (prepared.test_graph, prepared.full_graph)):
@@ -328,7 +360,10 @@ class SancusDataModule(GNNDataModule):
         folder, nodes = part_folder(k), meta["parts"][k]["nodes"]
         if link and not is_count(meta.get("train_pairs")):
             raise PartitionDirError(f"{where}: 'train_pairs' is not a count of training pairs")
-        for prefix in ("a", *LINK_BLOCKS) if link else ("a",):
+        num_rel = _relation_count(meta, where)
+        rows = max(num_rel, 1) * nodes
+        prefixes = ("a", *LINK_BLOCKS) if link else ("a",)
+        for prefix in (*prefixes, TRANSPOSED) if num_rel else prefixes:
             for j in range(parts):
                 crow = opened.shape(folder, f"{prefix}{j}_crow")
                 col = opened.shape(folder, f"{prefix}{j}_col")
@@ -336,8 +371,8 @@ class SancusDataModule(GNNDataModule):
                     raise PartitionDirError(
                         f"{where}: part {k} does not list column block {j}'s CSR ({prefix}{j}_*)"
                     )
-                key = f"part {k}'s 'nodes'"
-                opened.expect_shape(folder, f"{prefix}{j}_crow", (nodes + 1,), key)
+                key = f"part {k}'s 'nodes'" + (" times the relations" if num_rel else "")
+                opened.expect_shape(folder, f"{prefix}{j}_crow", (rows + 1,), key)
                 opened.expect_shape(
                     folder, f"{prefix}{j}_val", col, f"part {k}'s {prefix}{j}_col.npy"
                 )
@@ -355,9 +390,10 @@ class SancusDataModule(GNNDataModule):
         sizes = offsets.diff().tolist()
         consumer = torch.tensor(opened.meta["consumer"], dtype=torch.bool)
         seed_rows = arrays["seed_rows"]
-        layout = RowBlocks(
-            rank, offsets, _csr_blocks(arrays, "a", sizes, rank), consumer, seed_rows
-        )
+        num_rel = _relation_count(opened.meta, opened.path / METADATA)
+        blocks = _csr_blocks(arrays, "a", sizes, rank, num_rel)
+        transposed = _csr_blocks(arrays, TRANSPOSED, sizes, rank, num_rel) if num_rel else None
+        layout = RowBlocks(rank, offsets, blocks, consumer, seed_rows, num_rel, transposed)
         if not self.is_link:
             return SancusPart(
                 layout,
@@ -420,8 +456,10 @@ class SancusDataModule(GNNDataModule):
     @override
     def build_model(self, model: ModelConfig) -> SancusGCN:
         """The GCN whose layers broadcast the row blocks (``model`` must be a GCN without
-        dropout; an unset ``model.init`` is the task's default, as ``BlockGNN``'s)."""
+        dropout, an RGCN on a typed graph; an unset ``model.init`` is the task's default, as
+        ``BlockGNN``'s)."""
         self.config.check_model(model)
+        self.config.check_graph(model.name, self.is_typed)
         return SancusGCN(
             self.input_dim,
             model.hidden,
@@ -429,7 +467,17 @@ class SancusDataModule(GNNDataModule):
             model.num_layers,
             StalenessPolicy.of(self.config),
             init=model.init or self.task.default_init,
+            kind=model.name,
+            num_relations=self.num_relations,
+            num_bases=model.num_bases,
         )
+
+    @property
+    def is_typed(self) -> bool:
+        """Whether the graph (or the partition directory's) is typed: row blocks per relation."""
+        if self.partition_dir is not None:
+            return "relations" in self.partition_meta()
+        return self.graph.is_typed
 
     @override
     def callbacks(self) -> list[L.Callback]:

@@ -7,7 +7,9 @@ receivers' cached copy (STALE roots are simply not called). Backward: the output
 ``G`` of every root is broadcast (``Â`` is symmetric, so rank ``j`` needs ``Â_ji G_i``), the
 input gradient is ``(sum_j Â_ij G_j) Wᵀ`` (straight-through across stale blocks) and the weight
 gradient is ``T_iᵀ G_i``, the exact gradient of the mixed-version forward. Weight gradients are
-summed over ranks by the strategy.
+summed over ranks by the strategy. A typed graph's RGCN (:class:`SkipBroadcastRelational`)
+broadcasts the same rows; its blocks give one ``T_r`` per relation and its backward multiplies
+the broadcast ``G_j`` with the transposed blocks (docs/systems/sancus.md#typed-graphs).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ...comm import Comm
 from ...config_types import MODEL_INITS
 from ...contract import ModuleRuntime
 from ...models.layers import BlockGCN
+from ...models.relational import BlockRGCN
 from .layout import RowBlocks
 from .policy import NEVER, StalenessPolicy, variation_flag
 
@@ -113,19 +116,23 @@ class SkipBroadcast:
 
     # ---------------------------------------------------------------------- aggregation
     def _broadcast_and_multiply(
-        self, own: Tensor, flags: Tensor, cache: list | None, category: str
+        self, own: Tensor, flags: Tensor, cache: list | None, category: str, backward=False
     ) -> Tensor:
         """``sum_j Â_ij B_j`` ``[n_i, F]`` where ``B_i = own`` and, for ``j != i``, ``B_j`` is
         root ``j``'s block, broadcast now if ``flags[j]`` (stored into ``cache[j]`` when a cache
-        is given), else read from ``cache[j]``. Every rank makes the same broadcast calls."""
+        is given), else read from ``cache[j]``. Every rank makes the same broadcast calls.
+        A typed graph's blocks give ``[R * n_i, F]`` (relation-major); ``backward``: with the
+        transposed blocks (:attr:`RowBlocks.backward_blocks`)."""
         layout, rank = self.layout, self.layout.rank
-        out = layout.blocks[rank] @ own
+        blocks = layout.backward_blocks if backward else layout.blocks
+        reads = layout.backward_reads if backward else lambda j: bool(layout.consumer[rank, j])
+        out = blocks[rank] @ own
         for j, size in enumerate(layout.sizes):
             if j == rank:
                 if flags[j]:
                     self.comm.broadcast(own.detach().contiguous(), j, category=category)
                 continue
-            if not flags[j] and not layout.consumer[rank, j]:
+            if not flags[j] and not reads(j):
                 continue  # neither sent nor read (SCS-A skips blocks nobody consumes)
             if flags[j]:
                 block = own.new_empty(size, own.shape[1])
@@ -134,13 +141,14 @@ class SkipBroadcast:
                     cache[j] = block
             else:
                 block = cache[j]
-            if layout.consumer[rank, j]:
-                out = out + layout.blocks[j] @ block
+            if reads(j):
+                out = out + blocks[j] @ block
         return out
 
     def aggregate(self, h: Tensor, layer: int, train: bool) -> Tensor:
-        """``T_i = sum_j Â_ij H̃_j`` ``[n_i, F_l]``; ``train`` applies the policy and updates the
-        caches, otherwise exact and stateless (reading only the exact X cache)."""
+        """``T_i = sum_j Â_ij H̃_j`` ``[n_i, F_l]`` (a typed graph: per relation, ``[R * n_i,
+        F_l]``); ``train`` applies the policy and updates the caches, otherwise exact and
+        stateless (reading only the exact X cache)."""
         flags = self._decide(layer, h) if train else self._eval_flags(layer)
         category = "feature" if layer == 0 else "activation"
         # Evaluation never stores: it reads a copy of the cache row so the originals stay.
@@ -158,11 +166,12 @@ class SkipBroadcast:
 
     def aggregate_gradient(self, grad: Tensor, layer: int) -> Tensor:
         """``sum_j Â_ij G_j`` ``[n_i, F_out]`` for the output gradients of layer ``layer``; roots
-        broadcast ``G_j`` every epoch (SkipG: under its epoch bound, else cached δ̃_j)."""
+        broadcast ``G_j`` every epoch (SkipG: under its epoch bound, else cached δ̃_j). A typed
+        graph: ``sum_j (Â_rᵀ)_ij G_j`` per relation, ``[R * n_i, F_out]``."""
         flags = self.policy.gradient_flags(self.epoch, self.grad_last[layer])
         self.backward_flags[(self.epoch, layer)] = flags.clone()
         cache = self.grad_cache[layer] if self.policy.name == "skipg" else None
-        out = self._broadcast_and_multiply(grad, flags, cache, "activation_grad")
+        out = self._broadcast_and_multiply(grad, flags, cache, "activation_grad", backward=True)
         self.grad_last[layer][flags] = self.epoch
         return out
 
@@ -219,11 +228,43 @@ class SkipBroadcastLinear(torch.autograd.Function):
         return grad_h, grad.t() @ aggregated, None, None
 
 
+class SkipBroadcastRelational(torch.autograd.Function):
+    """RGCN's neighbour term ``Z_i = sum_r T_r W_r`` with ``T = [T_0; ...; T_{R-1}]`` from
+    :meth:`SkipBroadcast.aggregate` (``[R * n_i, in]``, ``weight [R, in, out]``; the root term
+    and the bias are added outside). Backward: the output gradient ``G`` of every root is
+    broadcast (``F_out`` wide, as GCN's), the input gradient is ``sum_r (sum_j (Â_rᵀ)_ij G_j)
+    W_rᵀ`` and ``dW_r = T_rᵀ G_i``."""
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, runtime: SkipBroadcast, layer: int) -> Tensor:
+        num_rel, n = weight.shape[0], h.shape[0]
+        aggregated = runtime.aggregate(h, layer, train=True).view(num_rel, n, -1)
+        ctx.save_for_backward(aggregated, weight)
+        ctx.runtime, ctx.layer = runtime, layer
+        return torch.bmm(aggregated, weight).sum(0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        aggregated, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_h = None
+        if ctx.needs_input_grad[0]:  # X needs no gradient: layer 1 skips the δ broadcast
+            spread = ctx.runtime.aggregate_gradient(grad, ctx.layer).view(
+                weight.shape[0], -1, grad.shape[1]
+            )
+            grad_h = torch.bmm(spread, weight.transpose(1, 2)).sum(0)
+        grad_w = torch.matmul(aggregated.transpose(1, 2), grad)
+        return grad_h, grad_w, None, None
+
+
 class SancusGCN(nn.Module):
-    """GCN trained full-graph over row blocks; it owns its :class:`SkipBroadcast` runtime.
+    """GCN (or, on a typed graph, RGCN) trained full-graph over row blocks; it owns its
+    :class:`SkipBroadcast` runtime.
 
     Parameters are named and shaped as ``BlockGNN("gcn", ...)`` (``layers.<l>.lin.weight``,
-    ``layers.<l>.bias``), so a ``single`` model's ``state_dict`` loads unchanged. The rank's
+    ``layers.<l>.bias``; ``rgcn``: ``BlockGNN("rgcn", ...)``'s ``layers.<l>.weight``,
+    ``.comp``, ``.root.weight``, ``.bias``), so a ``single`` model's ``state_dict`` loads
+    unchanged. The rank's
     ``comm`` arrives through :meth:`configure_runtime` (``GNNModule`` forwards the strategy's
     :class:`ModuleRuntime`); the row blocks come with every call.
 
@@ -237,9 +278,14 @@ class SancusGCN(nn.Module):
     Args:
         in_dim, hidden, out_dim, num_layers: the GCN's sizes.
         policy: the staleness policy of its skipped broadcasts.
-        init: ``torch`` | ``glorot``: the weights drawn as ``BlockGNN("gcn", ..., init=)``
+        init: ``torch`` | ``glorot``: the weights drawn as ``BlockGNN(kind, ..., init=)``
             draws them (the same generator calls, so the same seed gives the same weights).
+        kind: ``gcn`` (GCN's ``Â``) | ``rgcn`` (a typed graph's row blocks per relation,
+            :class:`~.relational.BlockRGCN`'s layers: ``h = x W_0 + sum_r Â_r x W_r + b``).
+        num_relations, num_bases: RGCN's ``R`` and basis count (``kind="rgcn"``).
     """
+
+    KINDS = ("gcn", "rgcn")
 
     def __init__(
         self,
@@ -249,11 +295,23 @@ class SancusGCN(nn.Module):
         num_layers: int,
         policy: StalenessPolicy,
         init: str = "torch",
+        kind: str = "gcn",
+        num_relations: int = 1,
+        num_bases: int = 0,
     ):
         super().__init__()
+        if kind not in self.KINDS:
+            raise ValueError(f"unknown SancusGCN kind {kind!r}; valid: {list(self.KINDS)}")
         dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
-        self.num_layers = num_layers
-        self.layers = nn.ModuleList(BlockGCN(dims[i], dims[i + 1]) for i in range(num_layers))
+        self.num_layers, self.kind = num_layers, kind
+        self.num_relations = num_relations if kind == "rgcn" else 0
+        if kind == "gcn":
+            layers = (BlockGCN(dims[i], dims[i + 1]) for i in range(num_layers))
+        else:
+            layers = (
+                BlockRGCN(dims[i], dims[i + 1], num_relations, num_bases) for i in range(num_layers)
+            )
+        self.layers = nn.ModuleList(layers)
         if init not in MODEL_INITS:
             raise ValueError(f"unknown init {init!r}; valid: {list(MODEL_INITS)}")
         self.init = init
@@ -278,12 +336,27 @@ class SancusGCN(nn.Module):
     @property
     def widths(self) -> list[int]:
         """Width ``F_l`` of every layer input."""
+        if self.kind == "rgcn":
+            return [layer.in_dim for layer in self.layers]
         return [layer.lin.in_features for layer in self.layers]
+
+    def check_layout(self, layout: RowBlocks) -> None:
+        """The row blocks are this net's propagation: GCN's ``Â`` for ``gcn``, ``R`` relations'
+        blocks for ``rgcn``."""
+        if layout.num_relations != self.num_relations:
+            have = (
+                f"{layout.num_relations} relations' blocks" if layout.num_relations else "GCN's Â"
+            )
+            raise ValueError(
+                f"SancusGCN({self.kind!r}, num_relations={self.num_relations}) given row blocks "
+                f"of {have}: a typed graph trains model=rgcn, a homogeneous one model=gcn"
+            )
 
     def forward(self, blocks: list, x: Tensor, layer_hook=None) -> Tensor:
         if layer_hook is not None:
             raise ValueError("SancusGCN moves rows itself; it takes no layer hook")
         layout = blocks[0]
+        self.check_layout(layout)
         self.runtime.use_layout(layout)
         self.runtime.start_epoch()
         out = self.propagate(x, train=True)
@@ -296,6 +369,9 @@ class SancusGCN(nn.Module):
         ``layers``: stop after that many layers (the last one's input: embeddings)."""
         h = x
         for index, layer in enumerate(self.layers[:layers]):
+            if self.kind == "rgcn":
+                h = self._relational(layer, index, h, train)
+                continue
             weight = layer.lin.weight
             if train:
                 z = SkipBroadcastLinear.apply(h, weight, self.runtime, index)
@@ -305,9 +381,21 @@ class SancusGCN(nn.Module):
             h = F.relu(z) if index < self.num_layers - 1 else z
         return h
 
+    def _relational(self, layer: BlockRGCN, index: int, h: Tensor, train: bool) -> Tensor:
+        """RGCN layer ``index`` on the own rows: ``h W_0 + sum_r Â_r H̃ W_r + b`` (+ ReLU)."""
+        weight = layer.relation_weights()  # [R, in, out]: autograd reaches the bases
+        if train:
+            z = SkipBroadcastRelational.apply(h, weight, self.runtime, index)
+        else:
+            aggregated = self.runtime.aggregate(h, index, train=False)
+            z = torch.bmm(aggregated.view(weight.shape[0], h.shape[0], -1), weight).sum(0)
+        z = z + layer.root(h) + layer.bias
+        return F.relu(z) if index < self.num_layers - 1 else z
+
     @torch.no_grad()
     def exact_logits(self, x: Tensor, layout: RowBlocks, layers: int | None = None) -> Tensor:
         """Exact distributed inference of the own rows ``[n_i, C]`` (every rank must call it);
         ``layers``: of the first ``layers`` layers only."""
+        self.check_layout(layout)
         self.runtime.use_layout(layout)
         return self.propagate(x, train=False, layers=layers)
