@@ -14,6 +14,9 @@ ESTIMATORS = ("none", "uniform", "resampling", "resampling_literal", "node")
 
 MODES = ("minibatch", "fullgraph")
 EVAL_MODES = ("global_fullgraph", "isolated", "none")
+# link prediction: which training pairs a partition trains (docs/systems/grappa.md, "Link
+# prediction"): both endpoints owned, or also those whose source is a halo node
+PAIR_SOURCES = ("owned", "held")
 NEIGHBOR_WEIGHTINGS = ("uniform", "gcn")
 # ``partitions_per_rank: null`` takes the fewest phases giving at least this many pinned-sweep
 # chunks, so a partition owns at most half of the graph at any world size (docs/systems/grappa.md,
@@ -84,6 +87,9 @@ class GrappaConfig(SystemConfig):
             (:meth:`phases`) so that every partition is a strict subset of the graph.
         halo_hops: ``0`` (strict isolation) | ``1`` (every in-neighbour of the owned nodes).
         count_halo_as_local: count halo in-neighbours in the coverage ``ell``.
+        pair_sources: link prediction: ``owned`` (a partition trains the pairs whose
+            endpoints it both owns; one with a halo source is excluded that super-epoch) |
+            ``held`` (also those, scored through the halo).
         degree_smoothing: ``alpha``, the self term of ``kappa = (ell + alpha) / (D + alpha)``.
         neighbor_weighting: ``uniform`` | ``gcn`` (the neighbour probabilities behind kappa).
         estimator: ``none`` | ``uniform`` | ``resampling`` | ``resampling_literal`` | ``node``.
@@ -105,6 +111,7 @@ class GrappaConfig(SystemConfig):
     partitions_per_rank: int | None = None
     halo_hops: int = 1
     count_halo_as_local: bool = False
+    pair_sources: str = "owned"
     degree_smoothing: float = 1.0
     neighbor_weighting: str = "uniform"
     estimator: str = "resampling"
@@ -133,6 +140,7 @@ class GrappaConfig(SystemConfig):
         choice("strategy.eval_mode", self.eval_mode, EVAL_MODES)
         choice("strategy.neighbor_weighting", self.neighbor_weighting, NEIGHBOR_WEIGHTINGS)
         choice("strategy.halo_hops", self.halo_hops, (0, 1))
+        choice("strategy.pair_sources", self.pair_sources, PAIR_SOURCES)
         require(
             self.num_chunks is None or self.num_chunks >= 1,
             f"strategy.num_chunks={self.num_chunks} must be >= 1 (or null to derive it)",
@@ -248,6 +256,18 @@ class GrappaConfig(SystemConfig):
         self.check_world(run.world_size)
         if run.task == "link_prediction":
             self.check_link_prediction()
+        require(
+            run.task == "link_prediction" or self.pair_sources == "owned",
+            f"strategy.pair_sources={self.pair_sources} chooses link prediction's training "
+            f"pairs; task={run.task} has none (leave it at owned, or use "
+            "task=link_prediction)",
+        )
+
+    @property
+    def trains_halo_pairs(self) -> bool:
+        """Link prediction: a partition also trains the pairs whose source is a halo node
+        (``pair_sources=held`` with the 1-hop halo)."""
+        return self.halo_hops == 1 and self.pair_sources == "held"
 
     def check_link_prediction(self) -> None:
         """The settings link prediction cannot honour (docs/systems/grappa.md, "Link

@@ -304,10 +304,10 @@ class GrappaDataModule(GNNDataModule):
         """The fraction of training pairs no partition of super-epoch ``t`` trains, over every
         partition of the schedule, from the replicated ``pair_counts`` (no communication)."""
         if t not in self.excluded_fraction:
-            counts, hops = self.chunks.meta["pair_counts"], self.config.halo_hops
+            counts, halo_pairs = self.chunks.meta["pair_counts"], self.config.trains_halo_pairs
             total = sum(map(sum, counts))
             specs = self.schedule.partitions(t)
-            excluded = sum(links.excluded_pairs(counts, spec, hops) for spec in specs)
+            excluded = sum(links.excluded_pairs(counts, spec, halo_pairs) for spec in specs)
             self.excluded_fraction[t] = excluded / max(total, 1)
         return self.excluded_fraction[t]
 
@@ -321,8 +321,8 @@ class GrappaDataModule(GNNDataModule):
         if self.rank == 0:
             print(
                 f"[grappa] super-epoch {t}: {round(fraction * total)} of {total} training pairs "
-                f"({100 * fraction:.2f} %) excluded (endpoints in different partitions, source "
-                "not in the halo)",
+                f"({100 * fraction:.2f} %) excluded (source not owned by the destination's "
+                f"partition; strategy.pair_sources={self.config.pair_sources})",
                 flush=True,
             )
 
@@ -344,7 +344,8 @@ class GrappaDataModule(GNNDataModule):
 
     def _seed_count(self, spec: PartitionSpec) -> int:
         if self.link:  # the pairs it trains (its seed chunks' less those excluded)
-            return links.held_pairs(self.chunks.meta["pair_counts"], spec, self.config.halo_hops)
+            counts = self.chunks.meta["pair_counts"]
+            return links.held_pairs(counts, spec, self.config.trains_halo_pairs)
         return sum(self.chunks.meta["train_counts"][c] for c in spec.seed_chunks)
 
     def _phase_steps(self, phase: int) -> int:
@@ -399,7 +400,12 @@ class GrappaDataModule(GNNDataModule):
             if not cfg.cache_partitions:
                 self._parts.clear()  # drop the previous partition before reading the next
             part = build_partition(
-                self.chunks, spec, self.task, cfg.halo_hops, cfg.count_halo_as_local
+                self.chunks,
+                spec,
+                self.task,
+                cfg.halo_hops,
+                cfg.count_halo_as_local,
+                halo_pairs=cfg.trains_halo_pairs,
             )
             if part.seeds.numel() != self._seed_count(spec):  # the step counts' basis
                 raise RuntimeError(

@@ -1,10 +1,14 @@
 """Link prediction inside an isolated partition (docs/systems/grappa.md, "Link prediction").
 
 A partition trains the training pairs whose destination lies in one of its seed chunks and
-whose source it holds (owned or in the halo): with ``halo_hops=1`` that is every pair of its
-seed chunks, since a training pair is a training edge into its destination, so its source is
-an in-neighbour of an owned node (halo). With ``halo_hops=0`` a pair whose source lies in a
-chunk the partition does not own is excluded, and counted (:func:`excluded_pairs`).
+whose source it owns (``pair_sources=owned``, the default): a pair whose source lies in a chunk
+the partition does not own is excluded in that super-epoch, and counted
+(:func:`excluded_pairs`); the schedule brings the two chunks together in another. With
+``pair_sources=held`` (and the 1-hop halo) it also trains those, scored through the halo:
+every pair of its seed chunks, since a training pair's source is an in-neighbour of its owned
+destination. A halo node has no in-edges in the partition, so its embedding there is its own
+features alone, unlike the full neighbourhood it has in evaluation (docs/systems/grappa.md,
+"Link prediction", for what that costs on Cora).
 
 Negatives are the task's (:func:`~...tasks.link.negatives.uniform_negatives` /
 ``joint_negatives``, keyed by ``(seed, epoch, step, position)``, the position offset by the
@@ -79,17 +83,18 @@ def step_rows(
     return nodes, torch.stack([rows[:m], rows[m:], positive], 1)
 
 
-def excluded_pairs(pair_counts: list[list[int]], spec: PartitionSpec, halo_hops: int) -> int:
+def excluded_pairs(pair_counts: list[list[int]], spec: PartitionSpec, halo_pairs: bool) -> int:
     """Training pairs a partition of ``spec`` does not train, from the replicated
-    ``pair_counts[dst chunk][src chunk]``: none with the 1-hop halo (a pair's source is an
-    in-neighbour of its destination), else those whose source chunk it does not own."""
-    if halo_hops:
+    ``pair_counts[dst chunk][src chunk]``: none when it trains halo sources (``halo_pairs``,
+    :attr:`~.config.GrappaConfig.trains_halo_pairs`: a pair's source is an in-neighbour of
+    its destination, so in the 1-hop halo), else those whose source chunk it does not own."""
+    if halo_pairs:
         return 0
     owned = set(spec.owned_chunks)
     return sum(n for a in spec.seed_chunks for b, n in enumerate(pair_counts[a]) if b not in owned)
 
 
-def held_pairs(pair_counts: list[list[int]], spec: PartitionSpec, halo_hops: int) -> int:
+def held_pairs(pair_counts: list[list[int]], spec: PartitionSpec, halo_pairs: bool) -> int:
     """Training pairs a partition of ``spec`` trains (:func:`excluded_pairs`' complement)."""
     total = sum(sum(pair_counts[a]) for a in spec.seed_chunks)
-    return total - excluded_pairs(pair_counts, spec, halo_hops)
+    return total - excluded_pairs(pair_counts, spec, halo_pairs)

@@ -106,14 +106,15 @@ def build_partition(
     halo_hops: int = 1,
     count_halo_as_local: bool = False,
     stage: str = "train",
+    halo_pairs: bool = False,
 ) -> IsolatedPartition:
     """Read the owned chunks of the rank's ``part``, then the halo rows, and assemble the
     local graph (docs/systems/grappa.md, "Partitions"); its seeds are ``task``'s training
     seeds (``task.is_train_seed``) among the seed chunks' nodes. Link prediction
     (``part.link``): the local graph is over ``stage``'s structure (``train``: training edges
     only), and the seeds are the training pairs whose destination lies in a seed chunk and
-    whose source the partition holds (owned or halo); the others are counted in
-    ``excluded_pairs`` (docs/systems/grappa.md, "Link prediction").
+    whose source the partition owns (or holds in its halo, with ``halo_pairs``); the others
+    are counted in ``excluded_pairs`` (docs/systems/grappa.md, "Link prediction").
 
     Peak memory is the partition plus about three ``[E]`` int64 arrays: the features are
     written once into the partition's ``x`` (owned rows straight from each chunk's mapping),
@@ -218,8 +219,8 @@ def build_partition(
     halo_targets = NodeTargets(hy, no_halo, no_halo, no_halo, owned.out_dim)
     local2global = torch.cat([own, halo])
     excluded = 0
-    if link:  # a pair trains here iff its source is held (its destination is owned)
-        held = _holds(own, halo, pairs[0])
+    if link:  # a pair trains here iff its source is owned (or held: halo_pairs)
+        held = _holds(own, halo if halo_pairs else halo[:0], pairs[0])
         excluded = int((~held).sum())
         pair_ids, pairs = pair_ids[held], pairs[:, held]
         seeds = pair_ids

@@ -116,20 +116,29 @@ def test_one_chunk_steps_equal_singles_in_float64(tmp_path, negatives):
     assert torch.equal(grappa.eval_statistics(net, splits), single.eval_statistics(net, splits))
 
 
-@pytest.mark.parametrize("halo_hops", [1, 0])
-def test_partitions_train_each_pair_once_on_training_edges_only(tmp_path, halo_hops):
+@pytest.mark.parametrize(
+    "halo_hops, pair_sources", [(1, "owned"), (1, "held"), (0, "owned"), (0, "held")]
+)
+def test_partitions_train_each_pair_once_on_training_edges_only(tmp_path, halo_hops, pair_sources):
     """Two ranks, two phases, every super-epoch of a cycle: no validation or test pair (either
     direction) is an edge of any partition's local graph or of any block of an epoch's steps; the
     partitions of a super-epoch train disjoint sets of training pairs, whose union is every
-    pair but the excluded ones; those are counted exactly (none with the 1-hop halo, where a
-    pair's source is its destination's in-neighbour) and reported."""
-    dms = [grappa_dm(tmp_path, r, 2, halo_hops=halo_hops, super_epoch_len=1) for r in range(2)]
+    pair but the excluded ones; those are counted exactly and reported: none where halo
+    sources train (``pair_sources=held`` with the 1-hop halo: a pair's source is its
+    destination's in-neighbour), else those whose source chunk the partition does not own.
+    Over a schedule cycle every training pair is trained (the sweep brings its chunks
+    together)."""
+    dms = [
+        grappa_dm(tmp_path, r, 2, halo_hops=halo_hops, pair_sources=pair_sources, super_epoch_len=1)
+        for r in range(2)
+    ]
+    halo_pairs = halo_hops == 1 and pair_sources == "held"
     split = dms[0].targets.split
     held_out = evaluation_pairs(split)
     n_train = split.train_pos.shape[1]
     chunk = dms[0].chunks.chunk_ids()
     cycle = dms[0].schedule.cycle
-    excluded_total, edges = 0, 0
+    excluded_total, edges, ever_trained = 0, 0, set()
     for t in range(cycle):
         trained = []
         for dm in dms:
@@ -146,15 +155,16 @@ def test_partitions_train_each_pair_once_on_training_edges_only(tmp_path, halo_h
                 assert bool(
                     torch.isin(chunk[part.pairs[1]], torch.tensor(part.spec.seed_chunks)).all()
                 )
-                if halo_hops == 0:
-                    assert bool(torch.isin(src_chunk, torch.tensor(part.spec.owned_chunks)).all())
+                owned_src = torch.isin(src_chunk, torch.tensor(part.spec.owned_chunks))
+                assert bool(owned_src.all()) != halo_pairs
         ids = torch.cat(trained)
         assert ids.unique().numel() == ids.numel()  # no pair trained twice
+        ever_trained.update(ids.tolist())
         excluded = n_train - ids.numel()
-        assert (excluded == 0) == (halo_hops == 1)
+        assert (excluded == 0) == halo_pairs
         assert dms[0].excluded_at(t) == excluded / n_train
-    if halo_hops == 0:
-        assert excluded_total > 0
+    assert (excluded_total > 0) != halo_pairs
+    assert ever_trained == set(range(n_train))
     # sampled blocks of an epoch's steps on both ranks
     for dm in dms:
         for epoch in (0,):
@@ -168,7 +178,7 @@ def test_partitions_train_each_pair_once_on_training_edges_only(tmp_path, halo_h
                     assert not held_out & set(map(tuple, pairs.tolist()))
         report = dm.schedule_report()
         assert report.excluded_pair_fraction == dm.mean_excluded_fraction()
-        assert (report.excluded_pair_fraction > 0) == (halo_hops == 0)
+        assert (report.excluded_pair_fraction > 0) != halo_pairs
     assert edges > 500
 
 
@@ -212,9 +222,16 @@ def test_refused_settings(tmp_path):
     for setting, message in (
         ("strategy.estimator=node", "estimator=node"),
         ("strategy.eval_mode=isolated", "eval_mode=isolated"),
+        ("strategy.pair_sources=halo", "valid:"),
     ):
         with pytest.raises(ConfigError, match=message):
             run_config(make_cfg(tmp_path, "strategy=grappa", "task=link_prediction", setting))
+    # a node task has no pairs: a pair_sources other than the default has no effect there
+    with pytest.raises(ConfigError, match="pair_sources=held"):
+        run_config(make_cfg(tmp_path, "strategy=grappa", "strategy.pair_sources=held"))
+    run_config(
+        make_cfg(tmp_path, "strategy=grappa", "task=link_prediction", "strategy.pair_sources=held")
+    )
     task = TaskConfig("link_prediction", filter_negatives=True)
     with pytest.raises(ConfigError, match="filter_negatives"):
         grappa_dm(tmp_path, task=task)
@@ -225,8 +242,9 @@ def test_refused_settings(tmp_path):
 @pytest.mark.e2e
 def test_two_rank_run_is_gradient_only_and_reports_the_excluded_fraction(tmp_path):
     """``train.py strategy=grappa task=link_prediction`` on 2 ranks with the gradient-only
-    audit (``halo_hops=0``, so pairs are excluded): every training step moves gradient bytes
-    only, and ``summary.json`` reports the excluded fraction."""
+    audit (at the defaults a pair whose source the partition does not own is excluded):
+    every training step moves gradient bytes only, and ``summary.json`` reports the excluded
+    fraction."""
     metrics, objects = train(
         make_cfg(
             tmp_path,
@@ -234,7 +252,6 @@ def test_two_rank_run_is_gradient_only_and_reports_the_excluded_fraction(tmp_pat
             "task=link_prediction",
             "trainer.devices=2",
             "strategy.audit_collectives=true",
-            "strategy.halo_hops=0",
         )
     )
     summary = json.loads((Path(objects["output_dir"]) / "summary.json").read_text())
