@@ -113,7 +113,8 @@ class GraphStore:
 
     def request_bytes(self, kind: int) -> int | None:
         """Most payload bytes of a request of ``kind`` this rank serves (``None``: no such
-        kind): each of its core vertices once, plus ``[fanout, key]`` for sampling."""
+        kind): each of its core vertices once, plus ``[fanout, key]`` for sampling (a typed
+        store's: a fanout per relation, then the key)."""
         ids = self.local.num_core * 8
         if kind == NSC:  # [fanout per relation..., key]
             return ids + 8 * (self.num_relations + 1)

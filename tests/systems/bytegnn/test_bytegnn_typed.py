@@ -172,6 +172,39 @@ def test_a_typed_store_refuses_untyped_sampling_and_a_request_for_other_relation
         _worker(store, split, [(2, 2, 2), (2, 2)], 1, 1, 1)
 
 
+def test_more_than_256_relations_travel_as_int32():
+    """Past 256 relations the answer's relations are int32, and equal the graph's."""
+    from lightning_gnnscale.graph.csc import Graph
+
+    gen = torch.Generator().manual_seed(0)
+    n, e, relations = 50, 2000, 300
+    edges = torch.randint(n, (2, e), generator=gen)
+    kinds = torch.randint(relations, (e,), generator=gen)
+    graph = Graph.from_edge_index(
+        edges,
+        n,
+        edge_type=kinds,
+        x=torch.zeros(n, 1),
+        relations=tuple(f"r{r}" for r in range(relations)),
+    )
+    dataset = typed_sbm(num_nodes=n, num_relations=2, num_features=1, seed=0)
+    book = PartitionBook.from_parts(torch.zeros(n, dtype=torch.int64), 1)
+    local = build_local_partition(graph, dataset.targets, book, 0)
+    store = GraphStore(
+        local,
+        book,
+        graph.in_degree(),
+        None,
+        edge_type=graph.edge_type[local.edge_ids],
+        num_relations=relations,
+    )
+    ids = torch.arange(n)
+    params = torch.tensor([-1] * relations + [3])
+    counts, src, got = store.serve(NSC, [ids, params])[0]
+    assert got.dtype == torch.int32 and int(counts.sum()) == graph.num_edges
+    assert torch.equal(got.long(), graph.edge_type) and torch.equal(src, graph.indices)
+
+
 # ------------------------------------------------------------------- two ranks, the owners
 def _owners_rank(rank, world_size):
     relation_fanouts = [(4, 2, 3), (3, 1, 2)]
