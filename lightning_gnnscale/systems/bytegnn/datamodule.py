@@ -135,8 +135,9 @@ class ByteGNNDataModule(GNNDataModule):
     def check_partition_part(self, opened, k: int) -> None:
         if self.link_prediction:
             check_link_part(opened, k)
-        else:
+        else:  # and the per-relation fanouts name its relations (in the launcher)
             check_typed_files(opened, k)
+            relation_fanouts(opened.meta.get("relations") or (), self.data, str(opened.path))
 
     @property
     @override

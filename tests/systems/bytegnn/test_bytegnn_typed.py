@@ -383,8 +383,7 @@ def test_a_typed_directory_carries_the_types_and_refuses_wrong_ones(tmp_path):
         assert torch.equal(got.node_type, want.node_type)
         assert got.edge_type.numel() == got.local.num_edges
     with pytest.raises(ConfigError, match=r"\['rel_9'\].*\['rel_0', 'rel_1', 'rel_2'\]"):
-        bad = _dm(tmp_path / "cache", str(out), fanouts_per_relation={"rel_9": [1, 1]})
-        bad.relation_fanouts  # noqa: B018
+        _dm(tmp_path / "cache", str(out), fanouts_per_relation={"rel_9": [1, 1]}).prepare(2)
 
     kinds = in_memory.part_of(prepared, 0).edge_type.clone()
     indptr = in_memory.part_of(prepared, 0).local.indptr
@@ -423,10 +422,10 @@ def test_a_homogeneous_directory_refuses_per_relation_fanouts(tmp_path):
         partition_dir=str(tmp_path / "parts"),
         fanouts_per_relation={"rel_0": [1, 1]},
     )
-    from_dir = ByteGNNDataModule(None, ByteGNNConfig(), data)
-    assert from_dir.num_relations == 1
+    plain = DataConfig(batch_size=40, fanouts=[3, 2], partition_dir=str(tmp_path / "parts"))
+    assert ByteGNNDataModule(None, ByteGNNConfig(), plain).num_relations == 1
     with pytest.raises(ConfigError, match="homogeneous graph; drop it"):
-        from_dir.relation_fanouts  # noqa: B018
+        ByteGNNDataModule(None, ByteGNNConfig(), data).prepare(2)
 
 
 def test_typed_link_prediction_is_refused_before_any_rank_starts(tmp_path, monkeypatch):
