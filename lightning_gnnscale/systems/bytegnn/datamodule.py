@@ -14,6 +14,11 @@ partition (core in-edges as a local CSC, the halo's ids), the full-graph degrees
 halo, its core's features and task targets (:class:`~...graph.node_targets.NodeTargets` rows),
 and its chunk of the training ids with their degrees. Its book is the ``[P + 1]`` offsets; the degrees of vertices beyond its halo arrive
 with the sampling answers of their owners (docs/systems/bytegnn.md#from-a-partition-directory).
+
+A typed graph's part (:class:`~.typed.TypedHaloPart`) carries the relation of every in-edge it
+holds, in memory and in the directory (the relation names in its metadata); the S-Worker then
+samples each relation with its own fanout and evaluation runs over the relations
+(docs/systems/bytegnn.md, "Typed graphs").
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from ...contract import RankContext
 from ...errors import ConfigError
 from ...graph.block import Block
 from ...graph.book import PartitionedGraph, partition_and_relabel
-from ...graph.halo_part import HaloPart, write_halo_parts
+from ...graph.halo_part import write_halo_parts
 from ...graph.partition_config import METHOD_OPTIONS
 from ...graph.partition_dir import PartitionDir
 from ...graph.seed_split import SeedSplit
@@ -53,6 +58,7 @@ from .link import (
 )
 from .store import GraphStore
 from .sworker import ByteGNNBatch, SWorker
+from .typed import TypedHaloPart, check_typed_files, relation_fanouts, typed_meta
 
 
 class ByteGNNDataModule(GNNDataModule):
@@ -122,25 +128,42 @@ class ByteGNNDataModule(GNNDataModule):
         """Every rank's :meth:`part_of`, with :func:`~...graph.halo_part.write_halo_parts`
         (link prediction: :func:`~.link.write_link_parts`)."""
         write = write_link_parts if self.link_prediction else write_halo_parts
-        return write(self.prepare(world_size), self.part_of, writer, log)
+        meta = write(self.prepare(world_size), self.part_of, writer, log)
+        return {**meta, **typed_meta(self.graph)}  # a typed graph's relation names
 
     @override
     def check_partition_part(self, opened, k: int) -> None:
         if self.link_prediction:
             check_link_part(opened, k)
+        else:  # and the per-relation fanouts name its relations (in the launcher)
+            check_typed_files(opened, k)
+            relation_fanouts(opened.meta.get("relations") or (), self.data, str(opened.path))
+
+    @property
+    @override
+    def relation_fanouts(self) -> list[tuple[int, ...]] | None:
+        """Every relation's fanout per hop (:attr:`GNNDataModule.relation_fanouts`); from a
+        partition directory, of the relations its metadata names."""
+        if self.partition_dir is None:
+            return GNNDataModule.relation_fanouts.func(self)
+        relations = self.partition_meta().get("relations") or ()
+        return relation_fanouts(
+            relations, self.data, f"the partition directory {self.partition_dir}"
+        )
 
     @override
-    def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart | LinkPart:
+    def part_of(self, prepared: PartitionedGraph, rank: int) -> TypedHaloPart | LinkPart:
         """With the training ids' degrees (for the task costs and GCN) where a rank holds no
-        ``[N]`` degrees; link prediction's :class:`~.link.LinkPart`."""
+        ``[N]`` degrees, and a typed graph's relations; link prediction's
+        :class:`~.link.LinkPart`."""
         if self.link_prediction:
             return LinkPart.of(prepared, rank)
         seeds = self.task.train_seeds(prepared.targets)
-        return HaloPart.of(prepared, rank, seeds, seed_degrees=True)
+        return TypedHaloPart.of(prepared, rank, seeds, seed_degrees=True)
 
     @override
-    def load_part(self, opened: PartitionDir, rank: int) -> HaloPart | LinkPart:
-        kind = LinkPart if self.link_prediction else HaloPart
+    def load_part(self, opened: PartitionDir, rank: int) -> TypedHaloPart | LinkPart:
+        kind = LinkPart if self.link_prediction else TypedHaloPart
         return kind.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
 
     @override
@@ -150,12 +173,13 @@ class ByteGNNDataModule(GNNDataModule):
         return self.targets.node_rows() if self.link_prediction else self.targets
 
     @override
-    def setup_rank(self, context: RankContext, part: HaloPart) -> None:
+    def setup_rank(self, context: RankContext, part: TypedHaloPart | LinkPart) -> None:
         comm, rank, world, book = context.comm, context.rank, context.world_size, part.book
         if part.agreed is not None:
             assert_same_on_all_ranks(comm, part.agreed, "the ByteGNN partition")
         self.local, self.degree, self.local_degree = part.local, part.degree, part.local_degree
         self.core_orig_ids = part.orig_ids
+        self.edge_type = getattr(part, "edge_type", None)  # a typed graph's (local CSC order)
         link = None
         if self.link_prediction:
             store, split, link = self._link_store(part, rank)
@@ -169,6 +193,8 @@ class ByteGNNDataModule(GNNDataModule):
                 local_degree=self.local_degree,
                 seed_ids=part.trainer_seeds,
                 seed_degree=part.seed_degree,
+                edge_type=self.edge_type,
+                num_relations=self.num_relations,
             )
         self.book = book
         config = self.config
@@ -193,6 +219,7 @@ class ByteGNNDataModule(GNNDataModule):
             timeout_s,
             cores=usable_cores() / max(1, local_ranks),
             link=link,
+            relation_fanouts=None if link is not None else self.relation_fanouts,
         )
 
     def _link_store(self, part: LinkPart, rank: int) -> tuple[GraphStore, SeedSplit, LinkDag]:
@@ -305,7 +332,10 @@ class ByteGNNDataModule(GNNDataModule):
         if not isinstance(net, BlockGNN):
             raise TypeError(f"ByteGNN evaluates a BlockGNN net, got {type(net).__name__}")
         local, degree, comm = self.local, self.local_degree, self.context.comm
+        edge_type = self.edge_type  # a typed graph's: the layers weigh each edge by it
         if stage is not None:
+            if edge_type is not None:  # link prediction refuses typed graphs before this
+                raise ValueError("a link-prediction stage of a typed graph is not built")
             local = self.link_part.stage_partition(stage)
             degree = self.link_part.stage_local_degree(stage)
         halo = local.local2global[local.num_core :]
@@ -315,6 +345,7 @@ class ByteGNNDataModule(GNNDataModule):
             local.num_core,
             torch.stack([local.indices, dst]),
             degree,
+            edge_type,
         )
         device = next(net.parameters()).device
         route = OwnerRoute.build(comm, halo, self.book.nid2part(halo), category="structure")

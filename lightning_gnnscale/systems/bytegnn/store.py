@@ -18,6 +18,11 @@ request names each vertex at most once, and only the owner's, so it carries at m
 core size in ids; an answer carries one feature row, target row or count per id, and at most
 ``min(fanout, the owner's largest in-degree)`` sampled sources (and degrees) per id. Each rank
 advertises its largest in-degree with its address.
+
+A typed graph's store (``edge_type``) samples every relation with its own fanout
+(:func:`~...graph.sampler.sample_typed_edge_ids`, keyed on global ids, so an owner draws what
+the whole typed graph draws); a sampling request then carries one fanout per relation, and
+the answer each drawn edge's relation (one byte per edge up to 256 relations, ``structure``).
 """
 
 from __future__ import annotations
@@ -29,9 +34,15 @@ from torch import Tensor
 
 from ...comm.transport import SocketTransport
 from ...graph.book import LocalPartition, RangeBook
-from ...graph.sampler import sample_neighbors
+from ...graph.csc import relation_indptr
+from ...graph.sampler import sample_neighbors, sample_typed_edge_ids
 
 NSC, FEATURES, TARGETS, IDMAP = 1, 2, 3, 4  # request kinds
+
+
+def relation_wire_dtype(num_relations: int) -> torch.dtype:
+    """The dtype a sampling answer carries relations in: one byte up to 256 relations."""
+    return torch.uint8 if num_relations <= 256 else torch.int32
 
 
 class GraphStore:
@@ -52,6 +63,9 @@ class GraphStore:
         id_shard: link prediction's id map (``link.py``): ``(offsets [P + 1], gid [n_r],
             degree [n_r])``, this rank's shard of original ids ``[offsets[rank],
             offsets[rank + 1])`` with each id's gid and training in-degree; ``None``: none.
+        edge_type: a typed graph's relation of every in-edge of ``local`` ``[E_k]`` (local CSC
+            order; each segment sorted by relation), with ``num_relations``; ``None``:
+            homogeneous.
     """
 
     def __init__(
@@ -65,6 +79,8 @@ class GraphStore:
         seed_ids: Tensor | None = None,
         seed_degree: Tensor | None = None,
         id_shard: tuple[Tensor, Tensor, Tensor] | None = None,
+        edge_type: Tensor | None = None,
+        num_relations: int = 1,
     ) -> None:
         self.local, self.book, self.degree, self.transport = local, book, degree, transport
         self.rank = local.part_id
@@ -75,6 +91,20 @@ class GraphStore:
             raise ValueError("a store without the [N] degrees needs local_degree and seed_*")
         self.local_degree, self.seed_ids, self.seed_degree = local_degree, seed_ids, seed_degree
         self.id_shard = id_shard
+        self.edge_type, self.num_relations = edge_type, num_relations
+        self.slot_indptr = None
+        if edge_type is not None:
+            if edge_type.shape != local.indices.shape:
+                raise ValueError(
+                    f"edge_type {list(edge_type.shape)} must give one relation per in-edge of "
+                    f"the partition ({local.indices.numel()})"
+                )
+            self.slot_indptr = relation_indptr(local.indptr, edge_type, num_relations)
+
+    @property
+    def typed(self) -> bool:
+        """Whether this store samples per relation (a typed graph's)."""
+        return self.edge_type is not None
 
     @property
     def max_in_degree(self) -> int:
@@ -83,21 +113,29 @@ class GraphStore:
 
     def request_bytes(self, kind: int) -> int | None:
         """Most payload bytes of a request of ``kind`` this rank serves (``None``: no such
-        kind): each of its core vertices once, plus ``[fanout, key]`` for sampling."""
+        kind): each of its core vertices once, plus ``[fanout, key]`` for sampling (a typed
+        store's: a fanout per relation, then the key)."""
         ids = self.local.num_core * 8
-        if kind == NSC:
-            return ids + 16
+        if kind == NSC:  # [fanout per relation..., key]
+            return ids + 8 * (self.num_relations + 1)
         if kind == IDMAP:
             return None if self.id_shard is None else self.id_shard[1].numel() * 8
         return ids if kind in (FEATURES, TARGETS) else None
 
-    def answer_bytes(self, owner: int, kind: int, num_ids: int, fanout: int = 0) -> int:
+    def answer_bytes(
+        self, owner: int, kind: int, num_ids: int, fanout: int | tuple[int, ...] = 0
+    ) -> int:
         """Most payload bytes of ``owner``'s answer to a request of ``kind`` for ``num_ids``
-        vertices (sampling ``fanout`` each, ``-1``: all)."""
+        vertices (sampling ``fanout`` each, ``-1``: all; a typed store's: a fanout per
+        relation, their sum per vertex, and each source's relation)."""
         if kind == NSC:
             most = self.transport.advertised(owner)
-            per_id = most if fanout == -1 else min(fanout, most)
-            return num_ids * (8 + per_id * 16)  # a count; a source and its degree each
+            fanouts = fanout if isinstance(fanout, tuple) else (fanout,)
+            per_id = most if -1 in fanouts else min(sum(fanouts), most)
+            per_source = 16  # a source and its degree
+            if self.typed:
+                per_source += relation_wire_dtype(self.num_relations).itemsize
+            return num_ids * (8 + per_id * per_source)  # a count each, and the sources
         if kind == IDMAP:
             return num_ids * 16  # a gid and a degree each
         rows = self.local.x if kind == FEATURES else self.local.targets.target
@@ -152,6 +190,21 @@ class GraphStore:
         )
         return self.local.local2global[lid], dst_pos, self.local_degree[lid]
 
+    def _sample_owned_typed(
+        self, gids: Tensor, fanouts: tuple[int, ...], key: int
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """:meth:`_sample_owned` per relation (``fanouts[r]`` of relation ``r``): ``(source
+        gids, positions in gids, degrees or None, relations)``, sorted by position, then
+        relation, then segment order (as the whole typed graph's sampler)."""
+        eids, dst_pos = sample_typed_edge_ids(
+            self.slot_indptr, gids - self.first_gid, fanouts, key, node_keys=gids
+        )
+        kinds = self.edge_type.index_select(0, eids)
+        if self.degree is not None:
+            return self.local_src_gid.index_select(0, eids), dst_pos, None, kinds
+        lid = self.local.indices.index_select(0, eids)
+        return self.local.local2global[lid], dst_pos, self.local_degree[lid], kinds
+
     def sample_local(self, gids: Tensor, fanout: int, key: int) -> list[Tensor]:
         """Sample owned vertices: ``[per-vertex counts, source gids]`` in request order, plus
         the sources' degrees when this store carries them."""
@@ -159,12 +212,29 @@ class GraphStore:
         counts = torch.bincount(dst_pos, minlength=gids.numel())
         return [counts, src] if deg is None else [counts, src, deg]
 
+    def sample_local_typed(self, gids: Tensor, fanouts: tuple[int, ...], key: int) -> list[Tensor]:
+        """:meth:`sample_local` per relation, the sources' relations last (in
+        :func:`relation_wire_dtype`)."""
+        src, dst_pos, deg, kinds = self._sample_owned_typed(gids, fanouts, key)
+        counts = torch.bincount(dst_pos, minlength=gids.numel())
+        kinds = kinds.to(relation_wire_dtype(self.num_relations))
+        return [counts, src, kinds] if deg is None else [counts, src, deg, kinds]
+
     def serve(self, kind: int, tensors: list[Tensor]) -> tuple[list[Tensor], str]:
         """The transport's handler: answer a peer's request and name the answer's category."""
         gids = tensors[0]
         if kind == NSC:
-            fanout, key = tensors[1].tolist()
-            return self.sample_local(gids, fanout, key), "structure"
+            *fanouts, key = tensors[1].tolist()
+            if self.typed:
+                if len(fanouts) != self.num_relations:
+                    raise ValueError(
+                        f"a sampling request with {len(fanouts)} fanouts for "
+                        f"{self.num_relations} relations"
+                    )
+                return self.sample_local_typed(gids, tuple(fanouts), key), "structure"
+            if len(fanouts) != 1:
+                raise ValueError(f"a sampling request with {len(fanouts)} fanouts (one relation)")
+            return self.sample_local(gids, fanouts[0], key), "structure"
         if kind == FEATURES:
             return [self.local.x.index_select(0, gids - self.first_gid)], "feature"
         if kind == TARGETS:
@@ -191,6 +261,8 @@ class GraphStore:
         """One hop for ``gids`` (unique, any owners): ``(src gids, dst positions, src degrees
         or None)`` sorted by destination position, each vertex's sources in CSC order (as
         ``sample_neighbors``); the degrees when this store carries them."""
+        if self.typed:
+            raise ValueError("a typed graph's store samples per relation (sample_typed)")
         groups = self._by_owner(gids)
         if len(groups) == 1 and groups[0][0] == self.rank:  # all owned here: no routing
             return self._sample_owned(gids, fanout, key)
@@ -220,6 +292,49 @@ class GraphStore:
         perm = torch.argsort(dst_pos, stable=True)  # each group is sorted: merge them
         src_deg = torch.cat(degrees)[perm] if self.carries_degrees else None
         return torch.cat(sources)[perm], dst_pos[perm], src_deg
+
+    def sample_typed(
+        self, gids: Tensor, fanouts: tuple[int, ...], key: int
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """:meth:`sample` per relation (a typed store's; ``fanouts[r]`` of relation ``r``):
+        ``(src gids, dst positions, src degrees or None, relations)`` sorted by destination
+        position, each vertex's sources by relation, then in segment order (a vertex's edges
+        all come from its owner), as the whole typed graph's sampler gives them."""
+        if not self.typed:
+            raise ValueError("this graph store holds no relations (a homogeneous graph's)")
+        fanouts = tuple(int(f) for f in fanouts)
+        groups = self._by_owner(gids)
+        if len(groups) == 1 and groups[0][0] == self.rank:  # all owned here: no routing
+            return self._sample_owned_typed(gids, fanouts, key)
+        params = torch.tensor([*fanouts, key], dtype=torch.int64)
+        empty = gids.new_empty(0)
+        sources, positions, degrees, kinds = [empty], [empty], [empty], [empty]
+        for owner, where in groups:
+            if owner == self.rank:
+                src, dst_pos, deg, kind = self._sample_owned_typed(gids[where], fanouts, key)
+                positions.append(where[dst_pos])
+            else:
+                bound = self.answer_bytes(owner, NSC, len(where), fanouts)
+                answer = self.transport.request(
+                    owner, NSC, [gids[where], params], "structure", bound
+                )
+                if len(answer) != 3 + self.carries_degrees:
+                    raise RuntimeError(
+                        f"rank {owner} answered a typed sampling request of rank {self.rank} "
+                        f"with {len(answer)} tensors, not {3 + self.carries_degrees} (counts, "
+                        "sources, " + "degrees, " * self.carries_degrees + "relations)"
+                    )
+                per_vertex, src, kind = answer[0], answer[1], answer[-1].to(torch.int64)
+                deg = answer[2] if self.carries_degrees else None
+                positions.append(torch.repeat_interleave(where, per_vertex))
+            sources.append(src)
+            kinds.append(kind)
+            if self.carries_degrees:
+                degrees.append(deg)
+        dst_pos = torch.cat(positions)
+        perm = torch.argsort(dst_pos, stable=True)  # each group is sorted: merge them
+        src_deg = torch.cat(degrees)[perm] if self.carries_degrees else None
+        return torch.cat(sources)[perm], dst_pos[perm], src_deg, torch.cat(kinds)[perm]
 
     def _rows(self, gids: Tensor, kind: int, local: Tensor) -> Tensor:
         groups = self._by_owner(gids)

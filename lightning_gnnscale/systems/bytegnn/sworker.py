@@ -14,7 +14,9 @@ joins the chunks into the hop's block (sources deduplicated across chunks, as th
 sampler's ``BlockBuilder`` does); each FF task fetches the rows of one chunk of the hop's new
 vertices as soon as that hop is merged, while the next hop samples. Sampling is keyed by
 (seed, epoch, step, hop, vertex), so the blocks equal ``NeighborSampler``'s for any chunking,
-thread count or timing.
+thread count or timing. On a typed graph (``relation_fanouts``) every NSC task samples each
+relation with its own fanout through the owners, and the blocks carry each edge's relation, as
+``NeighborSampler``'s typed blocks.
 """
 
 from __future__ import annotations
@@ -75,26 +77,36 @@ class ByteGNNBatch(Batch):
 
 
 def batch_nbytes(batch: Batch) -> int:
-    """Memory of a batch's tensors (features, target rows, blocks)."""
+    """Memory of a batch's tensors (features, target rows, blocks, their relations)."""
     tensors = [batch.x, batch.y]
     for block in batch.blocks:
         tensors += [block.src_ids, block.edge_index, block.src_deg]
+        if block.edge_type is not None:
+            tensors.append(block.edge_type)
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def batch_bytes_bound(
-    seeds: int, fanouts: list[int], num_nodes: int, row_bytes: int, target_bytes: int
+    seeds: int,
+    fanouts: list[int],
+    num_nodes: int,
+    row_bytes: int,
+    target_bytes: int,
+    typed: bool = False,
 ) -> int | None:
     """The most :func:`batch_nbytes` of a batch of ``seeds`` seeds (``row_bytes``: one
     feature row's bytes, ``target_bytes``: one target row's): every hop's sources are at
     most ``min(N, dst * (1 + fanout))``, its edges ``dst * fanout`` (int64 ids, degrees and
-    edge index); ``None`` with a full-neighbourhood hop (``-1``: no bound without the degrees)."""
+    edge index, and ``typed``: each edge's relation); ``None`` with a full-neighbourhood hop
+    (``-1``: no bound without the degrees). A typed graph's ``fanout`` of a hop is the sum
+    of its relations' fanouts."""
     if any(f < 0 for f in fanouts):
         return None
     dst, total = seeds, seeds * target_bytes
+    edge_words = 3 if typed else 2
     for fanout in fanouts:
         src = min(num_nodes, dst * (1 + fanout))
-        total += 8 * (2 * src + 2 * dst * fanout)
+        total += 8 * (2 * src + edge_words * dst * fanout)
         dst = src
     return total + dst * row_bytes
 
@@ -123,6 +135,8 @@ class SWorker:
             local training pairs: a ``negative`` task turns them into the step's seed nodes
             and ``y`` (``task.step_rows``) and a ``resolve`` task maps those nodes to gids
             through the id map before the hops sample them (module docstring).
+        relation_fanouts: a typed graph's fanout of every relation per hop (``[(10, 5),
+            (10, 5)]``; the store must be typed); ``None``: homogeneous, ``fanouts``.
     """
 
     def __init__(
@@ -139,8 +153,24 @@ class SWorker:
         cpu_percent: Callable[[], float] | None = None,
         before_task: Callable[[Task], None] | None = None,
         link: LinkDag | None = None,
+        relation_fanouts: list[tuple[int, ...]] | None = None,
     ) -> None:
+        if (relation_fanouts is not None) != store.typed:
+            raise ValueError(
+                "relation fanouts and a typed graph store come together (both or neither)"
+            )
+        if relation_fanouts is not None and (
+            len(relation_fanouts) != len(fanouts)
+            or any(len(hop) != store.num_relations for hop in relation_fanouts)
+        ):
+            raise ValueError(
+                f"relation fanouts {relation_fanouts} must give {len(fanouts)} hops of "
+                f"{store.num_relations} relations"
+            )
         self.link = link
+        self.relation_fanouts = None
+        if relation_fanouts is not None:
+            self.relation_fanouts = [tuple(int(f) for f in hop) for hop in relation_fanouts]
         self.store, self.split, self.fanouts, self.seed = store, split, list(fanouts), seed
         self.dag_config, self.scheduler_config = dag, scheduler
         self.timeout_s = timeout_s
@@ -151,6 +181,9 @@ class SWorker:
         target_bytes = math.prod(y.shape[1:]) * y.element_size()
         if link is not None:  # seed nodes per pair; y's rows are fewer than the nodes
             most_seeds, target_bytes = most_seeds * link.nodes_per_pair, 24
+        hop_fanouts = self.fanouts  # per destination and hop: a typed graph's relations summed
+        if self.relation_fanouts is not None:
+            hop_fanouts = [-1 if -1 in hop else sum(hop) for hop in self.relation_fanouts]
         self.controller = CoarseController(
             scheduler.threshold,
             scheduler.q_floor,
@@ -159,10 +192,11 @@ class SWorker:
             scheduler.prefetch_mb * 2**20,
             batch_bytes_bound(
                 most_seeds,
-                self.fanouts,
+                hop_fanouts,
                 store.book.num_nodes,
                 x.shape[1] * x.element_size(),
                 target_bytes,
+                typed=self.relation_fanouts is not None,
             ),
         )
         self.executor = Executor(num_threads, self._finished, self._failed, before_task)
@@ -243,14 +277,22 @@ class SWorker:
         ffs = fetch(0, seed)
         tasks += ffs
         prev = seed
+        relation_fanouts = self.relation_fanouts
         for hop, fanout in enumerate(self.fanouts):
             hop_key = key.hop_key(hop)
+            if relation_fanouts is not None:
+                fanout = relation_fanouts[hop]
             nscs = []
             for c in range(config.nsc_tasks):
 
                 def nsc(result, c=c, fanout=fanout, hop_key=hop_key):
                     frontier = _frontier(result)
                     a, b = chunk_bounds(frontier.numel(), config.nsc_tasks, c)
+                    if relation_fanouts is not None:  # (src, dst_pos, src_deg, relations)
+                        src, dst_pos, src_deg, kinds = store.sample_typed(
+                            frontier[a:b], fanout, hop_key
+                        )
+                        return src, dst_pos + a, src_deg, kinds
                     src, dst_pos, src_deg = store.sample(frontier[a:b], fanout, hop_key)
                     return src, dst_pos + a, src_deg
 
@@ -262,17 +304,22 @@ class SWorker:
                 nscs.append(Task("nsc", nsc, [prev], nsc_cost, hop=hop + 1, chunk=c))
 
             def merge(result, *parts):
+                kinds = None
                 if len(parts) == 1:
-                    src, dst_pos, src_deg = parts[0]
+                    src, dst_pos, src_deg = parts[0][:3]
+                    if len(parts[0]) > 3:
+                        kinds = parts[0][3]
                 else:
                     src = torch.cat([p[0] for p in parts])
                     dst_pos = torch.cat([p[1] for p in parts])
                     src_deg = None if parts[0][2] is None else torch.cat([p[2] for p in parts])
+                    if len(parts[0]) > 3:
+                        kinds = torch.cat([p[3] for p in parts])
                 frontier = _frontier(result)
                 if src_deg is None:  # the [N] degrees: the dense builder
-                    return self._builder()(frontier, src, dst_pos)
+                    return self._builder()(frontier, src, dst_pos, kinds)
                 dst_deg = _frontier_degree(store, result)
-                return build_block_carried(frontier, dst_deg, src, dst_pos, src_deg)
+                return build_block_carried(frontier, dst_deg, src, dst_pos, src_deg, kinds)
 
             def merge_cost(result, *parts):
                 return float(sum(p[0].numel() for p in parts))
