@@ -25,6 +25,7 @@ from ..graph.dataset_config import DatasetConfig, dataset_config
 from ..graph.datasets import load_dataset
 from ..graph.node_targets import NodeDataset, NodeTargets
 from ..graph.order import EpochOrder
+from ..graph.sampler import check_relation_fanouts
 from ..models.gnn import build_model
 from ..models.inference import node_rows
 from ..tasks import TaskConfig, build_task
@@ -33,6 +34,36 @@ from .loaders import OneItem, collective_train_loader, no_collate
 from .partition_io import PartitionDirIO
 
 PREPROCESSING_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
+
+
+def relation_fanouts(
+    data: DataConfig, relations: tuple[str, ...] | list[str], where: str
+) -> list[tuple[int, ...]] | None:
+    """Per hop, the fanout of each of a typed graph's ``relations`` (``data.fanouts``,
+    overridden by ``data.fanouts_per_relation``); ``None`` without relations. Per-relation
+    fanouts that name no relation of the graph (``where``, for the message) are refused."""
+    given = data.fanouts_per_relation
+    if not relations:
+        if given:
+            raise ConfigError(
+                f"data.fanouts_per_relation={dict(given)} names relations, but {where} holds a "
+                "homogeneous graph; drop it"
+            )
+        return None
+    unknown = sorted(set(given) - set(relations))
+    if unknown:
+        raise ConfigError(
+            f"data.fanouts_per_relation names {unknown}, which are not relations of {where}; "
+            f"its relations: {list(relations)}"
+        )
+    return check_relation_fanouts(
+        [
+            tuple(given.get(r, data.fanouts)[hop] for r in relations)
+            for hop in range(len(data.fanouts))
+        ],
+        len(data.fanouts),
+        len(relations),
+    )
 
 
 class GNNDataModule(PartitionDirIO, L.LightningDataModule):
@@ -194,22 +225,15 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
 
     @cached_property
     def relation_fanouts(self) -> list[tuple[int, ...]] | None:
-        """A typed graph's fanout of every relation per hop (``data.fanouts``, overridden by
-        ``data.fanouts_per_relation``); ``None`` for a homogeneous graph."""
-        if not self.graph.is_typed:
-            return None
-        relations = self.graph.relations
-        given = self.data.fanouts_per_relation
-        unknown = sorted(set(given) - set(relations))
-        if unknown:
-            raise ConfigError(
-                f"data.fanouts_per_relation names {unknown}, which are not relations of "
-                f"{self.graph.name}; its relations: {list(relations)}"
+        """A typed graph's fanout of every relation per hop (:func:`relation_fanouts`); from
+        a partition directory, of the relations its metadata names; ``None`` for a
+        homogeneous graph."""
+        if self.partition_dir is not None:
+            relations = self.partition_meta().get("relations") or ()
+            return relation_fanouts(
+                self.data, relations, f"the partition directory {self.partition_dir}"
             )
-        return [
-            tuple(given.get(r, self.data.fanouts)[hop] for r in relations)
-            for hop in range(len(self.data.fanouts))
-        ]
+        return relation_fanouts(self.data, self.graph.relations, self.graph.name)
 
     @property
     def num_relations(self) -> int:

@@ -40,7 +40,7 @@ from ...graph.halo_part import write_halo_parts
 from ...graph.partition_config import METHOD_OPTIONS
 from ...graph.partition_dir import PartitionDir
 from ...graph.seed_split import SeedSplit
-from ...kit.datamodule import GNNDataModule
+from ...kit.datamodule import GNNDataModule, relation_fanouts
 from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, core_statistics, own_predictions
 from ...models.gnn import BlockGNN
@@ -58,7 +58,7 @@ from .link import (
 )
 from .store import GraphStore
 from .sworker import ByteGNNBatch, SWorker
-from .typed import TypedHaloPart, check_typed_files, relation_fanouts, typed_meta
+from .typed import TypedHaloPart, check_typed_files, typed_meta
 
 
 class ByteGNNDataModule(GNNDataModule):
@@ -137,19 +137,7 @@ class ByteGNNDataModule(GNNDataModule):
             check_link_part(opened, k)
         else:  # and the per-relation fanouts name its relations (in the launcher)
             check_typed_files(opened, k)
-            relation_fanouts(opened.meta.get("relations") or (), self.data, str(opened.path))
-
-    @property
-    @override
-    def relation_fanouts(self) -> list[tuple[int, ...]] | None:
-        """Every relation's fanout per hop (:attr:`GNNDataModule.relation_fanouts`); from a
-        partition directory, of the relations its metadata names."""
-        if self.partition_dir is None:
-            return GNNDataModule.relation_fanouts.func(self)
-        relations = self.partition_meta().get("relations") or ()
-        return relation_fanouts(
-            relations, self.data, f"the partition directory {self.partition_dir}"
-        )
+            relation_fanouts(self.data, opened.meta.get("relations") or (), str(opened.path))
 
     @override
     def part_of(self, prepared: PartitionedGraph, rank: int) -> TypedHaloPart | LinkPart:

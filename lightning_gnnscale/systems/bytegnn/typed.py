@@ -10,7 +10,6 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from ...errors import ConfigError
 from ...graph.book import PartitionedGraph
 from ...graph.halo_part import HaloPart
 from ...graph.partition_dir import PartitionDir, PartitionDirError, part_folder
@@ -139,27 +138,3 @@ def check_edge_types(edge_type: Tensor, indptr: Tensor, num_relations: int, wher
             f"{int(edge_type[edge - 1])} within its destination's in-edges (each must be sorted "
             "by relation); partition again"
         )
-
-
-def relation_fanouts(relations: tuple[str, ...] | list[str], data, where: str):
-    """A typed graph's fanout of every relation per hop (``data.fanouts``, overridden by
-    ``data.fanouts_per_relation``), as :attr:`GNNDataModule.relation_fanouts` gives them, for
-    the ``relations`` of a partition directory (``where``); ``None`` without relations."""
-    given = data.fanouts_per_relation
-    if not relations:
-        if given:
-            raise ConfigError(
-                f"data.fanouts_per_relation={dict(given)} names relations, but {where} holds a "
-                "homogeneous graph; drop it"
-            )
-        return None
-    unknown = sorted(set(given) - set(relations))
-    if unknown:
-        raise ConfigError(
-            f"data.fanouts_per_relation names {unknown}, which are not relations of {where}; "
-            f"its relations: {list(relations)}"
-        )
-    return [
-        tuple(given.get(r, data.fanouts)[hop] for r in relations)
-        for hop in range(len(data.fanouts))
-    ]

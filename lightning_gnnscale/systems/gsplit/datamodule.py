@@ -31,7 +31,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from typing import Any
 
 import lightning as L
@@ -40,7 +39,6 @@ from typing_extensions import override
 
 from ...comm import Comm
 from ...contract import RankContext
-from ...errors import ConfigError
 from ...graph.batch import Batch
 from ...graph.book import PartitionBook, RangeBook, relabel_csc, relabelled_edge_ids
 from ...graph.csc import Graph
@@ -50,7 +48,6 @@ from ...graph.partition_dir import PartitionDir, PartitionDirError, part_folder,
 from ...graph.sampler import (
     NeighborSampler,
     SampleKey,
-    check_relation_fanouts,
     sample_neighbors,
     sample_typed_edge_ids,
 )
@@ -424,33 +421,6 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             "presampled_batches": artifact["num_batches"],
         }
         return GSplitPrepared(artifact["parts"], artifact["k0_v"], report)
-
-    @cached_property
-    def relation_fanouts(self) -> list[tuple[int, ...]] | None:
-        """The base's per-relation fanouts; from a partition directory, of the relations its
-        metadata names (``None``: a homogeneous graph's directory)."""
-        if self.partition_dir is None:
-            return GNNDataModule.relation_fanouts.func(self)
-        relations = self.partition_meta().get("relations") or ()
-        given = self.data.fanouts_per_relation
-        if not relations:
-            if given:
-                raise ConfigError(
-                    f"data.fanouts_per_relation={dict(given)} names relations, but the "
-                    f"partition directory {self.partition_dir} holds a homogeneous graph; drop it"
-                )
-            return None
-        unknown = sorted(set(given) - set(relations))
-        if unknown:
-            raise ConfigError(
-                f"data.fanouts_per_relation names {unknown}, which are not relations of the "
-                f"partition directory {self.partition_dir}; its relations: {list(relations)}"
-            )
-        fanouts = [
-            tuple(given.get(r, self.data.fanouts)[hop] for r in relations)
-            for hop in range(len(self.data.fanouts))
-        ]
-        return check_relation_fanouts(fanouts, len(self.data.fanouts), len(relations))
 
     @property
     def is_link(self) -> bool:

@@ -38,7 +38,6 @@ from typing_extensions import override
 
 from ...comm import Comm, OwnerRoute
 from ...contract import RankContext
-from ...errors import ConfigError
 from ...graph.batch import Batch
 from ...graph.block import Block
 from ...graph.book import (
@@ -64,7 +63,7 @@ from ...graph.sampler import (
     sample_neighbors,
     sample_typed_edge_ids,
 )
-from ...kit.datamodule import GNNDataModule
+from ...kit.datamodule import GNNDataModule, relation_fanouts
 from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, own_predictions
 from ...kit.sampled import ReplicatedGraphEvaluation
@@ -240,23 +239,6 @@ class HopGNNPart:
         if isinstance(self.home, RangeBook):
             return self.home.num_parts
         return int(self.home.max()) + 1 if self.home.numel() else 0
-
-
-def relation_fanouts(data, relations: list[str]) -> list[tuple[int, ...]]:
-    """Per hop, the fanout of each of ``relations`` (``data.fanouts``, overridden by
-    ``data.fanouts_per_relation``): :attr:`GNNDataModule.relation_fanouts` for a typed
-    partition directory, whose relations its metadata names (no graph is loaded)."""
-    given = data.fanouts_per_relation
-    unknown = sorted(set(given) - set(relations))
-    if unknown:
-        raise ConfigError(
-            f"data.fanouts_per_relation names {unknown}, which are not relations of the "
-            f"partition directory's graph; its relations: {list(relations)}"
-        )
-    return [
-        tuple(given.get(r, data.fanouts)[hop] for r in relations)
-        for hop in range(len(data.fanouts))
-    ]
 
 
 def typed_meta(graph) -> dict[str, Any]:
@@ -736,7 +718,7 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             )
         return {
             "edge_type": edge_type,
-            "relation_fanouts": relation_fanouts(self.data, relations),
+            "relation_fanouts": relation_fanouts(self.data, relations, where),
             "num_relations": num_relations,
         }
 
