@@ -136,7 +136,8 @@ class _Shapes(TorchDispatchMode):
 @pytest.mark.parametrize("in_dim, out_dim", DIMS)
 def test_layers_build_no_per_edge_rows(kind, in_dim, out_dim):
     """Forward and backward never build a ``[E, F]`` tensor (one row per edge): the sum is a
-    sparse product, not a gather of source rows."""
+    sparse product, not a gather of source rows; the products (forward and backward) run at
+    the narrower width (projection first when the layer narrows, as DGL's ``SAGEConv``)."""
     num_edges = 97  # no other size in the layer is 97
     layer = kind(in_dim, out_dim)
     block = _block(41, 13, num_edges)
@@ -146,3 +147,5 @@ def test_layers_build_no_per_edge_rows(kind, in_dim, out_dim):
     per_edge = [(op, s) for op, s in seen.shapes if len(s) == 2 and s[0] == num_edges]
     assert not per_edge, per_edge
     assert any(s == (num_edges,) for _, s in seen.shapes)  # the mode saw the edge-level ops
+    products = [s for op, s in seen.shapes if "sparse_mm_reduce" in op and len(s) == 2]
+    assert sorted(products) == [(13, min(in_dim, out_dim)), (41, min(in_dim, out_dim))]
