@@ -28,6 +28,7 @@ from ...graph.sampler import (
     SampleKey,
     build_block_sorted,
     drop_excluded,
+    kept_edges,
     sample_neighbors,
     sample_typed_edge_ids,
 )
@@ -120,11 +121,13 @@ class DistNeighborSampler:
         key = SampleKey(self.seed, epoch, step)
         frontier, blocks = seeds.to(torch.int64), []
         n = self.book.num_nodes
-        if self.relation_fanouts is not None and exclude is not None:
-            raise ValueError("edge exclusion on a typed graph is not supported")
         for hop, fanout in enumerate(self.relation_fanouts or self.fanouts):
             src, dst_pos, types = self.sample_hop(frontier, fanout, key.hop_key(hop))
-            src, dst_pos = drop_excluded(src, dst_pos, frontier, src, n, exclude)
+            if types is None:
+                src, dst_pos = drop_excluded(src, dst_pos, frontier, src, n, exclude)
+            elif exclude is not None and exclude.numel():
+                kept = kept_edges(frontier[dst_pos], src, n, exclude)
+                src, dst_pos, types = src[kept], dst_pos[kept], types[kept]
             block = self.build_block(frontier, src, dst_pos, edge_type=types)
             blocks.append(block)
             frontier = block.src_ids
