@@ -79,7 +79,9 @@ def graph_fingerprint(graph: Graph, targets: NodeTargets) -> dict:
     else:  # link prediction's LinkTargets: the positive pairs of each split
         split = targets.split
         arrays = (split.train_pos, split.val_pos, split.test_pos)
-    for tensor in (graph.indptr, graph.indices, *arrays):
+    # a typed graph's node types too (partitions balance them); a homogeneous key is unchanged
+    types = () if graph.node_type is None else (graph.node_type,)
+    for tensor in (graph.indptr, graph.indices, *arrays, *types):
         _add_tensor(digest, tensor)
     return {
         "name": graph.name,

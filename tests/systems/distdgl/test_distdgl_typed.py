@@ -259,3 +259,26 @@ def test_a_parts_relations_are_checked_on_load(change, relations, message):
     object.__setattr__(bad, "edge_type", change(local.edge_type))  # past __post_init__
     with pytest.raises(PartitionDirError, match=message):
         check_part_relations(bad, relations, "dir")
+
+
+def test_metis_balanced_balances_each_node_type():
+    """DistDGL's ``balance_ntypes``: on a graph whose node types sit in one block (class 0),
+    the default partitioner spreads every type evenly over the parts, where the type-blind
+    partition of the same graph puts nearly all of class 0's type in one part; the training
+    nodes stay balanced, and the types enter the partition's cache key."""
+    from lightning_gnnscale.graph.cache import graph_fingerprint
+    from lightning_gnnscale.graph.generators import sbm
+    from lightning_gnnscale.graph.partition import partition_report
+
+    dataset = sbm(num_nodes=3000, num_classes=6, seed=0)
+    graph, targets = dataset.graph, dataset.targets
+    splits = targets.split_matrix()
+    typed = replace(graph, node_type=(targets.target == 0).long(), node_types=("rest", "c0"))
+    reports = {}
+    for label, g in (("typed", typed), ("blind", graph)):
+        parts = partition(g, "metis_balanced", 4, seed=0, splits=splits)
+        reports[label] = partition_report(typed, parts, 4, splits=splits)
+    assert reports["typed"]["type_balance"] < 1.1 < 2 < reports["blind"]["type_balance"]
+    assert reports["typed"]["train_balance"] < 1.1
+    assert "type_balance" not in partition_report(graph, parts, 4, splits=splits)
+    assert graph_fingerprint(typed, targets) != graph_fingerprint(graph, targets)
