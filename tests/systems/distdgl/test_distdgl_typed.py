@@ -299,7 +299,7 @@ def test_typed_training_with_learnable_embeddings_and_per_relation_fanouts(tmp_p
         "dataset.num_relations=3",
         "model=rgcn",
         "model.num_bases=2",
-        "data.fanouts_per_relation.rel_2=[2,1]",
+        "+data.fanouts_per_relation={rel_2: [2, 1]}",
         "strategy.embedding_dim=8",
         "trainer.max_epochs=4",
         "audit=true",
