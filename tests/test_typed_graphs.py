@@ -196,10 +196,10 @@ def _run_config(tmp_path, *settings):
 
 
 def test_systems_without_typed_graphs_refuse_them_naming_those_that_train_them(tmp_path):
-    with pytest.raises(ConfigError, match=r"typed graph.*strategy=distdgl.*\['ddp', 'single'\]"):
-        _run_config(tmp_path, "strategy=distdgl", "dataset=typed_sbm")
-    with pytest.raises(ConfigError, match=r"model=rgcn is relational.*\['ddp', 'single'\]"):
-        _run_config(tmp_path, "strategy=gsplit", "model=rgcn")
+    with pytest.raises(ConfigError, match=r"typed graph.*strategy=grappa.*'ddp', 'distdgl'"):
+        _run_config(tmp_path, "strategy=grappa", "dataset=typed_sbm")
+    with pytest.raises(ConfigError, match=r"model=rgcn is relational.*'ddp', 'distdgl'"):
+        _run_config(tmp_path, "strategy=granndis", "model=rgcn")
 
 
 def test_per_relation_fanouts_are_checked(tmp_path):
