@@ -176,6 +176,8 @@ class LocalPartition:
             ``None`` when loaded from a partition directory (nothing reads it there).
         x: features of the core nodes only (halo data lives with its owner).
         targets: the task's rows of the core nodes (:class:`~.node_targets.NodeTargets`).
+        edge_type: int64 ``[E_k]`` a typed graph's relation of each edge (segments sorted by
+            relation, as the whole graph's); ``None``: homogeneous.
     """
 
     part_id: int
@@ -186,6 +188,7 @@ class LocalPartition:
     edge_ids: Tensor | None
     x: Tensor
     targets: NodeTargets
+    edge_type: Tensor | None = None
 
     def __post_init__(self) -> None:
         n_core, n_local = self.num_core, self.local2global.numel()
@@ -205,6 +208,10 @@ class LocalPartition:
         _check(
             self.targets.num_rows == n_core,
             "LocalPartition.targets must have one row per core node",
+        )
+        _check(
+            self.edge_type is None or self.edge_type.shape == self.indices.shape,
+            "LocalPartition.edge_type must have one relation per edge",
         )
 
     @property
@@ -247,8 +254,11 @@ class LocalPartition:
 
     def arrays(self) -> dict[str, Tensor]:
         """The partition as named arrays: the files of a partition directory's part
-        (``edge_ids`` is left out: it is a position in the whole graph)."""
+        (``edge_ids`` is left out: it is a position in the whole graph; ``edge_type`` is there
+        for a typed graph)."""
         structure = {name: getattr(self, name) for name in ("indptr", "indices", "local2global")}
+        if self.edge_type is not None:
+            structure["edge_type"] = self.edge_type
         return {**structure, "x": self.x, **self.targets.arrays()}
 
     @classmethod
@@ -257,7 +267,8 @@ class LocalPartition:
     ) -> LocalPartition:
         """The partition of a loaded part (:meth:`arrays`' names; memory-mapped arrays are
         used as they are), its features cast to ``dtype`` if given and different; ``out_dim``:
-        the targets' head width (the task's, from the directory's metadata)."""
+        the targets' head width (the task's, from the directory's metadata). A part with an
+        ``edge_type`` file is typed (its values are the loader's to check)."""
         x = part["x"] if dtype is None or part["x"].dtype == dtype else part["x"].to(dtype)
         return cls(
             part_id=part_id,
@@ -268,6 +279,7 @@ class LocalPartition:
             edge_ids=None,
             x=x,
             targets=NodeTargets.from_arrays(part, out_dim),
+            edge_type=part.get("edge_type"),
         )
 
 
@@ -301,6 +313,9 @@ def build_local_partition(
         edge_ids=torch.arange(edge_lo, edge_hi),
         x=relabelled.x[core].clone(),
         targets=targets.rows(core).clone(),
+        edge_type=None
+        if relabelled.edge_type is None
+        else relabelled.edge_type[edge_lo:edge_hi].clone(),
     )
 
 

@@ -121,8 +121,11 @@ def balance_constraints(
     (``splits``: bool ``[N, 3]`` membership in train, val, test).
 
     ``balance``: ``"train"`` gives [is train, 1]; ``"split"`` gives [is train, is val, is test,
-    in no split, 1]; ``"none"`` gives [1]. ``balance_edges`` appends the in-degree (edges are
-    owned by their destination). All-zero columns are dropped: they have no share to balance.
+    in no split, 1]; ``"none"`` gives [1]. On a graph with several node types each of these
+    columns is split per type (column and type ``t``, for every ``t``: DistDGL's
+    ``balance_ntypes``, which balances a typed graph's node types by default). ``balance_edges``
+    appends the in-degree (edges are owned by their destination). All-zero columns are
+    dropped: they have no share to balance.
     """
     if balance not in BALANCE_SCHEMES:
         raise ValueError(f"unknown balance {balance!r}; valid: {list(BALANCE_SCHEMES)}")
@@ -132,6 +135,9 @@ def balance_constraints(
         columns.insert(0, train)
     elif balance == "split":
         columns[:0] = [train, val, test, ~(train | val | test)]
+    if graph.node_type is not None and len(graph.node_types) > 1:
+        types = range(len(graph.node_types))  # bounded by the node types
+        columns = [column & (graph.node_type == t) for column in columns for t in types]
     if balance_edges:
         columns.append(graph.in_degree())
     constraints = torch.stack([column.to(torch.int64) for column in columns], dim=1)
@@ -455,6 +461,22 @@ def partition_report(
         "test_balance": _balance(counts["test_nodes"]),
         "halo_fraction": int(halo_pairs.numel()) / max(num_nodes, 1),
         **khop,
+        **_type_report(graph, parts, num_parts),
+    }
+
+
+def _type_report(graph: Graph, parts: Tensor, num_parts: int) -> dict:
+    """A graph with node types: ``type_nodes_per_part`` (``[T][P]``) and ``type_balance``
+    (the worst type's max over mean); nothing for one type."""
+    if graph.node_type is None or len(graph.node_types) < 2:
+        return {}
+    num_types = len(graph.node_types)
+    counts = torch.bincount(
+        graph.node_type * num_parts + parts, minlength=num_types * num_parts
+    ).view(num_types, num_parts)
+    return {
+        "type_nodes_per_part": counts.tolist(),
+        "type_balance": max(_balance(row) for row in counts),
     }
 
 

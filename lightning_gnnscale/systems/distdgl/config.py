@@ -35,6 +35,7 @@ class DistDGLConfig(SystemConfig):
     # link prediction last: CI's conformance runs a preset's first two tasks
     TASKS = (*NODE_TASKS, "link_prediction")
     EXCLUDES_TARGET_EDGES = True  # the step's pairs, all-gathered, out of every rank's blocks
+    TYPED_GRAPHS = True  # per-relation sampling through the owners (docs/systems/distdgl.md)
     supports_partition_dir = True
 
     def __post_init__(self) -> None:

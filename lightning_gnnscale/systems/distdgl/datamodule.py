@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -31,7 +32,7 @@ from ...graph.block import Block
 from ...graph.book import PartitionedGraph, partition_and_relabel
 from ...graph.halo_part import HaloPart, write_halo_parts
 from ...graph.partition_dir import PartitionDir
-from ...graph.sampler import BlockBuilder, sample_neighbors, splitmix64
+from ...graph.sampler import BlockBuilder, sample_edge_ids, splitmix64
 from ...kit.datamodule import GNNDataModule
 from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, core_statistics, own_predictions
@@ -63,6 +64,32 @@ def embedding_init(dim: int, seed: int, dtype: torch.dtype = torch.float32):
         return ((unit * 2 - 1) / dim**0.5).to(dtype)
 
     return init
+
+
+def check_part_relations(local, num_relations: int, where) -> None:
+    """A loaded part's relations (outside input) agree with its directory's ``relations``
+    (``num_relations``, 0: homogeneous): an ``edge_type`` file exactly when typed, int64, one
+    value in ``[0, R)`` per edge, each segment sorted by relation (what per-relation sampling
+    slices by); else ``PartitionDirError`` naming the part."""
+    from ...graph.partition_dir import PartitionDirError
+
+    kinds, part = local.edge_type, f"{where}: part {local.part_id}'s edge_type"
+    if kinds is None:
+        if num_relations:
+            raise PartitionDirError(f"{part} is missing, but the metadata lists relations")
+        return
+    if not num_relations:
+        raise PartitionDirError(f"{part} is there, but the metadata lists no relations")
+    if kinds.dtype != torch.int64 or kinds.shape != local.indices.shape:
+        raise PartitionDirError(
+            f"{part} must be int64 [{local.num_edges}], got {kinds.dtype} {list(kinds.shape)}"
+        )
+    if kinds.numel() and (int(kinds.min()) < 0 or int(kinds.max()) >= num_relations):
+        raise PartitionDirError(f"{part} holds values outside [0, {num_relations})")
+    segment = torch.repeat_interleave(torch.arange(local.num_core), local.indptr.diff())
+    key = segment * num_relations + kinds
+    if not bool((key[1:] >= key[:-1]).all()):
+        raise PartitionDirError(f"{part} is not sorted by relation within each segment")
 
 
 class LearnableInputs:
@@ -175,6 +202,7 @@ class DistDGLDataModule(GNNDataModule):
     def input_dim(self) -> int:
         return self.config.embedding_dim or super().input_dim
 
+    @cached_property
     @property
     def is_link(self) -> bool:
         """Whether the task's seeds are edges (link prediction: :mod:`.link`)."""
@@ -216,6 +244,10 @@ class DistDGLDataModule(GNNDataModule):
         (under link prediction also the split's pair count)."""
         prepared = self.prepare(world_size)
         meta = write_halo_parts(prepared, self.part_of, writer, log)
+        graph = prepared.graph
+        if graph.is_typed:  # GNNDataModule.num_relations and relation_fanouts read them
+            meta["relations"] = list(graph.relations)
+            meta["node_types"] = list(graph.node_types)
         if self.is_link:
             split = prepared.link.split
             meta["link"] = {
@@ -234,6 +266,7 @@ class DistDGLDataModule(GNNDataModule):
     @override
     def load_part(self, opened: PartitionDir, rank: int) -> HaloPart | LinkHaloPart:
         halo = HaloPart.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
+        check_part_relations(halo.local, len(opened.meta.get("relations", [])), opened.path)
         if self.is_link:
             meta = opened.meta["link"]
             link = LinkPart.from_arrays(
@@ -281,7 +314,9 @@ class DistDGLDataModule(GNNDataModule):
             optimizer = SPARSE_OPTIMIZERS[config.sparse_optimizer]([embedding], config.sparse_lr)
             self.inputs = LearnableInputs(embedding, optimizer, self.core_orig_ids)
         fanouts = list(self.data.fanouts)
-        self.sampler = DistNeighborSampler(comm, book, sampled, degree, fanouts, self.seed)
+        self.sampler = DistNeighborSampler(
+            comm, book, sampled, degree, fanouts, self.seed, self.relation_fanouts
+        )
         if link is None:
             self.split = part.seed_split(self.data.batch_size, self.seed)
 
@@ -418,8 +453,9 @@ class DistDGLDataModule(GNNDataModule):
             for r in range(int(rounds)):
                 lo = min(r * chunk, n_core)
                 dst = torch.arange(lo, min(lo + chunk, n_core))
-                src, dst_pos = sample_neighbors(local.indptr, local.indices, dst, -1, 0)
-                block = builder(dst, src, dst_pos)
+                eids, dst_pos = sample_edge_ids(local.indptr, dst, -1, 0)
+                types = None if local.edge_type is None else local.edge_type[eids]
+                block = builder(dst, local.indices[eids], dst_pos, types)
                 ids = block.src_ids
                 halo = ids >= n_core
                 rows = self.kv.pull("hidden", local.local2global[ids[halo]], category=category)

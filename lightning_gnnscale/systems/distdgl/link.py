@@ -204,7 +204,10 @@ def stage_partition(local: LocalPartition, edge_stage: Tensor, stage: int) -> Lo
     indptr = torch.zeros(local.num_core + 1, dtype=torch.int64)
     torch.cumsum(counts, 0, out=indptr[1:])
     edge_ids = None if local.edge_ids is None else local.edge_ids[keep]
-    return replace(local, indptr=indptr, indices=local.indices[keep], edge_ids=edge_ids)
+    edge_type = None if local.edge_type is None else local.edge_type[keep]
+    return replace(
+        local, indptr=indptr, indices=local.indices[keep], edge_ids=edge_ids, edge_type=edge_type
+    )
 
 
 @dataclass(frozen=True)
