@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from functools import cached_property
 from typing import Any
 
 import torch
@@ -202,7 +201,6 @@ class DistDGLDataModule(GNNDataModule):
     def input_dim(self) -> int:
         return self.config.embedding_dim or super().input_dim
 
-    @cached_property
     @property
     def is_link(self) -> bool:
         """Whether the task's seeds are edges (link prediction: :mod:`.link`)."""
