@@ -343,14 +343,9 @@ class NeighborSampler:
         self.seed = seed
         self.build_block = BlockBuilder(indptr.numel() - 1, indptr[1:] - indptr[:-1])
         self.edge_type = edge_type
-        self.relation_fanouts = None
-        if edge_type is not None:
-            self.relation_fanouts = check_relation_fanouts(
-                relation_fanouts or [(f,) * num_relations for f in self.fanouts],
-                len(self.fanouts),
-                num_relations,
-            )
-            self.slot_indptr = relation_indptr(indptr, edge_type, num_relations)
+        self.relation_fanouts, self.slot_indptr = relation_plan(
+            indptr, edge_type, self.fanouts, relation_fanouts, num_relations
+        )
 
     def sample(
         self,
@@ -386,6 +381,24 @@ class NeighborSampler:
             blocks.append(block)
             frontier = block.src_ids
         return blocks[::-1]
+
+
+def relation_plan(
+    indptr: Tensor,
+    edge_type: Tensor | None,
+    fanouts: list[int],
+    relation_fanouts: list[tuple[int, ...]] | None,
+    num_relations: int,
+) -> tuple[list[tuple[int, ...]] | None, Tensor | None]:
+    """A typed CSC's sampling plan: every relation's fanout per hop (``relation_fanouts``,
+    default ``fanouts[hop]`` for each, checked) and the (node, relation) slots' CSC
+    (:func:`~.csc.relation_indptr`); ``(None, None)`` for a homogeneous one."""
+    if edge_type is None:
+        return None, None
+    plan = check_relation_fanouts(
+        relation_fanouts or [(f,) * num_relations for f in fanouts], len(fanouts), num_relations
+    )
+    return plan, relation_indptr(indptr, edge_type, num_relations)
 
 
 def check_relation_fanouts(

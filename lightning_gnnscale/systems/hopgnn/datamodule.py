@@ -48,7 +48,6 @@ from ...graph.book import (
     sort_sources,
 )
 from ...graph.cache import cached_partition
-from ...graph.csc import relation_indptr
 from ...graph.csc_rows import CSCRows
 from ...graph.node_targets import NodeTargets
 from ...graph.partition import partition_report
@@ -57,9 +56,9 @@ from ...graph.sampler import (
     NeighborSampler,
     SampleKey,
     build_block_sorted,
-    check_relation_fanouts,
     drop_excluded,
     kept_edges,
+    relation_plan,
     sample_neighbors,
     sample_typed_edge_ids,
 )
@@ -399,14 +398,10 @@ class RelabelledSampler:
     ):
         self.indptr, self.indices, self.orig_ids = indptr, indices, orig_ids
         self.fanouts, self.seed = list(fanouts), seed
-        self.edge_type, self.relation_fanouts = edge_type, None
-        if edge_type is not None:
-            self.relation_fanouts = check_relation_fanouts(
-                relation_fanouts or [(f,) * num_relations for f in self.fanouts],
-                len(self.fanouts),
-                num_relations,
-            )
-            self.slot_indptr = relation_indptr(indptr, edge_type, num_relations)
+        self.edge_type = edge_type
+        self.relation_fanouts, self.slot_indptr = relation_plan(
+            indptr, edge_type, self.fanouts, relation_fanouts, num_relations
+        )
 
     def degree(self, ids: Tensor) -> Tensor:
         return self.indptr.index_select(0, ids + 1) - self.indptr.index_select(0, ids)
