@@ -191,6 +191,7 @@ def train(cfg: DictConfig | RunConfig, *, checked: bool = False) -> tuple[dict, 
         # once, here; the ranks receive the result (a partition directory: checked, and the
         # parts of this node's ranks verified)
         datamodule.prepare(run.world_size, node_ranks(run.world_size, run.trainer.devices))
+        datamodule.check_model(run.model)
         if external:
             metrics = run_rank(run, datamodule, None)
         elif run.world_size == 1:  # in this process: leave it as it was found (Lightning

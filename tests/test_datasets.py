@@ -491,3 +491,11 @@ def test_ogbn_mag_needs_a_typed_system(tmp_path):
 
     with pytest.raises(ConfigError, match="typed graph"):
         run_config(make_cfg(tmp_path, "strategy=gsplit", "dataset=ogbn_mag", tiny=False))
+
+
+def test_a_damaged_ogbn_mag_is_refused_naming_what_does_not_fit(tmp_path):
+    _write_ogb_mag_fixture(tmp_path / "data")
+    feat = tmp_path / "data" / "ogbn_mag" / "raw" / "node-feat" / "paper" / "node-feat.csv.gz"
+    _write_csv_gz(feat, np.zeros((5, 4), dtype=np.float32))  # 5 rows for 11 papers
+    with pytest.raises(ValueError, match="paper has 11 nodes but 5 feature rows"):
+        load_dataset("ogbn-mag", root=tmp_path / "data", cache_dir=tmp_path / "cache")

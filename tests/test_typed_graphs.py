@@ -373,3 +373,49 @@ def test_the_cache_key_of_a_typed_graph_covers_its_relations():
     assert graph_fingerprint(replace(g, node_type=flipped), t) != key
     plain = typed_sbm(num_nodes=300, num_relations=2, typed=False).graph
     assert graph_fingerprint(plain, t)["digest"] != key["digest"]
+
+
+# ------------------------------------------------------------------ review: no silent path
+def test_too_many_bases_are_refused_before_any_rank_starts(tmp_path, monkeypatch):
+    import lightning_gnnscale.run as run_module
+    from lightning_gnnscale.run import train
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(run_module, "launch_local", no_spawn)
+    with pytest.raises(ConfigError, match=r"num_bases=9 exceeds the graph's 4 relation"):
+        train(make_cfg(tmp_path, "strategy=ddp", "dataset=typed_sbm", "model=rgcn",
+                       "model.num_bases=9"))  # fmt: skip
+
+
+def test_a_relational_layer_refuses_a_block_that_lost_its_relations():
+    from lightning_gnnscale.models.relational import BlockRGAT
+
+    block = Block(
+        torch.arange(4), 2, torch.tensor([[2, 3], [0, 1]]), torch.zeros(4, dtype=torch.long)
+    )
+    x = torch.randn(4, 5)
+    for layer in (BlockRGCN(5, 3, 3), BlockRGAT(5, 3, 3)):
+        with pytest.raises(ValueError, match="without edge_type"):
+            layer(block, x)
+        assert type(layer)(5, 3, 1)(block, x).shape == (2, 3)  # one relation: homogeneous
+
+
+def test_relations_beyond_the_count_given_are_refused():
+    from lightning_gnnscale.graph.csc import relation_indptr
+
+    g = small_typed()
+    with pytest.raises(ValueError, match="num_relations=1"):
+        relation_indptr(g.indptr, g.edge_type, 1)
+    with pytest.raises(ValueError, match="num_relations=2"):
+        NeighborSampler(g.indptr, g.indices, [2], edge_type=g.edge_type, num_relations=2)
+
+
+def test_settings_without_effect_on_a_system_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="full graph.*fanouts_per_relation"):
+        _run_config(tmp_path, "strategy=sancus", "dataset=typed_sbm", "model=rgcn",
+                    "+data.fanouts_per_relation.rel_0=[3,3]")  # fmt: skip
+    with pytest.raises(ConfigError, match="halo_hops=0 holds no halo"):
+        _run_config(tmp_path, "strategy=grappa", "task=link_prediction",
+                    "strategy.pair_sources=held", "strategy.halo_hops=0")  # fmt: skip

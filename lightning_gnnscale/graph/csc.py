@@ -359,6 +359,11 @@ def relation_indptr(indptr: Tensor, edge_type: Tensor | None, num_relations: int
     segments are sorted by relation (``indptr`` itself when ``edge_type`` is ``None``)."""
     if edge_type is None:
         return indptr
+    if edge_type.numel() and int(edge_type.max()) >= num_relations:
+        raise ValueError(
+            f"edge_type holds relation {int(edge_type.max())} but num_relations={num_relations}: "
+            "pass the graph's number of relations"
+        )
     num_nodes = indptr.numel() - 1
     dst = torch.repeat_interleave(torch.arange(num_nodes), indptr[1:] - indptr[:-1])
     counts = torch.bincount(dst * num_relations + edge_type, minlength=num_nodes * num_relations)

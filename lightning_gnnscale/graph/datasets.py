@@ -566,6 +566,29 @@ def _load_ogb_typed(name: str, root: Path, cache_dir: Path, download: bool) -> N
     offsets = dict(zip(node_types, (torch.cumsum(counts, 0) - counts).tolist(), strict=True))
     num_nodes = int(counts.sum())
     feats = {t: f for t, f in (ogb_graph.get("node_feat_dict") or {}).items() if f is not None}
+
+    def check(ok: bool, what: str) -> None:  # the files are outside input
+        if not ok:
+            raise ValueError(f"{name} at {root}: {what}; the files are damaged or not ogb's")
+
+    for kind, rows in feats.items():
+        check(
+            rows.shape[0] == num_nodes_dict[kind],
+            f"{kind} has {num_nodes_dict[kind]} nodes but {rows.shape[0]} feature rows",
+        )
+    for kind, rows in labels.items():
+        check(
+            kind in offsets and rows.shape[0] == num_nodes_dict[kind],
+            f"{kind}'s labels do not match its {num_nodes_dict.get(kind)} nodes",
+        )
+    for key in ("train", "valid", "test"):
+        for kind, ids in split[key].items():
+            ids = np.asarray(ids)
+            check(
+                kind in offsets
+                and (ids.size == 0 or (ids.min() >= 0 and ids.max() < num_nodes_dict[kind])),
+                f"{kind}'s {key} split has ids outside its {num_nodes_dict.get(kind)} nodes",
+            )
     width = max((f.shape[1] for f in feats.values()), default=1)
     x = torch.zeros(num_nodes, width)
     for kind, rows in feats.items():
@@ -574,6 +597,19 @@ def _load_ogb_typed(name: str, root: Path, cache_dir: Path, download: bool) -> N
     relations, sources, destinations, kinds = [], [], [], []
     for head, rel, tail in sorted(ogb_graph["edge_index_dict"]):
         edges = _writable_tensor(ogb_graph["edge_index_dict"][head, rel, tail]).long()
+        check(
+            head in offsets
+            and tail in offsets
+            and (
+                edges.numel() == 0
+                or (
+                    int(edges.min()) >= 0
+                    and int(edges[0].max()) < num_nodes_dict[head]
+                    and int(edges[1].max()) < num_nodes_dict[tail]
+                )
+            ),
+            f"relation {head}-{rel}-{tail} names nodes outside its types' ranges",
+        )
         src, dst = edges[0] + offsets[head], edges[1] + offsets[tail]
         for name_, a, b in (
             (f"{head}__{rel}__{tail}", src, dst),

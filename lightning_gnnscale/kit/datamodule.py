@@ -477,9 +477,20 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         distributed layers override it)."""
         if self.checked_run is None or model != self.checked_run.model:
             check_depth(self.data, model)
+        self.check_model(model)
         if model.init is None and model.name != "custom":
             model = replace(model, init=self.task.default_init)
         return build_model(model, self.input_dim, self.out_dim, self.num_relations)
+
+    def check_model(self, model: ModelConfig) -> None:
+        """Rules between the model and this graph: a basis decomposition has at most as many
+        bases as the graph has relations (``train.py`` checks it once the launcher has
+        prepared the data, before any rank starts; a plain script when the net is built)."""
+        if model.num_bases > self.num_relations:
+            raise ConfigError(
+                f"model.num_bases={model.num_bases} exceeds the graph's {self.num_relations} "
+                "relation(s); use at most that many bases (0: a full weight per relation)"
+            )
 
     def callbacks(self) -> list[L.Callback]:
         """The system's report callbacks (statistics for ``summary.json``); optional."""

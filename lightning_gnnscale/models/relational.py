@@ -29,7 +29,8 @@ class BlockRGCN(nn.Module):
 
     Args:
         in_dim, out_dim: input and output widths.
-        num_relations: ``R``; a block without ``edge_type`` (a homogeneous graph) is relation 0.
+        num_relations: ``R``; a block without ``edge_type`` (a homogeneous graph) is relation 0
+            (refused when ``R > 1``: a typed block must carry its relations).
         num_bases: ``0``: a full weight per relation; else the number of basis matrices
             (``<= R``).
 
@@ -65,7 +66,7 @@ class BlockRGCN(nn.Module):
     def forward(self, block: Block, x_src: Tensor) -> Tensor:
         n_dst, num_rel = block.num_dst, self.num_relations
         src, dst = block.edge_index
-        kind = block.edge_type if block.edge_type is not None else torch.zeros_like(src)
+        kind = block_relations(block, num_rel)
         projected = _relation_projection(x_src, self.relation_weights())  # [n_src, R * out]
         messages = projected.view(-1, self.out_dim).index_select(0, src * num_rel + kind)
         slot = dst * num_rel + kind
@@ -73,6 +74,19 @@ class BlockRGCN(nn.Module):
         messages = messages / count.index_select(0, slot).to(messages.dtype).unsqueeze(1)
         out = self.root(x_src[:n_dst]).index_add(0, dst, messages)
         return out + self.bias
+
+
+def block_relations(block: Block, num_relations: int) -> Tensor:
+    """The relation of each block edge: ``block.edge_type``; a block without relations (a
+    homogeneous graph's) is relation 0, which only a one-relation layer accepts."""
+    if block.edge_type is None:
+        if num_relations > 1:
+            raise ValueError(
+                f"a {num_relations}-relation layer got a block without edge_type: the path "
+                "that built it dropped the typed graph's relations"
+            )
+        return torch.zeros_like(block.edge_index[0])
+    return block.edge_type
 
 
 def _relation_projection(x: Tensor, weights: Tensor) -> Tensor:
@@ -104,12 +118,14 @@ class BlockRGAT(nn.Module):
         h_v = W_0 x_v + \sum_{u \in N(v)} \alpha_{uv} z^r_u + b
 
     per head; ``r`` is the edge's relation and the softmax runs over all of ``v``'s sampled
-    in-edges, whatever their relation. Hidden layers concatenate ``heads`` heads of ``out /
-    heads`` channels, the output layer averages them (as :class:`~.layers.BlockGAT`).
+    in-edges, whatever their relation. ``concat``: the ``heads`` heads of ``out / heads``
+    channels are concatenated, else averaged (:class:`~.gnn.BlockGNN` gives hidden layers
+    ``model.heads`` concatenated heads and the output layer one, as for GAT).
 
     Args:
         in_dim, out_dim: input and output widths.
-        num_relations: ``R``; a block without ``edge_type`` is relation 0.
+        num_relations: ``R``; a block without ``edge_type`` is relation 0 (refused when
+            ``R > 1``).
         heads: attention heads.
         concat: concatenate the heads (``out_dim`` divisible by ``heads``), else average.
         num_bases: ``0``: a full weight per relation; else the basis matrices (``<= R``).
@@ -162,7 +178,7 @@ class BlockRGAT(nn.Module):
     def forward(self, block: Block, x_src: Tensor) -> Tensor:
         n_dst, num_rel, heads = block.num_dst, self.num_relations, self.heads
         src, dst = block.edge_index
-        kind = block.edge_type if block.edge_type is not None else torch.zeros_like(src)
+        kind = block_relations(block, num_rel)
         width = heads * self.channels
         projected = _relation_projection(x_src, self.relation_weights()).view(-1, width)
         z_src = projected.index_select(0, src * num_rel + kind)  # [E, H * C]

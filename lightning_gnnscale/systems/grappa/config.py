@@ -142,6 +142,11 @@ class GrappaConfig(SystemConfig):
         choice("strategy.halo_hops", self.halo_hops, (0, 1))
         choice("strategy.pair_sources", self.pair_sources, PAIR_SOURCES)
         require(
+            self.pair_sources == "owned" or self.halo_hops == 1,
+            f"strategy.pair_sources={self.pair_sources} trains pairs with a halo source, but "
+            "strategy.halo_hops=0 holds no halo: it has no effect (leave it at owned)",
+        )
+        require(
             self.num_chunks is None or self.num_chunks >= 1,
             f"strategy.num_chunks={self.num_chunks} must be >= 1 (or null to derive it)",
         )

@@ -96,6 +96,11 @@ class SancusConfig(SystemConfig):
         )
 
     def check_run(self, run: RunFacts) -> None:
+        require(
+            not run.data.fanouts_per_relation,
+            f"strategy={self.name} trains the full graph: data.fanouts_per_relation="
+            f"{dict(run.data.fanouts_per_relation)} would have no effect; drop it",
+        )
         if run.model is not None:
             self.check_model(run.model)
         if run.ckpt_path is not None:
