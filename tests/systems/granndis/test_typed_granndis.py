@@ -106,7 +106,9 @@ def reference(dataset, targets):
     """One process, full neighbourhoods of every relation: logits, mean loss, gradients."""
     graph = dataset.graph
     net = make_net(graph)
-    sampler = NeighborSampler(graph.indptr, graph.indices, [-1] * LAYERS, 0, graph.edge_type, None, R)
+    sampler = NeighborSampler(
+        graph.indptr, graph.indices, [-1] * LAYERS, 0, graph.edge_type, None, R
+    )
     blocks = sampler.sample(targets)
     logits = net(blocks, graph.x[blocks[0].src_ids])
     loss = F.cross_entropy(logits, dataset.targets.target[targets], reduction="sum")
@@ -167,9 +169,7 @@ def test_inference_shares_equal_whole_graph_layerwise_inference(results, label):
     dataset = small_typed()
     graph = dataset.graph
     net = make_net(graph).eval()
-    want = layerwise_inference(
-        net, graph.indptr, graph.indices, graph.x, edge_type=graph.edge_type
-    )
+    want = layerwise_inference(net, graph.indptr, graph.indices, graph.x, edge_type=graph.edge_type)
     ids = torch.cat([r[label, "eval"][0] for r in results])
     rows = torch.cat([r[label, "eval"][1] for r in results])
     assert torch.equal(ids.sort().values, torch.arange(graph.num_nodes))
@@ -253,3 +253,43 @@ def test_per_relation_fanouts_are_refused_where_no_fanout_is_used():
         with pytest.raises(ConfigError, match="fanouts_per_relation"):
             GraNNDISConfig.preset(name).check_data(data)
     GraNNDISConfig.preset("granndis_mb_base").check_data(data)
+
+
+def test_a_typed_directory_carries_every_part_s_edge_types_and_refuses_parts_without(
+    tmp_path, monkeypatch
+):
+    """The metadata names the relations and node types; a loaded part's plans and inference
+    share hold the in-memory part's edge types; a directory whose parts lost them (a writer
+    that drops them) is refused when a rank loads its part."""
+    from lightning_gnnscale.graph.partition_dir import PartitionDir, PartitionDirError
+    from lightning_gnnscale.systems.granndis.partdir import GraNNDISPart
+
+    dataset = small_typed()
+    data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS)
+    topology = Topology(2, 1)
+    config = GraNNDISConfig(mode="flx", preload_k=1)  # a preload stage and a final stage
+    dm = GraNNDISDataModule(
+        dataset, config, data, seed=0, cache_dir=tmp_path / "cache", topology=topology
+    )
+    meta = dm.write_partition_dir(tmp_path / "typed", 2, log=lambda *_: None)
+    assert meta["relations"] == list(dataset.graph.relations)
+    assert meta["node_types"] == list(dataset.graph.node_types)
+    opened = PartitionDir.open(tmp_path / "typed")
+    for rank in range(2):
+        loaded, built = dm.load_part(opened, rank), dm.part_of(topology, rank)
+        for got, want in zip(loaded.layouts[1].plans, built.layouts[1].plans, strict=True):
+            for name in ("final", "preload"):
+                assert torch.equal(getattr(got, name).edge_type, getattr(want, name).edge_type)
+        assert torch.equal(loaded.eval_share.edge_type, built.eval_share.edge_type)
+
+    arrays = GraNNDISPart.arrays
+    monkeypatch.setattr(
+        GraNNDISPart,
+        "arrays",
+        lambda self, offset: {
+            k: v for k, v in arrays(self, offset).items() if not k.endswith("edge_type")
+        },
+    )
+    dm.write_partition_dir(tmp_path / "dropped", 2, log=lambda *_: None)
+    with pytest.raises(PartitionDirError, match="3 relations"):
+        dm.load_part(PartitionDir.open(tmp_path / "dropped"), 0)
