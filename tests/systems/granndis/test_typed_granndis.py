@@ -39,6 +39,7 @@ VARIANTS = {
     "cob_sage": GraNNDISConfig(mode="cob", cob=CoBConfig(num_per_epoch=2, fanout=1)),
 }
 EXACT = ("fb_base", "flx", "flx_k1", "cob_none")
+KINDS = ("rgat", "rgcn")  # the last one's inference shares are checked
 SERVER_MODES = ("flx", "cob_none", "flx_eas", "cob_sage")  # halos inside one server only
 
 
@@ -46,10 +47,42 @@ def small_typed():
     return typed_sbm(**TYPED).to(torch.float64)
 
 
-def make_net(graph):
+def make_net(graph, kind="rgcn"):
     torch.manual_seed(0)
-    net = BlockGNN("rgcn", graph.num_features, HIDDEN, 3, LAYERS, 0.0, num_relations=R, num_bases=2)
+    net = BlockGNN(
+        kind, graph.num_features, HIDDEN, 3, LAYERS, 0.0, heads=2, num_relations=R, num_bases=2
+    )
     return net.double()
+
+
+def _steps(dm, comm, net):
+    """Per step: the loss rows' ids, logits, loss, summed gradients, whether every block
+    carries relations, the blocks' edges and the halo bytes by category and link class."""
+    steps = []
+    for step in range(dm.steps_per_epoch):
+        batch = dm.make_batch(0, step)
+        typed = all(
+            b.edge_type is not None and b.edge_type.shape == (b.num_edges,) for b in batch.blocks
+        )
+        before = comm.meter.snapshot()
+        net.zero_grad()
+        logits = net(batch.blocks, batch.x, layer_hook=halo_hook(comm)(batch))
+        loss = F.cross_entropy(logits, batch.y, reduction="sum") / batch.global_seed_count
+        loss.backward()
+        traffic = comm.meter.delta(before)  # halo exchange only (before the sync)
+        grads = [comm.all_reduce(p.grad.clone(), category="gradient") for p in net.parameters()]
+        steps.append(
+            {
+                "ids": batch.plan.final.owned[: batch.plan.final.num_loss],
+                "logits": logits.detach(),
+                "loss": loss.item(),
+                "grads": grads,
+                "typed": typed,
+                "typed_edges": sum(b.num_edges for b in batch.blocks),
+                "bytes": traffic["category_link_bytes"],
+            }
+        )
+    return steps
 
 
 def _rank(rank, world_size, cache_dir):
@@ -64,35 +97,10 @@ def _rank(rank, world_size, cache_dir):
         )
         dm.setup_rank(context, dm.rank_part(context))
         dm.context = context  # as setup() sets it (inference reads its comm)
-        net = make_net(dataset.graph)
-        steps = []
-        for step in range(dm.steps_per_epoch):
-            batch = dm.make_batch(0, step)
-            typed = all(
-                b.edge_type is not None and b.edge_type.shape == (b.num_edges,)
-                for b in batch.blocks
-            )
-            before = comm.meter.snapshot()
-            net.zero_grad()
-            logits = net(batch.blocks, batch.x, layer_hook=halo_hook(comm)(batch))
-            loss = F.cross_entropy(logits, batch.y, reduction="sum") / batch.global_seed_count
-            loss.backward()
-            traffic = comm.meter.delta(before)  # halo exchange only (before the sync)
-            grads = [comm.all_reduce(p.grad.clone(), category="gradient") for p in net.parameters()]
-            steps.append(
-                {
-                    "ids": batch.plan.final.owned[: batch.plan.final.num_loss],
-                    "logits": logits.detach(),
-                    "loss": loss.item(),
-                    "grads": grads,
-                    "typed": typed,
-                    "typed_edges": sum(b.num_edges for b in batch.blocks),
-                    "bytes": traffic["category_link_bytes"],
-                }
-            )
-        net.eval()
-        out[label] = steps
-        out[label, "eval"] = (dm.part.orig_ids, dm.share_rows(net, LAYERS))
+        for kind in KINDS:
+            net = make_net(dataset.graph, kind)
+            out[label, kind] = _steps(dm, comm, net)
+        out[label, "eval"] = (dm.part.orig_ids, dm.share_rows(net.eval(), LAYERS))
     return out
 
 
@@ -102,10 +110,10 @@ def results(tmp_path_factory):
     return run_distributed(_rank, WORLD, str(cache_dir), timeout_s=300)
 
 
-def reference(dataset, targets):
+def reference(dataset, targets, kind):
     """One process, full neighbourhoods of every relation: logits, mean loss, gradients."""
     graph = dataset.graph
-    net = make_net(graph)
+    net = make_net(graph, kind)
     sampler = NeighborSampler(
         graph.indptr, graph.indices, [-1] * LAYERS, 0, graph.edge_type, None, R
     )
@@ -118,18 +126,20 @@ def reference(dataset, targets):
 
 
 @pytest.mark.parametrize("label", EXACT)
-def test_rgcn_steps_on_a_typed_graph_equal_one_process(results, label):
+@pytest.mark.parametrize("kind", KINDS)
+def test_relational_steps_on_a_typed_graph_equal_one_process(results, label, kind):
     """Every step's targets, logits, loss and summed gradients equal one process's
-    full-neighbourhood RGCN on the same targets (float64, 1e-10); each target once an epoch."""
+    full-neighbourhood RGCN / RGAT on the same targets (float64, 1e-10); each target once an
+    epoch."""
     dataset = small_typed()
     covered = []
-    for step in range(len(results[0][label])):
-        per_rank = [r[label][step] for r in results]
+    for step in range(len(results[0][label, kind])):
+        per_rank = [r[label, kind][step] for r in results]
         ids = torch.cat([s["ids"] for s in per_rank])
         order = torch.argsort(ids)
         targets = ids[order]
         covered.append(targets)
-        want_logits, want_loss, want_grads = reference(dataset, targets)
+        want_logits, want_loss, want_grads = reference(dataset, targets, kind)
         logits = torch.cat([s["logits"] for s in per_rank])[order]
         torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-10)
         assert sum(s["loss"] for s in per_rank) == pytest.approx(want_loss, abs=1e-10)
@@ -142,13 +152,13 @@ def test_rgcn_steps_on_a_typed_graph_equal_one_process(results, label):
 
 @pytest.mark.parametrize("label", list(VARIANTS))
 def test_every_block_carries_relations(results, label):
-    steps = [s for r in results for s in r[label]]
+    steps = [s for r in results for kind in KINDS for s in r[label, kind]]
     assert all(s["typed"] for s in steps)
     assert sum(s["typed_edges"] for s in steps) > 0
 
 
 def _link_bytes(results, label, category, link):
-    return sum(s["bytes"][category][link] for r in results for s in r[label])
+    return sum(s["bytes"][category][link] for r in results for s in r[label, "rgcn"])
 
 
 @pytest.mark.parametrize("label", SERVER_MODES)
