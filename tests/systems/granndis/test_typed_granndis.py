@@ -303,3 +303,15 @@ def test_a_typed_directory_carries_every_part_s_edge_types_and_refuses_parts_wit
     dm.write_partition_dir(tmp_path / "dropped", 2, log=lambda *_: None)
     with pytest.raises(PartitionDirError, match="3 relations"):
         dm.load_part(PartitionDir.open(tmp_path / "dropped"), 0)
+
+
+def test_mb_base_samples_each_relation_with_its_own_fanouts(tmp_path):
+    """MB_base's mini-batches are sampled per relation, ``data.fanouts_per_relation`` over
+    ``data.fanouts``, and their blocks carry relations."""
+    data = DataConfig(batch_size=32, fanouts=[4, 3], fanouts_per_relation={"rel_1": [2, 1]})
+    config = GraNNDISConfig.preset("granndis_mb_base")
+    dm = GraNNDISDataModule(small_typed(), config, data, seed=0, cache_dir=tmp_path)
+    batcher = dm.whole_graph_batcher()
+    assert batcher.sampler.relation_fanouts == [(4, 2, 4), (3, 1, 3)]
+    blocks = batcher[0, 0].blocks
+    assert all(b.edge_type is not None and b.edge_type.shape == (b.num_edges,) for b in blocks)
