@@ -957,6 +957,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 dims=dims[first : first + layers + 1],
                 num_params=0,
                 value_bytes=value_bytes,
+                typed=plan.edge_type is not None,
             ).total
             first += layers
         return total + self.model_params * value_bytes * 4
