@@ -158,6 +158,7 @@ class GraNNDISConfig(SystemConfig):
 
     name: str = "granndis"
     supports_partition_dir: ClassVar[bool] = True
+    TYPED_GRAPHS: ClassVar[bool] = True  # every mode (docs/systems/granndis.md, "Typed graphs")
     mode: str = "flx_eas"
     partition: GraNNDISPartitionConfig = field(default_factory=GraNNDISPartitionConfig)
     eas: EASConfig = field(default_factory=EASConfig)
@@ -231,6 +232,13 @@ class GraNNDISConfig(SystemConfig):
             f"strategy.mode={self.mode} samples mini-batches from the whole graph on every "
             f"rank, so it cannot train from data.partition_dir; the GraNNDIS modes that can: "
             f"{list(DIRECTORY_MODES)}",
+        )
+        require(
+            not self.layout_mode or not data.fanouts_per_relation,
+            f"data.fanouts_per_relation={dict(data.fanouts_per_relation)} with strategy.mode="
+            f"{self.mode}: its steps run on whole one-hop graphs (every relation's edges among "
+            "the server graph's vertices), so no fanout is used; drop it, or use "
+            "strategy=granndis_mb_base (sampled mini-batches)",
         )
 
     def check_run(self, run: RunFacts) -> None:

@@ -186,6 +186,7 @@ def estimate_memory(
     masked_layers: int | None = None,
     c_layer: int = 3,
     value_bytes: int = 4,
+    typed: bool = False,
 ) -> StepMemoryEstimate:
     """One worker's memory for a step on a one-hop graph (spec §4.8).
 
@@ -197,9 +198,11 @@ def estimate_memory(
         masked_layers: ``K``, layers that carry a bool row mask (default ``L``).
         c_layer: tensors of width ``d_{j+1}`` kept per owned row and layer (linear output,
             norm, activation).
+        typed: the edges also carry a relation (a typed graph's plans).
 
     Per conv layer ``j``: the exchanged input ``rows x d_j`` and its gradient, plus
-    ``c_layer`` output tensors of the owned rows. Features ``rows x F``; edges two int64s.
+    ``c_layer`` output tensors of the owned rows. Features ``rows x F``; edges two int64s
+    (three when ``typed``).
     """
     dims = list(dims)
     if len(dims) < 2 or min(dims) < 1:
@@ -215,7 +218,7 @@ def estimate_memory(
     return StepMemoryEstimate(
         features=rows * dims[0] * value_bytes,
         activations=act,
-        graph=num_edges * 16,
+        graph=num_edges * (24 if typed else 16),
         keep_masks=masked * rows,
         parameters=num_params * value_bytes * 4,
     )

@@ -37,6 +37,7 @@ from ...graph.cache import (
     cached_partition,
     graph_fingerprint,
     read_verified,
+    tensor_digest,
 )
 from ...graph.csc import Graph
 from ...graph.node_targets import NodeTargets
@@ -249,8 +250,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @cached_property
     def graph_identity(self) -> dict:
         """The layouts' graph's and targets' fingerprint (hashed once: it reads every byte
-        of the structure)."""
-        return graph_fingerprint(self.layout_graph, self.layout_targets)
+        of the structure), with a typed graph's relations (the plans carry them)."""
+        identity = graph_fingerprint(self.layout_graph, self.layout_targets)
+        if self.layout_graph.edge_type is not None:
+            identity["edge_type"] = tensor_digest(self.layout_graph.edge_type)
+        return identity
 
     @cached_property
     def layout_graph(self) -> Graph:
@@ -261,6 +265,12 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         if structure[0] is self.graph.indptr and structure[1] is self.graph.indices:
             return self.graph
         return self.graph.with_structure(*structure)
+
+    @cached_property
+    def untyped_layout_graph(self) -> Graph:
+        """:attr:`layout_graph` with a typed graph's relations erased (what METIS cuts inside
+        a server: the structure, each pair of nodes once)."""
+        return self.layout_graph.without_types()
 
     @cached_property
     def layout_targets(self) -> NodeTargets:
@@ -372,8 +382,8 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         method = self.config.partition.intra
         if workers == 1 or vertices.numel() == 0:
             return torch.full_like(vertices, server * workers)
-        if method == "metis":
-            sub = self.layout_graph.induced_subgraph(vertices)
+        if method == "metis":  # METIS cuts the structure: a typed graph's relations merged
+            sub = self.untyped_layout_graph.induced_subgraph(vertices)
             splits = replace(self.layout_targets.rows(vertices), train=is_target).split_matrix()
             parts = partition(
                 sub, "metis_balanced", workers, seed=workers_seed, splits=splits, balance="train"
@@ -650,10 +660,15 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         for server in range(topology.num_servers):
             self.write_server(server, topology, writer, log)
         book, _ = self.eval_book(topology)
+        graph = self.graph
+        typed = {"relations": list(graph.relations)} if graph.is_typed else {}
+        if graph.node_type is not None:
+            typed["node_types"] = list(graph.node_types)
         return {
             "node_offsets": book.node_offsets.tolist(),
             "topology": topology_record(topology),
             "train_count": self.loss_row_count,
+            **typed,
         }
 
     def write_server(self, server: int, topology: Topology, writer, log) -> None:
@@ -831,10 +846,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     @override
     def load_part(self, opened: PartitionDir, rank: int) -> GraNNDISPart:
         """Rank ``rank``'s part as :meth:`part_of` builds it, from its files; its ``x`` is its
-        server's shared group (memory-mapped, cast to the run's dtype slice by slice)."""
+        server's shared group (memory-mapped, cast to the run's dtype slice by slice); a
+        typed graph's edge types checked against the metadata's relations."""
         topology = recorded_topology(opened.meta["topology"])
         server_x = opened.load_shared(f"server{topology.server_of(rank)}", rank)["x"]
-        return GraNNDISPart.from_arrays(
+        part = GraNNDISPart.from_arrays(
             opened.load_part(rank),
             server_x,
             self.depths(),
@@ -844,6 +860,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             num_nodes=int(opened.meta["num_nodes"]),
             train_count=int(opened.meta["train_count"]),
         )
+        try:  # a typed graph's relations ride with every plan (outside input: checked)
+            part.check_relations(len(opened.meta.get("relations", ())), f"part {rank}")
+        except ValueError as err:
+            raise PartitionDirError(f"{opened.path}: {err}") from None
+        return part
 
     # ------------------------------------------------------------------------ set-up
     @override
@@ -902,6 +923,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.rank,
             self.world_size,
             salt_by_rank=True,
+            relation_fanouts=self.relation_fanouts,
         )
 
     @override
@@ -935,6 +957,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 dims=dims[first : first + layers + 1],
                 num_params=0,
                 value_bytes=value_bytes,
+                typed=plan.edge_type is not None,
             ).total
             first += layers
         return total + self.model_params * value_bytes * 4

@@ -27,6 +27,8 @@ class EvalShare:
         degree: int64 ``[n_core + n_halo]`` whole-graph in-degrees of the local rows (GCN).
         send_index, send_splits, recv_splits: the halo exchange before every layer (the
             halo is ascending in relabelled ids, so grouped by owner in rank order).
+        edge_type: int64 ``[E]`` a typed graph's relation of every edge of ``indices``
+            (``None``: homogeneous).
     """
 
     indptr: Tensor
@@ -35,6 +37,7 @@ class EvalShare:
     send_index: Tensor
     send_splits: tuple[int, ...]
     recv_splits: tuple[int, ...]
+    edge_type: Tensor | None = None
 
     @property
     def num_core(self) -> int:
@@ -42,13 +45,16 @@ class EvalShare:
 
     def arrays(self, prefix: str = "eval_") -> dict[str, Tensor]:
         splits = torch.tensor([self.send_splits, self.recv_splits], dtype=torch.int64)
-        return {
+        arrays = {
             prefix + "indptr": self.indptr,
             prefix + "indices": self.indices,
             prefix + "degree": self.degree,
             prefix + "send_index": self.send_index,
             prefix + "splits": splits,
         }
+        if self.edge_type is not None:
+            arrays[prefix + "edge_type"] = self.edge_type
+        return arrays
 
     @classmethod
     def from_arrays(cls, part: dict[str, Tensor], prefix: str = "eval_") -> EvalShare:
@@ -60,6 +66,7 @@ class EvalShare:
             part[prefix + "send_index"],
             tuple(send),
             tuple(recv),
+            part.get(prefix + "edge_type"),
         )
 
     @torch.no_grad()
@@ -78,6 +85,7 @@ class EvalShare:
             halo = exchange_rows(h, send_index, self.send_splits, self.recv_splits, comm, category)
             rows = torch.cat([h, halo])
             h = layer_rows(
-                net, i, builder, self.indptr, self.indices, rows, 0, self.num_core, chunk_size
-            )
+                net, i, builder, self.indptr, self.indices, rows, 0, self.num_core, chunk_size,
+                edge_type=self.edge_type,
+            )  # fmt: skip
         return h

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ...graph.csc import Graph
 from ...graph.order import epoch_permutation
-from ...graph.sampler import SampleKey, sample_neighbors, splitmix64
+from ...graph.sampler import SampleKey, sample_neighbors, sample_typed_edge_ids, splitmix64
 
 
 def check_ids(graph: Graph, ids: Tensor, name: str) -> Tensor:
@@ -36,18 +36,26 @@ def _check_nonneg(value: int, name: str) -> int:
     return value
 
 
-def in_edges(graph: Graph, dst: Tensor) -> tuple[Tensor, Tensor]:
-    """All in-edges of the nodes ``dst``: ``(src, pos)`` int64 ``[E']``.
-
-    ``pos`` is the index in ``dst`` of each edge's destination; edges come grouped by ``pos``
-    (ascending) and keep their CSC (ascending source) order within a group.
-    """
+def in_edge_ids(graph: Graph, dst: Tensor) -> tuple[Tensor, Tensor]:
+    """All in-edges of the nodes ``dst`` as CSC positions: ``(eid, pos)`` int64 ``[E']``
+    (a typed graph's relations are ``graph.edge_type[eid]``), ordered as :func:`in_edges`."""
     start = graph.indptr[dst]
     count = graph.indptr[dst + 1] - start
     pos = torch.repeat_interleave(torch.arange(dst.numel()), count)
     group_start = torch.cumsum(count, 0) - count
     offset = torch.arange(pos.numel()) - group_start[pos]
-    return graph.indices[start[pos] + offset], pos
+    return start[pos] + offset, pos
+
+
+def in_edges(graph: Graph, dst: Tensor) -> tuple[Tensor, Tensor]:
+    """All in-edges of the nodes ``dst``: ``(src, pos)`` int64 ``[E']``.
+
+    ``pos`` is the index in ``dst`` of each edge's destination; edges come grouped by ``pos``
+    (ascending) and keep their CSC order within a group (ascending source; a typed graph's by
+    relation, then source).
+    """
+    eid, pos = in_edge_ids(graph, dst)
+    return graph.indices[eid], pos
 
 
 def khop_levels(graph: Graph, inner: Tensor, hops: int) -> tuple[Tensor, Tensor]:
@@ -134,7 +142,9 @@ def eas_expand(
     Randomness is a hash of ``(seed, salt, hop, v, u)``, so it does not depend on the batch.
     ``hops=0`` returns ``inner`` (Cluster-GCN); ``fanout=-1`` keeps every candidate, and then
     ``hops=L`` equals :func:`khop_levels`. Edges among ``inner`` are not sampled at all: callers
-    take the induced subgraph on ``vertices``.
+    take the induced subgraph on ``vertices``. A typed graph's ``fanout`` applies per
+    ``(v, relation)`` (each relation's in-neighbours are candidates of their own; the degree
+    scores count every relation).
     """
     inner = check_ids(graph, inner, "inner")
     hops = _check_nonneg(hops, "hops")
@@ -143,6 +153,7 @@ def eas_expand(
     _check_choice(fanout_scope, FANOUT_SCOPES, "fanout_scope")
     _check_choice(frontier, FRONTIERS, "frontier")
     key = SampleKey(seed, salt=salt)
+    num_rel = graph.num_relations
     level = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
     level[inner] = 0
     front = inner
@@ -150,10 +161,13 @@ def eas_expand(
         if front.numel() == 0:
             break
         selected = level >= 0
-        src, pos = in_edges(graph, front)
+        eid, pos = in_edge_ids(graph, front)
+        src = graph.indices[eid]
+        # a typed graph's fanout is per (frontier vertex, relation): slot pos * R + r
+        group = pos if graph.edge_type is None else pos * num_rel + graph.edge_type[eid]
         if fanout_scope == "external":
             cand = ~selected[src]
-            src, pos = src[cand], pos[cand]
+            src, pos, group = src[cand], pos[cand], group[cand]
         if fanout > 0:
             u = _edge_uniform(src, front[pos], graph.num_nodes, key.hop_key(d))
             if selection == "uniform":
@@ -165,7 +179,7 @@ def eas_expand(
                     priority = u - score.to(torch.float64)
                 else:  # exponential keys: smallest -log(u)/w is a weighted draw w/o replacement
                     priority = -torch.log(u) / (score + 1).to(torch.float64)
-            src = src[_first_per_group(pos, priority, front.numel(), fanout)]
+            src = src[_first_per_group(group, priority, front.numel() * num_rel, fanout)]
         new = torch.unique(src)
         new = new[~selected[new]]
         level[new] = d
@@ -183,19 +197,29 @@ def sage_expand(
     uniformly without replacement, drawn by the suite's hash-keyed sampler
     (``graph/sampler.py``, key ``SampleKey(seed, salt=salt)``); vertices reached for the first
     time get level = hop. ``fanout=-1`` keeps every in-neighbour (then equal to
-    :func:`khop_levels`).
+    :func:`khop_levels`). A typed graph is sampled per relation (``fanout`` in-neighbours of
+    every ``(v, relation)``, :func:`~...graph.sampler.sample_typed_edge_ids` keyed on global
+    ids).
     """
     inner = check_ids(graph, inner, "inner")
     hops = _check_nonneg(hops, "hops")
     fanout = _check_fanout(fanout)
     key = SampleKey(seed, salt=salt)
+    slots = graph.relation_indptr() if graph.edge_type is not None else None
     level = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
     level[inner] = 0
     collected = inner
     for d in range(1, hops + 1):
         if collected.numel() == 0:
             break
-        src, _ = sample_neighbors(graph.indptr, graph.indices, collected, fanout, key.hop_key(d))
+        if graph.edge_type is None:
+            src, _ = sample_neighbors(
+                graph.indptr, graph.indices, collected, fanout, key.hop_key(d)
+            )
+        else:
+            fanouts = (fanout,) * graph.num_relations
+            eids, _ = sample_typed_edge_ids(slots, collected, fanouts, key.hop_key(d))
+            src = graph.indices[eids]
         new = torch.unique(src)
         new = new[level[new] < 0]
         level[new] = d

@@ -23,7 +23,7 @@ from ...graph.csc import Graph
 from ...graph.node_targets import NodeTargets
 from .callbacks import LayoutSummary
 from .evalshare import EvalShare
-from .expand import in_edges
+from .expand import in_edge_ids
 from .plan import OneHopPlan, StepPlan
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ def plan_arrays(plan: OneHopPlan, prefix: str) -> dict[str, Tensor]:
     ``<prefix><name>``. The ids of the rows are not stored: a rank reads its input rows and
     targets from the part, and everything else addresses rows by local position."""
     arrays = {name: getattr(plan, name) for name in LOCAL_TENSORS}
+    if plan.edge_type is not None:  # a typed graph's relation of every edge
+        arrays["edge_type"] = plan.edge_type
     arrays["values"] = torch.tensor(
         [*plan.send_splits, *plan.recv_splits, plan.num_layers, plan.num_loss]
         + [int(plan.masking), int(plan.final), plan.owned.numel(), plan.halo.numel()],
@@ -50,7 +52,8 @@ def plan_arrays(plan: OneHopPlan, prefix: str) -> dict[str, Tensor]:
 def plan_from_arrays(part: dict[str, Tensor], prefix: str, world: int) -> OneHopPlan:
     """The plan :func:`plan_arrays` wrote under ``prefix`` (tensors stay memory-mapped); its
     ``owned`` and ``halo`` are the local row positions ``[0, n_owned)`` and ``[n_owned,
-    n_owned + n_halo)`` (the directory keeps no ids of them)."""
+    n_owned + n_halo)`` (the directory keeps no ids of them); ``edge_type`` if written (a
+    typed graph's)."""
     values = part[prefix + "values"].tolist()
     splits, rest = values[: 2 * world], values[2 * world :]
     layers, loss, masking, final, n_owned, n_halo = rest
@@ -64,6 +67,7 @@ def plan_from_arrays(part: dict[str, Tensor], prefix: str, world: int) -> OneHop
         num_loss=loss,
         masking=bool(masking),
         final=bool(final),
+        edge_type=part.get(prefix + "edge_type"),
     )
 
 
@@ -84,12 +88,16 @@ def step_from_arrays(part: dict[str, Tensor], prefix: str, world: int) -> StepPl
     return StepPlan(final, preload, part[prefix + "reshape"])
 
 
-def core_in_edges(graph: Graph, book: PartitionBook, rank: int) -> tuple[Tensor, Tensor]:
-    """``(src, pos)``: the in-edges of rank ``rank``'s core (its ``node_offsets`` range), the
-    sources as relabelled ids, ``pos`` the destination's position in the core."""
+def core_in_edges(
+    graph: Graph, book: PartitionBook, rank: int
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(src, pos, edge_type)``: the in-edges of rank ``rank``'s core (its ``node_offsets``
+    range), the sources as relabelled ids, ``pos`` the destination's position in the core,
+    ``edge_type`` a typed graph's relation of each (else ``None``)."""
     lo, hi = book.node_offsets[rank : rank + 2].tolist()
-    src_old, pos = in_edges(graph, book.new2old[lo:hi])
-    return book.old2new[src_old], pos
+    eid, pos = in_edge_ids(graph, book.new2old[lo:hi])
+    kind = None if graph.edge_type is None else graph.edge_type[eid]
+    return book.old2new[graph.indices[eid]], pos, kind
 
 
 def eval_halos(graph: Graph, book: PartitionBook) -> list[Tensor]:
@@ -97,7 +105,7 @@ def eval_halos(graph: Graph, book: PartitionBook) -> list[Tensor]:
     core's in-edges that other ranks own (grouped by owner in rank order)."""
     offsets, halos = book.node_offsets.tolist(), []
     for k in range(book.num_parts):
-        src, _ = core_in_edges(graph, book, k)
+        src, _, _ = core_in_edges(graph, book, k)
         halos.append(torch.unique(src[(src < offsets[k]) | (src >= offsets[k + 1])]))
     return halos
 
@@ -107,7 +115,7 @@ def eval_share(graph: Graph, book: PartitionBook, halos: list[Tensor], k: int) -
     rank's halo (:func:`eval_halos`)."""
     offsets, world = book.node_offsets.tolist(), book.num_parts
     lo, hi = offsets[k], offsets[k + 1]
-    src, pos = core_in_edges(graph, book, k)
+    src, pos, kind = core_in_edges(graph, book, k)
     outside = (src < lo) | (src >= hi)
     local = torch.where(outside, (hi - lo) + torch.searchsorted(halos[k], src), src - lo)
     indptr = torch.zeros(hi - lo + 1, dtype=torch.int64)
@@ -130,6 +138,7 @@ def eval_share(graph: Graph, book: PartitionBook, halos: list[Tensor], k: int) -
         torch.cat([torch.empty(0, dtype=torch.int64), *send_rows]),
         tuple(send_splits),
         tuple(recv_splits),
+        kind,
     )
 
 
@@ -203,6 +212,39 @@ class GraNNDISPart:
     def at_depth(self, k: int | None) -> GraNNDISPart:
         """The part with depth ``k``'s layout only (the one its rank runs)."""
         return replace(self, layouts={k: self.layouts[k]})
+
+    def check_relations(self, num_relations: int, where: str) -> None:
+        """A part read from a directory (outside input): with ``num_relations > 0`` (its
+        metadata names relations) every plan and the inference share carry one relation in
+        ``[0, R)`` per edge; with ``0`` none carries any. ``ValueError`` naming ``where``."""
+        edges = [
+            (f"step {i} {name}", plan.edge_src.numel(), plan.edge_type)
+            for layout in self.layouts.values()
+            for i, step in enumerate(layout.plans)
+            for name, plan in (("final", step.final), ("preload", step.preload))
+            if plan is not None
+        ]
+        share = self.eval_share
+        edges.append(("eval", share.indices.numel(), share.edge_type))
+        for what, count, kind in edges:
+            if num_relations == 0:
+                if kind is not None:
+                    raise ValueError(
+                        f"{where}: its {what} plan holds edge types, but the metadata names no "
+                        "relations; partition again"
+                    )
+                continue
+            if kind is None or kind.shape != (count,):
+                have = None if kind is None else list(kind.shape)
+                raise ValueError(
+                    f"{where}: the metadata names {num_relations} relations, but its {what} "
+                    f"plan's edge_type is {have} for {count} edges; partition again"
+                )
+            if count and (int(kind.min()) < 0 or int(kind.max()) >= num_relations):
+                raise ValueError(
+                    f"{where}: its {what} plan's edge_type holds relations outside [0, "
+                    f"{num_relations}); partition again"
+                )
 
     def arrays(self, offset: int) -> dict[str, Tensor]:
         """The part's files: every depth's plans (:func:`step_arrays`), ranges of ``x`` and

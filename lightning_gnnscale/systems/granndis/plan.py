@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ...graph.block import Block
 from ...graph.csc import Graph
-from .expand import in_edges
+from .expand import in_edge_ids
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class OneHopPlan:
         num_loss: loss rows (a prefix of ``owned``).
         masking: whether layer ``j`` drops edges from rows with ``level > K - j``.
         final: the plan runs the model's last layer, which computes the loss rows only.
+        edge_type: int64 ``[E]`` a typed graph's relation of every edge (edges sorted by
+            (dst, relation, src)); ``None`` for a homogeneous graph.
     """
 
     owned: Tensor
@@ -66,6 +68,7 @@ class OneHopPlan:
     num_loss: int
     masking: bool = True
     final: bool = True
+    edge_type: Tensor | None = None
 
     TENSORS = ("owned", "halo", "level", "send_index", "edge_src", "edge_dst", "degree")
     VALUES = ("send_splits", "recv_splits", "num_layers", "num_loss", "masking", "final")
@@ -81,13 +84,16 @@ class OneHopPlan:
         that layer are dropped."""
         if not 0 <= layer < self.num_layers:
             raise IndexError(f"layer {layer} outside [0, {self.num_layers})")
-        src, dst = self.edge_src, self.edge_dst
+        src, dst, kind = self.edge_src, self.edge_dst, self.edge_type
         num_dst = self.owned.numel()
         if self.final and layer == self.num_layers - 1:  # edges sorted by dst: a prefix
             cut = int(torch.searchsorted(dst, torch.tensor(self.num_loss, device=dst.device)))
             src, dst, num_dst = src[:cut], dst[:cut], self.num_loss
+            kind = None if kind is None else kind[:cut]
         keep = keep_mask(self.level, self.num_layers, layer, self.masking)[src]
-        return Block(self.rows, num_dst, torch.stack([src[keep], dst[keep]]), self.degree)
+        edge_index = torch.stack([src[keep], dst[keep]])
+        kind = None if kind is None else kind[keep]
+        return Block(self.rows, num_dst, edge_index, self.degree, kind)
 
     @property
     def blocks(self) -> tuple[Block, ...]:
@@ -96,11 +102,16 @@ class OneHopPlan:
 
     def nbytes(self) -> int:
         """Bytes of the tensors the plan holds."""
-        return sum(getattr(self, n).nbytes for n in self.TENSORS)
+        typed = 0 if self.edge_type is None else self.edge_type.nbytes
+        return sum(getattr(self, n).nbytes for n in self.TENSORS) + typed
 
     def state(self) -> dict:
-        """Tensors and plain values only (what the artifact cache stores)."""
-        return {n: getattr(self, n) for n in (*self.TENSORS, *self.VALUES)}
+        """Tensors and plain values only (what the artifact cache stores; ``edge_type`` only
+        for a typed graph)."""
+        state = {n: getattr(self, n) for n in (*self.TENSORS, *self.VALUES)}
+        if self.edge_type is not None:
+            state["edge_type"] = self.edge_type
+        return state
 
     @classmethod
     def from_state(cls, state: dict) -> OneHopPlan:
@@ -111,7 +122,8 @@ class OneHopPlan:
 
     def to(self, device: torch.device | str) -> OneHopPlan:
         moved = {n: getattr(self, n).to(device) for n in self.TENSORS}
-        return OneHopPlan(**moved, **{n: getattr(self, n) for n in self.VALUES})
+        kind = None if self.edge_type is None else self.edge_type.to(device)
+        return OneHopPlan(**moved, **{n: getattr(self, n) for n in self.VALUES}, edge_type=kind)
 
 
 def keep_mask(level: Tensor, stage_layers: int, layer: int, masking: bool = True) -> Tensor:
@@ -123,15 +135,17 @@ def keep_mask(level: Tensor, stage_layers: int, layer: int, masking: bool = True
     return level <= stage_layers - layer
 
 
-def induced_edges(graph: Graph, vertices: Tensor) -> tuple[Tensor, Tensor]:
+def induced_edges(graph: Graph, vertices: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
     """Edges of ``graph`` with both ends in ``vertices`` (int64 ascending), as positions into
-    ``vertices``: ``(src, dst)`` ``[E_s]``."""
+    ``vertices``: ``(src, dst, edge_type)`` ``[E_s]`` (``edge_type``: a typed graph's relation
+    of each, else ``None``)."""
     position = torch.full((graph.num_nodes,), -1, dtype=torch.int64)
     position[vertices] = torch.arange(vertices.numel())
-    src, dst = in_edges(graph, vertices)  # dst: positions into vertices
-    src = position[src]
+    eid, dst = in_edge_ids(graph, vertices)  # dst: positions into vertices
+    src = position[graph.indices[eid]]
     keep = src >= 0
-    return src[keep], dst[keep]
+    kind = None if graph.edge_type is None else graph.edge_type[eid[keep]]
+    return src[keep], dst[keep], kind
 
 
 def build_layout(
@@ -172,7 +186,8 @@ def build_layout(
     ranks = list(ranks)
     if n and not bool(torch.isin(owner, torch.tensor(ranks)).all()):
         raise ValueError(f"owner holds ranks outside {ranks}")
-    src, dst = induced_edges(graph, vertices)
+    src, dst, kind = induced_edges(graph, vertices)
+    num_rel = graph.num_relations
     # GCN normalises by whole-graph in-degrees in every mode, as the suite's sampled blocks
     # do (Block.src_deg): what was sampled does not change a vertex's degree
     degree = graph.in_degree()[vertices]
@@ -203,7 +218,13 @@ def build_layout(
             recv_splits[q] = int((owner[halo[r]] == q).sum())
         into = owner[dst] == r
         edge_src, edge_dst = local[src[into]], local[dst[into]]
-        order = torch.argsort(edge_dst * max(n, 1) + edge_src)
+        if kind is None:
+            order = torch.argsort(edge_dst * max(n, 1) + edge_src)
+            edge_type = None
+        else:  # a destination's edges by (relation, source), as the graph's CSC segments
+            edge_type = kind[into]
+            order = torch.argsort((edge_dst * num_rel + edge_type) * max(n, 1) + edge_src)
+            edge_type = edge_type[order]
         edge_src, edge_dst = edge_src[order], edge_dst[order]
         rows = torch.cat([owned[r], halo[r]])
         plans[r] = OneHopPlan(
@@ -220,6 +241,7 @@ def build_layout(
             num_loss=int(is_target[owned[r]].sum()),
             masking=masking,
             final=final,
+            edge_type=edge_type,
         )
     return plans
 

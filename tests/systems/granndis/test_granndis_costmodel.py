@@ -100,6 +100,10 @@ def test_estimate_memory_by_hand():
     assert est.activations == rows * (8 + 4) * 4 * 2 + 10 * (4 + 3) * 4 * 3
     assert est.graph == 40 * 16 and est.keep_masks == 2 * rows and est.parameters == 100 * 16
     assert est.total == 480 + 2280 + 640 + 30 + 1600
+    typed = estimate_memory(
+        n_owned=10, n_halo=5, num_edges=40, dims=[8, 4, 3], num_params=100, typed=True
+    )
+    assert typed.graph == 40 * 24  # a relation per edge besides its two ends
     with pytest.raises(ValueError, match="dims"):
         estimate_memory(n_owned=1, n_halo=0, num_edges=0, dims=[8], num_params=1)
 
