@@ -53,7 +53,7 @@ class DatasetConfig:
     @property
     def is_typed(self) -> bool:
         """The graph it loads carries relations (a typed graph; docs/architecture.md, "Typed
-        graphs"), known from the settings (and, for a constructed folder, its metadata)."""
+        graphs"), known from its settings before anything is loaded."""
         return False
 
     @property
