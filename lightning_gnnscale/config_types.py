@@ -21,7 +21,7 @@ from omegaconf import MISSING, DictConfig, MissingMandatoryValue, OmegaConf
 from .comm.network import NetworkModel  # torch-free, as this module is
 from .errors import ConfigError, check_field_types, choice, require
 from .graph.dataset_config import DATASETS, DatasetConfig, dataset_content
-from .tasks import NODE_TASKS, TaskConfig, task_spec
+from .tasks import NODE_TASKS, TRAINED_DECODERS, TaskConfig, task_spec
 
 MODEL_NAMES = ("gcn", "sage", "gat", "rgcn", "custom")
 RELATIONAL_MODELS = ("rgcn",)  # models that weigh each edge by its relation (typed graphs)
@@ -334,8 +334,10 @@ class SystemConfig:
     TASKS: ClassVar[tuple[str, ...]] = NODE_TASKS
     # its training blocks can leave out a step's own target pairs (task.exclude_target_edges)
     EXCLUDES_TARGET_EDGES: ClassVar[bool] = False
-    # it trains and syncs a task's own parameters with the net (task.decoder=mlp)
+    # it trains and syncs a task's own parameters with the net (task.decoder=mlp, distmult)
     TRAINS_TASK_HEAD: ClassVar[bool] = False
+    # its link-prediction evaluation ranks against every node (task.evaluation=filtered)
+    FILTERED_RANKING: ClassVar[bool] = False
     # it trains typed graphs (relations per edge; model=rgcn): docs/architecture.md
     TYPED_GRAPHS: ClassVar[bool] = False
     # the rank's threads build blocks the trainer frees: one malloc arena (cpu_memory.py)
@@ -419,10 +421,16 @@ class SystemConfig:
                 "leave a step's target pairs out of its blocks",
             ),
             (
-                task.decoder == "mlp",
+                task.decoder in TRAINED_DECODERS,
                 "TRAINS_TASK_HEAD",
-                "task.decoder=mlp",
+                f"task.decoder={task.decoder}",
                 "train and sync a task's own parameters with the net",
+            ),
+            (
+                task.evaluation == "filtered",
+                "FILTERED_RANKING",
+                "task.evaluation=filtered",
+                "rank evaluation pairs against every node",
             ),
         )
         for asked, flag, setting, what in needs:

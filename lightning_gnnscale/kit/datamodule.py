@@ -195,10 +195,11 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     @cached_property
     def relation_fanouts(self) -> list[tuple[int, ...]] | None:
         """A typed graph's fanout of every relation per hop (``data.fanouts``, overridden by
-        ``data.fanouts_per_relation``); ``None`` for a homogeneous graph."""
+        ``data.fanouts_per_relation``); ``None`` for a homogeneous graph. The relations are
+        the task's message relations (link prediction adds ``<r>_inverse``)."""
         if not self.graph.is_typed:
             return None
-        relations = self.graph.relations
+        relations = self.task.message_relations(self.graph)
         given = self.data.fanouts_per_relation
         unknown = sorted(set(given) - set(relations))
         if unknown:
@@ -213,10 +214,11 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
 
     @property
     def num_relations(self) -> int:
-        """Relations of the graph (1 for a homogeneous one): an RGCN layer's weights."""
+        """Relations messages pass over (the task's: link prediction adds inverses; 1 for a
+        homogeneous graph): an RGCN layer's weights."""
         if self.partition_dir is not None:
             return len(self.partition_meta().get("relations", ())) or 1
-        return self.graph.num_relations
+        return len(self.task.message_relations(self.graph)) or 1
 
     @property
     def out_dim(self) -> int:
