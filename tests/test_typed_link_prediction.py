@@ -394,7 +394,7 @@ def test_a_short_kinships_run_beats_popularity_twice_over(tmp_path, kinships):
         "dataset=constructed",
         f"dataset.root={kinships}",
         "experiment=kinships",
-        "trainer.max_epochs=10",
+        "trainer.max_epochs=15",
         "trainer.enable_progress_bar=false",
         "logger=none",
         tiny=False,
