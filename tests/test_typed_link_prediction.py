@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 FANOUTS = [4, 3]
 
 
-def directed_typed(seed: int = 3, num_nodes: int = 200) -> NodeDataset:
+def directed_typed(seed: int = 3, num_nodes: int = 120) -> NodeDataset:
     """A directed typed graph (3 relations): typed_sbm's edges one way only, so a split is
     directed and passes messages over inverse relations too."""
     data = typed_sbm(num_nodes=num_nodes, num_relations=3, num_features=6, seed=seed)
@@ -111,7 +111,7 @@ def test_no_evaluation_triple_reaches_a_training_block(name):
                     seen = set(zip(s, block.edge_type.tolist(), d))
                     edges += len(seen)
                     assert not held & seen
-    assert edges > 1000
+    assert edges > 500
 
 
 def test_negatives_keep_the_positives_relation_and_filter_under_it():
@@ -162,10 +162,9 @@ def test_distmult_is_a_trained_head_and_needs_a_system_that_trains_one(tmp_path)
     assert isinstance(module.head, DistMultDecoder) and module.head.weight.shape == (3, 64)
     assert module.task.decoder is module.head
     from lightning_gnnscale.config_types import registered_systems
-    from lightning_gnnscale.systems.registry import SYSTEMS
 
     configs = registered_systems()
-    for name in SYSTEMS:
+    for name in ("single", "sancus", "hopgnn"):  # both flags, neither, a head but no filter
         for setting, flag in (
             ("task.decoder=distmult", "TRAINS_TASK_HEAD"),
             ("task.evaluation=filtered", "FILTERED_RANKING"),
@@ -346,6 +345,7 @@ def test_a_typed_constructed_dataset_is_refused_before_spawn_where_untyped(tmp_p
         "task=link_prediction",
         "dataset=constructed",
         f"dataset.root={kinships}",
+        tiny=False,
     )
     with pytest.raises(ConfigError, match="the dataset is a typed graph, but strategy=sancus"):
         run_config(cfg)
