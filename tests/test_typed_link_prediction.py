@@ -120,11 +120,15 @@ def test_negatives_keep_the_positives_relation_and_filter_under_it():
     task = TaskConfig("link_prediction", decoder="distmult", num_negatives=4)
     dm = make_datamodule("single", TaskConfig(**{**task.__dict__, "filter_negatives": True}))
     targets = dm.targets
-    seeds = torch.arange(50)
-    nodes, y = dm.task.step_rows(targets, seeds, seeds, epoch=0, step=0)
+    seeds = torch.randperm(
+        targets.split.train_pos.shape[1], generator=torch.Generator().manual_seed(0)
+    )[:50]
+    nodes, y = dm.task.step_rows(targets, seeds, torch.arange(50), epoch=0, step=0)
     assert y.shape == (50 * 5, 4)
     rel = targets.split.train_rel[seeds]
     assert torch.equal(y[:50, 3], rel) and torch.equal(y[50:, 3], rel.repeat_interleave(4))
+    assert torch.equal(nodes[y[:50, 0]], targets.split.train_pos[0, seeds])
+    assert torch.equal(nodes[y[:50, 1]], targets.split.train_pos[1, seeds])
     neg_src, neg_dst = nodes[y[50:, 0]], nodes[y[50:, 1]]
     found = targets.train_lookup.find(neg_src, neg_dst, y[50:, 3])
     assert (found < 0).all()

@@ -156,18 +156,19 @@ class LinkPrediction(NodeTask):
         super().__init__(config)
         self.decoder: DotDecoder | MLPDecoder | DistMultDecoder = DotDecoder()
         self.relations: tuple[str, ...] | None = None  # the graph's, once seen
-        self._undirected: dict[int, bool] = {}
+        self._undirected: dict[tuple, bool] = {}
 
     def undirected_for(self, graph) -> bool:
         """``task.undirected``, or (``None``) whether ``graph`` is symmetric (a typed graph:
         every edge's reverse under its relation)."""
         if self.config.undirected is not None:
             return self.config.undirected
-        if id(graph) not in self._undirected:
+        key = (id(graph), graph.indices.data_ptr(), graph.num_edges)  # one graph, once
+        if key not in self._undirected:
             lookup = EdgeLookup(graph.indptr, graph.indices, graph.edge_type, graph.num_relations)
             reverse = lookup.find(graph.dst_of_edges(), graph.indices, graph.edge_type)
-            self._undirected = {id(graph): bool((reverse >= 0).all())}
-        return self._undirected[id(graph)]
+            self._undirected = {key: bool((reverse >= 0).all())}
+        return self._undirected[key]
 
     def message_relations(self, graph) -> tuple[str, ...]:
         """A typed graph's relations messages pass over: its own, then (a directed split)
