@@ -87,16 +87,17 @@ def random_spec(undirected: bool, self_loops: str, chunk_rows: int | None) -> di
 
 
 def expected_edges(rows: list[dict], undirected: bool, self_loops: str) -> dict:
-    """``{(src, dst): row}``: the row whose data each stored edge carries, one input row at a
-    time: an input edge's first row, else (undirected) the first row it is the reverse of."""
+    """``{(src, dst, type): row}``: the row whose data each stored edge carries (typed: a pair
+    once per type), one input row at a time: an input edge's first row, else (undirected) the
+    first row it is the reverse of."""
     stored = {}
     for row in rows:
-        stored.setdefault((row["s"], row["d"]), row)
+        stored.setdefault((row["s"], row["d"], row["t"]), row)
     if undirected:
         for row in rows:
-            stored.setdefault((row["d"], row["s"]), row)
+            stored.setdefault((row["d"], row["s"], row["t"]), row)
     if self_loops == "remove":
-        stored = {pair: row for pair, row in stored.items() if pair[0] != pair[1]}
+        stored = {edge: row for edge, row in stored.items() if edge[0] != edge[1]}
     return stored
 
 
@@ -126,19 +127,20 @@ def test_a_tiny_chunk_writes_the_files_of_one_chunk(tmp_path, undirected, self_l
     out = outs[3]
     indptr, indices = np.load(out / "indptr.npy"), np.load(out / "indices.npy")
     dst = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-    assert (np.diff(dst * 1000 + indices) > 0).all()  # sorted by (dst, src), no repeat
     types = json.loads((out / METADATA).read_text())["edge_types"]
+    kind = np.load(out / "edge_type.npy")
+    key = (dst * len(types) + kind) * 1000 + indices
+    assert (np.diff(key) > 0).all()  # sorted by (dst, type, src), no repeat
     ids = pa_csv.read_csv(tmp_path / "nodes.csv").column("id").to_pylist()
     assert node_ids(out).to_pylist() == ids  # node i is row i: the rows' s and d are nodes
     expected = expected_edges(rows, undirected, self_loops)
     weight, feat = np.load(out / "edge_weight.npy"), np.load(out / "edge_feat.npy")
-    kind = np.load(out / "edge_type.npy")
-    stored = {(int(s), int(d)): e for e, (s, d) in enumerate(zip(indices, dst))}
+    stored = {(int(s), int(d), types[k]): e for e, (s, d, k) in enumerate(zip(indices, dst, kind))}
     assert stored.keys() == expected.keys()
-    for pair, edge in stored.items():
-        row = expected[pair]
-        assert weight[edge] == np.float32(row["w"]) and types[kind[edge]] == row["t"], pair
-        assert np.array_equal(feat[edge], row["f"].astype(np.float32)), pair
+    for triple, edge in stored.items():
+        row = expected[triple]
+        assert weight[edge] == np.float32(row["w"]), triple
+        assert np.array_equal(feat[edge], row["f"].astype(np.float32)), triple
 
 
 @pytest.mark.parametrize("stride", [1, 1000])  # a dense id table, and a binary search
@@ -238,8 +240,8 @@ def test_an_error_in_a_late_chunk_names_its_row_and_leaves_nothing(tmp_path, cas
 def test_a_duplicate_and_a_self_loop_declared_errors_name_their_rows_at_any_chunk(tmp_path):
     rows = random_tables(tmp_path)
     first_loop = min(i for i, r in enumerate(rows) if r["s"] == r["d"])
-    pairs = [(r["s"], r["d"]) for r in rows]
-    first_repeat = min(i for i, p in enumerate(pairs) if p in pairs[:i])
+    triples = [(r["s"], r["d"], r["t"]) for r in rows]  # typed: a pair repeats per type
+    first_repeat = min(i for i, p in enumerate(triples) if p in triples[:i])
     for key, value, row in (
         ("self_loops", "error", first_loop),
         ("duplicates", "error", first_repeat),

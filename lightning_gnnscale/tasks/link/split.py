@@ -69,8 +69,8 @@ class EdgeLookup:
         self.keys = triple_keys(indices, _dst_of(indptr), rel, self.num_nodes, self.num_relations)
         if self.keys.numel() > 1 and not bool((self.keys[1:] > self.keys[:-1]).all()):
             raise ValueError(
-                "EdgeLookup needs each CSC segment sorted by (relation, source) without "
-                "duplicates (graph.csc.Graph's invariant)"
+                "EdgeLookup needs each CSC segment sorted by source (a typed one by relation, "
+                "then source) without duplicates (graph.csc.Graph's invariant)"
             )
 
     def find(self, src: Tensor, dst: Tensor, rel: Tensor | None = None) -> Tensor:
