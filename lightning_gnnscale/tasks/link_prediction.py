@@ -155,7 +155,7 @@ class LinkPrediction(NodeTask):
             raise ValueError(f"a {self.spec.name} task built from task.name={config.name!r}")
         super().__init__(config)
         self.decoder: DotDecoder | MLPDecoder | DistMultDecoder = DotDecoder()
-        self.relations: tuple[str, ...] | None = None  # the graph's, once seen
+        self.relations: tuple[str, ...] | None = None  # the graph's (() homogeneous), once seen
         self._undirected: dict[tuple, bool] = {}
 
     def undirected_for(self, graph) -> bool:
@@ -173,8 +173,7 @@ class LinkPrediction(NodeTask):
     def message_relations(self, graph) -> tuple[str, ...]:
         """A typed graph's relations messages pass over: its own, then (a directed split)
         their inverses ``<r>_inverse`` (:func:`~.link.split.message_relations`)."""
-        if graph.is_typed:
-            self.relations = tuple(graph.relations)
+        self.relations = tuple(graph.relations)
         return message_relations(tuple(graph.relations), self.undirected_for(graph))
 
     def partition_settings(self) -> dict:
@@ -188,19 +187,15 @@ class LinkPrediction(NodeTask):
         """``task.decoder=mlp``: a fresh MLP decoder (drawn from torch's generator, as the net
         is, by the module that registers it), which this task then scores with;
         ``distmult``: a DistMult diagonal per relation of the graph (known once the graph was
-        seen: ``prepare`` or ``message_relations``); else ``None`` (the dot product has no
-        parameters)."""
+        seen: ``prepare`` or ``message_relations``; one relation when it was not, as a system
+        that only trains homogeneous graphs loads a partition directory); else ``None`` (the
+        dot product has no parameters)."""
         width = self.config.embedding_dim
         if self.config.decoder == "mlp":
             self.decoder = MLPDecoder(width, width, num_layers=2)
             return self.decoder
         if self.config.decoder == "distmult":
-            if self.relations is None:
-                raise RuntimeError(
-                    "task.decoder=distmult needs the graph's relations: build the module "
-                    "with GNNModule.from_config(model, datamodule)"
-                )
-            self.decoder = DistMultDecoder(max(1, len(self.relations)), width)
+            self.decoder = DistMultDecoder(max(1, len(self.relations or ())), width)
             return self.decoder
         return None
 
@@ -220,7 +215,7 @@ class LinkPrediction(NodeTask):
                     f"{', '.join(changed)}: dataset {graph.name!r} carries its own edge split "
                     "(train / val / test edge tables), which the run uses; drop the fractions"
                 )
-        self.relations = tuple(graph.relations) if graph.is_typed else None
+        self.relations = tuple(graph.relations)
         try:
             split = random_link_split(
                 graph.indptr,
@@ -236,14 +231,12 @@ class LinkPrediction(NodeTask):
         except ValueError as err:
             raise ConfigError(f"dataset {graph.name!r}: {err}") from None
         for name, pairs in (("val", split.val_pos), ("test", split.test_pos)):
+            if pairs.shape[1] == 0 and fixed is not None:
+                raise ConfigError(f"dataset {graph.name!r}: its edge split has no {name} pair")
             if pairs.shape[1] == 0:
-                why = (
-                    "its edge split has none"
-                    if fixed is not None
-                    else f"task.{name}_fraction={getattr(c, f'{name}_fraction')} leaves none"
-                )
                 raise ConfigError(
-                    f"no {name} pair of the graph's {split.edge_split.numel()} edges: {why}"
+                    f"task.{name}_fraction={getattr(c, f'{name}_fraction')} leaves no {name} "
+                    f"pair of the graph's {split.edge_split.numel()} edges; raise it"
                 )
         return LinkTargets(split, graph.num_nodes, c.embedding_dim, seed)
 
