@@ -198,11 +198,11 @@ def test_filtered_ranks_by_hand_with_ties():
 
 def test_the_filtered_evaluation_of_a_hand_made_knowledge_graph():
     """4 entities, 2 relations, 1-D embeddings ``[1, 1, 2, 3]`` and the dot decoder. Test
-    triple ``(0, r0, 3)``: as tail its true neighbours 1, 2 of ``(0, r0, ?)`` are filtered and
-    entity 0 (score 1 < 3) stays: rank 1; as head, ``(1, r1, 3)`` and ``(2, r1, 3)`` are of
+    triple ``(0, r1, 3)``: as tail its true neighbours 1, 2 of ``(0, r1, ?)`` are filtered and
+    entity 0 (score 1 < 3) stays: rank 1; as head, ``(1, r0, 3)`` and ``(2, r0, 3)`` are of
     another relation and stay: scores 3 (a tie), 6, 9 against 3: rank 1 + (2 + 3) / 2 = 3.5."""
     edges = torch.tensor([[0, 0, 1, 2, 3, 0], [1, 2, 3, 3, 0, 3]])
-    kinds = torch.tensor([0, 0, 1, 1, 1, 0])
+    kinds = torch.tensor([1, 1, 0, 0, 0, 1])
     split = {(0, 1): 0, (0, 2): 0, (1, 3): 0, (2, 3): 0, (3, 0): 1, (0, 3): 2}
     graph = Graph.from_edge_index(
         edges, 4, edge_type=kinds, relations=("r0", "r1"), x=torch.eye(4), name="hand"
