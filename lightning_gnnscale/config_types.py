@@ -21,7 +21,7 @@ from omegaconf import MISSING, DictConfig, MissingMandatoryValue, OmegaConf
 from .comm.network import NetworkModel  # torch-free, as this module is
 from .errors import ConfigError, check_field_types, choice, require
 from .graph.dataset_config import DATASETS, DatasetConfig, dataset_content
-from .tasks import NODE_TASKS, TaskConfig, task_spec
+from .tasks import NODE_TASKS, TRAINED_DECODERS, TaskConfig, task_spec
 
 MODEL_NAMES = ("gcn", "sage", "gat", "rgcn", "rgat", "custom")
 RELATIONAL_MODELS = ("rgcn", "rgat")  # models that weigh each edge by its relation (typed graphs)
@@ -334,10 +334,14 @@ class SystemConfig:
     TASKS: ClassVar[tuple[str, ...]] = NODE_TASKS
     # its training blocks can leave out a step's own target pairs (task.exclude_target_edges)
     EXCLUDES_TARGET_EDGES: ClassVar[bool] = False
-    # it trains and syncs a task's own parameters with the net (task.decoder=mlp)
+    # it trains and syncs a task's own parameters with the net (task.decoder=mlp, distmult)
     TRAINS_TASK_HEAD: ClassVar[bool] = False
+    # its link-prediction evaluation ranks against every node (task.evaluation=filtered)
+    FILTERED_RANKING: ClassVar[bool] = False
     # it trains typed graphs (relations per edge; model=rgcn): docs/architecture.md
     TYPED_GRAPHS: ClassVar[bool] = False
+    # it trains link prediction on typed graphs (each pair with its relation)
+    TYPED_LINK_PREDICTION: ClassVar[bool] = False
     # the rank's threads build blocks the trainer frees: one malloc arena (cpu_memory.py)
     shares_malloc_arenas: ClassVar[bool] = False
 
@@ -419,10 +423,16 @@ class SystemConfig:
                 "leave a step's target pairs out of its blocks",
             ),
             (
-                task.decoder == "mlp",
+                task.decoder in TRAINED_DECODERS,
                 "TRAINS_TASK_HEAD",
-                "task.decoder=mlp",
+                f"task.decoder={task.decoder}",
                 "train and sync a task's own parameters with the net",
+            ),
+            (
+                task.evaluation == "filtered",
+                "FILTERED_RANKING",
+                "task.evaluation=filtered",
+                "rank evaluation pairs against every node",
             ),
         )
         for asked, flag, setting, what in needs:
@@ -490,7 +500,7 @@ class RunConfig:
                 f"cannot take the system's per-layer hooks); strategies that can: {valid}"
             )
         check_run(self.strategy, RunFacts.of_run(self))
-        check_typed(self.strategy, self.dataset.is_typed, self.model, self.data)
+        check_typed(self.strategy, self.dataset.is_typed, self.model, self.data, self.task.name)
 
     @property
     def world_size(self) -> int:
@@ -589,10 +599,15 @@ def check_run(config: SystemConfig, facts: RunFacts) -> None:
 
 
 def check_typed(
-    config: SystemConfig, typed: bool, model: ModelConfig | None, data: DataConfig
+    config: SystemConfig,
+    typed: bool,
+    model: ModelConfig | None,
+    data: DataConfig,
+    task: str | None = None,
 ) -> None:
     """A typed graph or a relational model needs a system that trains typed graphs
-    (``TYPED_GRAPHS``); per-relation fanouts need a typed graph."""
+    (``TYPED_GRAPHS``), link prediction on a typed graph one that trains it there
+    (``TYPED_LINK_PREDICTION``); per-relation fanouts need a typed graph."""
     relational = model is not None and model.name in RELATIONAL_MODELS
     if (typed or relational) and not config.TYPED_GRAPHS:
         able = sorted(n for n, c in registered_systems().items() if c.TYPED_GRAPHS)
@@ -600,6 +615,13 @@ def check_typed(
         raise ConfigError(
             f"{what}, but strategy={config.name} does not train typed graphs yet "
             f'(docs/architecture.md, "Typed graphs"); strategies that do: {able}'
+        )
+    edges = typed and task is not None and task_spec(task).seeds == "edges"
+    if edges and not config.TYPED_LINK_PREDICTION:
+        able = sorted(n for n, c in registered_systems().items() if c.TYPED_LINK_PREDICTION)
+        raise ConfigError(
+            f"task={task}: link prediction on a typed graph (each pair with its relation) is "
+            f"not built for strategy={config.name} yet; strategies that train it: {able}"
         )
     require(
         typed or not data.fanouts_per_relation,

@@ -801,11 +801,19 @@ def open_edge_tables(spec: ConstructSpec) -> tuple[list[EdgeTable], dict[str, An
         ("weight", [e.weight is not None for e in spec.edges]),
         ("feat", [bool(t.feat_names) for t in tables]),
         ("type", [e.type is not None for e in spec.edges]),
+        ("split", [e.split is not None for e in spec.edges]),
     ):
         if any(given) and not all(given):
             raise ConstructError(
                 f"{spec.edges[given.index(False)].file}: this edge table has no {key} but "
                 f"another one has; every edge table carries the same edge data"
+            )
+    if spec.edges[0].split is not None:
+        missing = sorted({"train"} - {e.split for e in spec.edges})
+        if missing:
+            raise ConstructError(
+                f"spec {spec.path}: the edge tables declare splits "
+                f"{sorted({e.split for e in spec.edges})} but none is train"
             )
     widths = {len(t.feat_names) for t in tables}
     if len(widths) > 1:
@@ -817,6 +825,8 @@ def open_edge_tables(spec: ConstructSpec) -> tuple[list[EdgeTable], dict[str, An
         data["feat"] = (np.float32, len(tables[0].feat_names))
     if spec.edges[0].type is not None:
         data["type"] = (np.int64, 1)
+    if spec.edges[0].split is not None:
+        data["split"] = (np.int8, 1)
     return tables, data
 
 
@@ -931,6 +941,8 @@ def spool_edges(
         for offset, chunk in table.chunks():
             mapped = edge_chunk(table, chunk, offset, ids, spec.node_id_type, types)
             src, dst = mapped["src"], mapped["dst"]
+            if "split" in data:  # the whole table's
+                mapped["split"] = np.full(len(src), SPLITS.index(table.spec.split), np.int8)
             counts += np.bincount(dst, minlength=n)
             if spec.undirected:
                 counts += np.bincount(src, minlength=n)
@@ -963,6 +975,7 @@ def streamed_csc(
     spec: ConstructSpec,
     scratch: Path,
     folder: Path,
+    num_relations: int = 1,
 ) -> tuple[np.ndarray, dict[str, dict]]:
     """The CSC :meth:`Graph.from_edge_index` builds (sorted by (dst, src), duplicates merged
     unless ``duplicates: error``, self-loops as declared), each stored edge carrying the data
@@ -974,14 +987,24 @@ def streamed_csc(
     ``E + e`` for the reverse of edge ``e``, and its data) into the scratch region of its
     destination range (:func:`_buckets`, at most ``chunk_rows`` entries); pass 3 sorts each
     region by (key, priority), keeps each key's first entry and appends it to the output.
-    Memory: O(N) and a chunk; the scratch files hold every entry once."""
+    Memory: O(N) and a chunk; the scratch files hold every entry once.
+
+    Typed edges (a ``type`` column of ``num_relations`` relations): the key is
+    ``(dst * R + relation) * N + src``, so each segment is sorted by (relation, source) and a
+    pair is kept once per relation (``Graph``'s typed invariant). Split edge tables: an edge
+    (a triple) in two splits is refused."""
     n, edges, chunk = len(counts), columns["src"].rows, spec.chunk_rows
-    if n > 3_037_000_499:  # dst * N + src must fit in int64
-        raise ConstructError(f"{n:,} nodes: the CSC keys (dst * N + src) need N < 3,037,000,500")
+    typed = "type" in columns
+    r = num_relations if typed else 1
+    if n * n * r >= 2**63:  # (dst * R + rel) * N + src must fit in int64
+        raise ConstructError(
+            f"{n:,} nodes x {r} relations: the CSC keys ((dst * R + relation) * N + src) "
+            "overflow int64"
+        )
     starts = np.concatenate([[0], np.cumsum(counts)])
     bounds = _buckets(starts, chunk)
     first_entry = starts[bounds]
-    data = [k for k in ("weight", "feat", "type") if k in columns]
+    data = [k for k in ("weight", "feat", "type", "split") if k in columns]
     region = {
         "key": _Column(scratch / "key", np.int64),
         "prio": _Column(scratch / "prio", np.int64),
@@ -995,10 +1018,11 @@ def streamed_csc(
         src, dst = columns["src"].read(start, stop), columns["dst"].read(start, stop)
         values = {k: columns[k].read(start, stop) for k in data}
         prio = np.arange(start, stop, dtype=np.int64)
-        key, dest = dst * n + src, dst
+        rel = values["type"] if typed else 0
+        key, dest = (dst * r + rel) * n + src, dst
         if spec.undirected:
             key, dest, prio = (
-                np.concatenate([key, src * n + dst]),
+                np.concatenate([key, (src * r + rel) * n + dst]),
                 np.concatenate([dst, src]),
                 np.concatenate([prio, prio + edges]),
             )
@@ -1017,14 +1041,19 @@ def streamed_csc(
             for name, column_ in region.items():
                 column_.write_at(int(cursor[b]), entries[name][lo:hi])
             cursor[b] += per_bucket[b]
-    dtype = {"weight": np.float32, "feat": np.float32, "type": np.int64}
+    dtype = {"weight": np.float32, "feat": np.float32, "type": np.int64, "split": np.int8}
     writers = {"indices": _NpyWriter(folder / "indices.npy", np.int64)}
-    names = {"weight": "edge_weight", "feat": "edge_feat", "type": "edge_type"}
+    names = {
+        "weight": "edge_weight",
+        "feat": "edge_feat",
+        "type": "edge_type",
+        "split": "edge_split",
+    }
     for k in data:
         shape = (columns[k].width,) if k == "feat" else ()
         writers[names[k]] = _NpyWriter(folder / f"{names[k]}.npy", dtype[k], shape)
     stored = np.zeros(n, dtype=np.int64)
-    repeat = None
+    repeat = conflict = None
     for b in range(len(bounds) - 1):  # pass 3
         lo, hi = int(first_entry[b]), int(first_entry[b + 1])
         if lo == hi:
@@ -1039,19 +1068,41 @@ def streamed_csc(
             if again.any():
                 first = int(prio[again].min())
                 repeat = first if repeat is None else min(repeat, first)
+        if "split" in data:  # an edge (or its undirected reverse) in two splits
+            split = region["split"].read(lo, hi)[order]
+            two = np.flatnonzero(~keep[1:] & (split[1:] != split[:-1])) + 1
+            if two.size:
+                first = int((prio[two] % edges).min())
+                conflict = first if conflict is None else min(conflict, first)
         if spec.self_loops == "remove":
-            keep &= key % (n + 1) != 0
+            keep &= key % n != key // n // r
         key = key[keep]
         stored[bounds[b] : bounds[b + 1]] = np.bincount(
-            key // n - bounds[b], minlength=int(bounds[b + 1] - bounds[b])
+            key // n // r - bounds[b], minlength=int(bounds[b + 1] - bounds[b])
         )
         writers["indices"].append(key % n)
         for k in data:
             writers[names[k]].append(region[k].read(lo, hi)[order][keep])
     if repeat is not None:
         raise _edge_error(spec, rows, repeat, "a duplicate edge (duplicates: error)")
+    if conflict is not None:
+        what = "this edge" + (" (with its relation)" if typed else "")
+        raise _edge_error(
+            spec,
+            rows,
+            conflict,
+            f"{what} is also in an edge table of another split"
+            + (" (or its reverse: undirected)" if spec.undirected else "")
+            + "; an edge belongs to one split",
+        )
     files = {f"{name}.npy": writer.close() for name, writer in writers.items()}
     return np.concatenate([[0], np.cumsum(stored)]).astype(np.int64), files
+
+
+def _split_counts(folder: Path) -> dict[str, int]:
+    """Stored edges per split of ``folder/edge_split.npy``."""
+    counts = np.bincount(np.load(folder / "edge_split.npy"), minlength=len(SPLITS))
+    return {name: int(c) for name, c in zip(SPLITS, counts)}
 
 
 def _edge_error(spec: ConstructSpec, rows: np.ndarray, edge: int, message: str):
@@ -1082,6 +1133,12 @@ def construct(spec_path: str | os.PathLike, out: str | os.PathLike, log=print) -
     log(f"[construct] wrote {out} ({time.perf_counter() - start:.1f} s)")
     if meta["num_classes"]:
         log(f"[construct] train with: python train.py dataset=constructed dataset.root={out}")
+    else:
+        typed = " model=rgcn task.decoder=distmult" if meta["edge_types"] else ""
+        log(
+            "[construct] train link prediction with: python train.py task=link_prediction "
+            f"dataset=constructed dataset.root={out}{typed}"
+        )
     return meta
 
 
@@ -1100,7 +1157,7 @@ def _build(spec: ConstructSpec, name: str, tmp: Path, log) -> dict:
     scratch.mkdir()
     passes = time.perf_counter()
     columns, counts, rows, types = spool_edges(tables, data, IdMap(ids), spec, n, scratch)
-    indptr, files = streamed_csc(columns, counts, rows, spec, scratch, tmp)
+    indptr, files = streamed_csc(columns, counts, rows, spec, scratch, tmp, len(types))
     shutil.rmtree(scratch)
     num_edges = int(indptr[-1])
     chunks = -(-int(rows[-1]) // spec.chunk_rows)
@@ -1127,6 +1184,7 @@ def _build(spec: ConstructSpec, name: str, tmp: Path, log) -> dict:
         "id_type": spec.node_id_type,
         "edge_columns": edge_columns,
         "edge_types": types,
+        "edge_splits": _split_counts(tmp) if "split" in data else {},
         "undirected": spec.undirected,
         "duplicates": spec.duplicates,
         "self_loops": spec.self_loops,

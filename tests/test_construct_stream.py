@@ -23,7 +23,7 @@ import torch
 from lightning_gnnscale.construct import ConstructError, construct
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.constructed import METADATA, node_ids
-from lightning_gnnscale.graph.csc import csc_from_edges
+from lightning_gnnscale.graph.csc import csc_from_edges, typed_csc_from_edges
 from lightning_gnnscale.graph.datasets import load_dataset
 from lightning_gnnscale.tasks import build_task
 from tests.helpers.config import REPO
@@ -87,16 +87,17 @@ def random_spec(undirected: bool, self_loops: str, chunk_rows: int | None) -> di
 
 
 def expected_edges(rows: list[dict], undirected: bool, self_loops: str) -> dict:
-    """``{(src, dst): row}``: the row whose data each stored edge carries, one input row at a
-    time: an input edge's first row, else (undirected) the first row it is the reverse of."""
+    """``{(src, dst, type): row}``: the row whose data each stored edge carries (typed: a pair
+    once per type), one input row at a time: an input edge's first row, else (undirected) the
+    first row it is the reverse of."""
     stored = {}
     for row in rows:
-        stored.setdefault((row["s"], row["d"]), row)
+        stored.setdefault((row["s"], row["d"], row["t"]), row)
     if undirected:
         for row in rows:
-            stored.setdefault((row["d"], row["s"]), row)
+            stored.setdefault((row["d"], row["s"], row["t"]), row)
     if self_loops == "remove":
-        stored = {pair: row for pair, row in stored.items() if pair[0] != pair[1]}
+        stored = {edge: row for edge, row in stored.items() if edge[0] != edge[1]}
     return stored
 
 
@@ -126,19 +127,20 @@ def test_a_tiny_chunk_writes_the_files_of_one_chunk(tmp_path, undirected, self_l
     out = outs[3]
     indptr, indices = np.load(out / "indptr.npy"), np.load(out / "indices.npy")
     dst = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-    assert (np.diff(dst * 1000 + indices) > 0).all()  # sorted by (dst, src), no repeat
     types = json.loads((out / METADATA).read_text())["edge_types"]
+    kind = np.load(out / "edge_type.npy")
+    key = (dst * len(types) + kind) * 1000 + indices
+    assert (np.diff(key) > 0).all()  # sorted by (dst, type, src), no repeat
     ids = pa_csv.read_csv(tmp_path / "nodes.csv").column("id").to_pylist()
     assert node_ids(out).to_pylist() == ids  # node i is row i: the rows' s and d are nodes
     expected = expected_edges(rows, undirected, self_loops)
     weight, feat = np.load(out / "edge_weight.npy"), np.load(out / "edge_feat.npy")
-    kind = np.load(out / "edge_type.npy")
-    stored = {(int(s), int(d)): e for e, (s, d) in enumerate(zip(indices, dst))}
+    stored = {(int(s), int(d), types[k]): e for e, (s, d, k) in enumerate(zip(indices, dst, kind))}
     assert stored.keys() == expected.keys()
-    for pair, edge in stored.items():
-        row = expected[pair]
-        assert weight[edge] == np.float32(row["w"]) and types[kind[edge]] == row["t"], pair
-        assert np.array_equal(feat[edge], row["f"].astype(np.float32)), pair
+    for triple, edge in stored.items():
+        row = expected[triple]
+        assert weight[edge] == np.float32(row["w"]), triple
+        assert np.array_equal(feat[edge], row["f"].astype(np.float32)), triple
 
 
 @pytest.mark.parametrize("stride", [1, 1000])  # a dense id table, and a binary search
@@ -238,8 +240,8 @@ def test_an_error_in_a_late_chunk_names_its_row_and_leaves_nothing(tmp_path, cas
 def test_a_duplicate_and_a_self_loop_declared_errors_name_their_rows_at_any_chunk(tmp_path):
     rows = random_tables(tmp_path)
     first_loop = min(i for i, r in enumerate(rows) if r["s"] == r["d"])
-    pairs = [(r["s"], r["d"]) for r in rows]
-    first_repeat = min(i for i, p in enumerate(pairs) if p in pairs[:i])
+    triples = [(r["s"], r["d"], r["t"]) for r in rows]  # typed: a pair repeats per type
+    first_repeat = min(i for i, p in enumerate(triples) if p in triples[:i])
     for key, value, row in (
         ("self_loops", "error", first_loop),
         ("duplicates", "error", first_repeat),
@@ -347,20 +349,17 @@ def test_an_edge_only_spec_takes_its_nodes_from_pykeen_triples(tmp_path, dataset
     index = {e: i for i, e in enumerate(entities)}
     src = torch.tensor([index[h] for h, _, _ in triples])
     dst = torch.tensor([index[t] for _, _, t in triples])
-    indptr, indices = csc_from_edges(src, dst, n)
+    rel = torch.tensor([relations.index(r) for _, r, _ in triples])
+    # a typed graph: a pair related several ways keeps every relation, sorted by (dst, rel, src)
+    indptr, indices, kinds = typed_csc_from_edges(src, dst, rel, n, len(relations))
+    assert int(indptr[-1]) == len(set(triples))
     assert np.array_equal(np.load(out / "indptr.npy"), indptr.numpy())
     assert np.array_equal(np.load(out / "indices.npy"), indices.numpy())
-    first = {}  # a pair related several ways keeps its first triple's relation
-    for h, r, t in triples:
-        first.setdefault((index[t], index[h]), r)
-    kinds = np.load(out / "edge_type.npy")
-    stored_dst = np.repeat(np.arange(n), np.diff(indptr.numpy()))
-    assert [relations[k] for k in kinds] == [
-        first[(int(d), int(s))] for d, s in zip(stored_dst, indices.tolist())
-    ]
+    assert np.array_equal(np.load(out / "edge_type.npy"), kinds.numpy())
     assert any("no node table" in line and "no labels" in line for line in lines), lines
-    dataset = load_dataset("constructed", root=out)  # loads; the node tasks refuse it
+    dataset = load_dataset("constructed", root=out)  # loads typed; the node tasks refuse it
     assert dataset.graph.num_nodes == n and dataset.targets.out_dim == 0
+    assert dataset.graph.relations == tuple(relations) and dataset.edge_split is None
     for task in ("node_classification", "node_regression"):
         with pytest.raises(ConfigError, match=rf"no labels \(built from an edge-only.*task={task}"):
             build_task(task).prepare(dataset, 0)
@@ -382,8 +381,8 @@ def test_node_classification_on_an_edge_only_dataset_is_refused_before_training(
 
 def test_link_prediction_trains_on_pykeen_kinships_in_its_own_ids(tmp_path):
     """Kinships' triples through construct (an edge-only spec: 104 people, one-hot
-    features), then ``task=link_prediction`` through ``train.py``: its split holds every
-    (head, tail) pair once, and the run reports the task's metrics."""
+    features, typed by relation), then ``task=link_prediction`` through ``train.py``: its
+    (random) split holds every triple once, and the run reports the task's metrics."""
     from lightning_gnnscale.run import train
     from lightning_gnnscale.tasks import TaskConfig
     from tests.helpers.config import make_cfg
@@ -391,12 +390,11 @@ def test_link_prediction_trains_on_pykeen_kinships_in_its_own_ids(tmp_path):
     folder = _pykeen_dataset("kinships")
     out = tmp_path / "out"
     construct(write_spec(tmp_path, _triples_spec(folder)), out, **QUIET)
-    pairs = {(h, t) for h, _, t in _read_triples(folder)}
-    symmetric = all((t, h) in pairs for h, t in pairs)
+    triples = set(_read_triples(folder))
     dataset = load_dataset("constructed", root=out)
     split = build_task(TaskConfig("link_prediction")).prepare(dataset, 0).split
     held = [split.train_pos.shape[1], split.val_pos.shape[1], split.test_pos.shape[1]]
-    assert sum(held) == (len(pairs) // 2 if symmetric else len(pairs))
+    assert not split.undirected and sum(held) == len(triples)
     settings = ["strategy=single", "task=link_prediction", "dataset=constructed"]
     settings += [f"dataset.root={out}", "trainer.max_epochs=2", "logger=none"]
     metrics, _ = train(

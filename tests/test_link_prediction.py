@@ -122,15 +122,18 @@ def test_the_evaluation_split_across_ranks_sums_to_one_process(monkeypatch):
     task, targets = dm.task, dm.targets
     seen = []
 
-    def embed(structure):
-        seen.append(structure)
+    def embed(stage):
+        seen.append(stage)
         return emb
 
     splits = ("val", "test")
     one = task.link_statistics(embed, targets, splits, 0, 1)
     split = targets.split
-    assert [len(seen), seen[0], seen[1]] == [2, split.structure("train"), split.structure("test")]
-    assert seen[0][1].numel() + 2 * split.val_pos.shape[1] == seen[1][1].numel()
+    assert seen == ["train", "test"]
+    train, test = (task.stage_graph(dm.graph, targets, stage) for stage in seen)
+    assert (train.indptr, train.indices) == split.structure("train")
+    assert (test.indptr, test.indices) == split.structure("test")
+    assert train.num_edges + 2 * split.val_pos.shape[1] == test.num_edges
     three = sum(task.link_statistics(lambda s: emb, targets, splits, r, 3) for r in range(3))
     torch.testing.assert_close(three, one, rtol=1e-12, atol=0)
     monkeypatch.setattr(link, "SCORED_ELEMENTS", 3 * 100 * 8)  # 3 edges' candidates at once

@@ -289,11 +289,19 @@ def test_per_relation_fanouts_reach_the_sampler_of_every_hop():
     assert dm.batcher().sampler.relation_fanouts == [(5, -1, 5), (3, 1, 3)]
 
 
-def test_link_prediction_on_a_typed_graph_is_refused_before_training(tmp_path):
+def test_typed_link_prediction_trains_on_single_and_is_refused_where_untyped(tmp_path):
+    """Typed link prediction (tests/test_typed_link_prediction.py has the rest): RGCN +
+    DistMult on typed_sbm through train.py; a system without typed graphs refuses it."""
+    from lightning_gnnscale.config_types import run_config
     from lightning_gnnscale.run import train
 
-    with pytest.raises(ConfigError, match="typed graph"):
-        train(make_cfg(tmp_path, "strategy=single", "dataset=typed_sbm", "task=link_prediction"))
+    common = ("dataset=typed_sbm", "task=link_prediction")
+    metrics, _ = train(
+        make_cfg(tmp_path, "strategy=single", *common, "model=rgcn", "task.decoder=distmult")
+    )
+    assert 0.0 < metrics["test_mrr"] <= 1.0
+    with pytest.raises(ConfigError, match=r"link prediction on a typed graph.*\['ddp', 'single'\]"):
+        run_config(make_cfg(tmp_path, "strategy=sancus", *common))
 
 
 @pytest.mark.e2e

@@ -79,6 +79,7 @@ class EdgeTableSpec:
     type: str | None = None
     format: str = "csv"
     column_names: tuple[str, ...] | None = None
+    split: str | None = None  # the whole table's link-prediction split: train / val / test
 
 
 @dataclass(frozen=True)
@@ -238,8 +239,16 @@ def _edge_table(raw: Any, base: Path, where: str) -> EdgeTableSpec:
             )
     elif columns["src"] is None or columns["dst"] is None:
         raise SpecError(f"{where}: a CSV or Parquet edge table needs src and dst (column names)")
+    split = table.get("split")
+    if split is not None:
+        split = _choice(split, SPLITS, f"{where}.split")
     return EdgeTableSpec(
-        file=file, features=features, format=kind, column_names=column_names, **columns
+        file=file,
+        features=features,
+        format=kind,
+        column_names=column_names,
+        split=split,
+        **columns,
     )
 
 

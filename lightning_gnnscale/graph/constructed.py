@@ -13,8 +13,13 @@ Layout (docs/datasets.md, "Your own tables"; every array memory-mappable, no pic
     <root>/node_ids.npy       int64 [N] raw ids (id_type int), or for id_type str
     <root>/node_id_offsets.npy + node_id_bytes.npy   int64 [N + 1] and uint8: UTF-8 of id i
                               is bytes[offsets[i]:offsets[i+1]] (Arrow's string layout)
-    <root>/edge_weight.npy    float32 [E], edge_feat.npy float32 [E, Fe], edge_type.npy int64
-                              [E] (optional; aligned with indices, stored for later use)
+    <root>/edge_weight.npy    float32 [E], edge_feat.npy float32 [E, Fe] (optional; aligned
+                              with indices, stored for later use)
+    <root>/edge_type.npy      int64 [E] (optional): relation of each edge, an index into the
+                              metadata's ``edge_types``; the graph loads typed, each segment
+                              sorted by (relation, source), a pair once per relation
+    <root>/edge_split.npy     int8 [E] (optional): 0 train, 1 val, 2 test, from edge tables
+                              that declare a ``split``; link prediction trains on it
 
 Node ``i`` is row ``i`` of the node table; without one (an edge-only spec: ``nodes_from`` is
 ``edges``) the ids the edges name, sorted, with one-hot identity features, ``y`` all -1, empty
@@ -38,7 +43,9 @@ from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import file_digest
 
 FORMAT = "lightning_gnnscale.constructed"
-VERSION = 2  # 2: the digest covers the metadata too, and the file is sealed
+# 2: the digest covers the metadata too, and the file is sealed; 3: a typed graph keeps a pair
+# once per relation (2 merged a pair's relations into its first), and edge_split.npy
+VERSION = 3
 METADATA = "constructed.json"
 GRAPH_ARRAYS = ("indptr", "indices", "x", "y", "train_mask", "val_mask", "test_mask")
 
@@ -165,6 +172,48 @@ def check_arrays(root: Path, meta: dict, arrays: dict[str, np.ndarray]) -> None:
         raise ConstructedDatasetError(f"{root}: {'; '.join(problems)}; run construct again")
 
 
+def edge_arrays(
+    root: Path, meta: dict, num_edges: int
+) -> tuple[np.ndarray | None, tuple[str, ...], np.ndarray | None]:
+    """``(edge_type, relations, edge_split)`` at ``root``, checked (outside input): the
+    relation of each edge (``None`` when the edges have no type column) with the relation
+    names, and the data's edge split (``None`` when the edge tables declare none)."""
+    files = meta["files"]
+    edge_type, relations, edge_split = None, (), None
+    if "edge_type.npy" in files:
+        names = meta.get("edge_types")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or not names:
+            raise ConstructedDatasetError(
+                f"{root}: edge_types in {METADATA} is not a list of names"
+            )
+        edge_type = np.load(verified_path(root, meta, "edge_type"), allow_pickle=False)
+        relations = tuple(names)
+        if edge_type.shape != (num_edges,) or edge_type.dtype != np.int64:
+            raise ConstructedDatasetError(f"{root}: edge_type.npy is not int64 [{num_edges}]")
+        if num_edges and (edge_type.min() < 0 or edge_type.max() >= len(names)):
+            raise ConstructedDatasetError(
+                f"{root}: edge_type.npy holds relations outside [0, {len(names)})"
+            )
+    if "edge_split.npy" in files:
+        edge_split = np.load(verified_path(root, meta, "edge_split"), allow_pickle=False)
+        if edge_split.shape != (num_edges,) or edge_split.dtype != np.int8:
+            raise ConstructedDatasetError(f"{root}: edge_split.npy is not int8 [{num_edges}]")
+        if num_edges and (edge_split.min() < 0 or edge_split.max() > 2):
+            raise ConstructedDatasetError(
+                f"{root}: edge_split.npy holds values other than 0 (train), 1 (val), 2 (test)"
+            )
+    return edge_type, relations, edge_split
+
+
+def is_typed_at(root: str | os.PathLike | None) -> bool:
+    """Whether the constructed dataset at ``root`` is a typed graph (its metadata records
+    an edge type file); ``False`` when ``root`` holds none (its loader says why)."""
+    try:
+        return "edge_type.npy" in read_metadata(root)["files"]
+    except ConstructedDatasetError:
+        return False
+
+
 def verified_path(root: Path, meta: dict, array_name: str) -> Path:
     """``root/<array_name>.npy``, checked against the digest the metadata records."""
     path = root / f"{array_name}.npy"
@@ -202,13 +251,19 @@ def digest_at(root: str | os.PathLike | None) -> str:
 
 def ignored_columns_line(root: str | os.PathLike | None, model: str) -> str | None:
     """The line a run prints about the edge data stored at ``root`` that ``model`` does not
-    read (no model here reads edge data yet); ``None`` when nothing is stored or ``root``
-    holds no constructed dataset (its loader says so)."""
+    read (no model here reads edge weights or features yet; edge types make the graph typed);
+    ``None`` when nothing is stored or ``root`` holds no constructed dataset (its loader says
+    so)."""
     try:
         edges = read_metadata(root)["edge_columns"]
     except ConstructedDatasetError:
         return None
-    stored = [f"{kind} ({', '.join(map(str, cols))})" for kind, cols in edges.items() if cols]
+    # the type column is read: the graph loads typed (model=rgcn reads its relations)
+    stored = [
+        f"{kind} ({', '.join(map(str, cols))})"
+        for kind, cols in edges.items()
+        if cols and kind != "type"
+    ]
     if not stored:
         return None
     return (

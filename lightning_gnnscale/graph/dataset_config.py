@@ -212,6 +212,13 @@ class ConstructedConfig(DatasetConfig):
             )
         super().__post_init__()
 
+    @property
+    def is_typed(self) -> bool:
+        """Its folder's edge tables had a type column (from the metadata)."""
+        from .constructed import is_typed_at
+
+        return is_typed_at(self.root)
+
 
 @dataclass(frozen=True)
 class DatasetSource:

@@ -41,7 +41,9 @@ from lightning_gnnscale.files import (
 )
 from lightning_gnnscale.graph.constructed import (
     GRAPH_ARRAYS,
+    ConstructedDatasetError,
     check_arrays,
+    edge_arrays,
     read_metadata,
     verified_path,
 )
@@ -159,15 +161,23 @@ def load_constructed(config: DatasetConfig) -> NodeDataset:
         for array in GRAPH_ARRAYS
     }
     check_arrays(root, meta, arrays)
+    edge_type, relations, edge_split = edge_arrays(root, meta, int(meta["num_edges"]))
     tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
-    graph = Graph(
-        tensors["indptr"],
-        tensors["indices"],
-        tensors["x"],
-        name=str(meta["name"]),
-        meta={"source": "constructed", "root": str(root), "digest": meta["digest"]},
-    )
-    return NodeDataset(graph, NodeTargets.from_arrays(tensors, int(meta["num_classes"])))
+    try:  # typed: the edges' relations, each segment sorted by (relation, source)
+        graph = Graph(
+            tensors["indptr"],
+            tensors["indices"],
+            tensors["x"],
+            name=str(meta["name"]),
+            meta={"source": "constructed", "root": str(root), "digest": meta["digest"]},
+            edge_type=None if edge_type is None else torch.from_numpy(edge_type),
+            relations=relations,
+        )
+    except ValueError as err:
+        raise ConstructedDatasetError(f"{root}: {err}; run construct again") from None
+    split = None if edge_split is None else torch.from_numpy(edge_split)
+    targets = NodeTargets.from_arrays(tensors, int(meta["num_classes"]))
+    return NodeDataset(graph, targets, split)
 
 
 # --------------------------------------------------------------------- memory and progress

@@ -151,11 +151,22 @@ class NodeDataset:
 
     graph: Graph
     targets: NodeTargets
+    # the data's own split of every edge, int8 [E] in CSC order (0 train, 1 val, 2 test), for
+    # link prediction (a constructed dataset's train / val / test edge tables); None: none
+    edge_split: Tensor | None = None
 
     def __post_init__(self) -> None:
         _check(
             self.targets.num_rows == self.graph.num_nodes,
             f"NodeDataset: {self.targets.num_rows} target rows for {self.graph.num_nodes} nodes",
+        )
+        _check(
+            self.edge_split is None
+            or (
+                self.edge_split.dtype == torch.int8
+                and self.edge_split.shape == (self.graph.num_edges,)
+            ),
+            f"NodeDataset.edge_split must be int8 [{self.graph.num_edges}]",
         )
 
     @property
@@ -168,4 +179,4 @@ class NodeDataset:
 
     def to(self, dtype: torch.dtype) -> NodeDataset:
         """Features (and floating targets) cast to ``dtype``."""
-        return NodeDataset(self.graph.to(dtype), self.targets.to(dtype))
+        return NodeDataset(self.graph.to(dtype), self.targets.to(dtype), self.edge_split)

@@ -220,27 +220,29 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         name its relations (a plain script meets these rules here, before any step)."""
         from ..config_types import check_typed
 
-        check_typed(self.config, self.graph.is_typed, None, self.data)
+        check_typed(self.config, self.graph.is_typed, None, self.data, self.task.name)
         self.relation_fanouts  # noqa: B018 (names the unknown relations now)
 
     @cached_property
     def relation_fanouts(self) -> list[tuple[int, ...]] | None:
-        """A typed graph's fanout of every relation per hop (:func:`relation_fanouts`); from
-        a partition directory, of the relations its metadata names; ``None`` for a
-        homogeneous graph."""
+        """A typed graph's fanout of every relation per hop (:func:`relation_fanouts`) over the
+        task's message relations (link prediction adds ``<r>_inverse``); from a partition
+        directory, of the relations its metadata names; ``None`` for a homogeneous graph."""
         if self.partition_dir is not None:
             relations = self.partition_meta().get("relations") or ()
             return relation_fanouts(
                 self.data, relations, f"the partition directory {self.partition_dir}"
             )
-        return relation_fanouts(self.data, self.graph.relations, self.graph.name)
+        relations = self.task.message_relations(self.graph) if self.graph.is_typed else ()
+        return relation_fanouts(self.data, relations, self.graph.name)
 
     @property
     def num_relations(self) -> int:
-        """Relations of the graph (1 for a homogeneous one): an RGCN layer's weights."""
+        """Relations messages pass over (the task's: link prediction adds inverses; 1 for a
+        homogeneous graph): an RGCN layer's weights."""
         if self.partition_dir is not None:
             return len(self.partition_meta().get("relations", ())) or 1
-        return self.graph.num_relations
+        return len(self.task.message_relations(self.graph)) or 1
 
     @property
     def out_dim(self) -> int:

@@ -118,18 +118,19 @@ class StepBatcher(Dataset):
         salt_by_rank: bool,
         relation_fanouts: list[tuple[int, ...]] | None = None,
     ) -> StepBatcher:
-        """A batcher sampling ``graph`` whole (over the task's training structure) with the
-        suite's hash-keyed ``fanouts`` sampler (``targets``: the task's rows of its nodes; a
-        typed graph's relations sampled with ``relation_fanouts``)."""
+        """A batcher sampling ``graph`` whole (over the task's training structure and its
+        relations) with the suite's hash-keyed ``fanouts`` sampler (``targets``: the task's
+        rows of its nodes; a typed graph's relations, the task's message relations, sampled
+        with ``relation_fanouts``)."""
         indptr, indices = task.training_structure(graph, targets)
         sampler = NeighborSampler(
             indptr,
             indices,
             list(fanouts),
             seed,
-            edge_type=graph.edge_type,
+            edge_type=task.training_edge_type(graph, targets),
             relation_fanouts=relation_fanouts,
-            num_relations=graph.num_relations,
+            num_relations=len(task.message_relations(graph)) or 1,
         )
         return cls(
             graph,

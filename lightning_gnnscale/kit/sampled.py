@@ -47,8 +47,8 @@ def whole_graph_link_statistics(
     (:meth:`~..tasks.link_prediction.LinkPrediction.link_statistics`)."""
     distributed = comm if comm is not None and comm.world_size > 1 else None
 
-    def embed(structure: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        graph = dm.graph.with_structure(*structure)
+    def embed(stage: str) -> torch.Tensor:
+        graph = dm.task.stage_graph(dm.graph, dm.targets, stage)
         return full_logits(graph, net, dm.data.eval_chunk_size, distributed)
 
     return dm.task.link_statistics(embed, dm.targets, splits, dm.rank, dm.world_size)

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
 
 HITS_KS = (1, 3, 10)  # link prediction's Hits@K
 LINK_NEGATIVES = ("uniform", "joint")
-LINK_DECODERS = ("dot", "mlp")
+LINK_DECODERS = ("dot", "mlp", "distmult")
+TRAINED_DECODERS = ("mlp", "distmult")  # decoders with parameters: TRAINS_TASK_HEAD systems
+LINK_EVALUATIONS = ("fixed", "filtered")
 MAX_NEGATIVES = 10_000  # training negatives per positive and fixed negatives per evaluation edge
 MAX_EMBEDDING_DIM = 65_536
 
@@ -73,9 +75,13 @@ class TaskConfig:
         eval_negatives: the fixed negatives each evaluation edge is ranked against (MRR,
             Hits@K; K = 1, 3, 10 must stay below it).
         embedding_dim: the width of the node embeddings the decoder scores.
-        decoder: link prediction's pair scorer: ``dot`` (the dot product) or ``mlp`` (an MLP
+        decoder: link prediction's pair scorer: ``dot`` (the dot product), ``mlp`` (an MLP
             on the endpoints' Hadamard product, ``embedding_dim`` wide, 2 layers, trained with
-            the net).
+            the net) or ``distmult`` (a learned diagonal per relation, trained with the net;
+            for knowledge graphs).
+        evaluation: ``fixed``: MRR and Hits@K against ``eval_negatives`` fixed negatives per
+            edge; ``filtered``: against every node, as tail and as head, the other true pairs
+            of train + val + test filtered out (the knowledge-graph literature's protocol).
         exclude_target_edges: GraphStorm's exclusion: a training step's blocks also leave out
             the step's own positive pairs, both directions (on top of the training structure,
             which already holds no validation or test edge).
@@ -92,6 +98,7 @@ class TaskConfig:
     embedding_dim: int = 64
     decoder: str = "dot"
     exclude_target_edges: bool = False
+    evaluation: str = "fixed"
 
     def __post_init__(self) -> None:
         check_field_types(self, "task.")
@@ -117,6 +124,12 @@ class TaskConfig:
         )
         choice("task.negatives", self.negatives, LINK_NEGATIVES)
         choice("task.decoder", self.decoder, LINK_DECODERS)
+        choice("task.evaluation", self.evaluation, LINK_EVALUATIONS)
+        require(
+            self.evaluation == "fixed" or self.eval_negatives == 100,
+            f"task.eval_negatives={self.eval_negatives}: task.evaluation=filtered ranks against "
+            "every node, not fixed negatives; drop it",
+        )
         require(
             not (self.filter_negatives and self.negatives == "joint"),
             "task.filter_negatives=true filters uniform negatives only (one joint set cannot "

@@ -79,6 +79,16 @@ class NodeTask:
         graph's edges)."""
         return graph.indptr, graph.indices
 
+    def training_edge_type(self, graph, targets) -> Tensor | None:
+        """The relation of each edge of :meth:`training_structure` (node tasks: the graph's
+        ``edge_type``; ``None``: homogeneous)."""
+        return graph.edge_type
+
+    def message_relations(self, graph) -> tuple[str, ...]:
+        """The relations messages pass over, what an RGCN layer has weights for (node tasks:
+        the graph's; link prediction adds inverse relations)."""
+        return tuple(graph.relations)
+
     def step_rows(
         self, targets, seeds: Tensor, positions: Tensor, *, epoch: int, step: int
     ) -> tuple[Tensor, Tensor]:

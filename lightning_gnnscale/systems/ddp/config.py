@@ -25,5 +25,7 @@ class DataParallelConfig(SystemConfig):
     EXCLUDES_TARGET_EDGES = True
     TRAINS_TASK_HEAD = True
     TYPED_GRAPHS = True
+    TYPED_LINK_PREDICTION = True
+    FILTERED_RANKING = True
     accepts_custom_models = True
     batches_in_main_process = False  # sampled in DataLoader workers if asked

@@ -2,7 +2,13 @@
 
 Blind to distribution, as the layers are: a score depends only on the two endpoint rows and
 the parameters. ``score_candidates`` scores ``m`` candidates per source in one batched product,
-so evaluating against 100 fixed negatives per edge is one ``einsum`` (or matmul), not a loop.
+so evaluating against 100 fixed negatives per edge is one ``einsum`` (or matmul), not a loop;
+``score_all`` scores each query against every node (filtered ranking), one matmul for the dot
+product and DistMult.
+
+Every decoder takes a relation per pair (``rel``, int64 ``[n]``, or ``None``: a homogeneous
+graph's); only :class:`DistMultDecoder` reads it. All three are symmetric,
+``s(u, r, v) = s(v, r, u)``, so ``score_all`` ranks heads as it ranks tails.
 """
 
 from __future__ import annotations
@@ -24,12 +30,16 @@ class DotDecoder(nn.Module):
         - **score_candidates:** ``h_src [n, d]``, ``h_cand [n, m, d]`` -> ``[n, m]``
     """
 
-    def forward(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
+    def forward(self, h_src: Tensor, h_dst: Tensor, rel: Tensor | None = None) -> Tensor:
         return (h_src * h_dst).sum(-1)
 
-    def score_candidates(self, h_src: Tensor, h_cand: Tensor) -> Tensor:
+    def score_candidates(self, h_src: Tensor, h_cand: Tensor, rel: Tensor | None = None) -> Tensor:
         """Scores of every source against its own ``m`` candidates (one ``bmm``)."""
         return torch.bmm(h_cand, h_src.unsqueeze(2)).squeeze(2)
+
+    def score_all(self, h_query: Tensor, emb: Tensor, rel: Tensor | None = None) -> Tensor:
+        """``[n, N]``: every query row against every node's row ``emb [N, d]`` (one matmul)."""
+        return h_query @ emb.T
 
 
 class MLPDecoder(nn.Module):
@@ -64,10 +74,63 @@ class MLPDecoder(nn.Module):
             layers.append(nn.Linear(a, b))
         self.mlp = nn.Sequential(*layers)
 
-    def forward(self, h_src: Tensor, h_dst: Tensor) -> Tensor:
+    def forward(self, h_src: Tensor, h_dst: Tensor, rel: Tensor | None = None) -> Tensor:
         return self.mlp(h_src * h_dst).squeeze(-1)
 
-    def score_candidates(self, h_src: Tensor, h_cand: Tensor) -> Tensor:
+    def score_candidates(self, h_src: Tensor, h_cand: Tensor, rel: Tensor | None = None) -> Tensor:
         """Scores of every source against its own ``m`` candidates (the MLP on ``[n, m, d]``:
         one matmul per layer)."""
         return self.mlp(h_src.unsqueeze(1) * h_cand).squeeze(-1)
+
+    def score_all(self, h_query: Tensor, emb: Tensor, rel: Tensor | None = None) -> Tensor:
+        """``[n, N]``: every query row against every node's row (the MLP on ``[n, N, d]``)."""
+        return self.mlp(h_query.unsqueeze(1) * emb.unsqueeze(0)).squeeze(-1)
+
+
+class DistMultDecoder(nn.Module):
+    r"""DistMult (Yang et al., 2015): a learned diagonal per relation.
+
+    .. math::
+        s(u, r, v) = \sum_i h_{u,i} \, w_{r,i} \, h_{v,i}
+
+    A logit, trained with binary cross-entropy as the other decoders (RGCN's link prediction,
+    Schlichtkrull et al., 2018). ``w`` starts at ones, so an untrained DistMult is the dot
+    product. ``rel=None`` (a homogeneous graph's pairs) is relation 0 of a one-relation
+    decoder.
+
+    Args:
+        num_relations: ``R``, the relations of the scored triples.
+        dim: width ``d`` of the encoder's output rows.
+
+    Shapes:
+        - **forward:** ``h_src [n, d]``, ``h_dst [n, d]``, ``rel [n]`` -> ``[n]``
+        - **score_candidates:** ``h_src [n, d]``, ``h_cand [n, m, d]``, ``rel [n]`` -> ``[n, m]``
+        - **score_all:** ``h_query [n, d]``, ``emb [N, d]``, ``rel [n]`` -> ``[n, N]``
+    """
+
+    def __init__(self, num_relations: int, dim: int):
+        super().__init__()
+        if num_relations < 1 or dim < 1:
+            raise ValueError(f"DistMultDecoder needs R >= 1 and d >= 1, got {num_relations}, {dim}")
+        self.weight = nn.Parameter(torch.ones(num_relations, dim))
+
+    def _diagonal(self, rel: Tensor | None, n: int) -> Tensor:
+        if rel is None:
+            if self.weight.shape[0] != 1:
+                raise ValueError(
+                    f"DistMult over {self.weight.shape[0]} relations needs each pair's relation"
+                )
+            return self.weight.expand(n, -1)
+        return self.weight.index_select(0, rel)
+
+    def forward(self, h_src: Tensor, h_dst: Tensor, rel: Tensor | None = None) -> Tensor:
+        return (h_src * self._diagonal(rel, h_src.shape[0]) * h_dst).sum(-1)
+
+    def score_candidates(self, h_src: Tensor, h_cand: Tensor, rel: Tensor | None = None) -> Tensor:
+        """Scores of every source against its own ``m`` candidates (one ``bmm``)."""
+        query = h_src * self._diagonal(rel, h_src.shape[0])
+        return torch.bmm(h_cand, query.unsqueeze(2)).squeeze(2)
+
+    def score_all(self, h_query: Tensor, emb: Tensor, rel: Tensor | None = None) -> Tensor:
+        """``[n, N]``: ``(h_query * w_rel) @ emb^T`` (one matmul)."""
+        return (h_query * self._diagonal(rel, h_query.shape[0])) @ emb.T

@@ -50,6 +50,36 @@ def ranking_statistics(pos: Tensor, neg: Tensor, ks: tuple[int, ...] = HITS_KS) 
     return torch.stack([count, (1.0 / rank).sum(), *hits]).cpu()
 
 
+def filtered_ranking_statistics(
+    pos: Tensor, scores: Tensor, filtered: Tensor, ks: tuple[int, ...] = HITS_KS
+) -> Tensor:
+    """float64 ``[2 + len(ks)]`` as :func:`ranking_statistics`, of positives ranked against
+    every candidate but the filtered ones (the knowledge-graph literature's filtered setting).
+
+    Args:
+        pos: ``[n]`` scores of the positives.
+        scores: ``[n, N]`` scores of every candidate of each positive.
+        filtered: bool ``[n, N]``: candidates left out of a positive's ranking (the other true
+            triples, and the positive itself).
+
+    OGB's tie rule: rank ``1 + (#(kept > pos) + #(kept >= pos)) / 2`` over the kept candidates.
+    """
+    if scores.dim() != 2 or pos.shape != (scores.shape[0],) or filtered.shape != scores.shape:
+        raise ValueError(
+            f"need pos [n], scores [n, N] and filtered [n, N], got {tuple(pos.shape)}, "
+            f"{tuple(scores.shape)} and {tuple(filtered.shape)}"
+        )
+    _check_finite("positive", pos)
+    _check_finite("candidate", scores)
+    p, kept = pos.unsqueeze(1), ~filtered
+    above = ((scores > p) & kept).sum(1)
+    at_or_above = ((scores >= p) & kept).sum(1)
+    rank = 1.0 + (above + at_or_above).to(torch.float64) / 2.0
+    count = torch.full((), pos.numel(), dtype=torch.float64, device=rank.device)
+    hits = [(rank <= k).sum().to(torch.float64) for k in ks]
+    return torch.stack([count, (1.0 / rank).sum(), *hits]).cpu()
+
+
 def ranking_metrics(stats: Tensor, ks: tuple[int, ...] = HITS_KS) -> dict[str, float]:
     """``{"mrr": ..., "hits@K": ...}`` from :func:`ranking_statistics` summed over ranks."""
     if stats.shape != (2 + len(ks),):

@@ -8,7 +8,7 @@ prediction building blocks").
 
 Filtering (``filter_by``, off by default as in DGL and GraphStorm): a negative ``(s, d)`` is
 *redrawn* (never removed, so every row keeps its ``k``) when ``d == s`` or the edge ``s -> d``
-is in ``filter_by``. Redraw ``r`` of a negative hashes with the key ``stream_key(key, r)``, so it
+is in ``filter_by`` (a typed graph's: ``s -> d`` under the positive's relation). Redraw ``r`` of a negative hashes with the key ``stream_key(key, r)``, so it
 too depends only on the element; one still true after ``max_rounds`` redraws is an error.
 """
 
@@ -37,19 +37,21 @@ def _negatives(
     key: int,
     filter_by: EdgeLookup | None,
     max_rounds: int,
+    rel: Tensor | None = None,
 ) -> Tensor:
-    """int64 ``[n, k]``: ``k`` destinations per element ``ids[i]`` with source ``src[i]``."""
+    """int64 ``[n, k]``: ``k`` destinations per element ``ids[i]`` with source ``src[i]`` (and
+    relation ``rel[i]``, which a typed ``filter_by`` filters by)."""
     _check_rows(src, ids, num_nodes, k)
     cols = torch.arange(k)
     dst = _draw(ids.unsqueeze(1), cols, key, num_nodes)
     if filter_by is None:
         return dst
     for r in range(1, max_rounds + 1):
-        rows, col = _true_edges(src, dst, filter_by)
+        rows, col = _true_edges(src, dst, filter_by, rel)
         if rows.numel() == 0:
             return dst
         dst[rows, col] = _draw(ids[rows], col, stream_key(key, r), num_nodes)
-    rows, col = _true_edges(src, dst, filter_by)
+    rows, col = _true_edges(src, dst, filter_by, rel)
     if rows.numel():
         raise ValueError(
             f"{rows.numel()} filtered negatives are still true edges after {max_rounds} "
@@ -59,9 +61,12 @@ def _negatives(
     return dst
 
 
-def _true_edges(src: Tensor, dst: Tensor, filter_by: EdgeLookup) -> tuple[Tensor, Tensor]:
+def _true_edges(
+    src: Tensor, dst: Tensor, filter_by: EdgeLookup, rel: Tensor | None
+) -> tuple[Tensor, Tensor]:
     s = src.unsqueeze(1).expand_as(dst)
-    bad = (dst == s) | (filter_by.find(s, dst) >= 0)
+    t = None if rel is None else rel.unsqueeze(1).expand_as(dst)
+    bad = (dst == s) | (filter_by.find(s, dst, t) >= 0)
     return bad.nonzero(as_tuple=True)
 
 
@@ -88,6 +93,7 @@ def uniform_negatives(
     k: int = 1,
     filter_by: EdgeLookup | None = None,
     max_rounds: int = MAX_ROUNDS,
+    rel: Tensor | None = None,
 ) -> Tensor:
     """Training negatives: ``k`` corrupted destinations per positive, int64 ``[n, k]``.
 
@@ -96,10 +102,11 @@ def uniform_negatives(
         positions: int64 ``[n]``, each positive's position in the step's global batch (over
             every rank): with ``(seed, epoch, step)`` the whole key of its negatives.
         filter_by: redraw negatives that are true edges of this CSC (module docstring).
+        rel: int64 ``[n]``, a typed graph's positives' relations (kept by their negatives; a
+            typed ``filter_by`` filters under them).
     """
-    return _negatives(
-        src, positions, num_nodes, k, stream_key(TRAIN, seed, epoch, step), filter_by, max_rounds
-    )
+    key = stream_key(TRAIN, seed, epoch, step)
+    return _negatives(src, positions, num_nodes, k, key, filter_by, max_rounds, rel)
 
 
 def joint_negatives(num_nodes: int, *, seed: int, epoch: int, step: int, k: int) -> Tensor:
