@@ -484,13 +484,17 @@ def test_ogbn_mag_loads_as_a_typed_graph_with_reverse_relations(tmp_path):
     assert int(t.val.sum()) == 2 and int(t.test.sum()) == 2
 
 
-def test_ogbn_mag_needs_a_typed_system(tmp_path):
+def test_ogbn_mag_needs_a_typed_system(tmp_path, monkeypatch):
+    """A system that does not train typed graphs (ddp's config with its flag taken away)
+    refuses ogbn-mag from its settings alone, before any file is read."""
     from lightning_gnnscale.config_types import run_config
     from lightning_gnnscale.errors import ConfigError
+    from lightning_gnnscale.systems.ddp.config import DataParallelConfig
     from tests.helpers.config import make_cfg
 
-    with pytest.raises(ConfigError, match="typed graph"):
-        run_config(make_cfg(tmp_path, "strategy=gsplit", "dataset=ogbn_mag", tiny=False))
+    monkeypatch.setattr(DataParallelConfig, "TYPED_GRAPHS", False)
+    with pytest.raises(ConfigError, match="the dataset is a typed graph"):
+        run_config(make_cfg(tmp_path, "strategy=ddp", "dataset=ogbn_mag", tiny=False))
 
 
 def test_a_damaged_ogbn_mag_is_refused_naming_what_does_not_fit(tmp_path):

@@ -149,3 +149,17 @@ def test_layers_build_no_per_edge_rows(kind, in_dim, out_dim):
     assert any(s == (num_edges,) for _, s in seen.shapes)  # the mode saw the edge-level ops
     products = [s for op, s in seen.shapes if "sparse_mm_reduce" in op and len(s) == 2]
     assert sorted(products) == [(13, min(in_dim, out_dim)), (41, min(in_dim, out_dim))]
+
+
+def test_the_sparse_product_refuses_rows_the_block_does_not_have():
+    """The CSR product reads its columns unchecked: a block whose sources lie past ``x``'s
+    rows (a net given the wrong rows) fails loudly, as a gather would."""
+    from lightning_gnnscale.graph.block import Block
+    from lightning_gnnscale.models.layers import neighbour_sum
+
+    block = Block(
+        torch.arange(5), 2, torch.tensor([[4, 3], [0, 1]]), torch.zeros(5, dtype=torch.long)
+    )
+    with pytest.raises(IndexError, match="source row 4 but x has 3 rows"):
+        neighbour_sum(block, torch.randn(3, 2))
+    assert neighbour_sum(block, torch.randn(5, 2)).shape == (2, 2)

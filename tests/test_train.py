@@ -44,7 +44,7 @@ def final_weights(output_dir):
     ("override", "message"),
     [
         ("strategy.name=nope", f"one of {sorted(SYSTEMS)}"),
-        ("model.name=mlp", "valid: ['gcn', 'sage', 'gat', 'custom']"),
+        ("model.name=mlp", "valid: ['gcn', 'sage', 'gat', 'rgcn', 'rgat', 'custom']"),
         ("dataset.name=reddit", "valid:"),
         ("+dataset.colour=red", "dataset.colour is not a known setting; valid keys under dataset"),
         ("data.fanouts=[5]", "one fanout per layer"),

@@ -199,8 +199,8 @@ def test_evaluation_over_relations_equals_the_full_fanout_forward():
     want = net(blocks, g.x[blocks[0].src_ids])
     got = layerwise_inference(net, g.indptr, g.indices, g.x, 7, edge_type=g.edge_type)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    untyped = layerwise_inference(net, g.indptr, g.indices, g.x, 7)
-    assert not torch.allclose(untyped, want)  # the relations matter
+    with pytest.raises(ValueError, match="without edge_type"):  # never silently one relation
+        layerwise_inference(net, g.indptr, g.indices, g.x, 7)
 
 
 # ------------------------------------------------------------------------ the generator

@@ -237,6 +237,13 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         return relation_fanouts(self.data, relations, self.graph.name)
 
     @property
+    def is_typed(self) -> bool:
+        """The graph (or, from a partition directory, the directory's) carries relations."""
+        if self.partition_dir is not None:
+            return bool(self.partition_meta().get("relations"))
+        return self.graph.is_typed
+
+    @property
     def num_relations(self) -> int:
         """Relations messages pass over (the task's: link prediction adds inverses; 1 for a
         homogeneous graph): an RGCN layer's weights."""

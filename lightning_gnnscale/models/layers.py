@@ -116,6 +116,11 @@ def neighbour_sum(
     """
     src, dst = block.edge_index
     n_dst = block.num_dst
+    if src.numel() and int(src.max()) >= x.shape[0]:  # the CSR product reads unchecked
+        raise IndexError(
+            f"the block's edges read source row {int(src.max())} but x has {x.shape[0]} rows "
+            f"(the block has {block.num_src} sources)"
+        )
     if dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
         order = torch.argsort(dst, stable=True)
         src, dst = src[order], dst[order]

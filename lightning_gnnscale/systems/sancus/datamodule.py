@@ -472,13 +472,6 @@ class SancusDataModule(GNNDataModule):
             num_bases=model.num_bases,
         )
 
-    @property
-    def is_typed(self) -> bool:
-        """Whether the graph (or the partition directory's) is typed: row blocks per relation."""
-        if self.partition_dir is not None:
-            return "relations" in self.partition_meta()
-        return self.graph.is_typed
-
     @override
     def callbacks(self) -> list[L.Callback]:
         """The staleness log and the cache memory (``summary.json`` → ``system``)."""

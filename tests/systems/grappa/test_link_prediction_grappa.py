@@ -117,7 +117,8 @@ def test_one_chunk_steps_equal_singles_in_float64(tmp_path, negatives):
 
 
 @pytest.mark.parametrize(
-    "halo_hops, pair_sources", [(1, "owned"), (1, "held"), (0, "owned"), (0, "held")]
+    "halo_hops, pair_sources",
+    [(1, "owned"), (1, "held"), (0, "owned")],  # (0, held): refused
 )
 def test_partitions_train_each_pair_once_on_training_edges_only(tmp_path, halo_hops, pair_sources):
     """Two ranks, two phases, every super-epoch of a cycle: no validation or test pair (either
