@@ -46,7 +46,13 @@ from . import links
 from .callbacks import GradientOnlyAudit, GrappaStats, ScheduleReport
 from .chunking import GrappaPart, is_link, write_chunk_store
 from .config import GrappaConfig
-from .directory import check_chunk_counts, home_chunks, load_chunk_part, write_chunk_parts
+from .directory import (
+    check_chunk_counts,
+    directory_relations,
+    home_chunks,
+    load_chunk_part,
+    write_chunk_parts,
+)
 from .estimators import (
     batch_factor,
     c_uniform,
@@ -221,9 +227,14 @@ class GrappaDataModule(GNNDataModule):
 
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
-        """The chunk sizes, training counts and sources against the chunks' files."""
+        """The chunk sizes, training counts and sources against the chunks' files; a typed
+        directory's relations against the settings (in the launcher, before any spawn)."""
         self.check_link_settings()
         check_chunk_counts(opened, k, link=self.link)
+        relations = directory_relations(opened, self.link)
+        if relations:
+            check_typed_settings(self.config, True)
+            relation_fanouts(self.data, relations)
 
     @override
     def part_of(self, prepared: tuple[GrappaPart, ...], rank: int) -> GrappaPart:

@@ -217,14 +217,7 @@ def load_chunk_part(
         )
     counts = {"pair_counts": meta["pair_counts"]} if link else {}
     owners = partial(_node_chunks, opened, part) if link else None
-    relations = meta.get("relations", [])
-    if not (isinstance(relations, list) and all(isinstance(r, str) for r in relations)) or (
-        relations and link
-    ):
-        raise PartitionDirError(
-            f"{opened.path / METADATA}: 'relations' must list a typed graph's relation names "
-            f"(node tasks only), got {relations!r}; partition again"
-        )
+    relations = directory_relations(opened, link)
     return GrappaPart(
         {
             "num_chunks": meta["num_chunks"],
@@ -241,8 +234,21 @@ def load_chunk_part(
         meta["chunk_sources"],
         link=link,
         owners=owners,
-        relations=tuple(relations),
+        relations=relations,
     )
+
+
+def directory_relations(opened: PartitionDir, link: bool = False) -> tuple[str, ...]:
+    """A directory's relation names (``()``: homogeneous), checked as outside input: a list of
+    distinct names, for a node task only; else ``PartitionDirError``."""
+    relations = opened.meta.get("relations", [])
+    names = isinstance(relations, list) and all(isinstance(r, str) for r in relations)
+    if not names or len(set(relations)) != len(relations) or (relations and link):
+        raise PartitionDirError(
+            f"{opened.path / METADATA}: 'relations' must list a typed graph's distinct relation "
+            f"names (node tasks only), got {relations!r}; partition again"
+        )
+    return tuple(relations)
 
 
 def _node_chunks(opened: PartitionDir, part: int) -> Tensor:

@@ -350,3 +350,35 @@ def _redigest(root, group, name):
     }
     meta["blake2b"] = metadata_digest(meta)
     meta_path.write_text(json.dumps(meta))
+
+
+def test_a_directorys_relations_are_checked_before_any_rank_starts(tmp_path):
+    """The launcher's check of a part (``prepare``): relation names that repeat are refused,
+    and so are per-relation fanouts naming a relation the directory does not have."""
+    import json
+
+    from lightning_gnnscale.graph.partition_dir import METADATA, metadata_digest
+
+    dir_dm(tmp_path / "cache").write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
+    with pytest.raises(ConfigError, match=r"names \['nope'\].*relations: \['rel_0'"):
+        GrappaDataModule(
+            "typed_sbm",
+            GrappaConfig(),
+            DataConfig(
+                batch_size=40,
+                fanouts=FANOUTS,
+                fanouts_per_relation={"nope": [1, 1]},
+                partition_dir=str(tmp_path / "parts"),
+            ),
+            seed=3,
+            cache_dir=tmp_path / "cache",
+            dtype=torch.float64,
+            dataset_options=TYPED,
+        ).prepare(2, [0])
+    meta_path = tmp_path / "parts" / METADATA
+    meta = json.loads(meta_path.read_text())
+    meta["relations"] = ["rel_0", "rel_0", "rel_2"]
+    meta["blake2b"] = metadata_digest(meta)
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(PartitionDirError, match="distinct relation names"):
+        dir_dm(tmp_path / "cache", str(tmp_path / "parts")).prepare(2, [0])
