@@ -47,6 +47,9 @@ _VERIFIED: set[tuple] = set()
 # a chunk's record as partitions read it (``chunk_payload``'s keys; the in-degrees are
 # ``indptr``'s differences, so the ``deg`` that stores written before kept is never read)
 CHUNK_FILES = ("nodes", "indptr", "indices", "x", *NodeTargets.array_names())
+# a typed graph's chunk also holds ``edge_type``: the relation of each of ``indices``' edges
+# (docs/systems/grappa.md, "Typed graphs")
+TYPED_FILE = "edge_type"
 # link prediction's record (docs/systems/grappa.md, "Link prediction"): ``indptr``/``indices``
 # are the chunk nodes' in-edges over the *training* edges only, ``test_*`` over training +
 # validation edges (the test stage's structure), ``full_*`` over every edge (predictions, as
@@ -77,10 +80,12 @@ def is_link(task: NodeTask) -> bool:
     return task.spec.seeds == "edges"
 
 
-def chunk_files(link: bool) -> tuple[str, ...]:
+def chunk_files(link: bool, typed: bool = False) -> tuple[str, ...]:
     """The files of a chunk's record: :data:`LINK_CHUNK_FILES` for link prediction, else
-    :data:`CHUNK_FILES`."""
-    return LINK_CHUNK_FILES if link else CHUNK_FILES
+    :data:`CHUNK_FILES` (and :data:`TYPED_FILE` for a typed graph's)."""
+    if link:
+        return LINK_CHUNK_FILES
+    return (*CHUNK_FILES, TYPED_FILE) if typed else CHUNK_FILES
 
 
 class ChunkStoreError(RuntimeError):
@@ -106,11 +111,19 @@ def chunk_assignment(graph: Graph, num_chunks: int, method: str, seed: int) -> T
     """int64 ``[N]`` chunk of every node.
 
     ``random``: a seeded permutation cut into ``C`` contiguous blocks (sizes differ by <= 1);
+    on a graph with node types the permutation is grouped by type and dealt round-robin, so
+    every chunk also holds each type's nodes to within one (DistDGL's ``balance_ntypes``);
     ``random_iid``: an independent uniform chunk per node; ``metis``: pymetis k-way on the
     symmetrised graph.
     """
     n = graph.num_nodes
     gen = torch.Generator().manual_seed(seed)
+    if method == "random" and graph.node_type is not None:
+        perm = torch.randperm(n, generator=gen)
+        dealt = perm[torch.sort(graph.node_type[perm], stable=True).indices]
+        chunk = torch.empty(n, dtype=torch.int64)
+        chunk[dealt] = torch.arange(n) % num_chunks
+        return chunk
     if method == "random":
         chunk = torch.empty(n, dtype=torch.int64)
         sizes = [len(b) for b in torch.arange(n).tensor_split(num_chunks)]
@@ -125,15 +138,19 @@ def chunk_assignment(graph: Graph, num_chunks: int, method: str, seed: int) -> T
     raise ValueError(f"unknown chunking {method!r}; valid: {list(CHUNKINGS)}")
 
 
-def _in_edges(indptr: Tensor, indices: Tensor, nodes: Tensor) -> tuple[Tensor, Tensor]:
+def _in_edges(
+    indptr: Tensor, indices: Tensor, nodes: Tensor, edge_type: Tensor | None = None
+) -> tuple[Tensor, ...]:
     """The CSC ``(indptr [n + 1], sources [e])`` of ``nodes``' in-edges (global sources, in
-    global segment order)."""
+    global segment order), and with ``edge_type`` their relations ``[e]`` third."""
     start, end = indptr[nodes], indptr[nodes + 1]
     deg = end - start
     ptr = torch.zeros(nodes.numel() + 1, dtype=torch.int64)
     torch.cumsum(deg, 0, out=ptr[1:])
     offsets = torch.arange(int(ptr[-1])) - torch.repeat_interleave(ptr[:-1], deg)
     eids = torch.repeat_interleave(start, deg) + offsets
+    if edge_type is not None:
+        return ptr, indices[eids].clone(), edge_type[eids].clone()
     return ptr, indices[eids].clone()
 
 
@@ -141,12 +158,15 @@ def chunk_payload(graph: Graph, targets, nodes: Tensor, chunk: Tensor | None = N
     """The stored record of one chunk (``nodes`` sorted global ids; ``targets``: the task's
     rows of every node, or link prediction's :class:`~...tasks.link_prediction.LinkTargets`,
     whose chunks hold the training structure and the pairs whose destination they hold; then
-    ``chunk`` is every node's chunk)."""
+    ``chunk`` is every node's chunk). A typed graph's record adds ``edge_type``, the relation
+    of each in-edge (each segment sorted by relation, then source, as the graph's)."""
     link = not isinstance(targets, NodeTargets)
     split = targets.split if link else None
     indptr, indices = split.structure("train") if link else (graph.indptr, graph.indices)
-    ptr, src = _in_edges(indptr, indices, nodes)
+    ptr, src, *typed = _in_edges(indptr, indices, nodes, None if link else graph.edge_type)
     record = {"nodes": nodes.clone(), "indptr": ptr, "indices": src, "x": graph.x[nodes].clone()}
+    if typed:
+        record[TYPED_FILE] = typed[0]
     if not link:
         return {**record, **targets.rows(nodes).clone().arrays()}
     record["test_indptr"], record["test_indices"] = _in_edges(*split.structure("test"), nodes)
@@ -187,6 +207,8 @@ class GrappaPart:
         link: the chunks hold link prediction's record (:data:`LINK_CHUNK_FILES`).
         owners: ``() -> [N]`` every node's chunk (a partition directory's shared table);
             ``None``: read from every chunk's node list (:meth:`chunk_ids`).
+        relations: a typed graph's relation names (its chunks hold ``edge_type``); ``()``:
+            homogeneous.
     """
 
     meta: dict
@@ -198,15 +220,26 @@ class GrappaPart:
     sources: list[list[int]] | None = None
     link: bool = False
     owners: Callable[[], Tensor] | None = None
+    relations: tuple[str, ...] = ()
 
     @property
     def num_chunks(self) -> int:
         return int(self.meta["num_chunks"])
 
     @property
+    def typed(self) -> bool:
+        """The chunks hold a typed graph (a relation per in-edge)."""
+        return bool(self.relations)
+
+    @property
+    def num_relations(self) -> int:
+        """``R`` (1 for a homogeneous graph)."""
+        return len(self.relations) or 1
+
+    @property
     def files(self) -> tuple[str, ...]:
         """The files of a chunk's record."""
-        return chunk_files(self.link)
+        return chunk_files(self.link, self.typed)
 
     def load(self, chunk: int, stage: str = "train") -> dict[str, Tensor]:
         """Chunk ``chunk``'s record with its nodes' in-degrees ``deg`` (a partition casts the
@@ -319,7 +352,10 @@ class ChunkStore:
         names = ("num_chunks", "num_nodes", "sizes", "train_counts", "pair_counts")
         meta = {k: self.meta[k] for k in names if k in self.meta}
         link = self.meta.get("seeds") == "edges"
-        return GrappaPart(meta, self.key, self.dtype, out_dim, home, self.read, link=link)
+        relations = tuple(self.meta.get("relations", ()))
+        return GrappaPart(
+            meta, self.key, self.dtype, out_dim, home, self.read, link=link, relations=relations
+        )
 
 
 def features_digest(x: Tensor) -> str:
@@ -478,6 +514,7 @@ def write_chunk_store(
         "chunking_key": cache_key(key),
         "dtype": str(graph.x.dtype),
         **({"seeds": "edges", "pair_counts": pairs} if link else {}),
+        **({"relations": list(graph.relations)} if graph.is_typed and not link else {}),
     }
     atomic_write(folder / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
     return ChunkStore(str(folder), meta)

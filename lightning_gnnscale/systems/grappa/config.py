@@ -128,6 +128,8 @@ class GrappaConfig(SystemConfig):
     # the paper's setting: L2 is added after the coverage-scaled all-reduce, unscaled
     MODEL_SETTINGS: ClassVar[dict] = {"weight_decay": 0.0}
     supports_partition_dir: ClassVar[bool] = True  # its chunks as shared groups (directory.py)
+    # every preset: RGCN inside isolated partitions, coverage per relation (docs: #typed-graphs)
+    TYPED_GRAPHS: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

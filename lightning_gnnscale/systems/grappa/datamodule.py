@@ -46,8 +46,22 @@ from . import links
 from .callbacks import GradientOnlyAudit, GrappaStats, ScheduleReport
 from .chunking import GrappaPart, is_link, write_chunk_store
 from .config import GrappaConfig
-from .directory import check_chunk_counts, home_chunks, load_chunk_part, write_chunk_parts
-from .estimators import batch_factor, c_uniform, gcn_kappa, kappa, seed_sample_counts
+from .directory import (
+    check_chunk_counts,
+    directory_relations,
+    home_chunks,
+    load_chunk_part,
+    write_chunk_parts,
+)
+from .estimators import (
+    batch_factor,
+    c_uniform,
+    gcn_kappa,
+    kappa,
+    relation_kappa,
+    relation_sample_counts,
+    seed_sample_counts,
+)
 from .partition import IsolatedPartition, PartitionSampler, build_partition
 from .remote import RemoteSampler
 from .schedule import PartitionSpec, Schedule, super_epoch_len
@@ -120,6 +134,8 @@ class GrappaDataModule(GNNDataModule):
         self.excluded_fraction: dict[int, float] = {}
         self._logged_excluded: set[int] = set()
         self._owner_chunk: Tensor | None = None  # every node's chunk (link evaluation)
+        # a typed graph's fanout of every relation per hop (from the part's relation names)
+        self.part_relation_fanouts: list[tuple[int, ...]] | None = None
 
     @property
     def link(self) -> bool:
@@ -151,6 +167,7 @@ class GrappaDataModule(GNNDataModule):
         cfg.check_world(world_size)
         cfg.check_graph(self.graph.num_nodes, world_size)  # in the launcher, before any spawn
         self.check_link_settings()
+        check_typed_settings(cfg, self.graph.is_typed)
         c = cfg.chunk_count(world_size)
         store = write_chunk_store(
             self.node_dataset,
@@ -203,13 +220,21 @@ class GrappaDataModule(GNNDataModule):
         listing its home chunks and the chunks its rank reads
         (:func:`~.directory.write_chunk_parts`)."""
         parts = self.prepare(world_size)
-        return write_chunk_parts(self.config, parts, self.seed, writer, log)
+        meta = write_chunk_parts(self.config, parts, self.seed, writer, log)
+        if self.graph.node_type is not None:  # the relations come with the chunks' meta
+            meta["node_types"] = list(self.graph.node_types)
+        return meta
 
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
-        """The chunk sizes, training counts and sources against the chunks' files."""
+        """The chunk sizes, training counts and sources against the chunks' files; a typed
+        directory's relations against the settings (in the launcher, before any spawn)."""
         self.check_link_settings()
         check_chunk_counts(opened, k, link=self.link)
+        relations = directory_relations(opened, self.link)
+        if relations:
+            check_typed_settings(self.config, True)
+            relation_fanouts(self.data, relations)
 
     @override
     def part_of(self, prepared: tuple[GrappaPart, ...], rank: int) -> GrappaPart:
@@ -229,6 +254,10 @@ class GrappaDataModule(GNNDataModule):
         self.check_link_settings()
         self.rank, self.world_size, self.comm = context.rank, context.world_size, context.comm
         self.chunks, self.home = part, part.home
+        check_typed_settings(cfg, part.typed)
+        self.part_relation_fanouts = (
+            relation_fanouts(self.data, part.relations) if part.typed else None
+        )
         self._home_part, self._home_route = {}, {}
         self.schedule = Schedule(cfg.schedule, part.num_chunks, cfg.sweep_order, self.seed)
         max_epochs = self.trainer.max_epochs if self.trainer is not None else None
@@ -421,12 +450,14 @@ class GrappaDataModule(GNNDataModule):
                     "io_bytes": part.io_bytes,
                 }
             fanouts = list(self.data.fanouts)
+            per_relation = self.part_relation_fanouts
             if cfg.mode == "fullgraph":
                 fanouts = [-1] * len(fanouts)
+                per_relation = per_relation and [(-1,) * len(f) for f in per_relation]
             self._parts[key] = (
                 part,
                 EpochOrder(part.seeds, self.seed ^ (self.partition_id(phase) << 32)),
-                PartitionSampler(part, fanouts, self.seed),
+                PartitionSampler(part, fanouts, self.seed, per_relation),
             )
         return self._parts[key]
 
@@ -447,6 +478,8 @@ class GrappaDataModule(GNNDataModule):
     def seed_kappa(self, part: IsolatedPartition, seeds: Tensor) -> Tensor:
         """Coverage float64 ``[len(seeds)]`` of local seed ids (owned nodes)."""
         cfg = self.config
+        if part.ell_rel is not None:  # typed: per relation (docs/systems/grappa.md)
+            return relation_kappa(part.ell_rel[seeds], part.deg_rel[seeds], cfg.degree_smoothing)
         ell, deg = part.ell[seeds], part.deg[seeds]
         if cfg.neighbor_weighting == "uniform":
             return kappa(ell, deg, cfg.degree_smoothing)
@@ -503,7 +536,10 @@ class GrappaDataModule(GNNDataModule):
         if x is None:
             x = part.x.index_select(0, blocks[0].src_ids)
         k = self.seed_kappa(part, covered)
-        s = seed_sample_counts(part.ell[covered], fanouts[0])
+        if part.ell_rel is not None:
+            s = relation_sample_counts(part.ell_rel[covered], sampler.relation_fanouts[0])
+        else:
+            s = seed_sample_counts(part.ell[covered], fanouts[0])
         stats = {
             "sample_s": sampled - start,
             "load_s": time.perf_counter() - sampled,
@@ -560,6 +596,7 @@ class GrappaDataModule(GNNDataModule):
             part.x.to(device),
             self.data.eval_chunk_size,
             degree=part.deg,
+            edge_type=part.edge_type,
         )
 
     @override
@@ -661,7 +698,16 @@ class GrappaDataModule(GNNDataModule):
         h = part.x.to(device)
         for i in range(layers):
             rows = layer_rows(
-                net, i, builder, part.indptr, part.indices, h, 0, core, self.data.eval_chunk_size
+                net,
+                i,
+                builder,
+                part.indptr,
+                part.indices,
+                h,
+                0,
+                core,
+                self.data.eval_chunk_size,
+                edge_type=part.edge_type,
             )
             if i == layers - 1:
                 return part, rows
@@ -697,3 +743,33 @@ class GrappaDataModule(GNNDataModule):
         local = part.local_of(node_ids)
         keep = (local >= 0) & (local < part.num_core)
         return node_ids[keep], rows[local[keep].to(rows.device)]
+
+
+def check_typed_settings(cfg: GrappaConfig, typed: bool) -> None:
+    """The setting Grappa cannot honour on a typed graph (``ConfigError``, in the launcher
+    before any spawn, and again in each rank): the GCN coverage weights one pooled
+    neighbourhood, not RGCN's per-relation means (docs/systems/grappa.md, "Typed graphs")."""
+    if typed and cfg.neighbor_weighting != "uniform":
+        raise ConfigError(
+            f"strategy.neighbor_weighting={cfg.neighbor_weighting} on a typed graph: the GCN "
+            "coverage weights one pooled neighbourhood, but a typed graph's coverage is per "
+            "relation (RGCN's mean per relation); use neighbor_weighting=uniform "
+            '(docs/systems/grappa.md, "Typed graphs")'
+        )
+
+
+def relation_fanouts(data, relations: tuple[str, ...]) -> list[tuple[int, ...]]:
+    """Per hop, the fanout of each of ``relations`` (``data.fanouts``, overridden by
+    ``data.fanouts_per_relation``): ``GNNDataModule.relation_fanouts`` from the part's
+    relation names, so a rank reading a partition directory (no graph) gets the same."""
+    given = data.fanouts_per_relation
+    unknown = sorted(set(given) - set(relations))
+    if unknown:
+        raise ConfigError(
+            f"data.fanouts_per_relation names {unknown}, which are not relations of the "
+            f"chunked graph; its relations: {list(relations)}"
+        )
+    return [
+        tuple(given.get(r, data.fanouts)[hop] for r in relations)
+        for hop in range(len(data.fanouts))
+    ]

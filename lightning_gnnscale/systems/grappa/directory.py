@@ -26,7 +26,7 @@ from ...graph.partition_dir import (
     part_folder,
     shared_folder,
 )
-from .chunking import GrappaPart
+from .chunking import TYPED_FILE, GrappaPart
 from .config import GrappaConfig
 from .schedule import Schedule
 
@@ -114,6 +114,7 @@ def write_chunk_parts(
         "train_counts": first.meta["train_counts"],
         "chunk_sources": sources,
         **({"pair_counts": first.meta["pair_counts"]} if first.link else {}),
+        **({"relations": list(first.relations)} if first.typed else {}),
     }
 
 
@@ -163,6 +164,8 @@ def check_chunk_counts(opened: PartitionDir, part: int, link: bool = False) -> N
             if (have := opened.shape(folder, name)) is not None:
                 opened.expect_shape(folder, name, (size, *have[1:]), key)
         opened.expect_shape(folder, "indptr", (size + 1,), key)
+        if "relations" in meta and (have := opened.shape(folder, "indices")) is not None:
+            opened.expect_shape(folder, TYPED_FILE, have, f"'relations' (chunk {c}'s indices)")
         if link:
             opened.expect_shape(folder, "test_indptr", (size + 1,), key)
             opened.expect_shape(folder, "full_indptr", (size + 1,), key)
@@ -214,6 +217,7 @@ def load_chunk_part(
         )
     counts = {"pair_counts": meta["pair_counts"]} if link else {}
     owners = partial(_node_chunks, opened, part) if link else None
+    relations = directory_relations(opened, link)
     return GrappaPart(
         {
             "num_chunks": meta["num_chunks"],
@@ -226,11 +230,25 @@ def load_chunk_part(
         dtype,
         out_dim,
         tuple(stored),
-        partial(_read_group, opened, part),
+        partial(_read_group, opened, part, len(relations)),
         meta["chunk_sources"],
         link=link,
         owners=owners,
+        relations=relations,
     )
+
+
+def directory_relations(opened: PartitionDir, link: bool = False) -> tuple[str, ...]:
+    """A directory's relation names (``()``: homogeneous), checked as outside input: a list of
+    distinct names, for a node task only; else ``PartitionDirError``."""
+    relations = opened.meta.get("relations", [])
+    names = isinstance(relations, list) and all(isinstance(r, str) for r in relations)
+    if not names or len(set(relations)) != len(relations) or (relations and link):
+        raise PartitionDirError(
+            f"{opened.path / METADATA}: 'relations' must list a typed graph's distinct relation "
+            f"names (node tasks only), got {relations!r}; partition again"
+        )
+    return tuple(relations)
 
 
 def _node_chunks(opened: PartitionDir, part: int) -> Tensor:
@@ -238,6 +256,28 @@ def _node_chunks(opened: PartitionDir, part: int) -> Tensor:
 
 
 def _read_group(
-    opened: PartitionDir, part: int, chunk: int, names: tuple[str, ...]
+    opened: PartitionDir, part: int, num_relations: int, chunk: int, names: tuple[str, ...]
 ) -> dict[str, Tensor]:
-    return opened.load_shared(chunk_group(chunk), part, names)
+    record = opened.load_shared(chunk_group(chunk), part, names)
+    if TYPED_FILE in names:
+        where = opened.path / shared_folder(chunk_group(chunk)) / f"{TYPED_FILE}.npy"
+        check_edge_types(record[TYPED_FILE], record.get("indptr"), num_relations, str(where))
+    return record
+
+
+def check_edge_types(edge_type: Tensor, indptr: Tensor | None, num_relations: int, where: str):
+    """A chunk's ``edge_type`` read from outside (a directory): int64 relations in
+    ``[0, R)``, each in-edge segment of ``indptr`` sorted by relation (what the per-relation
+    slots assume); else ``PartitionDirError`` naming the file."""
+    ok = edge_type.dtype == torch.int64
+    if ok and edge_type.numel():
+        ok = int(edge_type.min()) >= 0 and int(edge_type.max()) < num_relations
+        if ok and indptr is not None:
+            starts = torch.zeros(edge_type.numel(), dtype=torch.bool)
+            starts[indptr[:-1][indptr[1:] > indptr[:-1]]] = True
+            ok = bool(((edge_type[1:] >= edge_type[:-1]) | starts[1:]).all())
+    if not ok:
+        raise PartitionDirError(
+            f"{where} must be int64, one relation in [0, {num_relations}) per in-edge, each "
+            "in-edge segment sorted by relation; partition again"
+        )

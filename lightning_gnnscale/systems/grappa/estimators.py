@@ -21,6 +21,28 @@ def kappa(ell: Tensor, deg: Tensor, alpha: float = 1.0) -> Tensor:
     return torch.where(den > 0, num / den.clamp(min=1e-300), torch.ones_like(den))
 
 
+def relation_kappa(ell_rel: Tensor, deg_rel: Tensor, alpha: float = 1.0) -> Tensor:
+    """A typed graph's coverage ``[n]`` from per-relation counts ``[n, R]``: the mean, over the
+    relations a node has in-edges under, of ``(ell_r + alpha) / (D_r + alpha)``; ``1`` for a
+    node with none. RGCN averages each relation's neighbours and sums the relations, so a
+    neighbour under ``r`` weighs ``p(u) = 1 / (R_v D_r)`` (``R_v`` relations present) and the
+    local mass is this mean (docs/systems/grappa.md, "Typed graphs"). ``R = 1``: :func:`kappa`."""
+    present = deg_rel > 0
+    per = kappa(ell_rel, deg_rel, alpha)
+    n = present.sum(1)
+    total = torch.where(present, per, torch.zeros_like(per)).sum(1)
+    if ell_rel.shape[1] == 1:  # one relation: the homogeneous formula, bit for bit
+        return per[:, 0]
+    return torch.where(n > 0, total / n.clamp(min=1).double(), torch.ones_like(total))
+
+
+def relation_sample_counts(ell_rel: Tensor, fanouts: tuple[int, ...]) -> Tensor:
+    """A typed graph's seed-hop sample count ``[n]``: ``sum_r min(f_r, ell_r)`` (``f_r = -1``:
+    ``ell_r``), what the per-relation sampler draws from the local neighbours."""
+    caps = torch.tensor(fanouts, dtype=ell_rel.dtype)
+    return torch.where(caps < 0, ell_rel, torch.minimum(ell_rel, caps)).sum(1)
+
+
 def c_uniform(k: Tensor) -> float:
     """Eq. 10: the mean coverage of the batch (``1`` for an empty batch)."""
     return float(k.mean()) if k.numel() else 1.0

@@ -15,8 +15,15 @@ import torch
 from torch import Tensor
 
 from ...graph.block import Block
+from ...graph.csc import relation_indptr
 from ...graph.node_targets import NodeTargets
-from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors
+from ...graph.sampler import (
+    BlockBuilder,
+    SampleKey,
+    check_relation_fanouts,
+    sample_neighbors,
+    sample_typed_edge_ids,
+)
 from ...tasks.base import NodeTask
 from .chunking import GrappaPart
 from .schedule import PartitionSpec
@@ -55,6 +62,12 @@ class IsolatedPartition:
             ``seeds`` are these ids.
         excluded_pairs: training pairs whose destination lies in a seed chunk but whose
             source the partition does not hold (``halo_hops=0`` only), not trained here.
+        edge_type: a typed graph's relation per local edge ``[E]`` (each segment sorted by
+            relation, as the graph's); ``None``: homogeneous.
+        num_relations: ``R`` (1 when homogeneous).
+        deg_rel, ell_rel: typed graphs: int64 ``[n_core, R]``, each owned node's global
+            in-degree and ``ell`` per relation (the coverage's per-relation counts,
+            docs/systems/grappa.md, "Typed graphs"); ``None`` when homogeneous.
     """
 
     spec: PartitionSpec
@@ -73,6 +86,10 @@ class IsolatedPartition:
     pairs: Tensor | None = None
     pair_ids: Tensor | None = None
     excluded_pairs: int = 0
+    edge_type: Tensor | None = None
+    num_relations: int = 1
+    deg_rel: Tensor | None = None
+    ell_rel: Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -156,19 +173,36 @@ def build_partition(
     gather = torch.arange(int(ptr[-1]))
     gather += torch.repeat_interleave(starts - ptr[:-1], deg_local)
     src = torch.cat([chunks[c]["indices"] for c in spec.owned_chunks])[gather]
+    typed = part.typed and not link
+    edge_type = (
+        torch.cat([chunks[c]["edge_type"] for c in spec.owned_chunks])[gather] if typed else None
+    )
     del gather, starts
     stored = chunks[spec.owned_chunks[0]]["x"]
     width = stored.shape[1]
-    io = _nbytes(own, deg_local, src)
+    io = _nbytes(own, deg_local, src) + (_nbytes(edge_type) if typed else 0)
     io += _nbytes(pair_ids, pairs) if link else _nbytes(*owned.arrays().values())
     io += n_own * width * stored.element_size()
     # owned sources' local ids from one search in the sorted owned ids
     pos = torch.searchsorted(own, src).clamp_(max=max(n_own - 1, 0))
     owned_src = own[pos] == src if n_own else torch.zeros_like(src, dtype=torch.bool)
+    deg_rel = ell_rel = None
+    if typed:  # per relation: every in-edge's (owned node, relation) slot
+        num_relations = part.num_relations
+        slot = torch.repeat_interleave(torch.arange(n_own), deg_local) * num_relations + edge_type
+        counted = torch.ones_like(owned_src) if count_halo_as_local else owned_src
+        if halo_hops == 0:
+            counted = owned_src
+        width_rel = n_own * num_relations
+        deg_rel = torch.bincount(slot, minlength=width_rel).view(n_own, num_relations)
+        ell_rel = torch.bincount(slot[counted], minlength=width_rel).view(n_own, num_relations)
+        del slot, counted
     if halo_hops == 0:
         halo = own.new_empty(0)
         kept_deg = _segment_counts(owned_src, ptr)
         indices = pos[owned_src]
+        if typed:
+            edge_type = edge_type[owned_src]
         local_src_owned = torch.ones_like(indices, dtype=torch.bool)
     else:
         remote = src[~owned_src]
@@ -243,6 +277,10 @@ def build_partition(
         pairs=pairs if link else None,
         pair_ids=pair_ids if link else None,
         excluded_pairs=excluded,
+        edge_type=edge_type,
+        num_relations=part.num_relations if typed else 1,
+        deg_rel=deg_rel,
+        ell_rel=ell_rel,
     )
 
 
@@ -280,19 +318,47 @@ class PartitionSampler:
         part: the partition.
         fanouts: by hop from the seeds (PyG order); ``-1`` = every local in-edge.
         seed: base sampling seed.
+        relation_fanouts: a typed partition's fanout of every relation per hop (default
+            ``fanouts[hop]`` for each); sampled per ``(node, relation)`` slot.
     Blocks hold local ids; ``src_deg`` is the *global* in-degree (GCN normalisation as in
-    full-graph evaluation). Keys hash global ids, so a partition holding a node's whole
-    neighbourhood samples what the whole graph would.
+    full-graph evaluation). Keys hash global ids (a typed slot's: ``gid * R + r``), so a
+    partition holding a node's whole neighbourhood samples what the whole graph would.
     """
 
-    def __init__(self, part: IsolatedPartition, fanouts: list[int], seed: int):
+    def __init__(
+        self,
+        part: IsolatedPartition,
+        fanouts: list[int],
+        seed: int,
+        relation_fanouts: list[tuple[int, ...]] | None = None,
+    ):
         self.part, self.fanouts, self.seed = part, list(fanouts), seed
         self.build_block = BlockBuilder(part.num_nodes, part.deg)
+        self.relation_fanouts = None
+        if part.edge_type is not None:
+            r = part.num_relations
+            self.relation_fanouts = check_relation_fanouts(
+                relation_fanouts or [(f,) * r for f in self.fanouts], len(self.fanouts), r
+            )
+            self.slot_indptr = relation_indptr(part.indptr, part.edge_type, r)
 
     def sample(self, seeds: Tensor, epoch: int, step: int, salt: int) -> list[Block]:
         key = SampleKey(self.seed, epoch, step, salt)
         frontier, blocks = seeds.to(torch.int64), []
         for hop, fanout in enumerate(self.fanouts):
+            if self.relation_fanouts is not None:
+                eids, dst_pos = sample_typed_edge_ids(
+                    self.slot_indptr,
+                    frontier,
+                    self.relation_fanouts[hop],
+                    key.hop_key(hop),
+                    node_keys=self.part.local2global[frontier],
+                )
+                src = self.part.indices.index_select(0, eids)
+                block = self.build_block(frontier, src, dst_pos, self.part.edge_type[eids])
+                blocks.append(block)
+                frontier = block.src_ids
+                continue
             src, dst_pos = sample_neighbors(
                 self.part.indptr,
                 self.part.indices,

@@ -7,7 +7,9 @@ step), expanded through its owner from its *global* in-edges: the owner of chunk
 schedules, ``C = kW``), and it serves from its base chunks' stored in-edge lists. The other frontier nodes are expanded
 locally as usual. The ids go out and the sampled in-edges come back as ``structure`` bytes,
 and input rows the partition lacks are pulled from their owners as ``feature`` bytes. So the
-gradient-only invariant fails by design, and the audit shows it.
+gradient-only invariant fails by design, and the audit shows it. On a typed graph every
+expansion samples per relation (keyed on ``gid * R + r``, as the whole graph's sampler) and
+the served in-edges come back with their relations (``structure`` bytes too).
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ from torch import Tensor
 
 from ...comm import OwnerRoute
 from ...graph.block import Block
-from ...graph.sampler import BlockBuilder, SampleKey, sample_neighbors, splitmix64, uniform_below
+from ...graph.csc import relation_indptr
+from ...graph.sampler import (
+    BlockBuilder,
+    SampleKey,
+    sample_neighbors,
+    sample_typed_edge_ids,
+    splitmix64,
+    uniform_below,
+)
 from .partition import IsolatedPartition
 
 _COIN_RESOLUTION = 1 << 20
@@ -40,6 +50,36 @@ class RemoteSampler:
         # this rank's base (home) chunks with every in-edge of their nodes (the halo holds the
         # sources): the partition full-graph evaluation runs on too, built once
         self.base = dm.home_partition()
+        self.relation_fanouts = dm.part_relation_fanouts  # None: homogeneous
+        # the (node, relation) slot CSCs of the base partition and of the last partition
+        # sampled (a typed graph's), each built once
+        self._slots: tuple[IsolatedPartition, Tensor] | None = None
+        self._base_slots = None
+        if self.relation_fanouts is not None:
+            base = self.base
+            self._base_slots = relation_indptr(base.indptr, base.edge_type, base.num_relations)
+
+    def _slot_indptr(self, part: IsolatedPartition) -> Tensor:
+        """``part``'s CSC over ``(node, relation)`` slots."""
+        if part is self.base:
+            return self._base_slots
+        if self._slots is None or self._slots[0] is not part:
+            self._slots = (part, relation_indptr(part.indptr, part.edge_type, part.num_relations))
+        return self._slots[1]
+
+    def _draw(self, part: IsolatedPartition, gids: Tensor, hop: int, fanout: int, key: int):
+        """In-edges of ``gids`` (held with their in-edges by ``part``): (global sources,
+        relations or ``None``, position in ``gids``)."""
+        local = part.local_of(gids)
+        if self.relation_fanouts is None:
+            src, pos = sample_neighbors(
+                part.indptr, part.indices, local, fanout, key, node_keys=gids
+            )
+            return part.local2global[src], None, pos
+        eids, pos = sample_typed_edge_ids(
+            self._slot_indptr(part), local, self.relation_fanouts[hop], key, node_keys=gids
+        )
+        return part.local2global[part.indices[eids]], part.edge_type[eids], pos
 
     def _coin(self, gids: Tensor, key: int) -> Tensor:
         draw = uniform_below(splitmix64(gids ^ key), torch.tensor(_COIN_RESOLUTION))
@@ -49,21 +89,6 @@ class RemoteSampler:
         """Send ``ids`` to their owner ranks (``structure``)."""
         owners = self.chunk[ids] % self.dm.world_size
         return OwnerRoute.build(self.dm.comm, ids, owners, category="structure")
-
-    def _expand(self, part: IsolatedPartition, gids: Tensor, fanout: int, key: int):
-        """Local in-edges of owned ``gids``: (global sources, position in ``gids``)."""
-        src, pos = sample_neighbors(
-            part.indptr, part.indices, part.local_of(gids), fanout, key, node_keys=gids
-        )
-        return part.local2global[src], pos
-
-    def _serve(self, gids: Tensor, fanout: int, key: int):
-        """Global in-edges of base-chunk nodes ``gids``: (global sources, position in ``gids``)."""
-        base = self.base
-        src, pos = sample_neighbors(
-            base.indptr, base.indices, base.local_of(gids), fanout, key, node_keys=gids
-        )
-        return base.local2global[src], pos
 
     def sample(self, part: IsolatedPartition, seeds: Tensor, fanouts, epoch, step, salt):
         comm = self.dm.comm
@@ -75,18 +100,35 @@ class RemoteSampler:
             local = part.local_of(frontier)
             remote = self._coin(frontier, shared.hop_key(hop))
             own_idx = (~remote & (local >= 0) & (local < part.num_core)).nonzero().flatten()
-            src_own, pos = self._expand(part, frontier[own_idx], fanout, key.hop_key(hop))
-            # remote expansions: ids to owners, sampled in-edges back (structure)
+            # local expansions of owned nodes; remote ones: ids to owners, which serve their
+            # base chunks' global in-edges (the home partition), sampled, back (structure)
+            src_own, et_own, pos = self._draw(
+                part, frontier[own_idx], hop, fanout, key.hop_key(hop)
+            )
             rem_idx = remote.nonzero().flatten()
             route = self._route(frontier[rem_idx])
-            src_srv, pos_srv = self._serve(route.served, fanout, shared.hop_key(hop))
+            src_srv, et_srv, pos_srv = self._draw(
+                self.base, route.served, hop, fanout, shared.hop_key(hop)
+            )
             counts = torch.bincount(pos_srv, minlength=route.served.numel())
-            back, src_rem = route.reply_varlen(comm, counts, src_srv, category="structure")
+            served = src_srv if et_srv is None else torch.stack([src_srv, et_srv], 1)
+            back, got = route.reply_varlen(comm, counts, served, category="structure")
             pos_rem = torch.repeat_interleave(rem_idx, back)
-            src = torch.cat([src_own, src_rem])
+            src = torch.cat([src_own, got if et_srv is None else got[:, 0]])
             dst_pos = torch.cat([own_idx[pos], pos_rem])
-            sort = torch.argsort(dst_pos * (int(self.chunk.numel()) + 1) + src)
-            block = self.build_block(frontier, src[sort], dst_pos[sort])
+            order = dst_pos * (int(self.chunk.numel()) + 1) + src
+            edge_type = None
+            if et_srv is not None:  # each destination's in-edges by relation, then source
+                edge_type = torch.cat([et_own, got[:, 1]])
+                slot = dst_pos * self.base.num_relations + edge_type
+                order = slot * (int(self.chunk.numel()) + 1) + src
+            sort = torch.argsort(order)
+            block = self.build_block(
+                frontier,
+                src[sort],
+                dst_pos[sort],
+                None if edge_type is None else edge_type[sort],
+            )
             blocks.append(block)
             frontier = block.src_ids
         return blocks[::-1], self.input_rows(part, frontier)
