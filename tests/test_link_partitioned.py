@@ -64,10 +64,7 @@ def _one_process() -> torch.Tensor:
     task, targets, tables = _problem()
     seen = {}
 
-    def embed(structure):
-        stage = (
-            "train" if structure[1].numel() < targets.split.structure("test")[1].numel() else "test"
-        )
+    def embed(stage):
         seen[stage] = True
         return tables[stage]
 

@@ -34,6 +34,7 @@ class SourceKeyLookup(EdgeLookup):
 
     def __init__(self, keys: Tensor, num_nodes: int):
         self.keys, self.num_nodes = keys, num_nodes
+        self.typed, self.num_relations = False, 1  # gsplit trains homogeneous link prediction
 
 
 @dataclass(frozen=True)

@@ -154,12 +154,12 @@ def single():
     net = make_net(data.graph.num_features)
     steps = [step(net, batcher[epoch, 0], task) for epoch in EPOCHS]
 
-    def embed(structure):
-        return full_logits(data.graph.with_structure(*structure), net, 1 << 20, None)
+    def embed(stage):
+        graph = data.graph.with_structure(*targets.split.structure(stage))
+        return full_logits(graph, net, 1 << 20, None)
 
     stats = task.link_statistics(lambda s: quantised(embed(s)), targets, ("val", "test"), 0, 1)
-    split = targets.split
-    embedded = {s: embed(split.structure(s)) for s in ("train", "test")}
+    embedded = {s: embed(s) for s in ("train", "test")}
     return {"steps": steps, "stats": stats, "targets": targets, "embedded": embedded}
 
 
