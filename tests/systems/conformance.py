@@ -45,11 +45,15 @@ def in_ci(spec: SystemSpec, task: str, ci_tasks: int = CI_TASKS) -> bool:
     return spec.name == spec.system and spec.tasks.index(task) < ci_tasks
 
 
-def cases(applies=lambda spec: True, ci_tasks: int = CI_TASKS, typed: bool = True) -> list:
-    """``pytest.param(name, task)`` for every registered name and task ``applies`` keeps, and
-    (``typed``) the :data:`TYPED` case of every name that trains typed graphs; the ones CI
-    leaves out are marked ``conformance_full``. CI runs a preset's first ``ci_tasks`` tasks:
-    ``1`` for a check whose outcome the task cannot change (the strategy's settings)."""
+def cases(
+    applies=lambda spec: True, ci_tasks: int = CI_TASKS, typed: bool = False, tasks: bool = True
+) -> list:
+    """``pytest.param(name, task)`` for every registered name and task ``applies`` keeps
+    (``tasks``), and (``typed``) the :data:`TYPED` case of every name that trains typed
+    graphs; the ones CI leaves out are marked ``conformance_full``. CI runs a preset's first
+    ``ci_tasks`` tasks: ``1`` for a check whose outcome the task cannot change (the strategy's
+    settings). The typed cases live in their own test file (``test_conformance_typed.py``),
+    so that pytest-xdist's ``loadfile`` runs them beside the rest, not after it."""
     return [
         pytest.param(
             name,
@@ -58,7 +62,10 @@ def cases(applies=lambda spec: True, ci_tasks: int = CI_TASKS, typed: bool = Tru
             marks=() if in_ci(spec, task, ci_tasks) else (pytest.mark.conformance_full,),
         )
         for name, spec in SYSTEMS.items()
-        for task in (*spec.tasks, *((TYPED,) if typed and spec.config_type.TYPED_GRAPHS else ()))
+        for task in (
+            *(spec.tasks if tasks else ()),
+            *((TYPED,) if typed and spec.config_type.TYPED_GRAPHS else ()),
+        )
         if applies(spec)
     ]
 

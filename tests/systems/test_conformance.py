@@ -202,7 +202,7 @@ def _gathered(ranks: list[dict], output: str, num_nodes: int) -> torch.Tensor:
 # before the check of 5 below, so that its runs (one launch each) serve that check too
 @pytest.mark.dist
 @pytest.mark.parametrize(
-    ("name", "task"), cases(lambda spec: spec.supports_partition_dir, ci_tasks=1, typed=False)
+    ("name", "task"), cases(lambda spec: spec.supports_partition_dir, ci_tasks=1)
 )
 def test_a_plain_lightning_trainer_trains_from_a_partition_directory(plain_runs, name, task):
     """The plain script again with the DataModule given only ``DataConfig(partition_dir=...)``
@@ -230,7 +230,7 @@ def test_a_plain_lightning_trainer_trains_from_a_partition_directory(plain_runs,
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize(("name", "task"), cases(typed=False))
+@pytest.mark.parametrize(("name", "task"), cases())
 def test_a_plain_lightning_trainer_trains(plain_runs, name, task):
     """``L.Trainer(strategy=<name>)`` with the name's DataModule fits an epoch: every rank
     took the same steps, the loss is finite, the weights moved and are one model."""
@@ -243,7 +243,7 @@ def test_a_plain_lightning_trainer_trains(plain_runs, name, task):
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize(("name", "task"), cases(lambda spec: spec.supports_predict, typed=False))
+@pytest.mark.parametrize(("name", "task"), cases(lambda spec: spec.supports_predict))
 def test_predict_covers_every_node_once(plain_runs, name, task):
     """``trainer.predict`` of every node: the ranks' ids together are each node once, and
     the rows are the trained net's full-neighbourhood logits and embeddings (the last layer's
@@ -266,7 +266,7 @@ def test_predict_covers_every_node_once(plain_runs, name, task):
 
 
 # ----------------------------------------------------------------- 7. bad values, early
-@pytest.mark.parametrize(("name", "task"), cases(ci_tasks=1, typed=False))  # task checks nothing
+@pytest.mark.parametrize(("name", "task"), cases(ci_tasks=1))  # task checks nothing
 def test_a_bad_value_fails_before_spawn(tmp_path, monkeypatch, name, task):
     """An unknown key and a value of the wrong type under ``strategy.`` fail while Hydra
     composes, naming the key; a setting forced in (``+strategy.<key>``) is refused by
