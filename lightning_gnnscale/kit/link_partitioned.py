@@ -52,6 +52,7 @@ class OwnedRows:
         return out
 
 
+@torch.no_grad()
 def owned_link_statistics(
     task: LinkPrediction,
     embed: Callable[[str], Tensor],
@@ -62,6 +63,7 @@ def owned_link_statistics(
     seed: int,
     splits: tuple[str, ...],
     comm: Comm,
+    relations: Mapping[str, Tensor] | None = None,
 ) -> Tensor:
     """float64 ``[len(splits), k]``: this rank's link statistics, summing over ranks to the
     one-process statistics of :meth:`~..tasks.link_prediction.LinkPrediction.link_statistics`.
@@ -78,6 +80,9 @@ def owned_link_statistics(
             negatives). Every edge of a split is given to exactly one rank.
         num_nodes, seed: the graph's node count and the run's seed (the negatives' keys).
         comm: the metered communicator (``Comm.local()`` on one process).
+        relations: a typed graph's ``{split: int64 [m]}``, the relation of each of ``pairs``'
+            edges (the decoder scores triples; a negative keeps its positive's relation);
+            ``None`` when homogeneous.
 
     Every rank scores its edges in the same number of rounds (the largest rank's), each
     pulling at most ``SCORED_ELEMENTS`` embedding elements; the AUC negatives' scores (one
@@ -93,7 +98,8 @@ def owned_link_statistics(
             embedded[stage] = OwnedRows(own_ids, embed(stage), owner)
         rows = embedded[stage]
         pos, index = pairs[split]
-        _check_pairs(split, pos, index, num_nodes)
+        rel = None if relations is None else relations[split]
+        _check_pairs(split, pos, index, num_nodes, rel, _relation_count(task))
         width = rows.rows.shape[1]
         chunk = max(1, SCORED_ELEMENTS // ((m + 2) * max(width, 1)))
         rounds = torch.tensor([-(-index.numel() // chunk)], dtype=torch.int64)
@@ -103,27 +109,50 @@ def owned_link_statistics(
         for r in range(int(rounds)):
             part = slice(r * chunk, (r + 1) * chunk)
             src, dst, at = pos[0, part], pos[1, part], index[part]
+            r = None if rel is None else rel[part]
             negs = evaluation_negatives(src, at, num_nodes, seed=seed, split=split, m=m)
             h = rows.gather(torch.cat([src, dst, negs.flatten()]), comm)
             n = src.numel()
             h_src, h_dst, h_neg = h[:n], h[n : 2 * n], h[2 * n :].reshape(n, m, width)
-            scores = task.pair_scores(h_src, h_dst)
-            total[2:] += ranking_statistics(scores, task.decoder.score_candidates(h_src, h_neg))
+            scores = task.pair_scores(h_src, h_dst, r)
+            total[2:] += ranking_statistics(scores, task.decoder.score_candidates(h_src, h_neg, r))
             pos_scores.append(scores)
-            auc_neg.append(task.pair_scores(h_src, h_neg[:, 0]))
+            auc_neg.append(task.pair_scores(h_src, h_neg[:, 0], r))
         every_auc_neg, _ = comm.all_gather_varlen(torch.cat(auc_neg), category="activation")
         total[:2] = auc_statistics(torch.cat(pos_scores), every_auc_neg)
         out.append(total)
     return torch.stack(out)
 
 
-def _check_pairs(split: str, pos: Tensor, index: Tensor, num_nodes: int) -> None:
+def _relation_count(task: LinkPrediction) -> int | None:
+    """The relations the task's decoder scores (``None``: it scores pairs, not triples)."""
+    return None if task.relations is None else max(1, len(task.relations))
+
+
+def _check_pairs(
+    split: str,
+    pos: Tensor,
+    index: Tensor,
+    num_nodes: int,
+    rel: Tensor | None = None,
+    num_relations: int | None = None,
+) -> None:
     """A rank's evaluation pairs (from a partition directory: outside input) are ``[2, m]``
-    node ids in ``[0, num_nodes)`` with ``m`` non-negative positions; else ``ValueError``."""
+    node ids in ``[0, num_nodes)`` with ``m`` non-negative positions (and, typed, ``m``
+    relations in ``[0, num_relations)``); else ``ValueError``."""
     if pos.dim() != 2 or pos.shape[0] != 2 or index.shape != pos.shape[1:]:
         raise ValueError(
             f"{split} pairs {tuple(pos.shape)} and positions {tuple(index.shape)} do not match"
         )
+    if rel is not None:
+        if rel.dtype != torch.int64 or rel.shape != index.shape:
+            raise ValueError(
+                f"{split} pair relations must be int64 {tuple(index.shape)}, got {rel.dtype} "
+                f"{tuple(rel.shape)}"
+            )
+        limit = num_relations or 1
+        if rel.numel() and (int(rel.min()) < 0 or int(rel.max()) >= limit):
+            raise ValueError(f"{split} pair relations hold values outside [0, {limit})")
     if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= num_nodes):
         raise ValueError(f"{split} pairs hold node ids outside [0, {num_nodes})")
     if index.numel() and int(index.min()) < 0:

@@ -31,16 +31,26 @@ TASK_OVERRIDES: dict[str, tuple[str, ...]] = {
 # node classification with RGCN on the tiny typed_sbm graph, a "task" of the suite's cases.
 TYPED = "typed_node_classification"
 TASK_OVERRIDES[TYPED] = ("dataset=typed_sbm", "dataset.num_relations=3", "model=rgcn")
+# Link prediction on the same typed graph, triples scored by DistMult, through every system
+# that declares typed link prediction.
+TYPED_LINK = "typed_link_prediction"
+TASK_OVERRIDES[TYPED_LINK] = (
+    *TASK_OVERRIDES[TYPED],
+    "task=link_prediction",
+    "task.decoder=distmult",
+)
+TYPED_CASES = {TYPED: "node_classification", TYPED_LINK: "link_prediction"}
 EPOCHS = 2
 
 
 def task_of(case_task: str) -> str:
-    """The task a case trains (its typed-graph case trains node classification)."""
-    return "node_classification" if case_task == TYPED else case_task
+    """The task a case trains (its typed-graph cases train node classification and link
+    prediction)."""
+    return TYPED_CASES.get(case_task, case_task)
 
 
 def in_ci(spec: SystemSpec, task: str, ci_tasks: int = CI_TASKS) -> bool:
-    if task == TYPED:  # CI runs each system's default preset on a typed graph
+    if task in TYPED_CASES:  # CI runs each system's default preset on a typed graph
         return spec.name == spec.system
     return spec.name == spec.system and spec.tasks.index(task) < ci_tasks
 
@@ -50,7 +60,7 @@ def cases(
 ) -> list:
     """``pytest.param(name, task)`` for every registered name and task ``applies`` keeps
     (``tasks``), and (``typed``) the :data:`TYPED` case of every name that trains typed
-    graphs; the ones CI leaves out are marked ``conformance_full``. CI runs a preset's first
+    graphs and the :data:`TYPED_LINK` case of every name that predicts their links; the ones CI leaves out are marked ``conformance_full``. CI runs a preset's first
     ``ci_tasks`` tasks: ``1`` for a check whose outcome the task cannot change (the strategy's
     settings). The typed cases live in their own test file (``test_conformance_typed.py``),
     so that pytest-xdist's ``loadfile`` runs them beside the rest, not after it."""
@@ -65,6 +75,7 @@ def cases(
         for task in (
             *(spec.tasks if tasks else ()),
             *((TYPED,) if typed and spec.config_type.TYPED_GRAPHS else ()),
+            *((TYPED_LINK,) if typed and spec.config_type.TYPED_LINK_PREDICTION else ()),
         )
         if applies(spec)
     ]
