@@ -31,7 +31,7 @@ TASK_OVERRIDES: dict[str, tuple[str, ...]] = {
 # node classification with RGCN on the tiny typed_sbm graph, a "task" of the suite's cases.
 TYPED = "typed_node_classification"
 TASK_OVERRIDES[TYPED] = ("dataset=typed_sbm", "dataset.num_relations=3", "model=rgcn")
-# Link prediction on the same typed graph, triples scored by DistMult, through every system
+# Link prediction on the same typed graph (the default decoder), through every system
 # that declares typed link prediction.
 TYPED_LINK = "typed_link_prediction"
 TASK_OVERRIDES[TYPED_LINK] = (
