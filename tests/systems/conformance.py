@@ -34,11 +34,7 @@ TASK_OVERRIDES[TYPED] = ("dataset=typed_sbm", "dataset.num_relations=3", "model=
 # Link prediction on the same typed graph (the default decoder), through every system
 # that declares typed link prediction.
 TYPED_LINK = "typed_link_prediction"
-TASK_OVERRIDES[TYPED_LINK] = (
-    *TASK_OVERRIDES[TYPED],
-    "task=link_prediction",
-    "task.decoder=distmult",
-)
+TASK_OVERRIDES[TYPED_LINK] = (*TASK_OVERRIDES[TYPED], "task=link_prediction")
 TYPED_CASES = {TYPED: "node_classification", TYPED_LINK: "link_prediction"}
 EPOCHS = 2
 
