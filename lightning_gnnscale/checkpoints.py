@@ -8,8 +8,10 @@ alone (any identity with the same parameter shapes) and trains from epoch 0.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -30,7 +32,7 @@ from typing_extensions import override
 
 from .config_types import RunConfig
 from .errors import ConfigError
-from .files import UnsafeFileError, atomic_write, load_weights_only
+from .files import UnsafeFileError, atomic_write, file_digest, load_weights_only, stream_digest
 from .tasks import DEFAULT_TASK
 
 # settings added after checkpoints were first written, at the value every earlier run had: a
@@ -46,9 +48,17 @@ SETTINGS_ADDED_SINCE = {
     "task.eval_negatives": 100,
     "task.embedding_dim": 64,
     "model.init": None,
+    "data.featureless": "learned",
+    "data.embedding_optimizer": "adagrad",
+    "data.embedding_lr": 0.05,
 }
 
 CHECKPOINT_KEY = "lightning_gnnscale"
+# A DataModule state entry that each rank checkpoints in a file of its own (learnable input
+# rows and their optimiser state), and the main checkpoint's manifest of those files.
+RANK_SHARD = "rank_shard"
+SHARDS_KEY = "lightning_gnnscale_rank_shards"
+_SHARD_TOKEN = re.compile(r"step\d+-epoch\d+")
 
 
 class LastCheckpoint(ModelCheckpoint):
@@ -117,8 +127,9 @@ class BestCheckpoint(ModelCheckpoint):
         if not trainer.strategy.broadcast(earlier is not None):
             return
         if trainer.is_global_zero:
-            source, data = earlier
+            source, data, shards = earlier
             if source.resolve() != target.resolve():
+                copy_rank_shards(source, target, shards)  # before the file that names them
                 atomic_write(target, lambda file: file.write(data))
         best = str(target)
         self.best_model_path = self.kth_best_model_path = best
@@ -128,9 +139,9 @@ class BestCheckpoint(ModelCheckpoint):
     @staticmethod
     def _earlier_best(
         ckpt_path: str | None, block: dict | None, name: str
-    ) -> tuple[Path, bytes] | None:
-        """The bytes of ``name`` beside ``ckpt_path`` when it is the same run's earlier best;
-        otherwise ``None``, with a warning that says why."""
+    ) -> tuple[Path, bytes, Any] | None:
+        """The bytes of ``name`` beside ``ckpt_path`` and its per-rank shards' manifest when it
+        is the same run's earlier best; otherwise ``None``, with a warning that says why."""
         local = _local_path(ckpt_path) if ckpt_path is not None else None
         if local is None:
             return _no_best(f"ckpt_path={ckpt_path} is not a local file")
@@ -144,6 +155,7 @@ class BestCheckpoint(ModelCheckpoint):
             theirs = load_weights_only(io.BytesIO(data), name=source, map_location="cpu")
         except Exception as err:  # noqa: BLE001 - torch raises several types for damaged files
             return _no_best(f"{source} cannot be read ({type(err).__name__}: {err})")
+        shards = theirs.get(SHARDS_KEY) if isinstance(theirs, dict) else None
         theirs = theirs.get(CHECKPOINT_KEY) if isinstance(theirs, dict) else None
         if not isinstance(theirs, dict) or theirs.get("identity") != block["identity"]:
             return _no_best(f"{source} was written by a different run than ckpt_path={ckpt_path}")
@@ -155,7 +167,9 @@ class BestCheckpoint(ModelCheckpoint):
                 f"{source} has trained {best_done} epochs, more than ckpt_path={ckpt_path} "
                 f"({resumed_done}): it is not that run's best"
             )
-        return source, data
+        if shards is not None and not shards_intact(source, shards):
+            return _no_best(f"the per-rank shards of {source} are missing or damaged")
+        return source, data, shards
 
 
 def _no_best(reason: str) -> None:
@@ -386,3 +400,140 @@ def load_weights(module: torch.nn.Module, path: str | Path) -> None:
         module.load_state_dict(state, strict=True)
     except RuntimeError as err:
         raise ConfigError(f"weights_from={path} does not fit this model: {err}") from None
+
+
+# ------------------------------------------------------------------ per-rank checkpoint shards
+def shard_file(checkpoint_path: str | os.PathLike, token: str, rank: int, world_size: int) -> Path:
+    """Where rank ``rank`` of ``world_size`` keeps its shard of the checkpoint at
+    ``checkpoint_path``, written at ``token`` (``step<s>-epoch<e>``): a folder beside it."""
+    path = _local_path(checkpoint_path)
+    if path is None:
+        raise ConfigError(
+            f"checkpoint {checkpoint_path}: per-rank shards (learnable input rows) are written "
+            "to local paths only; use a local checkpoint folder"
+        )
+    return path.parent / f"{path.name}.shards" / token / f"rank{rank}-of-{world_size}.pt"
+
+
+def shard_token(checkpoint: dict) -> str:
+    """The token of a checkpoint's shards: its global step and epoch."""
+    return f"step{int(checkpoint.get('global_step', 0))}-epoch{int(checkpoint.get('epoch', 0))}"
+
+
+def pop_rank_shards(checkpoint: dict) -> dict:
+    """``{state key: shard}``: the ``RANK_SHARD`` entries of the checkpoint's DataModule
+    states, removed from the checkpoint (they go to this rank's own file)."""
+    return {
+        key: value.pop(RANK_SHARD)
+        for key, value in checkpoint.items()
+        if isinstance(value, dict) and RANK_SHARD in value
+    }
+
+
+def write_rank_shard(path: Path, shards: dict) -> str:
+    """Write ``shards`` to ``path`` atomically; return the file's digest (hex)."""
+    data = io.BytesIO()
+    torch.save(shards, data)
+    try:
+        atomic_write(path, lambda file: file.write(data.getbuffer()))
+    except OSError as err:
+        raise OSError(
+            err.errno,
+            f"saving checkpoint shard {path} failed ({err.strerror or err}); the checkpoint it "
+            "belongs to is not written, the previous one is unchanged",
+        ) from err
+    return stream_digest(io.BytesIO(data.getbuffer()))
+
+
+def read_rank_shard(checkpoint_path: str | os.PathLike, manifest: Any, rank: int, world: int):
+    """This rank's shard of the checkpoint whose manifest is ``manifest`` (outside input: its
+    form, the world size, and the file's digest are checked), loaded weights-only."""
+    ok = (
+        isinstance(manifest, dict)
+        and isinstance(manifest.get("token"), str)
+        and _SHARD_TOKEN.fullmatch(manifest["token"]) is not None
+        and isinstance(manifest.get("world_size"), int)
+        and isinstance(manifest.get("digests"), list)
+        and len(manifest["digests"]) == manifest["world_size"]
+        and all(isinstance(d, str) for d in manifest["digests"])
+    )
+    if not ok:
+        raise ValueError(f"checkpoint {checkpoint_path}: its shard manifest is damaged")
+    if manifest["world_size"] != world:
+        raise ConfigError(
+            f"checkpoint {checkpoint_path} keeps per-rank shards of {manifest['world_size']} "
+            f"ranks (learnable input rows), but this run has {world}: resume with "
+            f"{manifest['world_size']} ranks"
+        )
+    path = shard_file(checkpoint_path, manifest["token"], rank, world)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint_path}: its shard {path} is missing")
+    data = path.read_bytes()
+    if stream_digest(io.BytesIO(data)) != manifest["digests"][rank]:
+        raise ValueError(
+            f"checkpoint shard {path} does not match its checkpoint {checkpoint_path} (another "
+            "save's, or damaged)"
+        )
+    return load_weights_only(io.BytesIO(data), name=str(path), map_location="cpu")
+
+
+def remove_rank_shards(
+    checkpoint_path: str | os.PathLike, rank: int, keep: str | None = None
+) -> None:
+    """Remove rank ``rank``'s shards of ``checkpoint_path`` but those of token ``keep``, and
+    the folders that are left empty."""
+    path = _local_path(checkpoint_path)
+    folder = None if path is None else path.parent / f"{path.name}.shards"
+    if folder is None or not folder.is_dir():
+        return
+    for token in folder.iterdir():
+        if token.name == keep or not token.is_dir():
+            continue
+        for file in token.glob(f"rank{rank}-of-*.pt"):
+            file.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            token.rmdir()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+def copy_rank_shards(source: Path, target: Path, manifest: Any) -> None:
+    """Copy the shards of checkpoint ``source`` (per ``manifest``) beside ``target``."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("token"), str):
+        return
+    world = manifest.get("world_size")
+    for rank in range(world if isinstance(world, int) else 0):
+        src = shard_file(source, manifest["token"], rank, world)
+        data = src.read_bytes()
+        atomic_write(shard_file(target, manifest["token"], rank, world), data_writer(data))
+
+
+def data_writer(data: bytes):
+    """``write(file)`` for :func:`~.files.atomic_write` of ``data``."""
+    return lambda file: file.write(data)
+
+
+def shards_intact(checkpoint_path: Path, manifest: Any) -> bool:
+    """Whether every shard ``manifest`` names is beside ``checkpoint_path`` with its digest."""
+    try:
+        world = manifest["world_size"]
+        return all(
+            file_digest(shard_file(checkpoint_path, manifest["token"], rank, world))
+            == manifest["digests"][rank]
+            for rank in range(world)
+        )
+    except (OSError, KeyError, TypeError, IndexError, ValueError):
+        return False
+
+
+def checkpoint_shards(checkpoint_path: str | os.PathLike) -> list[dict]:
+    """Every rank's shard of the checkpoint at ``checkpoint_path`` (``[]`` when it has none),
+    in rank order, each checked against the checkpoint's digests: ``{state key: shard}``."""
+    checkpoint = load_weights_only(checkpoint_path, name=str(checkpoint_path), map_location="cpu")
+    manifest = checkpoint.get(SHARDS_KEY) if isinstance(checkpoint, dict) else None
+    if manifest is None:
+        return []
+    world = manifest.get("world_size") if isinstance(manifest, dict) else None
+    if not isinstance(world, int) or world < 1:
+        raise ValueError(f"checkpoint {checkpoint_path}: its shard manifest is damaged")
+    return [read_rank_shard(checkpoint_path, manifest, rank, world) for rank in range(world)]

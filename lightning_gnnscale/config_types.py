@@ -24,6 +24,8 @@ from .graph.dataset_config import DATASETS, DatasetConfig, dataset_content
 from .tasks import NODE_TASKS, TRAINED_DECODERS, TaskConfig, task_spec
 
 MODEL_NAMES = ("gcn", "sage", "gat", "rgcn", "rgat", "custom")
+EMBEDDING_OPTIMIZERS = ("adagrad", "sgd")  # kit.embeddings.SPARSE_OPTIMIZERS' names
+FEATURELESS_INPUTS = ("learned", "zeros")
 RELATIONAL_MODELS = ("rgcn", "rgat")  # models that weigh each edge by its relation (typed graphs)
 OPTIMIZERS = ("adam", "adamw", "sgd")
 MODEL_INITS = ("torch", "glorot")  # BlockGNN's weight initialisation
@@ -61,6 +63,12 @@ class DataConfig:
         partition_dir: train from this partition directory (``python -m
             lightning_gnnscale.partition``): the launcher loads no dataset and each rank
             loads only its own part (docs/partitioning.md); ``None``: partition in memory.
+        featureless: a typed graph's node types without features: ``learned`` (a learnable
+            embedding row per node, the features' width, sharded over the ranks and updated by
+            a sparse optimiser; docs/architecture.md, "Learnable inputs") or ``zeros`` (the
+            zero rows they load with).
+        embedding_optimizer, embedding_lr: the sparse optimiser of learned input rows
+            (``adagrad`` | ``sgd``) and its learning rate.
     """
 
     batch_size: int = 1024
@@ -69,9 +77,18 @@ class DataConfig:
     num_workers: int = 0
     eval_chunk_size: int = 65536
     partition_dir: str | None = None
+    featureless: str = "learned"
+    embedding_optimizer: str = "adagrad"
+    embedding_lr: float = 0.05
 
     def __post_init__(self) -> None:
         check_field_types(self, "data.")
+        choice("data.featureless", self.featureless, FEATURELESS_INPUTS)
+        choice("data.embedding_optimizer", self.embedding_optimizer, EMBEDDING_OPTIMIZERS)
+        require(
+            math.isfinite(self.embedding_lr) and self.embedding_lr > 0,
+            f"data.embedding_lr={self.embedding_lr} must be > 0 and finite",
+        )
         require(
             self.batch_size > 0 or self.batch_size == -1,
             f"data.batch_size={self.batch_size} must be > 0 or -1 (-1 = all train nodes)",
@@ -342,6 +359,8 @@ class SystemConfig:
     TYPED_GRAPHS: ClassVar[bool] = False
     # it trains link prediction on typed graphs (each pair with its relation)
     TYPED_LINK_PREDICTION: ClassVar[bool] = False
+    # node types without features get learnable input rows (data.featureless=learned)
+    LEARNED_INPUTS: ClassVar[bool] = False
     # the rank's threads build blocks the trainer frees: one malloc arena (cpu_memory.py)
     shares_malloc_arenas: ClassVar[bool] = False
 

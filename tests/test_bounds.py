@@ -18,7 +18,6 @@ from lightning_gnnscale.config_types import (
 )
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.systems.bytegnn.config import ByteGNNConfig
-from lightning_gnnscale.systems.distdgl.config import DistDGLConfig
 from lightning_gnnscale.systems.grappa.config import GrappaConfig
 from lightning_gnnscale.systems.single import SingleConfig, SingleDataModule
 from tests.helpers.config import make_cfg
@@ -172,8 +171,8 @@ def test_learning_rates_are_finite(lr):
         ModelConfig(lr=lr)
     with pytest.raises(ConfigError, match="model.weight_decay=inf must be >= 0 and finite"):
         ModelConfig(weight_decay=math.inf)
-    with pytest.raises(ConfigError, match=f"strategy.sparse_lr={lr} must be > 0 and finite"):
-        DistDGLConfig(sparse_lr=lr)
+    with pytest.raises(ConfigError, match=f"data.embedding_lr={lr} must be > 0 and finite"):
+        DataConfig(embedding_lr=lr)
 
 
 @pytest.mark.parametrize("seed", [-1, 2**32, 2**70])

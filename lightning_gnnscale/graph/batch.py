@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -23,6 +24,9 @@ class Batch:
         stats: timings and counts for callbacks (``sample_s``, ``load_s``, ``input_nodes``...).
         seed_weight: optional per-seed loss weights ``[n_seeds]`` (Grappa's ``estimator=node``);
             ``None`` weighs every seed 1.
+        learned_inputs: the DataModule's learnable input rows (``kit.embeddings.LearnableInputs``)
+            when the step must look its learned rows up (the strategy does, in the training
+            step); ``None``: ``x`` is the whole input.
     """
 
     blocks: list[Block]
@@ -33,6 +37,7 @@ class Batch:
     step: int = 0
     stats: dict = field(default_factory=dict)
     seed_weight: Tensor | None = field(default=None, kw_only=True)  # keeps subclasses positional
+    learned_inputs: Any = field(default=None, kw_only=True)
 
     @property
     def num_seeds(self) -> int:

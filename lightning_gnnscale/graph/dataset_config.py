@@ -102,6 +102,8 @@ class TypedSBMConfig(DatasetConfig):
         feature_signal: norm of each class centroid against unit Gaussian noise.
         typed: ``False``: the same graph with its types erased (a type-blind baseline).
         train_frac, val_frac: the split (test gets the remaining nodes).
+        featureless_node_types: the last this many node types have no features (zero rows;
+            ``data.featureless=learned`` learns them).
     """
 
     name: str = "typed-sbm"
@@ -117,9 +119,15 @@ class TypedSBMConfig(DatasetConfig):
     train_frac: float = 0.3
     val_frac: float = 0.2
     seed: int = 0
+    featureless_node_types: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not 0 <= self.featureless_node_types <= self.num_node_types:
+            raise ConfigError(
+                f"dataset.featureless_node_types={self.featureless_node_types} must be in "
+                f"[0, dataset.num_node_types={self.num_node_types}]"
+            )
         if not 1 <= self.num_relations <= MAX_RELATIONS:
             raise ConfigError(
                 f"dataset.num_relations={self.num_relations} must be in [1, {MAX_RELATIONS}]"

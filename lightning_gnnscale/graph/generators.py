@@ -311,6 +311,7 @@ def typed_sbm(
     train_frac: float = 0.3,
     val_frac: float = 0.2,
     seed: int = 0,
+    featureless_node_types: int = 0,
 ) -> NodeDataset:
     """A typed stochastic block model: every relation a block model of its own over the same
     nodes, the label one relation's blocks (docs/datasets.md, "typed_sbm").
@@ -326,8 +327,15 @@ def typed_sbm(
     averages every relation together, where a neighbour shares the class with probability
     about ``(homophily + (R - 1) / C) / R``. ``num_relations`` and ``homophily`` set how much
     the types matter. ``typed=False`` gives the same draws with the types erased (the pairs
-    several relations join merged into one edge).
+    several relations join merged into one edge). The last ``featureless_node_types`` node
+    types have no features: their rows are zero and ``meta["featureless_node_types"]`` names
+    them (``data.featureless=learned`` learns them).
     """
+    if not 0 <= featureless_node_types <= num_node_types:
+        raise ValueError(
+            f"typed_sbm needs 0 <= featureless_node_types <= num_node_types ({num_node_types}), "
+            f"got {featureless_node_types}"
+        )
     if num_relations < 1 or num_node_types < 1:
         raise ValueError(
             f"typed_sbm needs num_relations >= 1 and num_node_types >= 1, got "
@@ -357,6 +365,8 @@ def typed_sbm(
     centroids *= feature_signal / centroids.norm(dim=1, keepdim=True)
     x = normal_(torch.empty(num_nodes, num_features), gen) + centroids[y]
     node_type = torch.randint(num_node_types, (num_nodes,), generator=gen)
+    featureless = list(range(num_node_types - featureless_node_types, num_node_types))
+    x[torch.isin(node_type, torch.tensor(featureless, dtype=torch.int64))] = 0.0
     train_mask, val_mask, test_mask = random_split_masks(num_nodes, train_frac, val_frac, gen)
     params = dict(
         num_nodes=num_nodes,
@@ -372,6 +382,8 @@ def typed_sbm(
         val_frac=val_frac,
         seed=seed,
     )
+    if featureless_node_types:
+        params["featureless_node_types"] = [f"type_{t}" for t in featureless]
     graph = Graph.from_edge_index(
         torch.stack([torch.cat(sources), torch.cat(destinations)]),
         num_nodes,

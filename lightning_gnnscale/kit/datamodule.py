@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 from typing_extensions import override
 
-from ..checkpoints import CHECKPOINT_KEY
+from ..checkpoints import CHECKPOINT_KEY, RANK_SHARD
 from ..comm import Topology
 from ..config_types import DataConfig, ModelConfig, RunConfig, SystemConfig, check_depth, check_seed
 from ..contract import PREDICT_OUTPUTS, Evaluation, Prediction, RankContext, bind_datamodule
@@ -31,7 +31,7 @@ from ..models.inference import node_rows
 from ..tasks import TaskConfig, build_task
 from ..tasks.base import NodeTask
 from .loaders import OneItem, collective_train_loader, no_collate
-from .partition_io import PartitionDirIO
+from .partition_io import FEATURELESS_GROUP, PartitionDirIO
 
 PREPROCESSING_CACHE_DIR = os.path.join(".cache", "lightning_gnnscale")
 
@@ -158,6 +158,8 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         self._dtype = dtype
         self._prepared: dict[int, Any] = {}
         self.context: RankContext | None = None
+        # learnable input rows (kit.embeddings.LearnableInputs), set up by the system
+        self.learned_inputs: Any = None
         self._bound_to: L.Trainer | None = None
         self.stage: str | None = None  # the Trainer's latest run (``setup``'s stage)
         # the epoch the train loader last started, and a resumed fit's first one (the
@@ -222,6 +224,65 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
 
         check_typed(self.config, self.graph.is_typed, None, self.data, self.task.name)
         self.relation_fanouts  # noqa: B018 (names the unknown relations now)
+        self.check_learned_inputs(self.graph.meta.get("featureless_node_types"), self.graph.name)
+
+    def check_learned_inputs(self, featureless_types, where: str) -> None:
+        """Featureless node types (``featureless_types``, of the graph or directory ``where``)
+        whose rows ``data.featureless=learned`` learns need a system that learns input rows
+        (``LEARNED_INPUTS``); else ``ConfigError`` naming the systems that do."""
+        if not featureless_types or self.data.featureless != "learned":
+            return
+        if not self.config.LEARNED_INPUTS:
+            from ..config_types import registered_systems
+
+            able = sorted(n for n, c in registered_systems().items() if c.LEARNED_INPUTS)
+            raise ConfigError(
+                f"{where} has node types without features ({list(featureless_types)}), whose "
+                f"input rows data.featureless=learned learns, but strategy={self.config.name} "
+                f"does not learn input rows yet; strategies that do: {able}; or set "
+                "data.featureless=zeros (their rows stay zero)"
+            )
+
+    def featureless_nodes(self, rank: int = 0) -> torch.Tensor | None:
+        """bool ``[N]`` by original id: the nodes of the graph's featureless types
+        (``graph.meta["featureless_node_types"]``) whose input rows are learned
+        (``data.featureless=learned``); ``None`` when there are none or they stay zero. From a
+        partition directory, its flags (a shared group every part lists, checked: ``N``
+        bytes), as part ``rank`` maps them."""
+        if self.partition_dir is not None:
+            meta = self.partition_meta()
+            if self.data.featureless != "learned" or not meta.get("featureless_node_types"):
+                return None
+            opened = self.open_partition_dir(int(meta["num_parts"]))
+            flags = opened.load_shared(FEATURELESS_GROUP, rank)["learned"]
+            if flags.shape != (int(meta["num_nodes"]),) or flags.dtype != torch.uint8:
+                raise ValueError(
+                    f"the partition directory {self.partition_dir}: its learned-input flags "
+                    f"must be uint8 [{meta['num_nodes']}], got {flags.dtype} {tuple(flags.shape)}"
+                )
+            return flags.bool()
+        names = self.graph.meta.get("featureless_node_types") or ()
+        if self.data.featureless != "learned" or not names or self.graph.node_type is None:
+            return None
+        unknown = sorted(set(names) - set(self.graph.node_types))
+        if unknown:
+            raise ValueError(
+                f"{self.graph.name}: featureless node types {unknown} are not among its node "
+                f"types {list(self.graph.node_types)}"
+            )
+        kinds = torch.tensor([self.graph.node_types.index(t) for t in names])
+        return torch.isin(self.graph.node_type, kinds)
+
+    def input_graph(self, graph: Graph | None = None) -> Graph:
+        """``graph`` (default: :attr:`graph`) with the learned input rows' current values in
+        place of its featureless rows (collective when rows are learned: a pull of every
+        learned row, ``feature`` bytes), for layer-wise inference over the whole graph."""
+        graph = self.graph if graph is None else graph
+        if self.learned_inputs is None:
+            return graph
+        return replace(
+            graph, x=self.learned_inputs.input_rows(torch.arange(graph.num_nodes), graph.x)
+        )
 
     @cached_property
     def relation_fanouts(self) -> list[tuple[int, ...]] | None:
@@ -271,6 +332,11 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
                 self._prepared[world_size] = self.preprocess(world_size)
             else:
                 self._prepared[world_size] = self.open_partition_dir(world_size)
+                meta = self._prepared[world_size].meta
+                self.check_learned_inputs(
+                    meta.get("featureless_node_types"),
+                    f"the partition directory {self.partition_dir}",
+                )
         prepared = self._prepared[world_size]
         if self.partition_dir is not None:
             from ..graph.partition_dir import node_ranks
@@ -403,14 +469,28 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         epoch's last step has run (a checkpoint at the epoch end, ``Trainer.is_last_batch``),
         else this one (mid-epoch). A subclass adds its own keys to this dict."""
         finished = self.trainer is not None and self.trainer.is_last_batch
-        return {"train_epoch": self.loader_epoch + int(finished)}
+        state = {"train_epoch": self.loader_epoch + int(finished)}
+        if (
+            self.learned_inputs is not None
+        ):  # this rank's rows, to a shard of its own (the strategy)
+            state[RANK_SHARD] = self.learned_inputs.shard_state()
+        return state
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Take the checkpoint's ``train_epoch`` (a non-negative int, checked: the file is
         data from outside). An older checkpoint's state lacks it: a resume got it from
-        :meth:`complete_checkpoint`, an evaluation needs none. A subclass calls this before
-        restoring its own keys."""
+        :meth:`complete_checkpoint`, an evaluation needs none. With learnable inputs, this
+        rank's rows come from its own shard (``RANK_SHARD``, which the strategy loaded). A
+        subclass calls this before restoring its own keys."""
+        if self.learned_inputs is not None:
+            if RANK_SHARD not in state_dict:
+                raise ValueError(
+                    "the checkpoint holds no shard of learned input rows for this rank, but "
+                    "this run learns them (data.featureless=learned, or DistDGL's "
+                    "strategy.embedding_dim)"
+                )
+            self.learned_inputs.load_shard_state(state_dict[RANK_SHARD])
         if "train_epoch" not in state_dict:
             return
         epoch = state_dict["train_epoch"]
@@ -541,7 +621,8 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         graph, split across ranks by node range (:func:`node_rows`); systems whose net runs
         on their own layout override it."""
         comm = self.context.comm if self.context is not None else None
-        return node_rows(self.graph, net, node_ids, output, self.data.eval_chunk_size, comm)
+        graph = self.input_graph()
+        return node_rows(graph, net, node_ids, output, self.data.eval_chunk_size, comm)
 
     @override
     def predict_dataloader(self) -> DataLoader:
@@ -560,4 +641,11 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
 
     @override
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
-        return batch.to(device) if isinstance(batch, Batch) else batch
+        """``batch`` on ``device``, referencing this DataModule's learnable inputs (attached
+        here, in the main process, so that a batch built in a loader worker reaches the live
+        table, not a copy of it)."""
+        if not isinstance(batch, Batch):
+            return batch
+        if self.learned_inputs is not None:
+            batch = replace(batch, learned_inputs=self.learned_inputs)
+        return batch.to(device)

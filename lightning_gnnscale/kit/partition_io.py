@@ -15,6 +15,9 @@ from ..graph.dataset_config import DatasetConfig
 from ..tasks import DEFAULT_TASK
 from .partitions import assert_same_on_all_ranks
 
+# the shared group of a partition directory that flags the nodes whose input rows are learned
+FEATURELESS_GROUP = "learned_inputs"
+
 
 class PartitionDirIO:
     """The partition-directory half of :class:`~.datamodule.GNNDataModule` (a mixin: it reads
@@ -141,6 +144,11 @@ class PartitionDirIO:
         graph = self.graph
         writer = PartitionDirWriter(out)
         extra = self.write_parts(world_size, writer, log)
+        learned = self.featureless_nodes()
+        if learned is not None:  # which nodes' input rows are learned, for every rank
+            writer.write_shared(FEATURELESS_GROUP, {"learned": learned.to(torch.uint8)})
+            for record in writer.parts.values():
+                record["shared"] = sorted({*record.get("shared", ()), FEATURELESS_GROUP})
         identity = self.dataset_identity() or {"name": graph.name, "options": {}}
         return writer.finish(
             {
@@ -153,6 +161,8 @@ class PartitionDirIO:
                 "num_classes": self.node_dataset.num_classes,
                 "target_dim": self.targets.out_dim,
                 "feature_dtype": str(graph.x.dtype).removeprefix("torch."),
+                # node types whose rows are zero padding (learned: docs/architecture.md)
+                "featureless_node_types": list(graph.meta.get("featureless_node_types") or []),
                 **extra,
             }
         )

@@ -10,8 +10,10 @@ from typing_extensions import override
 
 from ..contract import RankContext
 from ..graph.batch import Batch
+from ..graph.book import RangeBook
 from ..models.inference import full_logits, replicated_eval_statistics
 from .datamodule import GNNDataModule
+from .embeddings import KVStore, LearnableInputs
 from .loaders import EpochSteps, StepBatcher, no_collate
 
 
@@ -27,7 +29,7 @@ def whole_graph_statistics(
         return whole_graph_link_statistics(dm, net, splits, comm)
     return replicated_eval_statistics(
         dm.task,
-        dm.graph,
+        dm.input_graph(),
         dm.targets,
         net,
         splits,
@@ -46,9 +48,10 @@ def whole_graph_link_statistics(
     distributed ``comm``), then this rank's share of the evaluation edges scored
     (:meth:`~..tasks.link_prediction.LinkPrediction.link_statistics`)."""
     distributed = comm if comm is not None and comm.world_size > 1 else None
+    inputs = dm.input_graph()
 
     def embed(stage: str) -> torch.Tensor:
-        graph = dm.task.stage_graph(dm.graph, dm.targets, stage)
+        graph = dm.task.stage_graph(inputs, dm.targets, stage)
         return full_logits(graph, net, dm.data.eval_chunk_size, distributed)
 
     return dm.task.link_statistics(embed, dm.targets, splits, dm.rank, dm.world_size)
@@ -82,7 +85,27 @@ class SampledDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def setup_rank(self, context: RankContext, prepared: Any) -> None:
+        """The rank's place, and the learned input rows of featureless node types
+        (:meth:`~.datamodule.GNNDataModule.featureless_nodes`): a table sharded over the ranks
+        by even node ranges (each rank updates its own; a step looks up the rows of its
+        input nodes from their owners)."""
         self.rank, self.world_size = context.rank, context.world_size
+        learned = self.featureless_nodes()
+        if learned is None:
+            return
+        n, graph = self.graph.num_nodes, self.graph
+        offsets = torch.tensor([n * r // self.world_size for r in range(self.world_size + 1)])
+        kv = KVStore(context.comm, RangeBook(offsets))
+        self.learned_inputs = LearnableInputs(
+            kv,
+            graph.num_features,
+            self.seed,
+            graph.x.dtype,
+            self.data.embedding_optimizer,
+            self.data.embedding_lr,
+            torch.arange(int(offsets[self.rank]), int(offsets[self.rank + 1])),
+            learned,
+        )
 
     def batcher(self) -> StepBatcher:
         """The batch maker for this rank (rank and world size as set up)."""

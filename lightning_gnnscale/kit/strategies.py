@@ -25,7 +25,17 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
-from ..checkpoints import SuiteCheckpointIO
+from ..checkpoints import (
+    RANK_SHARD,
+    SHARDS_KEY,
+    SuiteCheckpointIO,
+    pop_rank_shards,
+    read_rank_shard,
+    remove_rank_shards,
+    shard_file,
+    shard_token,
+    write_rank_shard,
+)
 from ..comm import (
     REDUCE_OPS,
     Comm,
@@ -126,6 +136,7 @@ class SystemStrategy:
         self.checked_run: RunConfig | None = None  # the typed run of from_run (checked once)
         # the bound DataModule's completion of an older checkpoint (:meth:`bind`)
         self.complete_checkpoint: Callable[[dict], None] | None = None
+        self.looked_up: Any = None  # the learnable inputs of the steps since the last update
 
     @classmethod
     def from_run(cls, run: RunConfig) -> SystemStrategy:
@@ -188,6 +199,20 @@ class SystemStrategy:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         if self.complete_checkpoint is not None:
             self.complete_checkpoint(checkpoint)
+        if SHARDS_KEY in checkpoint:  # this rank's own shard, back into the DataModule state
+            manifest = checkpoint.pop(SHARDS_KEY)
+            shards = read_rank_shard(
+                checkpoint_path, manifest, self.comm.rank, self.comm.world_size
+            )
+            if not isinstance(shards, dict):
+                raise ValueError(f"checkpoint {checkpoint_path}: its shard is not a mapping")
+            for key, shard in shards.items():
+                if not isinstance(checkpoint.get(key), dict):
+                    raise ValueError(
+                        f"checkpoint {checkpoint_path}: its shard holds state {key!r} the "
+                        "checkpoint does not"
+                    )
+                checkpoint[key][RANK_SHARD] = shard
         return checkpoint
 
     def run_facts(self, data: DataConfig) -> RunFacts:
@@ -270,10 +295,15 @@ class SystemStrategy:
 
     @override
     def training_step(self, *args, **kwargs):
-        """The module's step. If the first one fails and the module took a runtime with a
-        layer hook but never called ``runtime.layer_hook(batch)``, the error says so: without
-        the hook the rows never move and the step fails far from the cause (an index out of
-        bounds)."""
+        """The module's step, on a batch whose learned input rows (``batch.learned_inputs``) are looked
+        up first (docs/architecture.md, "Learnable inputs"). If the first step fails and the
+        module took a runtime with a layer hook but never called ``runtime.layer_hook(batch)``,
+        the error says so: without the hook the rows never move and the step fails far from
+        the cause (an index out of bounds)."""
+        batch, *rest = args
+        if isinstance(batch, Batch) and batch.learned_inputs is not None:
+            self.looked_up = batch.learned_inputs
+            args = (batch.learned_inputs.lookup(batch, self.root_device), *rest)
         runtime, self.unchecked_runtime = self.unchecked_runtime, None
         if runtime is None:
             return super().training_step(*args, **kwargs)
@@ -283,6 +313,45 @@ class SystemStrategy:
             if runtime.layer_hook_unused:
                 raise RuntimeError(self.unused_hook_message()) from err
             raise
+
+    @override
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+        """The dense step, then the sparse step of the learned input rows looked up since the
+        last one (their gradients pushed to the rows' owners, ``gradient`` bytes)."""
+        output = super().optimizer_step(optimizer, closure, model, **kwargs)
+        if self.looked_up is not None:
+            self.looked_up.step()
+            self.looked_up = None
+        return output
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        """Lightning's (rank 0 writes the checkpoint), after every rank wrote its own shard
+        (the DataModule state's ``RANK_SHARD``: learnable input rows and their optimiser state)
+        to a file beside it, whose digests the checkpoint lists (collective). The previous
+        shards of ``filepath`` go only once the new checkpoint is written, so a crash or a full
+        disk at any point leaves a checkpoint whose shards are all there."""
+        shards = pop_rank_shards(checkpoint)
+        if shards:
+            rank, world = self.comm.rank, self.comm.world_size
+            token = shard_token(checkpoint)
+            digest = write_rank_shard(shard_file(filepath, token, rank, world), shards)
+            mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8).unsqueeze(0)
+            every = self.comm.all_gather_tensor(mine, category="control")
+            digests = [bytes(row.tolist()).hex() for row in every]
+            checkpoint[SHARDS_KEY] = {"token": token, "world_size": world, "digests": digests}
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+        if shards:
+            self.comm.barrier()  # the checkpoint that names the new shards is written
+            remove_rank_shards(filepath, self.comm.rank, keep=token)
+
+    @override
+    def remove_checkpoint(self, filepath: Any) -> None:
+        """Lightning's (rank 0 removes the checkpoint), and every rank its own shards of it."""
+        super().remove_checkpoint(filepath)
+        remove_rank_shards(filepath, self.comm.rank)
 
     def unused_hook_message(self) -> str:
         return (

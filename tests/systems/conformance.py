@@ -35,7 +35,16 @@ TASK_OVERRIDES[TYPED] = ("dataset=typed_sbm", "dataset.num_relations=3", "model=
 # that declares typed link prediction.
 TYPED_LINK = "typed_link_prediction"
 TASK_OVERRIDES[TYPED_LINK] = (*TASK_OVERRIDES[TYPED], "task=link_prediction")
-TYPED_CASES = {TYPED: "node_classification", TYPED_LINK: "link_prediction"}
+# A typed graph with a featureless node type, whose input rows are learned (a sharded table
+# and its sparse optimiser's state, checkpointed per rank), through every system that learns
+# input rows.
+TYPED_FEATURELESS = "typed_featureless"
+TASK_OVERRIDES[TYPED_FEATURELESS] = (*TASK_OVERRIDES[TYPED], "dataset.featureless_node_types=1")
+TYPED_CASES = {
+    TYPED: "node_classification",
+    TYPED_LINK: "link_prediction",
+    TYPED_FEATURELESS: "node_classification",
+}
 EPOCHS = 2
 
 
@@ -56,7 +65,8 @@ def cases(
 ) -> list:
     """``pytest.param(name, task)`` for every registered name and task ``applies`` keeps
     (``tasks``), and (``typed``) the :data:`TYPED` case of every name that trains typed
-    graphs and the :data:`TYPED_LINK` case of every name that predicts their links; the ones CI leaves out are marked ``conformance_full``. CI runs a preset's first
+    graphs, the :data:`TYPED_LINK` case of every name that predicts their links and the
+    :data:`TYPED_FEATURELESS` case of every name that learns input rows; the ones CI leaves out are marked ``conformance_full``. CI runs a preset's first
     ``ci_tasks`` tasks: ``1`` for a check whose outcome the task cannot change (the strategy's
     settings). The typed cases live in their own test file (``test_conformance_typed.py``),
     so that pytest-xdist's ``loadfile`` runs them beside the rest, not after it."""
@@ -72,6 +82,7 @@ def cases(
             *(spec.tasks if tasks else ()),
             *((TYPED,) if typed and spec.config_type.TYPED_GRAPHS else ()),
             *((TYPED_LINK,) if typed and spec.config_type.TYPED_LINK_PREDICTION else ()),
+            *((TYPED_FEATURELESS,) if typed and spec.config_type.LEARNED_INPUTS else ()),
         )
         if applies(spec)
     ]
@@ -118,12 +129,26 @@ def _hydra(value) -> str:
 
 
 def weights(output_dir: Path) -> dict:
-    """The run's ``last.ckpt`` weights and DataModule state (embedding tables)."""
-    ckpt = torch.load(output_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    """The run's ``last.ckpt`` weights and DataModule state, with every rank's shard of it
+    (learned input rows and their optimiser state)."""
+    from lightning_gnnscale.checkpoints import checkpoint_shards
+
+    path = output_dir / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(path, weights_only=True)
     state = dict(ckpt["state_dict"])
     for key, value in ckpt.items():
         if key.endswith("DataModule"):
             state.update({f"dm.{k}": v for k, v in value.items()})
+    ids, tables = [], {}
+    for shards in checkpoint_shards(path):  # every rank's rows, in original node-id order
+        for shard in shards.values():
+            ids.append(shard["orig_ids"])
+            for name, rows in shard.items():
+                if name != "orig_ids":
+                    tables.setdefault(name, []).append(rows)
+    if ids:
+        order = torch.argsort(torch.cat(ids))
+        state.update({f"dm.{name}": torch.cat(rows)[order] for name, rows in tables.items()})
     return state
 
 

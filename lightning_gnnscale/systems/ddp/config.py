@@ -25,6 +25,7 @@ class DataParallelConfig(SystemConfig):
     EXCLUDES_TARGET_EDGES = True
     TRAINS_TASK_HEAD = True
     TYPED_GRAPHS = True
+    LEARNED_INPUTS = True  # featureless node types: a sharded table (kit.embeddings)
     TYPED_LINK_PREDICTION = True
     FILTERED_RANKING = True
     accepts_custom_models = True

@@ -27,9 +27,7 @@ SYSTEM = SystemSpec(
 
 # the implementation: imported when first used (lightning_gnnscale.systems.lazy_exports)
 _EXPORTS = {
-    "DistDGLBatch": ".datamodule",
     "DistDGLDataModule": ".datamodule",
-    "LearnableInputs": ".datamodule",
     "PartitionedGraph": ".datamodule",
     "DistDGLStrategy": ".strategy",
 }

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from ...config_types import SystemConfig, choice, require
+from ...config_types import SystemConfig, require
 from ...graph.partition_config import PartitionConfig
 from ...tasks import NODE_TASKS
-
-# the names of kvstore.SPARSE_OPTIMIZERS (kept here: configs load without torch)
-SPARSE_OPTIMIZER_NAMES = ("adagrad", "sgd")
 
 
 @dataclass(frozen=True)
@@ -20,22 +16,20 @@ class DistDGLConfig(SystemConfig):
     Args:
         partition: the partitioner and its options.
         embedding_dim: ``> 0``: learn node embeddings of this width as the input instead of the
-            features (featureless graphs); ``0``: use the features.
-        sparse_optimizer: ``adagrad`` | ``sgd``, for the embeddings.
-        sparse_lr: its learning rate.
+            features (featureless graphs; their optimiser: ``data.embedding_optimizer`` and
+            ``data.embedding_lr``); ``0``: use the features.
     """
 
     name: str = "distdgl"
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     embedding_dim: int = 0
-    sparse_optimizer: str = "adagrad"
-    sparse_lr: float = 0.05
 
     NAMES = ("distdgl",)
     # link prediction last: CI's conformance runs a preset's first two tasks
     TASKS = (*NODE_TASKS, "link_prediction")
     EXCLUDES_TARGET_EDGES = True  # the step's pairs, all-gathered, out of every rank's blocks
     TYPED_GRAPHS = True  # per-relation sampling through the owners (docs/systems/distdgl.md)
+    LEARNED_INPUTS = True  # featureless node types and embedding_dim: KV-store tables
     supports_partition_dir = True
 
     def __post_init__(self) -> None:
@@ -43,9 +37,4 @@ class DistDGLConfig(SystemConfig):
         require(
             self.embedding_dim >= 0,
             f"strategy.embedding_dim={self.embedding_dim} must be >= 0 (0 = use the features)",
-        )
-        choice("strategy.sparse_optimizer", self.sparse_optimizer, SPARSE_OPTIMIZER_NAMES)
-        require(
-            math.isfinite(self.sparse_lr) and self.sparse_lr > 0,
-            f"strategy.sparse_lr={self.sparse_lr} must be > 0 and finite",
         )

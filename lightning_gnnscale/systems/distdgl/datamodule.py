@@ -17,7 +17,7 @@ start of the training step that uses them (docs/systems/distdgl.md#node-embeddin
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,13 +31,13 @@ from ...graph.block import Block
 from ...graph.book import PartitionedGraph, partition_and_relabel
 from ...graph.halo_part import HaloPart, write_halo_parts
 from ...graph.partition_dir import PartitionDir
-from ...graph.sampler import BlockBuilder, sample_edge_ids, splitmix64
+from ...graph.sampler import BlockBuilder, sample_edge_ids
 from ...kit.datamodule import GNNDataModule
+from ...kit.embeddings import KVStore, LearnableInputs
 from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, core_statistics, own_predictions
 from ...models.gnn import BlockGNN
 from .config import DistDGLConfig
-from .kvstore import SPARSE_OPTIMIZERS, DistEmbedding, KVStore, SparseOptimizer
 from .link import (
     TRAIN,
     VAL,
@@ -49,20 +49,6 @@ from .link import (
     stage_partition,
 )
 from .sampler import DistNeighborSampler
-
-EMBEDDING = "emb"  # KV name of the learnable input table
-
-
-def embedding_init(dim: int, seed: int, dtype: torch.dtype = torch.float32):
-    """Initial embedding rows keyed by gid (independent of partitioning): uniform(-1, 1)/sqrt(d),
-    in ``dtype`` (the run's, so that the rows match the model)."""
-
-    def init(gids: torch.Tensor) -> torch.Tensor:
-        bits = splitmix64((gids.unsqueeze(1) * dim + torch.arange(dim)) ^ seed)
-        unit = ((bits >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
-        return ((unit * 2 - 1) / dim**0.5).to(dtype)
-
-    return init
 
 
 def check_part_relations(local, num_relations: int, where) -> None:
@@ -91,81 +77,6 @@ def check_part_relations(local, num_relations: int, where) -> None:
         raise PartitionDirError(f"{part} is not sorted by relation within each segment")
 
 
-class LearnableInputs:
-    """The learnable input rows of a DataModule: a sharded ``DistEmbedding`` ``[N, d]`` and
-    the sparse optimiser that updates it (with its per-row state, e.g. Adagrad sums ``[N, d]``).
-
-    Batches reference it (a plain object, so DDP's copy of a batch keeps its identity); the
-    strategy calls :meth:`lookup` in the training step and :meth:`step` after the dense
-    optimiser step. ``state_dict`` / ``load_state_dict`` carry the table and the optimiser
-    state through checkpoints, rows in original node-id order (the full tables exist on rank 0
-    only, while it saves).
-
-    Args:
-        embedding: the table (its KV store holds the shards).
-        optimizer: the sparse optimiser of ``embedding``.
-        orig_ids: original ids of this rank's rows ``[n_core]``.
-    """
-
-    def __init__(self, embedding: DistEmbedding, optimizer: SparseOptimizer, orig_ids: Tensor):
-        self.embedding, self.optimizer = embedding, optimizer
-        self.orig_ids = orig_ids
-
-    def lookup(self, batch: DistDGLBatch, device: torch.device | str) -> DistDGLBatch:
-        """``batch`` with its input rows ``[num_src, d]``: the current rows of
-        ``blocks[0].src_ids`` (a ``DistEmbedding`` lookup, collective, ``feature`` bytes), on
-        ``device``. Once per step on every rank: the lookup joins the embedding's trace, which
-        the next :meth:`step` consumes."""
-        start = time.perf_counter()
-        rows = self.embedding(batch.blocks[0].src_ids.cpu())
-        batch.stats["load_s"] = batch.stats.get("load_s", 0.0) + time.perf_counter() - start
-        return replace(batch, x=rows.to(device))
-
-    def step(self) -> None:
-        """Push the gradients of the lookups since the last step to their owners, which apply
-        the sparse optimiser to the touched rows (collective, ``gradient`` bytes)."""
-        self.optimizer.step()
-
-    def _names(self) -> tuple[str, ...]:
-        return (self.embedding.name, *self.optimizer.state_names(self.embedding))
-
-    def state_dict(self) -> dict[str, Tensor]:
-        """``{KV name: [N, d] rows in original node-id order}`` of the table and the optimiser
-        state on rank 0, ``{}`` on the other ranks. Collective: every rank's shard is gathered
-        to rank 0 (``KVStore.gather``, ``parameter`` bytes), one table at a time."""
-        kv = self.embedding.kv
-        new2old = getattr(kv.book, "new2old", None)
-        if new2old is None:  # a RangeBook: every rank's original ids, to rank 0
-            kv.init_data("orig_id", self.orig_ids)
-            new2old = kv.gather("orig_id", dst=0, category="structure")
-        state = {}
-        for name in self._names():
-            rows = kv.gather(name, dst=0)
-            if rows is not None:
-                state[name] = torch.empty_like(rows)
-                state[name][new2old] = rows
-        return state
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        """Take this rank's rows of every table in ``state`` (by the partition book)."""
-        kv, mine = self.embedding.kv, self.orig_ids
-        for name in self._names():
-            kv.local_shard(name).copy_(state[name][mine])
-
-
-@dataclass
-class DistDGLBatch(Batch):
-    """A DistDGL step's batch.
-
-    Attributes:
-        inputs: the DataModule's learnable input rows when the step must look its inputs up
-            (``x`` is then an empty ``[num_src, 0]`` placeholder, so a model fed it fails on
-            the width); ``None``: ``x`` holds the pulled features ``[num_src, F]``.
-    """
-
-    inputs: LearnableInputs | None = None
-
-
 class DistDGLDataModule(GNNDataModule):
     """Partitioned graph, KV store, distributed sampler and DistDGL's even trainer split.
 
@@ -173,17 +84,18 @@ class DistDGLDataModule(GNNDataModule):
     keeps its partition and serves its rows and samples to the others. With
     ``data.partition_dir`` a rank loads only its own part (``write_parts`` writes them), holds
     the ``[P + 1]`` offsets as its book and pulls the degrees of sampled nodes from their
-    owners (docs/partitioning.md). Batches are
-    :class:`DistDGLBatch` (seeds ``[n]`` per rank, each rank ``batch_size / world`` of them).
+    owners (docs/partitioning.md). A batch's seeds are ``[n]`` per rank, each rank
+    ``batch_size / world`` of them.
 
     Args: as :class:`~...kit.datamodule.GNNDataModule`; ``config`` defaults to ``DistDGLConfig()``.
-    With ``config.embedding_dim > 0`` a ``DistEmbedding`` of that width, in the features'
-    dtype, is the input instead of the features (:class:`LearnableInputs`).
+    With ``config.embedding_dim > 0`` a learnable table of that width, in the features'
+    dtype, is the input instead of the features (:class:`~...kit.embeddings.LearnableInputs`;
+    a batch's ``x`` is then an empty ``[num_src, 0]`` placeholder that the strategy's
+    lookup replaces in the training step).
     """
 
     def __init__(self, dataset, config: DistDGLConfig | None = None, data=None, **kwargs):
         super().__init__(dataset, config or DistDGLConfig(), data, **kwargs)
-        self.inputs: LearnableInputs | None = None
         self.link: LinkPart | None = None  # link prediction's part of the split (set up)
         # the last core_outputs' halo rows per layer: pulled (once per chunk that reads them)
         # and distinct, and the most one chunk held
@@ -200,6 +112,18 @@ class DistDGLDataModule(GNNDataModule):
     @override
     def input_dim(self) -> int:
         return self.config.embedding_dim or super().input_dim
+
+    def _learned_gids(self, comm) -> Tensor | None:
+        """bool ``[N]`` by gid: the nodes of featureless types whose input rows are learned
+        (:meth:`featureless_nodes`, in memory or from the partition directory), each rank's
+        core flags all-gathered in gid order (``N`` bytes of ``structure``, once); ``None``
+        when none are."""
+        flags = self.featureless_nodes(comm.rank)
+        if flags is None:
+            return None
+        mine = flags[self.core_orig_ids].to(torch.uint8)
+        every, _ = comm.all_gather_varlen(mine, category="structure")
+        return every.bool()
 
     @property
     def is_link(self) -> bool:
@@ -300,17 +224,18 @@ class DistDGLDataModule(GNNDataModule):
             self.link_targets = link.targets(book.num_nodes, self.task.out_dim_of({}), self.seed)
         if self.degree is None:
             self.kv.init_data("degree", self.sample_degree[: self.local.num_core])
-        config = self.config
-        if config.embedding_dim:
-            embedding = DistEmbedding(
+        learned = None if self.config.embedding_dim else self._learned_gids(comm)
+        if self.config.embedding_dim or learned is not None:
+            self.learned_inputs = LearnableInputs(
                 self.kv,
-                EMBEDDING,
-                self.local.num_core,
-                config.embedding_dim,
-                embedding_init(config.embedding_dim, self.seed, self.local.x.dtype),
+                self.config.embedding_dim or self.local.x.shape[1],
+                self.seed,
+                self.local.x.dtype,
+                self.data.embedding_optimizer,
+                self.data.embedding_lr,
+                self.core_orig_ids,
+                learned,
             )
-            optimizer = SPARSE_OPTIMIZERS[config.sparse_optimizer]([embedding], config.sparse_lr)
-            self.inputs = LearnableInputs(embedding, optimizer, self.core_orig_ids)
         fanouts = list(self.data.fanouts)
         self.sampler = DistNeighborSampler(
             comm, book, sampled, degree, fanouts, self.seed, self.relation_fanouts
@@ -324,10 +249,10 @@ class DistDGLDataModule(GNNDataModule):
         return self.split.steps if self.link is None else self.pairs.steps
 
     @override
-    def make_batch(self, epoch: int, step: int) -> DistDGLBatch:
+    def make_batch(self, epoch: int, step: int) -> Batch:
         """This rank's step: sample through the owners, then pull input rows and the seeds'
-        target rows (with embeddings the input rows are looked up in the training step, see
-        :class:`DistDGLBatch`). Under link prediction the seeds are the endpoints of this
+        target rows (with embeddings the input rows are looked up in the training step).
+        Under link prediction the seeds are the endpoints of this
         rank's positive pairs of the step and of their negatives (``task.step_rows``, original
         ids, mapped to gids through the owners) and ``y`` comes with them."""
         start = time.perf_counter()
@@ -349,9 +274,9 @@ class DistDGLDataModule(GNNDataModule):
         if self.degree is None:  # no [N] degrees here: the owners'
             blocks = self._with_degrees(blocks)
         sampled = time.perf_counter()
-        if self.inputs is None:
+        if self.learned_inputs is None or self.learned_inputs.learned is not None:
             x = self.kv.pull("feat", blocks[0].src_ids, category="feature")
-        else:
+        else:  # every input row is learned: looked up in the step
             x = self.local.x.new_empty((blocks[0].num_src, 0))
         if y is None:
             y = self.kv.pull("target", seeds)
@@ -360,7 +285,7 @@ class DistDGLDataModule(GNNDataModule):
             "load_s": time.perf_counter() - sampled,
             "input_nodes": blocks[0].num_src,
         }
-        return DistDGLBatch(blocks, x, y, count, epoch, step, stats, inputs=self.inputs)
+        return Batch(blocks, x, y, count, epoch, step, stats)
 
     def _step_pair_keys(self, pairs: Tensor) -> Tensor:
         """``task.exclude_target_edges``: sorted keys ``dst * N + src`` (gids) of the whole
@@ -383,24 +308,6 @@ class DistDGLDataModule(GNNDataModule):
         degree[held] = self.sample_degree[lid[held]]
         degree[~held] = self.kv.pull("degree", ids[~held], category="structure")
         return [replace(b, src_deg=degree[: b.num_src]) for b in blocks]
-
-    # ------------------------------------------------------------------------ checkpoints
-    @override
-    def state_dict(self) -> dict[str, Any]:
-        """The learnable input table and its optimiser state, on global rank 0 only (Lightning
-        calls it on every rank when it saves a checkpoint, in the same order, and writes rank
-        0's: the call is collective, a gather to rank 0). Empty on the other ranks, and
-        without embeddings; with the base's ``train_epoch`` on every rank."""
-        tables = {} if self.inputs is None else self.inputs.state_dict()
-        return {**super().state_dict(), **tables}
-
-    @override
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Each rank takes its rows of the full tables in the loaded checkpoint (Lightning
-        calls it after ``setup``, on every rank, with the checkpoint rank 0 wrote)."""
-        super().load_state_dict(state_dict)
-        if self.inputs is not None:
-            self.inputs.load_state_dict(state_dict)
 
     # ------------------------------------------------------------------------ evaluation
     @override
@@ -441,7 +348,9 @@ class DistDGLDataModule(GNNDataModule):
         self.kv.comm.all_reduce(rounds, "max", category="control")
         builder = BlockBuilder(local.num_local, degree)
         device = next(net.parameters()).device
-        core_rows = self.kv.local_shard(EMBEDDING) if self.inputs is not None else local.x
+        core_rows = (
+            local.x if self.learned_inputs is None else self.learned_inputs.own_rows(local.x)
+        )
         core_rows = core_rows.to(device, copy=layers == 0)  # never the live table itself
         pulled, distinct, largest = [], [], 0
         for i in range(layers):

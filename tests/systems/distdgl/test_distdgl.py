@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from hydra.errors import ConfigCompositionException
 from lightning.pytorch.callbacks import Callback
 
+from lightning_gnnscale.checkpoints import checkpoint_shards
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
@@ -316,7 +317,7 @@ class _EmbeddingSteps(Callback):
         self.built, self.dm, self.records = built, dm, []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.before = self.dm.kv.local_shard("emb").clone()
+        self.before = self.dm.kv.local_shard("learned_inputs").clone()
         self.built_at_start = len(self.built)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -324,7 +325,7 @@ class _EmbeddingSteps(Callback):
         self.records.append(
             {
                 "before": self.before,
-                "after": self.dm.kv.local_shard("emb").clone(),
+                "after": self.dm.kv.local_shard("learned_inputs").clone(),
                 "gids": gids.clone(),
                 "grad": rows.grad.clone(),
                 "built": self.built_at_start,
@@ -382,8 +383,8 @@ def test_sparse_embedding_steps_are_exact_and_unaffected_by_prefetching(tmp_path
             "data.batch_size=32",
             "dtype=float64",
             "strategy.embedding_dim=8",
-            "strategy.sparse_optimizer=sgd",
-            f"strategy.sparse_lr={SPARSE_LR}",
+            "data.embedding_optimizer=sgd",
+            f"data.embedding_lr={SPARSE_LR}",
         )
     )
     dm = build_datamodule(run)
@@ -424,7 +425,7 @@ def test_sparse_embedding_steps_are_exact_and_unaffected_by_prefetching(tmp_path
         (("model=custom",), "cannot run model=custom"),
         (("data.num_workers=1",), "data.num_workers=0"),
         (("strategy.partition.method=spectral",), "valid:"),
-        (("strategy.sparse_optimizer=adam",), "valid:"),
+        (("data.embedding_optimizer=adam",), "valid:"),
     ],
 )
 def test_distdgl_config_errors(tmp_path, overrides, message):
@@ -436,7 +437,7 @@ def test_distdgl_config_errors(tmp_path, overrides, message):
     ("override", "message"),
     [
         ("strategy.embedding_dim=-1", "strategy.embedding_dim=-1 must be >= 0"),
-        ("strategy.sparse_lr=0", "strategy.sparse_lr=0.0 must be > 0"),
+        ("data.embedding_lr=0", "data.embedding_lr=0.0 must be > 0"),
         ("strategy.partition.overpartition=0", "strategy.partition.overpartition=0 must be"),
         ("strategy.partition.balance=nodes", "strategy.partition.balance='nodes' is unknown"),
     ],
@@ -465,35 +466,50 @@ def _last_checkpoint(output_dir):
     return torch.load(output_dir / "checkpoints" / "last.ckpt", weights_only=False)
 
 
+def _tables(output_dir, num_nodes):
+    """The learnable-input tables of ``last.ckpt``'s per-rank shards, rows in original ids."""
+    shards = checkpoint_shards(output_dir / "checkpoints" / "last.ckpt")
+    assert len(shards) == 2  # one file per rank, nothing gathered to rank 0
+    tables = {}
+    for shard in shards:
+        rows = dict(shard["DistDGLDataModule"])
+        ids = rows.pop("orig_ids")
+        for name, value in rows.items():
+            tables.setdefault(name, value.new_full((num_nodes, *value.shape[1:]), float("nan")))
+            tables[name][ids] = value
+    return tables
+
+
 @pytest.mark.e2e
 def test_resume_with_embeddings_equals_an_uninterrupted_run(tmp_path):
     """float64, 2 ranks, SparseAdagrad embeddings: 2 epochs + resume from `last.ckpt` to 4 end
-    with the uninterrupted run's parameters, embedding rows, Adagrad sums and metrics (the
-    checkpoints' gathers of the shards are metered: audits on)."""
+    with the uninterrupted run's parameters, embedding rows, Adagrad sums and metrics; each
+    rank keeps its rows in a shard of its own (audits on)."""
     run = (
         "strategy=distdgl",
         "audit=true",
         "model=sage",
         "dtype=float64",
         "strategy.embedding_dim=8",
-        "strategy.sparse_lr=0.5",
+        "data.embedding_lr=0.5",
     )
     straight, a = train(make_cfg(tmp_path / "a", *run, "trainer.max_epochs=4"))
     _, first = train(make_cfg(tmp_path / "b", *run, "trainer.max_epochs=2"))
+    n = a["graph"].num_nodes
     ckpt = first["output_dir"] / "checkpoints" / "last.ckpt"
-    start = _last_checkpoint(first["output_dir"])["DistDGLDataModule"]
+    start = _tables(first["output_dir"], n)
     resumed, b = train(make_cfg(tmp_path / "b", *run, "trainer.max_epochs=4", f"ckpt_path={ckpt}"))
     want, got = _last_checkpoint(a["output_dir"]), _last_checkpoint(b["output_dir"])
     assert got["epoch"] == want["epoch"] == 3
     for name, value in want["state_dict"].items():
         torch.testing.assert_close(got["state_dict"][name], value, rtol=0, atol=1e-12)
-    tables = dict(want["DistDGLDataModule"])
-    assert tables.pop("train_epoch") == got["DistDGLDataModule"]["train_epoch"] == 4
-    assert sorted(tables) == ["emb", "emb@adagrad_state"]
-    assert not torch.equal(start["emb"], tables["emb"])  # the embeddings moved after the resume
+    assert want["DistDGLDataModule"] == got["DistDGLDataModule"] == {"train_epoch": 4}
+    tables, resumed_tables = _tables(a["output_dir"], n), _tables(b["output_dir"], n)
+    assert sorted(tables) == ["learned_inputs", "learned_inputs@adagrad_state"]
+    assert not torch.equal(start["learned_inputs"], tables["learned_inputs"])  # moved after resume
     for name, value in tables.items():
-        assert value.shape == (a["graph"].num_nodes, 8)
-        torch.testing.assert_close(got["DistDGLDataModule"][name], value, rtol=0, atol=1e-12)
+        assert value.shape == (n, 8) and not value.isnan().any()
+        torch.testing.assert_close(resumed_tables[name], value, rtol=0, atol=1e-12)
     for key in ("epochs", "best_epoch", "best_val_acc", "test_acc", "val_acc", "train_loss"):
         assert resumed[key] == pytest.approx(straight[key], abs=1e-9), key
     for x, y in zip(straight["history"], resumed["history"]):

@@ -10,7 +10,7 @@ import torch
 
 from lightning_gnnscale.comm import Comm, CommMeter
 from lightning_gnnscale.graph.book import PartitionBook
-from lightning_gnnscale.systems.distdgl.kvstore import (
+from lightning_gnnscale.kit.embeddings import (
     SPARSE_OPTIMIZERS,
     DistEmbedding,
     KVStore,
@@ -277,9 +277,9 @@ def test_push_overwrite_add_and_registered_handler_match_dense_reference(world_s
 
 def test_the_config_accepts_exactly_the_sparse_optimizers_that_exist():
     """The config holds the names (it loads without torch); each must build an optimizer."""
-    from lightning_gnnscale.systems.distdgl.config import SPARSE_OPTIMIZER_NAMES
+    from lightning_gnnscale.config_types import EMBEDDING_OPTIMIZERS
 
-    assert sorted(SPARSE_OPTIMIZER_NAMES) == sorted(SPARSE_OPTIMIZERS)
+    assert sorted(EMBEDDING_OPTIMIZERS) == sorted(SPARSE_OPTIMIZERS)
 
 
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adagrad"])

@@ -17,9 +17,9 @@ from lightning_gnnscale.graph.generators import sbm
 from lightning_gnnscale.graph.order import EpochOrder
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.graph.sampler import NeighborSampler
+from lightning_gnnscale.kit.embeddings import KVStore
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.run import train
-from lightning_gnnscale.systems.distdgl.kvstore import KVStore
 from lightning_gnnscale.systems.hopgnn import (
     HopGNNConfig,
     HopGNNDataModule,

@@ -1,4 +1,6 @@
-"""DistDGL's KV store and sparse node embeddings (docs/systems/distdgl.md#kv-store).
+"""Sharded node rows and learnable input embeddings, DistDGL's KV store and sparse
+embeddings as shared machinery (docs/architecture.md, "Learnable inputs";
+docs/systems/distdgl.md#kv-store).
 
 Node-row tensors (features, task targets, learnable embeddings, optimiser state) are sharded
 like the partition book: rank ``r`` stores the rows of its core gids ``[node_offsets[r],
@@ -26,13 +28,18 @@ never network traffic and count nothing):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ...comm import Comm, OwnerRoute
-from ...graph.book import RangeBook
+from ..comm import Comm, OwnerRoute
+from ..config_types import EMBEDDING_OPTIMIZERS
+from ..graph.book import RangeBook
+from ..graph.sampler import splitmix64
 
 PushHandler = Callable[[Tensor, Tensor, Tensor], None]
 """``fn(shard, local_ids, data)``: apply pushed rows ``data`` at ``local_ids`` of ``shard``."""
@@ -318,3 +325,145 @@ class SparseAdagrad(SparseOptimizer):
 
 
 SPARSE_OPTIMIZERS: dict[str, type[SparseOptimizer]] = {"sgd": SparseSGD, "adagrad": SparseAdagrad}
+
+if set(SPARSE_OPTIMIZERS) != set(EMBEDDING_OPTIMIZERS):  # the config's names (no torch there)
+    raise ImportError(f"EMBEDDING_OPTIMIZERS {EMBEDDING_OPTIMIZERS} != {sorted(SPARSE_OPTIMIZERS)}")
+LEARNED_TABLE = "learned_inputs"  # KV name of the learnable input table
+
+
+def embedding_init(dim: int, seed: int, dtype: torch.dtype = torch.float32):
+    """Initial embedding rows keyed by gid (independent of partitioning and world size):
+    uniform(-1, 1)/sqrt(d), in ``dtype`` (the run's, so that the rows match the model)."""
+
+    def init(gids: Tensor) -> Tensor:
+        bits = splitmix64((gids.unsqueeze(1) * dim + torch.arange(dim)) ^ seed)
+        unit = ((bits >> 11) & ((1 << 53) - 1)).double() / float(1 << 53)
+        return ((unit * 2 - 1) / dim**0.5).to(dtype)
+
+    return init
+
+
+class LearnableInputs:
+    """Learnable input rows: a sharded :class:`DistEmbedding` ``[N, d]`` (rank ``r`` holds the
+    rows of the gids its book gives it) and the sparse optimiser that updates it.
+
+    A node's input row is its table row when ``learned`` says so (every node when ``learned``
+    is ``None``: a featureless graph), else its feature row. Batches reference this object
+    (``Batch.learned_inputs``); the strategy calls :meth:`lookup` in the training step and :meth:`step`
+    after the dense optimiser step (``SystemStrategy``). :meth:`shard_state` /
+    :meth:`load_shard_state` carry this rank's rows of the table and of the optimiser state
+    through checkpoints, per rank (``RANK_SHARD``), never gathered.
+
+    Args:
+        kv: the store to shard the table in (its book's ranges are the ranks' rows).
+        dim: the rows' width.
+        seed: the run's seed (the initial rows are keyed by original id and seed).
+        dtype: the rows' dtype.
+        optimizer, lr: the sparse optimiser's name (``SPARSE_OPTIMIZERS``) and rate.
+        orig_ids: original ids of this rank's rows ``[n_r]`` (gid order).
+        learned: bool ``[N]`` by gid, whose nodes' inputs are learned; ``None``: every node's.
+    """
+
+    def __init__(
+        self,
+        kv: KVStore,
+        dim: int,
+        seed: int,
+        dtype: torch.dtype,
+        optimizer: str,
+        lr: float,
+        orig_ids: Tensor,
+        learned: Tensor | None = None,
+    ):
+        if orig_ids.shape != (kv.num_local,):
+            raise ValueError(f"{kv.num_local} rows on this rank, {tuple(orig_ids.shape)} ids")
+        if learned is not None and learned.shape != (kv.book.num_nodes,):
+            raise ValueError(f"learned must be bool [{kv.book.num_nodes}]")
+        init = embedding_init(dim, seed, dtype)
+        self.embedding = DistEmbedding(
+            kv, LEARNED_TABLE, kv.num_local, dim, lambda _: init(orig_ids)
+        )
+        self.optimizer = SPARSE_OPTIMIZERS[optimizer]([self.embedding], lr)
+        self.orig_ids, self.learned = orig_ids, learned
+
+    def _learned_positions(self, gids: Tensor) -> Tensor | None:
+        return None if self.learned is None else self.learned[gids].nonzero().squeeze(1)
+
+    def lookup(self, batch: Any, device: torch.device | str) -> Any:
+        """``batch`` with its input rows ``[num_src, d]`` of ``blocks[0].src_ids``: the learned
+        rows the table's current ones (a ``DistEmbedding`` lookup, collective, ``feature``
+        bytes; gradients reach them), the others ``batch.x``'s, on ``device``. Once per step on
+        every rank: the lookup joins the embedding's trace, which the next :meth:`step`
+        consumes."""
+        start = time.perf_counter()
+        gids = batch.blocks[0].src_ids.cpu()
+        at = self._learned_positions(gids)
+        if at is None:
+            x = self.embedding(gids).to(device)
+        else:
+            x = batch.x.to(device).index_put((at.to(device),), self.embedding(gids[at]).to(device))
+        batch.stats["load_s"] = batch.stats.get("load_s", 0.0) + time.perf_counter() - start
+        return replace(batch, x=x)
+
+    @torch.no_grad()
+    def input_rows(self, gids: Tensor, x: Tensor | None) -> Tensor:
+        """Evaluation's input rows of ``gids`` (collective): ``x`` ``[len(gids), d]`` with the
+        learned rows the table's (``x=None``: every node learned). No gradient, no trace."""
+        at = self._learned_positions(gids)
+        if at is None:
+            return self.embedding.kv.pull(LEARNED_TABLE, gids)
+        out = x.clone()
+        out[at] = self.embedding.kv.pull(LEARNED_TABLE, gids[at]).to(x.dtype)
+        return out
+
+    @torch.no_grad()
+    def own_rows(self, x_own: Tensor) -> Tensor:
+        """This rank's own input rows ``[n_r, d]`` (no communication): ``x_own``'s with the
+        learned rows the table's (every row the table's when every node is learned); a copy,
+        never the live table."""
+        table = self.embedding.kv.local_shard(LEARNED_TABLE)
+        if self.learned is None:
+            return table.clone()
+        kv = self.embedding.kv
+        out = x_own.clone()
+        mask = self.learned[kv.first_gid : kv.first_gid + kv.num_local]
+        out[mask] = table[mask].to(out.dtype)
+        return out
+
+    def step(self) -> None:
+        """Push the gradients of the lookups since the last step to their owners, which apply
+        the sparse optimiser to the touched rows (collective, ``gradient`` bytes)."""
+        self.optimizer.step()
+
+    def _names(self) -> tuple[str, ...]:
+        return (self.embedding.name, *self.optimizer.state_names(self.embedding))
+
+    def shard_state(self) -> dict[str, Tensor]:
+        """This rank's rows of the table and of the optimiser state, with their original ids
+        (``orig_ids``), for the rank's own checkpoint shard."""
+        kv = self.embedding.kv
+        return {"orig_ids": self.orig_ids, **{n: kv.local_shard(n) for n in self._names()}}
+
+    def load_shard_state(self, state: dict[str, Tensor]) -> None:
+        """Take this rank's rows from its checkpoint shard (outside input: the ids, names,
+        shapes and dtypes must be this rank's)."""
+        kv = self.embedding.kv
+        expected = {"orig_ids", *self._names()}
+        if set(state) != expected:
+            raise ValueError(
+                f"the learnable-input shard holds {sorted(state)}, expected {sorted(expected)}"
+            )
+        if not torch.equal(state["orig_ids"], self.orig_ids):
+            raise ValueError(
+                "the learnable-input shard holds other nodes' rows than this rank's: resume "
+                "with the partitioning (and world size) the checkpoint was written with"
+            )
+        for name in self._names():
+            table = kv.local_shard(name)
+            rows = state[name]
+            if rows.shape != table.shape or rows.dtype != table.dtype:
+                raise ValueError(
+                    f"{name!r} in the shard is {rows.dtype} {tuple(rows.shape)}, this rank's "
+                    f"is {table.dtype} {tuple(table.shape)}"
+                )
+            table.copy_(rows)
