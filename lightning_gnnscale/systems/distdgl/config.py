@@ -36,6 +36,7 @@ class DistDGLConfig(SystemConfig):
     TASKS = (*NODE_TASKS, "link_prediction")
     EXCLUDES_TARGET_EDGES = True  # the step's pairs, all-gathered, out of every rank's blocks
     TYPED_GRAPHS = True  # per-relation sampling through the owners (docs/systems/distdgl.md)
+    TYPED_LINK_PREDICTION = True  # the split's typed message graph, partitioned (link.py)
     supports_partition_dir = True
 
     def __post_init__(self) -> None:
