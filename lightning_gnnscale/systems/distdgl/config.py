@@ -30,6 +30,8 @@ class DistDGLConfig(SystemConfig):
     EXCLUDES_TARGET_EDGES = True  # the step's pairs, all-gathered, out of every rank's blocks
     TYPED_GRAPHS = True  # per-relation sampling through the owners (docs/systems/distdgl.md)
     LEARNED_INPUTS = True  # featureless node types and embedding_dim: KV-store tables
+    TYPED_LINK_PREDICTION = True  # the split's typed message graph, partitioned (link.py)
+    TRAINS_TASK_HEAD = True  # the head is a parameter of the DDP-wrapped module, as the net
     supports_partition_dir = True
 
     def __post_init__(self) -> None:

@@ -46,6 +46,7 @@ from .link import (
     LinkPart,
     PairOrder,
     link_partitioned,
+    message_graph,
     stage_partition,
 )
 from .sampler import DistNeighborSampler
@@ -134,11 +135,15 @@ class DistDGLDataModule(GNNDataModule):
     def preprocess(self, world_size: int) -> PartitionedGraph:
         """Partition once (cached on disk by content hash), relabel, report the balance. Under
         link prediction the whole graph is partitioned on the edge split's per-node view
-        (``LinkTargets.node_rows``) and every relabelled edge keeps its stage."""
+        (``LinkTargets.node_rows``) and every relabelled edge keeps its stage; a typed graph's
+        is the split's message graph (inverse relations included, :func:`.link.message_graph`)."""
         partition = self.config.partition
         targets = self.targets.node_rows() if self.is_link else self.targets
+        graph, stage = self.graph, None
+        if self.is_link and self.graph.is_typed:
+            graph, stage = message_graph(self.graph, self.targets.split)
         prepared = partition_and_relabel(
-            self.graph,
+            graph,
             targets,
             partition.method,
             world_size,
@@ -148,7 +153,7 @@ class DistDGLDataModule(GNNDataModule):
             **partition.options(),
         )
         if self.is_link:
-            return link_partitioned(prepared, self.graph, self.targets)
+            return link_partitioned(prepared, graph, self.targets, stage)
         return prepared
 
     @override
@@ -176,7 +181,18 @@ class DistDGLDataModule(GNNDataModule):
                 "num_train": split.train_pos.shape[1],
                 "undirected": split.undirected,
             }
+            if split.is_typed:  # the positives' relations (``relations``: the message ones)
+                meta["link"]["relations"] = list(self.graph.relations)
         return meta
+
+    @override
+    def check_partition_task(self, opened) -> None:
+        """The base's check; a typed link-prediction directory's positive relations then name
+        the task's (a decoder's relations, the evaluation's check of the pairs' relations)."""
+        super().check_partition_task(opened)
+        relations = opened.meta.get("link", {}).get("relations")
+        if self.is_link and relations is not None:
+            self.task.relations = tuple(relations)
 
     @override
     def part_of(self, prepared: PartitionedGraph, rank: int) -> HaloPart | LinkHaloPart:
@@ -192,7 +208,11 @@ class DistDGLDataModule(GNNDataModule):
         if self.is_link:
             meta = opened.meta["link"]
             link = LinkPart.from_arrays(
-                opened.load_part(rank), meta["num_train"], meta["undirected"]
+                opened.load_part(rank),
+                meta["num_train"],
+                meta["undirected"],
+                len(meta.get("relations", ())),
+                f"{opened.path}: part {rank}",
             )
             return LinkHaloPart(halo, link)
         return halo
@@ -400,4 +420,7 @@ class DistDGLDataModule(GNNDataModule):
             self.seed,
             splits,
             self.kv.comm,
+            {split: self.link.relations(split) for split in splits}
+            if self.link.num_relations
+            else None,
         )

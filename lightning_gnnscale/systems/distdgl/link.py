@@ -9,6 +9,11 @@ training CSC is the train edges, the test stage's the train and validation edges
 in-degrees of its core and halo over those two structures. Nothing of it is an ``[N]`` or
 ``[E]`` array: the original-id -> gid map is spread over the ranks too (:class:`IdDirectory`).
 
+On a typed graph the partitioned graph is the split's message graph (:func:`message_graph`):
+every edge under its relation plus, for a directed split, its inverse under ``r + R``, each
+with its edge's stage, so a stage's local CSC is that stage's typed structure; the pairs keep
+their relations (docs/systems/distdgl.md, "Typed graphs").
+
 A step is ``single``'s step (:class:`PairOrder`): every rank draws the same epoch order of the
 training pair ids and seeds the pairs of the step it owns, at their positions in the step, so
 the positives and their negatives (keyed by position) are ``single``'s, split by owner.
@@ -23,6 +28,7 @@ from torch import Tensor
 
 from ...comm import Comm, OwnerRoute
 from ...graph.book import LocalPartition, PartitionedGraph, RangeBook
+from ...graph.csc import Graph, typed_csc_from_edges
 from ...graph.halo_part import HaloPart
 from ...graph.order import epoch_permutation
 from ...graph.seed_split import even_offsets
@@ -48,17 +54,56 @@ class LinkPartitioned(PartitionedGraph):
     edge_stage: Tensor
 
 
-def link_partitioned(prepared: PartitionedGraph, original, link: LinkTargets) -> LinkPartitioned:
+def message_graph(graph: Graph, split: LinkSplit) -> tuple[Graph, Tensor]:
+    """``(graph, stage)``: the graph a typed split passes messages over, whole (every stage),
+    and the stage int8 ``[E']`` of each of its edges. Undirected: ``graph`` itself; directed:
+    every edge plus its inverse under ``r + R`` (``split.relations``), the inverse in its
+    edge's stage, so that ``stage <= s`` is ``split.structure`` of stage ``s`` with its edge
+    types. Homogeneous: ``graph`` and ``split.edge_split``."""
+    if not graph.is_typed or split.undirected:
+        return graph, split.edge_split
+    src, dst, rel, r = graph.indices, graph.dst_of_edges(), graph.edge_type, graph.num_relations
+    src, dst = torch.cat([src, dst]), torch.cat([dst, src])
+    rel, stage = torch.cat([rel, rel + r]), split.edge_split.repeat(2)
+    indptr, indices, kinds = typed_csc_from_edges(
+        src, dst, rel, graph.num_nodes, 2 * r, remove_self_loops=False
+    )
+    if indices.numel() != src.numel():
+        raise RuntimeError("the message graph merged edges: the graph holds duplicate triples")
+    at = EdgeLookup(indptr, indices, kinds, 2 * r).find(src, dst, rel)
+    edge_stage = torch.empty_like(stage)
+    edge_stage[at] = stage
+    typed = replace(
+        graph,
+        indptr=indptr,
+        indices=indices,
+        edge_type=kinds,
+        relations=split.relations,
+        meta=dict(graph.meta),
+    )
+    return typed, edge_stage
+
+
+def link_partitioned(
+    prepared: PartitionedGraph, original, link: LinkTargets, stage: Tensor | None = None
+) -> LinkPartitioned:
     """``prepared`` (the relabelled ``original`` graph) with the stage of each relabelled edge
-    (looked up in ``original``'s CSC, whose edge ids ``link.split.edge_split`` indexes)."""
+    (looked up in ``original``'s CSC, by relation when typed; ``stage``: the stage of each of
+    ``original``'s edges, default ``link.split.edge_split``, which indexes its edge ids)."""
     relabelled, new2old = prepared.graph, prepared.book.new2old
     dst = relabelled.dst_of_edges()
-    eid = EdgeLookup(original.indptr, original.indices).find(
-        new2old[relabelled.indices], new2old[dst]
-    )
+    if original.is_typed:
+        lookup = EdgeLookup(
+            original.indptr, original.indices, original.edge_type, original.num_relations
+        )
+        eid = lookup.find(new2old[relabelled.indices], new2old[dst], relabelled.edge_type)
+    else:
+        eid = EdgeLookup(original.indptr, original.indices).find(
+            new2old[relabelled.indices], new2old[dst]
+        )
     if bool((eid < 0).any()):
         raise RuntimeError("a relabelled edge is not an edge of the original graph")
-    stage = link.split.edge_split[eid]
+    stage = (link.split.edge_split if stage is None else stage)[eid]
     return LinkPartitioned(
         prepared.graph, prepared.targets, prepared.book, prepared.report, link, stage
     )
@@ -89,6 +134,9 @@ class LinkPart:
             range (:class:`IdDirectory`).
         num_train: training pairs of the whole split.
         undirected: the split's pairs are both directions of an edge.
+        train_rel, val_rel, test_rel: a typed graph's: int64 relation of each of
+            ``train_pos``, ``val_pos``, ``test_pos`` (``None``: homogeneous).
+        num_relations: a typed graph's ``R``, the relations of the positives (0: homogeneous).
     """
 
     train_pairs: Tensor
@@ -103,6 +151,10 @@ class LinkPart:
     ids: Tensor
     num_train: int
     undirected: bool
+    train_rel: Tensor | None = None
+    val_rel: Tensor | None = None
+    test_rel: Tensor | None = None
+    num_relations: int = 0
 
     @classmethod
     def of(cls, prepared: LinkPartitioned, part: HaloPart) -> LinkPart:
@@ -119,6 +171,11 @@ class LinkPart:
         dst = graph.dst_of_edges()
         degrees = [torch.bincount(dst[stage <= s], minlength=n) for s in (TRAIN, VAL)]
         directory = even_offsets(n, book.num_parts)
+        typed = {}
+        if split.is_typed:
+            index = {"train": train_pairs, "val": val_index, "test": test_index}
+            typed = {f"{name}_rel": split.positive_relations(name)[index[name]] for name in STAGES}
+            typed["num_relations"] = split.num_relations
         return cls(
             train_pairs=train_pairs,
             train_pos=train_pos,
@@ -132,6 +189,7 @@ class LinkPart:
             ids=book.old2new[int(directory[k]) : int(directory[k + 1])].clone(),
             num_train=split.train_pos.shape[1],
             undirected=split.undirected,
+            **typed,
         )
 
     _ARRAYS = (
@@ -145,18 +203,57 @@ class LinkPart:
         "stage_degree",
         "ids",
     )
+    _RELATIONS = ("train_rel", "val_rel", "test_rel")  # a typed graph's
 
     def arrays(self) -> dict[str, Tensor]:
         """The part's files (names after :data:`PREFIX`; ``train_degree`` is an ``[N]`` array
-        and stays out)."""
-        return {PREFIX + name: getattr(self, name) for name in self._ARRAYS}
+        and stays out; a typed graph's pair relations too)."""
+        names = self._ARRAYS + (self._RELATIONS if self.num_relations else ())
+        return {PREFIX + name: getattr(self, name) for name in names}
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, Tensor], num_train: int, undirected: bool) -> LinkPart:
-        """The part of :meth:`arrays`' files (``num_train``, ``undirected``: the directory's
-        metadata)."""
+    def from_arrays(
+        cls,
+        arrays: dict[str, Tensor],
+        num_train: int,
+        undirected: bool,
+        num_relations: int = 0,
+        where: str = "the partition directory",
+    ) -> LinkPart:
+        """The part of :meth:`arrays`' files (``num_train``, ``undirected``, ``num_relations``:
+        the directory's metadata). The pair relations are outside input: present exactly when
+        ``num_relations``, int64, one per pair, in ``[0, num_relations)``; else
+        ``PartitionDirError`` naming ``where``."""
+        from ...graph.partition_dir import PartitionDirError
+
         fields = {name: arrays[PREFIX + name] for name in cls._ARRAYS}
-        return cls(**fields, train_degree=None, num_train=num_train, undirected=undirected)
+        typed = {}
+        for name in cls._RELATIONS:
+            rel, pairs = arrays.get(PREFIX + name), name.replace("rel", "pos")
+            if (rel is None) != (not num_relations):
+                state = "missing" if rel is None else "there, but the metadata lists no relations"
+                raise PartitionDirError(f"{where}: {PREFIX}{name} is {state}")
+            if rel is None:
+                continue
+            m = fields[pairs].shape[-1]
+            if rel.dtype != torch.int64 or rel.shape != (m,):
+                raise PartitionDirError(
+                    f"{where}: {PREFIX}{name} must be int64 [{m}], got {rel.dtype} "
+                    f"{list(rel.shape)}"
+                )
+            if rel.numel() and (int(rel.min()) < 0 or int(rel.max()) >= num_relations):
+                raise PartitionDirError(
+                    f"{where}: {PREFIX}{name} holds values outside [0, {num_relations})"
+                )
+            typed[name] = rel
+        return cls(
+            **fields,
+            train_degree=None,
+            num_train=num_train,
+            undirected=undirected,
+            **typed,
+            num_relations=num_relations,
+        )
 
     def pairs(self, split: str) -> tuple[Tensor, Tensor]:
         """``(pos [2, m], index [m])``: the pairs of evaluation split ``split`` this rank scores."""
@@ -164,12 +261,27 @@ class LinkPart:
             raise ValueError(f"unknown evaluation split {split!r}; valid: {list(EVAL_SPLITS)}")
         return getattr(self, f"{split}_pos"), getattr(self, f"{split}_index")
 
+    def relations(self, split: str) -> Tensor | None:
+        """The relations ``[m]`` of :meth:`pairs` ``(split)`` (``None``: homogeneous)."""
+        if split not in EVAL_SPLITS:
+            raise ValueError(f"unknown evaluation split {split!r}; valid: {list(EVAL_SPLITS)}")
+        return getattr(self, f"{split}_rel")
+
     def targets(self, num_nodes: int, out_dim: int, seed: int) -> LinkTargets:
         """A :class:`LinkTargets` whose training pairs are this rank's (what
         ``task.step_rows`` reads, with seeds its positions in :attr:`train_pairs`); the other
-        splits and structures are empty: this rank holds none of the whole split's."""
+        splits and structures are empty: this rank holds none of the whole split's (a typed
+        graph's pairs keep their relations, which the step's rows carry)."""
         empty = torch.empty(0, dtype=torch.int64)
         none = torch.empty(2, 0, dtype=torch.int64)
+        typed = {}
+        if self.num_relations:
+            typed = {
+                "train_rel": self.train_rel,
+                "val_rel": empty,
+                "test_rel": empty,
+                "num_relations": self.num_relations,
+            }
         split = LinkSplit(
             train_pos=self.train_pos,
             val_pos=none,
@@ -180,6 +292,7 @@ class LinkPart:
             test_indptr=empty,
             test_indices=empty,
             undirected=self.undirected,
+            **typed,
         )
         return LinkTargets(split, num_nodes, out_dim, seed)
 

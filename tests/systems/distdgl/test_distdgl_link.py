@@ -15,13 +15,16 @@ from lightning_gnnscale.config_types import DataConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.partition_dir import PartitionDirError
 from lightning_gnnscale.kit.sampled import whole_graph_link_statistics
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.inference import full_logits
 from lightning_gnnscale.systems.distdgl import DistDGLConfig, DistDGLDataModule, PartitionConfig
+from lightning_gnnscale.systems.distdgl.link import LinkPart
 from lightning_gnnscale.systems.single import SingleConfig, SingleDataModule
 from lightning_gnnscale.tasks import TaskConfig
 from tests.helpers.dist import run_distributed
+from tests.test_typed_link_prediction import directed_typed
 
 TASK = TaskConfig("link_prediction", num_negatives=2, embedding_dim=8)
 FULL = [-1, -1]
@@ -209,3 +212,149 @@ def test_filtered_negatives_are_refused_before_any_rank(tmp_path):
             seed=SEED,
             task=TaskConfig("link_prediction", filter_negatives=True),
         )
+
+
+# ------------------------------------------------------------------ typed link prediction
+# DistMult, and each step's positive pairs out of its blocks (both directions, any relation)
+TYPED_TASK = TaskConfig(
+    "link_prediction",
+    num_negatives=2,
+    embedding_dim=8,
+    decoder="distmult",
+    exclude_target_edges=True,
+)
+TYPED_BATCH = 128  # three steps of the directed typed graph's ~315 training triples
+
+
+def typed_distdgl(cache, fanouts=FULL, batch_size=TYPED_BATCH, **data):
+    config = DistDGLConfig(partition=PartitionConfig(method="random"))
+    return DistDGLDataModule(
+        directed_typed(num_nodes=60) if not data else None,
+        config,
+        DataConfig(batch_size=batch_size, fanouts=fanouts, **data),
+        seed=SEED,
+        cache_dir=cache,
+        dtype=torch.float64,
+        task=TYPED_TASK,
+    )
+
+
+def typed_net(dm):
+    """RGCN over the message relations (inverses too), then the DistMult head of the task,
+    from one seeded generator, the head's diagonals drawn away from the ones it starts at."""
+    torch.manual_seed(0)
+    net = BlockGNN("rgcn", 6, 12, 8, 2, dropout=0.0, num_relations=dm.num_relations).double()
+    head = dm.task.trained_head().double()
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, dtype=torch.float64))
+    return net, [*net.parameters(), *head.parameters()]
+
+
+def typed_step(dm, net, params, epoch, step):
+    for p in params:
+        p.grad = None
+    batch = dm.make_batch(epoch, step)
+    loss = dm.task.loss_sum(net(batch.blocks, batch.x), batch.y) / batch.global_seed_count
+    loss.backward()
+    return loss.detach(), torch.cat([p.grad.flatten() for p in params])
+
+
+def _typed_rank(rank, world_size, cache, parts):
+    comm = Comm.create()
+    out = {}
+    for label in ("memory", "directory"):
+        dm = typed_distdgl(f"{cache}/{rank}") if label == "memory" else None
+        dm = dm or typed_distdgl(None, partition_dir=parts)
+        set_up(dm, comm)
+        net, params = typed_net(dm)
+        steps = [typed_step(dm, net, params, 1, s) for s in range(dm.steps_per_epoch)]
+        out[label] = steps, dm.eval_statistics(net, ("val", "test"))
+    # leakage: sampled fanouts, two epochs, every block's triples in original ids
+    dm = set_up(typed_distdgl(f"{cache}/{rank}", fanouts=[4, 3], batch_size=64), comm)
+    new2old, triples = dm.kv.book.new2old, set()
+    for epoch in range(2):
+        for step in range(dm.steps_per_epoch):
+            for block in dm.make_batch(epoch, step).blocks:
+                src, dst = block.edge_index
+                s, d = new2old[block.src_ids[src]], new2old[block.dst_ids[dst]]
+                triples |= set(zip(s.tolist(), block.edge_type.tolist(), d.tolist()))
+    out["triples"] = triples
+    return out
+
+
+@pytest.fixture(scope="module")
+def typed_ranks(tmp_path_factory):
+    """2 ranks on a directed typed graph (3 relations, 6 with the inverses): one epoch of
+    full-neighbourhood steps and the evaluation, in memory and from a partition directory,
+    with RGCN + DistMult; and two epochs of sampled blocks."""
+    tmp = tmp_path_factory.mktemp("typed_link")
+    parts = tmp / "parts"
+    typed_distdgl(tmp / "w").write_partition_dir(parts, 2, log=lambda *_: 0)
+    return run_distributed(_typed_rank, 2, str(tmp), str(parts), timeout_s=240)
+
+
+@pytest.mark.dist
+def test_typed_steps_and_evaluation_equal_single_in_float64(typed_ranks):
+    """Every step's losses and gradients (RGCN and the DistMult head, the step's pairs left
+    out of its blocks) sum to ``single``'s on a directed typed graph, the link statistics (triples scored under their relations, over
+    the typed structures with inverse relations) sum to its statistics, and a partition
+    directory's run is the in-memory run."""
+    data = DataConfig(batch_size=TYPED_BATCH, fanouts=FULL)
+    dataset = directed_typed(num_nodes=60)
+    single = SingleDataModule(dataset, SingleConfig(), data, seed=SEED, task=TYPED_TASK)
+    net, params = typed_net(single)
+    assert single.num_relations == 6 and single.steps_per_epoch == 3
+    for r in typed_ranks:
+        assert len(r["memory"][0]) == 3
+        for (a, b), (c, d) in zip(r["memory"][0], r["directory"][0]):
+            assert torch.equal(a, c) and torch.equal(b, d)
+        assert torch.equal(r["memory"][1], r["directory"][1])
+    for s in range(3):
+        loss, grad = typed_step(single, net, params, 1, s)
+        got = [sum(r["memory"][0][s][i] for r in typed_ranks) for i in (0, 1)]
+        torch.testing.assert_close(got[0], loss, rtol=0, atol=1e-12)
+        torch.testing.assert_close(got[1], grad, rtol=0, atol=1e-12)
+    want = whole_graph_link_statistics(single, net, ("val", "test"), None)
+    got = sum(r["memory"][1] for r in typed_ranks)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.dist
+def test_no_evaluation_triple_reaches_a_typed_training_block_on_any_rank(typed_ranks):
+    """Every edge of every block of two epochs on each of 2 ranks (sampled fanouts): none is
+    a validation or test triple, nor its inverse (relation ``r + R``); the inverse relations
+    are sampled."""
+    split = typed_distdgl(None).targets.split
+    held = set()
+    for part in ("val", "test"):
+        for (s, d), r in zip(split.positives(part).t().tolist(), split.positive_relations(part)):
+            held |= {(s, int(r), d), (d, int(r) + 3, s)}
+    for r in typed_ranks:
+        assert len(r["triples"]) > 150
+        assert {t for _, t, _ in r["triples"]} == set(range(6))
+        assert not held & r["triples"]
+
+
+def test_a_typed_parts_pair_relations_are_checked_on_load(tmp_path):
+    """A directory's pair relations (outside input) are each pair's, and a part whose pair
+    relations are missing, extra, of another dtype or length, or out of range is refused."""
+    dm = typed_distdgl(tmp_path)
+    prepared = dm.prepare(2)
+    link = dm.part_of(prepared, 0).link
+    split = dm.targets.split
+    assert torch.equal(link.train_rel, split.train_rel[link.train_pairs])
+    assert torch.equal(link.relations("test"), split.test_rel[link.test_index])
+    arrays = link.arrays()
+    LinkPart.from_arrays(arrays, link.num_train, False, 3)  # as written
+    key = "link_val_rel"
+    for change, relations, message in [
+        (lambda a: a.pop(key), 3, "is missing"),
+        (lambda a: None, 0, "lists no relations"),
+        (lambda a: a.update({key: a[key].int()}), 3, "must be int64"),
+        (lambda a: a.update({key: a[key][1:]}), 3, "must be int64"),
+        (lambda a: a.update({key: a[key] + 3}), 3, "outside"),
+    ]:
+        bad = dict(arrays)
+        change(bad)
+        with pytest.raises(PartitionDirError, match=message):
+            LinkPart.from_arrays(bad, link.num_train, False, relations)
