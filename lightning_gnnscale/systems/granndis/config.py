@@ -159,6 +159,12 @@ class GraNNDISConfig(SystemConfig):
     name: str = "granndis"
     supports_partition_dir: ClassVar[bool] = True
     TYPED_GRAPHS: ClassVar[bool] = True  # every mode (docs/systems/granndis.md, "Typed graphs")
+    # link prediction on typed graphs too: pairs keep their relations, layouts the training
+    # edges' (every mode; docs/systems/granndis.md, "Typed graphs")
+    TYPED_LINK_PREDICTION: ClassVar[bool] = True
+    # the task's head (task.decoder=mlp | distmult) is a module parameter, summed with the
+    # net's gradients (DDP or hierarchical) from each rank's pairs
+    TRAINS_TASK_HEAD: ClassVar[bool] = True
     mode: str = "flx_eas"
     partition: GraNNDISPartitionConfig = field(default_factory=GraNNDISPartitionConfig)
     eas: EASConfig = field(default_factory=EASConfig)

@@ -260,11 +260,16 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def layout_graph(self) -> Graph:
         """The graph the layouts pass messages over: the task's training structure (node
         tasks: the graph; link prediction: the training edges only, so no validation or test
-        edge reaches a training layout)."""
+        edge reaches a training layout; a typed graph's with their relations, a directed
+        split's inverse edges under ``<r>_inverse``)."""
+        if self.is_link:
+            return self.task.stage_graph(self.graph, self.targets, "train")
         structure = self.task.training_structure(self.graph, self.targets)
         if structure[0] is self.graph.indptr and structure[1] is self.graph.indices:
             return self.graph
-        return self.graph.with_structure(*structure)
+        return self.graph.with_structure(
+            *structure, self.task.training_edge_type(self.graph, self.targets)
+        )
 
     @cached_property
     def untyped_layout_graph(self) -> Graph:
@@ -661,7 +666,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.write_server(server, topology, writer, log)
         book, _ = self.eval_book(topology)
         graph = self.graph
-        typed = {"relations": list(graph.relations)} if graph.is_typed else {}
+        typed = {}
+        if graph.is_typed:  # the relations messages pass over (link prediction: inverses too)
+            typed["relations"] = list(self.task.message_relations(graph))
+            if self.is_link:  # the relations of the pairs (what the decoder scores)
+                typed["pair_relations"] = list(graph.relations)
         if graph.node_type is not None:
             typed["node_types"] = list(graph.node_types)
         return {
@@ -722,8 +731,8 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     def stage_graph(self, stage: str) -> Graph:
         """Link prediction's graph over a stage's structure (``train``: validation's; ``test``:
-        train + validation edges)."""
-        return self.graph.with_structure(*self.targets.split.structure(stage))
+        train + validation edges; a typed graph's with the message relations)."""
+        return self.task.stage_graph(self.graph, self.targets, stage)
 
     def stage_share(self, topology: Topology, stage: str, rank: int) -> EvalShare:
         """Rank ``rank``'s inference share (the whole-graph share's core) over ``stage``'s
@@ -755,12 +764,15 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         structure and the validation and test edges whose source is in its core."""
         owner = self.eval_owner(topology)
         shares = {stage: self.stage_share(topology, stage, rank) for stage in STAGES}
-        pairs = {}
+        pairs, relations = {}, {}
         for split in ("val", "test"):
             pos = self.targets.split.positives(split)
             mine = (owner[pos[0]] == rank).nonzero().flatten()
             pairs[split] = (pos[:, mine], mine)
-        return LinkEval(owner, shares, pairs)
+            rel = self.targets.relations_of(split, mine)
+            if rel is not None:  # a typed graph's: each pair keeps its relation
+                relations[split] = rel
+        return LinkEval(owner, shares, pairs, relations or None)
 
     @override
     def part_of(self, prepared: Topology | None, rank: int) -> GraNNDISPart | None:
@@ -860,11 +872,39 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             num_nodes=int(opened.meta["num_nodes"]),
             train_count=int(opened.meta["train_count"]),
         )
+        message, pairs = self.link_relations()
         try:  # a typed graph's relations ride with every plan (outside input: checked)
-            part.check_relations(len(opened.meta.get("relations", ())), f"part {rank}")
+            part.check_relations(len(message), f"part {rank}", len(pairs))
         except ValueError as err:
             raise PartitionDirError(f"{opened.path}: {err}") from None
         return part
+
+    def link_relations(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(message, pairs)``: a typed graph's relations messages pass over (link
+        prediction: a directed split's inverses too) and those of link prediction's pairs
+        (``()`` for node tasks and homogeneous graphs); from a directory, its metadata's,
+        checked (outside input: the pairs' relations lead the message relations, which add
+        at most their inverses). Link prediction's task learns the pairs' relations here
+        (the relations ``owned_link_statistics`` checks and DistMult sizes from)."""
+        if self.partition_dir is None:
+            if not self.graph.is_typed:
+                return (), ()
+            message = self.task.message_relations(self.graph)
+            return message, tuple(self.graph.relations) if self.is_link else ()
+        meta = self.partition_meta()
+        message = tuple(meta.get("relations") or ())
+        pairs = tuple(meta.get("pair_relations") or ())
+        if self.is_link and (
+            message[: len(pairs)] != pairs or len(message) not in (len(pairs), 2 * len(pairs))
+        ):
+            raise PartitionDirError(
+                f"{self.partition_dir}: the metadata's pair_relations {list(pairs)} do not lead "
+                f"its relations {list(message)} (a link-prediction directory of a typed graph "
+                "names both: the pairs' relations, then any inverses); partition again"
+            )
+        if self.is_link and message:
+            self.task.relations = pairs
+        return message, pairs
 
     # ------------------------------------------------------------------------ set-up
     @override
@@ -903,7 +943,10 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.task.check_step(layout.link.num_pairs)  # a full-graph step scores them all
             self.link_train, self.loss_ids = layout.link, layout.loss_ids
             self.link_context = context
-            self.link_targets = layout.link.targets(part.num_nodes, self.out_dim, self.seed)
+            message, pairs = self.link_relations()
+            self.link_targets = layout.link.targets(
+                part.num_nodes, self.out_dim, self.seed, message, max(1, len(pairs))
+            )
         self.plan_bytes = sum(p.nbytes() for p in plans)
         self.plans = [p.to(context.device) for p in plans]
         self.inputs = [part.rows(span).to(context.device) for span in layout.x_ranges]
@@ -928,7 +971,11 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
 
     @override
     def build_model(self, model: ModelConfig) -> torch.nn.Module:
-        """The net, also recording its widths and size for ``preload_auto``'s estimates."""
+        """The net, also recording its widths and size for ``preload_auto``'s estimates (link
+        prediction's task learns a directory's relations first: a trained head sizes from
+        them)."""
+        if self.is_link:
+            self.link_relations()
         net = super().build_model(model)
         self.model_dims = [self.input_dim, *[model.hidden] * (model.num_layers - 1)]
         self.model_dims.append(self.out_dim)
@@ -1131,6 +1178,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.seed,
             splits,
             self.context.comm,
+            relations=link.relations,
         )
 
     def share_rows(

@@ -28,10 +28,13 @@ STAGES = ("train", "test")  # the message-passing structures evaluation embeds o
 EMPTY_PAIRS = torch.empty(2, 0, dtype=torch.int64)
 
 
-def out_edges_of(indptr: Tensor, indices: Tensor, sources: Tensor) -> tuple[Tensor, Tensor]:
-    """The CSC ``(indptr, indices)`` over the same nodes keeping only the edges whose source
-    is in ``sources``: what answers "is ``s -> d`` an edge" for every ``s`` in ``sources``
-    (filtered negatives), in the CSC's order."""
+def out_edges_of(
+    indptr: Tensor, indices: Tensor, sources: Tensor, edge_type: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The CSC ``(indptr, indices, edge_type)`` over the same nodes keeping only the edges
+    whose source is in ``sources``: what answers "is ``s -> d`` an edge" (a typed graph's:
+    "of relation ``r``") for every ``s`` in ``sources`` (filtered negatives), in the CSC's
+    order (so a typed CSC's segments stay sorted by relation, then source)."""
     num_nodes = indptr.numel() - 1
     member = torch.zeros(num_nodes, dtype=torch.bool)
     member[sources] = True
@@ -39,7 +42,7 @@ def out_edges_of(indptr: Tensor, indices: Tensor, sources: Tensor) -> tuple[Tens
     dst = torch.repeat_interleave(torch.arange(num_nodes), indptr[1:] - indptr[:-1])
     out = torch.zeros(num_nodes + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(dst[keep], minlength=num_nodes), 0, out=out[1:])
-    return out, indices[keep]
+    return out, indices[keep], None if edge_type is None else edge_type[keep]
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,9 @@ class LinkTrain:
         num_pairs: the split's training pairs (every rank's together).
         lookup_indptr, lookup_indices: the training edges out of this rank's sources (CSC
             over all nodes): what ``task.filter_negatives`` redraws against.
+        rel: a typed graph's int64 ``[m]`` relation of each of ``pairs`` (a step's negatives
+            keep it); ``lookup_edge_type`` the relation of each lookup edge (inverse edges:
+            ``r + R``). ``None``: homogeneous.
     """
 
     owner: Tensor
@@ -62,20 +68,46 @@ class LinkTrain:
     num_pairs: int
     lookup_indptr: Tensor
     lookup_indices: Tensor
+    rel: Tensor | None = None
+    lookup_edge_type: Tensor | None = None
 
     @classmethod
     def build(cls, owner: Tensor, rank: int, targets: LinkTargets) -> LinkTrain:
         split = targets.split
         mine = (owner[split.train_pos[0]] == rank).nonzero().flatten()
         pairs = split.train_pos[:, mine]
-        indptr, indices = out_edges_of(*split.structure("train"), torch.unique(pairs[0]))
-        return cls(owner, pairs, mine, split.train_pos.shape[1], indptr, indices)
+        indptr, indices, kind = out_edges_of(
+            *split.structure("train"), torch.unique(pairs[0]), split.structure_edge_type("train")
+        )
+        rel = targets.relations_of("train", mine)
+        return cls(owner, pairs, mine, split.train_pos.shape[1], indptr, indices, rel, kind)
 
-    def targets(self, num_nodes: int, out_dim: int, seed: int) -> LinkTargets:
+    def targets(
+        self,
+        num_nodes: int,
+        out_dim: int,
+        seed: int,
+        relations: tuple[str, ...] = (),
+        num_relations: int = 1,
+    ) -> LinkTargets:
         """A :class:`LinkTargets` whose training pairs are this rank's (``step_rows`` takes
         seeds ``arange(m)``) and whose training structure holds the edges out of their
-        sources only (all that filtering reads); it has no evaluation pairs."""
+        sources only (all that filtering reads); it has no evaluation pairs. A typed graph's
+        (``relations``: the message relations, inverses included; ``num_relations``: the
+        pairs' ``R``) keeps each pair's relation and each lookup edge's."""
         empty = torch.zeros(num_nodes + 1, dtype=torch.int64)
+        typed = {}
+        if self.rel is not None:
+            no_rel = torch.empty(0, dtype=torch.int64)
+            typed = {
+                "train_rel": self.rel,
+                "val_rel": no_rel,
+                "test_rel": no_rel,
+                "train_edge_type": self.lookup_edge_type,
+                "test_edge_type": no_rel,
+                "relations": tuple(relations),
+                "num_relations": num_relations,
+            }
         split = LinkSplit(
             self.pairs,
             EMPTY_PAIRS,
@@ -86,11 +118,12 @@ class LinkTrain:
             empty,
             torch.empty(0, dtype=torch.int64),
             undirected=False,
+            **typed,
         )
         return LinkTargets(split, num_nodes, out_dim, seed)
 
     def arrays(self, prefix: str) -> dict[str, Tensor]:
-        return {
+        arrays = {
             prefix + "owner": self.owner,
             prefix + "pairs": self.pairs,
             prefix + "index": self.index,
@@ -98,6 +131,10 @@ class LinkTrain:
             prefix + "lookup_indptr": self.lookup_indptr,
             prefix + "lookup_indices": self.lookup_indices,
         }
+        if self.rel is not None:  # a typed graph's
+            arrays[prefix + "rel"] = self.rel
+            arrays[prefix + "lookup_edge_type"] = self.lookup_edge_type
+        return arrays
 
     @classmethod
     def from_arrays(cls, part: dict[str, Tensor], prefix: str) -> LinkTrain:
@@ -108,6 +145,8 @@ class LinkTrain:
             int(part[prefix + "num_pairs"]),
             part[prefix + "lookup_indptr"],
             part[prefix + "lookup_indices"],
+            part.get(prefix + "rel"),
+            part.get(prefix + "lookup_edge_type"),
         )
 
 
@@ -122,11 +161,14 @@ class LinkEval:
             validation edges), on the same core as the part's whole-graph share.
         pairs: ``{split: (pos [2, m], index [m])}`` the validation and test edges whose
             source is in this rank's core, and their positions in the split's positives.
+        relations: a typed graph's ``{split: int64 [m]}`` relation of each of ``pairs``
+            (``None``: homogeneous).
     """
 
     owner: Tensor
     shares: dict[str, EvalShare]
     pairs: dict[str, tuple[Tensor, Tensor]]
+    relations: dict[str, Tensor] | None = None
 
     def arrays(self) -> dict[str, Tensor]:
         arrays = {"link_eval_owner": self.owner}
@@ -134,13 +176,17 @@ class LinkEval:
             arrays |= share.arrays(prefix=f"link_{stage}_")
         for split, (pos, index) in self.pairs.items():
             arrays[f"link_{split}_pos"], arrays[f"link_{split}_index"] = pos, index
+        for split, rel in (self.relations or {}).items():
+            arrays[f"link_{split}_rel"] = rel
         return arrays
 
     @classmethod
     def from_arrays(cls, part: dict[str, Tensor]) -> LinkEval:
         shares = {s: EvalShare.from_arrays(part, prefix=f"link_{s}_") for s in STAGES}
-        pairs = {s: (part[f"link_{s}_pos"], part[f"link_{s}_index"]) for s in ("val", "test")}
-        return cls(part["link_eval_owner"], shares, pairs)
+        splits = ("val", "test")
+        pairs = {s: (part[f"link_{s}_pos"], part[f"link_{s}_index"]) for s in splits}
+        relations = {s: part[f"link_{s}_rel"] for s in splits if f"link_{s}_rel" in part}
+        return cls(part["link_eval_owner"], shares, pairs, relations or None)
 
 
 def own_positions(own_ids: Tensor, ids: Tensor) -> Tensor:

@@ -213,37 +213,54 @@ class GraNNDISPart:
         """The part with depth ``k``'s layout only (the one its rank runs)."""
         return replace(self, layouts={k: self.layouts[k]})
 
-    def check_relations(self, num_relations: int, where: str) -> None:
+    def check_relations(self, num_relations: int, where: str, num_pair_relations: int = 0) -> None:
         """A part read from a directory (outside input): with ``num_relations > 0`` (its
-        metadata names relations) every plan and the inference share carry one relation in
-        ``[0, R)`` per edge; with ``0`` none carries any. ``ValueError`` naming ``where``."""
+        metadata names relations) every plan and inference share (link prediction's stage
+        shares and training lookup too) carry one relation in ``[0, R)`` per edge, and link
+        prediction's pairs (training, validation, test) one in ``[0, num_pair_relations)``
+        each; with ``0`` none carries any. ``ValueError`` naming ``where``."""
         edges = [
-            (f"step {i} {name}", plan.edge_src.numel(), plan.edge_type)
+            (f"step {i} {name} plan", plan.edge_src.numel(), plan.edge_type, num_relations)
             for layout in self.layouts.values()
             for i, step in enumerate(layout.plans)
             for name, plan in (("final", step.final), ("preload", step.preload))
             if plan is not None
         ]
         share = self.eval_share
-        edges.append(("eval", share.indices.numel(), share.edge_type))
-        for what, count, kind in edges:
-            if num_relations == 0:
+        edges.append(("eval plan", share.indices.numel(), share.edge_type, num_relations))
+        pair_limit = num_pair_relations if num_relations else 0
+        for k, layout in self.layouts.items():
+            train = layout.link
+            if train is not None:
+                what = f"depth {k} training"
+                edges.append((f"{what} lookup", train.lookup_indices.numel(),
+                              train.lookup_edge_type, num_relations))  # fmt: skip
+                edges.append((f"{what} pairs'", train.pairs.shape[1], train.rel, pair_limit))
+        if self.link is not None:
+            for stage, stage_share in self.link.shares.items():
+                edges.append((f"link {stage} share", stage_share.indices.numel(),
+                              stage_share.edge_type, num_relations))  # fmt: skip
+            relations = self.link.relations or {}
+            for split, (pos, _) in self.link.pairs.items():
+                edges.append((f"{split} pairs'", pos.shape[1], relations.get(split), pair_limit))
+        for what, count, kind, limit in edges:
+            if limit == 0:
                 if kind is not None:
                     raise ValueError(
-                        f"{where}: its {what} plan holds edge types, but the metadata names no "
+                        f"{where}: its {what} holds edge types, but the metadata names no "
                         "relations; partition again"
                     )
                 continue
-            if kind is None or kind.shape != (count,):
-                have = None if kind is None else list(kind.shape)
+            if kind is None or kind.dtype != torch.int64 or kind.shape != (count,):
+                have = None if kind is None else f"{kind.dtype} {list(kind.shape)}"
                 raise ValueError(
-                    f"{where}: the metadata names {num_relations} relations, but its {what} "
-                    f"plan's edge_type is {have} for {count} edges; partition again"
+                    f"{where}: the metadata names {limit} relations, but its {what} "
+                    f"edge_type is {have} for {count} edges; partition again"
                 )
-            if count and (int(kind.min()) < 0 or int(kind.max()) >= num_relations):
+            if count and (int(kind.min()) < 0 or int(kind.max()) >= limit):
                 raise ValueError(
-                    f"{where}: its {what} plan's edge_type holds relations outside [0, "
-                    f"{num_relations}); partition again"
+                    f"{where}: its {what} edge_type holds relations outside [0, {limit}); "
+                    "partition again"
                 )
 
     def arrays(self, offset: int) -> dict[str, Tensor]:

@@ -315,3 +315,61 @@ def test_mb_base_samples_each_relation_with_its_own_fanouts(tmp_path):
     assert batcher.sampler.relation_fanouts == [(4, 2, 4), (3, 1, 3)]
     blocks = batcher[0, 0].blocks
     assert all(b.edge_type is not None and b.edge_type.shape == (b.num_edges,) for b in blocks)
+
+
+def test_a_typed_link_prediction_directory_carries_the_pairs_relations(tmp_path, monkeypatch):
+    """Typed link prediction (a directed split: inverse relations): the metadata names the
+    message relations and the pairs'; a loaded part's training pairs, their lookup edges,
+    stage shares and evaluation pairs keep the in-memory part's relations; a DataModule on the
+    directory learns the pairs' relations before its head is built (DistMult's ``R``); parts
+    without the pairs' relations are refused."""
+    from lightning_gnnscale.config_types import ModelConfig
+    from lightning_gnnscale.graph.partition_dir import PartitionDir, PartitionDirError
+    from lightning_gnnscale.systems.granndis.partdir import GraNNDISPart
+    from lightning_gnnscale.tasks import TaskConfig
+
+    task = TaskConfig("link_prediction", undirected=False, decoder="distmult")
+    dataset, topology = small_typed(), Topology(2, 1)
+    relations = list(dataset.graph.relations)
+
+    def make(partition_dir=None):
+        data = DataConfig(batch_size=-1, fanouts=[-1] * LAYERS, partition_dir=partition_dir)
+        return GraNNDISDataModule(
+            None if partition_dir else dataset, GraNNDISConfig(mode="flx"), data, seed=0,
+            cache_dir=tmp_path / "cache",
+            topology=topology, task=task,
+        )  # fmt: skip
+
+    dm = make()
+    meta = dm.write_partition_dir(tmp_path / "typed", 2, log=lambda *_: None)
+    assert meta["pair_relations"] == relations
+    assert meta["relations"] == relations + [f"{r}_inverse" for r in relations]
+    opened = PartitionDir.open(tmp_path / "typed")
+    for rank in range(2):
+        loaded, built = dm.load_part(opened, rank), dm.part_of(topology, rank)
+        got, want = loaded.layouts[LAYERS].link, built.layouts[LAYERS].link
+        assert want.rel.numel() > 0 and bool((want.lookup_edge_type >= R).any())
+        assert torch.equal(got.rel, want.rel)
+        assert torch.equal(got.lookup_edge_type, want.lookup_edge_type)
+        for split in ("val", "test"):
+            assert torch.equal(loaded.link.relations[split], built.link.relations[split])
+        for stage in ("train", "test"):
+            assert torch.equal(
+                loaded.link.shares[stage].edge_type, built.link.shares[stage].edge_type
+            )
+    reader = make(str(tmp_path / "typed"))
+    reader.build_model(ModelConfig(name="rgcn", hidden=8, num_layers=LAYERS))
+    assert reader.task.relations == tuple(relations) and reader.num_relations == 2 * R
+    assert reader.task.trained_head().weight.shape[0] == R
+
+    arrays = GraNNDISPart.arrays
+    monkeypatch.setattr(
+        GraNNDISPart,
+        "arrays",
+        lambda self, offset: {
+            k: v for k, v in arrays(self, offset).items() if not k.endswith("_rel")
+        },
+    )
+    dm.write_partition_dir(tmp_path / "dropped", 2, log=lambda *_: None)
+    with pytest.raises(PartitionDirError, match="pairs' edge_type is None"):
+        dm.load_part(PartitionDir.open(tmp_path / "dropped"), 0)
