@@ -7,6 +7,10 @@ draws its negatives (the task's ``step_rows``, keyed by the pair's position in t
 global batch, so the split over ranks draws the same negatives as one process) and reads the
 output rows of the pairs' other endpoints from their owners (:class:`EndpointRows`: each
 distinct remote row once, never every node's output).
+
+On a typed graph a pair is a triple: the rank also holds its triples' relations, which the
+negatives keep, and its filter reads the training triples from its transposed blocks
+(docs/systems/sancus.md#typed-link-prediction).
 """
 
 from __future__ import annotations
