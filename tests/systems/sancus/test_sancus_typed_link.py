@@ -274,3 +274,33 @@ def test_a_directed_typed_partition_directory_holds_the_pairs_and_is_checked(tmp
     reseal(lambda m: m.update(link_relations=m["relations"][3:]))
     with pytest.raises(PartitionDirError, match="'link_relations' .* first names of 'relations'"):
         datamodule(tmp_path / "cache", str(out)).prepare(WORLD, [0])
+
+
+@pytest.mark.e2e
+@pytest.mark.conformance_full  # CI time: the typed exact test above trains DistMult in CI
+@pytest.mark.parametrize(
+    ("task", "decoder"), [("typed_link_prediction", "distmult"), ("link_prediction", "mlp")]
+)
+def test_train_py_cagnet_trains_the_task_head_as_single_does(tmp_path, task, decoder):
+    """``train.py`` end to end (2 ranks, float64, full batches): CAGNET ends with ``single``'s
+    net and head, the head broadcast at the start and summed with the net's gradients by the
+    strategy (``TRAINS_TASK_HEAD``)."""
+    from tests.systems.conformance import (
+        Runs,
+        exact_batches,
+        exact_settings,
+        overrides,
+        weights,
+    )
+    from tests.systems.test_conformance import _model_settings
+
+    runs, extra = Runs(tmp_path), [f"task.decoder={decoder}"]
+    batches = exact_batches("cagnet", task)
+    settings = overrides("cagnet", task, *exact_settings("cagnet"), "model.dropout=0.0", *batches)
+    _, got_out = runs.train(*settings, *extra)
+    single = overrides("single", task, *_model_settings(settings, tmp_path / "m"), *batches)
+    _, want_out = runs.train(*single, *extra)
+    ref, mine = weights(want_out), weights(got_out)
+    assert any(key.startswith("head.") for key in ref)
+    for key in ref:
+        torch.testing.assert_close(mine[key], ref[key], rtol=0, atol=1e-9, msg=key)
