@@ -44,6 +44,9 @@ class SancusConfig(SystemConfig):
     TASKS = (*NODE_TASKS, "link_prediction")
     supports_partition_dir = True
     TYPED_GRAPHS = True  # RGCN over one row block per relation (docs: #typed-graphs)
+    TYPED_LINK_PREDICTION = True  # triples through the same blocks (docs: #typed-graphs)
+    # the head (mlp, distmult) is in the module: broadcast at start, its gradients summed
+    TRAINS_TASK_HEAD = True
     PRESETS: ClassVar[dict[str, dict]] = {"cagnet": {"policy": "none"}}
     MODEL_SETTINGS: ClassVar[dict] = {"dropout": 0.0}  # full-graph SANCUS trains without dropout
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import lightning as L
@@ -36,7 +36,7 @@ from ...tasks.base import split_statistics
 from .callbacks import CacheMemory, StalenessLog
 from .config import SancusConfig
 from .layout import RowBlocks, check_symmetric, consumer_matrix, every_row_block, row_blocks
-from .links import SPLITS, EndpointRows, LinkPart, RankLinks, owned_pairs
+from .links import SPLITS, EndpointRows, LinkPart, RankLinks, owned_pairs, owned_relations
 from .policy import StalenessPolicy
 from .runtime import SancusGCN
 
@@ -44,6 +44,12 @@ from .runtime import SancusGCN
 # prediction's test structure (training + validation edges) and every edge (predictions)
 LINK_BLOCKS = ("t", "f")
 TRANSPOSED = "b"  # a typed graph's transposed row blocks (the backward's), per part
+
+
+def _transposed(prefix: str) -> str:
+    """The file prefix of a typed graph's transposed blocks of the row blocks ``prefix``
+    (the training structure's ``b``; link prediction's stages ``tb``, ``fb``)."""
+    return TRANSPOSED if prefix == "a" else f"{prefix}{TRANSPOSED}"
 
 
 @dataclass(frozen=True)
@@ -107,12 +113,16 @@ def _link_part(prepared: SancusPrepared, rank: int, test_layout: RowBlocks) -> L
         return row_blocks(prepared.full_graph, prepared.offsets, rank, prepared.is_seed)
 
     split = prepared.targets.split
+    pairs = owned_pairs(split, prepared.owner, rank)
     return LinkPart(
         test_layout,
         full_layout,
-        owned_pairs(split, prepared.owner, rank),
+        pairs,
         prepared.new2old,
         int(split.train_pos.shape[1]),
+        owned_relations(split, pairs),
+        tuple(prepared.graph.relations),
+        split.num_relations if split.is_typed else 0,
     )
 
 
@@ -148,7 +158,7 @@ def _block_arrays(prefix: str, layout: RowBlocks) -> dict[str, torch.Tensor]:
     arrays = {}
     stored = [(prefix, layout.blocks)]
     if layout.transposed is not None:
-        stored.append((TRANSPOSED, layout.transposed))
+        stored.append((_transposed(prefix), layout.transposed))
     for name, blocks in stored:
         for j, block in enumerate(blocks):
             arrays[f"{name}{j}_crow"] = block.crow_indices()
@@ -157,20 +167,47 @@ def _block_arrays(prefix: str, layout: RowBlocks) -> dict[str, torch.Tensor]:
     return arrays
 
 
-def _relation_count(meta: dict, where) -> int:
-    """``R`` of a typed graph's partition directory (its ``relations``), ``0`` for a
-    homogeneous one; ``PartitionDirError`` unless ``relations`` is a list of names."""
-    if "relations" not in meta:
+def _relation_count(meta: dict, where, key: str = "relations") -> int:
+    """``R`` of a typed graph's partition directory (its ``relations``, the row blocks'; or
+    ``link_relations``, the triples'), ``0`` for a homogeneous one; ``PartitionDirError``
+    unless the entry is a list of names."""
+    if key not in meta:
         return 0
-    relations = meta["relations"]
+    relations = meta[key]
     if not (
         isinstance(relations, list)
         and relations
         and all(isinstance(name, str) for name in relations)
         and len(set(relations)) == len(relations)
     ):
-        raise PartitionDirError(f"{where}: 'relations' is not a list of distinct relation names")
+        raise PartitionDirError(f"{where}: {key!r} is not a list of distinct relation names")
     return len(relations)
+
+
+def _link_relation_count(meta: dict, where) -> int:
+    """A typed link-prediction directory's ``R`` of the triples (``link_relations``: the
+    first names of ``relations``, which adds a directed split's inverses), ``0`` for a
+    homogeneous one; ``PartitionDirError`` when the two disagree."""
+    count = _relation_count(meta, where, "link_relations")
+    if bool(count) != ("relations" in meta) or meta.get("relations", [])[:count] != meta.get(
+        "link_relations", []
+    ):
+        raise PartitionDirError(
+            f"{where}: 'link_relations' (the triples' relations) must be the first names of "
+            "'relations' (the row blocks'), both present or both absent"
+        )
+    return count
+
+
+def _check_pair_relations(name: str, rel, index, num_relations: int, where) -> None:
+    """A part's ``<split>_rel`` (outside input): int64, one per pair, in ``[0, R)``."""
+    if rel.dtype != torch.int64 or rel.shape != index.shape:
+        raise PartitionDirError(
+            f"{where}: {name}_rel must be int64 {tuple(index.shape)} (one relation per "
+            f"{name} pair), got {rel.dtype} {tuple(rel.shape)}"
+        )
+    if rel.numel() and (int(rel.min()) < 0 or int(rel.max()) >= num_relations):
+        raise PartitionDirError(f"{where}: {name}_rel holds relations outside [0, {num_relations})")
 
 
 class SancusDataModule(GNNDataModule):
@@ -238,6 +275,8 @@ class SancusDataModule(GNNDataModule):
         """Row blocks ordered on the training edges (which no validation or test edge
         reaches), ``Â`` over them, over training + validation edges and over every edge."""
         graph, targets = self.graph, self.targets
+        if graph.is_typed:  # per-relation blocks and their transposes: no symmetry needed
+            return self._preprocess_typed_links(world_size)
         if not targets.split.undirected:
             raise ConfigError(
                 f"task.undirected=false: strategy={self.config.name} needs Â symmetric over "
@@ -264,6 +303,35 @@ class SancusDataModule(GNNDataModule):
             book.new2old,
             test_graph=_relabelled(full, targets.split.structure("test"), book),
             full_graph=full,
+            owner=parts.to(torch.int64),
+        )
+
+    def _preprocess_typed_links(self, world_size: int) -> SancusPrepared:
+        """A typed graph's: the stage graphs of the task (training triples, and training +
+        validation triples, each with a directed split's inverses ``r + R``), and every edge
+        (predictions) over the same message relations (the inverses without edges, as a
+        ``single`` net of ``2R`` relations predicts over the graph), relabelled into the row
+        blocks ordered on the training structure."""
+        graph, targets, task = self.graph, self.targets, self.task
+        train = task.stage_graph(graph, targets, "train")
+        parts = cached_partition(
+            train,
+            self.config.rows,
+            world_size,
+            self.seed,
+            self.cache_dir,
+            targets=self.node_dataset.targets,
+        )
+        book = self._book(parts, world_size)
+        every = replace(graph, relations=train.relations, meta=dict(graph.meta))
+        return SancusPrepared(
+            relabel_graph(train, book),
+            targets,
+            torch.zeros(graph.num_nodes, dtype=torch.bool),
+            book.node_offsets,
+            book.new2old,
+            test_graph=relabel_graph(task.stage_graph(graph, targets, "test"), book),
+            full_graph=relabel_graph(every, book),
             owner=parts.to(torch.int64),
         )
 
@@ -315,6 +383,8 @@ class SancusDataModule(GNNDataModule):
                 arrays |= _block_arrays("t", test) | _block_arrays("f", full)
                 for name, (pos, index) in part.link.pairs.items():
                     arrays[f"{name}_pos"], arrays[f"{name}_index"] = pos, index
+                for name, rel in (part.link.relations or {}).items():  # a typed split's
+                    arrays[f"{name}_rel"] = rel
             else:
                 part = _part(prepared, layout)
                 arrays |= part.targets.arrays()
@@ -334,6 +404,8 @@ class SancusDataModule(GNNDataModule):
             meta["node_types"] = list(graph.node_types)
         if link:
             meta["train_pairs"] = int(prepared.targets.split.train_pos.shape[1])
+            if graph.is_typed:  # the triples' relations (``relations`` adds inverses)
+                meta["link_relations"] = list(self.graph.relations)
             for prefix, stage in zip(LINK_BLOCKS, (prepared.test_graph, prepared.full_graph)):
                 meta[f"consumer_{prefix}"] = consumer_matrix(stage, offsets).tolist()
         else:
@@ -361,9 +433,11 @@ class SancusDataModule(GNNDataModule):
         if link and not is_count(meta.get("train_pairs")):
             raise PartitionDirError(f"{where}: 'train_pairs' is not a count of training pairs")
         num_rel = _relation_count(meta, where)
+        if link:
+            _link_relation_count(meta, where)
         rows = max(num_rel, 1) * nodes
         prefixes = ("a", *LINK_BLOCKS) if link else ("a",)
-        for prefix in (*prefixes, TRANSPOSED) if num_rel else prefixes:
+        for prefix in (*prefixes, *map(_transposed, prefixes)) if num_rel else prefixes:
             for j in range(parts):
                 crow = opened.shape(folder, f"{prefix}{j}_crow")
                 col = opened.shape(folder, f"{prefix}{j}_col")
@@ -381,6 +455,12 @@ class SancusDataModule(GNNDataModule):
             if index is None or opened.shape(folder, f"{name}_pos") is None:
                 raise PartitionDirError(f"{where}: part {k} does not list its {name} pairs")
             opened.expect_shape(folder, f"{name}_pos", (2, *index), f"part {k}'s {name}_index.npy")
+            if num_rel:  # a typed split's triples keep their relations
+                if opened.shape(folder, f"{name}_rel") is None:
+                    raise PartitionDirError(
+                        f"{where}: part {k} does not list its {name} pairs' relations"
+                    )
+                opened.expect_shape(folder, f"{name}_rel", index, f"part {k}'s {name}_index.npy")
 
     @override
     def load_part(self, opened: PartitionDir, rank: int) -> SancusPart:
@@ -404,15 +484,39 @@ class SancusDataModule(GNNDataModule):
             )
 
         def stage_layout(prefix: str) -> RowBlocks:
-            blocks = _csr_blocks(arrays, prefix, sizes, rank)
+            blocks = _csr_blocks(arrays, prefix, sizes, rank, num_rel)
+            back = (
+                _csr_blocks(arrays, _transposed(prefix), sizes, rank, num_rel) if num_rel else None
+            )
             stage_consumer = torch.tensor(opened.meta[f"consumer_{prefix}"], dtype=torch.bool)
-            return RowBlocks(rank, offsets, blocks, stage_consumer, seed_rows)
+            return RowBlocks(rank, offsets, blocks, stage_consumer, seed_rows, num_rel, back)
 
         pairs = {name: (arrays[f"{name}_pos"], arrays[f"{name}_index"]) for name in SPLITS}
         new2old = opened.load_shared("rows", rank)["new2old"]
         train_pairs = int(opened.meta["train_pairs"])
-        link = LinkPart(stage_layout("t"), lambda: stage_layout("f"), pairs, new2old, train_pairs)
+        typed = {}
+        if num_rel:  # the triples' relations, checked (outside input); the task learns them
+            where = opened.path / part_folder(rank)
+            count = _link_relation_count(opened.meta, opened.path / METADATA)
+            for name, (_, index) in pairs.items():
+                _check_pair_relations(name, arrays[f"{name}_rel"], index, count, where)
+            self._know_link_relations(opened.meta)
+            typed = dict(
+                relations={name: arrays[f"{name}_rel"] for name in SPLITS},
+                message_relations=tuple(opened.meta["relations"]),
+                num_pair_relations=count,
+            )
+        link = LinkPart(
+            stage_layout("t"), lambda: stage_layout("f"), pairs, new2old, train_pairs, **typed
+        )
         return SancusPart(layout, arrays["x"], None, train_pairs, arrays["own_ids"], link)
+
+    def _know_link_relations(self, meta: dict) -> None:
+        """A typed link-prediction directory's triples' relations, for the task (what a
+        decoder per relation is sized by, and what evaluation checks the triples against):
+        a rank that loads a directory has no graph for the task to have seen."""
+        if "link_relations" in meta:
+            self.task.relations = tuple(meta["link_relations"])
 
     @override
     def setup_rank(self, context: RankContext, part: SancusPart) -> None:
@@ -460,6 +564,8 @@ class SancusDataModule(GNNDataModule):
         ``BlockGNN``'s)."""
         self.config.check_model(model)
         self.config.check_graph(model.name, self.is_typed)
+        if self.partition_dir is not None and self.is_link:  # before the task's head is built
+            self._know_link_relations(self.partition_meta())
         return SancusGCN(
             self.input_dim,
             model.hidden,
@@ -561,4 +667,5 @@ class SancusDataModule(GNNDataModule):
             self.seed,
             splits,
             self.comm,
+            relations=links.part.relations,
         )

@@ -7,6 +7,10 @@ draws its negatives (the task's ``step_rows``, keyed by the pair's position in t
 global batch, so the split over ranks draws the same negatives as one process) and reads the
 output rows of the pairs' other endpoints from their owners (:class:`EndpointRows`: each
 distinct remote row once, never every node's output).
+
+On a typed graph a pair is a triple: the rank also holds its triples' relations, which the
+negatives keep, and its filter reads the training triples from its transposed blocks
+(docs/systems/sancus.md#typed-link-prediction).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ...comm import Comm, OwnerRoute, exchange_rows
-from ...graph.csc import csc_from_edges
+from ...graph.csc import csc_from_edges, typed_csc_from_edges
 from ...tasks.link.split import LinkSplit
 from ...tasks.link_prediction import LinkTargets
 from .layout import RowBlocks
@@ -39,6 +43,12 @@ class LinkPart:
         new2old: int64 ``[N]``: the original id of every row (which rank owns a node).
         num_train_pairs: the training pairs of the whole graph (a step's seeds are positions
             among them).
+        relations: a typed graph's ``{split: int64 [m]}``, the relation of each of
+            ``pairs``' triples (``None``: homogeneous).
+        message_relations: a typed graph's relations messages pass over (the row blocks'
+            stacked relations: the graph's, then a directed split's inverses).
+        num_pair_relations: ``R``, the relations of the positives (the graph's, without
+            the inverses); ``0`` when homogeneous.
     """
 
     test_layout: RowBlocks
@@ -46,6 +56,9 @@ class LinkPart:
     pairs: dict[str, tuple[Tensor, Tensor]]
     new2old: Tensor
     num_train_pairs: int
+    relations: dict[str, Tensor] | None = None
+    message_relations: tuple[str, ...] = ()
+    num_pair_relations: int = 0
 
 
 def owned_pairs(split: LinkSplit, owner: Tensor, rank: int) -> dict[str, tuple[Tensor, Tensor]]:
@@ -57,6 +70,16 @@ def owned_pairs(split: LinkSplit, owner: Tensor, rank: int) -> dict[str, tuple[T
         index = (owner[pos[0]] == rank).nonzero().flatten()
         out[name] = (pos[:, index], index)
     return out
+
+
+def owned_relations(
+    split: LinkSplit, pairs: dict[str, tuple[Tensor, Tensor]]
+) -> dict[str, Tensor] | None:
+    """A typed split's ``{split: int64 [m]}``: the relation of each of :func:`owned_pairs`'
+    triples (``None``: homogeneous)."""
+    if not split.is_typed:
+        return None
+    return {name: split.positive_relations(name)[index] for name, (_, index) in pairs.items()}
 
 
 class RankLinks:
@@ -86,7 +109,21 @@ class RankLinks:
         self.old2new[part.new2old] = torch.arange(n)
         self.lo = int(layout.offsets[layout.rank])
         train, val, test = (part.pairs[name][0] for name in SPLITS)
-        structure = self._own_edges() if filter_negatives else self._no_edges()
+        if part.relations is None:
+            structure = self._own_edges() if filter_negatives else self._no_edges()
+            typed = {}
+        else:  # a typed split: the triples keep their relations, the lookup its edge types
+            structure = self._own_typed_edges() if filter_negatives else self._no_typed_edges()
+            rel = part.relations
+            typed = dict(
+                train_rel=rel["train"],
+                val_rel=rel["val"],
+                test_rel=rel["test"],
+                train_edge_type=structure[2],
+                test_edge_type=structure[2],
+                relations=part.message_relations,
+                num_relations=part.num_pair_relations,
+            )
         split = LinkSplit(
             train_pos=train,
             val_pos=val,
@@ -96,7 +133,8 @@ class RankLinks:
             train_indices=structure[1],
             test_indptr=structure[0],
             test_indices=structure[1],
-            undirected=True,
+            undirected=part.relations is None,
+            **typed,
         )
         self.targets = LinkTargets(split, n, embedding_dim, seed)
         self.train_index = part.pairs["train"][1]
@@ -116,6 +154,32 @@ class RankLinks:
             src.append(new2old[self.lo + rows])
             dst.append(new2old[int(layout.offsets[j]) + col])
         return csc_from_edges(torch.cat(src), torch.cat(dst), self.num_nodes)
+
+    def _no_typed_edges(self) -> tuple[Tensor, Tensor, Tensor]:
+        return (*self._no_edges(), torch.zeros(0, dtype=torch.int64))
+
+    def _own_typed_edges(self) -> tuple[Tensor, Tensor, Tensor]:
+        """A typed graph's CSC (original ids, with edge types) of the training edges whose
+        source this rank owns: the entries of its transposed row blocks (row ``r * n_i + a``
+        of ``(Â_rᵀ)[R_i, R_j]`` holds the edges of relation ``r`` leaving its row ``a``),
+        inverse relations included, as the whole training structure holds them."""
+        layout, new2old = self.layout, self.part.new2old
+        n_i = max(layout.num_rows, 1)
+        src, dst, kind = [], [], []
+        for j, block in enumerate(layout.transposed):
+            crow, col = block.crow_indices(), block.col_indices()
+            rows = torch.repeat_interleave(torch.arange(crow.numel() - 1), crow.diff())
+            src.append(new2old[self.lo + rows % n_i])
+            kind.append(rows // n_i)
+            dst.append(new2old[int(layout.offsets[j]) + col])
+        return typed_csc_from_edges(
+            torch.cat(src),
+            torch.cat(dst),
+            torch.cat(kind),
+            self.num_nodes,
+            layout.num_relations,
+            remove_self_loops=False,
+        )
 
     def owner(self, ids: Tensor) -> Tensor:
         """int64 owning rank of original ids ``ids``."""
