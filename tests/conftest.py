@@ -42,7 +42,7 @@ CONFORMANCE = "tests/systems/test_conformance.py"
 # the scopes; a wrong one costs time, never a result.
 TEST_S, CONFORMANCE_TEST_S = 0.3, 2.0
 SCOPE_S = {
-    "tests/systems/test_conformance_typed.py": 90.0,
+    "tests/systems/test_conformance_typed.py": 75.0,
     "tests/test_cluster.py": 80.0,
     "tests/test_memory.py": 50.0,
     "tests/test_examples.py": 45.0,
