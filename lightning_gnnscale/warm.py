@@ -31,6 +31,7 @@ import selectors
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -83,6 +84,7 @@ def run_script_here(
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # chosen again from this $TMPDIR, as a fresh interpreter chooses it
     if umask is not None:
         os.umask(umask)
     if affinity is not None and set(affinity) != os.sched_getaffinity(0):

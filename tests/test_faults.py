@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from lightning_gnnscale.preflight import ConfigError, check_config, validate
 from lightning_gnnscale.run import claimed, read_summary, train
 from tests.helpers.config import REPO, make_cfg
-from tests.helpers.scripts import start_script
+from tests.helpers.scripts import ScriptRun, start_script
 
 TINY_CLI = (
     "dataset.num_nodes=300",
@@ -323,21 +323,23 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _rank_pids(launcher: subprocess.Popen, timeout_s: float = 300) -> list[int]:
-    """The launcher's ranks: the children of its rank server (multiprocessing's forkserver),
-    or under ``launcher.start_method=spawn`` its children running the spawn entry point.
+def _rank_pids(launcher: subprocess.Popen | ScriptRun, timeout_s: float = 300) -> list[int]:
+    """The launcher's ranks: the children of its rank server (multiprocessing's forkserver,
+    or the warm launcher's fork of itself, which keeps the forkserver's command line), or
+    under ``launcher.start_method=spawn`` its children running the spawn entry point.
     A forked rank exists only once the server has imported everything (a spawned one at once,
     importing afterwards), so on a loaded machine this waits longer than it did."""
+    pid = launcher.pid if isinstance(launcher, subprocess.Popen) else launcher.processes[0].pid
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         ranks = []
-        for pid in _children(launcher.pid):
-            command = _cmdline(pid)
+        for child in _children(pid):
+            command = _cmdline(child)
             if "spawn_main" in command:
-                ranks.append(pid)
+                ranks.append(child)
             elif "forkserver" in command:
-                ranks.extend(_children(pid))
-        if len(ranks) == 2 and launcher.poll() is None:
+                ranks.extend(_children(child))
+        if len(ranks) == 2 and _alive(pid):
             return ranks
         time.sleep(0.5)
     raise AssertionError("the ranks did not start")
@@ -359,22 +361,31 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _long_run(tmp_path: Path, *extra: str) -> list[str]:
+    """``train.py``'s arguments for a run that trains until it is stopped, into ``tmp_path``."""
+    return [*TINY_CLI, "trainer.max_epochs=200", f"hydra.run.dir={tmp_path / 'run'}", *extra]
+
+
 def _launch(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    """``python train.py`` in a fresh interpreter: its own imports and its own cold rank
+    server (the launch path the launcher-kill tests are about)."""
     return subprocess.Popen(
-        [
-            sys.executable,
-            str(REPO / "train.py"),
-            *TINY_CLI,
-            "trainer.max_epochs=200",
-            f"hydra.run.dir={tmp_path / 'run'}",
-            *extra,
-        ],
+        [sys.executable, str(REPO / "train.py"), *_long_run(tmp_path, *extra)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
+
+
+def _launch_warm(tmp_path: Path, *extra: str) -> ScriptRun:
+    """The same ``train.py`` run forked from the warm rank server
+    (:func:`tests.helpers.scripts.start_script`), with a warm rank server of its own: the
+    launcher runs the same code (``launch_local``), without seconds of imports in it and its
+    server. For the tests of what the launcher does with a stopped rank."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    return start_script(REPO / "train.py", *_long_run(tmp_path, *extra), cwd=REPO, env=env)
 
 
 def _stopped_now(pid: int) -> bool:
@@ -428,13 +439,14 @@ def test_the_error_names_the_stopped_rank_not_the_one_that_timed_out(tmp_path):
 def test_a_stopped_rank_fails_the_job_within_the_collective_timeout(tmp_path):
     from lightning_gnnscale.launch import RANK_EXIT_GRACE_S
 
-    launcher = _launch(tmp_path, "launcher.collective_timeout_s=8")
+    launcher = _launch_warm(tmp_path, "launcher.collective_timeout_s=8")
     ranks = _rank_pids(launcher)
     _wait_for_training(tmp_path / "run")
     os.kill(ranks[1], signal.SIGSTOP)
     start = time.monotonic()
-    _, err = launcher.communicate(timeout=180)
-    assert launcher.returncode != 0
+    done = launcher.wait(timeout=180)
+    err = done.stderr
+    assert done.returncode != 0
     # The collective timeout, the grace before SIGTERM and before SIGKILL, and 15 s of slack.
     bound = 8 + 2 * RANK_EXIT_GRACE_S + 15
     assert time.monotonic() - start < bound, "the job outlived its collective timeout"
@@ -452,28 +464,26 @@ def test_a_stopped_bytegnn_peer_ends_the_job_within_one_collective_timeout(tmp_p
     within the grace nor handle SIGTERM): the job ends within 1.3x the timeout plus 4 s, not the
     timeout plus the 2 x 5 s grace it took before (docs/systems/bytegnn.md)."""
     timeout = 5
-    launcher = _launch(tmp_path, "strategy=bytegnn", f"launcher.collective_timeout_s={timeout}")
-    outputs = []
-    reader = threading.Thread(target=lambda: outputs.append(launcher.communicate()), daemon=True)
-    reader.start()  # drains the pipes while this thread watches the ranks
-    ranks = _rank_pids(launcher)
+    run = _launch_warm(tmp_path, "strategy=bytegnn", f"launcher.collective_timeout_s={timeout}")
+    launcher = run.processes[0]
+    ranks = _rank_pids(run)
     _wait_for_training(tmp_path / "run")
     os.kill(ranks[1], signal.SIGSTOP)
     start = time.monotonic()  # measured from the stop: start-up time does not count
     try:
         survivor_s = None
-        while launcher.poll() is None and time.monotonic() - start < 120:
+        while launcher.is_alive() and time.monotonic() - start < 120:
             if survivor_s is None and not _alive(ranks[0]):
                 survivor_s = time.monotonic() - start
             time.sleep(0.05)
         job_s = time.monotonic() - start
         survivor_s = job_s if survivor_s is None else survivor_s
-        reader.join(60)
-        err = outputs[0][1] if outputs else ""
+        done = run.wait(timeout=60)
+        err = done.stderr
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(ranks[1], signal.SIGKILL)
-    assert launcher.returncode != 0
+    assert done.returncode != 0
     assert "timed out" in err.lower() or "timeout" in err.lower(), err[-3000:]
     # 2 s for the survivor's exception path on a loaded machine; 2 s more for the launcher's
     # 1 s poll and the kill. Before, the job ended at the timeout plus 2 x RANK_EXIT_GRACE_S.

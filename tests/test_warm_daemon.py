@@ -237,6 +237,17 @@ def test_signals_are_forwarded_to_the_run(server, tmp_path):
     _wait_for(lambda: not any(_alive(p) for p in processes), 30, "the run's processes to end")
 
 
+def test_a_warm_script_takes_its_temporary_folder_from_its_own_environment(tmp_path):
+    """As a fresh interpreter does: ``tempfile`` reads the run's ``$TMPDIR``, not the folder
+    the server chose when it started (torch's error files of a launch go there)."""
+    script = tmp_path / "where.py"
+    script.write_text("import tempfile\nprint(tempfile.gettempdir())\n")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = run_script(script, cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str(tmp_path)
+
+
 def test_socket_folder_must_be_private(tmp_path, monkeypatch):
     folder = tmp_path / "open"
     folder.mkdir(mode=0o755)
