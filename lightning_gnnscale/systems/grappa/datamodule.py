@@ -258,6 +258,8 @@ class GrappaDataModule(GNNDataModule):
         self.part_relation_fanouts = (
             relation_fanouts(self.data, part.relations) if part.typed else None
         )
+        if self.link and part.typed:  # the pairs' relations (a rank from a directory: its meta)
+            self.task.relations = tuple(part.meta["pair_relations"])
         self._home_part, self._home_route = {}, {}
         self.schedule = Schedule(cfg.schedule, part.num_chunks, cfg.sweep_order, self.seed)
         max_epochs = self.trainer.max_epochs if self.trainer is not None else None
@@ -633,12 +635,14 @@ class GrappaDataModule(GNNDataModule):
         if self._owner_chunk is None:
             self._owner_chunk = self.chunks.chunk_table()
         owner_chunk = self._owner_chunk
-        pairs = {}
+        pairs, relations = {}, {} if self.chunks.typed else None
         for split in splits:
             records = [self.chunks.load(c) for c in self.home]
             pos = torch.cat([r[f"{split}_pairs"] for r in records], 1)
             index = torch.cat([r[f"{split}_pair_ids"] for r in records])
             pairs[split] = (pos, index)
+            if relations is not None:  # a typed graph's triples: each pair's relation
+                relations[split] = torch.cat([r[f"{split}_pair_rel"] for r in records])
             del records
 
         def embed(stage: str) -> Tensor:
@@ -658,6 +662,7 @@ class GrappaDataModule(GNNDataModule):
                 self.seed,
                 splits,
                 self.comm,
+                relations=relations,
             )
         finally:  # the test stage's partition is not kept: evaluation stays near training's peak
             self._home_part.pop("test", None)
