@@ -48,6 +48,7 @@ from .chunking import GrappaPart, is_link, write_chunk_store
 from .config import GrappaConfig
 from .directory import (
     check_chunk_counts,
+    directory_pair_relations,
     directory_relations,
     home_chunks,
     load_chunk_part,
@@ -235,6 +236,8 @@ class GrappaDataModule(GNNDataModule):
         if relations:
             check_typed_settings(self.config, True)
             relation_fanouts(self.data, relations)
+        if self.link and relations:  # the pairs' relations, before a DistMult head is built
+            self.task.relations = directory_pair_relations(opened, self.link)
 
     @override
     def part_of(self, prepared: tuple[GrappaPart, ...], rank: int) -> GrappaPart:
