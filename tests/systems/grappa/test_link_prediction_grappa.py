@@ -275,12 +275,25 @@ def test_refused_settings(tmp_path):
         grappa_dm(tmp_path, estimator="node")
 
 
+TYPED_DISTMULT = (
+    "dataset=typed_sbm",
+    "dataset.num_nodes=300",
+    "dataset.num_relations=3",
+    "dataset.num_features=8",
+    "model=rgcn",
+    "task.undirected=false",
+    "task.decoder=distmult",
+)
+
+
 @pytest.mark.e2e
-def test_two_rank_run_is_gradient_only_and_reports_the_excluded_fraction(tmp_path):
+@pytest.mark.parametrize("typed", [(), TYPED_DISTMULT], ids=["sbm", "typed_distmult"])
+def test_two_rank_run_is_gradient_only_and_reports_the_excluded_fraction(tmp_path, typed):
     """``train.py strategy=grappa task=link_prediction`` on 2 ranks with the gradient-only
     audit (at the defaults a pair whose source the partition does not own is excluded):
     every training step moves gradient bytes only, and ``summary.json`` reports the excluded
-    fraction."""
+    fraction. Typed, with a DistMult head: each step's one all-reduce carries the net's and
+    the head's gradients together (so the coverage scale applies to both)."""
     metrics, objects = train(
         make_cfg(
             tmp_path,
@@ -288,8 +301,13 @@ def test_two_rank_run_is_gradient_only_and_reports_the_excluded_fraction(tmp_pat
             "task=link_prediction",
             "trainer.devices=2",
             "strategy.audit_collectives=true",
+            *typed,
         )
     )
+    if typed:
+        net = BlockGNN("rgcn", 8, 64, 64, 2, num_relations=2 * R)
+        params = sum(p.numel() for p in net.parameters()) + R * 64  # the head: R diagonals
+        assert metrics["system"]["grappa_allreduced_numel_per_step"] == [params]
     summary = json.loads((Path(objects["output_dir"]) / "summary.json").read_text())
     system = summary["system"]
     assert system["grappa_audited_steps"] > 0
