@@ -67,12 +67,24 @@ LINK_CHUNK_FILES = (
     "full_indices",
     *(f"{s}_{name}" for s in LINK_SPLITS for name in ("pairs", "pair_ids")),
 )
-# the structure files of each message-passing stage (``GrappaPart.load``'s ``stage``)
+# a typed graph's link-prediction record adds the relation of each in-edge of the three
+# stage structures (the training and test stages' with the inverse relations ``r + R`` of a
+# directed split, the full one the graph's own) and of each positive pair, per split
+# (docs/systems/grappa.md, "Typed graphs")
+LINK_TYPED_FILES = (
+    TYPED_FILE,
+    "test_edge_type",
+    "full_edge_type",
+    *(f"{s}_pair_rel" for s in LINK_SPLITS),
+)
+# the structure files of each message-passing stage (``GrappaPart.load``'s ``stage``), and
+# (typed) the file of their edges' relations
 STAGE_FILES = {
     "train": ("indptr", "indices"),
     "test": ("test_indptr", "test_indices"),
     "full": ("full_indptr", "full_indices"),
 }
+STAGE_TYPED_FILES = {"train": TYPED_FILE, "test": "test_edge_type", "full": "full_edge_type"}
 
 
 def is_link(task: NodeTask) -> bool:
@@ -82,9 +94,10 @@ def is_link(task: NodeTask) -> bool:
 
 def chunk_files(link: bool, typed: bool = False) -> tuple[str, ...]:
     """The files of a chunk's record: :data:`LINK_CHUNK_FILES` for link prediction, else
-    :data:`CHUNK_FILES` (and :data:`TYPED_FILE` for a typed graph's)."""
+    :data:`CHUNK_FILES` (a typed graph's with :data:`TYPED_FILE`, or
+    :data:`LINK_TYPED_FILES`)."""
     if link:
-        return LINK_CHUNK_FILES
+        return (*LINK_CHUNK_FILES, *LINK_TYPED_FILES) if typed else LINK_CHUNK_FILES
     return (*CHUNK_FILES, TYPED_FILE) if typed else CHUNK_FILES
 
 
@@ -159,24 +172,33 @@ def chunk_payload(graph: Graph, targets, nodes: Tensor, chunk: Tensor | None = N
     rows of every node, or link prediction's :class:`~...tasks.link_prediction.LinkTargets`,
     whose chunks hold the training structure and the pairs whose destination they hold; then
     ``chunk`` is every node's chunk). A typed graph's record adds ``edge_type``, the relation
-    of each in-edge (each segment sorted by relation, then source, as the graph's)."""
+    of each in-edge (each segment sorted by relation, then source, as the graph's); a typed
+    link-prediction record the relations of every stage's in-edges and of its pairs
+    (:data:`LINK_TYPED_FILES`)."""
     link = not isinstance(targets, NodeTargets)
     split = targets.split if link else None
     indptr, indices = split.structure("train") if link else (graph.indptr, graph.indices)
-    ptr, src, *typed = _in_edges(indptr, indices, nodes, None if link else graph.edge_type)
+    edge_type = split.structure_edge_type("train") if link else graph.edge_type
+    ptr, src, *typed = _in_edges(indptr, indices, nodes, edge_type)
     record = {"nodes": nodes.clone(), "indptr": ptr, "indices": src, "x": graph.x[nodes].clone()}
     if typed:
         record[TYPED_FILE] = typed[0]
     if not link:
         return {**record, **targets.rows(nodes).clone().arrays()}
-    record["test_indptr"], record["test_indices"] = _in_edges(*split.structure("test"), nodes)
-    record["full_indptr"], record["full_indices"] = _in_edges(graph.indptr, graph.indices, nodes)
+    test = _in_edges(*split.structure("test"), nodes, split.structure_edge_type("test"))
+    full = _in_edges(graph.indptr, graph.indices, nodes, graph.edge_type)
+    record["test_indptr"], record["test_indices"] = test[:2]
+    record["full_indptr"], record["full_indices"] = full[:2]
+    if typed:
+        record["test_edge_type"], record["full_edge_type"] = test[2], full[2]
     here = int(chunk[nodes[0]]) if nodes.numel() else -1
     for name in LINK_SPLITS:
         pos = split.positives(name)
         ids = (chunk[pos[1]] == here).nonzero().flatten()
         record[f"{name}_pairs"] = pos[:, ids].clone()
         record[f"{name}_pair_ids"] = ids
+        if typed:
+            record[f"{name}_pair_rel"] = split.positive_relations(name)[ids].clone()
     return record
 
 
@@ -207,8 +229,10 @@ class GrappaPart:
         link: the chunks hold link prediction's record (:data:`LINK_CHUNK_FILES`).
         owners: ``() -> [N]`` every node's chunk (a partition directory's shared table);
             ``None``: read from every chunk's node list (:meth:`chunk_ids`).
-        relations: a typed graph's relation names (its chunks hold ``edge_type``); ``()``:
-            homogeneous.
+        relations: a typed graph's relation names (its chunks hold ``edge_type``): link
+            prediction's message relations (a directed split's inverses included); ``()``:
+            homogeneous. Link prediction's pair relations (the graph's own) are
+            ``meta["pair_relations"]``.
     """
 
     meta: dict
@@ -249,6 +273,8 @@ class GrappaPart:
         record = self.read(chunk, self.files)
         if self.link and stage != "train":
             record["indptr"], record["indices"] = (record[n] for n in STAGE_FILES[stage])
+            if self.typed:
+                record[TYPED_FILE] = record[STAGE_TYPED_FILES[stage]]
         record["deg"] = record["indptr"].diff()
         return record
 
@@ -350,6 +376,7 @@ class ChunkStore:
         """The part of the rank whose home chunks are ``home``: every chunk, read from this
         store, features in its dtype; ``out_dim``: its target rows' head width (the task's)."""
         names = ("num_chunks", "num_nodes", "sizes", "train_counts", "pair_counts")
+        names += ("pair_relations",)
         meta = {k: self.meta[k] for k in names if k in self.meta}
         link = self.meta.get("seeds") == "edges"
         relations = tuple(self.meta.get("relations", ()))
@@ -475,7 +502,7 @@ def write_chunk_store(
         return ChunkStore(str(folder), meta)
     # link prediction chunks the training structure (validation and test edges never shape
     # the chunks, metis's included)
-    cut = graph.with_structure(*task.training_structure(graph, targets)) if link else graph
+    cut = task.stage_graph(graph, targets, "train") if link else graph
     chunk = chunk_assignment(cut, num_chunks, method, seed)
     sizes = torch.bincount(chunk, minlength=num_chunks).tolist()
     if link:  # training pairs by the chunk of their destination
@@ -515,6 +542,12 @@ def write_chunk_store(
         "dtype": str(graph.x.dtype),
         **({"seeds": "edges", "pair_counts": pairs} if link else {}),
         **({"relations": list(graph.relations)} if graph.is_typed and not link else {}),
+        # link prediction: the message relations, and the pairs' (the graph's own)
+        **(
+            {"relations": list(targets.split.relations), "pair_relations": list(graph.relations)}
+            if graph.is_typed and link
+            else {}
+        ),
     }
     atomic_write(folder / "meta.json", lambda f: f.write(json.dumps(meta).encode()))
     return ChunkStore(str(folder), meta)

@@ -130,6 +130,11 @@ class GrappaConfig(SystemConfig):
     supports_partition_dir: ClassVar[bool] = True  # its chunks as shared groups (directory.py)
     # every preset: RGCN inside isolated partitions, coverage per relation (docs: #typed-graphs)
     TYPED_GRAPHS: ClassVar[bool] = True
+    # and link prediction on them: each pair with its relation (docs: #typed-graphs)
+    TYPED_LINK_PREDICTION: ClassVar[bool] = True
+    # a task head (task.decoder=mlp, distmult) is a module parameter like the net's: DDP's
+    # coverage-scaled all-reduce syncs its gradient with the net's (docs: #link-prediction)
+    TRAINS_TASK_HEAD: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -48,6 +48,7 @@ from .chunking import GrappaPart, is_link, write_chunk_store
 from .config import GrappaConfig
 from .directory import (
     check_chunk_counts,
+    directory_pair_relations,
     directory_relations,
     home_chunks,
     load_chunk_part,
@@ -235,6 +236,8 @@ class GrappaDataModule(GNNDataModule):
         if relations:
             check_typed_settings(self.config, True)
             relation_fanouts(self.data, relations)
+        if self.link and relations:  # the pairs' relations, before a DistMult head is built
+            self.task.relations = directory_pair_relations(opened, self.link)
 
     @override
     def part_of(self, prepared: tuple[GrappaPart, ...], rank: int) -> GrappaPart:
@@ -258,6 +261,8 @@ class GrappaDataModule(GNNDataModule):
         self.part_relation_fanouts = (
             relation_fanouts(self.data, part.relations) if part.typed else None
         )
+        if self.link and part.typed:  # the pairs' relations (a rank from a directory: its meta)
+            self.task.relations = tuple(part.meta["pair_relations"])
         self._home_part, self._home_route = {}, {}
         self.schedule = Schedule(cfg.schedule, part.num_chunks, cfg.sweep_order, self.seed)
         max_epochs = self.trainer.max_epochs if self.trainer is not None else None
@@ -633,12 +638,14 @@ class GrappaDataModule(GNNDataModule):
         if self._owner_chunk is None:
             self._owner_chunk = self.chunks.chunk_table()
         owner_chunk = self._owner_chunk
-        pairs = {}
+        pairs, relations = {}, {} if self.chunks.typed else None
         for split in splits:
             records = [self.chunks.load(c) for c in self.home]
             pos = torch.cat([r[f"{split}_pairs"] for r in records], 1)
             index = torch.cat([r[f"{split}_pair_ids"] for r in records])
             pairs[split] = (pos, index)
+            if relations is not None:  # a typed graph's triples: each pair's relation
+                relations[split] = torch.cat([r[f"{split}_pair_rel"] for r in records])
             del records
 
         def embed(stage: str) -> Tensor:
@@ -658,6 +665,7 @@ class GrappaDataModule(GNNDataModule):
                 self.seed,
                 splits,
                 self.comm,
+                relations=relations,
             )
         finally:  # the test stage's partition is not kept: evaluation stays near training's peak
             self._home_part.pop("test", None)

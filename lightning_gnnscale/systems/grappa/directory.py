@@ -26,7 +26,8 @@ from ...graph.partition_dir import (
     part_folder,
     shared_folder,
 )
-from .chunking import TYPED_FILE, GrappaPart
+from ...tasks.link.split import message_relations
+from .chunking import LINK_SPLITS, STAGE_FILES, STAGE_TYPED_FILES, GrappaPart
 from .config import GrappaConfig
 from .schedule import Schedule
 
@@ -115,6 +116,11 @@ def write_chunk_parts(
         "chunk_sources": sources,
         **({"pair_counts": first.meta["pair_counts"]} if first.link else {}),
         **({"relations": list(first.relations)} if first.typed else {}),
+        **(
+            {"pair_relations": list(first.meta["pair_relations"])}
+            if first.typed and first.link
+            else {}
+        ),
     }
 
 
@@ -164,8 +170,17 @@ def check_chunk_counts(opened: PartitionDir, part: int, link: bool = False) -> N
             if (have := opened.shape(folder, name)) is not None:
                 opened.expect_shape(folder, name, (size, *have[1:]), key)
         opened.expect_shape(folder, "indptr", (size + 1,), key)
-        if "relations" in meta and (have := opened.shape(folder, "indices")) is not None:
-            opened.expect_shape(folder, TYPED_FILE, have, f"'relations' (chunk {c}'s indices)")
+        if "relations" in meta:  # each stage's relations beside its in-edges
+            stages = STAGE_FILES if link else {"train": STAGE_FILES["train"]}
+            for stage, (_, indices) in stages.items():
+                if (have := opened.shape(folder, indices)) is not None:
+                    where = f"'relations' (chunk {c}'s {indices})"
+                    opened.expect_shape(folder, STAGE_TYPED_FILES[stage], have, where)
+        if link and "relations" in meta:
+            for split in LINK_SPLITS:
+                if (have := opened.shape(folder, f"{split}_pair_ids")) is not None:
+                    where = f"'pair_relations' ({split}_pair_ids)"
+                    opened.expect_shape(folder, f"{split}_pair_rel", have, where)
         if link:
             opened.expect_shape(folder, "test_indptr", (size + 1,), key)
             opened.expect_shape(folder, "full_indptr", (size + 1,), key)
@@ -218,6 +233,9 @@ def load_chunk_part(
     counts = {"pair_counts": meta["pair_counts"]} if link else {}
     owners = partial(_node_chunks, opened, part) if link else None
     relations = directory_relations(opened, link)
+    pair_relations = directory_pair_relations(opened, link)
+    if pair_relations:
+        counts["pair_relations"] = list(pair_relations)
     return GrappaPart(
         {
             "num_chunks": meta["num_chunks"],
@@ -230,7 +248,7 @@ def load_chunk_part(
         dtype,
         out_dim,
         tuple(stored),
-        partial(_read_group, opened, part, len(relations)),
+        partial(_read_group, opened, part, len(relations), len(pair_relations)),
         meta["chunk_sources"],
         link=link,
         owners=owners,
@@ -238,17 +256,49 @@ def load_chunk_part(
     )
 
 
+def _names(value) -> bool:
+    """``value`` is a list of distinct strings."""
+    return (
+        isinstance(value, list)
+        and all(isinstance(r, str) for r in value)
+        and len(set(value)) == len(value)
+    )
+
+
 def directory_relations(opened: PartitionDir, link: bool = False) -> tuple[str, ...]:
-    """A directory's relation names (``()``: homogeneous), checked as outside input: a list of
-    distinct names, for a node task only; else ``PartitionDirError``."""
+    """A directory's relation names (``()``: homogeneous; link prediction's: the message
+    relations), checked as outside input: a list of distinct names and, for link prediction,
+    the pairs' relations (:func:`directory_pair_relations`), then (a directed split) their
+    inverses; else ``PartitionDirError``."""
     relations = opened.meta.get("relations", [])
-    names = isinstance(relations, list) and all(isinstance(r, str) for r in relations)
-    if not names or len(set(relations)) != len(relations) or (relations and link):
+    fits = _names(relations)
+    if fits and link:
+        pair = list(directory_pair_relations(opened, link))
+        fits = (not relations and not pair) or any(
+            relations == list(message_relations(tuple(pair), undirected))
+            for undirected in (True, False)
+        )
+    elif fits:
+        fits = "pair_relations" not in opened.meta
+    if not fits:
         raise PartitionDirError(
             f"{opened.path / METADATA}: 'relations' must list a typed graph's distinct relation "
-            f"names (node tasks only), got {relations!r}; partition again"
+            "names (link prediction: 'pair_relations', the pairs' relations, then for a "
+            f"directed split each one's '_inverse'), got {relations!r}; partition again"
         )
     return tuple(relations)
+
+
+def directory_pair_relations(opened: PartitionDir, link: bool) -> tuple[str, ...]:
+    """A link-prediction directory's pair relations (the typed graph's own; ``()``: none),
+    checked as outside input (distinct names); else ``PartitionDirError``."""
+    pair = opened.meta.get("pair_relations", [])
+    if not _names(pair) or (pair and not link):
+        raise PartitionDirError(
+            f"{opened.path / METADATA}: 'pair_relations' must list a typed graph's distinct "
+            f"relation names (link prediction only), got {pair!r}; partition again"
+        )
+    return tuple(pair)
 
 
 def _node_chunks(opened: PartitionDir, part: int) -> Tensor:
@@ -256,12 +306,26 @@ def _node_chunks(opened: PartitionDir, part: int) -> Tensor:
 
 
 def _read_group(
-    opened: PartitionDir, part: int, num_relations: int, chunk: int, names: tuple[str, ...]
+    opened: PartitionDir,
+    part: int,
+    num_relations: int,
+    num_pair_relations: int,
+    chunk: int,
+    names: tuple[str, ...],
 ) -> dict[str, Tensor]:
+    """Chunk ``chunk``'s files ``names``; its relations checked (``num_relations`` message
+    relations, the full structure's and the pairs' among the ``num_pair_relations`` of a
+    typed link-prediction directory)."""
     record = opened.load_shared(chunk_group(chunk), part, names)
-    if TYPED_FILE in names:
-        where = opened.path / shared_folder(chunk_group(chunk)) / f"{TYPED_FILE}.npy"
-        check_edge_types(record[TYPED_FILE], record.get("indptr"), num_relations, str(where))
+    folder = opened.path / shared_folder(chunk_group(chunk))
+    for stage, name in STAGE_TYPED_FILES.items():
+        if name in names:
+            limit = num_pair_relations if stage == "full" else num_relations
+            indptr = record.get(STAGE_FILES[stage][0])
+            check_edge_types(record[name], indptr, limit, str(folder / f"{name}.npy"))
+    for split in LINK_SPLITS:
+        if (name := f"{split}_pair_rel") in names:
+            check_edge_types(record[name], None, num_pair_relations, str(folder / f"{name}.npy"))
     return record
 
 

@@ -58,7 +58,8 @@ def step_rows(
     """``(nodes, y)`` of one partition step over its training pairs ``pair_ids`` (positions
     among the run's training pairs, all trained by ``part``): ``nodes`` the sorted *local* ids
     of the pairs' endpoints and negatives (the net's output rows, in this order), ``y``
-    ``[pairs, 3]`` as the task's ``step_rows`` (source row, destination row, 1 for a positive)."""
+    ``[pairs, 3]`` as the task's ``step_rows`` (source row, destination row, 1 for a positive;
+    a typed graph's ``[pairs, 4]`` adds the relation, a negative keeping its positive's)."""
     c = task.config
     at = torch.searchsorted(part.pair_ids, pair_ids)
     src, dst = part.pairs[0, at], part.pairs[1, at]
@@ -80,7 +81,11 @@ def step_rows(
     positive = torch.cat([torch.ones(n, dtype=torch.int64), torch.zeros(n * k, dtype=torch.int64)])
     nodes, rows = torch.unique(torch.cat([pair_src, pair_dst]), return_inverse=True)
     m = pair_src.numel()
-    return nodes, torch.stack([rows[:m], rows[m:], positive], 1)
+    columns = [rows[:m], rows[m:], positive]
+    if part.pair_rel is not None:
+        rel = part.pair_rel[at]
+        columns.append(torch.cat([rel, rel.repeat_interleave(k)]))
+    return nodes, torch.stack(columns, 1)
 
 
 def excluded_pairs(pair_counts: list[list[int]], spec: PartitionSpec, halo_pairs: bool) -> int:

@@ -68,6 +68,8 @@ class IsolatedPartition:
         deg_rel, ell_rel: typed graphs: int64 ``[n_core, R]``, each owned node's global
             in-degree and ``ell`` per relation (the coverage's per-relation counts,
             docs/systems/grappa.md, "Typed graphs"); ``None`` when homogeneous.
+        pair_rel: typed link prediction: int64 ``[m]``, the relation of each of ``pairs``;
+            ``None`` otherwise.
     """
 
     spec: PartitionSpec
@@ -90,6 +92,7 @@ class IsolatedPartition:
     num_relations: int = 1
     deg_rel: Tensor | None = None
     ell_rel: Tensor | None = None
+    pair_rel: Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -145,11 +148,15 @@ def build_partition(
     order = own.argsort()
     own = own[order]
     n_own = own.numel()
+    typed = part.typed
+    pair_rel = None
     if link:  # the seed chunks' training pairs (by destination), in pair order
         pair_ids = torch.cat([chunks[c]["train_pair_ids"] for c in spec.seed_chunks])
         pairs = torch.cat([chunks[c]["train_pairs"] for c in spec.seed_chunks], 1)
         by_id = pair_ids.argsort()
         pair_ids, pairs = pair_ids[by_id], pairs[:, by_id]
+        if typed:  # each pair's relation (a typed graph's triples)
+            pair_rel = torch.cat([chunks[c]["train_pair_rel"] for c in spec.seed_chunks])[by_id]
         no_rows = torch.zeros(n_own, dtype=torch.bool)
         owned = NodeTargets(torch.zeros(n_own, dtype=torch.int64), no_rows, no_rows, no_rows, 0)
     else:
@@ -173,7 +180,6 @@ def build_partition(
     gather = torch.arange(int(ptr[-1]))
     gather += torch.repeat_interleave(starts - ptr[:-1], deg_local)
     src = torch.cat([chunks[c]["indices"] for c in spec.owned_chunks])[gather]
-    typed = part.typed and not link
     edge_type = (
         torch.cat([chunks[c]["edge_type"] for c in spec.owned_chunks])[gather] if typed else None
     )
@@ -182,6 +188,7 @@ def build_partition(
     width = stored.shape[1]
     io = _nbytes(own, deg_local, src) + (_nbytes(edge_type) if typed else 0)
     io += _nbytes(pair_ids, pairs) if link else _nbytes(*owned.arrays().values())
+    io += _nbytes(pair_rel) if pair_rel is not None else 0
     io += n_own * width * stored.element_size()
     # owned sources' local ids from one search in the sorted owned ids
     pos = torch.searchsorted(own, src).clamp_(max=max(n_own - 1, 0))
@@ -257,6 +264,7 @@ def build_partition(
         held = _holds(own, halo if halo_pairs else halo[:0], pairs[0])
         excluded = int((~held).sum())
         pair_ids, pairs = pair_ids[held], pairs[:, held]
+        pair_rel = pair_rel[held] if pair_rel is not None else None
         seeds = pair_ids
     else:
         seeds = (task.is_train_seed(owned) & seed_owned).nonzero().flatten()
@@ -281,6 +289,7 @@ def build_partition(
         num_relations=part.num_relations if typed else 1,
         deg_rel=deg_rel,
         ell_rel=ell_rel,
+        pair_rel=pair_rel,
     )
 
 

@@ -186,14 +186,27 @@ def test_grappa_end_to_end_gradient_only_and_loss_scale_equivalence(tmp_path):
     assert_same_final_params(objects["output_dir"], scaled["output_dir"])
 
 
+TYPED_DISTMULT = (
+    "dataset=typed_sbm",
+    "dataset.num_nodes=300",
+    "dataset.num_relations=3",
+    "model=rgcn",
+    "task=link_prediction",
+    "task.undirected=false",
+    "task.decoder=distmult",
+)
+
+
 @pytest.mark.e2e
-def test_single_chunk_without_correction_equals_ddp(tmp_path):
+@pytest.mark.parametrize("task", [("model=gcn",), TYPED_DISTMULT], ids=["node", "typed_distmult"])
+def test_single_chunk_without_correction_equals_ddp(tmp_path, task):
     """M3: one rank, one chunk, estimator=none samples the same batches as ddp and ends with the
-    same parameters and losses."""
+    same parameters and losses. Typed link prediction with a DistMult head (RGCN over the
+    inverse relations): the head is trained and synced with the net, and ends as ddp's."""
     common = (
         "trainer.devices=1",
         "dtype=float64",
-        "model=gcn",
+        *task,
         "model.weight_decay=0",  # grappa's default; ddp's is 5e-4
         "trainer.max_epochs=2",
     )
@@ -211,6 +224,9 @@ def test_single_chunk_without_correction_equals_ddp(tmp_path):
     assert_same_final_params(o_ddp["output_dir"], o_g["output_dir"])
     for x, y in zip(m_ddp["history"], m_g["history"]):
         assert x["train_loss"] == pytest.approx(y["train_loss"], rel=1e-12)
+    if task[0] != "model=gcn":  # one DistMult diagonal per relation of the pairs, trained
+        head = final_params(o_g["output_dir"])["state_dict"]["head.weight"]
+        assert head.shape == (3, 64) and not torch.equal(head, torch.ones_like(head))
 
 
 @pytest.mark.e2e

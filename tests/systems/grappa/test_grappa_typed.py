@@ -218,7 +218,7 @@ def test_the_gcn_coverage_is_refused_on_a_typed_graph(tmp_path):
 
 
 # ------------------------------------------------------------- typed partition directories
-def dir_dm(cache, partition_dir=None, config=None):
+def dir_dm(cache, partition_dir=None, config=None, task=None):
     data = DataConfig(
         batch_size=40,
         fanouts=FANOUTS,
@@ -233,6 +233,7 @@ def dir_dm(cache, partition_dir=None, config=None):
         cache_dir=cache,
         dtype=torch.float64,
         dataset_options=TYPED,
+        **({"task": task} if task is not None else {}),
     )
 
 
@@ -332,6 +333,46 @@ def test_a_directorys_edge_types_are_checked_when_read(tmp_path):
         part = dm.load_part(opened, 0)
         with pytest.raises(PartitionDirError, match="edge_type.npy must be int64"):
             part.load(0)
+
+
+def test_a_typed_link_directorys_relations_are_checked(tmp_path):
+    """Typed link prediction's directory names the message relations (a directed split's
+    inverses after the graph's) and the pairs' relations; a chunk group's pair relation or
+    stage edge type out of range (the full structure's: the graph's own ``R``, not ``2R``) is
+    refused when read, naming the file, and message relations that are not the pairs' (then
+    their inverses) before any rank starts."""
+    import json
+
+    import numpy as np
+
+    from lightning_gnnscale.graph.partition_dir import METADATA, metadata_digest
+    from lightning_gnnscale.tasks import TaskConfig
+
+    task = TaskConfig("link_prediction", undirected=False)
+    parts = tmp_path / "parts"
+    meta = dir_dm(tmp_path / "cache", task=task).write_partition_dir(parts, 2, log=lambda *_: 0)
+    pair = ["rel_0", "rel_1", "rel_2"]
+    assert meta["pair_relations"] == pair
+    assert meta["relations"] == [*pair, *(f"{r}_inverse" for r in pair)]
+    for name, value in (("train_pair_rel", R), ("full_edge_type", R), ("test_edge_type", 2 * R)):
+        copy = tmp_path / name
+        shutil.copytree(parts, copy)
+        target = copy / shared_folder(chunk_group(0)) / f"{name}.npy"
+        values = np.load(target)
+        values[-1] = value  # the last in-edge of its segment: still sorted
+        np.save(target, values)
+        _redigest(copy, chunk_group(0), name)
+        dm = dir_dm(tmp_path / "cache", str(copy), task=task)
+        part = dm.load_part(dm.prepare(2, [0]), 0)
+        with pytest.raises(PartitionDirError, match=f"{name}.npy must be int64"):
+            part.load(0)
+    meta_path = parts / METADATA
+    meta = json.loads(meta_path.read_text())
+    meta["relations"] = [*pair, "a", "b", "c"]
+    meta["blake2b"] = metadata_digest(meta)
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(PartitionDirError, match="'pair_relations'"):
+        dir_dm(tmp_path / "cache", str(parts), task=task).prepare(2, [0])
 
 
 def _redigest(root, group, name):

@@ -18,22 +18,38 @@ from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.config_types import DataConfig, run_config
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
-from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.generators import sbm, typed_sbm
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.run import train
 from lightning_gnnscale.systems.grappa import GrappaConfig
 from lightning_gnnscale.systems.grappa.datamodule import GrappaDataModule
 from lightning_gnnscale.tasks import TaskConfig
+from lightning_gnnscale.tasks.link.decoders import DistMultDecoder
 from tests.helpers.config import make_cfg
 from tests.helpers.dist import run_distributed
 
 FANOUTS = [4, 3]
+R = 3  # the typed graph's relations (a directed split passes messages over 2R)
 
 
 def make_dataset():
     return sbm(num_nodes=240, num_classes=3, avg_degree=8.0, num_features=6, seed=5).to(
         torch.float64
     )
+
+
+def make_typed():
+    """A small typed graph (symmetric; a split with ``undirected=False`` adds inverses)."""
+    options = {"num_nodes": 200, "num_relations": R, "num_classes": 3, "avg_degree": 4.0}
+    return typed_sbm(**options, num_features=6, seed=5).to(torch.float64)
+
+
+def distmult(width=8):
+    """A DistMult head whose diagonals differ per relation (so a wrong relation scores apart)."""
+    head = DistMultDecoder(R, width).double()
+    with torch.no_grad():
+        head.weight.copy_(torch.rand(R, width, generator=torch.Generator().manual_seed(3)) + 0.5)
+    return head
 
 
 class LocalComm:
@@ -47,9 +63,11 @@ class LocalComm:
         return tensor
 
 
-def grappa_dm(cache, rank=0, world=1, task=None, comm=None, batch_size=48, **settings):
+def grappa_dm(
+    cache, rank=0, world=1, task=None, comm=None, batch_size=48, dataset=None, **settings
+):
     dm = GrappaDataModule(
-        make_dataset(),
+        dataset or make_dataset(),
         GrappaConfig(**settings),
         DataConfig(batch_size=batch_size, fanouts=FANOUTS),
         seed=7,
@@ -64,10 +82,10 @@ def grappa_dm(cache, rank=0, world=1, task=None, comm=None, batch_size=48, **set
     return dm
 
 
-def single_dm(task=None, batch_size=48):
+def single_dm(task=None, batch_size=48, dataset=None):
     _, DataModule, config = gs.system("single")
     return DataModule(
-        make_dataset(),
+        dataset or make_dataset(),
         config,
         DataConfig(batch_size=batch_size, fanouts=FANOUTS),
         seed=7,
@@ -75,9 +93,9 @@ def single_dm(task=None, batch_size=48):
     )
 
 
-def make_net(kind="sage"):
+def make_net(kind="sage", num_relations=1):
     torch.manual_seed(0)
-    return BlockGNN(kind, 6, 16, 8, 2, dropout=0.0).double()
+    return BlockGNN(kind, 6, 16, 8, 2, dropout=0.0, num_relations=num_relations).double()
 
 
 def step_gradient(dm, net, epoch, step):
@@ -94,22 +112,39 @@ def evaluation_pairs(split) -> set[tuple[int, int]]:
     return set(map(tuple, both.t().tolist()))
 
 
-@pytest.mark.parametrize("negatives", ["uniform", "joint"])
-def test_one_chunk_steps_equal_singles_in_float64(tmp_path, negatives):
+@pytest.mark.parametrize(
+    ("negatives", "typed"), [("uniform", False), ("joint", False), ("uniform", True)]
+)
+def test_one_chunk_steps_equal_singles_in_float64(tmp_path, negatives, typed):
     """One rank, one chunk (``partitions_per_rank=1``: the partition is the whole graph):
     every step's batch, coverage 1, loss and gradient are ``single``'s, bit for bit, and so are
-    the evaluation statistics (home chunks through ``owned_link_statistics``)."""
-    task = TaskConfig("link_prediction", negatives=negatives, num_negatives=2)
-    grappa = grappa_dm(tmp_path, task=task, batch_size=160, partitions_per_rank=1)
-    single = single_dm(task, batch_size=160)
+    the evaluation statistics (home chunks through ``owned_link_statistics``). Typed: RGCN on a
+    directed typed split (inverse relations), every row carrying its pair's relation, blocks
+    their edges', and a DistMult head scoring triples (relations reach the loss and the
+    evaluation)."""
+    split = {"undirected": False} if typed else {}
+    task = TaskConfig("link_prediction", negatives=negatives, num_negatives=2, **split)
+    data = make_typed if typed else make_dataset
+    size = 600 if typed else 160  # the typed case: 4 steps of one epoch (CI time)
+    grappa = grappa_dm(tmp_path, task=task, batch_size=size, partitions_per_rank=1, dataset=data())
+    single = single_dm(task, batch_size=size, dataset=data())
     assert grappa.steps_per_epoch == single.steps_per_epoch > 1
-    net = make_net()
-    for epoch in (0, 1):
+    net = make_net("rgcn", 2 * R) if typed else make_net()
+    if typed:
+        assert grappa.num_relations == single.num_relations == 2 * R
+        assert grappa.task.relations == single.task.relations == ("rel_0", "rel_1", "rel_2")
+        grappa.task.decoder = single.task.decoder = distmult()
+    for epoch in (0,) if typed else (0, 1):
         for step in range(single.steps_per_epoch):
             b_g, loss_g, grad_g = step_gradient(grappa, net, epoch, step)
             b_s, loss_s, grad_s = step_gradient(single, net, epoch, step)
             assert b_g.coverage == 1.0
-            assert torch.equal(b_g.y, b_s.y)
+            assert torch.equal(b_g.y, b_s.y) and b_g.y.shape[1] == 3 + typed
+            for a, b in zip(b_g.blocks, b_s.blocks, strict=True):
+                assert (a.edge_type is None) != typed and (a.edge_type is None) == (
+                    b.edge_type is None
+                )
+                assert a.edge_type is None or torch.equal(a.edge_type, b.edge_type)
             assert b_g.global_seed_count == b_s.global_seed_count
             assert torch.equal(loss_g, loss_s) and torch.equal(grad_g, grad_s)
     splits = ("val", "test")
@@ -240,12 +275,25 @@ def test_refused_settings(tmp_path):
         grappa_dm(tmp_path, estimator="node")
 
 
+TYPED_DISTMULT = (
+    "dataset=typed_sbm",
+    "dataset.num_nodes=300",
+    "dataset.num_relations=3",
+    "dataset.num_features=8",
+    "model=rgcn",
+    "task.undirected=false",
+    "task.decoder=distmult",
+)
+
+
 @pytest.mark.e2e
-def test_two_rank_run_is_gradient_only_and_reports_the_excluded_fraction(tmp_path):
+@pytest.mark.parametrize("typed", [(), TYPED_DISTMULT], ids=["sbm", "typed_distmult"])
+def test_two_rank_run_is_gradient_only_and_reports_the_excluded_fraction(tmp_path, typed):
     """``train.py strategy=grappa task=link_prediction`` on 2 ranks with the gradient-only
     audit (at the defaults a pair whose source the partition does not own is excluded):
     every training step moves gradient bytes only, and ``summary.json`` reports the excluded
-    fraction."""
+    fraction. Typed, with a DistMult head: each step's one all-reduce carries the net's and
+    the head's gradients together (so the coverage scale applies to both)."""
     metrics, objects = train(
         make_cfg(
             tmp_path,
@@ -253,10 +301,67 @@ def test_two_rank_run_is_gradient_only_and_reports_the_excluded_fraction(tmp_pat
             "task=link_prediction",
             "trainer.devices=2",
             "strategy.audit_collectives=true",
+            *typed,
         )
     )
+    if typed:
+        net = BlockGNN("rgcn", 8, 64, 64, 2, num_relations=2 * R)
+        params = sum(p.numel() for p in net.parameters()) + R * 64  # the head: R diagonals
+        assert metrics["system"]["grappa_allreduced_numel_per_step"] == [params]
     summary = json.loads((Path(objects["output_dir"]) / "summary.json").read_text())
     system = summary["system"]
     assert system["grappa_audited_steps"] > 0
     assert 0 < system["grappa_excluded_pair_fraction"] < 1
     assert summary["test_auc"] is not None and summary["comm_bytes_per_epoch"]["gradient"] > 0
+
+
+def test_typed_partitions_see_no_evaluation_triple_and_keep_each_pairs_relation(tmp_path):
+    """A directed typed split (2 ranks x 2 phases, a schedule cycle): no validation or test
+    triple ``(s, r, d)``, nor its inverse ``(d, r + R, s)``, is an edge of any partition's
+    local graph or of a block of an epoch's steps (edges compared with their relations: the
+    same endpoints under another relation may be a training edge); each partition's pairs
+    keep their relations, and a step's rows carry them (a negative its positive's)."""
+    task = TaskConfig("link_prediction", undirected=False)
+    dms = [
+        grappa_dm(tmp_path, r, 2, task=task, dataset=make_typed(), super_epoch_len=1)
+        for r in range(2)
+    ]
+    split = dms[0].targets.split
+    held = [
+        torch.cat([split.positives(s), split.positive_relations(s)[None]]) for s in ("val", "test")
+    ]
+    held = torch.cat(held, 1)
+    inverse = torch.stack([held[1], held[0], held[2] + R])
+    held_out = set(map(tuple, torch.cat([held, inverse], 1).t().tolist()))
+    assert dms[0].num_relations == 2 * R
+    edges = 0
+    for t in range(dms[0].schedule.cycle):
+        for dm in dms:
+            for phase in range(dm.phases):
+                part, _, _ = dm._partition_entry(phase, t)
+                gid = part.local2global
+                dst = torch.repeat_interleave(torch.arange(part.num_nodes), part.indptr.diff())
+                local = torch.stack([gid[part.indices], gid[dst], part.edge_type], 1)
+                assert not held_out & set(map(tuple, local.tolist()))
+                assert bool((part.edge_type >= R).any())  # the inverse relations are there
+                assert torch.equal(part.pair_rel, split.train_rel[part.pair_ids])
+    for dm in dms:
+        for step in range(dm.steps_per_epoch):
+            batch = dm.make_batch(0, step)
+            part = dm.partition(dm.locate(step)[0])
+            gid = part.local2global
+            for block in batch.blocks:
+                src, dst = block.edge_index
+                triples = [gid[block.src_ids[src]], gid[block.dst_ids[dst]], block.edge_type]
+                edges += src.numel()
+                assert not held_out & set(map(tuple, torch.stack(triples, 1).tolist()))
+            nodes, y = gid[batch.blocks[-1].dst_ids], batch.y
+            pos = y[:, 2] == 1
+            # every positive row is a training triple with its relation
+            train = torch.cat([split.train_pos, split.train_rel[None]])
+            known = set(map(tuple, train.t().tolist()))
+            rows = torch.stack([nodes[y[pos, 0]], nodes[y[pos, 1]], y[pos, 3]], 1)
+            assert set(map(tuple, rows.tolist())) <= known
+            k = dm.task.config.num_negatives
+            assert torch.equal(y[~pos, 3], y[pos, 3].repeat_interleave(k))
+    assert edges > 500
