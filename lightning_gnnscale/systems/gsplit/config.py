@@ -86,6 +86,8 @@ class GSplitConfig(SystemConfig):
     supports_partition_dir = True
     # typed graphs: per-relation split sampling, blocks carry relations (docs/systems/gsplit.md)
     TYPED_GRAPHS = True
+    # typed link prediction: pairs keep their relations, stage structures their inverses
+    TYPED_LINK_PREDICTION = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
