@@ -517,7 +517,10 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         ``new_ids`` ``[N]`` (original id -> id: negatives are drawn in original ids). A typed
         graph's relation of every CSC entry, ``edge_type``, goes with its ``indices`` (shared
         or per part), each part's ``node_type`` with its rows, and the metadata names them
-        (``relations``, ``node_types``)."""
+        (``relations``, ``node_types``); typed link prediction adds the stage structures'
+        ``train_edge_type`` and ``test_edge_type``, each part's pair relations, and names the
+        message relations (``relations``: inverses included) and the graph's
+        (``pair_relations``)."""
         prepared, graph, targets = self.prepare(world_size), self.graph, self.targets
         book = PartitionBook.from_parts(prepared.parts, world_size)
         structures = {"": (graph.indptr, graph.indices)}
