@@ -78,11 +78,14 @@ def make_dm(name, cache_dir, topology="replicated", partition_dir=None, task=TAS
 
 def make_net(dm):
     """The net (typed: RGCN over the task's message relations) and the task's trained head
-    (typed: DistMult; else none), in float64."""
+    (typed: DistMult, its diagonals drawn so that each relation scores differently; else
+    none), in float64."""
     torch.manual_seed(0)
     model = "rgcn" if is_typed(dm.task.config) else "sage"
     net = dm.build_model(ModelConfig(name=model, hidden=10, num_layers=2, dropout=0.0))
     head = dm.task.trained_head()
+    if head is not None:  # a diagonal per relation other than DistMult's initial ones
+        torch.nn.init.uniform_(head.weight, 0.5, 1.5)
     return torch.nn.ModuleList([net, *([] if head is None else [head])]).double()
 
 
