@@ -51,7 +51,7 @@ def is_typed(task) -> bool:
 
 def make_dataset(typed=False):
     if typed:
-        dataset = typed_sbm(num_nodes=240, num_relations=3, avg_degree=6.0, num_features=6, seed=5)
+        dataset = typed_sbm(num_nodes=200, num_relations=3, avg_degree=4.0, num_features=6, seed=5)
     else:
         dataset = sbm(num_nodes=240, num_classes=3, avg_degree=8.0, num_features=6, seed=5)
     return dataset.to(torch.float64)
