@@ -86,6 +86,11 @@ class GSplitConfig(SystemConfig):
     supports_partition_dir = True
     # typed graphs: per-relation split sampling, blocks carry relations (docs/systems/gsplit.md)
     TYPED_GRAPHS = True
+    # typed link prediction: pairs keep their relations, stage structures their inverses
+    TYPED_LINK_PREDICTION = True
+    # a task head (task.decoder=mlp, distmult) scores a rank's pairs after the endpoint
+    # exchange; its gradients are summed by the metered DDP hook with the net's
+    TRAINS_TASK_HEAD = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

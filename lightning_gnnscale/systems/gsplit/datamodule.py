@@ -58,6 +58,7 @@ from ...kit.sampled import ReplicatedGraphEvaluation
 from ...models.gnn import BlockGNN
 from ...models.inference import owned_rows
 from ...tasks.base import split_statistics
+from ...tasks.link.split import message_relations
 from .callbacks import GSplitStats, RedundancyProbe
 from .config import GSplitConfig
 from .link import STAGES, LinkPart, link_part, split_arrays
@@ -298,15 +299,16 @@ def typed_rows(
     indptr: torch.Tensor,
     relations,
     folder: str,
+    name: str = "edge_type",
 ) -> dict:
     """The :class:`CSCRows` keywords of a partition directory's relations: ``edge_type``
-    (``arrays``' entry, one per entry of the rows ``indptr`` cover, in ``folder``) and
+    (``arrays``' entry ``name``, one per entry of the rows ``indptr`` cover, in ``folder``) and
     ``num_relations``; ``{}`` for a homogeneous graph's. Outside input: the file must come
     exactly when the metadata names ``relations``, hold int64 values in ``[0, R)``, and keep
     every segment sorted by relation (a typed graph's CSC order, which per-relation sampling
     reads as runs); else ``PartitionDirError`` naming it."""
-    where = f"{opened.path / folder / 'edge_type.npy'}"
-    edge_type = arrays.get("edge_type")
+    where = f"{opened.path / folder / f'{name}.npy'}"
+    edge_type = arrays.get(name)
     if (edge_type is None) != (not relations):
         have = "no" if edge_type is None else "an"
         raise PartitionDirError(
@@ -336,6 +338,33 @@ def typed_rows(
                 "vertex's in-edges sorted by relation); partition again"
             )
     return {"edge_type": edge_type, "num_relations": num_relations}
+
+
+def pair_relations(meta: dict, path) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """A typed link-prediction directory's ``(pair relations, message relations)``: its
+    metadata ``meta``'s ``pair_relations`` (the graph's, which each pair of the split keeps) and
+    ``relations`` (what messages pass over: the same, or with each one's ``<r>_inverse``
+    after them); ``None`` when it names no relations. Outside input: else
+    ``PartitionDirError``."""
+    message = tuple(meta.get("relations") or ())
+    pairs = meta.get("pair_relations")
+    if not message and pairs is None:
+        return None
+    fine = isinstance(pairs, list) and pairs and all(isinstance(r, str) for r in pairs)
+    if fine:
+        try:
+            directed = message_relations(tuple(pairs), undirected=False)
+        except ValueError:
+            fine = False
+        else:
+            fine = message in (tuple(pairs), directed)
+    if not fine:
+        raise PartitionDirError(
+            f"{path}'s metadata 'pair_relations' {pairs!r} does not name the relations "
+            f"of its 'relations' {list(message)} (the same, or each followed by its inverse); "
+            "partition again"
+        )
+    return tuple(pairs), message
 
 
 def indices_shape(indptr: torch.Tensor) -> tuple[int]:
@@ -433,7 +462,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         steps' endpoint nodes (their negatives keyed on the pre-sampling seed, so the partition
         is not fitted to training's own draws)."""
         task, targets = self.task, self.targets
-        graph = self.graph.with_structure(*task.training_structure(self.graph, targets))
+        graph = task.stage_graph(self.graph, targets, "train")  # typed: its message relations
         salted = replace(targets, seed=targets.seed ^ PRESAMPLE_SEED_SALT)
 
         def step_nodes(seeds: torch.Tensor, epoch: int, step: int) -> torch.Tensor:
@@ -488,22 +517,29 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         ``new_ids`` ``[N]`` (original id -> id: negatives are drawn in original ids). A typed
         graph's relation of every CSC entry, ``edge_type``, goes with its ``indices`` (shared
         or per part), each part's ``node_type`` with its rows, and the metadata names them
-        (``relations``, ``node_types``)."""
+        (``relations``, ``node_types``); typed link prediction adds the stage structures'
+        ``train_edge_type`` and ``test_edge_type``, each part's pair relations, and names the
+        message relations (``relations``: inverses included) and the graph's
+        (``pair_relations``)."""
         prepared, graph, targets = self.prepare(world_size), self.graph, self.targets
         book = PartitionBook.from_parts(prepared.parts, world_size)
         structures = {"": (graph.indptr, graph.indices)}
+        edge_types = {"": graph.edge_type}
         if self.is_link:
             split = targets.split
             structures |= {f"{s}_": split.structure(s) for s in STAGES}
+            edge_types |= {f"{s}_": split.structure_edge_type(s) for s in STAGES}
             train_ids = self.task.train_seeds(targets)  # pair positions: no relabelling
         else:
             train_ids = book.old2new[self.task.train_seeds(targets)]  # in original id order
         relabelled = {p: relabel_csc(*csc, book) for p, csc in structures.items()}
         indptr = relabelled[""][0]
         partitioned = self.config.topology == "partitioned"
-        edge_type = None
-        if graph.is_typed:  # each relabelled entry's relation (segments keep their order)
-            edge_type = graph.edge_type.index_select(0, relabelled_edge_ids(graph.indptr, book)[1])
+        relabelled_types = {}  # each relabelled entry's relation (segments keep their order)
+        if graph.is_typed:
+            for p, (ip, _) in structures.items():
+                old = relabelled_edge_ids(ip, book)[1]
+                relabelled_types[p] = edge_types[p].index_select(0, old)
         if partitioned:
             group = "vertices"
             shared = {"train_ids": train_ids}
@@ -513,8 +549,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             shared = {"train_ids": train_ids, "orig_ids": book.new2old}
             for p, (ip, ix) in relabelled.items():
                 shared |= {f"{p}indptr": ip, f"{p}indices": ix}
-            if edge_type is not None:
-                shared["edge_type"] = edge_type
+            shared |= {f"{p}edge_type": t for p, t in relabelled_types.items()}
         if self.is_link:
             shared["new_ids"] = book.old2new
         writer.write_shared(group, shared)
@@ -536,13 +571,16 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 for p, (ip, ix) in relabelled.items():
                     arrays[f"{p}indptr"] = ip[lo : hi + 1] - ip[lo]
                     arrays[f"{p}indices"] = ix[ip[lo] : ip[hi]]
-                if edge_type is not None:
-                    arrays["edge_type"] = edge_type[indptr[lo] : indptr[hi]]
+                    if p in relabelled_types:
+                        arrays[f"{p}edge_type"] = relabelled_types[p][ip[lo] : ip[hi]]
             sizes = {"nodes": hi - lo, "edges": int(indptr[hi] - indptr[lo])}
             writer.write_part(k, arrays, sizes, shared=[group])
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
         meta = {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
-        if graph.is_typed:
+        if graph.is_typed and self.is_link:  # messages pass over the split's relations
+            meta["relations"] = list(targets.split.relations)
+            meta["pair_relations"] = list(graph.relations)
+        elif graph.is_typed:
             meta["relations"] = list(graph.relations)
         if graph.node_type is not None:
             meta["node_types"] = list(graph.node_types)
@@ -590,21 +628,35 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         own = (parts == rank).nonzero().flatten()
         own_topology, link = None, None
         structure = (graph.indptr, graph.indices)
-        typed = {}  # a typed graph's rows carry their relations
+        task, targets = self.task, self.targets
+
+        def typed(edge_type: torch.Tensor | None) -> dict:
+            """A typed graph's rows carry their relations, of the task's message relations
+            (link prediction's stage structures: inverses too)."""
+            if not graph.is_typed:
+                return {}
+            return {"edge_type": edge_type, "num_relations": self.num_relations}
+
+        sampled = typed(graph.edge_type)
         if self.is_link:
-            structure = self.task.training_structure(graph, self.targets)
-        elif graph.is_typed:
-            typed = {"edge_type": graph.edge_type, "num_relations": graph.num_relations}
+            structure = task.training_structure(graph, targets)
+            sampled = typed(task.training_edge_type(graph, targets))
         if self.config.topology == "partitioned":
-            topology = CSCRows.owned(*structure, own, **typed)
-            own_topology = CSCRows.owned(graph.indptr, graph.indices, own, **typed)
+            topology = CSCRows.owned(*structure, own, **sampled)
+            own_topology = CSCRows.owned(graph.indptr, graph.indices, own, **typed(graph.edge_type))
         else:
-            topology = CSCRows.whole(*structure, **typed)
+            topology = CSCRows.whole(*structure, **sampled)
         if self.is_link:
-            split = self.targets.split
-            stages = {s: CSCRows.owned(*split.structure(s), own) for s in STAGES}
+            split = targets.split
+            stages = {
+                s: CSCRows.owned(*split.structure(s), own, **typed(split.structure_edge_type(s)))
+                for s in STAGES
+            }
             arrays = split_arrays(split, parts == rank)
-            link = link_part(arrays, graph.num_nodes, self.out_dim, self.targets.seed, stages, None)
+            relations = (tuple(graph.relations), split.relations) if split.is_typed else None
+            link = link_part(
+                arrays, graph.num_nodes, self.out_dim, targets.seed, stages, None, relations
+            )
         return GSplitPart(
             owner=parts,
             topology=topology,
@@ -639,7 +691,10 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         relations = opened.meta.get("relations") or ()
         if self.config.topology == "partitioned":
             shared = opened.load_shared("vertices", rank)
-            typed = typed_rows(opened, arrays, arrays["indptr"], relations, part_folder(rank))
+
+            def typed(p: str) -> dict:
+                ip, folder = arrays[f"{p}indptr"], part_folder(rank)
+                return typed_rows(opened, arrays, ip, relations, folder, f"{p}edge_type")
 
             def rows(p: str) -> CSCRows:
                 degree = shared[f"{p}degree"]
@@ -648,15 +703,16 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                     arrays[f"{p}indices"],
                     lambda ids: degree.index_select(0, ids),
                     own,
-                    **(typed if p == "" else {}),
+                    **typed(p),
                 )
 
         else:
             shared = opened.load_shared("topology", rank)
             orig_ids = shared["orig_ids"]
-            typed = typed_rows(
-                opened, shared, shared["indptr"], relations, shared_folder("topology")
-            )
+
+            def typed(p: str) -> dict:
+                ip, folder = shared[f"{p}indptr"], shared_folder("topology")
+                return typed_rows(opened, shared, ip, relations, folder, f"{p}edge_type")
 
             def rows(p: str) -> CSCRows:
                 whole = CSCRows.whole(shared[f"{p}indptr"], shared[f"{p}indices"])
@@ -665,7 +721,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                     whole.indices,
                     whole.degree,
                     own,
-                    **(typed if p == "" else {}),
+                    **typed(p),
                 )
 
         own_topology = rows("")
@@ -673,9 +729,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             topology = rows("train_") if self.is_link else own_topology
         else:
             p = "train_" if self.is_link else ""
-            topology = CSCRows.whole(
-                shared[f"{p}indptr"], shared[f"{p}indices"], **(typed if p == "" else {})
-            )
+            topology = CSCRows.whole(shared[f"{p}indptr"], shared[f"{p}indices"], **typed(p))
         check_node_types(opened, arrays, part_folder(rank))
         if shared["train_ids"].numel() == 0:  # as the base's train_ids
             raise ValueError(f"partition directory {opened.path}: no training nodes")
@@ -686,14 +740,21 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             new_ids = shared["new_ids"]
             stages = {s: rows(f"{s}_") for s in STAGES}
             num_nodes = int(opened.meta["num_nodes"])
-            link = link_part(
-                arrays,
-                num_nodes,
-                self.task.out_dim_of(opened.meta),
-                self.seed,
-                stages,
-                lambda ids: new_ids.index_select(0, ids),
-            )
+            typed_pairs = self.know_pair_relations()
+            try:
+                link = link_part(
+                    arrays,
+                    num_nodes,
+                    self.task.out_dim_of(opened.meta),
+                    self.seed,
+                    stages,
+                    lambda ids: new_ids.index_select(0, ids),
+                    typed_pairs,
+                )
+            except ValueError as err:
+                raise PartitionDirError(
+                    f"{opened.path / part_folder(rank)}: {err}; partition again"
+                ) from None
         else:
             targets = NodeTargets.from_arrays(arrays, self.task.out_dim_of(opened.meta))
         return GSplitPart(
@@ -836,10 +897,21 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def build_model(self, model) -> torch.nn.Module:
         """The base's net; a :class:`BlockGNN` becomes an :class:`EndpointShuffleGNN` (the same
         parameters), which link prediction's endpoint exchange needs."""
+        if self.partition_dir is not None and self.is_link:  # a typed head's relations
+            self.know_pair_relations()
         net = super().build_model(model)
         if type(net) is BlockGNN:
             net.__class__ = EndpointShuffleGNN  # adds no state: the same module, one more hook call
         return net
+
+    def know_pair_relations(self) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """The link-prediction partition directory's ``(pair relations, message relations)``
+        (:func:`pair_relations`), which the task then knows (``task.relations``: a DistMult
+        head's relations, the range each scored pair's relation is checked in); ``None``:
+        homogeneous."""
+        typed = pair_relations(self.partition_meta(), self.partition_dir)
+        self.task.relations = () if typed is None else typed[0]
+        return typed
 
     @override
     def callbacks(self) -> list[L.Callback]:
@@ -902,6 +974,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             link.targets.seed,
             splits,
             comm,
+            relations=link.eval_relations,
         )
 
     def own_rows(self, net: torch.nn.Module, layers: int) -> torch.Tensor:

@@ -3,7 +3,9 @@
 gradient and evaluation statistics in float64; no evaluation pair joins its endpoints in any
 training block of any rank; every input row is loaded once, by its owner (data-parallel ranks
 load more), and the endpoint exchange moves exactly the rows each rank's pairs need from
-other ranks."""
+other ranks. A typed graph's case (a directed split: inverse relations; RGCN, a DistMult head,
+negatives filtered per relation) checks the same, with the head's gradient, and that no
+validation or test triple, nor its inverse, is an edge of any training block."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import lightning_gnnscale as gs
 from lightning_gnnscale.comm import Comm
 from lightning_gnnscale.config_types import DataConfig, ModelConfig
 from lightning_gnnscale.contract import RankContext
-from lightning_gnnscale.graph.generators import sbm
+from lightning_gnnscale.graph.generators import sbm, typed_sbm
 from lightning_gnnscale.systems.gsplit import GSplitConfig, GSplitPartitionConfig
 from lightning_gnnscale.systems.gsplit.strategy import shuffle_hook
 from lightning_gnnscale.tasks import TaskConfig
@@ -32,13 +34,27 @@ TASKS = {  # each case's negatives
     "filtered": TaskConfig(
         "link_prediction", num_negatives=2, filter_negatives=True, eval_negatives=12
     ),
+    "typed": TaskConfig(  # directed: every message structure adds inverse relations
+        "link_prediction",
+        num_negatives=2,
+        filter_negatives=True,
+        eval_negatives=12,
+        undirected=False,
+        decoder="distmult",
+    ),
 }
 
 
-def make_dataset():
-    return sbm(num_nodes=240, num_classes=3, avg_degree=8.0, num_features=6, seed=5).to(
-        torch.float64
-    )
+def is_typed(task) -> bool:
+    return task == TASKS["typed"]
+
+
+def make_dataset(typed=False):
+    if typed:
+        dataset = typed_sbm(num_nodes=200, num_relations=3, avg_degree=4.0, num_features=6, seed=5)
+    else:
+        dataset = sbm(num_nodes=240, num_classes=3, avg_degree=8.0, num_features=6, seed=5)
+    return dataset.to(torch.float64)
 
 
 def data(partition_dir=None) -> DataConfig:
@@ -54,19 +70,34 @@ def make_dm(name, cache_dir, topology="replicated", partition_dir=None, task=TAS
         )
         if partition_dir is not None:
             return DataModule(None, config, data(partition_dir), dtype=torch.float64, **kwargs)
-        return DataModule(make_dataset(), config, data(), cache_dir=cache_dir, **kwargs)
+        dataset = make_dataset(is_typed(task))
+        return DataModule(dataset, config, data(), cache_dir=cache_dir, **kwargs)
     config = type(gs.system(name)[2])(salt_by_rank=False) if name == "ddp" else None
-    return DataModule(make_dataset(), config, data(), **kwargs)
+    return DataModule(make_dataset(is_typed(task)), config, data(), **kwargs)
 
 
 def make_net(dm):
+    """The net (typed: RGCN over the task's message relations) and the task's trained head
+    (typed: DistMult, its diagonals drawn so that each relation scores differently; else
+    none), in float64."""
     torch.manual_seed(0)
-    net = dm.build_model(ModelConfig(name="sage", hidden=10, num_layers=2, dropout=0.0))
-    return net.double()
+    model = "rgcn" if is_typed(dm.task.config) else "sage"
+    net = dm.build_model(ModelConfig(name=model, hidden=10, num_layers=2, dropout=0.0))
+    head = dm.task.trained_head()
+    if head is not None:  # a diagonal per relation other than DistMult's initial ones
+        torch.nn.init.uniform_(head.weight, 0.5, 1.5)
+    return torch.nn.ModuleList([net, *([] if head is None else [head])]).double()
 
 
 def flat_grad(net) -> torch.Tensor:
     return torch.cat([p.grad.flatten() for p in net.parameters()])
+
+
+def block_edges(block, new2old) -> torch.Tensor:
+    """int64 ``[2, E]`` (typed: ``[3, E]``, the relation last) original-id edges of a block."""
+    src, dst = block.edge_index
+    ids = new2old[torch.stack([block.src_ids[src], block.dst_ids[dst]])]
+    return ids if block.edge_type is None else torch.cat([ids, block.edge_type[None]])
 
 
 def set_up(dm, comm):
@@ -81,25 +112,23 @@ def _gsplit_rank(rank, world_size, cache_dir, topology, partition_dir, task):
     comm = Comm.create()
     dm = make_dm("gsplit", cache_dir, topology, partition_dir, task)
     set_up(dm, comm)
-    net = make_net(dm)
+    modules = make_net(dm)
+    net = modules[0]
     out = {"steps": [], "edges": []}
     n = dm.held.num_nodes
     new2old = torch.empty(n, dtype=torch.int64)  # identity in memory
     new2old[dm.held.link.ids(torch.arange(n))] = torch.arange(n)
     for step in range(dm.steps_per_epoch):
-        net.zero_grad()
+        modules.zero_grad()
         batch = dm.make_batch(EPOCH, step)
         before = comm.meter.snapshot()["bytes"]
         rows = net(batch.blocks, batch.x, layer_hook=shuffle_hook(comm)(batch))
         loss = dm.task.loss_sum(rows, batch.y) / batch.global_seed_count
         loss.backward()
         moved = {k: v - before.get(k, 0) for k, v in comm.meter.snapshot()["bytes"].items()}
-        grad = comm.all_reduce(flat_grad(net), category="gradient")
+        grad = comm.all_reduce(flat_grad(modules), category="gradient")
         total = comm.all_reduce(loss.detach().clone(), category="control")
-        for block in batch.blocks:
-            src, dst = block.edge_index
-            ids = torch.stack([block.src_ids[src], block.dst_ids[dst]])
-            out["edges"].append(new2old[ids])
+        out["edges"] += [block_edges(block, new2old) for block in batch.blocks]
         endpoint = batch.plans[-1]
         out["steps"].append(
             {
@@ -121,21 +150,29 @@ def _gsplit_rank(rank, world_size, cache_dir, topology, partition_dir, task):
 @cache
 def single_reference(task=TASK):
     dm = make_dm("single", None, task=task)
-    net = make_net(dm)
+    modules = make_net(dm)
+    net = modules[0]
     steps = []
     for step in range(dm.steps_per_epoch):
-        net.zero_grad()
+        modules.zero_grad()
         batch = dm.make_batch(EPOCH, step)
         rows = net(batch.blocks, batch.x)
         loss = dm.task.loss_sum(rows, batch.y) / batch.global_seed_count
         loss.backward()
-        steps.append({"loss": loss.detach(), "grad": flat_grad(net), "inputs": batch.x.shape[0]})
+        grad = flat_grad(modules)
+        steps.append({"loss": loss.detach(), "grad": grad, "inputs": batch.x.shape[0]})
     return dm, steps, dm.eval_statistics(net, SPLITS)
 
 
-def evaluation_pairs(split) -> set[tuple[int, int]]:
+def evaluation_pairs(split) -> set[tuple[int, ...]]:
+    """The validation and test pairs in both directions; a typed split's triples
+    ``(src, dst, relation)`` and their inverses ``(dst, src, relation + R)``."""
     pairs = torch.cat([split.val_pos, split.test_pos], 1)
-    both = torch.cat([pairs, pairs.flip(0)], 1)
+    if split.is_typed:
+        rel = torch.cat([split.val_rel, split.test_rel])[None]
+        both = torch.cat([torch.cat([pairs, rel]), torch.cat([pairs.flip(0), rel + 3])], 1)
+    else:
+        both = torch.cat([pairs, pairs.flip(0)], 1)
     return set(map(tuple, both.t().tolist()))
 
 
@@ -156,6 +193,7 @@ def write_dir(tmp_path, topology, world_size, task):
         (2, "replicated", False, "uniform"),
         (3, "partitioned", False, "joint"),
         (2, "partitioned", True, "filtered"),
+        (2, "partitioned", True, "typed"),
     ],
 )
 def test_gsplit_link_prediction_equals_single(tmp_path, world_size, topology, directory, negatives):
@@ -169,12 +207,16 @@ def test_gsplit_link_prediction_equals_single(tmp_path, world_size, topology, di
     ranks = run_distributed(
         _gsplit_rank, world_size, tmp_path / "cache", topology, parts, task, timeout_s=240
     )
-    # (b) leakage: no evaluation pair is an edge of any rank's training block
-    held_out = evaluation_pairs(ref_dm.targets.split)
+    # (b) leakage: no evaluation pair (typed: triple, nor its inverse) is an edge of any rank's
+    # training block
+    split = ref_dm.targets.split
+    held_out = evaluation_pairs(split)
     for r in ranks:
         edges = torch.cat(r["edges"], 1)
         assert edges.shape[1] > 500
         assert not held_out & set(map(tuple, edges.t().tolist()))
+        if split.is_typed:  # every relation, inverses included, reaches the blocks
+            assert edges[2].unique().tolist() == list(range(6)) == list(range(len(split.relations)))
     assert len(ranks[0]["steps"]) == len(ref_steps) > 1
     for i, want in enumerate(ref_steps):
         got = [r["steps"][i] for r in ranks]

@@ -395,3 +395,52 @@ def test_a_directory_s_relation_names_must_be_distinct_names(names):
             GSplitDataModule.check_partition_part(None, opened, 0)
     opened.meta = {**meta, "relations": ["a", "b"], "node_types": ["t"]}
     GSplitDataModule.check_partition_part(None, opened, 0)
+
+
+# ------------------------------------------------ typed link prediction: damaged directories
+@pytest.mark.parametrize(
+    ("meta", "fine"),
+    [
+        ({"relations": ["a", "b"], "pair_relations": ["a", "b"]}, True),  # undirected
+        ({"relations": ["a", "b", "a_inverse", "b_inverse"], "pair_relations": ["a", "b"]}, True),
+        ({}, True),  # homogeneous
+        ({"relations": ["a", "b"]}, False),  # no pair relations
+        ({"pair_relations": ["a"]}, False),  # pair relations, no message relations
+        ({"relations": ["a", "b", "a_inverse"], "pair_relations": ["a", "b"]}, False),
+        ({"relations": ["b", "a"], "pair_relations": ["a", "b"]}, False),
+        ({"relations": ["a"], "pair_relations": "a"}, False),
+    ],
+)
+def test_a_typed_link_directory_s_pair_relations_must_name_its_relations(meta, fine):
+    """The metadata's ``pair_relations`` (the pairs' relations, ``task.relations``) must be the
+    ``relations`` messages pass over, or those followed by each one's inverse."""
+    from lightning_gnnscale.systems.gsplit.datamodule import pair_relations
+
+    if fine:
+        want = (tuple(meta["pair_relations"]), tuple(meta["relations"])) if meta else None
+        assert pair_relations(meta, "/parts") == want
+        return
+    with pytest.raises(PartitionDirError, match="'pair_relations'"):
+        pair_relations(meta, "/parts")
+
+
+@pytest.mark.parametrize(
+    ("rel", "message"),
+    [
+        (None, "without their relations"),
+        (torch.tensor([0, 1], dtype=torch.int32), "must be int64 \\[2\\]"),
+        (torch.tensor([0, 1, 1]), "must be int64 \\[2\\]"),
+        (torch.tensor([0, 3]), "outside \\[0, 3\\)"),
+        (torch.tensor([-1, 0]), "outside \\[0, 3\\)"),
+    ],
+)
+def test_a_part_s_pair_relations_are_checked(rel, message):
+    """A part's pair relations (outside input) are int64, one per pair, in ``[0, R)``."""
+    from lightning_gnnscale.systems.gsplit.link import check_pair_relations
+
+    arrays = {"val_pos": torch.tensor([[0, 1], [2, 3]])}
+    if rel is not None:
+        arrays["val_rel"] = rel
+    with pytest.raises(ValueError, match=message):
+        check_pair_relations(arrays, "val", 3)
+    check_pair_relations({**arrays, "val_rel": torch.tensor([0, 2])}, "val", 3)
