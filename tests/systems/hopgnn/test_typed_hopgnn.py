@@ -26,6 +26,7 @@ from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.systems.hopgnn import HopGNNConfig, HopGNNDataModule, HopGNNPrepared
 from lightning_gnnscale.systems.hopgnn.planner import remote_inputs, sample_steps
 from lightning_gnnscale.systems.hopgnn.strategy import run_iteration, sum_gradients
+from lightning_gnnscale.tasks import TaskConfig
 from tests.helpers.dist import run_distributed
 
 R = 3
@@ -145,7 +146,7 @@ def test_rgcn_on_a_typed_graph_equals_one_process(world_size, batch_size):
 
 
 # ------------------------------------------------------------------ partition directories
-def make_dm(cache_dir, name="hopgnn", partition_dir=None, per_relation=None):
+def make_dm(cache_dir, name="hopgnn", partition_dir=None, per_relation=None, task=None):
     data = DataConfig(
         batch_size=32,
         fanouts=FANOUTS,
@@ -160,6 +161,7 @@ def make_dm(cache_dir, name="hopgnn", partition_dir=None, per_relation=None):
         cache_dir=cache_dir,
         dtype=torch.float64,
         dataset_options=TYPED,
+        **({} if task is None else {"task": task}),
     )
 
 
@@ -294,3 +296,63 @@ def test_a_typed_directorys_relations_are_checked_when_loaded(tmp_path):
             _load(tmp_path, change)
     with pytest.raises(ConfigError, match=r"\['rel_9'\].*\['rel_0', 'rel_1', 'rel_2'\]"):
         _load(tmp_path, per_relation={"rel_9": [1, 1]})
+
+
+def test_a_typed_link_directorys_relations_are_checked_when_loaded(tmp_path):
+    """Typed link prediction from a directory (a directed split): the metadata names the
+    message relations (RGCN's ``2R``) and the pairs' (DistMult's ``R``, told to the task
+    before its head is built); the sampler, the stages and the pairs carry their relations,
+    as the in-memory rank's. Outside input: a missing ``train_rel``, a stage's relation out
+    of range, an evaluation pair's relation out of range are refused at set-up."""
+    task = TaskConfig("link_prediction", decoder="distmult", undirected=False)
+    in_memory = make_dm(tmp_path / "cache", task=task)
+    in_memory.write_partition_dir(tmp_path / "parts", 1, log=lambda *_: 0)
+    names = [f"rel_{r}" for r in range(R)]
+    meta = PartitionDir.open(tmp_path / "parts").meta
+    assert meta["relations"] == names + [f"{n}_inverse" for n in names]
+    assert meta["pair_relations"] == names
+    dm = _load(tmp_path, task=task)
+    assert dm.num_relations == 2 * R and dm.task.relations == tuple(names)
+    assert dm.task.trained_head().weight.shape[0] == R  # DistMult: a diagonal per relation
+    context = RankContext(Comm.create(), torch.device("cpu"))
+    in_memory.setup_rank(context, in_memory.rank_part(context))
+    want, got = in_memory.held, dm.held
+    assert got.sampler.relation_fanouts == want.sampler.relation_fanouts
+    new2old = got.sampler.orig_ids
+    for stage in ("train", "test"):  # each stage's (dst, src, relation) multiset
+        keys = []
+        for held, ids in ((want, None), (got, new2old)):
+            indptr, indices = held.link.structures[stage]
+            dst = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr.diff())
+            src, dst = (indices, dst) if ids is None else (ids[indices], ids[dst])
+            key = (dst * TYPED["num_nodes"] + src) * 2 * R + held.link.edge_types[stage]
+            keys.append(key.sort().values)
+        assert torch.equal(*keys)
+    for split in ("val", "test"):
+        assert torch.equal(got.link.relations[split], want.link.relations[split])
+    assert torch.equal(got.link.targets.split.train_rel, want.link.targets.split.train_rel)
+
+    def without(arrays):
+        del arrays["train_rel"]
+        return arrays
+
+    def stage_out_of_range(arrays):
+        arrays["test_edge_type"] = arrays["test_edge_type"].clone()
+        arrays["test_edge_type"][0] = 2 * R
+        return arrays
+
+    with pytest.raises(PartitionDirError, match=r"holds no \['train_rel'\]"):
+        _load(tmp_path, without, task=task)
+    with pytest.raises(PartitionDirError, match="test_edge_type.npy must be int64"):
+        _load(tmp_path, stage_out_of_range, task=task)
+    load_part = PartitionDir.load_part
+
+    def bad_val_rel(self, rank):
+        arrays = dict(load_part(self, rank))
+        arrays["val_rel"] = arrays["val_rel"] + R
+        return arrays
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PartitionDir, "load_part", bad_val_rel)
+        with pytest.raises(PartitionDirError, match=r"val_rel must be int64 .* in \[0, 3\)"):
+            _load(tmp_path, task=task)
