@@ -18,6 +18,7 @@ from lightning_gnnscale.graph.generators import sbm, typed_sbm
 from lightning_gnnscale.graph.partition import partition
 from lightning_gnnscale.kit.loaders import StepBatcher
 from lightning_gnnscale.models.gnn import BlockGNN
+from lightning_gnnscale.models.inference import full_logits
 from lightning_gnnscale.systems.hopgnn import HopGNNConfig, HopGNNDataModule, HopGNNPrepared
 from lightning_gnnscale.systems.hopgnn.datamodule import LinkStepBatch
 from lightning_gnnscale.systems.hopgnn.strategy import (
@@ -57,6 +58,7 @@ TASK_SETTINGS = {
 TYPED_R = 3
 # the typed case's schedules: the default, roots moved to other models, the baseline
 TYPED_VARIANTS = ("default", "merge_home_T2", "model_centric")
+EVAL_SPLITS = ("val", "test")
 
 
 def small_dataset(task_label="uniform"):
@@ -135,6 +137,9 @@ def _train_rank(rank, world_size, part, task_label):
             losses.append(float(loss))
             opt.step()
         out[label] = [p.detach().clone() for p in params]
+        if label == "default" and task_label.startswith("typed"):  # triples scored by DistMult
+            stats = dm.link_statistics(module.net.eval(), EVAL_SPLITS)
+            out["statistics"] = comm.all_reduce(stats, category="control")
     return out, block_record(dm, blocks)
 
 
@@ -218,7 +223,15 @@ def reference(task_label):
         out = net(batch.blocks, batch.x)
         (task.loss_sum(out, batch.y) / batch.global_seed_count).backward()
         opt.step()
-    return params
+    statistics = None
+    if dataset.graph.is_typed:  # single's evaluation: every node embedded over each stage
+
+        def embed(stage):
+            graph = task.stage_graph(dataset.graph, targets, stage)
+            return full_logits(graph, net.eval(), 1 << 16)
+
+        statistics = task.link_statistics(embed, targets, EVAL_SPLITS, 0, 1)
+    return params, statistics
 
 
 @pytest.mark.dist
@@ -235,11 +248,14 @@ def test_link_prediction_equals_one_process(world_size, task_label):
     its inverse in the trained blocks: :func:`assert_no_leak`)."""
     part = partition(small_dataset(task_label).graph, "metis", world_size, seed=0)
     results = run_distributed(_train_rank, world_size, part, task_label, timeout_s=240)
-    want = reference(task_label)
+    want, statistics = reference(task_label)
     count = {"uniform": 6, "joint_k2_mlp_excluded": 10, "typed_distmult_directed": 7}
     for r, record in results:
         if task_label.startswith("typed"):
             assert_no_leak(record)
+            got = r.pop("statistics")  # partition-local scoring of the triples = single's
+            assert bool((statistics[:, 2] > 0).all())
+            torch.testing.assert_close(got, statistics, rtol=0, atol=1e-9)
         for label in r:
             assert len(r[label]) == len(want) == count[task_label]
             for got, ref in zip(r[label], want):
