@@ -59,6 +59,7 @@ TYPED_R = 3
 # the typed case's schedules: the default, roots moved to other models, the baseline
 TYPED_VARIANTS = ("default", "merge_home_T2", "model_centric")
 EVAL_SPLITS = ("val", "test")
+PER_RELATION = {"rel_1_inverse": [2, 1]}  # an inverse relation's own fanouts
 
 
 def small_dataset(task_label="uniform"):
@@ -107,7 +108,9 @@ class Module(nn.Module):
 
 
 def setup(dataset, config, task, part, rank, comm, batch=BATCH):
-    dm = HopGNNDataModule(dataset, config, DataConfig(batch, FANOUTS), seed=SEED, task=task)
+    per_relation = PER_RELATION if dataset.graph.is_typed else {}
+    data = DataConfig(batch, FANOUTS, fanouts_per_relation=per_relation)
+    dm = HopGNNDataModule(dataset, config, data, seed=SEED, task=task)
     dm.setup_rank(
         RankContext(comm, torch.device("cpu")), dm.part_of(HopGNNPrepared(part, {}), rank)
     )
@@ -199,8 +202,10 @@ def reference(task_label):
     targets = task.prepare(dataset, SEED)
     relation_fanouts = None
     if dataset.graph.is_typed:
-        relations = len(task.message_relations(dataset.graph))
-        relation_fanouts = [(f,) * relations for f in FANOUTS]
+        relations = task.message_relations(dataset.graph)
+        relation_fanouts = [
+            tuple(PER_RELATION.get(r, FANOUTS)[hop] for r in relations) for hop in range(2)
+        ]
     batcher = StepBatcher.on_graph(
         dataset.graph,
         targets,

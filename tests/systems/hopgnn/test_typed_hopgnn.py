@@ -318,19 +318,26 @@ def test_a_typed_link_directorys_relations_are_checked_when_loaded(tmp_path):
     in_memory.setup_rank(context, in_memory.rank_part(context))
     want, got = in_memory.held, dm.held
     assert got.sampler.relation_fanouts == want.sampler.relation_fanouts
-    new2old = got.sampler.orig_ids
-    for stage in ("train", "test"):  # each stage's (dst, src, relation) multiset
-        keys = []
-        for held, ids in ((want, None), (got, new2old)):
-            indptr, indices = held.link.structures[stage]
-            dst = torch.repeat_interleave(torch.arange(indptr.numel() - 1), indptr.diff())
-            src, dst = (indices, dst) if ids is None else (ids[indices], ids[dst])
-            key = (dst * TYPED["num_nodes"] + src) * 2 * R + held.link.edge_types[stage]
-            keys.append(key.sort().values)
-        assert torch.equal(*keys)
     for split in ("val", "test"):
         assert torch.equal(got.link.relations[split], want.link.relations[split])
     assert torch.equal(got.link.targets.split.train_rel, want.link.targets.split.train_rel)
+    # 2 parts (relabelled): every CSC's relations follow their edges, segments in order
+    in_memory.write_partition_dir(tmp_path / "parts2", 2, log=lambda *_: 0)
+    shared = PartitionDir.open(tmp_path / "parts2").load_shared("topology", 0)
+    split, graph, n = in_memory.targets.split, in_memory.graph, TYPED["num_nodes"]
+    old = {"": (graph.indptr, graph.indices, graph.edge_type)}
+    old |= {f"{s}_": (*split.structure(s), split.structure_edge_type(s)) for s in ("train", "test")}
+    orig = shared["orig_ids"]
+    assert not torch.equal(orig, torch.arange(n))  # relabelled
+    for prefix, (indptr, indices, edge_type) in old.items():
+        new_indptr = shared[f"{prefix}indptr"]
+        new_dst = orig[torch.repeat_interleave(torch.arange(n), new_indptr.diff())]
+        new_src, new_rel = orig[shared[f"{prefix}indices"]], shared[f"{prefix}edge_type"]
+        dst = torch.repeat_interleave(torch.arange(n), indptr.diff())
+        assert torch.equal(  # segment by segment, in the original order
+            torch.stack([new_src, new_rel])[:, torch.argsort(new_dst, stable=True)],
+            torch.stack([indices, edge_type])[:, torch.argsort(dst, stable=True)],
+        )
 
     def without(arrays):
         del arrays["train_rel"]
