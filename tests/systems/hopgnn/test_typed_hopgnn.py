@@ -304,7 +304,9 @@ def test_a_typed_link_directorys_relations_are_checked_when_loaded(tmp_path):
     before its head is built); the sampler, the stages and the pairs carry their relations,
     as the in-memory rank's. Outside input: a missing ``train_rel``, a stage's relation out
     of range, an evaluation pair's relation out of range are refused at set-up."""
-    task = TaskConfig("link_prediction", decoder="distmult", undirected=False)
+    task = TaskConfig(
+        "link_prediction", decoder="distmult", undirected=False, filter_negatives=True
+    )
     in_memory = make_dm(tmp_path / "cache", task=task)
     in_memory.write_partition_dir(tmp_path / "parts", 1, log=lambda *_: 0)
     names = [f"rel_{r}" for r in range(R)]
@@ -338,6 +340,16 @@ def test_a_typed_link_directorys_relations_are_checked_when_loaded(tmp_path):
             torch.stack([new_src, new_rel])[:, torch.argsort(new_dst, stable=True)],
             torch.stack([indices, edge_type])[:, torch.argsort(dst, stable=True)],
         )
+    # task.filter_negatives: a part's training lookup (rebuilt in original ids, typed) draws
+    # the in-memory negatives
+    two = make_dm(tmp_path / "cache", partition_dir=str(tmp_path / "parts2"), task=task)
+    targets = two.load_part(two.open_partition_dir(2), 1).link.targets
+    seeds = torch.arange(0, targets.split.train_pos.shape[1], 3)
+    for step in range(2):
+        args = (seeds, torch.arange(seeds.numel()))
+        got_rows = two.task.step_rows(targets, *args, epoch=0, step=step)
+        want_rows = in_memory.task.step_rows(want.link.targets, *args, epoch=0, step=step)
+        assert all(torch.equal(a, b) for a, b in zip(got_rows, want_rows, strict=True))
 
     def without(arrays):
         del arrays["train_rel"]
