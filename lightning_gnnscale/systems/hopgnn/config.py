@@ -102,6 +102,9 @@ class HopGNNConfig(SystemConfig):
     # typed graphs (node tasks): per-relation sampling over the replicated typed topology
     # (docs/systems/hopgnn.md, "Typed graphs")
     TYPED_GRAPHS: ClassVar[bool] = True
+    # typed link prediction: a pair carries its relation through the plan, the training
+    # structure's inverse relations are sampled per relation (docs/systems/hopgnn.md)
+    TYPED_LINK_PREDICTION: ClassVar[bool] = True
     PRESETS: ClassVar[dict[str, dict]] = {n: s for n, (_, s) in _PRESETS.items()}
 
     def __post_init__(self) -> None:

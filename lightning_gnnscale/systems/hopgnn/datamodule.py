@@ -43,7 +43,6 @@ from ...graph.block import Block
 from ...graph.book import (
     PartitionBook,
     RangeBook,
-    relabel_csc,
     relabelled_edge_ids,
     sort_sources,
 )
@@ -180,6 +179,10 @@ class LinkPart:
         own_ids: original ids of the nodes this rank evaluates (its own), in its rows' order.
         pairs: ``{split: (pos [2, m], index [m])}``: the evaluation pairs it scores (those
             whose source it owns, original ids) and their positions in the split.
+        edge_types: a typed graph's ``{stage: int64 [E_stage]}``, the relation of every edge
+            of ``structures[stage]`` (inverse edges ``r + R``); ``{}`` when homogeneous.
+        relations: a typed graph's ``{split: int64 [m]}``, the relation of each of ``pairs``'
+            triples; ``None`` when homogeneous.
     """
 
     targets: Any
@@ -188,6 +191,8 @@ class LinkPart:
     structures: dict[str, tuple[Tensor, Tensor]]
     own_ids: Tensor
     pairs: dict[str, tuple[Tensor, Tensor]]
+    edge_types: dict[str, Tensor] = field(default_factory=dict)
+    relations: dict[str, Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,7 @@ class HopGNNPart:
             node task (``target`` is then unused under link prediction).
         topology: the whole graph's CSC in these ids (what prediction passes messages
             over); ``None``: the sampler's.
+        topology_edge_type: a typed graph's relation of every edge of ``topology``.
     """
 
     home: Tensor | RangeBook
@@ -225,6 +231,7 @@ class HopGNNPart:
     own: OwnNodes | None
     link: LinkPart | None = None
     topology: tuple[Tensor, Tensor] | None = None
+    topology_edge_type: Tensor | None = None
 
     @property
     def split_table(self) -> Tensor:
@@ -275,26 +282,61 @@ def owned_eval_pairs(
     return out
 
 
-def directory_link_targets(train_pos: Tensor, train: tuple[Tensor, Tensor], orig_ids, task, seed):
+def owned_eval_relations(split, pairs: dict[str, tuple[Tensor, Tensor]]):
+    """A typed split's ``{split: int64 [m]}``: the relation of each of ``pairs``' triples
+    (:func:`owned_eval_pairs`); ``None`` when homogeneous."""
+    if not split.is_typed:
+        return None
+    return {name: split.positive_relations(name)[index] for name, (_, index) in pairs.items()}
+
+
+def directory_link_targets(
+    train_pos: Tensor,
+    train: tuple[Tensor, Tensor],
+    orig_ids,
+    task,
+    seed,
+    typed: dict | None = None,
+):
     """The :class:`~...tasks.link_prediction.LinkTargets` a rank loading a partition directory
     hands ``task.step_rows``: the training pairs (original ids), the node count and the seed.
     Its split holds no evaluation pairs; its training CSC (original ids, what
     ``task.filter_negatives`` redraws against) is rebuilt from the relabelled one ``train``
-    only under that setting, else left empty (nothing else reads it)."""
-    from ...tasks.link.split import LinkSplit
+    only under that setting, else left empty (nothing else reads it). ``typed`` (a typed
+    split): ``train_rel`` (the training pairs' relations), ``train_edge_type`` (of
+    ``train``'s edges), ``relations`` (the message relations) and ``num_relations`` (the
+    pairs' ``R``)."""
+    from ...tasks.link.split import LinkSplit, triple_keys
     from ...tasks.link_prediction import LinkTargets
 
     n = orig_ids.numel()
     empty = torch.empty(0, dtype=torch.int64)
     indptr, indices = torch.zeros(n + 1, dtype=torch.int64), empty
+    edge_type = None if typed is None else empty
     if task.config.filter_negatives:
         new_indptr, new_indices = train
         dst = orig_ids[torch.repeat_interleave(torch.arange(n), new_indptr[1:] - new_indptr[:-1])]
         src = orig_ids[new_indices]
-        order = torch.argsort(dst * n + src)
+        if typed is None:
+            order = torch.argsort(dst * n + src)
+        else:  # each segment sorted by (relation, source), as graph.csc.Graph keeps them
+            rel = typed["train_edge_type"]
+            order = torch.argsort(triple_keys(src, dst, rel, n, max(1, len(typed["relations"]))))
+            edge_type = rel[order]
         torch.cumsum(torch.bincount(dst, minlength=n), 0, out=indptr[1:])
         indices = src[order]
     pairs = torch.empty((2, 0), dtype=torch.int64)
+    relations = {}
+    if typed is not None:
+        relations = {
+            "train_rel": typed["train_rel"],
+            "val_rel": empty,
+            "test_rel": empty,
+            "train_edge_type": edge_type,
+            "test_edge_type": edge_type,
+            "relations": tuple(typed["relations"]),
+            "num_relations": typed["num_relations"],
+        }
     split = LinkSplit(
         train_pos,
         pairs,
@@ -305,8 +347,43 @@ def directory_link_targets(train_pos: Tensor, train: tuple[Tensor, Tensor], orig
         indptr,
         indices,
         bool(task.config.undirected),
+        **relations,
     )
     return LinkTargets(split, n, task.config.embedding_dim, seed)
+
+
+def check_edge_type(where: str, prefix: str, replicated: dict, num_relations: int) -> None:
+    """A directory's relation per edge ``{prefix}edge_type`` of the CSC ``{prefix}indptr`` /
+    ``{prefix}indices`` (outside input): int64, one per edge, in ``[0, num_relations)``, each
+    in-edge segment sorted by relation (what the per-relation slots assume); else
+    :class:`PartitionDirError`."""
+    name = f"{prefix}edge_type"
+    edge_type, indptr = replicated[name], replicated[f"{prefix}indptr"]
+    ok = edge_type.dtype == torch.int64 and edge_type.shape == replicated[f"{prefix}indices"].shape
+    if ok and edge_type.numel():
+        ok = int(edge_type.min()) >= 0 and int(edge_type.max()) < num_relations
+        starts = torch.zeros(edge_type.numel(), dtype=torch.bool)
+        starts[indptr[:-1][indptr[1:] > indptr[:-1]]] = True
+        ok = ok and bool(((edge_type[1:] >= edge_type[:-1]) | starts[1:]).all())
+    if not ok:
+        raise PartitionDirError(
+            f"{where}: shared-topology/{name}.npy must be int64, one relation in "
+            f"[0, {num_relations}) per edge, each in-edge segment sorted by relation; "
+            "partition again"
+        )
+
+
+def check_relations(where: str, name: str, rel: Tensor, count: int, num_relations: int) -> None:
+    """A directory's pair relations ``name`` (outside input): int64 ``[count]`` in
+    ``[0, num_relations)``; else :class:`PartitionDirError`."""
+    ok = rel.dtype == torch.int64 and rel.shape == (count,)
+    if ok and rel.numel():
+        ok = int(rel.min()) >= 0 and int(rel.max()) < num_relations
+    if not ok:
+        raise PartitionDirError(
+            f"{where}: {name} must be int64 [{count}] (one relation per pair) in "
+            f"[0, {num_relations}), got {rel.dtype} {tuple(rel.shape)}; partition again"
+        )
 
 
 class FeatureShard:
@@ -573,15 +650,27 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         segments in their original order), the training pairs (original ids: what the
         negatives are keyed on) and every node's original id; part ``k`` its feature shard
         and the validation and test pairs whose source it owns, with their positions in the
-        split (what their fixed negatives are keyed on)."""
+        split (what their fixed negatives are keyed on). A typed split adds each CSC's
+        relation per edge (``edge_type``, ``train_edge_type``, ``test_edge_type``, in the
+        relabelled edge order), the training pairs' relations ``train_rel`` and a part's
+        pairs' ``val_rel`` / ``test_rel``; the metadata names the message relations
+        (``relations``: what the RGCN and the per-relation fanouts are sized from) and the
+        pairs' (``pair_relations``: DistMult's)."""
         graph, split = self.graph, self.targets.split
         replicated = {"orig_ids": book.new2old, "train_pos": split.train_pos}
-        stages = {"": (graph.indptr, graph.indices)}
-        stages |= {f"{stage}_": split.structure(stage) for stage in ("train", "test")}
-        for prefix, (indptr, indices) in stages.items():
-            replicated[f"{prefix}indptr"], replicated[f"{prefix}indices"] = relabel_csc(
-                indptr, indices, book
-            )
+        stages = {"": (graph.indptr, graph.indices, graph.edge_type)}
+        stages |= {
+            f"{stage}_": (*split.structure(stage), split.structure_edge_type(stage))
+            for stage in ("train", "test")
+        }
+        for prefix, (indptr, indices, edge_type) in stages.items():
+            new_indptr, old_edge = relabelled_edge_ids(indptr, book)  # relabel_csc's order
+            replicated[f"{prefix}indptr"] = new_indptr
+            replicated[f"{prefix}indices"] = book.old2new[indices[old_edge]]
+            if split.is_typed:
+                replicated[f"{prefix}edge_type"] = edge_type[old_edge]
+        if split.is_typed:
+            replicated["train_rel"] = split.train_rel
         writer.write_shared("topology", replicated)
         indptr = replicated["indptr"]
         del replicated
@@ -589,12 +678,22 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         for k in range(world_size):
             lo, hi = int(book.node_offsets[k]), int(book.node_offsets[k + 1])
             arrays = {"x": graph.x[book.new2old[lo:hi]]}
-            for name, (pos, index) in owned_eval_pairs(split, lambda i: home[i], k).items():
+            pairs = owned_eval_pairs(split, lambda i: home[i], k)
+            for name, (pos, index) in pairs.items():
                 arrays[f"{name}_pos"], arrays[f"{name}_index"] = pos, index
+            for name, rel in (owned_eval_relations(split, pairs) or {}).items():
+                arrays[f"{name}_rel"] = rel
             sizes = {"nodes": hi - lo, "edges": int(indptr[hi] - indptr[lo])}
             writer.write_part(k, arrays, sizes, shared=["topology"])
             log(f"[partition] part {k + 1}/{world_size} written ({sizes})")
-        return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report}
+        typed = {}
+        if split.is_typed:
+            typed = {
+                **typed_meta(graph),
+                "relations": list(split.relations),
+                "pair_relations": list(graph.relations),
+            }
+        return {"node_offsets": book.node_offsets.tolist(), "report": prepared.report, **typed}
 
     @override
     def check_partition_part(self, opened: PartitionDir, k: int) -> None:
@@ -626,21 +725,27 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             def owner(ids: Tensor) -> Tensor:
                 return home.index_select(0, ids)
 
+            pairs = owned_eval_pairs(split, owner, rank)
+            edge_types = {}
+            if split.is_typed:
+                edge_types = {s: split.structure_edge_type(s) for s in ("train", "test")}
             link = LinkPart(
                 targets=self.targets,
                 home=owner,
                 to_local=None,
                 structures=structures,
                 own_ids=(home == rank).nonzero().flatten(),
-                pairs=owned_eval_pairs(split, owner, rank),
+                pairs=pairs,
+                edge_types=edge_types,
+                relations=owned_eval_relations(split, pairs),
             )
         indptr, indices = link.structures["train"] if link else (graph.indptr, graph.indices)
         typed = {}
-        if graph.is_typed and link is None:  # (a task refuses links on a typed graph)
+        if graph.is_typed:  # link prediction: the training edges' message relations
             typed = {
-                "edge_type": graph.edge_type,
+                "edge_type": link.edge_types["train"] if link else graph.edge_type,
                 "relation_fanouts": self.relation_fanouts,
-                "num_relations": graph.num_relations,
+                "num_relations": self.num_relations,
             }
         return HopGNNPart(
             home=home,
@@ -697,22 +802,10 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                 f"{where}: its metadata names relations {relations} but the shared group "
                 "'topology' holds no edge_type; partition again"
             )
-        edge_type, indptr = replicated["edge_type"], replicated["indptr"]
         num_relations = len(relations)
-        ok = edge_type.dtype == torch.int64 and edge_type.shape == replicated["indices"].shape
-        if ok and edge_type.numel():
-            ok = int(edge_type.min()) >= 0 and int(edge_type.max()) < num_relations
-            starts = torch.zeros(edge_type.numel(), dtype=torch.bool)
-            starts[indptr[:-1][indptr[1:] > indptr[:-1]]] = True
-            ok = ok and bool(((edge_type[1:] >= edge_type[:-1]) | starts[1:]).all())
-        if not ok:
-            raise PartitionDirError(
-                f"{where}: shared-topology/edge_type.npy must be int64, one relation in "
-                f"[0, {num_relations}) per edge, each in-edge segment sorted by relation; "
-                "partition again"
-            )
+        check_edge_type(where, "", replicated, num_relations)
         return {
-            "edge_type": edge_type,
+            "edge_type": replicated["edge_type"],
             "relation_fanouts": relation_fanouts(self.data, relations, where),
             "num_relations": num_relations,
         }
@@ -732,8 +825,9 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             for stage in ("train", "test")
         }
         num_nodes = orig_ids.numel()
+        typed = self._directory_link_relations(opened, replicated, arrays)
         targets = directory_link_targets(
-            train_pos, structures["train"], orig_ids, self.task, self.seed
+            train_pos, structures["train"], orig_ids, self.task, self.seed, typed.get("split")
         )
 
         def to_local(ids: Tensor) -> Tensor:
@@ -750,9 +844,15 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             structures=structures,
             own_ids=orig_ids[first:stop],
             pairs={s: (arrays[f"{s}_pos"], arrays[f"{s}_index"]) for s in ("val", "test")},
+            edge_types=typed.get("edge_types", {}),
+            relations=typed.get("relations"),
         )
         sampler = RelabelledSampler(
-            *structures["train"], orig_ids, list(self.data.fanouts), self.seed
+            *structures["train"],
+            orig_ids,
+            list(self.data.fanouts),
+            self.seed,
+            **typed.get("sampler", {}),
         )
         train_ids = torch.arange(train_pos.shape[1])  # the task's seeds: pair positions
         return HopGNNPart(
@@ -766,7 +866,63 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             None,
             link=link,
             topology=(replicated["indptr"], replicated["indices"]),
+            topology_edge_type=typed.get("topology_edge_type"),
         )
+
+    def _directory_link_relations(self, opened, replicated: dict, arrays: dict) -> dict:
+        """A typed link directory's relations (``{}`` for a homogeneous one), checked as
+        outside input: every CSC's ``edge_type`` (:func:`check_edge_type`, the message
+        relations), the training pairs' and this part's evaluation pairs' relations (the
+        pairs' relations), and ``data.fanouts_per_relation`` naming only message relations.
+        Returns the sampler's settings, the stages' edge types, the whole graph's, and the
+        pairs' relations."""
+        relations = opened.meta.get("relations")
+        if relations is None:
+            return {}
+        where = f"partition directory {opened.path}"
+        pair_relations = opened.meta.get("pair_relations")
+        names = ["edge_type", "train_edge_type", "test_edge_type", "train_rel"]
+        missing = [n for n in names if n not in replicated]
+        missing += [f"{s}_rel" for s in ("val", "test") if f"{s}_rel" not in arrays]
+        if pair_relations is None or missing:
+            raise PartitionDirError(
+                f"{where}: its metadata names relations {relations} but it holds no "
+                f"{missing or 'pair_relations'} (a typed link split's relations); partition again"
+            )
+        for prefix in ("", "train_", "test_"):
+            check_edge_type(where, prefix, replicated, len(relations))
+        check_relations(
+            where, "train_rel", replicated["train_rel"], replicated["train_pos"].shape[1],
+            len(pair_relations),
+        )  # fmt: skip
+        for s in ("val", "test"):
+            count = arrays[f"{s}_index"].numel()
+            check_relations(where, f"{s}_rel", arrays[f"{s}_rel"], count, len(pair_relations))
+        return {
+            "sampler": {
+                "edge_type": replicated["train_edge_type"],
+                "relation_fanouts": relation_fanouts(self.data, relations, where),
+                "num_relations": len(relations),
+            },
+            "edge_types": {s: replicated[f"{s}_edge_type"] for s in ("train", "test")},
+            "topology_edge_type": replicated["edge_type"],
+            "split": {
+                "train_rel": replicated["train_rel"],
+                "train_edge_type": replicated["train_edge_type"],
+                "relations": relations,
+                "num_relations": len(pair_relations),
+            },
+            "relations": {s: arrays[f"{s}_rel"] for s in ("val", "test")},
+        }
+
+    @override
+    def check_partition_task(self, opened) -> None:
+        """The base's check; then a typed link directory tells the task its pairs' relations
+        (``pair_relations``: what DistMult's diagonals are sized from, before the module's
+        head is built, as ``task.prepare`` does in memory)."""
+        super().check_partition_task(opened)
+        if self.is_link and "pair_relations" in opened.meta:
+            self.task.relations = tuple(opened.meta["pair_relations"])
 
     # ------------------------------------------------------------------------ rank set-up
     @override
@@ -817,7 +973,9 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         before = self.comm.meter.snapshot()
 
         def embed(stage: str) -> Tensor:
-            return self._owned_embeddings(net, link.structures[stage], net.num_layers)
+            return self._owned_embeddings(
+                net, link.structures[stage], net.num_layers, link.edge_types.get(stage)
+            )
 
         stats = owned_link_statistics(
             self.task,
@@ -829,22 +987,31 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
             self.seed,
             splits,
             self.comm,
+            relations=link.relations,
         )
         self._untime(before)
         return stats
 
     def _owned_embeddings(
-        self, net: torch.nn.Module, structure: tuple[Tensor, Tensor], layers: int
+        self,
+        net: torch.nn.Module,
+        structure: tuple[Tensor, Tensor],
+        layers: int,
+        edge_type: Tensor | None = None,
     ) -> Tensor:
         """The first ``layers`` layers' full-neighbourhood rows of this rank's own nodes over
-        ``structure`` (a CSC in this rank's ids), in its own rows' order."""
+        ``structure`` (a CSC in this rank's ids; a typed graph's with ``edge_type``, its
+        message relations), in its own rows' order."""
         indptr, indices = structure
         chunk = self.data.eval_chunk_size
+        typed = {}
+        if edge_type is not None:
+            typed = {"edge_type": edge_type, "num_relations": self.num_relations}
         if isinstance(self.part, RangeBook):
             return owned_range_rows(
-                net, self.comm, self.part, indptr, indices, self.shard.rows, layers, chunk
+                net, self.comm, self.part, indptr, indices, self.shard.rows, layers, chunk, **typed
             )
-        own = CSCRows.owned(indptr, indices, self.held.link.own_ids)
+        own = CSCRows.owned(indptr, indices, self.held.link.own_ids, **typed)
         home = self.part
 
         def owner(ids: Tensor) -> Tensor:
@@ -877,9 +1044,12 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         epoch time, which counts training bytes (in memory evaluation sends neither)."""
         before = self.comm.meter.snapshot()
         topology = self.held.topology or (self.sampler.indptr, self.sampler.indices)
+        edge_type = self.held.topology_edge_type
+        if self.held.topology is None:
+            edge_type = self.sampler.edge_type
         typed = {}
-        if self.held.topology is None and self.sampler.edge_type is not None:
-            typed = {"edge_type": self.sampler.edge_type, "num_relations": self.num_relations}
+        if edge_type is not None:
+            typed = {"edge_type": edge_type, "num_relations": self.num_relations}
         rows = owned_range_rows(
             net,
             self.comm,
@@ -1090,7 +1260,8 @@ class HopGNNDataModule(ReplicatedGraphEvaluation, GNNDataModule):
                     recv_splits=share.recv_splits,
                 )
             )
-        pairs = torch.cat([torch.empty((0, 3), dtype=torch.int64), *[s.y for s in shares]])
+        width = 4 if link.targets.split.is_typed else 3  # typed: the relation last
+        pairs = torch.cat([torch.empty((0, width), dtype=torch.int64), *[s.y for s in shares]])
         stats = {
             "sample_s": sample_done - start,
             "load_s": time.perf_counter() - sample_done,

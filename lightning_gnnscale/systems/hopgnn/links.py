@@ -37,27 +37,33 @@ class StepPairs:
     Attributes:
         src, dst, truth: int64 ``[M]`` every pair's endpoints (original ids) and truth (1 a positive, 0 a negative).
         batches: ``batches[d]``: model ``d``'s pair ids (into ``src``...), contiguous.
+        rel: a typed graph's int64 ``[M]`` relation of every pair (a negative keeps its
+            positive's); ``None`` when homogeneous.
     """
 
     src: Tensor
     dst: Tensor
     truth: Tensor
     batches: list[Tensor]
+    rel: Tensor | None = None
 
 
 def step_pairs(task, targets, global_seeds: Tensor, world_size: int, epoch: int, step: int):
     """:class:`StepPairs` of the global batch ``global_seeds`` (training pair positions): model
     ``d``'s share is its ``tensor_split`` chunk, its pairs ``task.step_rows`` of it."""
     positions = torch.tensor_split(torch.arange(global_seeds.numel()), world_size)
-    src, dst, truth, batches, offset = [], [], [], [], 0
+    src, dst, truth, rel, batches, offset = [], [], [], [], [], 0
     for share in positions:
         nodes, y = task.step_rows(targets, global_seeds[share], share, epoch=epoch, step=step)
         src.append(nodes[y[:, 0]])
         dst.append(nodes[y[:, 1]])
         truth.append(y[:, 2])
+        rel.append(y[:, 3:])  # a typed graph's relation column ([pairs, 0] when homogeneous)
         batches.append(torch.arange(offset, offset + y.shape[0]))
         offset += y.shape[0]
-    return StepPairs(torch.cat(src), torch.cat(dst), torch.cat(truth), batches)
+    typed = torch.cat(rel)
+    typed = typed[:, 0].contiguous() if typed.shape[1] else None
+    return StepPairs(torch.cat(src), torch.cat(dst), torch.cat(truth), batches, typed)
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,8 @@ class LinkShare:
         nodes: int64 ``[n]`` sorted original ids whose output rows it computes (the
             micrograph set's roots).
         y: int64 ``[pairs, 3]`` its scored pairs: source row, destination row, truth (1 positive, 0 negative); rows
-            index ``cat([its n output rows, the rows it receives])``.
+            index ``cat([its n output rows, the rows it receives])``. A typed graph's
+            ``[pairs, 4]``: the pair's relation last (``task.loss_sum`` scores the triple).
         send_index: int64 rows of its output sent to the other servers, grouped by
             destination rank; ``send_splits`` / ``recv_splits``: rows sent to / received from
             each rank.
@@ -119,9 +126,12 @@ def link_share(
     mine = server == rank
     nodes = keys[start[rank] : start[rank + 1]] - rank * v
     served = owner == rank  # sorted by (consumer, node): the consumers' receive order
+    columns = [src_row[mine], dst_row[mine], truth[mine]]
+    if pairs.rel is not None:  # the triple's relation travels with the pair (no bytes: pure)
+        columns.append(pairs.rel[pid][mine])
     return LinkShare(
         nodes=nodes,
-        y=torch.stack([src_row[mine], dst_row[mine], truth[mine]], 1),
+        y=torch.stack(columns, 1),
         send_index=torch.searchsorted(nodes, node[served]),
         send_splits=torch.bincount(consumer[served], minlength=n).tolist(),
         recv_splits=torch.bincount(owner[consumer == rank], minlength=n).tolist(),

@@ -26,6 +26,7 @@ from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.systems.hopgnn import HopGNNConfig, HopGNNDataModule, HopGNNPrepared
 from lightning_gnnscale.systems.hopgnn.planner import remote_inputs, sample_steps
 from lightning_gnnscale.systems.hopgnn.strategy import run_iteration, sum_gradients
+from lightning_gnnscale.tasks import TaskConfig
 from tests.helpers.dist import run_distributed
 
 R = 3
@@ -145,7 +146,7 @@ def test_rgcn_on_a_typed_graph_equals_one_process(world_size, batch_size):
 
 
 # ------------------------------------------------------------------ partition directories
-def make_dm(cache_dir, name="hopgnn", partition_dir=None, per_relation=None):
+def make_dm(cache_dir, name="hopgnn", partition_dir=None, per_relation=None, task=None):
     data = DataConfig(
         batch_size=32,
         fanouts=FANOUTS,
@@ -160,6 +161,7 @@ def make_dm(cache_dir, name="hopgnn", partition_dir=None, per_relation=None):
         cache_dir=cache_dir,
         dtype=torch.float64,
         dataset_options=TYPED,
+        **({} if task is None else {"task": task}),
     )
 
 
@@ -294,3 +296,82 @@ def test_a_typed_directorys_relations_are_checked_when_loaded(tmp_path):
             _load(tmp_path, change)
     with pytest.raises(ConfigError, match=r"\['rel_9'\].*\['rel_0', 'rel_1', 'rel_2'\]"):
         _load(tmp_path, per_relation={"rel_9": [1, 1]})
+
+
+def test_a_typed_link_directorys_relations_are_checked_when_loaded(tmp_path):
+    """Typed link prediction from a directory (a directed split): the metadata names the
+    message relations (RGCN's ``2R``) and the pairs' (DistMult's ``R``, told to the task
+    before its head is built); the sampler, the stages and the pairs carry their relations,
+    as the in-memory rank's. Outside input: a missing ``train_rel``, a stage's relation out
+    of range, an evaluation pair's relation out of range are refused at set-up."""
+    task = TaskConfig(
+        "link_prediction", decoder="distmult", undirected=False, filter_negatives=True
+    )
+    in_memory = make_dm(tmp_path / "cache", task=task)
+    in_memory.write_partition_dir(tmp_path / "parts", 1, log=lambda *_: 0)
+    names = [f"rel_{r}" for r in range(R)]
+    meta = PartitionDir.open(tmp_path / "parts").meta
+    assert meta["relations"] == names + [f"{n}_inverse" for n in names]
+    assert meta["pair_relations"] == names
+    dm = _load(tmp_path, task=task)
+    assert dm.num_relations == 2 * R and dm.task.relations == tuple(names)
+    assert dm.task.trained_head().weight.shape[0] == R  # DistMult: a diagonal per relation
+    context = RankContext(Comm.create(), torch.device("cpu"))
+    in_memory.setup_rank(context, in_memory.rank_part(context))
+    want, got = in_memory.held, dm.held
+    assert got.sampler.relation_fanouts == want.sampler.relation_fanouts
+    for split in ("val", "test"):
+        assert torch.equal(got.link.relations[split], want.link.relations[split])
+    assert torch.equal(got.link.targets.split.train_rel, want.link.targets.split.train_rel)
+    # 2 parts (relabelled): every CSC's relations follow their edges, segments in order
+    in_memory.write_partition_dir(tmp_path / "parts2", 2, log=lambda *_: 0)
+    shared = PartitionDir.open(tmp_path / "parts2").load_shared("topology", 0)
+    split, graph, n = in_memory.targets.split, in_memory.graph, TYPED["num_nodes"]
+    old = {"": (graph.indptr, graph.indices, graph.edge_type)}
+    old |= {f"{s}_": (*split.structure(s), split.structure_edge_type(s)) for s in ("train", "test")}
+    orig = shared["orig_ids"]
+    assert not torch.equal(orig, torch.arange(n))  # relabelled
+    for prefix, (indptr, indices, edge_type) in old.items():
+        new_indptr = shared[f"{prefix}indptr"]
+        new_dst = orig[torch.repeat_interleave(torch.arange(n), new_indptr.diff())]
+        new_src, new_rel = orig[shared[f"{prefix}indices"]], shared[f"{prefix}edge_type"]
+        dst = torch.repeat_interleave(torch.arange(n), indptr.diff())
+        assert torch.equal(  # segment by segment, in the original order
+            torch.stack([new_src, new_rel])[:, torch.argsort(new_dst, stable=True)],
+            torch.stack([indices, edge_type])[:, torch.argsort(dst, stable=True)],
+        )
+    # task.filter_negatives: a part's training lookup (rebuilt in original ids, typed) draws
+    # the in-memory negatives
+    two = make_dm(tmp_path / "cache", partition_dir=str(tmp_path / "parts2"), task=task)
+    targets = two.load_part(two.open_partition_dir(2), 1).link.targets
+    seeds = torch.arange(0, targets.split.train_pos.shape[1], 3)
+    for step in range(2):
+        args = (seeds, torch.arange(seeds.numel()))
+        got_rows = two.task.step_rows(targets, *args, epoch=0, step=step)
+        want_rows = in_memory.task.step_rows(want.link.targets, *args, epoch=0, step=step)
+        assert all(torch.equal(a, b) for a, b in zip(got_rows, want_rows, strict=True))
+
+    def without(arrays):
+        del arrays["train_rel"]
+        return arrays
+
+    def stage_out_of_range(arrays):
+        arrays["test_edge_type"] = arrays["test_edge_type"].clone()
+        arrays["test_edge_type"][0] = 2 * R
+        return arrays
+
+    with pytest.raises(PartitionDirError, match=r"holds no \['train_rel'\]"):
+        _load(tmp_path, without, task=task)
+    with pytest.raises(PartitionDirError, match="test_edge_type.npy must be int64"):
+        _load(tmp_path, stage_out_of_range, task=task)
+    load_part = PartitionDir.load_part
+
+    def bad_val_rel(self, rank):
+        arrays = dict(load_part(self, rank))
+        arrays["val_rel"] = arrays["val_rel"] + R
+        return arrays
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PartitionDir, "load_part", bad_val_rel)
+        with pytest.raises(PartitionDirError, match=r"val_rel must be int64 .* in \[0, 3\)"):
+            _load(tmp_path, task=task)
