@@ -191,6 +191,8 @@ class ByteGNNConfig(SystemConfig):
     supports_partition_dir: ClassVar[bool] = True
     TYPED_GRAPHS: ClassVar[bool] = True
     TYPED_LINK_PREDICTION: ClassVar[bool] = True  # docs/systems/bytegnn.md, "Typed graphs"
+    # a task head (task.decoder=mlp / distmult) is a module parameter: DDP syncs it as the net
+    TRAINS_TASK_HEAD: ClassVar[bool] = True
     shares_malloc_arenas: ClassVar[bool] = True  # the S-Worker's batches (docs/systems/bytegnn.md)
 
     def __post_init__(self) -> None:
