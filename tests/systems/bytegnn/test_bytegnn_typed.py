@@ -14,7 +14,7 @@ import torch
 
 from lightning_gnnscale.comm import Comm, CommMeter, Topology
 from lightning_gnnscale.comm.transport import SocketTransport
-from lightning_gnnscale.config_types import DataConfig
+from lightning_gnnscale.config_types import DataConfig, ModelConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import file_digest
@@ -37,6 +37,7 @@ from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.inference import full_logits
+from lightning_gnnscale.models.module import GNNModule
 from lightning_gnnscale.store_secret import read_secret
 from lightning_gnnscale.systems.bytegnn.config import ByteGNNConfig, DagConfig, SchedulerConfig
 from lightning_gnnscale.systems.bytegnn.datamodule import ByteGNNDataModule
@@ -433,8 +434,8 @@ def test_a_typed_link_directory_carries_the_pair_relations_and_refuses_wrong_one
     relations (inverses included: they size the net and take per-relation fanouts) and the
     pairs' relations; each part holds its edges' relations and its pairs', as in memory; a
     pair relation out of range, or a part without its pairs' relations, is refused naming
-    the file."""
-    task = TaskConfig("link_prediction", undirected=False)
+    the file. A DistMult head built from the directory has the pairs' relations."""
+    task = TaskConfig("link_prediction", undirected=False, decoder="distmult")
     data = DataConfig(batch_size=40, fanouts=[3, 2])
     in_memory = ByteGNNDataModule(
         typed_sbm(**TYPED, seed=3),
@@ -456,6 +457,8 @@ def test_a_typed_link_directory_carries_the_pair_relations_and_refuses_wrong_one
         return ByteGNNDataModule(None, ByteGNNConfig(), data, seed=SEED, task=task)
 
     loaded = from_dir(fanouts_per_relation={"rel_1_inverse": [1, 1]})
+    module = GNNModule.from_config(ModelConfig(name="rgcn", hidden=8, num_layers=2), loaded)
+    assert module.head.weight.shape == (R, 64)  # DistMult: the pairs' R, before any part
     assert loaded.num_relations == 2 * R
     assert loaded.relation_fanouts == [(3, 3, 3, 3, 1, 3), (2, 2, 2, 2, 1, 2)]
     opened = loaded.prepare(2)
@@ -466,7 +469,6 @@ def test_a_typed_link_directory_carries_the_pair_relations_and_refuses_wrong_one
         assert int(want.edge_type.max()) == 2 * R - 1  # inverse relations are in the part
         for s in ("train", "val", "test"):
             assert torch.equal(got.pair_rel[s], want.pair_rel[s])
-    assert loaded.task.relations == tuple(names)  # the decoder's R, from the metadata
 
     rel = in_memory.part_of(prepared, 0).pair_rel["val"].clone()
     rel[0] = R
