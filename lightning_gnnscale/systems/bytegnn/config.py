@@ -189,7 +189,10 @@ class ByteGNNConfig(SystemConfig):
     # link prediction last: CI's conformance suite runs a preset's first two tasks
     TASKS: ClassVar[tuple[str, ...]] = (*NODE_TASKS, "link_prediction")
     supports_partition_dir: ClassVar[bool] = True
-    TYPED_GRAPHS: ClassVar[bool] = True  # node tasks; link prediction refuses typed graphs
+    TYPED_GRAPHS: ClassVar[bool] = True
+    TYPED_LINK_PREDICTION: ClassVar[bool] = True  # docs/systems/bytegnn.md, "Typed graphs"
+    # a task head (task.decoder=mlp / distmult) is a module parameter: DDP syncs it as the net
+    TRAINS_TASK_HEAD: ClassVar[bool] = True
     shares_malloc_arenas: ClassVar[bool] = True  # the S-Worker's batches (docs/systems/bytegnn.md)
 
     def __post_init__(self) -> None:

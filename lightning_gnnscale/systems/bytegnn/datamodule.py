@@ -119,6 +119,15 @@ class ByteGNNDataModule(GNNDataModule):
         )
 
     @override
+    def build_model(self, model):
+        """The net; from a typed link-prediction directory the task first learns the pairs'
+        relations (its metadata's ``pair_relations``), which size a DistMult head that the
+        module builds next (``GNNModule`` calls ``trained_head`` after this)."""
+        if self.link_prediction and self.partition_dir is not None:
+            self.task.relations = tuple(self.partition_meta().get("pair_relations") or ())
+        return super().build_model(model)
+
+    @override
     def partition_settings(self) -> dict[str, Any]:
         options = json.loads(json.dumps(self.partition_options(), default=str))  # as stored
         return {"method": self.config.partition.method, "partition_options": options}
@@ -128,16 +137,19 @@ class ByteGNNDataModule(GNNDataModule):
         """Every rank's :meth:`part_of`, with :func:`~...graph.halo_part.write_halo_parts`
         (link prediction: :func:`~.link.write_link_parts`)."""
         write = write_link_parts if self.link_prediction else write_halo_parts
-        meta = write(self.prepare(world_size), self.part_of, writer, log)
-        return {**meta, **typed_meta(self.graph)}  # a typed graph's relation names
+        prepared = self.prepare(world_size)
+        meta = write(prepared, self.part_of, writer, log)
+        # a typed graph's relation names (link prediction: its message graph's, inverses too)
+        return {**meta, **typed_meta(prepared.graph)}
 
     @override
     def check_partition_part(self, opened, k: int) -> None:
         if self.link_prediction:
             check_link_part(opened, k)
-        else:  # and the per-relation fanouts name its relations (in the launcher)
+        else:
             check_typed_files(opened, k)
-            relation_fanouts(self.data, opened.meta.get("relations") or (), str(opened.path))
+        # and the per-relation fanouts name its relations (in the launcher)
+        relation_fanouts(self.data, opened.meta.get("relations") or (), str(opened.path))
 
     @override
     def part_of(self, prepared: PartitionedGraph, rank: int) -> TypedHaloPart | LinkPart:
@@ -151,6 +163,8 @@ class ByteGNNDataModule(GNNDataModule):
 
     @override
     def load_part(self, opened: PartitionDir, rank: int) -> TypedHaloPart | LinkPart:
+        if self.link_prediction and opened.meta.get("pair_relations"):
+            self.task.relations = tuple(opened.meta["pair_relations"])  # the triples' (R)
         kind = LinkPart if self.link_prediction else TypedHaloPart
         return kind.load(opened, rank, self.task.out_dim_of(opened.meta), self.dtype)
 
@@ -207,7 +221,7 @@ class ByteGNNDataModule(GNNDataModule):
             timeout_s,
             cores=usable_cores() / max(1, local_ranks),
             link=link,
-            relation_fanouts=None if link is not None else self.relation_fanouts,
+            relation_fanouts=self.relation_fanouts,
         )
 
     def _link_store(self, part: LinkPart, rank: int) -> tuple[GraphStore, SeedSplit, LinkDag]:
@@ -224,13 +238,15 @@ class ByteGNNDataModule(GNNDataModule):
             seed_ids=none,
             seed_degree=none,
             id_shard=(part.id_offsets, part.id_gid, part.id_degree),
+            edge_type=part.stage_edge_type("train"),  # a typed graph's, inverses included
+            num_relations=self.num_relations,
         )
         pairs = part.pair_ids.numel()
         split = SeedSplit.from_chunk(
             torch.arange(pairs), part.pair_sizes, rank, self.data.batch_size, self.seed
         )
         steps = LinkSteps(split, part.pair_ids, int(part.pair_sizes.sum()), self.seed)
-        targets = part.local_targets(self.seed, self.out_dim)
+        targets = part.local_targets(self.seed, self.out_dim, len(self.task.relations or ()))
         return store, split, LinkDag(self.task, targets, steps)
 
     # ------------------------------------------------------------------------ lifetime
@@ -322,9 +338,8 @@ class ByteGNNDataModule(GNNDataModule):
         local, degree, comm = self.local, self.local_degree, self.context.comm
         edge_type = self.edge_type  # a typed graph's: the layers weigh each edge by it
         if stage is not None:
-            if edge_type is not None:  # link prediction refuses typed graphs before this
-                raise ValueError("a link-prediction stage of a typed graph is not built")
             local = self.link_part.stage_partition(stage)
+            edge_type = self.link_part.stage_edge_type(stage)
             degree = self.link_part.stage_local_degree(stage)
         halo = local.local2global[local.num_core :]
         dst = torch.repeat_interleave(torch.arange(local.num_core), local.indptr.diff())
@@ -374,6 +389,7 @@ class ByteGNNDataModule(GNNDataModule):
             return self.book.nid2part(route.reply(comm, gids, category="structure"))
 
         pairs = {s: (part.eval_pos[s], part.eval_index[s]) for s in EVAL_SPLITS}
+        relations = None if part.pair_rel is None else {s: part.pair_rel[s] for s in EVAL_SPLITS}
         return owned_link_statistics(
             self.task,
             lambda stage: self.core_outputs(net, net.num_layers, stage).cpu(),
@@ -384,4 +400,5 @@ class ByteGNNDataModule(GNNDataModule):
             self.seed,
             splits,
             comm,
+            relations=relations,
         )

@@ -16,6 +16,10 @@ its sampling DAG seeds positive training pairs (docs/systems/bytegnn.md, "Link p
   training pairs.
 - **Evaluation pairs.** Each validation and test pair goes to the owner of its source, with its
   index in the split (which keys its fixed negatives).
+- **A typed graph** (docs/systems/bytegnn.md, "Typed graphs"): the partitioned graph is the
+  *message graph* (:func:`message_graph`: every triple, and, for a directed split, its
+  inverse ``(t, r + R, h)``), each edge with its split, so a stage's structure is the split's
+  typed one; every pair keeps its relation (``train_rel``, ``eval_rel``).
 """
 
 from __future__ import annotations
@@ -27,14 +31,45 @@ import torch
 from torch import Tensor
 
 from ...graph.book import LocalPartition, PartitionedGraph, partition_and_relabel
-from ...graph.halo_part import HaloPart, write_halo_parts
+from ...graph.csc import typed_csc_from_edges
+from ...graph.halo_part import write_halo_parts
 from ...graph.order import epoch_permutation
+from ...graph.partition_dir import part_folder
 from ...graph.seed_split import SeedSplit, even_offsets
 from ...tasks.link.split import EdgeLookup, LinkSplit
 from ...tasks.link_prediction import LinkTargets
+from .typed import TypedHaloPart, check_typed_files, check_values
 
 EVAL_SPLITS = ("val", "test")
 STAGE_EDGES = {"train": 0, "test": 1}  # the largest edge split a stage passes messages over
+PAIR_SPLITS = ("train", *EVAL_SPLITS)
+
+
+def message_graph(graph, split: LinkSplit):
+    """The graph a typed split passes messages over, every split's edges together: ``graph``
+    itself when undirected, else every triple ``(h, r, t)`` and its inverse ``(t, r + R, h)``
+    (the split's ``relations``: the graph's, then ``<r>_inverse``), in a typed CSC sorted by
+    (dst, relation, src). A homogeneous graph is itself."""
+    if not graph.is_typed or split.undirected:
+        return graph
+    src, dst = graph.edge_index()
+    r = split.num_relations
+    indptr, indices, edge_type = typed_csc_from_edges(
+        torch.cat([src, dst]),
+        torch.cat([dst, src]),
+        torch.cat([graph.edge_type, graph.edge_type + r]),
+        graph.num_nodes,
+        2 * r,
+        remove_self_loops=False,
+    )
+    return replace(
+        graph,
+        indptr=indptr,
+        indices=indices,
+        edge_type=edge_type,
+        relations=split.relations,
+        meta=dict(graph.meta),
+    )
 
 
 @dataclass(frozen=True)
@@ -42,8 +77,8 @@ class LinkPrepared:
     """The in-memory partition of a link-prediction run (what every rank's part is cut from).
 
     Attributes:
-        partitioned: the whole graph relabelled, with the task's node rows
-            (``LinkTargets.node_rows``).
+        partitioned: the whole graph relabelled (a typed graph's :func:`message_graph`), with
+            the task's node rows (``LinkTargets.node_rows``).
         link: the task's targets (the whole split, original ids).
         edge_split: int8 ``[E]``: the split of every edge of the relabelled graph.
         stage_degree: int64 ``[2, N]``: in-degrees by gid over the training edges and over
@@ -62,6 +97,11 @@ class LinkPrepared:
         return self.partitioned.book
 
     @property
+    def graph(self):
+        """The relabelled graph (a typed graph's message graph)."""
+        return self.partitioned.graph
+
+    @property
     def report(self) -> dict:
         return self.partitioned.report
 
@@ -69,14 +109,30 @@ class LinkPrepared:
 def prepare_link(
     graph, link: LinkTargets, method: str, world_size: int, seed: int, cache_dir, **options
 ) -> LinkPrepared:
-    """Partition and relabel ``graph`` (cached), and mark every relabelled edge's split."""
+    """Partition and relabel ``graph`` (a typed graph's :func:`message_graph`; cached), and
+    mark every relabelled edge's split (an inverse edge's is its triple's)."""
     partitioned = partition_and_relabel(
-        graph, link.node_rows(), method, world_size, seed, cache_dir, system="bytegnn", **options
+        message_graph(graph, link.split),
+        link.node_rows(),
+        method,
+        world_size,
+        seed,
+        cache_dir,
+        system="bytegnn",
+        **options,
     )
     book, relabelled = partitioned.book, partitioned.graph
-    src, dst = relabelled.edge_index()
-    edge = EdgeLookup(graph.indptr, graph.indices).find(book.new2old[src], book.new2old[dst])
+    src, dst = book.new2old[relabelled.edge_index()]
+    if graph.is_typed:  # by (src, dst, relation); an inverse edge (t, r + R, h) is (h, r, t)'s
+        r = link.split.num_relations
+        rel = relabelled.edge_type
+        inverse = rel >= r
+        lookup = EdgeLookup(graph.indptr, graph.indices, graph.edge_type, r)
+        edge = lookup.find(torch.where(inverse, dst, src), torch.where(inverse, src, dst), rel % r)
+    else:
+        edge = EdgeLookup(graph.indptr, graph.indices).find(src, dst)
     edge_split = link.split.edge_split[edge]
+    dst = relabelled.dst_of_edges()
     n = graph.num_nodes
     stage_degree = torch.stack(
         [torch.bincount(dst[edge_split <= s], minlength=n) for s in STAGE_EDGES.values()]
@@ -92,7 +148,8 @@ class LinkPart:
     docstring); the same object in memory (:meth:`of`) and from a directory (:meth:`load`).
 
     Attributes:
-        halo: the node part (core, halo, every in-edge of the core whatever its split).
+        halo: the node part (core, halo, every in-edge of the core whatever its split; a
+            typed graph's with each in-edge's relation, inverses ``r + R`` included).
         edge_split: int8 ``[E_k]``: each local edge's split.
         stage_degree: int64 ``[2, n_local]``: in-degrees of the core and halo over the
             training edges and over the training and validation edges.
@@ -104,9 +161,12 @@ class LinkPart:
             ``[id_lo, id_lo + len)``): each id's gid and training in-degree.
         pair_sizes: int64 ``[P]``: every rank's training pair count (the directory's
             ``pair_sizes``; its ``trainer_sizes`` are the node part's, none).
+        pair_rel: a typed graph's ``{split: int64 [m_s]}``, the relation of each of this
+            rank's pairs of ``train`` (``train_pos``), ``val`` and ``test`` (``eval_pos``);
+            ``None`` when homogeneous.
     """
 
-    halo: HaloPart
+    halo: TypedHaloPart
     edge_split: Tensor
     stage_degree: Tensor
     pair_ids: Tensor
@@ -116,6 +176,7 @@ class LinkPart:
     id_gid: Tensor
     id_degree: Tensor
     pair_sizes: Tensor
+    pair_rel: dict[str, Tensor] | None = None
 
     # the node part's fields, as a HaloPart's
     local = property(lambda self: self.halo.local)
@@ -125,6 +186,7 @@ class LinkPart:
     orig_ids = property(lambda self: self.halo.orig_ids)
     agreed = property(lambda self: self.halo.agreed)
     trainer_sizes = property(lambda self: self.halo.trainer_sizes)  # no node seeds
+    edge_type = property(lambda self: self.halo.edge_type)  # a typed graph's, local CSC order
 
     @property
     def num_nodes(self) -> int:
@@ -139,7 +201,7 @@ class LinkPart:
     def of(cls, prepared: LinkPrepared, k: int) -> LinkPart:
         """Part ``k`` of the in-memory partition (pure)."""
         book, split = prepared.book, prepared.link.split
-        halo = HaloPart.of(prepared.partitioned, k, torch.zeros(0, dtype=torch.int64))
+        halo = TypedHaloPart.of(prepared.partitioned, k, torch.zeros(0, dtype=torch.int64))
         local = halo.local
         chunks = SeedSplit.chunks(prepared.pair_order, book.num_parts)
         eval_pos, eval_index = {}, {}
@@ -149,6 +211,10 @@ class LinkPart:
             eval_pos[name], eval_index[name] = pos[:, index].clone(), index
         lo, hi = (int(v) for v in even_offsets(book.num_nodes, book.num_parts)[k : k + 2])
         id_gid = book.old2new[lo:hi].clone()
+        pair_rel = None
+        if split.is_typed:
+            rows = {"train": chunks[k], **eval_index}
+            pair_rel = {s: split.positive_relations(s)[rows[s]].clone() for s in PAIR_SPLITS}
         return cls(
             halo=halo,
             edge_split=prepared.edge_split[local.edge_ids],
@@ -160,13 +226,21 @@ class LinkPart:
             id_gid=id_gid,
             id_degree=prepared.stage_degree[0, id_gid].clone(),
             pair_sizes=torch.tensor([c.numel() for c in chunks], dtype=torch.int64),
+            pair_rel=pair_rel,
         )
 
     @classmethod
     def load(cls, opened, k: int, out_dim: int, dtype: torch.dtype) -> LinkPart:
-        """Part ``k`` from its files (memory-mapped), as :meth:`arrays` wrote them."""
-        halo = HaloPart.load(opened, k, out_dim, dtype)
+        """Part ``k`` from its files (memory-mapped), as :meth:`arrays` wrote them; a typed
+        part's relations (its edges' and its pairs') checked in range (outside input)."""
+        halo = TypedHaloPart.load(opened, k, out_dim, dtype)
         arrays = opened.load_part(k)
+        pair_rel = None
+        if opened.meta.get("pair_relations"):
+            count, where = len(opened.meta["pair_relations"]), opened.path / part_folder(k)
+            pair_rel = {s: arrays[f"link_{s}_rel"] for s in PAIR_SPLITS}
+            for s, rel in pair_rel.items():
+                check_values(rel, count, where / f"link_{s}_rel.npy")
         return cls(
             halo=halo,
             edge_split=arrays["edge_split"],
@@ -178,6 +252,7 @@ class LinkPart:
             id_gid=arrays["id_gid"],
             id_degree=arrays["id_degree"],
             pair_sizes=torch.tensor(opened.meta["pair_sizes"], dtype=torch.int64),
+            pair_rel=pair_rel,
         )
 
     def arrays(self) -> dict[str, Tensor]:
@@ -194,6 +269,8 @@ class LinkPart:
         for s in EVAL_SPLITS:
             arrays[f"link_{s}_pos"] = self.eval_pos[s]
             arrays[f"link_{s}_index"] = self.eval_index[s]
+        for s, rel in (self.pair_rel or {}).items():
+            arrays[f"link_{s}_rel"] = rel
         return arrays
 
     def sizes(self) -> dict[str, int]:
@@ -205,13 +282,21 @@ class LinkPart:
         training and validation edges); its in-degrees are :meth:`stage_local_degree`."""
         return keep_edges(self.local, self.edge_split <= STAGE_EDGES[stage])
 
+    def stage_edge_type(self, stage: str) -> Tensor | None:
+        """The relation of each edge of :meth:`stage_partition` (``None``: homogeneous)."""
+        if self.edge_type is None:
+            return None
+        return self.edge_type[self.edge_split <= STAGE_EDGES[stage]]
+
     def stage_local_degree(self, stage: str) -> Tensor:
         return self.stage_degree[STAGE_EDGES[stage]]
 
-    def local_targets(self, seed: int, out_dim: int) -> LinkTargets:
+    def local_targets(self, seed: int, out_dim: int, num_relations: int = 1) -> LinkTargets:
         """The task's targets as this rank holds them: its training pairs (indexed by local
-        pair ids, what its sampling DAG seeds) and its evaluation pairs."""
+        pair ids, what its sampling DAG seeds) and its evaluation pairs, a typed graph's with
+        their relations (of ``num_relations``, the graph's ``R``)."""
         ids = torch.zeros(0, dtype=torch.int64)
+        rel = self.pair_rel or {}
         split = LinkSplit(
             train_pos=self.train_pos,
             val_pos=self.eval_pos["val"],
@@ -222,6 +307,10 @@ class LinkPart:
             test_indptr=ids,
             test_indices=ids,
             undirected=False,
+            train_rel=rel.get("train"),
+            val_rel=rel.get("val"),
+            test_rel=rel.get("test"),
+            num_relations=num_relations if self.pair_rel is not None else 1,
         )
         return LinkTargets(split, self.num_nodes, out_dim, seed)
 
@@ -231,13 +320,18 @@ def write_link_parts(prepared: LinkPrepared, part_of, writer, log) -> dict:
     metadata's ``pair_sizes`` (every rank's training pair count)."""
     meta = write_halo_parts(prepared, part_of, writer, log)
     chunks = SeedSplit.chunks(prepared.pair_order, prepared.book.num_parts)
-    return {**meta, "pair_sizes": [c.numel() for c in chunks]}
+    meta = {**meta, "pair_sizes": [c.numel() for c in chunks]}
+    split = prepared.link.split
+    if split.is_typed:  # the pairs' relations (the graph's R; the edges' are ``relations``)
+        meta["pair_relations"] = list(split.relations[: split.num_relations])
+    return meta
 
 
 def check_link_part(opened, k: int) -> None:
     """Part ``k``'s link-prediction files against the metadata: ``pair_sizes`` has one count
     per part, part ``k``'s is its ``pairs``, and its pair, edge and id-map files have the
-    shapes its counts give."""
+    shapes its counts give; a typed directory (``pair_relations``) holds each pair's relation
+    (int64, one per pair of each split), and its edges' relations (``check_typed_files``)."""
     from ...graph.partition_dir import PartitionDirError, is_count, part_folder
 
     meta, record = opened.meta, opened.meta["parts"][k]
@@ -264,15 +358,45 @@ def check_link_part(opened, k: int) -> None:
         ("id_degree", (hi - lo,), "'num_nodes'"),
     ):
         opened.expect_shape(folder, name, shape, f"part {k}'s {key}")
+    check_typed_files(opened, k)
+    names = meta.get("pair_relations")
+    if names is not None and not (
+        isinstance(names, list) and names and all(isinstance(n, str) for n in names)
+    ):
+        raise PartitionDirError(
+            f"{opened.path}: the metadata's 'pair_relations' {names!r} is not a list of names"
+        )
+    if bool(names) != bool(meta.get("relations")):
+        raise PartitionDirError(
+            f"{opened.path}: the metadata lists {'pair_relations' if names else 'relations'} "
+            f"without {'relations' if names else 'pair_relations'} (a typed link-prediction "
+            "directory lists both); partition again"
+        )
+    files = opened.verified_files.get(folder)
+    for s in PAIR_SPLITS if names and files is not None else ():
+        name = f"link_{s}_rel"
+        found = files.get(name)
+        if found is None or str(found.dtype) != "int64":
+            held = f"no {name}.npy" if found is None else f"{name}.npy of {found.dtype}"
+            raise PartitionDirError(
+                f"{opened.path / folder} holds {held}, but the metadata lists "
+                "'pair_relations' (int64, one relation per pair); partition again"
+            )
+        shape = (pairs,) if s == "train" else opened.shape(folder, f"link_{s}_index")
+        opened.expect_shape(folder, name, shape, f"part {k}'s {s} pairs")
 
 
 def keep_edges(local: LocalPartition, keep: Tensor) -> LocalPartition:
-    """``local`` with only the edges ``keep`` selects (bool ``[E_k]``; CSC order kept)."""
+    """``local`` with only the edges ``keep`` selects (bool ``[E_k]``; CSC order kept, and a
+    typed partition's relations with them)."""
     dst = torch.repeat_interleave(torch.arange(local.num_core), local.indptr.diff())
     indptr = torch.zeros(local.num_core + 1, dtype=torch.int64)
     torch.cumsum(torch.bincount(dst[keep], minlength=local.num_core), 0, out=indptr[1:])
     edge_ids = None if local.edge_ids is None else local.edge_ids[keep]
-    return replace(local, indptr=indptr, indices=local.indices[keep], edge_ids=edge_ids)
+    edge_type = None if local.edge_type is None else local.edge_type[keep]
+    return replace(
+        local, indptr=indptr, indices=local.indices[keep], edge_ids=edge_ids, edge_type=edge_type
+    )
 
 
 class LinkSteps:

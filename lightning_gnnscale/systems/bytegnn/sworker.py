@@ -180,7 +180,9 @@ class SWorker:
         most_seeds = -(-split.mine.numel() // split.steps)  # the most seeds of a step here
         target_bytes = math.prod(y.shape[1:]) * y.element_size()
         if link is not None:  # seed nodes per pair; y's rows are fewer than the nodes
-            most_seeds, target_bytes = most_seeds * link.nodes_per_pair, 24
+            # y [pairs, 3] int64 (typed: 4, the relation last)
+            most_seeds = most_seeds * link.nodes_per_pair
+            target_bytes = 8 * (3 + link.targets.split.is_typed)
         hop_fanouts = self.fanouts  # per destination and hop: a typed graph's relations summed
         if self.relation_fanouts is not None:
             hop_fanouts = [-1 if -1 in hop else sum(hop) for hop in self.relation_fanouts]

@@ -14,7 +14,7 @@ import torch
 
 from lightning_gnnscale.comm import Comm, CommMeter, Topology
 from lightning_gnnscale.comm.transport import SocketTransport
-from lightning_gnnscale.config_types import DataConfig
+from lightning_gnnscale.config_types import DataConfig, ModelConfig
 from lightning_gnnscale.contract import RankContext
 from lightning_gnnscale.errors import ConfigError
 from lightning_gnnscale.files import file_digest
@@ -37,13 +37,14 @@ from lightning_gnnscale.graph.sampler import NeighborSampler
 from lightning_gnnscale.graph.seed_split import SeedSplit
 from lightning_gnnscale.models.gnn import BlockGNN
 from lightning_gnnscale.models.inference import full_logits
+from lightning_gnnscale.models.module import GNNModule
 from lightning_gnnscale.store_secret import read_secret
 from lightning_gnnscale.systems.bytegnn.config import ByteGNNConfig, DagConfig, SchedulerConfig
 from lightning_gnnscale.systems.bytegnn.datamodule import ByteGNNDataModule
 from lightning_gnnscale.systems.bytegnn.store import NSC, GraphStore
 from lightning_gnnscale.systems.bytegnn.sworker import SWorker
 from lightning_gnnscale.systems.single.datamodule import SingleDataModule
-from tests.helpers.config import make_cfg
+from lightning_gnnscale.tasks import TaskConfig
 from tests.helpers.dist import run_distributed
 
 R = 3  # relations
@@ -428,13 +429,52 @@ def test_a_homogeneous_directory_refuses_per_relation_fanouts(tmp_path):
         ByteGNNDataModule(None, ByteGNNConfig(), data).prepare(2)
 
 
-def test_typed_link_prediction_is_refused_before_any_rank_starts(tmp_path, monkeypatch):
-    import lightning_gnnscale.run as run_module
-    from lightning_gnnscale.run import train
+def test_a_typed_link_directory_carries_the_pair_relations_and_refuses_wrong_ones(tmp_path):
+    """Typed link prediction (a directed split): the directory's metadata names the message
+    relations (inverses included: they size the net and take per-relation fanouts) and the
+    pairs' relations; each part holds its edges' relations and its pairs', as in memory; a
+    pair relation out of range, or a part without its pairs' relations, is refused naming
+    the file. A DistMult head built from the directory has the pairs' relations."""
+    task = TaskConfig("link_prediction", undirected=False, decoder="distmult")
+    data = DataConfig(batch_size=40, fanouts=[3, 2])
+    in_memory = ByteGNNDataModule(
+        typed_sbm(**TYPED, seed=3),
+        ByteGNNConfig(),
+        data,
+        seed=SEED,
+        task=task,
+        cache_dir=tmp_path / "cache",
+    )
+    prepared, out = in_memory.prepare(2), tmp_path / "parts"
+    in_memory.write_partition_dir(out, 2, log=lambda *_: 0)
+    meta = json.loads((out / METADATA).read_text())
+    names = [f"rel_{r}" for r in range(R)]
+    assert meta["relations"] == names + [f"{n}_inverse" for n in names]
+    assert meta["pair_relations"] == names
 
-    def no_spawn(*args, **kwargs):
-        raise AssertionError("a rank was started")
+    def from_dir(**extra):
+        data = DataConfig(batch_size=40, fanouts=[3, 2], partition_dir=str(out), **extra)
+        return ByteGNNDataModule(None, ByteGNNConfig(), data, seed=SEED, task=task)
 
-    monkeypatch.setattr(run_module, "launch_local", no_spawn)
-    with pytest.raises(ConfigError, match="typed graph"):
-        train(make_cfg(tmp_path, "strategy=bytegnn", "dataset=typed_sbm", "task=link_prediction"))
+    loaded = from_dir(fanouts_per_relation={"rel_1_inverse": [1, 1]})
+    module = GNNModule.from_config(ModelConfig(name="rgcn", hidden=8, num_layers=2), loaded)
+    assert module.head.weight.shape == (R, 64)  # DistMult: the pairs' R, before any part
+    assert loaded.num_relations == 2 * R
+    assert loaded.relation_fanouts == [(3, 3, 3, 3, 1, 3), (2, 2, 2, 2, 1, 2)]
+    opened = loaded.prepare(2)
+    for k in range(2):
+        want, got = in_memory.part_of(prepared, k), loaded.load_part(opened, k)
+        assert torch.equal(got.edge_type, want.edge_type)
+        assert torch.equal(got.edge_split, want.edge_split)
+        assert int(want.edge_type.max()) == 2 * R - 1  # inverse relations are in the part
+        for s in ("train", "val", "test"):
+            assert torch.equal(got.pair_rel[s], want.pair_rel[s])
+
+    rel = in_memory.part_of(prepared, 0).pair_rel["val"].clone()
+    rel[0] = R
+    _rewrite(out, 0, "link_val_rel", rel)
+    with pytest.raises(PartitionDirError, match=r"link_val_rel.npy: values in \[0, 3\]"):
+        from_dir().load_part(PartitionDir.open(out), 0)
+    _rewrite(out, 0, "link_train_rel")
+    with pytest.raises(PartitionDirError, match=r"holds no link_train_rel.npy, but .*'pair_rel"):
+        from_dir().prepare(2)
