@@ -240,7 +240,6 @@ def test_systems_without_typed_graphs_refuse_them_naming_those_that_train_them(
     """A system whose config does not declare ``TYPED_GRAPHS`` (ddp's, with the flag taken
     away here, as every port declares it) refuses a typed dataset and a relational model
     before any rank starts, naming the names that train them."""
-    import re
 
     from lightning_gnnscale.systems.ddp.config import DataParallelConfig
     from lightning_gnnscale.systems.registry import SYSTEMS
@@ -295,7 +294,6 @@ def test_typed_link_prediction_trains_on_single_and_is_refused_where_untyped(tmp
     """Typed link prediction (tests/test_typed_link_prediction.py has the rest): RGCN +
     DistMult on typed_sbm through train.py; a system that does not declare it refuses it,
     naming those that do (one is made so: every registered system declares it now)."""
-    import re
 
     from lightning_gnnscale.config_types import registered_systems, run_config
     from lightning_gnnscale.run import train
