@@ -156,10 +156,14 @@ def test_distmult_scores_a_diagonal_per_relation():
     assert torch.equal(DistMultDecoder(1, 4)(hs, ht), (hs * ht).sum(-1))  # starts as the dot
 
 
-def test_distmult_is_a_trained_head_and_needs_a_system_that_trains_one(tmp_path):
+def test_distmult_is_a_trained_head_and_needs_a_system_that_trains_one(tmp_path, monkeypatch):
     """The module registers the decoder (a weight per relation of the graph); a system
     without ``TRAINS_TASK_HEAD`` refuses ``task.decoder=distmult``, one without
-    ``FILTERED_RANKING`` the filtered evaluation, before any rank."""
+    ``FILTERED_RANKING`` the filtered evaluation, before any rank (every registered system
+    trains heads now: SANCUS is made one that does not)."""
+    from lightning_gnnscale.systems.sancus.config import SancusConfig
+
+    monkeypatch.setattr(SancusConfig, "TRAINS_TASK_HEAD", False)
     dm = make_datamodule("single", TYPED)
     model = gs.ModelConfig(name="rgcn", hidden=8, num_layers=2, dropout=0.0)
     module = gs.GNNModule.from_config(model, dm)
