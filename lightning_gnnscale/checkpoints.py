@@ -394,8 +394,18 @@ def check_resume(cfg: RunConfig) -> None:
 
 
 def load_weights(module: torch.nn.Module, path: str | Path) -> None:
-    """Initialise ``module`` from the ``state_dict`` of the checkpoint at ``path``."""
-    state = read_checkpoint(path)["state_dict"]
+    """Initialise ``module`` from the ``state_dict`` of the checkpoint at ``path``. Learned
+    input rows (per-rank shards) are not weights of the module: a warning says they start
+    afresh (``ckpt_path`` resumes them)."""
+    checkpoint = read_checkpoint(path)
+    state = checkpoint["state_dict"]
+    if SHARDS_KEY in checkpoint:
+        warnings.warn(
+            f"weights_from={path}: the checkpoint's learned input rows (per-rank shards) are not "
+            "carried by weights_from, which takes the module's weights alone; they start from "
+            "their initial rows (ckpt_path resumes them)",
+            stacklevel=2,
+        )
     try:
         module.load_state_dict(state, strict=True)
     except RuntimeError as err:
@@ -445,20 +455,27 @@ def write_rank_shard(path: Path, shards: dict) -> str:
     return stream_digest(io.BytesIO(data.getbuffer()))
 
 
-def read_rank_shard(checkpoint_path: str | os.PathLike, manifest: Any, rank: int, world: int):
-    """This rank's shard of the checkpoint whose manifest is ``manifest`` (outside input: its
-    form, the world size, and the file's digest are checked), loaded weights-only."""
+def _check_manifest(checkpoint_path: Any, manifest: Any) -> None:
+    """A shard manifest (outside input) names a token of the form this suite writes, a world
+    size, and one digest per rank; else ``ValueError``."""
     ok = (
         isinstance(manifest, dict)
         and isinstance(manifest.get("token"), str)
         and _SHARD_TOKEN.fullmatch(manifest["token"]) is not None
-        and isinstance(manifest.get("world_size"), int)
+        and type(manifest.get("world_size")) is int
+        and manifest["world_size"] >= 1
         and isinstance(manifest.get("digests"), list)
         and len(manifest["digests"]) == manifest["world_size"]
         and all(isinstance(d, str) for d in manifest["digests"])
     )
     if not ok:
         raise ValueError(f"checkpoint {checkpoint_path}: its shard manifest is damaged")
+
+
+def read_rank_shard(checkpoint_path: str | os.PathLike, manifest: Any, rank: int, world: int):
+    """This rank's shard of the checkpoint whose manifest is ``manifest`` (outside input: its
+    form, the world size, and the file's digest are checked), loaded weights-only."""
+    _check_manifest(checkpoint_path, manifest)
     if manifest["world_size"] != world:
         raise ConfigError(
             f"checkpoint {checkpoint_path} keeps per-rank shards of {manifest['world_size']} "
@@ -498,11 +515,12 @@ def remove_rank_shards(
 
 
 def copy_rank_shards(source: Path, target: Path, manifest: Any) -> None:
-    """Copy the shards of checkpoint ``source`` (per ``manifest``) beside ``target``."""
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("token"), str):
+    """Copy the shards of checkpoint ``source`` (per ``manifest``, checked) beside ``target``."""
+    if manifest is None:
         return
-    world = manifest.get("world_size")
-    for rank in range(world if isinstance(world, int) else 0):
+    _check_manifest(source, manifest)
+    world = manifest["world_size"]
+    for rank in range(world):
         src = shard_file(source, manifest["token"], rank, world)
         data = src.read_bytes()
         atomic_write(shard_file(target, manifest["token"], rank, world), data_writer(data))
@@ -516,6 +534,7 @@ def data_writer(data: bytes):
 def shards_intact(checkpoint_path: Path, manifest: Any) -> bool:
     """Whether every shard ``manifest`` names is beside ``checkpoint_path`` with its digest."""
     try:
+        _check_manifest(checkpoint_path, manifest)
         world = manifest["world_size"]
         return all(
             file_digest(shard_file(checkpoint_path, manifest["token"], rank, world))
@@ -533,7 +552,6 @@ def checkpoint_shards(checkpoint_path: str | os.PathLike) -> list[dict]:
     manifest = checkpoint.get(SHARDS_KEY) if isinstance(checkpoint, dict) else None
     if manifest is None:
         return []
-    world = manifest.get("world_size") if isinstance(manifest, dict) else None
-    if not isinstance(world, int) or world < 1:
-        raise ValueError(f"checkpoint {checkpoint_path}: its shard manifest is damaged")
+    _check_manifest(checkpoint_path, manifest)
+    world = manifest["world_size"]
     return [read_rank_shard(checkpoint_path, manifest, rank, world) for rank in range(world)]

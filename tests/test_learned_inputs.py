@@ -149,3 +149,98 @@ def test_a_system_that_does_not_learn_inputs_refuses_before_spawn(tmp_path):
         train(make_cfg(tmp_path, "strategy=bytegnn", *FEATURELESS))
     # zeros: the featureless rows stay zero, accepted
     assert make_cfg(tmp_path, "strategy=bytegnn", *FEATURELESS, "data.featureless=zeros")
+
+
+def test_a_gradient_scaler_is_refused_with_learned_inputs(tmp_path):
+    """16-mixed's scaler scales the loss: the sparse step would apply scaled gradients (and
+    step where the scaler skips), so the first step refuses it."""
+    import lightning as L
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    import lightning_gnnscale as gs
+    from lightning_gnnscale.run import build_datamodule, build_module, build_strategy, validate
+
+    run = validate(make_cfg(tmp_path, "strategy=single", *FEATURELESS))
+    dm = build_datamodule(run)
+    dm.prepare(1)
+    trainer = L.Trainer(
+        strategy=build_strategy(run),
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        callbacks=[gs.StepSeed(0)],
+    )
+    with pytest.raises(ConfigError, match="gradient scaler"):
+        trainer.fit(build_module(run, dm), datamodule=dm)
+
+
+def test_weights_from_says_the_learned_rows_start_afresh(single_run):
+    from lightning_gnnscale.checkpoints import load_weights
+    from lightning_gnnscale.run import build_datamodule, build_module, validate
+
+    output_dir, _ = single_run
+    run = validate(make_cfg(output_dir.parent / "w", "strategy=single", *FEATURELESS))
+    dm = build_datamodule(run)
+    dm.prepare(1)
+    module = build_module(run, dm)
+    with pytest.warns(UserWarning, match="learned input rows .* start from their initial rows"):
+        load_weights(module, output_dir / "checkpoints" / "last.ckpt")
+
+
+def test_a_checkpoints_rows_are_not_dropped_by_a_run_that_learns_none(single_run):
+    """A shard the run does not consume (data.featureless=zeros) is refused, not ignored."""
+    from lightning_gnnscale.run import build_datamodule, validate
+
+    output_dir, _ = single_run
+    run = validate(
+        make_cfg(output_dir.parent / "z", "strategy=single", *FEATURELESS, "data.featureless=zeros")
+    )
+    dm = build_datamodule(run)
+    dm.prepare(1)
+    with pytest.raises(ValueError, match="learns none"):
+        dm.load_state_dict({"train_epoch": 1, "rank_shard": {"orig_ids": torch.arange(3)}})
+
+
+def test_a_manifest_token_outside_the_shards_folder_is_refused_on_every_path(single_run, tmp_path):
+    from lightning_gnnscale.checkpoints import copy_rank_shards, shards_intact
+
+    output_dir, _ = single_run
+    path = output_dir / "checkpoints" / "last.ckpt"
+    manifest = torch.load(path, weights_only=True)[SHARDS_KEY]
+    bad = {**manifest, "token": "../../secret"}
+    assert shards_intact(path, manifest) and not shards_intact(path, bad)
+    with pytest.raises(ValueError, match="manifest is damaged"):
+        copy_rank_shards(path, tmp_path / "copy.ckpt", bad)
+    assert not (tmp_path / "secret").exists()
+
+
+def test_a_typed_directory_that_does_not_name_its_featureless_types_is_refused(tmp_path):
+    """A typed partition directory written before directories named their featureless types
+    (here: the key removed and the metadata resealed) is refused before any rank starts, so
+    its zero rows are never taken for features; the current one carries the flags."""
+    import lightning_gnnscale as gs
+    from tests.test_partition_dir_untrusted import reseal
+
+    dataset = gs.load_dataset("typed_sbm", num_nodes=200, num_relations=2, featureless_node_types=1)
+    config = gs.system("distdgl")[2]
+    data = gs.DataConfig(batch_size=64, fanouts=[5, 5])
+    dm = gs.system("distdgl")[1](dataset, config, data, cache_dir=tmp_path / "cache")
+    dm.write_partition_dir(tmp_path / "parts", 2, log=lambda *_: 0)
+
+    def from_directory():
+        return gs.system("distdgl")[1](
+            None, config, gs.DataConfig(partition_dir=str(tmp_path / "parts"))
+        )
+
+    flags = from_directory().featureless_nodes(0)
+    assert torch.equal(flags, dataset.graph.node_type == 1)
+    reseal(tmp_path / "parts", lambda meta: meta.pop("featureless_node_types"))
+    with pytest.raises(ConfigError, match="partition again"):
+        from_directory().prepare(2)

@@ -346,10 +346,15 @@ def test_a_triple_in_two_splits_is_refused(tmp_path):
         construct(write_spec(tmp_path, spec), tmp_path / "out", log=lambda *_: None)
 
 
-def test_a_typed_constructed_dataset_is_refused_before_spawn_where_untyped(tmp_path, kinships):
+def test_a_typed_constructed_dataset_is_refused_before_spawn_where_untyped(
+    tmp_path, kinships, monkeypatch
+):
     """A typed constructed folder is known typed from its metadata: a system that does not
-    train link prediction on typed graphs (sancus trains typed node tasks only) refuses it
-    before any rank starts."""
+    train link prediction on typed graphs (SANCUS, made one: every registered system trains it
+    now) refuses it before any rank starts."""
+    from lightning_gnnscale.systems.sancus.config import SancusConfig
+
+    monkeypatch.setattr(SancusConfig, "TYPED_LINK_PREDICTION", False)
     cfg = make_cfg(
         tmp_path,
         "strategy=sancus",

@@ -243,6 +243,19 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
                 "data.featureless=zeros (their rows stay zero)"
             )
 
+    def directory_featureless_types(self) -> list[str]:
+        """The featureless node types ``data.partition_dir``'s metadata names; a typed
+        directory written before directories said so is refused (``ConfigError``: partition
+        again), so that its zero rows are never taken for features."""
+        meta = self.partition_meta()
+        if meta.get("node_types") and "featureless_node_types" not in meta:
+            raise ConfigError(
+                f"the partition directory {self.partition_dir} holds a typed graph but does not "
+                "say which node types are featureless (written before directories did); "
+                "partition again: python -m lightning_gnnscale.partition <overrides> out=<dir>"
+            )
+        return list(meta.get("featureless_node_types") or [])
+
     def featureless_nodes(self, rank: int = 0) -> torch.Tensor | None:
         """bool ``[N]`` by original id: the nodes of the graph's featureless types
         (``graph.meta["featureless_node_types"]``) whose input rows are learned
@@ -251,7 +264,7 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
         bytes), as part ``rank`` maps them."""
         if self.partition_dir is not None:
             meta = self.partition_meta()
-            if self.data.featureless != "learned" or not meta.get("featureless_node_types"):
+            if self.data.featureless != "learned" or not self.directory_featureless_types():
                 return None
             opened = self.open_partition_dir(int(meta["num_parts"]))
             flags = opened.load_shared(FEATURELESS_GROUP, rank)["learned"]
@@ -332,9 +345,8 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
                 self._prepared[world_size] = self.preprocess(world_size)
             else:
                 self._prepared[world_size] = self.open_partition_dir(world_size)
-                meta = self._prepared[world_size].meta
                 self.check_learned_inputs(
-                    meta.get("featureless_node_types"),
+                    self.directory_featureless_types(),
                     f"the partition directory {self.partition_dir}",
                 )
         prepared = self._prepared[world_size]
@@ -491,6 +503,12 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
                     "strategy.embedding_dim)"
                 )
             self.learned_inputs.load_shard_state(state_dict[RANK_SHARD])
+        elif RANK_SHARD in state_dict:
+            raise ValueError(
+                "the checkpoint carries learned input rows for this rank, but this run learns "
+                "none (data.featureless=zeros, or no strategy.embedding_dim): evaluating it so "
+                "would drop them; use the settings it was trained with"
+            )
         if "train_epoch" not in state_dict:
             return
         epoch = state_dict["train_epoch"]
@@ -561,9 +579,33 @@ class GNNDataModule(PartitionDirIO, L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         return collective_train_loader(self)
 
+    def relation_names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(message, pairs)``: a typed graph's relations messages pass over (link
+        prediction's: a directed split's inverses too) and those of link prediction's pairs
+        (``()`` for node tasks and homogeneous graphs); from a partition directory, its
+        metadata's ``relations`` and ``pair_relations``."""
+        link = self.task.spec.seeds == "edges"
+        if self.partition_dir is not None:
+            meta = self.partition_meta()
+            pairs = tuple(meta.get("pair_relations") or ()) if link else ()
+            return tuple(meta.get("relations") or ()), pairs
+        if not self.graph.is_typed:
+            return (), ()
+        message = tuple(self.task.message_relations(self.graph))
+        return message, tuple(self.graph.relations) if link else ()
+
+    def learn_pair_relations(self) -> None:
+        """Link prediction's task learns the relations of its triples (what a decoder per
+        relation, DistMult, is sized by and what evaluation checks pairs against): a rank
+        that loads a partition directory has no graph for the task to have seen."""
+        if self.task.spec.seeds == "edges" and hasattr(self.task, "relations"):
+            self.task.relations = self.relation_names()[1]
+
     def build_model(self, model: ModelConfig) -> torch.nn.Module:
         """The net ``model`` describes, sized for this data (systems with their own
-        distributed layers override it)."""
+        distributed layers override it); link prediction's task first learns its triples'
+        relations (:meth:`learn_pair_relations`), for the head built next."""
+        self.learn_pair_relations()
         if self.checked_run is None or model != self.checked_run.model:
             check_depth(self.data, model)
         self.check_model(model)

@@ -302,6 +302,12 @@ class SystemStrategy:
         the cause (an index out of bounds)."""
         batch, *rest = args
         if isinstance(batch, Batch) and batch.learned_inputs is not None:
+            if getattr(self.precision_plugin, "scaler", None) is not None:
+                raise ConfigError(
+                    "learned input rows do not take a gradient scaler (precision=16-mixed): "
+                    "their sparse step would apply scaled gradients; use bf16-mixed, 32-true "
+                    "or 64-true"
+                )
             self.looked_up = batch.learned_inputs
             args = (batch.learned_inputs.lookup(batch, self.root_device), *rest)
         runtime, self.unchecked_runtime = self.unchecked_runtime, None

@@ -119,15 +119,6 @@ class ByteGNNDataModule(GNNDataModule):
         )
 
     @override
-    def build_model(self, model):
-        """The net; from a typed link-prediction directory the task first learns the pairs'
-        relations (its metadata's ``pair_relations``), which size a DistMult head that the
-        module builds next (``GNNModule`` calls ``trained_head`` after this)."""
-        if self.link_prediction and self.partition_dir is not None:
-            self.task.relations = tuple(self.partition_meta().get("pair_relations") or ())
-        return super().build_model(model)
-
-    @override
     def partition_settings(self) -> dict[str, Any]:
         options = json.loads(json.dumps(self.partition_options(), default=str))  # as stored
         return {"method": self.config.partition.method, "partition_options": options}

@@ -182,7 +182,7 @@ class DistDGLDataModule(GNNDataModule):
                 "undirected": split.undirected,
             }
             if split.is_typed:  # the positives' relations (``relations``: the message ones)
-                meta["link"]["relations"] = list(self.graph.relations)
+                meta["pair_relations"] = list(self.graph.relations)
         return meta
 
     @override
@@ -190,7 +190,7 @@ class DistDGLDataModule(GNNDataModule):
         """The base's check; a typed link-prediction directory's positive relations then name
         the task's (a decoder's relations, the evaluation's check of the pairs' relations)."""
         super().check_partition_task(opened)
-        relations = opened.meta.get("link", {}).get("relations")
+        relations = opened.meta.get("pair_relations")
         if self.is_link and relations is not None:
             self.task.relations = tuple(relations)
 
@@ -211,7 +211,7 @@ class DistDGLDataModule(GNNDataModule):
                 opened.load_part(rank),
                 meta["num_train"],
                 meta["undirected"],
-                len(meta.get("relations", ())),
+                len(opened.meta.get("pair_relations", ())),
                 f"{opened.path}: part {rank}",
             )
             return LinkHaloPart(halo, link)

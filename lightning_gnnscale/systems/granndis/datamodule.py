@@ -886,14 +886,7 @@ class GraNNDISDataModule(ReplicatedGraphEvaluation, GNNDataModule):
         checked (outside input: the pairs' relations lead the message relations, which add
         at most their inverses). Link prediction's task learns the pairs' relations here
         (the relations ``owned_link_statistics`` checks and DistMult sizes from)."""
-        if self.partition_dir is None:
-            if not self.graph.is_typed:
-                return (), ()
-            message = self.task.message_relations(self.graph)
-            return message, tuple(self.graph.relations) if self.is_link else ()
-        meta = self.partition_meta()
-        message = tuple(meta.get("relations") or ())
-        pairs = tuple(meta.get("pair_relations") or ())
+        message, pairs = self.relation_names()
         if self.is_link and (
             message[: len(pairs)] != pairs or len(message) not in (len(pairs), 2 * len(pairs))
         ):

@@ -897,9 +897,7 @@ class GSplitDataModule(ReplicatedGraphEvaluation, GNNDataModule):
     def build_model(self, model) -> torch.nn.Module:
         """The base's net; a :class:`BlockGNN` becomes an :class:`EndpointShuffleGNN` (the same
         parameters), which link prediction's endpoint exchange needs."""
-        if self.partition_dir is not None and self.is_link:  # a typed head's relations
-            self.know_pair_relations()
-        net = super().build_model(model)
+        net = super().build_model(model)  # the task learns a typed head's relations there
         if type(net) is BlockGNN:
             net.__class__ = EndpointShuffleGNN  # adds no state: the same module, one more hook call
         return net

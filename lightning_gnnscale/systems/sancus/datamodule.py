@@ -169,7 +169,7 @@ def _block_arrays(prefix: str, layout: RowBlocks) -> dict[str, torch.Tensor]:
 
 def _relation_count(meta: dict, where, key: str = "relations") -> int:
     """``R`` of a typed graph's partition directory (its ``relations``, the row blocks'; or
-    ``link_relations``, the triples'), ``0`` for a homogeneous one; ``PartitionDirError``
+    ``pair_relations``, the triples'), ``0`` for a homogeneous one; ``PartitionDirError``
     unless the entry is a list of names."""
     if key not in meta:
         return 0
@@ -185,15 +185,15 @@ def _relation_count(meta: dict, where, key: str = "relations") -> int:
 
 
 def _link_relation_count(meta: dict, where) -> int:
-    """A typed link-prediction directory's ``R`` of the triples (``link_relations``: the
+    """A typed link-prediction directory's ``R`` of the triples (``pair_relations``: the
     first names of ``relations``, which adds a directed split's inverses), ``0`` for a
     homogeneous one; ``PartitionDirError`` when the two disagree."""
-    count = _relation_count(meta, where, "link_relations")
+    count = _relation_count(meta, where, "pair_relations")
     if bool(count) != ("relations" in meta) or meta.get("relations", [])[:count] != meta.get(
-        "link_relations", []
+        "pair_relations", []
     ):
         raise PartitionDirError(
-            f"{where}: 'link_relations' (the triples' relations) must be the first names of "
+            f"{where}: 'pair_relations' (the triples' relations) must be the first names of "
             "'relations' (the row blocks'), both present or both absent"
         )
     return count
@@ -405,7 +405,7 @@ class SancusDataModule(GNNDataModule):
         if link:
             meta["train_pairs"] = int(prepared.targets.split.train_pos.shape[1])
             if graph.is_typed:  # the triples' relations (``relations`` adds inverses)
-                meta["link_relations"] = list(self.graph.relations)
+                meta["pair_relations"] = list(self.graph.relations)
             for prefix, stage in zip(LINK_BLOCKS, (prepared.test_graph, prepared.full_graph)):
                 meta[f"consumer_{prefix}"] = consumer_matrix(stage, offsets).tolist()
         else:
@@ -500,7 +500,7 @@ class SancusDataModule(GNNDataModule):
             count = _link_relation_count(opened.meta, opened.path / METADATA)
             for name, (_, index) in pairs.items():
                 _check_pair_relations(name, arrays[f"{name}_rel"], index, count, where)
-            self._know_link_relations(opened.meta)
+            self.learn_pair_relations()
             typed = dict(
                 relations={name: arrays[f"{name}_rel"] for name in SPLITS},
                 message_relations=tuple(opened.meta["relations"]),
@@ -510,13 +510,6 @@ class SancusDataModule(GNNDataModule):
             stage_layout("t"), lambda: stage_layout("f"), pairs, new2old, train_pairs, **typed
         )
         return SancusPart(layout, arrays["x"], None, train_pairs, arrays["own_ids"], link)
-
-    def _know_link_relations(self, meta: dict) -> None:
-        """A typed link-prediction directory's triples' relations, for the task (what a
-        decoder per relation is sized by, and what evaluation checks the triples against):
-        a rank that loads a directory has no graph for the task to have seen."""
-        if "link_relations" in meta:
-            self.task.relations = tuple(meta["link_relations"])
 
     @override
     def setup_rank(self, context: RankContext, part: SancusPart) -> None:
@@ -564,8 +557,7 @@ class SancusDataModule(GNNDataModule):
         ``BlockGNN``'s)."""
         self.config.check_model(model)
         self.config.check_graph(model.name, self.is_typed)
-        if self.partition_dir is not None and self.is_link:  # before the task's head is built
-            self._know_link_relations(self.partition_meta())
+        self.learn_pair_relations()  # before the task's head is built
         return SancusGCN(
             self.input_dim,
             model.hidden,

@@ -224,7 +224,7 @@ def test_no_evaluation_triple_nor_its_inverse_is_in_a_training_row_block(ranks):
 def test_a_directed_typed_partition_directory_holds_the_pairs_and_is_checked(tmp_path):
     """The parts hold the in-memory part's triples (pairs, positions, relations) and its
     typed stage blocks (forward and transposed); a relation outside the triples' range, or
-    ``link_relations`` that are not the first of ``relations``, is refused."""
+    ``pair_relations`` that are not the first of ``relations``, is refused."""
     import json
 
     import numpy as np
@@ -241,7 +241,7 @@ def test_a_directed_typed_partition_directory_holds_the_pairs_and_is_checked(tmp
     out = tmp_path / "parts"
     memory.write_partition_dir(out, WORLD, log=lambda *_: 0)
     meta = json.loads((out / METADATA).read_text())
-    assert meta["link_relations"] == list(memory.graph.relations)
+    assert meta["pair_relations"] == list(memory.graph.relations)
     assert meta["relations"][3:] == [f"{name}_inverse" for name in memory.graph.relations]
     loaded = datamodule(tmp_path / "cache", str(out))
     assert loaded.num_relations == 6
@@ -271,8 +271,8 @@ def test_a_directed_typed_partition_directory_holds_the_pairs_and_is_checked(tmp
     fresh = datamodule(tmp_path / "cache", str(out))
     with pytest.raises(PartitionDirError, match=r"val_rel holds relations outside \[0, 3\)"):
         fresh.load_part(fresh.prepare(WORLD), 0)
-    reseal(lambda m: m.update(link_relations=m["relations"][3:]))
-    with pytest.raises(PartitionDirError, match="'link_relations' .* first names of 'relations'"):
+    reseal(lambda m: m.update(pair_relations=m["relations"][3:]))
+    with pytest.raises(PartitionDirError, match="'pair_relations' .* first names of 'relations'"):
         datamodule(tmp_path / "cache", str(out)).prepare(WORLD, [0])
 
 
