@@ -4,6 +4,10 @@ GCN on the typed graph and with the types erased (``dataset.typed=false``), and 
 types alone predict (each type's majority training class).
 
     python scripts/typed_sbm_models.py --seeds 0 1 2
+    python scripts/typed_sbm_models.py --seeds 0 1 2 --featureless 1   # learned vs zero rows
+
+``--featureless K`` takes the features of the last ``K`` node types away and compares RGCN with
+their input rows learned (``data.featureless=learned``) against RGCN on their zero rows.
 """
 
 from __future__ import annotations
@@ -27,6 +31,15 @@ RUNS = {
 }
 
 
+def featureless_runs(k: int) -> dict[str, tuple[str, ...]]:
+    """RGCN with the last ``k`` node types featureless: their rows learned, or zero."""
+    lost = f"dataset.featureless_node_types={k}"
+    return {
+        "rgcn, featureless rows learned": ("model=rgcn", lost, "data.featureless=learned"),
+        "rgcn, featureless rows zero": ("model=rgcn", lost, "data.featureless=zeros"),
+    }
+
+
 def types_alone(seed: int) -> float:
     """Test accuracy of each node type's majority training class (the types' information)."""
     from lightning_gnnscale.graph.generators import typed_sbm
@@ -47,14 +60,16 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--featureless", type=int, default=0, help="node types without features")
     args = parser.parse_args()
-    table: dict[str, list[float]] = {name: [] for name in RUNS}
+    runs = featureless_runs(args.featureless) if args.featureless else RUNS
+    table: dict[str, list[float]] = {name: [] for name in runs}
     with (
         tempfile.TemporaryDirectory() as tmp,
         initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"),
     ):
         for seed in args.seeds:
-            for name, settings in RUNS.items():
+            for name, settings in runs.items():
                 cfg = compose(
                     "config",
                     overrides=[
@@ -63,7 +78,7 @@ def main() -> None:
                         "logger=none",
                         f"seed={seed}",
                         f"paths.root={tmp}",
-                        f"paths.output_dir={tmp}/run_{len(table[name])}_{list(RUNS).index(name)}_{seed}",
+                        f"paths.output_dir={tmp}/run_{len(table[name])}_{list(runs).index(name)}_{seed}",
                         *settings,
                     ],
                 )
@@ -75,6 +90,8 @@ def main() -> None:
     for name, accs in table.items():
         cells = " | ".join(f"{a:.4f}" for a in accs)
         print(f"| {name} | {cells} | **{statistics.mean(accs):.4f}** |")
+    if args.featureless:
+        return
     alone = types_alone(0)
     print(f"| node types alone (majority class per type) | {alone:.4f} (any seed) |")
 

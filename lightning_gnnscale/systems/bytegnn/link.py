@@ -17,7 +17,7 @@ its sampling DAG seeds positive training pairs (docs/systems/bytegnn.md, "Link p
 - **Evaluation pairs.** Each validation and test pair goes to the owner of its source, with its
   index in the split (which keys its fixed negatives).
 - **A typed graph** (docs/systems/bytegnn.md, "Typed graphs"): the partitioned graph is the
-  *message graph* (:func:`message_graph`: every triple, and, for a directed split, its
+  *message graph* (:func:`~...tasks.link.split.message_graph`: every triple, and, for a directed split, its
   inverse ``(t, r + R, h)``), each edge with its split, so a stage's structure is the split's
   typed one; every pair keeps its relation (``train_rel``, ``eval_rel``).
 """
@@ -31,45 +31,17 @@ import torch
 from torch import Tensor
 
 from ...graph.book import LocalPartition, PartitionedGraph, partition_and_relabel
-from ...graph.csc import typed_csc_from_edges
 from ...graph.halo_part import write_halo_parts
 from ...graph.order import epoch_permutation
 from ...graph.partition_dir import part_folder
 from ...graph.seed_split import SeedSplit, even_offsets
-from ...tasks.link.split import EdgeLookup, LinkSplit
+from ...tasks.link.split import EdgeLookup, LinkSplit, message_graph
 from ...tasks.link_prediction import LinkTargets
 from .typed import TypedHaloPart, check_typed_files, check_values
 
 EVAL_SPLITS = ("val", "test")
 STAGE_EDGES = {"train": 0, "test": 1}  # the largest edge split a stage passes messages over
 PAIR_SPLITS = ("train", *EVAL_SPLITS)
-
-
-def message_graph(graph, split: LinkSplit):
-    """The graph a typed split passes messages over, every split's edges together: ``graph``
-    itself when undirected, else every triple ``(h, r, t)`` and its inverse ``(t, r + R, h)``
-    (the split's ``relations``: the graph's, then ``<r>_inverse``), in a typed CSC sorted by
-    (dst, relation, src). A homogeneous graph is itself."""
-    if not graph.is_typed or split.undirected:
-        return graph
-    src, dst = graph.edge_index()
-    r = split.num_relations
-    indptr, indices, edge_type = typed_csc_from_edges(
-        torch.cat([src, dst]),
-        torch.cat([dst, src]),
-        torch.cat([graph.edge_type, graph.edge_type + r]),
-        graph.num_nodes,
-        2 * r,
-        remove_self_loops=False,
-    )
-    return replace(
-        graph,
-        indptr=indptr,
-        indices=indices,
-        edge_type=edge_type,
-        relations=split.relations,
-        meta=dict(graph.meta),
-    )
 
 
 @dataclass(frozen=True)
@@ -112,7 +84,7 @@ def prepare_link(
     """Partition and relabel ``graph`` (a typed graph's :func:`message_graph`; cached), and
     mark every relabelled edge's split (an inverse edge's is its triple's)."""
     partitioned = partition_and_relabel(
-        message_graph(graph, link.split),
+        message_graph(graph, link.split)[0],
         link.node_rows(),
         method,
         world_size,

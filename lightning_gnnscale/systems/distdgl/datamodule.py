@@ -37,6 +37,7 @@ from ...kit.embeddings import KVStore, LearnableInputs
 from ...kit.link_partitioned import owned_link_statistics
 from ...kit.partitions import assert_same_on_all_ranks, core_statistics, own_predictions
 from ...models.gnn import BlockGNN
+from ...tasks.link.split import message_graph
 from .config import DistDGLConfig
 from .link import (
     TRAIN,
@@ -46,7 +47,6 @@ from .link import (
     LinkPart,
     PairOrder,
     link_partitioned,
-    message_graph,
     stage_partition,
 )
 from .sampler import DistNeighborSampler
@@ -136,7 +136,7 @@ class DistDGLDataModule(GNNDataModule):
         """Partition once (cached on disk by content hash), relabel, report the balance. Under
         link prediction the whole graph is partitioned on the edge split's per-node view
         (``LinkTargets.node_rows``) and every relabelled edge keeps its stage; a typed graph's
-        is the split's message graph (inverse relations included, :func:`.link.message_graph`)."""
+        is the split's message graph (inverse relations included, :func:`~...tasks.link.split.message_graph`)."""
         partition = self.config.partition
         targets = self.targets.node_rows() if self.is_link else self.targets
         graph, stage = self.graph, None

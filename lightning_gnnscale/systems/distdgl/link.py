@@ -9,7 +9,7 @@ training CSC is the train edges, the test stage's the train and validation edges
 in-degrees of its core and halo over those two structures. Nothing of it is an ``[N]`` or
 ``[E]`` array: the original-id -> gid map is spread over the ranks too (:class:`IdDirectory`).
 
-On a typed graph the partitioned graph is the split's message graph (:func:`message_graph`):
+On a typed graph the partitioned graph is the split's message graph (:func:`~...tasks.link.split.message_graph`):
 every edge under its relation plus, for a directed split, its inverse under ``r + R``, each
 with its edge's stage, so a stage's local CSC is that stage's typed structure; the pairs keep
 their relations (docs/systems/distdgl.md, "Typed graphs").
@@ -28,7 +28,6 @@ from torch import Tensor
 
 from ...comm import Comm, OwnerRoute
 from ...graph.book import LocalPartition, PartitionedGraph, RangeBook
-from ...graph.csc import Graph, typed_csc_from_edges
 from ...graph.halo_part import HaloPart
 from ...graph.order import epoch_permutation
 from ...graph.seed_split import even_offsets
@@ -52,36 +51,6 @@ class LinkPartitioned(PartitionedGraph):
 
     link: LinkTargets
     edge_stage: Tensor
-
-
-def message_graph(graph: Graph, split: LinkSplit) -> tuple[Graph, Tensor]:
-    """``(graph, stage)``: the graph a typed split passes messages over, whole (every stage),
-    and the stage int8 ``[E']`` of each of its edges. Undirected: ``graph`` itself; directed:
-    every edge plus its inverse under ``r + R`` (``split.relations``), the inverse in its
-    edge's stage, so that ``stage <= s`` is ``split.structure`` of stage ``s`` with its edge
-    types. Homogeneous: ``graph`` and ``split.edge_split``."""
-    if not graph.is_typed or split.undirected:
-        return graph, split.edge_split
-    src, dst, rel, r = graph.indices, graph.dst_of_edges(), graph.edge_type, graph.num_relations
-    src, dst = torch.cat([src, dst]), torch.cat([dst, src])
-    rel, stage = torch.cat([rel, rel + r]), split.edge_split.repeat(2)
-    indptr, indices, kinds = typed_csc_from_edges(
-        src, dst, rel, graph.num_nodes, 2 * r, remove_self_loops=False
-    )
-    if indices.numel() != src.numel():
-        raise RuntimeError("the message graph merged edges: the graph holds duplicate triples")
-    at = EdgeLookup(indptr, indices, kinds, 2 * r).find(src, dst, rel)
-    edge_stage = torch.empty_like(stage)
-    edge_stage[at] = stage
-    typed = replace(
-        graph,
-        indptr=indptr,
-        indices=indices,
-        edge_type=kinds,
-        relations=split.relations,
-        meta=dict(graph.meta),
-    )
-    return typed, edge_stage
 
 
 def link_partitioned(

@@ -15,7 +15,7 @@ prediction").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -320,3 +320,33 @@ def _checked_fixed(fixed: Tensor, num_edges: int) -> Tensor:
             "the data's edge split holds values other than 0 (train), 1 (val), 2 (test)"
         )
     return fixed
+
+
+def message_graph(graph, split: LinkSplit) -> tuple:
+    """``(graph, stage)``: the graph a typed split passes messages over, whole (every stage),
+    and the stage int8 ``[E']`` of each of its edges. Undirected: ``graph`` itself; directed:
+    every edge plus its inverse under ``r + R`` (``split.relations``), the inverse in its
+    edge's stage, so that ``stage <= s`` is ``split.structure`` of stage ``s`` with its edge
+    types. Homogeneous: ``graph`` and ``split.edge_split``."""
+    if not graph.is_typed or split.undirected:
+        return graph, split.edge_split
+    src, dst, rel, r = graph.indices, graph.dst_of_edges(), graph.edge_type, graph.num_relations
+    src, dst = torch.cat([src, dst]), torch.cat([dst, src])
+    rel, stage = torch.cat([rel, rel + r]), split.edge_split.repeat(2)
+    indptr, indices, kinds = typed_csc_from_edges(
+        src, dst, rel, graph.num_nodes, 2 * r, remove_self_loops=False
+    )
+    if indices.numel() != src.numel():
+        raise RuntimeError("the message graph merged edges: the graph holds duplicate triples")
+    at = EdgeLookup(indptr, indices, kinds, 2 * r).find(src, dst, rel)
+    edge_stage = torch.empty_like(stage)
+    edge_stage[at] = stage
+    typed = replace(
+        graph,
+        indptr=indptr,
+        indices=indices,
+        edge_type=kinds,
+        relations=split.relations,
+        meta=dict(graph.meta),
+    )
+    return typed, edge_stage
